@@ -1,0 +1,191 @@
+"""`RunConfig`: the one typed, validated description of a run.
+
+It is built once (CLI flags over an optional YAML file over these defaults), validated here, and is
+the only thing passed down to the orchestrator, strategies and trainers. Every field's help text lives
+in its metadata, so the CLI, the YAML file and the docs describe a field in the same words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from distrain.errors import ConfigError
+
+LR_SCALING_RULES = ("linear", "sqrt", "none")
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class RunConfig:
+    # --- what runs where ---
+    strategy: str = _f("bsp", "Consistency strategy (see `distrain strategies`).")
+    workers: int = _f(2, "Number of data-parallel worker actors.")
+    cpus_per_worker: float = _f(1.0, "CPUs reserved for each worker actor (also its torch thread count).")
+    gpus_per_worker: float = _f(0.0, "GPUs per worker actor; > 0 switches the collective to NCCL.")
+    address: str = _f("", "Ray address: empty starts a local Ray; 'auto' or host:port connects to a cluster.")
+    # --- what is trained ---
+    model: str = _f("cnn", "Model: mlp, cnn or resnet18 (torchvision, adapted to small images).")
+    dataset: str = _f("digits", "Data set: digits (bundled), mnist, cifar10 (from --data-dir), synthetic.")
+    data_dir: str = _f("", "Directory holding torchvision's MNIST/ or cifar-10-batches-py/ files.")
+    # --- optimisation ---
+    batch_size: int = _f(32, "Per-worker batch size B; the global batch is workers x B.")
+    lr: float = _f(0.05, "Base learning rate, defined for --base-batch-size samples per step.")
+    lr_scaling: str = _f("linear", "Scale lr with the global batch: linear, sqrt or none (Goyal et al.).")
+    base_batch_size: int = _f(64, "Global batch size at which --lr applies unscaled.")
+    warmup_epochs: float = _f(0.0, "Epochs of gradual warmup from --lr to the scaled rate (0: none).")
+    optimizer: str = _f("sgd", "Optimizer: sgd, adagrad or adam.")
+    momentum: float = _f(0.9, "SGD momentum (ignored by adagrad and adam).")
+    weight_decay: float = _f(0.0, "L2 weight decay.")
+    epochs: int = _f(8, "Passes over the training set.")
+    max_steps: int = _f(0, "Stop after this many global steps (0: no limit beyond --epochs).")
+    seed: int = _f(0, "Seeds model init and data order; equal seeds give equal runs on one transport.")
+    # --- recording ---
+    target_accuracy: float = _f(0.95, "Test accuracy whose first crossing is reported as time-to-accuracy.")
+    run_dir: str = _f("", "Run directory (default runs/<timestamp>-<strategy>); must be new or empty.")
+    checkpoint_every: int = _f(0, "Also checkpoint every N epochs (0: only at the end).")
+    segment_steps: int = _f(50, "Steps a worker runs per remote call: the driver is off the per-step path.")
+    collective_timeout_s: float = _f(300.0, "Timeout for collective operations and rendezvous, seconds.")
+
+    def __post_init__(self) -> None:
+        self._coerce_types()
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def _coerce_types(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kind = f.type if isinstance(f.type, str) else f.type.__name__
+            flag = "--" + f.name.replace("_", "-")
+            if kind == "int":
+                if isinstance(value, bool) or not isinstance(value, int):
+                    if isinstance(value, float) and value.is_integer():
+                        value = int(value)
+                    else:
+                        raise ConfigError(f"{flag} must be an integer, got {value!r}")
+            elif kind == "float":
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ConfigError(f"{flag} must be a number, got {value!r}")
+                value = float(value)
+            elif kind == "str":
+                if value is None:
+                    value = ""
+                if not isinstance(value, str):
+                    raise ConfigError(f"{flag} must be a string, got {value!r}")
+            setattr(self, f.name, value)
+
+    def validate(self) -> None:
+        """Check every value; the message of the first problem names the flag and the fix."""
+        from distrain.strategies import STRATEGIES
+        from distrain.trainers.datasets import DATASETS
+        from distrain.trainers.models import MODELS
+
+        STRATEGIES.check(self.strategy)
+        MODELS.check(self.model)
+        DATASETS.check(self.dataset)
+        positive_ints = ("workers", "batch_size", "base_batch_size", "epochs", "segment_steps")
+        for name in positive_ints:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        for name in ("lr", "cpus_per_worker", "collective_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+        for name in ("gpus_per_worker", "momentum", "weight_decay", "warmup_epochs"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        if self.momentum >= 1:
+            raise ConfigError(f"--momentum must be < 1, got {self.momentum}")
+        if self.warmup_epochs > self.epochs:
+            raise ConfigError(
+                f"--warmup-epochs ({self.warmup_epochs}) exceeds --epochs ({self.epochs}); lower it"
+            )
+        if not 0 < self.target_accuracy <= 1:
+            raise ConfigError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
+        if self.lr_scaling not in LR_SCALING_RULES:
+            raise ConfigError(
+                f"unknown --lr-scaling {self.lr_scaling!r}; choose one of: {', '.join(LR_SCALING_RULES)}"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def global_batch_size(self) -> int:
+        return self.workers * self.batch_size
+
+    @property
+    def uses_gpus(self) -> bool:
+        return self.gpus_per_worker > 0
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        lines = ["# distrain run configuration: `distrain run --config THIS_FILE` repeats the run."]
+        for f in dataclasses.fields(self):
+            lines.append(f"# {f.metadata['help']}")
+            lines.append(yaml.safe_dump({f.name: getattr(self, f.name)}, sort_keys=False).rstrip())
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any], source: str = "configuration") -> RunConfig:
+        unknown = sorted(set(values) - set(cls.field_names()))
+        if unknown:
+            raise ConfigError(
+                f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names())}"
+            )
+        return cls(**values)
+
+    @classmethod
+    def load_yaml(cls, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Read a YAML config file into a plain mapping (validated when merged into a RunConfig)."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found; pass an existing YAML file to --config")
+        try:
+            data = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"malformed YAML in {str(p)!r}{where}; fix the file or drop --config") from None
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{str(p)!r} must hold a mapping of config keys, got {type(data).__name__}")
+        return data
+
+    @classmethod
+    def resolve(cls, config_file: str | None, overrides: dict[str, Any]) -> RunConfig:
+        """Defaults, then the YAML file, then explicit flags (those not None)."""
+        values: dict[str, Any] = {}
+        source = "configuration"
+        if config_file:
+            values.update(cls.load_yaml(config_file))
+            source = config_file
+        unknown = sorted(set(values) - set(cls.field_names()))
+        if unknown:
+            raise ConfigError(
+                f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names())}"
+            )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_mapping(values, source)

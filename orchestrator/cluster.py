@@ -1,0 +1,83 @@
+"""Ray connection, resource checks and the workers' placement group."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+from distrain.config import RunConfig
+from distrain.errors import ResourceError
+
+
+@dataclass
+class RayConnection:
+    started_here: bool
+
+    def close(self) -> None:
+        if self.started_here and ray.is_initialized():
+            ray.shutdown()
+
+
+def connect(config: RunConfig) -> RayConnection:
+    """Reuse an initialised Ray, connect to `--address`, or start a local Ray sized for the run."""
+    if ray.is_initialized():
+        return RayConnection(started_here=False)
+    kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    if config.address:
+        ray.init(address=config.address, **kwargs)
+    else:
+        # A local cluster gets at least the CPUs the run reserves, so `--workers 4` works on a laptop
+        # with 2 cores (oversubscribed, as with torchrun), instead of waiting forever for resources.
+        needed = int(-(-config.workers * config.cpus_per_worker // 1))
+        ray.init(num_cpus=max(os.cpu_count() or 1, needed), **kwargs)
+    return RayConnection(started_here=True)
+
+
+def check_resources(config: RunConfig) -> None:
+    """Fail fast, with the fix, when the cluster cannot hold the run's workers at all."""
+    total = ray.cluster_resources()
+    need_gpus = config.workers * config.gpus_per_worker
+    if need_gpus > total.get("GPU", 0.0):
+        raise ResourceError(
+            f"the run needs {need_gpus:g} GPUs ({config.workers} workers x {config.gpus_per_worker:g}) "
+            f"but the cluster has {total.get('GPU', 0.0):g}; lower --gpus-per-worker or add GPU nodes"
+        )
+    need_cpus = config.workers * config.cpus_per_worker
+    if need_cpus > total.get("CPU", 0.0):
+        raise ResourceError(
+            f"the run needs {need_cpus:g} CPUs ({config.workers} workers x {config.cpus_per_worker:g}) "
+            f"but the cluster has {total.get('CPU', 0.0):g}; lower --workers or --cpus-per-worker"
+        )
+
+
+def worker_bundle(config: RunConfig) -> dict[str, float]:
+    bundle = {"CPU": config.cpus_per_worker}
+    if config.gpus_per_worker > 0:
+        bundle["GPU"] = config.gpus_per_worker
+    return bundle
+
+
+def reserve_workers(config: RunConfig, timeout_s: float = 60.0) -> PlacementGroup:
+    """One bundle per worker, packed onto as few nodes as possible."""
+    pg = placement_group([worker_bundle(config) for _ in range(config.workers)], strategy="PACK")
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(pg)
+        raise ResourceError(
+            f"could not place {config.workers} workers with {worker_bundle(config)} each within "
+            f"{timeout_s:.0f}s; the cluster is busy or too small"
+        ) from None
+    return pg
+
+
+def release(pg: PlacementGroup | None) -> None:
+    if pg is not None:
+        try:
+            remove_placement_group(pg)
+        except Exception:  # already gone with the cluster
+            pass

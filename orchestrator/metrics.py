@@ -1,0 +1,83 @@
+"""The metrics sink: worker step rows and evaluation rows, one Arrow table, one Parquet file.
+
+Rows arrive in batches (a segment's worth per worker per remote call). Step rows and evaluation rows
+share one schema, told apart by `kind`; columns that do not apply to a row are null. The file is
+written atomically (temporary file, fsync, rename), so a crash never leaves a half-written one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from distrain.orchestrator.files import atomic_write
+
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("kind", pa.string()),  # "step" or "eval"
+        ("worker", pa.int32()),  # rank; null on eval rows
+        ("step", pa.int64()),  # global step (0-based); on eval rows: steps completed
+        ("epoch", pa.int32()),
+        ("loss", pa.float64()),
+        ("lr", pa.float64()),
+        ("samples", pa.int64()),
+        ("compute_s", pa.float64()),
+        ("comm_s", pa.float64()),
+        ("bytes_sent", pa.int64()),
+        ("bytes_received", pa.int64()),
+        ("wall_time", pa.float64()),  # seconds since the run started (end of the step / evaluation)
+        ("test_loss", pa.float64()),
+        ("test_accuracy", pa.float64()),
+        ("eval_s", pa.float64()),
+    ]
+)
+
+
+class MetricsSink:
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._batches: list[pa.RecordBatch] = []
+
+    def _append(self, columns: dict[str, list[Any]], kind: str) -> None:
+        n = len(next(iter(columns.values()))) if columns else 0
+        if n == 0:
+            return
+        arrays = []
+        for field in SCHEMA:
+            if field.name == "run_id":
+                values: list[Any] = [self.run_id] * n
+            elif field.name == "kind":
+                values = [kind] * n
+            else:
+                values = columns.get(field.name, [None] * n)
+            arrays.append(pa.array(values, type=field.type))
+        self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=SCHEMA))
+
+    def add_steps(self, columns: dict[str, list[Any]]) -> None:
+        self._append(columns, "step")
+
+    def add_eval(
+        self, epoch: int, step: int, test_loss: float, test_accuracy: float, wall_time: float, eval_s: float
+    ) -> None:
+        self._append(
+            {
+                "epoch": [epoch],
+                "step": [step],
+                "test_loss": [test_loss],
+                "test_accuracy": [test_accuracy],
+                "wall_time": [wall_time],
+                "eval_s": [eval_s],
+            },
+            "eval",
+        )
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_batches(self._batches, schema=SCHEMA)
+
+    def write(self, path: Path) -> None:
+        table = self.table()
+        atomic_write(path, lambda tmp: pq.write_table(table, tmp))

@@ -1,0 +1,69 @@
+"""Turn a run's metrics into its `summary.json` figures."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+WARMUP_FRACTION = 0.1  # share of global steps left out of the steady-state throughput
+
+
+def steady_state_samples_per_s(steps: pd.DataFrame, evals: pd.DataFrame) -> float | None:
+    """Samples/s over the global steps after the warm-up, evaluation pauses excluded.
+
+    A global step ends when its last worker finishes it; the window runs from the end of the last
+    warm-up step to the end of the last step.
+    """
+    if steps.empty:
+        return None
+    per_step = steps.groupby("step").agg(samples=("samples", "sum"), end=("wall_time", "max")).sort_index()
+    if len(per_step) < 2:
+        return None
+    skip = max(1, int(len(per_step) * WARMUP_FRACTION))
+    skip = min(skip, len(per_step) - 1)
+    t_start = per_step["end"].iloc[skip - 1]
+    t_end = per_step["end"].iloc[-1]
+    window = per_step.iloc[skip:]
+    paused = 0.0
+    if not evals.empty:
+        inside = evals[(evals["wall_time"] > t_start) & (evals["wall_time"] <= t_end)]
+        paused = float(inside["eval_s"].sum())
+    elapsed = t_end - t_start - paused
+    return float(window["samples"].sum() / elapsed) if elapsed > 0 else None
+
+
+def summarize(df: pd.DataFrame, config: dict[str, Any], wall_time_s: float, status: str) -> dict[str, Any]:
+    steps = df[df["kind"] == "step"]
+    evals = df[df["kind"] == "eval"].sort_values("wall_time")
+    target = config["target_accuracy"]
+    reached = evals[evals["test_accuracy"] >= target]
+    per_step_bytes = steps.groupby("step")["bytes_sent"].sum() if not steps.empty else pd.Series(dtype=float)
+
+    def num(value: Any) -> float | None:
+        return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+    return {
+        "run_id": df["run_id"].iloc[0] if not df.empty else None,
+        "status": status,
+        "strategy": config["strategy"],
+        "model": config["model"],
+        "dataset": config["dataset"],
+        "workers": config["workers"],
+        "global_batch_size": config["workers"] * config["batch_size"],
+        "epochs_completed": int(evals["epoch"].max()) + 1 if not evals.empty else 0,
+        "steps_completed": int(steps["step"].max()) + 1 if not steps.empty else 0,
+        "final_test_accuracy": num(evals["test_accuracy"].iloc[-1]) if not evals.empty else None,
+        "final_test_loss": num(evals["test_loss"].iloc[-1]) if not evals.empty else None,
+        "best_test_accuracy": num(evals["test_accuracy"].max()) if not evals.empty else None,
+        "target_accuracy": target,
+        "time_to_target_s": num(reached["wall_time"].iloc[0]) if not reached.empty else None,
+        "wall_time_s": wall_time_s,
+        "steady_state_samples_per_s": steady_state_samples_per_s(steps, evals),
+        # Bytes all workers together send per global step (by the transport's algorithmic count).
+        "bytes_per_step": num(per_step_bytes.mean()) if not per_step_bytes.empty else None,
+        "bytes_per_step_per_worker": num(steps["bytes_sent"].mean()) if not steps.empty else None,
+        "mean_compute_s": num(steps["compute_s"].mean()) if not steps.empty else None,
+        "mean_comm_s": num(steps["comm_s"].mean()) if not steps.empty else None,
+    }

@@ -1,0 +1,130 @@
+"""The worker actor: one trainer + one strategy, running its own training loop in segments.
+
+The driver asks for a segment of steps at a time (`run_segment`) and gets back that segment's metrics
+rows as columns, so it is off the per-step path and gathers metrics in batches.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from distrain.config import RunConfig
+from distrain.strategies import STRATEGIES
+from distrain.strategies.base import StrategyContext
+from distrain.strategies.collective import free_address
+from distrain.trainers.datasets import load_dataset
+from distrain.trainers.local_trainer import LocalTrainer
+from distrain.trainers.models import build_model
+from distrain.trainers.schedule import LRSchedule
+from distrain.trainers.sharding import EpochSharder
+
+STEP_COLUMNS = (
+    "worker",
+    "step",
+    "epoch",
+    "loss",
+    "lr",
+    "samples",
+    "compute_s",
+    "comm_s",
+    "bytes_sent",
+    "bytes_received",
+    "wall_time",
+)
+
+
+class TrainWorker:
+    """Hosted as a Ray actor by the orchestrator (`ray.remote(TrainWorker)`)."""
+
+    def __init__(self, config: RunConfig, rank: int, run_start: float) -> None:
+        torch.set_num_threads(max(1, int(config.cpus_per_worker)))
+        self.config = config
+        self.rank = rank
+        self.world_size = config.workers
+        self.run_start = run_start
+        self.device = "cuda" if config.uses_gpus and torch.cuda.is_available() else "cpu"
+        self.data = load_dataset(config.dataset, config.data_dir)
+        model = build_model(config.model, self.data.info, config.seed)
+        self.trainer = LocalTrainer(
+            model, self.data, config.optimizer, config.lr, config.momentum, config.weight_decay, self.device
+        )
+        self.sharder = EpochSharder(self.data.train_size, config.global_batch_size, config.seed)
+        self.schedule = LRSchedule.create(
+            config.lr,
+            config.global_batch_size,
+            config.base_batch_size,
+            config.lr_scaling,
+            config.warmup_epochs,
+            self.sharder.steps_per_epoch,
+        )
+        self.strategy: Any = None
+
+    # ------------------------------------------------------------------ set-up
+    def describe(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "node_ip": ray.util.get_node_ip_address(),
+            "device": self.device,
+            "steps_per_epoch": self.sharder.steps_per_epoch,
+            "num_params": self.trainer.numel,
+            "param_bytes": self.trainer.nbytes,
+        }
+
+    def rendezvous_address(self) -> str:
+        return free_address(ray.util.get_node_ip_address())
+
+    def setup(self, rendezvous: str) -> None:
+        ctx = StrategyContext(self.rank, self.world_size, self.device, rendezvous)
+        self.strategy = STRATEGIES.get(self.config.strategy)(self.config, ctx)
+        self.strategy.setup(self.trainer)
+
+    # ------------------------------------------------------------------ training
+    def run_segment(self, epoch: int, start: int, stop: int) -> dict[str, list[Any]]:
+        """Run steps [start, stop) of `epoch`; returns their metrics rows as columns."""
+        rows: dict[str, list[Any]] = {c: [] for c in STEP_COLUMNS}
+        steps_per_epoch = self.sharder.steps_per_epoch
+        for step in range(start, stop):
+            global_step = epoch * steps_per_epoch + step
+            lr = self.schedule.lr_at(global_step)
+            t0 = time.perf_counter()
+            idx = self.sharder.worker_indices(epoch, step, self.rank, self.world_size)
+            x, y = self.data.train_batch(idx)
+            loss = self.trainer.compute_gradients(x, y)
+            t1 = time.perf_counter()
+            comm = self.strategy.step(self.trainer, lr)
+            compute_s = time.perf_counter() - t1 - comm.seconds + (t1 - t0)
+            for key, value in (
+                ("worker", self.rank),
+                ("step", global_step),
+                ("epoch", epoch),
+                ("loss", loss),
+                ("lr", lr),
+                ("samples", len(idx)),
+                ("compute_s", compute_s),
+                ("comm_s", comm.seconds),
+                ("bytes_sent", comm.bytes_sent),
+                ("bytes_received", comm.bytes_received),
+                ("wall_time", time.time() - self.run_start),
+            ):
+                rows[key].append(value)
+        return rows
+
+    def evaluate(self, shard: int, num_shards: int) -> tuple[float, int, int]:
+        result = self.trainer.evaluate(shard=shard, num_shards=num_shards)
+        return result.loss_sum, result.correct, result.count
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+    def flat_params(self) -> np.ndarray:
+        return self.trainer.params_flat.detach().cpu().numpy().copy()
+
+    def shutdown(self) -> None:
+        if self.strategy is not None:
+            self.strategy.teardown()

@@ -1,0 +1,38 @@
+"""BSP over all-reduce: every step, every replica applies the mean of all workers' gradients."""
+
+from __future__ import annotations
+
+from distrain.strategies.base import CommStats, Strategy, StrategyContext
+from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes
+from distrain.strategies.registry import STRATEGIES
+from distrain.trainers.local_trainer import LocalTrainer
+from distrain.config import RunConfig
+
+
+@STRATEGIES.register("bsp", "bulk synchronous: all-reduce the mean gradient every step (gloo/NCCL)")
+class BSP(Strategy):
+    name = "bsp"
+
+    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        super().__init__(config, ctx)
+        self.group: CollectiveGroup | None = None
+
+    def setup(self, trainer: LocalTrainer) -> None:
+        backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
+        self.group = CollectiveGroup(
+            self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s
+        )
+        # Replicas start equal because the seed fixes the init; the broadcast makes it a fact.
+        self.group.broadcast_(trainer.params_flat, src=0)
+
+    def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
+        assert self.group is not None, "setup() must run before step()"
+        seconds = self.group.all_reduce_mean_(trainer.grads_flat)
+        trainer.apply_update(lr)
+        moved = ring_allreduce_bytes(trainer.nbytes, self.ctx.world_size)
+        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved)
+
+    def teardown(self) -> None:
+        if self.group is not None:
+            self.group.destroy()
+            self.group = None

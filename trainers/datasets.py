@@ -1,0 +1,221 @@
+"""Data set registry: each loader returns a `LoadedDataset` with a fixed train/test split.
+
+Images are kept in their stored dtype (uint8 for MNIST/CIFAR) and turned into normalised float
+tensors one batch at a time, so a worker holding CIFAR-10 costs ~150 MB, not ~600 MB.
+Nothing is ever downloaded: mnist and cifar10 are read by torchvision from `--data-dir`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from distrain.errors import ConfigError
+from distrain.registry import Registry
+
+TEST_FRACTION = 0.2  # held-out share of the bundled digits and synthetic sets
+SPLIT_SEED = 1234  # fixed, independent of --seed: every run evaluates on the same held-out set
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    channels: int
+    height: int
+    width: int
+    num_classes: int
+
+
+@dataclass
+class LoadedDataset:
+    info: DatasetInfo
+    train_x: torch.Tensor  # (N, C, H, W), stored dtype
+    train_y: torch.Tensor  # (N,), int64
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    mean: float
+    std: float
+
+    @property
+    def train_size(self) -> int:
+        return int(self.train_y.shape[0])
+
+    @property
+    def test_size(self) -> int:
+        return int(self.test_y.shape[0])
+
+    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.float32) - self.mean) / self.std
+
+    def train_batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        return self._prepare(self.train_x[idx]), self.train_y[idx]
+
+    def test_batches(
+        self, batch_size: int, shard: int = 0, num_shards: int = 1
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The `shard`-th of `num_shards` contiguous parts of the test set, in batches."""
+        n = self.test_size
+        lo, hi = n * shard // num_shards, n * (shard + 1) // num_shards
+        return [
+            (self._prepare(self.test_x[i : min(i + batch_size, hi)]), self.test_y[i : min(i + batch_size, hi)])
+            for i in range(lo, hi, batch_size)
+        ]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    load: Callable[[str], LoadedDataset]
+    # Raises ConfigError when the files are missing; cheap, so the CLI can check before starting Ray.
+    check: Callable[[str], None]
+
+
+DATASETS: Registry[DatasetSpec] = Registry("dataset")
+
+
+def load_dataset(name: str, data_dir: str = "") -> LoadedDataset:
+    return DATASETS.get(name).load(data_dir)
+
+
+def check_dataset(name: str, data_dir: str = "") -> None:
+    DATASETS.get(name).check(data_dir)
+
+
+def _split(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+    n_test = int(round(len(y) * TEST_FRACTION))
+    test, train = order[:n_test], order[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+def _from_numpy(info: DatasetInfo, x: np.ndarray, y: np.ndarray, mean: float, std: float) -> LoadedDataset:
+    trx, tr_y, tex, te_y = _split(x, y)
+    return LoadedDataset(
+        info,
+        torch.from_numpy(np.ascontiguousarray(trx)),
+        torch.from_numpy(tr_y.astype(np.int64)),
+        torch.from_numpy(np.ascontiguousarray(tex)),
+        torch.from_numpy(te_y.astype(np.int64)),
+        mean,
+        std,
+    )
+
+
+def _no_files_needed(data_dir: str) -> None:
+    return None
+
+
+# ---------------------------------------------------------------- digits (bundled with scikit-learn)
+def _load_digits(data_dir: str) -> LoadedDataset:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = digits.images.astype(np.float32)[:, None, :, :]  # (1797, 1, 8, 8), values 0..16
+    y = digits.target.astype(np.int64)
+    return _from_numpy(DatasetInfo("digits", 1, 8, 8, 10), x, y, mean=4.88, std=6.02)
+
+
+DATASETS.register("digits", "scikit-learn's 8x8 handwritten digits, 1797 images, bundled")(
+    DatasetSpec(_load_digits, _no_files_needed)
+)
+
+
+# ---------------------------------------------------------------- synthetic (deterministic blobs)
+def _load_synthetic(data_dir: str) -> LoadedDataset:
+    rng = np.random.default_rng(7)
+    classes, n = 10, 4000
+    centers = rng.normal(0.0, 1.0, size=(classes, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, classes, size=n)
+    x = centers[y] + rng.normal(0.0, 0.8, size=(n, 1, 8, 8)).astype(np.float32)
+    return _from_numpy(DatasetInfo("synthetic", 1, 8, 8, classes), x.astype(np.float32), y, 0.0, 1.0)
+
+
+DATASETS.register("synthetic", "10 Gaussian classes of 8x8 images, generated (no files)")(
+    DatasetSpec(_load_synthetic, _no_files_needed)
+)
+
+
+# ---------------------------------------------------------------- torchvision readers (local files only)
+MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+CIFAR10_FILES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch")
+
+
+def _need_dir(name: str, data_dir: str) -> Path:
+    if not data_dir:
+        raise ConfigError(f"--dataset {name} reads local files: pass --data-dir DIR (nothing is downloaded)")
+    return Path(data_dir)
+
+
+def _check_mnist(data_dir: str) -> None:
+    raw = _need_dir("mnist", data_dir) / "MNIST" / "raw"
+    missing = [f for f in MNIST_FILES if not (raw / f).is_file() and not (raw / f"{f}.gz").is_file()]
+    if missing:
+        raise ConfigError(
+            f"MNIST files missing under {raw}: {', '.join(missing)}; put torchvision's MNIST/raw there"
+        )
+
+
+def _load_mnist(data_dir: str) -> LoadedDataset:
+    from torchvision.datasets import MNIST
+
+    _check_mnist(data_dir)
+    train = MNIST(data_dir, train=True, download=False)
+    test = MNIST(data_dir, train=False, download=False)
+    return LoadedDataset(
+        DatasetInfo("mnist", 1, 28, 28, 10),
+        train.data[:, None].contiguous(),
+        train.targets.to(torch.int64),
+        test.data[:, None].contiguous(),
+        test.targets.to(torch.int64),
+        mean=0.1307 * 255,
+        std=0.3081 * 255,
+    )
+
+
+DATASETS.register("mnist", "MNIST 28x28, read by torchvision from --data-dir/MNIST/raw")(
+    DatasetSpec(_load_mnist, _check_mnist)
+)
+
+
+def _check_cifar10(data_dir: str) -> None:
+    folder = _need_dir("cifar10", data_dir) / "cifar-10-batches-py"
+    missing = [f for f in CIFAR10_FILES if not (folder / f).is_file()]
+    if missing:
+        raise ConfigError(
+            f"CIFAR-10 files missing under {folder}: {', '.join(missing)}; unpack cifar-10-python.tar.gz there"
+        )
+
+
+def _load_cifar10(data_dir: str) -> LoadedDataset:
+    from torchvision.datasets import CIFAR10
+
+    _check_cifar10(data_dir)
+    train = CIFAR10(data_dir, train=True, download=False)
+    test = CIFAR10(data_dir, train=False, download=False)
+
+    def images(ds: CIFAR10) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2)))  # NHWC -> NCHW uint8
+
+    return LoadedDataset(
+        DatasetInfo("cifar10", 3, 32, 32, 10),
+        images(train),
+        torch.tensor(train.targets, dtype=torch.int64),
+        images(test),
+        torch.tensor(test.targets, dtype=torch.int64),
+        mean=0.4734 * 255,
+        std=0.2516 * 255,
+    )
+
+
+DATASETS.register("cifar10", "CIFAR-10 32x32 RGB, read by torchvision from --data-dir/cifar-10-batches-py")(
+    DatasetSpec(_load_cifar10, _check_cifar10)
+)

@@ -1,0 +1,60 @@
+"""Model registry. Every builder takes the data set's shape, so any model trains on any data set."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from distrain.registry import Registry
+from distrain.trainers.datasets import DatasetInfo
+
+MODELS: Registry[Callable[[DatasetInfo], nn.Module]] = Registry("model")
+
+
+@MODELS.register("mlp", "two hidden layers of 256 units")
+def mlp(info: DatasetInfo) -> nn.Module:
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(info.channels * info.height * info.width, 256),
+        nn.ReLU(),
+        nn.Linear(256, 256),
+        nn.ReLU(),
+        nn.Linear(256, info.num_classes),
+    )
+
+
+@MODELS.register("cnn", "two 3x3 conv layers, pooling to 4x4, two dense layers (~150k params)")
+def cnn(info: DatasetInfo) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(info.channels, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        # Adaptive pooling makes the head independent of the image size (8x8 digits, 28x28, 32x32).
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(64 * 4 * 4, 128),
+        nn.ReLU(),
+        nn.Linear(128, info.num_classes),
+    )
+
+
+@MODELS.register("resnet18", "torchvision ResNet-18 with a 3x3 stem and no max-pool, for small images")
+def resnet18(info: DatasetInfo) -> nn.Module:
+    from torchvision.models import resnet18 as tv_resnet18
+
+    model = tv_resnet18(weights=None, num_classes=info.num_classes)
+    # The ImageNet stem (7x7 stride 2 + max-pool) would shrink an 8x8 or 32x32 image to nothing.
+    model.conv1 = nn.Conv2d(info.channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
+def build_model(name: str, info: DatasetInfo, seed: int) -> nn.Module:
+    """Build `name` with its initial weights fixed by `seed` (same seed, same weights on every worker)."""
+    builder = MODELS.get(name)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return builder(info)

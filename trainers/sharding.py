@@ -1,0 +1,49 @@
+"""Deterministic per-epoch data order and its split across workers.
+
+Epoch e visits the training set in the order of a permutation drawn from (seed, e). Global step k of
+the epoch takes the next `global_batch` indices of that order; worker r of N takes the r-th of N equal
+contiguous slices. So N workers at batch B see, step for step, exactly the samples one worker at batch
+N*B sees, which is what makes BSP over N workers equal to one large-batch worker. The incomplete last
+global batch of an epoch is dropped, so every step has the same global batch size.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from distrain.errors import ConfigError
+
+
+class EpochSharder:
+    def __init__(self, num_samples: int, global_batch: int, seed: int) -> None:
+        if global_batch > num_samples:
+            raise ConfigError(
+                f"global batch {global_batch} exceeds the {num_samples} training samples; "
+                "lower --batch-size or --workers"
+            )
+        self.num_samples = num_samples
+        self.global_batch = global_batch
+        self.seed = seed
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_samples // self.global_batch
+
+    @lru_cache(maxsize=2)  # noqa: B019 - a sharder lives as long as its worker; two epochs are plenty
+    def order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+
+    def global_batch_indices(self, epoch: int, step: int) -> np.ndarray:
+        if not 0 <= step < self.steps_per_epoch:
+            raise IndexError(f"step {step} outside epoch of {self.steps_per_epoch} steps")
+        start = step * self.global_batch
+        return self.order(epoch)[start : start + self.global_batch]
+
+    def worker_indices(self, epoch: int, step: int, rank: int, world_size: int) -> np.ndarray:
+        if self.global_batch % world_size:
+            raise ValueError(f"global batch {self.global_batch} does not split into {world_size} equal parts")
+        per_worker = self.global_batch // world_size
+        batch = self.global_batch_indices(epoch, step)
+        return batch[rank * per_worker : (rank + 1) * per_worker]
