@@ -1,2 +1,204 @@
+"""The `distrain` command line: flags and YAML into a `RunConfig`, progress and summaries out.
+
+Every user-facing problem (`DistrainError`) becomes one line on stderr and exit code 2. This module
+knows neither Ray nor torch: the orchestrator is imported only when a command needs it, which also
+keeps `distrain --help` fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from distrain.config import RunConfig
+from distrain.errors import DistrainError
+
+app = typer.Typer(
+    name="distrain",
+    help="Distributed SGD on Ray: BSP, async and SSP parameter servers, local SGD, one flag apart.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+HELP = {name: RunConfig.__dataclass_fields__[name].metadata["help"] for name in RunConfig.field_names()}
+
+
+def user_errors(fn: F) -> F:
+    """Turn a DistrainError into one line and exit code 2; Ctrl-C into exit code 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DistrainError as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted: workers stopped; what was recorded so far is in the run directory")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _opt(name: str, **kwargs: Any) -> Any:
+    return typer.Option(help=HELP[name], show_default=False, **kwargs)
+
+
+@app.command()
+@user_errors
+def run(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="YAML file of config keys; flags given here override it.")
+    ] = None,
+    strategy: Annotated[str | None, _opt("strategy")] = None,
+    workers: Annotated[int | None, _opt("workers")] = None,
+    cpus_per_worker: Annotated[float | None, _opt("cpus_per_worker")] = None,
+    gpus_per_worker: Annotated[float | None, _opt("gpus_per_worker")] = None,
+    address: Annotated[str | None, _opt("address")] = None,
+    model: Annotated[str | None, _opt("model")] = None,
+    dataset: Annotated[str | None, _opt("dataset")] = None,
+    data_dir: Annotated[str | None, _opt("data_dir")] = None,
+    batch_size: Annotated[int | None, _opt("batch_size")] = None,
+    lr: Annotated[float | None, _opt("lr")] = None,
+    lr_scaling: Annotated[str | None, _opt("lr_scaling")] = None,
+    base_batch_size: Annotated[int | None, _opt("base_batch_size")] = None,
+    warmup_epochs: Annotated[float | None, _opt("warmup_epochs")] = None,
+    optimizer: Annotated[str | None, _opt("optimizer")] = None,
+    momentum: Annotated[float | None, _opt("momentum")] = None,
+    weight_decay: Annotated[float | None, _opt("weight_decay")] = None,
+    epochs: Annotated[int | None, _opt("epochs")] = None,
+    max_steps: Annotated[int | None, _opt("max_steps")] = None,
+    seed: Annotated[int | None, _opt("seed")] = None,
+    target_accuracy: Annotated[float | None, _opt("target_accuracy")] = None,
+    run_dir: Annotated[str | None, _opt("run_dir")] = None,
+    checkpoint_every: Annotated[int | None, _opt("checkpoint_every")] = None,
+    segment_steps: Annotated[int | None, _opt("segment_steps")] = None,
+    collective_timeout_s: Annotated[float | None, _opt("collective_timeout_s")] = None,
+) -> None:
+    """Train one model with one strategy; writes runs/<id>/ (config, metrics, summary, checkpoints)."""
+    overrides = {k: v for k, v in locals().items() if k != "config"}
+    if config is not None and run_dir is None:
+        # A config copied from a finished run names that run's directory: start a fresh one instead.
+        overrides["run_dir"] = ""
+    cfg = RunConfig.resolve(str(config) if config else None, overrides)
+
+    from distrain.orchestrator.run import run_training  # Ray and torch load only from here on
+
+    with RunDisplay(cfg) as display:
+        result = run_training(cfg, display.on_event)
+    print_summary(result.summary, result.run_dir)
+
+
+@app.command("strategies")
+def list_strategies() -> None:
+    """List the registered strategies, one line each."""
+    from distrain.strategies import STRATEGIES
+
+    for name, text in STRATEGIES.describe().items():
+        out.print(f"{name:<12} {text}", highlight=False)
+
+
+class RunDisplay:
+    """A live progress bar on a terminal; one line per epoch otherwise (logs, CI)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.live = out.is_terminal
+        self.progress = Progress(
+            TextColumn("[bold]epoch {task.fields[epoch]}"),
+            BarColumn(),
+            TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[speed]} samples/s"),
+            TextColumn("test acc {task.fields[acc]}"),
+            TimeElapsedColumn(),
+            console=out,
+            disable=not self.live,
+        )
+        self.task: Any = None
+        self.last_epoch_logged = -1
+
+    def __enter__(self) -> RunDisplay:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def on_event(self, event: Any) -> None:
+        from distrain.orchestrator.run import Progress as RunProgress
+        from distrain.orchestrator.run import RunStarted
+
+        if isinstance(event, RunStarted):
+            out.print(
+                f"run dir {event.run_dir}  |  {self.cfg.strategy} x {self.cfg.workers} workers on "
+                f"{event.nodes} node(s)  |  {self.cfg.model} ({event.num_params:,} params) on {self.cfg.dataset}"
+                f"  |  {event.total_steps} steps",
+                highlight=False,
+            )
+            self.task = self.progress.add_task(
+                "train", total=event.total_steps, epoch="-", loss="-", speed="-", acc="-"
+            )
+        elif isinstance(event, RunProgress):
+            acc = "-" if event.test_accuracy is None else f"{event.test_accuracy:.4f}"
+            fields: dict[str, Any] = {"epoch": f"{event.epoch + 1}/{event.epochs}", "loss": f"{event.loss:.4f}"}
+            if event.samples_per_s > 0:
+                fields["speed"] = f"{event.samples_per_s:,.0f}"
+            fields["acc"] = acc
+            self.progress.update(self.task, completed=event.steps_done, **fields)
+            if not self.live and event.test_accuracy is not None and event.samples_per_s == 0:
+                if event.epoch != self.last_epoch_logged:
+                    self.last_epoch_logged = event.epoch
+                    out.print(
+                        f"epoch {event.epoch + 1}/{event.epochs}  step {event.steps_done}/{event.total_steps}"
+                        f"  loss {event.loss:.4f}  test acc {acc}",
+                        highlight=False,
+                    )
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    table = Table(title=f"distrain run {summary['run_id']}", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    rows = [
+        ("strategy", f"{summary['strategy']} x {summary['workers']} workers"),
+        ("model / data", f"{summary['model']} / {summary['dataset']}"),
+        ("epochs / steps", f"{summary['epochs_completed']} / {summary['steps_completed']}"),
+        ("final test accuracy", _fmt(summary["final_test_accuracy"], ".4f")),
+        (f"time to {summary['target_accuracy']:g} accuracy", _fmt(summary["time_to_target_s"], ".1f") + " s"),
+        ("wall time", _fmt(summary["wall_time_s"], ".1f") + " s"),
+        ("steady-state throughput", _fmt(summary["steady_state_samples_per_s"], ",.0f") + " samples/s"),
+        ("bytes sent per step (all workers)", _fmt(summary["bytes_per_step"], ",.0f")),
+        ("mean compute / comm per step", f"{_fmt(summary['mean_compute_s'], '.4f')} / "
+         f"{_fmt(summary['mean_comm_s'], '.4f')} s"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    out.print(table)
+    out.print(f"results in {run_dir}/ (config.yaml, metrics.parquet, summary.json, checkpoints/)", highlight=False)
+
+
 def main() -> None:
-    pass
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""Shared fixtures: one real local Ray for the whole session, small and quiet."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray with 4 logical CPUs (2 cores here): enough for 2-4 one-CPU workers."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, logging_level=logging.WARNING)
+    yield ray
+    ray.shutdown()
