@@ -144,7 +144,8 @@ class RunDisplay:
         if isinstance(event, RunStarted):
             out.print(
                 f"run dir {event.run_dir}  |  {self.cfg.strategy} x {self.cfg.workers} workers on "
-                f"{event.nodes} node(s)  |  {self.cfg.model} ({event.num_params:,} params) on {self.cfg.dataset}"
+                f"{event.nodes} node(s)  |  {self.cfg.model} ({event.num_params:,} params)"
+                f" on {self.cfg.dataset}"
                 f"  |  {event.total_steps} steps",
                 highlight=False,
             )
@@ -153,7 +154,10 @@ class RunDisplay:
             )
         elif isinstance(event, RunProgress):
             acc = "-" if event.test_accuracy is None else f"{event.test_accuracy:.4f}"
-            fields: dict[str, Any] = {"epoch": f"{event.epoch + 1}/{event.epochs}", "loss": f"{event.loss:.4f}"}
+            fields: dict[str, Any] = {
+                "epoch": f"{event.epoch + 1}/{event.epochs}",
+                "loss": f"{event.loss:.4f}",
+            }
             if event.samples_per_s > 0:
                 fields["speed"] = f"{event.samples_per_s:,.0f}"
             fields["acc"] = acc
@@ -187,13 +191,17 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         ("wall time", _fmt(summary["wall_time_s"], ".1f") + " s"),
         ("steady-state throughput", _fmt(summary["steady_state_samples_per_s"], ",.0f") + " samples/s"),
         ("bytes sent per step (all workers)", _fmt(summary["bytes_per_step"], ",.0f")),
-        ("mean compute / comm per step", f"{_fmt(summary['mean_compute_s'], '.4f')} / "
-         f"{_fmt(summary['mean_comm_s'], '.4f')} s"),
+        (
+            "mean compute / comm per step",
+            f"{_fmt(summary['mean_compute_s'], '.4f')} / {_fmt(summary['mean_comm_s'], '.4f')} s",
+        ),
     ]
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)
-    out.print(f"results in {run_dir}/ (config.yaml, metrics.parquet, summary.json, checkpoints/)", highlight=False)
+    out.print(
+        f"results in {run_dir}/ (config.yaml, metrics.parquet, summary.json, checkpoints/)", highlight=False
+    )
 
 
 def main() -> None:

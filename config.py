@@ -121,7 +121,9 @@ class RunConfig:
                 f"unknown --lr-scaling {self.lr_scaling!r}; choose one of: {', '.join(LR_SCALING_RULES)}"
             )
         if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+            raise ConfigError(
+                f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}"
+            )
 
     # ------------------------------------------------------------------ derived values
     @property

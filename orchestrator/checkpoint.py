@@ -47,7 +47,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt, truncated or not a torch file at all
-        raise DistrainError(f"cannot read checkpoint {str(path)!r} ({type(e).__name__}); is it complete?") from None
+        raise DistrainError(
+            f"cannot read checkpoint {str(path)!r} ({type(e).__name__}); is it complete?"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise DistrainError(f"{str(path)!r} is not a distrain checkpoint")
     return payload

@@ -131,7 +131,11 @@ class _Driver:
                 total = min(total, self.config.max_steps)
             self.emit(
                 RunStarted(
-                    self.run_dir, total, steps_per_epoch, info[0]["num_params"], len({i["node_ip"] for i in info})
+                    self.run_dir,
+                    total,
+                    steps_per_epoch,
+                    info[0]["num_params"],
+                    len({i["node_ip"] for i in info}),
                 )
             )
             self._loop(steps_per_epoch, total)
@@ -162,7 +166,13 @@ class _Driver:
                 losses = [loss for p in parts for loss in p["loss"][-1:]]
                 self.emit(
                     Progress(
-                        epoch, self.config.epochs, done, total, sum(losses) / len(losses), samples / elapsed, last_acc
+                        epoch,
+                        self.config.epochs,
+                        done,
+                        total,
+                        sum(losses) / len(losses),
+                        samples / elapsed,
+                        last_acc,
                     )
                 )
                 start = stop
@@ -193,7 +203,12 @@ class _Driver:
     def _checkpoint(self, name: str, epoch: int, steps_done: int) -> None:
         state = _get(self.workers[0].state.remote())
         save_checkpoint(
-            self.run_dir / "checkpoints", name, state, config=self.config_dict, epoch=epoch, global_step=steps_done
+            self.run_dir / "checkpoints",
+            name,
+            state,
+            config=self.config_dict,
+            epoch=epoch,
+            global_step=steps_done,
         )
 
     def _finish(self, status: str, checkpoint: bool = True) -> dict[str, Any]:
@@ -202,7 +217,9 @@ class _Driver:
         if checkpoint and not df.empty:
             steps = df[df["kind"] == "step"]
             done = int(steps["step"].max()) + 1 if not steps.empty else 0
-            epochs_done = int(df[df["kind"] == "eval"]["epoch"].max()) + 1 if (df["kind"] == "eval").any() else 0
+            epochs_done = (
+                int(df[df["kind"] == "eval"]["epoch"].max()) + 1 if (df["kind"] == "eval").any() else 0
+            )
             self._checkpoint(checkpoint_name(None), epochs_done, done)
         self.sink.write(self.run_dir / "metrics.parquet")
         summary = summarize(df, self.config_dict, time.time() - self.run_start, status)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from distrain.config import RunConfig
 from distrain.strategies.base import CommStats, Strategy, StrategyContext
 from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes
 from distrain.strategies.registry import STRATEGIES
 from distrain.trainers.local_trainer import LocalTrainer
-from distrain.config import RunConfig
 
 
 @STRATEGIES.register("bsp", "bulk synchronous: all-reduce the mean gradient every step (gloo/NCCL)")

@@ -62,7 +62,10 @@ class LoadedDataset:
         n = self.test_size
         lo, hi = n * shard // num_shards, n * (shard + 1) // num_shards
         return [
-            (self._prepare(self.test_x[i : min(i + batch_size, hi)]), self.test_y[i : min(i + batch_size, hi)])
+            (
+                self._prepare(self.test_x[i : min(i + batch_size, hi)]),
+                self.test_y[i : min(i + batch_size, hi)],
+            )
             for i in range(lo, hi, batch_size)
         ]
 
@@ -191,7 +194,8 @@ def _check_cifar10(data_dir: str) -> None:
     missing = [f for f in CIFAR10_FILES if not (folder / f).is_file()]
     if missing:
         raise ConfigError(
-            f"CIFAR-10 files missing under {folder}: {', '.join(missing)}; unpack cifar-10-python.tar.gz there"
+            f"CIFAR-10 files missing under {folder}: {', '.join(missing)}; "
+            "unpack cifar-10-python.tar.gz there"
         )
 
 
