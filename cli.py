@@ -90,8 +90,12 @@ def run(
     """Train one model with one strategy; writes runs/<id>/ (config, metrics, summary, checkpoints)."""
     overrides = {k: v for k, v in locals().items() if k != "config"}
     if config is not None and run_dir is None:
-        # A config copied from a finished run names that run's directory: start a fresh one instead.
-        overrides["run_dir"] = ""
+        # A finished run's config.yaml names that run's directory; repeating it must not collide with
+        # (or overwrite) it, so the repeat gets a fresh default directory.
+        recorded = RunConfig.load_yaml(config).get("run_dir") or ""
+        if recorded and Path(recorded).is_dir() and any(Path(recorded).iterdir()):
+            overrides["run_dir"] = ""
+            out.print(f"{recorded} already holds a run; the repeat gets a new run directory", highlight=False)
     cfg = RunConfig.resolve(str(config) if config else None, overrides)
 
     from distrain.orchestrator.run import run_training  # Ray and torch load only from here on

@@ -8,6 +8,7 @@ metrics rows in batches, evaluation partial sums, and the state to checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -118,6 +119,8 @@ class _Driver:
         self.emit = emit
         self.sink = MetricsSink(run_dir.name)
         self.config_dict = config.to_dict() | {"run_dir": str(run_dir)}
+        self.steps_per_epoch = 0  # known once the workers have loaded their data
+        self.steps_done = 0
 
     def train(self) -> RunResult:
         status = "failed"
@@ -125,20 +128,20 @@ class _Driver:
             info = _get([w.describe.remote() for w in self.workers], timeout=self.config.collective_timeout_s)
             rendezvous = _get(self.workers[0].rendezvous_address.remote())
             _get([w.setup.remote(rendezvous) for w in self.workers], timeout=self.config.collective_timeout_s)
-            steps_per_epoch = info[0]["steps_per_epoch"]
-            total = self.config.epochs * steps_per_epoch
+            self.steps_per_epoch = info[0]["steps_per_epoch"]
+            total = self.config.epochs * self.steps_per_epoch
             if self.config.max_steps:
                 total = min(total, self.config.max_steps)
             self.emit(
                 RunStarted(
                     self.run_dir,
                     total,
-                    steps_per_epoch,
+                    self.steps_per_epoch,
                     info[0]["num_params"],
                     len({i["node_ip"] for i in info}),
                 )
             )
-            self._loop(steps_per_epoch, total)
+            self._loop(total)
             status = "completed"
             return RunResult(self.run_dir, self._finish(status), info)
         except KeyboardInterrupt:
@@ -148,43 +151,33 @@ class _Driver:
             if status != "completed":
                 self._finish(status, checkpoint=False)
 
-    def _loop(self, steps_per_epoch: int, total: int) -> None:
-        done = 0
+    def _loop(self, total: int) -> None:
+        """Drive segments until `total` global steps are done; evaluate at each epoch end."""
+        spe = self.steps_per_epoch
         last_acc: float | None = None
-        epoch = 0
-        while done < total:
-            start = 0
-            while start < steps_per_epoch and done < total:
-                stop = min(start + self.config.segment_steps, steps_per_epoch, start + total - done)
-                t0 = time.perf_counter()
-                parts = _get([w.run_segment.remote(epoch, start, stop) for w in self.workers])
-                elapsed = time.perf_counter() - t0
-                for part in parts:
-                    self.sink.add_steps(part)
-                done += stop - start
-                samples = sum(sum(p["samples"]) for p in parts)
-                losses = [loss for p in parts for loss in p["loss"][-1:]]
-                self.emit(
-                    Progress(
-                        epoch,
-                        self.config.epochs,
-                        done,
-                        total,
-                        sum(losses) / len(losses),
-                        samples / elapsed,
-                        last_acc,
-                    )
-                )
-                start = stop
-            if start == steps_per_epoch:  # a whole epoch: evaluate and maybe checkpoint
-                last_acc = self._evaluate(epoch, done)
-                self.emit(
-                    Progress(epoch, self.config.epochs, done, total, sum(losses) / len(losses), 0.0, last_acc)
-                )
+        while self.steps_done < total:
+            epoch, start = divmod(self.steps_done, spe)
+            stop = min(start + self.config.segment_steps, spe, start + total - self.steps_done)
+            t0 = time.perf_counter()
+            parts = _get([w.run_segment.remote(epoch, start, stop) for w in self.workers])
+            elapsed = time.perf_counter() - t0
+            for part in parts:
+                self.sink.add_steps(part)
+            self.steps_done += stop - start
+            samples = sum(sum(p["samples"]) for p in parts)
+            last_losses = [p["loss"][-1] for p in parts]
+            loss = sum(last_losses) / len(last_losses)
+            progress = Progress(
+                epoch, self.config.epochs, self.steps_done, total, loss, samples / elapsed, last_acc
+            )
+            self.emit(progress)
+            # Evaluate at every epoch end, and once more where --max-steps stops mid-epoch.
+            if stop == spe or self.steps_done >= total:
+                last_acc = self._evaluate(epoch, self.steps_done)
+                self.emit(dataclasses.replace(progress, samples_per_s=0.0, test_accuracy=last_acc))
                 every = self.config.checkpoint_every
-                if every and (epoch + 1) % every == 0:
-                    self._checkpoint(checkpoint_name(epoch + 1), epoch + 1, done)
-            epoch += 1
+                if stop == spe and every and (epoch + 1) % every == 0:
+                    self._checkpoint(checkpoint_name(epoch + 1), epoch + 1, self.steps_done)
 
     def _evaluate(self, epoch: int, steps_done: int) -> float:
         """Each worker scores its share of the test set; the driver adds the partial sums."""
@@ -214,14 +207,10 @@ class _Driver:
     def _finish(self, status: str, checkpoint: bool = True) -> dict[str, Any]:
         table = self.sink.table()
         df = table.to_pandas()
-        if checkpoint and not df.empty:
-            steps = df[df["kind"] == "step"]
-            done = int(steps["step"].max()) + 1 if not steps.empty else 0
-            epochs_done = (
-                int(df[df["kind"] == "eval"]["epoch"].max()) + 1 if (df["kind"] == "eval").any() else 0
-            )
-            self._checkpoint(checkpoint_name(None), epochs_done, done)
+        epochs_done = self.steps_done // self.steps_per_epoch if self.steps_per_epoch else 0
+        if checkpoint and self.steps_done:
+            self._checkpoint(checkpoint_name(None), epochs_done, self.steps_done)
         self.sink.write(self.run_dir / "metrics.parquet")
-        summary = summarize(df, self.config_dict, time.time() - self.run_start, status)
+        summary = summarize(df, self.config_dict, time.time() - self.run_start, status, epochs_done)
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary

@@ -34,7 +34,9 @@ def steady_state_samples_per_s(steps: pd.DataFrame, evals: pd.DataFrame) -> floa
     return float(window["samples"].sum() / elapsed) if elapsed > 0 else None
 
 
-def summarize(df: pd.DataFrame, config: dict[str, Any], wall_time_s: float, status: str) -> dict[str, Any]:
+def summarize(
+    df: pd.DataFrame, config: dict[str, Any], wall_time_s: float, status: str, epochs_completed: int
+) -> dict[str, Any]:
     steps = df[df["kind"] == "step"]
     evals = df[df["kind"] == "eval"].sort_values("wall_time")
     target = config["target_accuracy"]
@@ -52,7 +54,7 @@ def summarize(df: pd.DataFrame, config: dict[str, Any], wall_time_s: float, stat
         "dataset": config["dataset"],
         "workers": config["workers"],
         "global_batch_size": config["workers"] * config["batch_size"],
-        "epochs_completed": int(evals["epoch"].max()) + 1 if not evals.empty else 0,
+        "epochs_completed": epochs_completed,
         "steps_completed": int(steps["step"].max()) + 1 if not steps.empty else 0,
         "final_test_accuracy": num(evals["test_accuracy"].iloc[-1]) if not evals.empty else None,
         "final_test_loss": num(evals["test_loss"].iloc[-1]) if not evals.empty else None,
