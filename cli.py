@@ -17,9 +17,15 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from distrain.config import RunConfig
 from distrain.errors import DistrainError
+
+try:  # typer >= 0.24 parses with its own vendored copy of click
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 app = typer.Typer(
     name="distrain",
@@ -43,7 +49,7 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except DistrainError as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            err.print(Text("error: ", style="bold red") + Text(str(e)), highlight=False)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted: workers stopped; what was recorded so far is in the run directory")
@@ -95,7 +101,11 @@ def run(
         recorded = RunConfig.load_yaml(config).get("run_dir") or ""
         if recorded and Path(recorded).is_dir() and any(Path(recorded).iterdir()):
             overrides["run_dir"] = ""
-            out.print(f"{recorded} already holds a run; the repeat gets a new run directory", highlight=False)
+            out.print(
+                f"{recorded} already holds a run; the repeat gets a new run directory",
+                markup=False,
+                highlight=False,
+            )
     cfg = RunConfig.resolve(str(config) if config else None, overrides)
 
     from distrain.orchestrator.run import run_training  # Ray and torch load only from here on
@@ -151,6 +161,7 @@ class RunDisplay:
                 f"{event.nodes} node(s)  |  {self.cfg.model} ({event.num_params:,} params)"
                 f" on {self.cfg.dataset}"
                 f"  |  {event.total_steps} steps",
+                markup=False,
                 highlight=False,
             )
             self.task = self.progress.add_task(
@@ -183,7 +194,7 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
-    table = Table(title=f"distrain run {summary['run_id']}", show_header=False)
+    table = Table(title=Text(f"distrain run {summary['run_id']}"), show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     rows = [
@@ -204,12 +215,26 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         table.add_row(key, value)
     out.print(table)
     out.print(
-        f"results in {run_dir}/ (config.yaml, metrics.parquet, summary.json, checkpoints/)", highlight=False
+        f"results in {run_dir}/ (config.yaml, metrics.parquet, summary.json, checkpoints/)",
+        markup=False,
+        highlight=False,
     )
 
 
-def main() -> None:
-    app()
+def main() -> int:
+    """Console entry point: like `app()`, but a usage error (e.g. `--workers abc`) is one line too."""
+    command = typer.main.get_command(app)
+    try:
+        return command.main(standalone_mode=False) or 0
+    except click_exceptions.NoArgsIsHelpError as e:
+        e.show()  # bare `distrain`: the help text
+        return 0
+    except click_exceptions.ClickException as e:
+        err.print(Text("error: ", style="bold red") + Text(e.format_message()), highlight=False)
+        return e.exit_code
+    except click_exceptions.Abort:
+        err.print("aborted")
+        return 130
 
 
 if __name__ == "__main__":

@@ -74,6 +74,11 @@ class RunConfig:
                     else:
                         raise ConfigError(f"{flag} must be an integer, got {value!r}")
             elif kind == "float":
+                if isinstance(value, str):  # YAML 1.1 reads `lr: 1e-3` as the string '1e-3'
+                    try:
+                        value = float(value)
+                    except ValueError:
+                        pass
                 if isinstance(value, bool) or not isinstance(value, int | float):
                     raise ConfigError(f"{flag} must be a number, got {value!r}")
                 value = float(value)
@@ -108,6 +113,8 @@ class RunConfig:
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        if not 0 <= self.seed < 2**64:  # numpy's default_rng refuses negative seeds, torch's > 64 bits
+            raise ConfigError(f"--seed must be in [0, 2**64), got {self.seed}")
         if self.momentum >= 1:
             raise ConfigError(f"--momentum must be < 1, got {self.momentum}")
         if self.warmup_epochs > self.epochs:

@@ -13,6 +13,17 @@ from distrain.config import RunConfig
 from distrain.errors import ResourceError
 
 
+class _DropTokenAuthNotice(logging.Filter):
+    """Ray 2.60 announces on every start that token auth is on (the secure default); that notice
+    would break the CLI's one-line error output. The warning that auth is *off* still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_DropTokenAuthNotice())
+
+
 @dataclass
 class RayConnection:
     started_here: bool
@@ -33,7 +44,8 @@ def connect(config: RunConfig) -> RayConnection:
         # A local cluster gets at least the CPUs the run reserves, so `--workers 4` works on a laptop
         # with 2 cores (oversubscribed, as with torchrun), instead of waiting forever for resources.
         needed = int(-(-config.workers * config.cpus_per_worker // 1))
-        ray.init(num_cpus=max(os.cpu_count() or 1, needed), **kwargs)
+        # address="local": always a fresh instance, never a `ray start` cluster found on this machine.
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, needed), **kwargs)
     return RayConnection(started_here=True)
 
 

@@ -73,7 +73,7 @@ def _get(refs: Any, timeout: float | None = None) -> Any:
 
 def preflight(config: RunConfig) -> Path:
     """Checks that need no cluster; returns the run directory to use. Writes nothing."""
-    check_dataset(config.dataset, config.data_dir)
+    check_dataset(config.dataset, config.data_dir, config.global_batch_size)
     return choose_run_dir(config.run_dir, config.strategy)
 
 

@@ -16,6 +16,6 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.WARNING)
     yield ray
     ray.shutdown()

@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from distrain.errors import ConfigError
 from distrain.registry import Registry
+
+T = TypeVar("T")
 
 TEST_FRACTION = 0.2  # held-out share of the bundled digits and synthetic sets
 SPLIT_SEED = 1234  # fixed, independent of --seed: every run evaluates on the same held-out set
@@ -75,6 +78,7 @@ class DatasetSpec:
     load: Callable[[str], LoadedDataset]
     # Raises ConfigError when the files are missing; cheap, so the CLI can check before starting Ray.
     check: Callable[[str], None]
+    train_size: int  # known up front, so a global batch larger than the data set is refused early
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")
@@ -84,13 +88,25 @@ def load_dataset(name: str, data_dir: str = "") -> LoadedDataset:
     return DATASETS.get(name).load(data_dir)
 
 
-def check_dataset(name: str, data_dir: str = "") -> None:
-    DATASETS.get(name).check(data_dir)
+def check_dataset(name: str, data_dir: str = "", global_batch: int = 1) -> None:
+    """Cheap checks before anything starts: the files are there and one global batch fits."""
+    spec = DATASETS.get(name)
+    spec.check(data_dir)
+    if global_batch > spec.train_size:
+        raise ConfigError(
+            f"the global batch ({global_batch}) exceeds the {spec.train_size} training samples of {name}; "
+            "lower --batch-size or --workers"
+        )
+
+
+def _split_sizes(n: int) -> tuple[int, int]:
+    n_test = int(round(n * TEST_FRACTION))
+    return n - n_test, n_test
 
 
 def _split(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
-    n_test = int(round(len(y) * TEST_FRACTION))
+    _, n_test = _split_sizes(len(y))
     test, train = order[:n_test], order[n_test:]
     return x[train], y[train], x[test], y[test]
 
@@ -123,14 +139,17 @@ def _load_digits(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("digits", "scikit-learn's 8x8 handwritten digits, 1797 images, bundled")(
-    DatasetSpec(_load_digits, _no_files_needed)
+    DatasetSpec(_load_digits, _no_files_needed, _split_sizes(1797)[0])
 )
 
 
 # ---------------------------------------------------------------- synthetic (deterministic blobs)
+SYNTHETIC_SAMPLES = 4000
+
+
 def _load_synthetic(data_dir: str) -> LoadedDataset:
     rng = np.random.default_rng(7)
-    classes, n = 10, 4000
+    classes, n = 10, SYNTHETIC_SAMPLES
     centers = rng.normal(0.0, 1.0, size=(classes, 1, 8, 8)).astype(np.float32)
     y = rng.integers(0, classes, size=n)
     x = centers[y] + rng.normal(0.0, 0.8, size=(n, 1, 8, 8)).astype(np.float32)
@@ -138,7 +157,7 @@ def _load_synthetic(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("synthetic", "10 Gaussian classes of 8x8 images, generated (no files)")(
-    DatasetSpec(_load_synthetic, _no_files_needed)
+    DatasetSpec(_load_synthetic, _no_files_needed, _split_sizes(SYNTHETIC_SAMPLES)[0])
 )
 
 
@@ -149,7 +168,15 @@ MNIST_FILES = (
     "t10k-images-idx3-ubyte",
     "t10k-labels-idx1-ubyte",
 )
-CIFAR10_FILES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch")
+CIFAR10_FILES = (
+    "data_batch_1",
+    "data_batch_2",
+    "data_batch_3",
+    "data_batch_4",
+    "data_batch_5",
+    "test_batch",
+    "batches.meta",  # torchvision's CIFAR10 reads the class names from it
+)
 
 
 def _need_dir(name: str, data_dir: str) -> Path:
@@ -158,9 +185,25 @@ def _need_dir(name: str, data_dir: str) -> Path:
     return Path(data_dir)
 
 
+def _read(name: str, folder: Path, read: Callable[[], T]) -> T:
+    """Run a torchvision reader; a corrupt or truncated file is a user error, not a traceback."""
+    try:
+        return read()
+    except (RuntimeError, ValueError, TypeError, AssertionError, EOFError, OSError) as e:
+        detail = str(e).strip() or type(e).__name__
+        raise ConfigError(
+            f"cannot read the {name} files under {folder} ({detail}); replace them with intact copies"
+        ) from None
+
+
 def _check_mnist(data_dir: str) -> None:
     raw = _need_dir("mnist", data_dir) / "MNIST" / "raw"
-    missing = [f for f in MNIST_FILES if not (raw / f).is_file() and not (raw / f"{f}.gz").is_file()]
+    missing = [f for f in MNIST_FILES if not (raw / f).is_file()]
+    # torchvision reads only the uncompressed files (it unpacks the .gz files only when downloading)
+    gzipped = [f for f in missing if (raw / f"{f}.gz").is_file()]
+    if gzipped:
+        names = " ".join(f"{f}.gz" for f in gzipped)
+        raise ConfigError(f"MNIST files under {raw} are still compressed: run `gunzip {names}` there")
     if missing:
         raise ConfigError(
             f"MNIST files missing under {raw}: {', '.join(missing)}; put torchvision's MNIST/raw there"
@@ -171,8 +214,9 @@ def _load_mnist(data_dir: str) -> LoadedDataset:
     from torchvision.datasets import MNIST
 
     _check_mnist(data_dir)
-    train = MNIST(data_dir, train=True, download=False)
-    test = MNIST(data_dir, train=False, download=False)
+    raw = Path(data_dir) / "MNIST" / "raw"
+    train = _read("MNIST", raw, lambda: MNIST(data_dir, train=True, download=False))
+    test = _read("MNIST", raw, lambda: MNIST(data_dir, train=False, download=False))
     return LoadedDataset(
         DatasetInfo("mnist", 1, 28, 28, 10),
         train.data[:, None].contiguous(),
@@ -185,7 +229,7 @@ def _load_mnist(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("mnist", "MNIST 28x28, read by torchvision from --data-dir/MNIST/raw")(
-    DatasetSpec(_load_mnist, _check_mnist)
+    DatasetSpec(_load_mnist, _check_mnist, 60_000)
 )
 
 
@@ -203,8 +247,9 @@ def _load_cifar10(data_dir: str) -> LoadedDataset:
     from torchvision.datasets import CIFAR10
 
     _check_cifar10(data_dir)
-    train = CIFAR10(data_dir, train=True, download=False)
-    test = CIFAR10(data_dir, train=False, download=False)
+    folder = Path(data_dir) / "cifar-10-batches-py"
+    train = _read("CIFAR-10", folder, lambda: CIFAR10(data_dir, train=True, download=False))
+    test = _read("CIFAR-10", folder, lambda: CIFAR10(data_dir, train=False, download=False))
 
     def images(ds: CIFAR10) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2)))  # NHWC -> NCHW uint8
@@ -221,5 +266,5 @@ def _load_cifar10(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("cifar10", "CIFAR-10 32x32 RGB, read by torchvision from --data-dir/cifar-10-batches-py")(
-    DatasetSpec(_load_cifar10, _check_cifar10)
+    DatasetSpec(_load_cifar10, _check_cifar10, 50_000)
 )

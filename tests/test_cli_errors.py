@@ -1,0 +1,186 @@
+"""`distrain` on bad input: exit code 2, one line of error text, no traceback, nothing written.
+
+All but the last test fail before Ray would start, and a guard makes starting Ray fail the test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from distrain.cli import app
+
+runner = CliRunner()
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under root with its content and modification time."""
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    } | {str(p.relative_to(root)) + "/": (b"", 0) for p in root.rglob("*") if p.is_dir()}
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fail loudly if the command gets as far as connecting to (or starting) Ray."""
+    import ray
+
+    from distrain.orchestrator import cluster
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray must not be started for input that is already known to be bad")
+
+    monkeypatch.setattr(cluster, "connect", refuse)
+    monkeypatch.setattr(ray, "init", refuse)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, no_ray):
+    """An empty current directory, with a few prepared inputs beside it (outside it)."""
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "malformed.yaml").write_text("workers: 2\nlr: 0.1: 2\nmodel: cnn\n")
+    (inputs / "empty_data").mkdir()
+    full = inputs / "full_run"
+    full.mkdir()
+    (full / "metrics.parquet").write_bytes(b"precious results")
+    (full / "sub").mkdir()
+    (full / "sub" / "notes.txt").write_text("keep me")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd, inputs
+
+
+def assert_one_line_error(result, *fragments: str) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    line = lines[0]
+    assert "error:" in line
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    assert result.stdout == ""  # the error goes to stderr
+    assert result.stderr.strip() == line.strip()
+    return line
+
+
+# (arguments, fragments the one-line message must contain); "{in}" is the inputs directory
+BAD_INPUTS = [
+    (["--strategy", "nope"], ["unknown strategy 'nope'", "bsp"]),
+    (["--model", "vgg"], ["unknown model 'vgg'", "cnn, mlp, resnet18"]),
+    (["--dataset", "imagenet"], ["unknown dataset 'imagenet'", "digits"]),
+    (["--workers", "0"], ["--workers must be >= 1"]),
+    (["--batch-size", "0"], ["--batch-size must be >= 1"]),
+    (["--lr", "0"], ["--lr must be a positive number"]),
+    (["--lr", "-1"], ["--lr must be a positive number"]),
+    (["--lr", "nan"], ["--lr must be a positive number"]),
+    (["--momentum", "1"], ["--momentum must be < 1"]),
+    (["--warmup-epochs", "9", "--epochs", "2"], ["--warmup-epochs"]),
+    (["--lr-scaling", "cubic"], ["--lr-scaling", "linear, sqrt, none"]),
+    (["--dataset", "mnist"], ["--data-dir"]),
+    (["--dataset", "mnist", "--data-dir", ""], ["--data-dir"]),
+    (
+        ["--dataset", "mnist", "--data-dir", "{in}/empty_data"],
+        ["MNIST files missing", "train-images-idx3-ubyte"],
+    ),
+    (["--dataset", "cifar10", "--data-dir", "{in}/empty_data"], ["CIFAR-10 files missing"]),
+    (["--config", "{in}/malformed.yaml"], ["malformed YAML", "malformed.yaml", "line 2"]),
+    (["--config", "{in}/missing.yaml"], ["not found", "missing.yaml"]),
+    (["--run-dir", "{in}/full_run"], ["not empty", "full_run"]),
+    (["--run-dir", "{in}/full_run/metrics.parquet"], ["not a directory"]),
+]
+
+
+@pytest.mark.parametrize(("args", "fragments"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(workdir, args, fragments):
+    cwd, inputs = workdir
+    before = snapshot(inputs)
+    args = [a.replace("{in}", str(inputs)) for a in args]
+    result = runner.invoke(app, ["run", *args])
+    assert_one_line_error(result, *fragments)
+    assert list(cwd.iterdir()) == []  # in particular, no runs/
+    assert snapshot(inputs) == before  # the non-empty run dir and every other input untouched
+
+
+def test_flag_overrides_a_bad_yaml_value_and_a_bad_flag_overrides_a_good_file(workdir):
+    cwd, inputs = workdir
+    (inputs / "c.yaml").write_text("workers: 3\n")
+    result = runner.invoke(app, ["run", "--config", str(inputs / "c.yaml"), "--workers", "0"])
+    assert_one_line_error(result, "--workers must be >= 1, got 0")
+    (inputs / "d.yaml").write_text("workers: 0\nbogus_key: 1\n")
+    result = runner.invoke(app, ["run", "--config", str(inputs / "d.yaml"), "--workers", "2"])
+    assert_one_line_error(result, "bogus_key", "d.yaml")
+    assert list(cwd.iterdir()) == []
+
+
+def test_error_text_with_brackets_is_printed_verbatim(workdir):
+    result = runner.invoke(app, ["run", "--strategy", "[/]"])
+    assert_one_line_error(result, "unknown strategy '[/]'")
+
+
+def test_strategies_lists_bsp():
+    result = runner.invoke(app, ["strategies"])
+    assert result.exit_code == 0, result.output
+    names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
+    assert "bsp" in names
+
+
+def test_help():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0, result.output
+    assert "run" in result.output and "strategies" in result.output
+    result = runner.invoke(app, ["run", "--help"])
+    assert result.exit_code == 0, result.output
+    for flag in ("--workers", "--strategy", "--config", "--run-dir", "--gpus-per-worker"):
+        assert flag in result.output
+
+
+def test_no_arguments_prints_help():
+    result = runner.invoke(app, [])
+    assert "Usage" in result.output
+    assert "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------- needs the cluster
+def test_more_gpus_than_the_cluster_has(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert ray_cluster.cluster_resources().get("GPU", 0) == 0
+    run_dir = tmp_path / "r"
+    result = runner.invoke(app, ["run", "--gpus-per-worker", "1", "--run-dir", str(run_dir)])
+    line = assert_one_line_error(result, "GPU")
+    assert "--gpus-per-worker" in line
+    assert not run_dir.exists()  # the resource check comes before the run directory is made
+    assert not (tmp_path / "runs").exists()
+    assert ray_cluster.is_initialized()  # a cluster the command did not start is left running
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["run", "--workers", "abc"], "Invalid value for '--workers'"),
+        (["run", "--no-such-flag"], "No such option"),
+        (["no-such-command"], "No such command"),
+    ],
+)
+def test_console_script_usage_errors_are_one_line(tmp_path, args, expected):
+    """The installed entry point (not only CliRunner) turns click's usage errors into one line, exit 2."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from distrain.cli import main; sys.exit(main())", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], lines
+    assert list(tmp_path.iterdir()) == []

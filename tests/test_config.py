@@ -1,0 +1,225 @@
+"""RunConfig: defaults, YAML round trip, precedence of flags, and one ConfigError per bad value."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from distrain.config import RunConfig
+from distrain.errors import ConfigError, DistrainError
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------- defaults and round trip
+def test_defaults_are_valid_and_documented():
+    cfg = RunConfig()
+    assert (cfg.strategy, cfg.workers, cfg.batch_size, cfg.model, cfg.dataset) == (
+        "bsp",
+        2,
+        32,
+        "cnn",
+        "digits",
+    )
+    assert cfg.global_batch_size == 64
+    assert not cfg.uses_gpus
+    assert RunConfig.resolve(None, {}) == cfg
+    # every field carries the help text the CLI and the YAML file show
+    for f in dataclasses.fields(RunConfig):
+        assert f.metadata["help"].strip(), f.name
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = RunConfig(
+        workers=3,
+        cpus_per_worker=0.5,
+        model="mlp",
+        dataset="synthetic",
+        lr=0.125,
+        lr_scaling="sqrt",
+        warmup_epochs=1.5,
+        optimizer="adam",
+        momentum=0.0,
+        epochs=3,
+        seed=42,
+        target_accuracy=0.875,
+        address="127.0.0.1:6379",
+        # strings that YAML would otherwise read as null, a bool, an int, a mapping or a comment,
+        # and one long enough for the dumper to fold it over several lines
+        data_dir="null",
+        run_dir="runs/a: b #c " + "x y " * 40,
+    )
+    text = cfg.to_yaml()
+    assert text.startswith("#")
+    for name in RunConfig.field_names():
+        assert f"\n{name}:" in text
+    path = write(tmp_path / "config.yaml", text)
+    back = RunConfig.resolve(str(path), {})
+    assert back == cfg
+    assert back.to_dict() == cfg.to_dict()
+
+
+def test_defaults_round_trip(tmp_path):
+    path = write(tmp_path / "c.yaml", RunConfig().to_yaml())
+    assert RunConfig.resolve(str(path), {}) == RunConfig()
+
+
+def test_flags_override_yaml_and_none_flags_do_not(tmp_path):
+    path = write(tmp_path / "c.yaml", "workers: 4\nlr: 0.2\nmodel: mlp\n")
+    cfg = RunConfig.resolve(str(path), {"workers": 3, "lr": None, "epochs": 2, "model": None})
+    assert cfg.workers == 3  # flag beats file
+    assert cfg.lr == 0.2  # file beats default; an absent flag (None) changes nothing
+    assert cfg.model == "mlp"
+    assert cfg.epochs == 2  # flag beats default
+    assert cfg.batch_size == RunConfig().batch_size  # neither: default
+
+
+def test_empty_yaml_file_means_defaults(tmp_path):
+    path = write(tmp_path / "empty.yaml", "# nothing but a comment\n")
+    assert RunConfig.resolve(str(path), {}) == RunConfig()
+
+
+def test_yaml_float_in_exponent_notation(tmp_path):
+    # PyYAML (YAML 1.1) reads `1e-3` as the string '1e-3'; it is still a number to a user.
+    path = write(tmp_path / "c.yaml", "lr: 1e-3\nweight_decay: 5e-4\n")
+    cfg = RunConfig.resolve(str(path), {})
+    assert cfg.lr == pytest.approx(1e-3)
+    assert cfg.weight_decay == pytest.approx(5e-4)
+
+
+def test_integral_float_is_accepted_for_int_fields():
+    cfg = RunConfig(workers=4.0)
+    assert cfg.workers == 4 and isinstance(cfg.workers, int)
+
+
+# ---------------------------------------------------------------- bad files
+def test_unknown_yaml_key(tmp_path):
+    path = write(tmp_path / "c.yaml", "wrkers: 3\nlr: 0.1\n")
+    with pytest.raises(ConfigError, match="wrkers") as info:
+        RunConfig.resolve(str(path), {})
+    assert str(path) in str(info.value)
+    assert "workers" in str(info.value)  # lists the valid keys
+
+
+def test_unknown_key_in_mapping():
+    with pytest.raises(ConfigError, match="unknown key.*bogus"):
+        RunConfig.from_mapping({"bogus": 1})
+
+
+def test_malformed_yaml(tmp_path):
+    path = write(tmp_path / "c.yaml", "workers: 2\nlr: [0.1, 0.2\nmodel: cnn\n")
+    with pytest.raises(ConfigError, match=r"malformed YAML.*line \d+"):
+        RunConfig.resolve(str(path), {})
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"), [("- 1\n- 2\n", "list"), ("just a string\n", "str"), ("3\n", "int")]
+)
+def test_non_mapping_yaml(tmp_path, text, kind):
+    path = write(tmp_path / "c.yaml", text)
+    with pytest.raises(ConfigError, match=f"must hold a mapping.*{kind}"):
+        RunConfig.resolve(str(path), {})
+
+
+def test_missing_config_file(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="not found") as info:
+        RunConfig.resolve(str(missing), {})
+    assert "nope.yaml" in str(info.value)
+    assert not missing.exists()
+
+
+def test_config_errors_are_user_errors():
+    assert issubclass(ConfigError, DistrainError)
+
+
+# ---------------------------------------------------------------- bad values
+BAD_VALUES = [
+    ({"workers": 0}, r"--workers must be >= 1, got 0"),
+    ({"workers": -3}, r"--workers must be >= 1"),
+    ({"batch_size": 0}, r"--batch-size must be >= 1"),
+    ({"batch_size": -1}, r"--batch-size must be >= 1"),
+    ({"base_batch_size": 0}, r"--base-batch-size must be >= 1"),
+    ({"epochs": 0}, r"--epochs must be >= 1"),
+    ({"segment_steps": 0}, r"--segment-steps must be >= 1"),
+    ({"max_steps": -1}, r"--max-steps must be >= 0"),
+    ({"checkpoint_every": -1}, r"--checkpoint-every must be >= 0"),
+    ({"lr": 0.0}, r"--lr must be a positive number"),
+    ({"lr": -1.0}, r"--lr must be a positive number"),
+    ({"lr": math.nan}, r"--lr must be a positive number, got nan"),
+    ({"lr": math.inf}, r"--lr must be a positive number"),
+    ({"cpus_per_worker": 0}, r"--cpus-per-worker must be a positive number"),
+    ({"collective_timeout_s": 0}, r"--collective-timeout-s must be a positive number"),
+    ({"gpus_per_worker": -1}, r"--gpus-per-worker must be >= 0"),
+    ({"weight_decay": math.nan}, r"--weight-decay must be >= 0"),
+    ({"momentum": -0.1}, r"--momentum must be >= 0"),
+    ({"momentum": 1.0}, r"--momentum must be < 1"),
+    ({"momentum": 1.5}, r"--momentum must be < 1"),
+    ({"warmup_epochs": 9, "epochs": 8}, r"--warmup-epochs \(9.0\) exceeds --epochs \(8\)"),
+    ({"warmup_epochs": -1}, r"--warmup-epochs must be >= 0"),
+    ({"target_accuracy": 0}, r"--target-accuracy must be in \(0, 1\]"),
+    ({"target_accuracy": 1.01}, r"--target-accuracy must be in \(0, 1\]"),
+    ({"target_accuracy": -0.5}, r"--target-accuracy"),
+    ({"target_accuracy": math.nan}, r"--target-accuracy"),
+    ({"lr_scaling": "cubic"}, r"unknown --lr-scaling 'cubic'; choose one of: linear, sqrt, none"),
+    ({"optimizer": "lbfgs"}, r"unknown --optimizer 'lbfgs'; choose one of: sgd, adagrad, adam"),
+    ({"strategy": "nope"}, r"unknown strategy 'nope'; choose one of: .*bsp"),
+    ({"model": "vgg"}, r"unknown model 'vgg'; choose one of: cnn, mlp, resnet18"),
+    (
+        {"dataset": "imagenet"},
+        r"unknown dataset 'imagenet'; choose one of: cifar10, digits, mnist, synthetic",
+    ),
+    ({"seed": -1}, r"--seed must be in \[0, 2\*\*64\), got -1"),
+    ({"seed": 2**64}, r"--seed must be in"),
+    # wrong types
+    ({"workers": "abc"}, r"--workers must be an integer, got 'abc'"),
+    ({"workers": 2.5}, r"--workers must be an integer, got 2.5"),
+    ({"workers": True}, r"--workers must be an integer, got True"),
+    ({"epochs": None}, r"--epochs must be an integer, got None"),
+    ({"lr": "fast"}, r"--lr must be a number, got 'fast'"),
+    ({"lr": [0.1]}, r"--lr must be a number"),
+    ({"momentum": False}, r"--momentum must be a number"),
+    ({"strategy": 3}, r"--strategy must be a string, got 3"),
+    ({"run_dir": ["a"]}, r"--run-dir must be a string"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_VALUES, ids=[repr(v) for v, _ in BAD_VALUES])
+def test_bad_value_is_a_config_error(values, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig(**values)
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_VALUES[:6], ids=[repr(v) for v, _ in BAD_VALUES[:6]])
+def test_bad_value_in_yaml_is_a_config_error(tmp_path, values, message):
+    import yaml
+
+    path = write(tmp_path / "c.yaml", yaml.safe_dump(values))
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.resolve(str(path), {})
+
+
+def test_bad_yaml_value_is_fixed_by_a_good_flag(tmp_path):
+    path = write(tmp_path / "c.yaml", "workers: 0\n")
+    assert RunConfig.resolve(str(path), {"workers": 2}).workers == 2
+
+
+def test_boundary_values_are_accepted():
+    cfg = RunConfig(
+        workers=1,
+        batch_size=1,
+        momentum=0.0,
+        warmup_epochs=8,
+        epochs=8,
+        target_accuracy=1.0,
+        max_steps=0,
+        seed=0,
+    )
+    assert cfg.warmup_epochs == 8.0 and isinstance(cfg.warmup_epochs, float)
+    assert isinstance(RunConfig(lr=1).lr, float)
