@@ -19,11 +19,67 @@ import yaml
 from distrain.errors import ConfigError
 
 LR_SCALING_RULES = ("linear", "sqrt", "none")
+STRATEGY_DEPENDENT_FIELDS = ("transport", "ps_shards", "staleness", "staleness_lr")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 
 
 def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
+
+
+def _coerce(kind: str, value: Any, flag: str) -> Any:
+    """Check (and gently convert) one value against its field's annotation."""
+    if kind.endswith(" | None"):
+        return None if value is None else _coerce(kind.removesuffix(" | None"), value, flag)
+    if kind == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{flag} must be an integer, got {value!r}")
+        return value
+    if kind == "float":
+        if isinstance(value, str):  # YAML 1.1 reads `lr: 1e-3` as the string '1e-3'
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{flag} must be a number, got {value!r}")
+        return float(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{flag} must be true or false, got {value!r}")
+        return value
+    if kind == "str":
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise ConfigError(f"{flag} must be a string, got {value!r}")
+        return value
+    if kind == "list[str]":
+        if value is None:
+            return []
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{flag} must be a list of strings, got {value!r}")
+        return list(value)
+    raise TypeError(f"unsupported config field type {kind}")
+
+
+def parse_stragglers(specs: list[str], workers: int) -> dict[int, float]:
+    """["RANK:SECONDS", ...] -> {rank: seconds added to each of that worker's steps}."""
+    delays: dict[int, float] = {}
+    for spec in specs:
+        rank_text, sep, seconds_text = spec.partition(":")
+        try:
+            rank, seconds = int(rank_text), float(seconds_text)
+        except ValueError:
+            rank, seconds = -1, -1.0
+        if not sep or not 0 <= rank < workers or not (seconds >= 0 and math.isfinite(seconds)):
+            raise ConfigError(f"--straggler {spec!r} must be RANK:SECONDS with 0 <= RANK < {workers} and SECONDS >= 0")
+        delays[rank] = seconds
+    return delays
 
 
 @dataclass
@@ -34,6 +90,14 @@ class RunConfig:
     cpus_per_worker: float = _f(1.0, "CPUs reserved for each worker actor (also its torch thread count).")
     gpus_per_worker: float = _f(0.0, "GPUs per worker actor; > 0 switches the collective to NCCL.")
     address: str = _f("", "Ray address: empty starts a local Ray; 'auto' or host:port connects to a cluster.")
+    transport: str = _f("", "collective (all-reduce) or ps (parameter server); empty: the strategy's default.")
+    ps_shards: int | None = _f(None, "Parameter-server shards K (ps transport; default 1).")
+    cpus_per_shard: float = _f(1.0, "CPUs reserved for each parameter-server shard actor.")
+    staleness: int | None = _f(None, "SSP staleness bound s: no worker runs more than s clocks ahead (default 2).")
+    staleness_lr: bool = _f(False, "Divide the rate by a gradient's staleness (async, ssp; Zhang et al. 2016).")
+    straggler: list[str] = _f(
+        (), "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments)."
+    )
     # --- what is trained ---
     model: str = _f("cnn", "Model: mlp, cnn or resnet18 (torchvision, adapted to small images).")
     dataset: str = _f("digits", "Data set: digits (bundled), mnist, cifar10 (from --data-dir), synthetic.")
@@ -56,6 +120,7 @@ class RunConfig:
     checkpoint_every: int = _f(0, "Also checkpoint every N epochs (0: only at the end).")
     segment_steps: int = _f(50, "Steps a worker runs per remote call: the driver is off the per-step path.")
     collective_timeout_s: float = _f(300.0, "Timeout for collective operations and rendezvous, seconds.")
+    init_from: str = _f("", "Start from this checkpoint (model, optimizer, step), whatever strategy wrote it.")
 
     def __post_init__(self) -> None:
         self._coerce_types()
@@ -64,30 +129,8 @@ class RunConfig:
     # ------------------------------------------------------------------ validation
     def _coerce_types(self) -> None:
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
             kind = f.type if isinstance(f.type, str) else f.type.__name__
-            flag = "--" + f.name.replace("_", "-")
-            if kind == "int":
-                if isinstance(value, bool) or not isinstance(value, int):
-                    if isinstance(value, float) and value.is_integer():
-                        value = int(value)
-                    else:
-                        raise ConfigError(f"{flag} must be an integer, got {value!r}")
-            elif kind == "float":
-                if isinstance(value, str):  # YAML 1.1 reads `lr: 1e-3` as the string '1e-3'
-                    try:
-                        value = float(value)
-                    except ValueError:
-                        pass
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ConfigError(f"{flag} must be a number, got {value!r}")
-                value = float(value)
-            elif kind == "str":
-                if value is None:
-                    value = ""
-                if not isinstance(value, str):
-                    raise ConfigError(f"{flag} must be a string, got {value!r}")
-            setattr(self, f.name, value)
+            setattr(self, f.name, _coerce(kind, getattr(self, f.name), "--" + f.name.replace("_", "-")))
 
     def validate(self) -> None:
         """Check every value; the message of the first problem names the flag and the fix."""
@@ -95,9 +138,10 @@ class RunConfig:
         from distrain.trainers.datasets import DATASETS
         from distrain.trainers.models import MODELS
 
-        STRATEGIES.check(self.strategy)
+        strategy = STRATEGIES.get(self.strategy)
         MODELS.check(self.model)
         DATASETS.check(self.dataset)
+        self._validate_strategy_fields(strategy)
         positive_ints = ("workers", "batch_size", "base_batch_size", "epochs", "segment_steps")
         for name in positive_ints:
             if getattr(self, name) < 1:
@@ -105,7 +149,7 @@ class RunConfig:
         for name in ("max_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "cpus_per_worker", "collective_timeout_s"):
+        for name in ("lr", "cpus_per_worker", "cpus_per_shard", "collective_timeout_s"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
@@ -118,24 +162,58 @@ class RunConfig:
         if self.momentum >= 1:
             raise ConfigError(f"--momentum must be < 1, got {self.momentum}")
         if self.warmup_epochs > self.epochs:
-            raise ConfigError(
-                f"--warmup-epochs ({self.warmup_epochs}) exceeds --epochs ({self.epochs}); lower it"
-            )
+            raise ConfigError(f"--warmup-epochs ({self.warmup_epochs}) exceeds --epochs ({self.epochs}); lower it")
+        parse_stragglers(self.straggler, self.workers)
+        if self.init_from and not Path(self.init_from).is_file():
+            raise ConfigError(f"--init-from {self.init_from!r} is not a file; pass a checkpoint (.pt) path")
         if not 0 < self.target_accuracy <= 1:
             raise ConfigError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.lr_scaling not in LR_SCALING_RULES:
-            raise ConfigError(
-                f"unknown --lr-scaling {self.lr_scaling!r}; choose one of: {', '.join(LR_SCALING_RULES)}"
-            )
+            raise ConfigError(f"unknown --lr-scaling {self.lr_scaling!r}; choose one of: {', '.join(LR_SCALING_RULES)}")
         if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+
+    def _validate_strategy_fields(self, strategy: Any) -> None:
+        """Transport and strategy-specific flags must fit the chosen strategy."""
+        from distrain.strategies.base import STRATEGY_FIELDS
+        from distrain.strategies.registry import STRATEGIES
+
+        if not self.transport:
+            self.transport = strategy.transports[0]
+        if self.transport not in ("collective", "ps"):
+            raise ConfigError(f"unknown --transport {self.transport!r}; choose collective or ps")
+        if self.transport not in strategy.transports:
             raise ConfigError(
-                f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}"
+                f"--transport {self.transport} cannot carry --strategy {self.strategy}; "
+                f"it runs on: {', '.join(strategy.transports)}"
             )
+        for name in STRATEGY_FIELDS:
+            if getattr(self, name) not in (None, False) and name not in strategy.reads:
+                users = [n for n in STRATEGIES.names() if name in STRATEGIES.get(n).reads]
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} is not used by --strategy {self.strategy}; "
+                    f"drop it (it applies to: {', '.join(users)})"
+                )
+        if "staleness" in strategy.reads and self.staleness is None:
+            self.staleness = 2
+        if self.staleness is not None and self.staleness < 0:
+            raise ConfigError(f"--staleness must be >= 0, got {self.staleness}")
+        if self.transport == "ps":
+            if self.ps_shards is None:
+                self.ps_shards = 1
+            if self.ps_shards < 1:
+                raise ConfigError(f"--ps-shards must be >= 1, got {self.ps_shards}")
+        elif self.ps_shards is not None:
+            raise ConfigError("--ps-shards needs the parameter-server transport; add --transport ps or drop it")
 
     # ------------------------------------------------------------------ derived values
     @property
     def global_batch_size(self) -> int:
         return self.workers * self.batch_size
+
+    @property
+    def straggler_delays(self) -> dict[int, float]:
+        return parse_stragglers(self.straggler, self.workers)
 
     @property
     def uses_gpus(self) -> bool:
@@ -196,5 +274,11 @@ class RunConfig:
             raise ConfigError(
                 f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names())}"
             )
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "strategy" in given and given["strategy"] != values.get("strategy", given["strategy"]):
+            # The file's transport and strategy parameters were resolved for its own strategy; a new
+            # --strategy starts from that strategy's defaults unless they are given as flags too.
+            for name in STRATEGY_DEPENDENT_FIELDS:
+                values.pop(name, None)
+        values.update(given)
         return cls.from_mapping(values, source)

@@ -43,14 +43,14 @@ def connect(config: RunConfig) -> RayConnection:
     else:
         # A local cluster gets at least the CPUs the run reserves, so `--workers 4` works on a laptop
         # with 2 cores (oversubscribed, as with torchrun), instead of waiting forever for resources.
-        needed = int(-(-config.workers * config.cpus_per_worker // 1))
+        needed = int(-(-cpus_needed(config) // 1))
         # address="local": always a fresh instance, never a `ray start` cluster found on this machine.
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, needed), **kwargs)
     return RayConnection(started_here=True)
 
 
 def check_resources(config: RunConfig) -> None:
-    """Fail fast, with the fix, when the cluster cannot hold the run's workers at all."""
+    """Fail fast, with the fix, when the cluster cannot hold the run's actors at all."""
     total = ray.cluster_resources()
     need_gpus = config.workers * config.gpus_per_worker
     if need_gpus > total.get("GPU", 0.0):
@@ -58,31 +58,43 @@ def check_resources(config: RunConfig) -> None:
             f"the run needs {need_gpus:g} GPUs ({config.workers} workers x {config.gpus_per_worker:g}) "
             f"but the cluster has {total.get('GPU', 0.0):g}; lower --gpus-per-worker or add GPU nodes"
         )
-    need_cpus = config.workers * config.cpus_per_worker
+    need_cpus = cpus_needed(config)
     if need_cpus > total.get("CPU", 0.0):
+        shards = f" + {num_shards(config)} shards x {config.cpus_per_shard:g}" if num_shards(config) else ""
         raise ResourceError(
-            f"the run needs {need_cpus:g} CPUs ({config.workers} workers x {config.cpus_per_worker:g}) "
-            f"but the cluster has {total.get('CPU', 0.0):g}; lower --workers or --cpus-per-worker"
+            f"the run needs {need_cpus:g} CPUs ({config.workers} workers x {config.cpus_per_worker:g}{shards}) "
+            f"but the cluster has {total.get('CPU', 0.0):g}; lower --workers or the CPUs per actor"
         )
 
 
-def worker_bundle(config: RunConfig) -> dict[str, float]:
-    bundle = {"CPU": config.cpus_per_worker}
+def num_shards(config: RunConfig) -> int:
+    return (config.ps_shards or 0) if config.transport == "ps" else 0
+
+
+def cpus_needed(config: RunConfig) -> float:
+    return config.workers * config.cpus_per_worker + num_shards(config) * config.cpus_per_shard
+
+
+def bundles(config: RunConfig) -> list[dict[str, float]]:
+    """One bundle per worker (indices 0..N-1), then one per parameter-server shard."""
+    worker = {"CPU": config.cpus_per_worker}
     if config.gpus_per_worker > 0:
-        bundle["GPU"] = config.gpus_per_worker
-    return bundle
+        worker["GPU"] = config.gpus_per_worker
+    return [dict(worker) for _ in range(config.workers)] + [
+        {"CPU": config.cpus_per_shard} for _ in range(num_shards(config))
+    ]
 
 
-def reserve_workers(config: RunConfig, timeout_s: float = 60.0) -> PlacementGroup:
-    """One bundle per worker, packed onto as few nodes as possible."""
-    pg = placement_group([worker_bundle(config) for _ in range(config.workers)], strategy="PACK")
+def reserve(config: RunConfig, timeout_s: float = 60.0) -> PlacementGroup:
+    """A placement group for every actor of the run, packed onto as few nodes as possible."""
+    pg = placement_group(bundles(config), strategy="PACK")
     try:
         ray.get(pg.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(pg)
         raise ResourceError(
-            f"could not place {config.workers} workers with {worker_bundle(config)} each within "
-            f"{timeout_s:.0f}s; the cluster is busy or too small"
+            f"could not place the run's {len(bundles(config))} actors within {timeout_s:.0f}s; "
+            "the cluster is busy or too small"
         ) from None
     return pg
 

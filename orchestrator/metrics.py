@@ -33,6 +33,13 @@ SCHEMA = pa.schema(
         ("test_loss", pa.float64()),
         ("test_accuracy", pa.float64()),
         ("eval_s", pa.float64()),
+        # parameter-server strategies only (null under all-reduce):
+        ("wait_s", pa.float64()),  # seconds this step was blocked by the consistency rule
+        ("read_version", pa.int64()),  # shard version the gradient was computed on
+        ("applied_version", pa.int64()),  # shard version when it was applied
+        ("staleness", pa.int64()),  # applied - read (largest over the shards)
+        ("clock", pa.int64()),  # the worker's clock after this push
+        ("min_clock", pa.int64()),  # the slowest worker's clock when this step's pull completed
     ]
 )
 

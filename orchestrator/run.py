@@ -1,16 +1,16 @@
-"""The driver of one run: start workers, drive their segments, evaluate, record, checkpoint, clean up.
+"""The driver of one run: start actors, hand out work, evaluate, record, checkpoint, clean up.
 
     run_training(config, on_event) -> RunResult
 
-Data flow: every worker loads its own shard; the driver only sends (epoch, step range) and receives
-metrics rows in batches, evaluation partial sums, and the state to checkpoint.
+Data flow: every worker loads its own data; the driver only sends work units ((epoch, step, slice)
+lists) and receives metrics rows in batches, evaluation partial sums, and the state to checkpoint.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,14 +20,19 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from distrain.config import RunConfig
-from distrain.errors import DistrainError
+from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator import cluster
-from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint
+from distrain.orchestrator.checkpoint import checkpoint_name, load_checkpoint_for, save_checkpoint
 from distrain.orchestrator.files import atomic_write_text, choose_run_dir
 from distrain.orchestrator.metrics import MetricsSink
+from distrain.orchestrator.ps import ShardGroup
 from distrain.orchestrator.summary import summarize
+from distrain.orchestrator.work import Unit, WorkPlan
 from distrain.orchestrator.worker import TrainWorker
-from distrain.trainers.datasets import check_dataset
+from distrain.strategies import STRATEGIES
+from distrain.trainers.datasets import DATASETS, check_dataset
+from distrain.trainers.models import count_parameters
+from distrain.trainers.optim_state import FlatOptimizerState
 
 
 @dataclass
@@ -48,6 +53,7 @@ class Progress:
     loss: float
     samples_per_s: float
     test_accuracy: float | None
+    evaluated: bool = False  # True on the event that carries a fresh evaluation
 
 
 @dataclass
@@ -71,76 +77,137 @@ def _get(refs: Any, timeout: float | None = None) -> Any:
         raise
 
 
-def preflight(config: RunConfig) -> Path:
-    """Checks that need no cluster; returns the run directory to use. Writes nothing."""
+@dataclass
+class Plan:
+    """What preflight found: where to write, and what to start from."""
+
+    run_dir: Path
+    num_params: int
+    checkpoint: dict[str, Any] | None
+
+
+def preflight(config: RunConfig) -> Plan:
+    """Checks that need no cluster. Writes nothing."""
     check_dataset(config.dataset, config.data_dir, config.global_batch_size)
-    return choose_run_dir(config.run_dir, config.strategy)
+    num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
+    if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
+        raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
+    checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
+    return Plan(choose_run_dir(config.run_dir, config.strategy), num_params, checkpoint)
 
 
 def run_training(config: RunConfig, on_event: EventHandler | None = None) -> RunResult:
     emit = on_event or (lambda event: None)
-    run_dir = preflight(config)
+    plan = preflight(config)
     connection = cluster.connect(config)
     pg = None
-    workers: list[Any] = []
+    actors: list[Any] = []  # everything started here, killed on the way out
     try:
         cluster.check_resources(config)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config_dict = config.to_dict() | {"run_dir": str(run_dir)}
-        atomic_write_text(run_dir / "config.yaml", RunConfig(**config_dict).to_yaml())
-        pg = cluster.reserve_workers(config)
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
+        pg = cluster.reserve(config)
         run_start = time.time()
-        actor = ray.remote(TrainWorker)
+        worker_actor = ray.remote(TrainWorker)
         workers = [
-            actor.options(
+            worker_actor.options(
                 num_cpus=config.cpus_per_worker,
                 num_gpus=config.gpus_per_worker,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
             ).remote(config, rank, run_start)
             for rank in range(config.workers)
         ]
-        driver = _Driver(config, run_dir, workers, run_start, emit)
-        return driver.train()
+        actors.extend(workers)
+        return _Driver(config, plan, workers, pg, actors, run_start, emit).train()
     finally:
-        for w in workers:
-            ray.kill(w, no_restart=True)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
         cluster.release(pg)
         connection.close()
 
 
+def _recorded(config: RunConfig, run_dir: Path) -> RunConfig:
+    return RunConfig(**(config.to_dict() | {"run_dir": str(run_dir)}))
+
+
+class RateMeter:
+    """Samples per second over the last few seconds of completed work."""
+
+    def __init__(self, window_s: float = 3.0) -> None:
+        self.window_s = window_s
+        self.events: deque[tuple[float, int]] = deque()
+        self.start = time.perf_counter()
+
+    def add(self, samples: int) -> float:
+        now = time.perf_counter()
+        self.events.append((now, samples))
+        while len(self.events) > 1 and now - self.events[0][0] > self.window_s:
+            self.events.popleft()
+        first = self.events[0][0] if len(self.events) > 1 else self.start
+        counted = sum(n for _, n in self.events) - (self.events[0][1] if len(self.events) > 1 else 0)
+        return counted / max(now - first, 1e-9)
+
+
 class _Driver:
     def __init__(
-        self, config: RunConfig, run_dir: Path, workers: list[Any], run_start: float, emit: EventHandler
+        self,
+        config: RunConfig,
+        plan: Plan,
+        workers: list[Any],
+        pg: Any,
+        actors: list[Any],
+        run_start: float,
+        emit: EventHandler,
     ) -> None:
         self.config = config
-        self.run_dir = run_dir
+        self.run_dir = plan.run_dir
+        self.checkpoint = plan.checkpoint
         self.workers = workers
+        self.pg = pg
+        self.actors = actors
         self.run_start = run_start
         self.emit = emit
-        self.sink = MetricsSink(run_dir.name)
-        self.config_dict = config.to_dict() | {"run_dir": str(run_dir)}
+        self.impl = STRATEGIES.get(config.strategy).implementation(config)
+        self.sink = MetricsSink(plan.run_dir.name)
+        self.config_dict = _recorded(config, plan.run_dir).to_dict()
+        self.shards: ShardGroup | None = None
         self.steps_per_epoch = 0  # known once the workers have loaded their data
-        self.steps_done = 0
+        self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
+        self.steps_done = self.start_step
+
+    # ------------------------------------------------------------------ start
+    def _start(self) -> list[dict[str, Any]]:
+        timeout = self.config.collective_timeout_s
+        info = _get([w.describe.remote() for w in self.workers], timeout=timeout)
+        self.steps_per_epoch = info[0]["steps_per_epoch"]
+        if self.checkpoint is not None:
+            state = {"model": self.checkpoint["model"], "optimizer": self.checkpoint["optimizer"]}
+            _get([w.load_state.remote(state) for w in self.workers], timeout=timeout)
+        rule = self.impl.ps_rule(self.config)
+        if rule is not None:
+            theta = _get(self.workers[0].flat_params.remote())
+            opt = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
+            self.shards = ShardGroup(self.config, rule, theta, opt, self.pg, first_bundle=self.config.workers)
+            self.actors.extend(self.shards.shards)
+        rendezvous = "" if rule is not None else _get(self.workers[0].rendezvous_address.remote())
+        shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
+        _get([w.setup.remote(rendezvous, shards, bounds) for w in self.workers], timeout=timeout)
+        return info
 
     def train(self) -> RunResult:
         status = "failed"
         try:
-            info = _get([w.describe.remote() for w in self.workers], timeout=self.config.collective_timeout_s)
-            rendezvous = _get(self.workers[0].rendezvous_address.remote())
-            _get([w.setup.remote(rendezvous) for w in self.workers], timeout=self.config.collective_timeout_s)
-            self.steps_per_epoch = info[0]["steps_per_epoch"]
+            info = self._start()
             total = self.config.epochs * self.steps_per_epoch
             if self.config.max_steps:
                 total = min(total, self.config.max_steps)
-            self.emit(
-                RunStarted(
-                    self.run_dir,
-                    total,
-                    self.steps_per_epoch,
-                    info[0]["num_params"],
-                    len({i["node_ip"] for i in info}),
+            if self.start_step >= total:
+                raise ConfigError(
+                    f"the checkpoint is at step {self.start_step}, past this run's {total} steps; "
+                    "raise --epochs or --max-steps"
                 )
-            )
+            nodes = len({i["node_ip"] for i in info})
+            self.emit(RunStarted(self.run_dir, total, self.steps_per_epoch, info[0]["num_params"], nodes))
             self._loop(total)
             status = "completed"
             return RunResult(self.run_dir, self._finish(status), info)
@@ -151,65 +218,102 @@ class _Driver:
             if status != "completed":
                 self._finish(status, checkpoint=False)
 
+    # ------------------------------------------------------------------ the event loop
     def _loop(self, total: int) -> None:
-        """Drive segments until `total` global steps are done; evaluate at each epoch end."""
-        spe = self.steps_per_epoch
-        last_acc: float | None = None
-        while self.steps_done < total:
-            epoch, start = divmod(self.steps_done, spe)
-            stop = min(start + self.config.segment_steps, spe, start + total - self.steps_done)
-            t0 = time.perf_counter()
-            parts = _get([w.run_segment.remote(epoch, start, stop) for w in self.workers])
-            elapsed = time.perf_counter() - t0
-            for part in parts:
-                self.sink.add_steps(part)
-            self.steps_done += stop - start
-            samples = sum(sum(p["samples"]) for p in parts)
-            last_losses = [p["loss"][-1] for p in parts]
-            loss = sum(last_losses) / len(last_losses)
-            progress = Progress(
-                epoch, self.config.epochs, self.steps_done, total, loss, samples / elapsed, last_acc
-            )
-            self.emit(progress)
-            # Evaluate at every epoch end, and once more where --max-steps stops mid-epoch.
-            if stop == spe or self.steps_done >= total:
-                last_acc = self._evaluate(epoch, self.steps_done)
-                self.emit(dataclasses.replace(progress, samples_per_s=0.0, test_accuracy=last_acc))
-                every = self.config.checkpoint_every
-                if stop == spe and every and (epoch + 1) % every == 0:
-                    self._checkpoint(checkpoint_name(epoch + 1), epoch + 1, self.steps_done)
-
-    def _evaluate(self, epoch: int, steps_done: int) -> float:
-        """Each worker scores its share of the test set; the driver adds the partial sums."""
-        t0 = time.perf_counter()
+        """Keep every worker fed with segments; evaluate each epoch as it completes."""
         n = len(self.workers)
-        parts = _get([w.evaluate.remote(rank, n) for rank, w in enumerate(self.workers)])
+        work = WorkPlan(
+            total,
+            self.steps_per_epoch,
+            n,
+            self.config.segment_steps,
+            self.impl.independent_workers,
+            self.start_step,
+        )
+        pending: dict[Any, tuple[str, int, Any]] = {}
+        busy = [False] * n
+        eval_parts: dict[int, list[tuple[float, int, int, float]]] = {}
+        rate = RateMeter()
+        last_acc: float | None = None
+        last_loss = float("nan")
+
+        def feed(rank: int) -> None:
+            units = work.next_segment(rank)
+            if units:
+                pending[self.workers[rank].run_segment.remote(units)] = ("segment", rank, units)
+                busy[rank] = True
+
+        for rank in range(n):
+            feed(rank)
+        while pending:
+            [ref], _ = ray.wait(list(pending), num_returns=1)
+            kind, rank, payload = pending.pop(ref)
+            if kind == "segment":
+                busy[rank] = False
+                rows = _get(ref)
+                self.sink.add_steps(rows)
+                units: list[Unit] = payload
+                for epoch in work.complete(units):
+                    eval_parts[epoch] = []
+                    for r, w in enumerate(self.workers):
+                        pending[w.evaluate.remote(r, n)] = ("eval", r, epoch)
+                self.steps_done = work.steps_done
+                last_loss = rows["loss"][-1]
+                speed = rate.add(sum(rows["samples"]))
+                epoch = units[-1][0]
+                self.emit(Progress(epoch, self.config.epochs, self.steps_done, total, last_loss, speed, last_acc))
+                feed(rank)
+            else:
+                epoch = payload
+                eval_parts[epoch].append(_get(ref))
+                if len(eval_parts[epoch]) == n:
+                    last_acc = self._record_eval(epoch, eval_parts.pop(epoch))
+                    self.emit(
+                        Progress(epoch, self.config.epochs, self.steps_done, total, last_loss, 0.0, last_acc, True)
+                    )
+                    every = self.config.checkpoint_every
+                    if every and (epoch + 1) % every == 0 and (epoch + 1) * self.steps_per_epoch <= total:
+                        self._checkpoint(checkpoint_name(epoch + 1), epoch + 1)
+                    work.release(epoch)
+                    for r in range(n):
+                        if not busy[r]:
+                            feed(r)
+        if not work.finished:
+            raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
+
+    def _record_eval(self, epoch: int, parts: list[tuple[float, int, int, float]]) -> float:
+        """Workers scored disjoint shares of the test set; add up their partial sums."""
         loss_sum = sum(p[0] for p in parts)
         correct = sum(p[1] for p in parts)
         count = sum(p[2] for p in parts)
         acc = correct / count
-        self.sink.add_eval(
-            epoch, steps_done, loss_sum / count, acc, time.time() - self.run_start, time.perf_counter() - t0
-        )
+        steps = min(self.steps_done, (epoch + 1) * self.steps_per_epoch)
+        self.sink.add_eval(epoch, steps, loss_sum / count, acc, time.time() - self.run_start, max(p[3] for p in parts))
         return acc
 
-    def _checkpoint(self, name: str, epoch: int, steps_done: int) -> None:
-        state = _get(self.workers[0].state.remote())
+    # ------------------------------------------------------------------ state
+    def _checkpoint(self, name: str, epochs_done: int) -> None:
+        if self.shards is not None:
+            # A PS run's state is the shards' snapshot: θ and the optimizer state, slice by slice.
+            theta = self.shards.theta()
+            state = _get(self.workers[0].state.remote(theta.numpy()))
+            state["optimizer"] = self.shards.optimizer_state().to_dict()
+        else:
+            state = _get(self.workers[0].state.remote())
         save_checkpoint(
             self.run_dir / "checkpoints",
             name,
             state,
             config=self.config_dict,
-            epoch=epoch,
-            global_step=steps_done,
+            epoch=epochs_done,
+            global_step=self.steps_done,
         )
 
     def _finish(self, status: str, checkpoint: bool = True) -> dict[str, Any]:
-        table = self.sink.table()
-        df = table.to_pandas()
         epochs_done = self.steps_done // self.steps_per_epoch if self.steps_per_epoch else 0
         if checkpoint and self.steps_done:
-            self._checkpoint(checkpoint_name(None), epochs_done, self.steps_done)
+            self._checkpoint(checkpoint_name(None), epochs_done)
+        df = self.sink.table().to_pandas()
         self.sink.write(self.run_dir / "metrics.parquet")
         summary = summarize(df, self.config_dict, time.time() - self.run_start, status, epochs_done)
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -68,4 +68,23 @@ def summarize(
         "bytes_per_step_per_worker": num(steps["bytes_sent"].mean()) if not steps.empty else None,
         "mean_compute_s": num(steps["compute_s"].mean()) if not steps.empty else None,
         "mean_comm_s": num(steps["comm_s"].mean()) if not steps.empty else None,
+        **parameter_server_figures(steps),
+    }
+
+
+def parameter_server_figures(steps: pd.DataFrame) -> dict[str, Any]:
+    """Staleness, blocked time and traffic of a parameter-server run (nulls otherwise)."""
+    ps = steps.dropna(subset=["staleness"]) if "staleness" in steps else steps.iloc[0:0]
+    if ps.empty:
+        keys = ("staleness_p50", "staleness_p95", "staleness_max", "wait_s_total", "wait_s_per_step")
+        return dict.fromkeys(keys + ("bytes_pushed_per_step", "bytes_pulled_per_step"))
+    staleness = ps["staleness"].astype(float)
+    return {
+        "staleness_p50": float(staleness.quantile(0.5)),
+        "staleness_p95": float(staleness.quantile(0.95)),
+        "staleness_max": int(staleness.max()),
+        "wait_s_total": float(ps["wait_s"].sum()),  # summed over workers
+        "wait_s_per_step": float(ps["wait_s"].mean()),  # per worker step
+        "bytes_pushed_per_step": float(ps["bytes_sent"].mean()),  # per worker step
+        "bytes_pulled_per_step": float(ps["bytes_received"].mean()),
     }

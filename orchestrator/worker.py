@@ -1,7 +1,7 @@
 """The worker actor: one trainer + one strategy, running its own training loop in segments.
 
-The driver asks for a segment of steps at a time (`run_segment`) and gets back that segment's metrics
-rows as columns, so it is off the per-step path and gathers metrics in batches.
+The driver hands a worker a segment of work units at a time (`run_segment`) and gets back that
+segment's metrics rows as columns, so it is off the per-step path and gathers metrics in batches.
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ STEP_COLUMNS = (
     "bytes_sent",
     "bytes_received",
     "wall_time",
+    "wait_s",
+    "read_version",
+    "applied_version",
+    "staleness",
+    "clock",
+    "min_clock",
 )
 
 
@@ -47,6 +53,7 @@ class TrainWorker:
         self.rank = rank
         self.world_size = config.workers
         self.run_start = run_start
+        self.delay = config.straggler_delays.get(rank, 0.0)
         self.device = "cuda" if config.uses_gpus and torch.cuda.is_available() else "cpu"
         self.data = load_dataset(config.dataset, config.data_dir)
         model = build_model(config.model, self.data.info, config.seed)
@@ -78,48 +85,68 @@ class TrainWorker:
     def rendezvous_address(self) -> str:
         return free_address(ray.util.get_node_ip_address())
 
-    def setup(self, rendezvous: str) -> None:
-        ctx = StrategyContext(self.rank, self.world_size, self.device, rendezvous)
-        self.strategy = STRATEGIES.get(self.config.strategy)(self.config, ctx)
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Start from a checkpoint's model and (flat) optimizer state."""
+        self.trainer.load_state_dict(state)
+
+    def setup(self, rendezvous: str, ps_shards: list[Any], ps_bounds: list[tuple[int, int]]) -> None:
+        ctx = StrategyContext(self.rank, self.world_size, self.device, rendezvous, tuple(ps_shards), tuple(ps_bounds))
+        impl = STRATEGIES.get(self.config.strategy).implementation(self.config)
+        self.strategy = impl(self.config, ctx)
         self.strategy.setup(self.trainer)
 
     # ------------------------------------------------------------------ training
-    def run_segment(self, epoch: int, start: int, stop: int) -> dict[str, list[Any]]:
-        """Run steps [start, stop) of `epoch`; returns their metrics rows as columns."""
+    def run_segment(self, units: list[tuple[int, int, int]]) -> dict[str, list[Any]]:
+        """Train on `units` ((epoch, step, slice) each), in order; returns their rows as columns."""
         rows: dict[str, list[Any]] = {c: [] for c in STEP_COLUMNS}
-        steps_per_epoch = self.sharder.steps_per_epoch
-        for step in range(start, stop):
-            global_step = epoch * steps_per_epoch + step
+        for epoch, step, slice_ in units:
+            global_step = epoch * self.sharder.steps_per_epoch + step
             lr = self.schedule.lr_at(global_step)
             t0 = time.perf_counter()
-            idx = self.sharder.worker_indices(epoch, step, self.rank, self.world_size)
+            idx = self.sharder.worker_indices(epoch, step, slice_, self.world_size)
             x, y = self.data.train_batch(idx)
             loss = self.trainer.compute_gradients(x, y)
-            t1 = time.perf_counter()
+            if self.delay:
+                time.sleep(self.delay)  # injected straggler: counted as compute
+            compute_s = time.perf_counter() - t0
             comm = self.strategy.step(self.trainer, lr)
-            compute_s = time.perf_counter() - t1 - comm.seconds + (t1 - t0)
-            for key, value in (
-                ("worker", self.rank),
-                ("step", global_step),
-                ("epoch", epoch),
-                ("loss", loss),
-                ("lr", lr),
-                ("samples", len(idx)),
-                ("compute_s", compute_s),
-                ("comm_s", comm.seconds),
-                ("bytes_sent", comm.bytes_sent),
-                ("bytes_received", comm.bytes_received),
-                ("wall_time", time.time() - self.run_start),
-            ):
+            values = {
+                "worker": self.rank,
+                "step": global_step,
+                "epoch": epoch,
+                "loss": loss,
+                "lr": lr,
+                "samples": len(idx),
+                "compute_s": compute_s,
+                "comm_s": comm.seconds,
+                "bytes_sent": comm.bytes_sent,
+                "bytes_received": comm.bytes_received,
+                "wall_time": time.time() - self.run_start,
+                "wait_s": comm.wait_s,
+                "read_version": comm.read_version,
+                "applied_version": comm.applied_version,
+                "staleness": comm.staleness,
+                "clock": comm.clock,
+                "min_clock": comm.min_clock,
+            }
+            for key, value in values.items():
                 rows[key].append(value)
         return rows
 
-    def evaluate(self, shard: int, num_shards: int) -> tuple[float, int, int]:
+    def evaluate(self, shard: int, num_shards: int) -> tuple[float, int, int, float]:
+        """Score this worker's share of the test set: (loss sum, correct, count, seconds)."""
+        t0 = time.perf_counter()
+        self.strategy.prepare_eval(self.trainer)
         result = self.trainer.evaluate(shard=shard, num_shards=num_shards)
-        return result.loss_sum, result.correct, result.count
+        return result.loss_sum, result.correct, result.count, time.perf_counter() - t0
 
     # ------------------------------------------------------------------ state
-    def state(self) -> dict[str, Any]:
+    def state(self, theta: np.ndarray | None = None) -> dict[str, Any]:
+        """Model and optimizer state; with `theta` (a PS snapshot), the model holds exactly that θ."""
+        if theta is None:
+            self.strategy.prepare_eval(self.trainer)
+        else:
+            self.trainer.params_flat.copy_(torch.tensor(theta))
         return self.trainer.state_dict()
 
     def flat_params(self) -> np.ndarray:

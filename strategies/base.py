@@ -2,18 +2,29 @@
 
 A worker actor owns one `LocalTrainer` and one `Strategy`. Per step it computes the gradient into the
 trainer's flat buffer, then calls `Strategy.step`, which communicates (all-reduce, push/pull, or
-nothing) and applies the update. The strategy returns what it moved, so every metrics row says how
-long communication took and how many bytes it cost.
+nothing) and applies the update. The strategy returns what it moved and how long it waited, so every
+metrics row says so.
+
+Class attributes tell the orchestrator and the config what a strategy needs: the transports it can
+run on (the first is its default), the strategy-specific config fields it reads (any other such field
+given is an error), whether its workers run independently of each other (no epoch barrier, work
+handed to whoever is free), and, for parameter-server strategies, the shards' consistency rule.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from distrain.config import RunConfig
 from distrain.trainers.local_trainer import LocalTrainer
+
+if TYPE_CHECKING:
+    from distrain.strategies.ps_shard import ConsistencyRule
+
+# Config fields only some strategies read; a strategy lists those it reads in `reads`.
+STRATEGY_FIELDS = ("staleness", "staleness_lr")
 
 
 @dataclass(frozen=True)
@@ -23,7 +34,9 @@ class StrategyContext:
     rank: int
     world_size: int
     device: str
-    rendezvous: str  # "host:port" of rank 0's TCP store, for the collective transport
+    rendezvous: str = ""  # "host:port" of rank 0's TCP store, for the collective transport
+    ps_shards: tuple[Any, ...] = ()  # parameter-server shard actor handles
+    ps_bounds: tuple[tuple[int, int], ...] = ()  # each shard's [start, stop) of the flat vector
 
 
 @dataclass
@@ -31,15 +44,33 @@ class CommStats:
     seconds: float = 0.0
     bytes_sent: int = 0
     bytes_received: int = 0
+    wait_s: float | None = None  # blocked by a consistency rule (PS strategies)
+    read_version: int | None = None
+    applied_version: int | None = None
+    staleness: int | None = None
+    clock: int | None = None
+    min_clock: int | None = None
 
 
 class Strategy(ABC):
     name: ClassVar[str]
-    uses_collective: ClassVar[bool] = True
+    transports: ClassVar[tuple[str, ...]] = ("collective",)
+    reads: ClassVar[frozenset[str]] = frozenset()
+    independent_workers: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         self.config = config
         self.ctx = ctx
+
+    @classmethod
+    def implementation(cls, config: RunConfig) -> type[Strategy]:
+        """The class that runs on the workers for this config (e.g. BSP over the PS transport)."""
+        return cls
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule | None:
+        """The shards' rule, for strategies on the parameter-server transport; None otherwise."""
+        return None
 
     def setup(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook
         """Join transports; every worker calls this at the same time."""
@@ -47,6 +78,9 @@ class Strategy(ABC):
     @abstractmethod
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         """Communicate the gradient in `trainer.grads_flat` and update the parameters."""
+
+    def prepare_eval(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook
+        """Make the replica hold the parameters to evaluate or checkpoint."""
 
     def teardown(self) -> None:  # noqa: B027 - optional hook
         """Leave transports."""

@@ -1,21 +1,32 @@
-"""BSP over all-reduce: every step, every replica applies the mean of all workers' gradients."""
+"""BSP: every step, every replica applies the mean of all workers' gradients.
+
+Two transports: the collective one (all-reduce of the flat gradient, then a local optimizer step on
+every replica) and the parameter server (the shards apply the round's mean and serve θ_{t+1}).
+"""
 
 from __future__ import annotations
 
 from distrain.config import RunConfig
 from distrain.strategies.base import CommStats, Strategy, StrategyContext
 from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes
+from distrain.strategies.ps import PSStrategy
+from distrain.strategies.ps_shard import ConsistencyRule
 from distrain.strategies.registry import STRATEGIES
 from distrain.trainers.local_trainer import LocalTrainer
 
 
-@STRATEGIES.register("bsp", "bulk synchronous: all-reduce the mean gradient every step (gloo/NCCL)")
+@STRATEGIES.register("bsp", "bulk synchronous: mean gradient every step (all-reduce, or --transport ps)")
 class BSP(Strategy):
     name = "bsp"
+    transports = ("collective", "ps")
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
         self.group: CollectiveGroup | None = None
+
+    @classmethod
+    def implementation(cls, config: RunConfig) -> type[Strategy]:
+        return BSPOverPS if config.transport == "ps" else cls
 
     def setup(self, trainer: LocalTrainer) -> None:
         backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
@@ -36,3 +47,11 @@ class BSP(Strategy):
         if self.group is not None:
             self.group.destroy()
             self.group = None
+
+
+class BSPOverPS(PSStrategy):
+    name = "bsp"
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
+        return ConsistencyRule.bsp()

@@ -77,7 +77,9 @@ def test_config_yaml_and_checkpoint(default_run):
     assert data["strategy"] == "bsp" and data["workers"] == 2 and data["run_dir"] == str(run_dir)
     ckpt = load_checkpoint(run_dir / "checkpoints" / "final.pt")
     assert ckpt["epoch"] == data["epochs"] and ckpt["global_step"] > 0
-    assert ckpt["config"]["model"] == "cnn" and "state" in ckpt["optimizer"]
+    assert ckpt["config"]["model"] == "cnn"
+    momentum = ckpt["optimizer"]["vectors"]["momentum_buffer"]
+    assert momentum.numel() == sum(t.numel() for t in ckpt["model"].values()) and momentum.abs().sum() > 0
 
 
 def test_config_file_repeats_the_run_into_a_new_directory(default_run, tmp_path):

@@ -79,6 +79,7 @@ class DatasetSpec:
     # Raises ConfigError when the files are missing; cheap, so the CLI can check before starting Ray.
     check: Callable[[str], None]
     train_size: int  # known up front, so a global batch larger than the data set is refused early
+    info: DatasetInfo  # known up front, so models can be sized without loading any data
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")
@@ -129,22 +130,26 @@ def _no_files_needed(data_dir: str) -> None:
 
 
 # ---------------------------------------------------------------- digits (bundled with scikit-learn)
+DIGITS = DatasetInfo("digits", 1, 8, 8, 10)
+
+
 def _load_digits(data_dir: str) -> LoadedDataset:
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     x = digits.images.astype(np.float32)[:, None, :, :]  # (1797, 1, 8, 8), values 0..16
     y = digits.target.astype(np.int64)
-    return _from_numpy(DatasetInfo("digits", 1, 8, 8, 10), x, y, mean=4.88, std=6.02)
+    return _from_numpy(DIGITS, x, y, mean=4.88, std=6.02)
 
 
 DATASETS.register("digits", "scikit-learn's 8x8 handwritten digits, 1797 images, bundled")(
-    DatasetSpec(_load_digits, _no_files_needed, _split_sizes(1797)[0])
+    DatasetSpec(_load_digits, _no_files_needed, _split_sizes(1797)[0], DIGITS)
 )
 
 
 # ---------------------------------------------------------------- synthetic (deterministic blobs)
 SYNTHETIC_SAMPLES = 4000
+SYNTHETIC = DatasetInfo("synthetic", 1, 8, 8, 10)
 
 
 def _load_synthetic(data_dir: str) -> LoadedDataset:
@@ -153,15 +158,17 @@ def _load_synthetic(data_dir: str) -> LoadedDataset:
     centers = rng.normal(0.0, 1.0, size=(classes, 1, 8, 8)).astype(np.float32)
     y = rng.integers(0, classes, size=n)
     x = centers[y] + rng.normal(0.0, 0.8, size=(n, 1, 8, 8)).astype(np.float32)
-    return _from_numpy(DatasetInfo("synthetic", 1, 8, 8, classes), x.astype(np.float32), y, 0.0, 1.0)
+    return _from_numpy(SYNTHETIC, x.astype(np.float32), y, 0.0, 1.0)
 
 
 DATASETS.register("synthetic", "10 Gaussian classes of 8x8 images, generated (no files)")(
-    DatasetSpec(_load_synthetic, _no_files_needed, _split_sizes(SYNTHETIC_SAMPLES)[0])
+    DatasetSpec(_load_synthetic, _no_files_needed, _split_sizes(SYNTHETIC_SAMPLES)[0], SYNTHETIC)
 )
 
 
 # ---------------------------------------------------------------- torchvision readers (local files only)
+MNIST_INFO = DatasetInfo("mnist", 1, 28, 28, 10)
+CIFAR10_INFO = DatasetInfo("cifar10", 3, 32, 32, 10)
 MNIST_FILES = (
     "train-images-idx3-ubyte",
     "train-labels-idx1-ubyte",
@@ -205,9 +212,7 @@ def _check_mnist(data_dir: str) -> None:
         names = " ".join(f"{f}.gz" for f in gzipped)
         raise ConfigError(f"MNIST files under {raw} are still compressed: run `gunzip {names}` there")
     if missing:
-        raise ConfigError(
-            f"MNIST files missing under {raw}: {', '.join(missing)}; put torchvision's MNIST/raw there"
-        )
+        raise ConfigError(f"MNIST files missing under {raw}: {', '.join(missing)}; put torchvision's MNIST/raw there")
 
 
 def _load_mnist(data_dir: str) -> LoadedDataset:
@@ -218,7 +223,7 @@ def _load_mnist(data_dir: str) -> LoadedDataset:
     train = _read("MNIST", raw, lambda: MNIST(data_dir, train=True, download=False))
     test = _read("MNIST", raw, lambda: MNIST(data_dir, train=False, download=False))
     return LoadedDataset(
-        DatasetInfo("mnist", 1, 28, 28, 10),
+        MNIST_INFO,
         train.data[:, None].contiguous(),
         train.targets.to(torch.int64),
         test.data[:, None].contiguous(),
@@ -229,7 +234,7 @@ def _load_mnist(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("mnist", "MNIST 28x28, read by torchvision from --data-dir/MNIST/raw")(
-    DatasetSpec(_load_mnist, _check_mnist, 60_000)
+    DatasetSpec(_load_mnist, _check_mnist, 60_000, MNIST_INFO)
 )
 
 
@@ -238,8 +243,7 @@ def _check_cifar10(data_dir: str) -> None:
     missing = [f for f in CIFAR10_FILES if not (folder / f).is_file()]
     if missing:
         raise ConfigError(
-            f"CIFAR-10 files missing under {folder}: {', '.join(missing)}; "
-            "unpack cifar-10-python.tar.gz there"
+            f"CIFAR-10 files missing under {folder}: {', '.join(missing)}; unpack cifar-10-python.tar.gz there"
         )
 
 
@@ -255,7 +259,7 @@ def _load_cifar10(data_dir: str) -> LoadedDataset:
         return torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2)))  # NHWC -> NCHW uint8
 
     return LoadedDataset(
-        DatasetInfo("cifar10", 3, 32, 32, 10),
+        CIFAR10_INFO,
         images(train),
         torch.tensor(train.targets, dtype=torch.int64),
         images(test),
@@ -266,5 +270,5 @@ def _load_cifar10(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("cifar10", "CIFAR-10 32x32 RGB, read by torchvision from --data-dir/cifar-10-batches-py")(
-    DatasetSpec(_load_cifar10, _check_cifar10, 50_000)
+    DatasetSpec(_load_cifar10, _check_cifar10, 50_000, CIFAR10_INFO)
 )

@@ -15,18 +15,12 @@ import torch
 from torch import nn
 
 from distrain.trainers.datasets import LoadedDataset
-
-
-def make_optimizer(
-    name: str, params: list[nn.Parameter], lr: float, momentum: float, weight_decay: float
-) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}")
+from distrain.trainers.optim_state import (
+    FlatOptimizerState,
+    export_flat_state,
+    import_flat_state,
+    make_optimizer,
+)
 
 
 @dataclass
@@ -85,9 +79,7 @@ class LocalTrainer:
         if self._grads_are_views is None:
             base = self.grads_flat.data_ptr()
             end = base + self.grads_flat.numel() * self.grads_flat.element_size()
-            self._grads_are_views = all(
-                p.grad is not None and base <= p.grad.data_ptr() < end for p in self.params
-            )
+            self._grads_are_views = all(p.grad is not None and base <= p.grad.data_ptr() < end for p in self.params)
         if not self._grads_are_views:
             torch.cat([p.grad.reshape(-1) for p in self.params], out=self.grads_flat)
             offset = 0
@@ -118,8 +110,15 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """Model state and the optimizer's state in flat form (transport-independent)."""
+        return {"model": self.model.state_dict(), "optimizer": self.flat_optimizer_state().to_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])  # copies in place: the flat views stay attached
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.load_flat_optimizer_state(FlatOptimizerState.from_dict(state["optimizer"]))
+
+    def flat_optimizer_state(self) -> FlatOptimizerState:
+        return export_flat_state(self.optimizer, self.params)
+
+    def load_flat_optimizer_state(self, flat: FlatOptimizerState) -> None:
+        import_flat_state(self.optimizer, self.params, flat)

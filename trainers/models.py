@@ -58,3 +58,10 @@ def build_model(name: str, info: DatasetInfo, seed: int) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return builder(info)
+
+
+def count_parameters(name: str, info: DatasetInfo) -> int:
+    """Trainable parameters of `name` for `info`, built on the meta device (no memory, no init)."""
+    with torch.device("meta"):
+        model = MODELS.get(name)(info)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,63 @@
+"""Starting, reading and stopping the parameter-server shard actors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from distrain.config import RunConfig
+from distrain.strategies.partition import partition
+from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
+from distrain.trainers.optim_state import FlatOptimizerState
+
+
+class ShardGroup:
+    """K shard actors holding contiguous slices of θ; bundles [first_bundle, first_bundle + K) of `pg`."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        rule: ConsistencyRule,
+        theta: np.ndarray,
+        optimizer_state: FlatOptimizerState | None,
+        pg: PlacementGroup,
+        first_bundle: int,
+    ) -> None:
+        assert config.ps_shards is not None
+        self.bounds = partition(len(theta), config.ps_shards)
+        spec = OptimizerSpec(config.optimizer, config.momentum, config.weight_decay)
+        actor = ray.remote(ParameterShard)
+        self.shards = [
+            actor.options(
+                num_cpus=config.cpus_per_shard,
+                max_concurrency=max(64, 4 * config.workers),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=first_bundle + k),
+            ).remote(
+                k,
+                config.workers,
+                rule,
+                spec,
+                theta[start:stop],
+                optimizer_state.slice(start, stop).to_dict() if optimizer_state else None,
+            )
+            for k, (start, stop) in enumerate(self.bounds)
+        ]
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        return ray.get([s.snapshot.remote() for s in self.shards])
+
+    def optimizer_state(self) -> FlatOptimizerState:
+        """The optimizer state of the whole vector, assembled from the shards' snapshots."""
+        return FlatOptimizerState.concat([FlatOptimizerState.from_dict(s["optimizer"]) for s in self.snapshots()])
+
+    def theta(self) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate([s["theta"] for s in self.snapshots()]))
+
+    def kill(self) -> None:
+        for s in self.shards:
+            ray.kill(s, no_restart=True)

@@ -1,0 +1,93 @@
+"""Who trains on what, and when an epoch is complete.
+
+The unit of work is one worker-slice of one global batch: (epoch, step, slice). Global step k of an
+epoch is split into N slices (see `trainers/sharding.py`).
+
+- Static plans (every synchronous strategy, and SSP): worker r always takes slice r, step after step,
+  so N workers together compute exactly the global batches one large-batch worker would. An epoch
+  barrier holds a worker at the start of epoch e+1 until epoch e is complete and evaluated.
+- Shared plans (strategies whose workers run independently, e.g. async): units are handed out in
+  order to whichever worker asks next, so a slow worker takes fewer of them and nobody waits for it.
+  No barrier; an epoch is evaluated when its last unit is done.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+Unit = tuple[int, int, int]  # (epoch, step within the epoch, slice)
+
+
+class WorkPlan:
+    def __init__(
+        self,
+        total_steps: int,
+        steps_per_epoch: int,
+        workers: int,
+        segment_steps: int,
+        shared: bool,
+        start_step: int = 0,
+    ) -> None:
+        self.total_steps = total_steps
+        self.steps_per_epoch = steps_per_epoch
+        self.workers = workers
+        self.segment = segment_steps
+        self.shared = shared
+        self.start_step = start_step
+        self.cursor = [start_step] * workers  # static: next global step of each worker
+        self.shared_cursor = start_step * workers  # shared: next unit index (step-major, slice-minor)
+        self.units_done: Counter[int] = Counter()  # epoch -> units completed
+        self.released_epoch = start_step // steps_per_epoch  # static: epochs < this may be left
+
+    # ------------------------------------------------------------------ handing out work
+    def next_segment(self, worker: int) -> list[Unit]:
+        """The next units for `worker`; empty when it has nothing to do now (done, or at a barrier)."""
+        spe = self.steps_per_epoch
+        if self.shared:
+            first = self.shared_cursor
+            last_unit = self.total_steps * self.workers
+            if first >= last_unit:
+                return []
+            epoch_end = (first // self.workers // spe + 1) * spe * self.workers
+            stop = min(first + self.segment, epoch_end, last_unit)
+            self.shared_cursor = stop
+            return [self._unit(u // self.workers, u % self.workers) for u in range(first, stop)]
+        step = self.cursor[worker]
+        if step >= self.total_steps or step // spe > self.released_epoch:
+            return []
+        stop = min(step + self.segment, (step // spe + 1) * spe, self.total_steps)
+        self.cursor[worker] = stop
+        return [self._unit(g, worker) for g in range(step, stop)]
+
+    def _unit(self, global_step: int, slice_: int) -> Unit:
+        epoch, step = divmod(global_step, self.steps_per_epoch)
+        return (epoch, step, slice_)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def complete(self, units: list[Unit]) -> list[int]:
+        """Record finished units; returns the epochs this completed (to be evaluated)."""
+        finished = []
+        for epoch, _, _ in units:
+            self.units_done[epoch] += 1
+            if self.units_done[epoch] == self.units_in_epoch(epoch):
+                finished.append(epoch)
+        return finished
+
+    def units_in_epoch(self, epoch: int) -> int:
+        spe = self.steps_per_epoch
+        first = max(epoch * spe, self.start_step)
+        last = min((epoch + 1) * spe, self.total_steps)
+        return max(0, last - first) * self.workers
+
+    def release(self, epoch: int) -> None:
+        """Epoch `epoch` is evaluated: static workers may go on into the next one."""
+        self.released_epoch = max(self.released_epoch, epoch + 1)
+
+    @property
+    def steps_done(self) -> int:
+        """Global steps whose every slice is done (counted from step 0)."""
+        return self.start_step + sum(self.units_done.values()) // self.workers
+
+    @property
+    def finished(self) -> bool:
+        return sum(self.units_done.values()) == (self.total_steps - self.start_step) * self.workers

@@ -1,0 +1,70 @@
+"""Parameter-server strategies, worker side: async (Downpour) and SSP; BSP over PS lives in bsp.py.
+
+The worker side is the same for every rule: push the gradient, pull θ (one combined call per shard,
+see `PSClient`), count the clock. What differs is the rule the shards enforce (`ps_rule`).
+"""
+
+from __future__ import annotations
+
+from distrain.config import RunConfig
+from distrain.strategies.base import CommStats, Strategy, StrategyContext
+from distrain.strategies.ps_client import PSClient
+from distrain.strategies.ps_shard import ConsistencyRule
+from distrain.strategies.registry import STRATEGIES
+from distrain.trainers.local_trainer import LocalTrainer
+
+
+class PSStrategy(Strategy):
+    transports = ("ps",)
+
+    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        super().__init__(config, ctx)
+        self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank)
+        self.clock = 0  # iterations this worker has pushed
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
+        raise NotImplementedError
+
+    def setup(self, trainer: LocalTrainer) -> None:
+        self.client.pull(trainer.params_flat.numpy())
+
+    def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
+        result = self.client.push_pull(self.clock, trainer.grads_flat.numpy(), lr, trainer.params_flat.numpy())
+        self.clock += 1
+        return CommStats(
+            seconds=result.seconds,
+            bytes_sent=trainer.nbytes,
+            bytes_received=trainer.nbytes,
+            wait_s=result.wait_s,
+            read_version=result.read_version,
+            applied_version=result.applied_version,
+            staleness=result.staleness,
+            clock=result.clock,
+            min_clock=result.min_clock,
+        )
+
+    def prepare_eval(self, trainer: LocalTrainer) -> None:
+        self.client.pull(trainer.params_flat.numpy())
+
+
+@STRATEGIES.register("async", "Downpour async SGD on the parameter server: apply each gradient on arrival")
+class AsyncSGD(PSStrategy):
+    name = "async"
+    reads = frozenset({"staleness_lr"})
+    independent_workers = True
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
+        return ConsistencyRule.asynchronous(config.staleness_lr)
+
+
+@STRATEGIES.register("ssp", "stale synchronous parallel: async, but no worker runs > --staleness clocks ahead")
+class SSP(PSStrategy):
+    name = "ssp"
+    reads = frozenset({"staleness", "staleness_lr"})
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
+        assert config.staleness is not None
+        return ConsistencyRule.ssp(config.staleness, config.staleness_lr)

@@ -1,0 +1,64 @@
+"""The worker side of the parameter-server transport: push a gradient, pull θ, over K shards at once.
+
+Each call fans out to every shard concurrently (one Ray call per shard, all in flight before the
+first `ray.get`). Gradient slices travel as numpy arrays through Ray's object store; the returned θ
+slices are read zero-copy and copied once, straight into the replica's flat parameter buffer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from distrain.strategies.ps_shard import Reply
+
+
+@dataclass
+class PushPullResult:
+    seconds: float
+    wait_s: float  # the longest block any shard imposed
+    read_version: int  # shard 0's version the gradient was computed on
+    applied_version: int  # shard 0's version when it was applied
+    staleness: int  # the largest t_apply - t_read over the shards
+    clock: int
+    min_clock: int  # the slowest worker's clock, as the least up-to-date shard saw it
+
+
+class PSClient:
+    def __init__(self, shards: list[Any], bounds: list[tuple[int, int]], worker: int) -> None:
+        self.shards = shards
+        self.bounds = bounds
+        self.worker = worker
+        self.read_versions = [0] * len(shards)
+
+    def _install(self, replies: list[Reply], params: np.ndarray) -> None:
+        for (start, stop), reply in zip(self.bounds, replies, strict=True):
+            params[start:stop] = reply.theta
+        self.read_versions = [r.version for r in replies]
+
+    def pull(self, params: np.ndarray) -> None:
+        """Overwrite `params` with the shards' current θ (no consistency wait)."""
+        self._install(ray.get([s.pull.remote(self.worker) for s in self.shards]), params)
+
+    def push_pull(self, clock: int, grads: np.ndarray, lr: float, params: np.ndarray) -> PushPullResult:
+        t0 = time.perf_counter()
+        read = self.read_versions
+        refs = [
+            shard.push_pull.remote(self.worker, clock, grads[start:stop], lr, read[i])
+            for i, (shard, (start, stop)) in enumerate(zip(self.shards, self.bounds, strict=True))
+        ]
+        replies: list[Reply] = ray.get(refs)
+        self._install(replies, params)
+        return PushPullResult(
+            seconds=time.perf_counter() - t0,
+            wait_s=max(r.wait_s for r in replies),
+            read_version=read[0],
+            applied_version=replies[0].applied_version,
+            staleness=max(r.staleness for r in replies),
+            clock=replies[0].clock,
+            min_clock=min(r.min_clock for r in replies),
+        )
