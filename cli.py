@@ -73,6 +73,12 @@ def run(
     cpus_per_worker: Annotated[float | None, _opt("cpus_per_worker")] = None,
     gpus_per_worker: Annotated[float | None, _opt("gpus_per_worker")] = None,
     address: Annotated[str | None, _opt("address")] = None,
+    transport: Annotated[str | None, _opt("transport")] = None,
+    ps_shards: Annotated[int | None, _opt("ps_shards")] = None,
+    cpus_per_shard: Annotated[float | None, _opt("cpus_per_shard")] = None,
+    staleness: Annotated[int | None, _opt("staleness")] = None,
+    staleness_lr: Annotated[bool | None, _opt("staleness_lr")] = None,
+    straggler: Annotated[list[str] | None, _opt("straggler")] = None,
     model: Annotated[str | None, _opt("model")] = None,
     dataset: Annotated[str | None, _opt("dataset")] = None,
     data_dir: Annotated[str | None, _opt("data_dir")] = None,
@@ -92,6 +98,7 @@ def run(
     checkpoint_every: Annotated[int | None, _opt("checkpoint_every")] = None,
     segment_steps: Annotated[int | None, _opt("segment_steps")] = None,
     collective_timeout_s: Annotated[float | None, _opt("collective_timeout_s")] = None,
+    init_from: Annotated[str | None, _opt("init_from")] = None,
 ) -> None:
     """Train one model with one strategy; writes runs/<id>/ (config, metrics, summary, checkpoints)."""
     overrides = {k: v for k, v in locals().items() if k != "config"}
@@ -211,6 +218,18 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             f"{_fmt(summary['mean_compute_s'], '.4f')} / {_fmt(summary['mean_comm_s'], '.4f')} s",
         ),
     ]
+    if summary.get("staleness_p95") is not None:
+        rows += [
+            (
+                "staleness p50 / p95 / max",
+                f"{summary['staleness_p50']:g} / {summary['staleness_p95']:g} / {summary['staleness_max']}",
+            ),
+            ("time blocked (all workers)", _fmt(summary["wait_s_total"], ".2f") + " s"),
+            (
+                "bytes pushed / pulled per step",
+                f"{_fmt(summary['bytes_pushed_per_step'], ',.0f')} / {_fmt(summary['bytes_pulled_per_step'], ',.0f')}",
+            ),
+        ]
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)

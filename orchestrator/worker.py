@@ -26,6 +26,7 @@ from distrain.trainers.sharding import EpochSharder
 STEP_COLUMNS = (
     "worker",
     "step",
+    "slice",
     "epoch",
     "loss",
     "lr",
@@ -113,6 +114,7 @@ class TrainWorker:
             values = {
                 "worker": self.rank,
                 "step": global_step,
+                "slice": slice_,
                 "epoch": epoch,
                 "loss": loss,
                 "lr": lr,

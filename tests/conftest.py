@@ -12,10 +12,10 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A real local Ray with 4 logical CPUs (2 cores here): enough for 2-4 one-CPU workers."""
+    """A real local Ray with 8 logical CPUs (2 cores here): room for 4 workers and their PS shards."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level=logging.WARNING)
     yield ray
     ray.shutdown()

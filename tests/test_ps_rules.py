@@ -1,0 +1,135 @@
+"""Parameter-server shard rules, in-process (no Ray): partitioning, SSP admission, rounds, snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from distrain.strategies.partition import partition
+from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
+
+SGD = OptimizerSpec("sgd", 0.0, 0.0)
+
+
+@pytest.mark.parametrize("n, k", [(10, 1), (10, 3), (151306, 4), (7, 7), (1000003, 2)])
+def test_partition_covers_the_vector_once_with_balanced_contiguous_slices(n, k):
+    bounds = partition(n, k)
+    assert len(bounds) == k
+    assert bounds[0][0] == 0 and bounds[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    sizes = [stop - start for start, stop in bounds]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    covered = np.zeros(n, dtype=int)
+    for start, stop in bounds:
+        covered[start:stop] += 1
+    assert (covered == 1).all()
+
+
+@pytest.mark.parametrize("n, k", [(5, 0), (5, 6)])
+def test_partition_refuses_impossible_splits(n, k):
+    with pytest.raises(ValueError):
+        partition(n, k)
+
+
+def shard(rule: ConsistencyRule, workers: int, theta=(0.0, 0.0), optimizer=SGD) -> ParameterShard:
+    return ParameterShard(0, workers, rule, optimizer, np.array(theta, dtype=np.float32))
+
+
+def test_bsp_round_applies_the_mean_once_all_workers_pushed():
+    async def scenario():
+        s = shard(ConsistencyRule.bsp(), 2)
+        first = asyncio.create_task(s.push_pull(0, 0, np.array([1.0, 2.0], np.float32), 0.5, 0))
+        await asyncio.sleep(0.01)
+        assert not first.done(), "a BSP push must wait for the round to fill"
+        assert s.version == 0
+        second = await s.push_pull(1, 0, np.array([3.0, 6.0], np.float32), 0.5, 0)
+        first = await first
+        return s, first, second
+
+    s, first, second = asyncio.run(scenario())
+    expected = -0.5 * np.array([2.0, 4.0])  # θ - η * mean(g)
+    np.testing.assert_allclose(first.theta, expected)
+    np.testing.assert_allclose(second.theta, expected)
+    assert s.version == 1 and first.version == second.version == 1
+    assert first.wait_s > 0 and second.wait_s == 0
+    assert first.staleness == second.staleness == 0
+
+
+def test_bounded_rule_applies_on_arrival_at_rate_over_n_and_reports_staleness():
+    async def scenario():
+        s = shard(ConsistencyRule.asynchronous(), 2)
+        a = await s.push_pull(0, 0, np.array([1.0, 1.0], np.float32), 1.0, 0)
+        b = await s.push_pull(1, 0, np.array([1.0, 1.0], np.float32), 1.0, 0)  # computed on version 0
+        return a, b
+
+    a, b = asyncio.run(scenario())
+    np.testing.assert_allclose(a.theta, [-0.5, -0.5])  # η/N per gradient
+    np.testing.assert_allclose(b.theta, [-1.0, -1.0])
+    assert (a.applied_version, a.staleness) == (0, 0)
+    assert (b.applied_version, b.staleness) == (1, 1)
+
+
+def test_staleness_aware_rate_divides_by_tau():
+    async def scenario():
+        s = shard(ConsistencyRule.asynchronous(staleness_lr=True), 1, theta=(0.0,))
+        for _ in range(3):
+            await s.push_pull(0, 0, np.array([0.0], np.float32), 1.0, s.version)
+        return await s.push_pull(0, 3, np.array([1.0], np.float32), 1.0, 0)  # read at 0, applied at 3
+
+    reply = asyncio.run(scenario())
+    assert reply.staleness == 3
+    np.testing.assert_allclose(reply.theta, [-1.0 / 3])
+
+
+def test_ssp_pull_blocks_exactly_while_the_clock_lead_exceeds_s():
+    async def scenario():
+        s = shard(ConsistencyRule.ssp(1), 2)
+        g = np.zeros(2, np.float32)
+        r = await s.push_pull(0, 0, g, 0.1, 0)  # worker 0: clock 1, worker 1 at 0 -> lead 1 <= 1
+        assert r.clock - r.min_clock == 1 and r.wait_s == 0
+        blocked = asyncio.create_task(s.push_pull(0, 1, g, 0.1, 1))  # clock 2, lead 2 > 1: waits
+        await asyncio.sleep(0.02)
+        assert not blocked.done()
+        await s.push_pull(1, 0, g, 0.1, 0)  # the slow worker advances to clock 1
+        r = await asyncio.wait_for(blocked, 1.0)
+        return r
+
+    r = asyncio.run(scenario())
+    assert r.clock == 2 and r.min_clock == 1 and r.wait_s > 0.01
+
+
+def test_ssp_zero_serves_every_worker_the_same_theta_per_clock():
+    async def scenario():
+        s = shard(ConsistencyRule.ssp(0), 2)
+        a = asyncio.create_task(s.push_pull(0, 0, np.array([1.0, 0.0], np.float32), 1.0, 0))
+        await asyncio.sleep(0.01)
+        assert not a.done()
+        b = await s.push_pull(1, 0, np.array([0.0, 1.0], np.float32), 1.0, 0)
+        return await a, b
+
+    a, b = asyncio.run(scenario())
+    np.testing.assert_allclose(a.theta, b.theta)
+    np.testing.assert_allclose(a.theta, [-0.5, -0.5])  # θ - η * mean(g), as one BSP step
+
+
+def test_snapshot_restore_round_trips_theta_optimizer_state_version_and_clocks():
+    async def scenario():
+        momentum = OptimizerSpec("sgd", 0.9, 0.0)
+        s = shard(ConsistencyRule.ssp(3), 2, theta=(1.0, 2.0, 3.0), optimizer=momentum)
+        for clock in range(3):
+            await s.push_pull(0, clock, np.array([0.1, 0.2, 0.3], np.float32), 0.5, s.version)
+        snap = await s.snapshot()
+        fresh = shard(ConsistencyRule.ssp(3), 2, theta=(0.0, 0.0, 0.0), optimizer=momentum)
+        await fresh.restore(snap)
+        g = np.array([1.0, -1.0, 0.5], np.float32)
+        original = await s.push_pull(1, 0, g, 0.5, 3)
+        restored = await fresh.push_pull(1, 0, g, 0.5, 3)
+        return snap, original, restored
+
+    snap, original, restored = asyncio.run(scenario())
+    assert snap["version"] == 3 and snap["clocks"] == [3, 0]
+    assert snap["optimizer"]["vectors"]["momentum_buffer"].abs().sum() > 0
+    np.testing.assert_array_equal(original.theta, restored.theta)
+    assert original.version == restored.version == 4
