@@ -94,6 +94,20 @@ BAD_INPUTS = [
     (["--config", "{in}/missing.yaml"], ["not found", "missing.yaml"]),
     (["--run-dir", "{in}/full_run"], ["not empty", "full_run"]),
     (["--run-dir", "{in}/full_run/metrics.parquet"], ["not a directory"]),
+    # parameter-server strategies (issue 3)
+    (["--strategy", "ssp", "--staleness", "-1"], ["--staleness must be >= 0"]),
+    (["--staleness", "2"], ["--staleness is not used by --strategy bsp", "ssp"]),
+    (["--strategy", "async", "--staleness", "2"], ["--staleness is not used by --strategy async"]),
+    (["--staleness-lr"], ["--staleness-lr is not used by --strategy bsp", "async, ssp"]),
+    (["--strategy", "async", "--ps-shards", "0"], ["--ps-shards must be >= 1"]),
+    (["--ps-shards", "2"], ["--ps-shards needs the parameter-server transport"]),
+    (["--strategy", "ssp", "--ps-shards", "1000000"], ["--ps-shards 1000000 exceeds", "151306"]),
+    (["--strategy", "async", "--transport", "collective"], ["cannot carry --strategy async", "ps"]),
+    (["--transport", "carrier-pigeon"], ["unknown --transport"]),
+    (["--straggler", "9:0.1"], ["--straggler '9:0.1'", "RANK:SECONDS"]),
+    (["--straggler", "1"], ["--straggler '1'"]),
+    (["--init-from", "{in}/missing.pt"], ["--init-from", "not a file"]),
+    (["--init-from", "{in}/full_run/metrics.parquet"], ["cannot read checkpoint"]),
 ]
 
 
