@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 import pytest
@@ -12,10 +11,14 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A real local Ray with 8 logical CPUs (2 cores here): room for 4 workers and their PS shards."""
+    """A real local Ray with 8 logical CPUs (2 cores here): room for 4 workers and their PS shards.
+
+    Started exactly as `distrain run` starts its own (same system config)."""
     import ray
 
+    from distrain.orchestrator.cluster import start_local_ray
+
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level=logging.WARNING)
+        start_local_ray(num_cpus=8)
     yield ray
     ray.shutdown()
