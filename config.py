@@ -111,7 +111,7 @@ class RunConfig:
     optimizer: str = _f("sgd", "Optimizer: sgd, adagrad or adam.")
     momentum: float = _f(0.9, "SGD momentum (ignored by adagrad and adam).")
     weight_decay: float = _f(0.0, "L2 weight decay.")
-    epochs: int = _f(8, "Passes over the training set.")
+    epochs: int = _f(12, "Passes over the training set.")
     max_steps: int = _f(0, "Stop after this many global steps (0: no limit beyond --epochs).")
     seed: int = _f(0, "Seeds model init and data order; equal seeds give equal runs on one transport.")
     # --- recording ---

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import ray
-import torch
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -47,16 +44,6 @@ class ShardGroup:
             )
             for k, (start, stop) in enumerate(self.bounds)
         ]
-
-    def snapshots(self) -> list[dict[str, Any]]:
-        return ray.get([s.snapshot.remote() for s in self.shards])
-
-    def optimizer_state(self) -> FlatOptimizerState:
-        """The optimizer state of the whole vector, assembled from the shards' snapshots."""
-        return FlatOptimizerState.concat([FlatOptimizerState.from_dict(s["optimizer"]) for s in self.snapshots()])
-
-    def theta(self) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate([s["theta"] for s in self.snapshots()]))
 
     def kill(self) -> None:
         for s in self.shards:

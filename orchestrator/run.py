@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +27,7 @@ from distrain.orchestrator.files import atomic_write_text, choose_run_dir
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.ps import ShardGroup
 from distrain.orchestrator.summary import summarize
-from distrain.orchestrator.work import Unit, WorkPlan
+from distrain.orchestrator.work import WorkPlan
 from distrain.orchestrator.worker import TrainWorker
 from distrain.strategies import STRATEGIES
 from distrain.trainers.datasets import DATASETS, check_dataset
@@ -210,7 +210,9 @@ class _Driver:
             self.emit(RunStarted(self.run_dir, total, self.steps_per_epoch, info[0]["num_params"], nodes))
             self._loop(total)
             status = "completed"
-            return RunResult(self.run_dir, self._finish(status), info)
+            summary = self._finish(status)
+            self._leave_transports()
+            return RunResult(self.run_dir, summary, info)
         except KeyboardInterrupt:
             status = "interrupted"
             raise
@@ -220,66 +222,86 @@ class _Driver:
 
     # ------------------------------------------------------------------ the event loop
     def _loop(self, total: int) -> None:
-        """Keep every worker fed with segments; evaluate each epoch as it completes."""
+        """Keep every worker fed with segments; evaluate (and checkpoint) each epoch as it completes.
+
+        Static plans queue an epoch's evaluation on each worker right behind its last step of that
+        epoch, and a second segment behind the first, so no worker ever waits for the driver; an
+        actor runs its calls in order, so the evaluation sees the end-of-epoch parameters. Shared
+        plans (independent workers) evaluate an epoch once its last unit is done.
+        """
         n = len(self.workers)
-        work = WorkPlan(
-            total,
-            self.steps_per_epoch,
-            n,
-            self.config.segment_steps,
-            self.impl.independent_workers,
-            self.start_step,
-        )
+        shared = self.impl.independent_workers
+        work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, self.start_step)
+        depth = 1 if shared else 2  # queued segments per worker (shared: keep units for whoever is free)
         pending: dict[Any, tuple[str, int, Any]] = {}
-        busy = [False] * n
-        eval_parts: dict[int, list[tuple[float, int, int, float]]] = {}
+        in_flight = [0] * n
+        open_epoch: list[int | None] = [None] * n  # static: epoch of the last segment given to each worker
+        eval_parts: dict[int, list[tuple[float, int, int, float]]] = defaultdict(list)
         rate = RateMeter()
         last_acc: float | None = None
         last_loss = float("nan")
 
+        def queue_eval(rank: int, epoch: int) -> None:
+            pending[self.workers[rank].evaluate.remote(rank, n)] = ("eval", rank, epoch)
+            if rank == 0 and self._checkpoint_due(epoch, total):
+                pending[self.workers[0].state.remote()] = ("state", 0, epoch)
+
         def feed(rank: int) -> None:
-            units = work.next_segment(rank)
-            if units:
+            while in_flight[rank] < depth:
+                units = work.next_segment(rank)
+                epoch = open_epoch[rank]
+                if not shared and epoch is not None and (not units or units[0][0] != epoch):
+                    queue_eval(rank, epoch)  # this worker is through with `epoch`
+                    open_epoch[rank] = None
+                if not units:
+                    return
+                open_epoch[rank] = units[-1][0]
                 pending[self.workers[rank].run_segment.remote(units)] = ("segment", rank, units)
-                busy[rank] = True
+                in_flight[rank] += 1
 
         for rank in range(n):
             feed(rank)
         while pending:
             [ref], _ = ray.wait(list(pending), num_returns=1)
             kind, rank, payload = pending.pop(ref)
+            result = _get(ref)
             if kind == "segment":
-                busy[rank] = False
-                rows = _get(ref)
-                self.sink.add_steps(rows)
-                units: list[Unit] = payload
-                for epoch in work.complete(units):
-                    eval_parts[epoch] = []
-                    for r, w in enumerate(self.workers):
-                        pending[w.evaluate.remote(r, n)] = ("eval", r, epoch)
+                in_flight[rank] -= 1
+                self.sink.add_steps(result)
+                finished_epochs = work.complete(payload)
+                if shared:
+                    for epoch in finished_epochs:
+                        for r in range(n):
+                            queue_eval(r, epoch)
                 self.steps_done = work.steps_done
-                last_loss = rows["loss"][-1]
-                speed = rate.add(sum(rows["samples"]))
-                epoch = units[-1][0]
+                last_loss = result["loss"][-1]
+                speed = rate.add(sum(result["samples"]))
+                epoch = payload[-1][0]
                 self.emit(Progress(epoch, self.config.epochs, self.steps_done, total, last_loss, speed, last_acc))
                 feed(rank)
-            else:
-                epoch = payload
-                eval_parts[epoch].append(_get(ref))
-                if len(eval_parts[epoch]) == n:
-                    last_acc = self._record_eval(epoch, eval_parts.pop(epoch))
+            elif kind == "eval":
+                eval_parts[payload].append(result)
+                if len(eval_parts[payload]) == n:
+                    last_acc = self._record_eval(payload, eval_parts.pop(payload))
                     self.emit(
-                        Progress(epoch, self.config.epochs, self.steps_done, total, last_loss, 0.0, last_acc, True)
+                        Progress(payload, self.config.epochs, self.steps_done, total, last_loss, 0.0, last_acc, True)
                     )
-                    every = self.config.checkpoint_every
-                    if every and (epoch + 1) % every == 0 and (epoch + 1) * self.steps_per_epoch <= total:
-                        self._checkpoint(checkpoint_name(epoch + 1), epoch + 1)
-                    work.release(epoch)
-                    for r in range(n):
-                        if not busy[r]:
-                            feed(r)
+            else:  # "state": a periodic checkpoint, taken in the worker's queue at the epoch's end
+                epochs_done = payload + 1
+                self._save(checkpoint_name(epochs_done), result, epochs_done, epochs_done * self.steps_per_epoch)
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
+
+    def _leave_transports(self) -> None:
+        """Destroy process groups cleanly after a completed run (the actors are killed afterwards anyway)."""
+        try:
+            ray.get([w.shutdown.remote() for w in self.workers], timeout=10)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
+            pass
+
+    def _checkpoint_due(self, epoch: int, total: int) -> bool:
+        every = self.config.checkpoint_every
+        return bool(every) and (epoch + 1) % every == 0 and (epoch + 1) * self.steps_per_epoch <= total
 
     def _record_eval(self, epoch: int, parts: list[tuple[float, int, int, float]]) -> float:
         """Workers scored disjoint shares of the test set; add up their partial sums."""
@@ -287,34 +309,28 @@ class _Driver:
         correct = sum(p[1] for p in parts)
         count = sum(p[2] for p in parts)
         acc = correct / count
-        steps = min(self.steps_done, (epoch + 1) * self.steps_per_epoch)
-        self.sink.add_eval(epoch, steps, loss_sum / count, acc, time.time() - self.run_start, max(p[3] for p in parts))
+        now = time.time() - self.run_start
+        self.sink.add_eval(epoch, self.steps_done, loss_sum / count, acc, now, max(p[3] for p in parts))
         return acc
 
     # ------------------------------------------------------------------ state
-    def _checkpoint(self, name: str, epochs_done: int) -> None:
-        if self.shards is not None:
-            # A PS run's state is the shards' snapshot: θ and the optimizer state, slice by slice.
-            theta = self.shards.theta()
-            state = _get(self.workers[0].state.remote(theta.numpy()))
-            state["optimizer"] = self.shards.optimizer_state().to_dict()
-        else:
-            state = _get(self.workers[0].state.remote())
+    def _save(self, name: str, state: dict[str, Any], epochs_done: int, steps_done: int) -> None:
         save_checkpoint(
             self.run_dir / "checkpoints",
             name,
             state,
             config=self.config_dict,
             epoch=epochs_done,
-            global_step=self.steps_done,
+            global_step=steps_done,
         )
 
     def _finish(self, status: str, checkpoint: bool = True) -> dict[str, Any]:
         epochs_done = self.steps_done // self.steps_per_epoch if self.steps_per_epoch else 0
         if checkpoint and self.steps_done:
-            self._checkpoint(checkpoint_name(None), epochs_done)
+            # Every worker is done: worker 0's state (a PS snapshot under the PS) is the final model.
+            self._save(checkpoint_name(None), _get(self.workers[0].state.remote()), epochs_done, self.steps_done)
         df = self.sink.table().to_pandas()
         self.sink.write(self.run_dir / "metrics.parquet")
-        summary = summarize(df, self.config_dict, time.time() - self.run_start, status, epochs_done)
+        summary = summarize(df, self.config_dict, self.run_start, time.time() - self.run_start, status, epochs_done)
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary

@@ -35,7 +35,12 @@ def steady_state_samples_per_s(steps: pd.DataFrame, evals: pd.DataFrame) -> floa
 
 
 def summarize(
-    df: pd.DataFrame, config: dict[str, Any], wall_time_s: float, status: str, epochs_completed: int
+    df: pd.DataFrame,
+    config: dict[str, Any],
+    started_at: float,
+    wall_time_s: float,
+    status: str,
+    epochs_completed: int,
 ) -> dict[str, Any]:
     steps = df[df["kind"] == "step"]
     evals = df[df["kind"] == "eval"].sort_values("wall_time")
@@ -61,6 +66,7 @@ def summarize(
         "best_test_accuracy": num(evals["test_accuracy"].max()) if not evals.empty else None,
         "target_accuracy": target,
         "time_to_target_s": num(reached["wall_time"].iloc[0]) if not reached.empty else None,
+        "started_at": started_at,  # unix time the metrics' wall_time counts from
         "wall_time_s": wall_time_s,
         "steady_state_samples_per_s": steady_state_samples_per_s(steps, evals),
         # Bytes all workers together send per global step (by the transport's algorithmic count).

@@ -4,11 +4,11 @@ The unit of work is one worker-slice of one global batch: (epoch, step, slice). 
 epoch is split into N slices (see `trainers/sharding.py`).
 
 - Static plans (every synchronous strategy, and SSP): worker r always takes slice r, step after step,
-  so N workers together compute exactly the global batches one large-batch worker would. An epoch
-  barrier holds a worker at the start of epoch e+1 until epoch e is complete and evaluated.
+  so N workers together compute exactly the global batches one large-batch worker would.
 - Shared plans (strategies whose workers run independently, e.g. async): units are handed out in
   order to whichever worker asks next, so a slow worker takes fewer of them and nobody waits for it.
-  No barrier; an epoch is evaluated when its last unit is done.
+
+Segments never cross an epoch boundary, so the driver can queue each epoch's evaluation between them.
 """
 
 from __future__ import annotations
@@ -37,11 +37,10 @@ class WorkPlan:
         self.cursor = [start_step] * workers  # static: next global step of each worker
         self.shared_cursor = start_step * workers  # shared: next unit index (step-major, slice-minor)
         self.units_done: Counter[int] = Counter()  # epoch -> units completed
-        self.released_epoch = start_step // steps_per_epoch  # static: epochs < this may be left
 
     # ------------------------------------------------------------------ handing out work
     def next_segment(self, worker: int) -> list[Unit]:
-        """The next units for `worker`; empty when it has nothing to do now (done, or at a barrier)."""
+        """The next units for `worker`; empty when there are none left for it."""
         spe = self.steps_per_epoch
         if self.shared:
             first = self.shared_cursor
@@ -53,7 +52,7 @@ class WorkPlan:
             self.shared_cursor = stop
             return [self._unit(u // self.workers, u % self.workers) for u in range(first, stop)]
         step = self.cursor[worker]
-        if step >= self.total_steps or step // spe > self.released_epoch:
+        if step >= self.total_steps:
             return []
         stop = min(step + self.segment, (step // spe + 1) * spe, self.total_steps)
         self.cursor[worker] = stop
@@ -78,10 +77,6 @@ class WorkPlan:
         first = max(epoch * spe, self.start_step)
         last = min((epoch + 1) * spe, self.total_steps)
         return max(0, last - first) * self.workers
-
-    def release(self, epoch: int) -> None:
-        """Epoch `epoch` is evaluated: static workers may go on into the next one."""
-        self.released_epoch = max(self.released_epoch, epoch + 1)
 
     @property
     def steps_done(self) -> int:

@@ -143,17 +143,14 @@ class TrainWorker:
         return result.loss_sum, result.correct, result.count, time.perf_counter() - t0
 
     # ------------------------------------------------------------------ state
-    def state(self, theta: np.ndarray | None = None) -> dict[str, Any]:
-        """Model and optimizer state; with `theta` (a PS snapshot), the model holds exactly that θ."""
-        if theta is None:
-            self.strategy.prepare_eval(self.trainer)
-        else:
-            self.trainer.params_flat.copy_(torch.tensor(theta))
-        return self.trainer.state_dict()
+    def state(self) -> dict[str, Any]:
+        """Model and flat optimizer state, as the strategy defines them (PS: the shards' snapshot)."""
+        return self.strategy.export_state(self.trainer)
 
     def flat_params(self) -> np.ndarray:
         return self.trainer.params_flat.detach().cpu().numpy().copy()
 
     def shutdown(self) -> None:
+        """Leave the transports cleanly (the orchestrator kills the actor afterwards either way)."""
         if self.strategy is not None:
             self.strategy.teardown()

@@ -80,7 +80,11 @@ class Strategy(ABC):
         """Communicate the gradient in `trainer.grads_flat` and update the parameters."""
 
     def prepare_eval(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook
-        """Make the replica hold the parameters to evaluate or checkpoint."""
+        """Make the replica hold the parameters to evaluate."""
+
+    def export_state(self, trainer: LocalTrainer) -> dict[str, Any]:
+        """The state to checkpoint: model state dict and flat optimizer state."""
+        return trainer.state_dict()
 
     def teardown(self) -> None:  # noqa: B027 - optional hook
         """Leave transports."""

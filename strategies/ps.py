@@ -6,6 +6,10 @@ see `PSClient`), count the clock. What differs is the rule the shards enforce (`
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from distrain.config import RunConfig
 from distrain.strategies.base import CommStats, Strategy, StrategyContext
 from distrain.strategies.ps_client import PSClient
@@ -46,6 +50,13 @@ class PSStrategy(Strategy):
 
     def prepare_eval(self, trainer: LocalTrainer) -> None:
         self.client.pull(trainer.params_flat.numpy())
+
+    def export_state(self, trainer: LocalTrainer) -> dict[str, Any]:
+        """The shards' snapshot: θ (installed in the replica, so the model state dict carries it)
+        and the optimizer state, slice by slice, assembled into flat form."""
+        theta, optimizer = self.client.snapshot()
+        trainer.params_flat.copy_(torch.from_numpy(theta))
+        return {"model": trainer.model.state_dict(), "optimizer": optimizer.to_dict()}
 
 
 @STRATEGIES.register("async", "Downpour async SGD on the parameter server: apply each gradient on arrival")

@@ -15,6 +15,7 @@ import numpy as np
 import ray
 
 from distrain.strategies.ps_shard import Reply
+from distrain.trainers.optim_state import FlatOptimizerState
 
 
 @dataclass
@@ -62,3 +63,10 @@ class PSClient:
             clock=replies[0].clock,
             min_clock=min(r.min_clock for r in replies),
         )
+
+    def snapshot(self) -> tuple[np.ndarray, FlatOptimizerState]:
+        """θ and the optimizer state of the whole vector, from every shard's snapshot."""
+        snaps = ray.get([s.snapshot.remote() for s in self.shards])
+        theta = np.concatenate([snap["theta"] for snap in snaps])
+        optimizer = FlatOptimizerState.concat([FlatOptimizerState.from_dict(snap["optimizer"]) for snap in snaps])
+        return theta, optimizer
