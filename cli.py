@@ -95,6 +95,7 @@ def run(
     seed: Annotated[int | None, _opt("seed")] = None,
     target_accuracy: Annotated[float | None, _opt("target_accuracy")] = None,
     run_dir: Annotated[str | None, _opt("run_dir")] = None,
+    eval_every: Annotated[int | None, _opt("eval_every")] = None,
     checkpoint_every: Annotated[int | None, _opt("checkpoint_every")] = None,
     segment_steps: Annotated[int | None, _opt("segment_steps")] = None,
     collective_timeout_s: Annotated[float | None, _opt("collective_timeout_s")] = None,

@@ -117,6 +117,7 @@ class RunConfig:
     # --- recording ---
     target_accuracy: float = _f(0.95, "Test accuracy whose first crossing is reported as time-to-accuracy.")
     run_dir: str = _f("", "Run directory (default runs/<timestamp>-<strategy>); must be new or empty.")
+    eval_every: int = _f(1, "Evaluate on the held-out split every N epochs (0: only at the end).")
     checkpoint_every: int = _f(0, "Also checkpoint every N epochs (0: only at the end).")
     segment_steps: int = _f(50, "Steps a worker runs per remote call: the driver is off the per-step path.")
     collective_timeout_s: float = _f(300.0, "Timeout for collective operations and rendezvous, seconds.")
@@ -146,7 +147,7 @@ class RunConfig:
         for name in positive_ints:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "checkpoint_every"):
+        for name in ("max_steps", "checkpoint_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "cpus_per_worker", "cpus_per_shard", "collective_timeout_s"):

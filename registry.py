@@ -36,9 +36,7 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise ConfigError(
-                f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}"
-            ) from None
+            raise ConfigError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}") from None
 
     def check(self, name: str) -> None:
         self.get(name)

@@ -22,8 +22,9 @@ Measured per contender and round:
   samples/s   steady state: global batch x steps after the first --warmup-frac of steps, divided by the
               wall time from the end of the last warm-up step to the end of the last step (a step ends
               when its slowest rank ends it; every rank stamps `time.time()` after its optimizer step).
-              For distrain the evaluation it runs at every epoch end is subtracted (as its own
-              summary.json does); the figure with those pauses left in is reported too.
+              distrain runs with --eval-every 0 (one evaluation, after the last step), so it does
+              the same work as the other loops, which do not evaluate; any evaluation inside the
+              window would be subtracted (as its summary.json does) and is reported.
   TTFS        time to first step: from the moment the harness launches the contender (subprocess, the
               TorchTrainer call, the run_training call) to the end of global step 0. The Ray-based
               contenders run on a Ray that is already up; the ray.init time is reported separately.
@@ -253,6 +254,7 @@ class Bench:
             seed=a.seed,
             run_dir=str(run_dir),
             transport="collective",  # all-reduce BSP, the transport compared here
+            eval_every=0,  # evaluate only after the last step, as the other contenders' loops (never) do
         )
         m = Measurement("distrain", rnd)
         t_launch = time.time()

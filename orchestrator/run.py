@@ -241,8 +241,12 @@ class _Driver:
         last_acc: float | None = None
         last_loss = float("nan")
 
+        last_epoch = (total - 1) // self.steps_per_epoch
+
         def queue_eval(rank: int, epoch: int) -> None:
-            pending[self.workers[rank].evaluate.remote(rank, n)] = ("eval", rank, epoch)
+            every = self.config.eval_every
+            if epoch == last_epoch or (every and (epoch + 1) % every == 0):
+                pending[self.workers[rank].evaluate.remote(rank, n)] = ("eval", rank, epoch)
             if rank == 0 and self._checkpoint_due(epoch, total):
                 pending[self.workers[0].state.remote()] = ("state", 0, epoch)
 

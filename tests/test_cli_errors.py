@@ -18,9 +18,7 @@ runner = CliRunner()
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under root with its content and modification time."""
     return {
-        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
-        for p in root.rglob("*")
-        if p.is_file()
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()
     } | {str(p.relative_to(root)) + "/": (b"", 0) for p in root.rglob("*") if p.is_dir()}
 
 

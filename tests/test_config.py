@@ -118,9 +118,7 @@ def test_malformed_yaml(tmp_path):
         RunConfig.resolve(str(path), {})
 
 
-@pytest.mark.parametrize(
-    ("text", "kind"), [("- 1\n- 2\n", "list"), ("just a string\n", "str"), ("3\n", "int")]
-)
+@pytest.mark.parametrize(("text", "kind"), [("- 1\n- 2\n", "list"), ("just a string\n", "str"), ("3\n", "int")])
 def test_non_mapping_yaml(tmp_path, text, kind):
     path = write(tmp_path / "c.yaml", text)
     with pytest.raises(ConfigError, match=f"must hold a mapping.*{kind}"):

@@ -32,9 +32,7 @@ def test_default_run_reaches_target_accuracy(default_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["final_test_accuracy"] >= 0.95
-    assert (
-        summary["time_to_target_s"] is not None and 0 < summary["time_to_target_s"] <= summary["wall_time_s"]
-    )
+    assert summary["time_to_target_s"] is not None and 0 < summary["time_to_target_s"] <= summary["wall_time_s"]
     assert summary["steady_state_samples_per_s"] > 0
     # 2 workers, ring all-reduce of the flat float32 gradient: each sends 2(P-1)/P * n bytes.
     cfg = RunConfig.resolve(str(run_dir / "config.yaml"), {})
