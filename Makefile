@@ -23,8 +23,10 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 
+# Side-by-side benchmarks (minutes; run on a quiet machine). They print markdown; RESULTS.md records them.
 bench: setup
-	$(BIN)/python benchmarks/bsp_throughput.py --out benchmarks/RESULTS.md
+	$(BIN)/python benchmarks/bsp_throughput.py --rounds 3
+	$(BIN)/python benchmarks/ps_cost.py --reps 100 --rounds 1 --workers 3 --epochs 4
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

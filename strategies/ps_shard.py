@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,9 +87,9 @@ class ParameterShard:
         self.num_workers = num_workers
         self.rule = rule
         self.param = nn.Parameter(torch.from_numpy(np.array(theta, dtype=np.float32, copy=True)))
-        self.param.grad = torch.zeros_like(self.param)
+        self.grad_tensor = torch.zeros_like(self.param)
         self.theta = self.param.detach().numpy()  # shares memory with the parameter
-        self.grad = self.param.grad.numpy()
+        self.grad = self.grad_tensor.numpy()  # where a BSP round sums its gradients
         self.optimizer = make_optimizer(optimizer.name, [self.param], 0.0, optimizer.momentum, optimizer.weight_decay)
         if optimizer_state is not None:
             import_flat_state(self.optimizer, [self.param], FlatOptimizerState.from_dict(optimizer_state))
@@ -144,8 +145,7 @@ class ParameterShard:
         rate = lr / self.num_workers
         if self.rule.staleness_lr and staleness > 1:
             rate /= staleness
-        np.copyto(self.grad, grad)
-        self._apply(rate)
+        self._apply(rate, grad)
         self.clocks[worker] = clock + 1
         self.changed.notify_all()
         wait_s = 0.0
@@ -156,7 +156,16 @@ class ParameterShard:
             wait_s = time.perf_counter() - t0
         return applied, staleness, wait_s
 
-    def _apply(self, lr: float) -> None:
+    def _apply(self, lr: float, grad: np.ndarray | None = None) -> None:
+        """One optimizer step with `grad` (default: the shard's own buffer, where rounds sum)."""
+        if grad is not None:
+            # Step straight from the pushed (read-only, zero-copy) array: torch's optimizers only
+            # read `.grad`, so this saves copying the slice once more.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                self.param.grad = torch.from_numpy(grad)
+        else:
+            self.param.grad = self.grad_tensor
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()

@@ -128,3 +128,13 @@ def test_interrupt_tears_down_actors_and_keeps_partial_results(tmp_path):
 def test_successful_run_leaves_no_actors_or_placement_groups(default_run):
     assert _train_worker_actors_alive() == 0
     assert _live_placement_groups() == 0
+
+
+def test_eval_every_and_checkpoint_every_choose_the_epochs(tmp_path):
+    run_dir = tmp_path / "sparse"
+    run_training(RunConfig(run_dir=str(run_dir), epochs=5, eval_every=2, checkpoint_every=2))
+    df = pd.read_parquet(run_dir / "metrics.parquet")
+    assert list(df[df["kind"] == "eval"]["epoch"]) == [1, 3, 4]  # every 2nd epoch, and the last
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["epoch-0002.pt", "epoch-0004.pt", "final.pt"]
+    assert load_checkpoint(run_dir / "checkpoints" / "epoch-0002.pt")["global_step"] == 2 * 22
