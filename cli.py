@@ -73,6 +73,7 @@ def run(
     cpus_per_worker: Annotated[float | None, _opt("cpus_per_worker")] = None,
     gpus_per_worker: Annotated[float | None, _opt("gpus_per_worker")] = None,
     address: Annotated[str | None, _opt("address")] = None,
+    placement: Annotated[str | None, _opt("placement")] = None,
     transport: Annotated[str | None, _opt("transport")] = None,
     ps_shards: Annotated[int | None, _opt("ps_shards")] = None,
     cpus_per_shard: Annotated[float | None, _opt("cpus_per_shard")] = None,

@@ -21,6 +21,7 @@ from distrain.errors import ConfigError
 LR_SCALING_RULES = ("linear", "sqrt", "none")
 STRATEGY_DEPENDENT_FIELDS = ("transport", "ps_shards", "staleness", "staleness_lr")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
+PLACEMENTS = ("pack", "spread")
 
 
 def _f(default: Any, help: str) -> Any:
@@ -90,6 +91,10 @@ class RunConfig:
     cpus_per_worker: float = _f(1.0, "CPUs reserved for each worker actor (also its torch thread count).")
     gpus_per_worker: float = _f(0.0, "GPUs per worker actor; > 0 switches the collective to NCCL.")
     address: str = _f("", "Ray address: empty starts a local Ray; 'auto' or host:port connects to a cluster.")
+    placement: str = _f(
+        "pack",
+        "Worker placement: pack (fewest nodes) or spread (across nodes); PS shards go where workers are fewest.",
+    )
     transport: str = _f("", "collective (all-reduce) or ps (parameter server); empty: the strategy's default.")
     ps_shards: int | None = _f(None, "Parameter-server shards K (ps transport; default 1).")
     cpus_per_shard: float = _f(1.0, "CPUs reserved for each parameter-server shard actor.")
@@ -171,6 +176,8 @@ class RunConfig:
             raise ConfigError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.lr_scaling not in LR_SCALING_RULES:
             raise ConfigError(f"unknown --lr-scaling {self.lr_scaling!r}; choose one of: {', '.join(LR_SCALING_RULES)}")
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"unknown --placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
@@ -91,27 +97,41 @@ def cpus_needed(config: RunConfig) -> float:
 
 
 def bundles(config: RunConfig) -> list[dict[str, float]]:
-    """One bundle per worker (indices 0..N-1), then one per parameter-server shard."""
+    """One bundle per worker actor."""
     worker = {"CPU": config.cpus_per_worker}
     if config.gpus_per_worker > 0:
         worker["GPU"] = config.gpus_per_worker
-    return [dict(worker) for _ in range(config.workers)] + [
-        {"CPU": config.cpus_per_shard} for _ in range(num_shards(config))
-    ]
+    return [dict(worker) for _ in range(config.workers)]
 
 
 def reserve(config: RunConfig, timeout_s: float = 60.0) -> PlacementGroup:
-    """A placement group for every actor of the run, packed onto as few nodes as possible."""
-    pg = placement_group(bundles(config), strategy="PACK")
+    """The workers' placement group: packed onto as few nodes as possible, or spread across them."""
+    pg = placement_group(bundles(config), strategy=config.placement.upper())
     try:
         ray.get(pg.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(pg)
         raise ResourceError(
-            f"could not place the run's {len(bundles(config))} actors within {timeout_s:.0f}s; "
+            f"could not place {config.workers} workers ({config.placement}) within {timeout_s:.0f}s; "
             "the cluster is busy or too small"
         ) from None
     return pg
+
+
+def bundle_nodes(pg: PlacementGroup) -> list[str]:
+    """The node id each bundle of `pg` was placed on, in bundle order."""
+    table = placement_group_table(pg)["bundles_to_node_id"]
+    return [table[i] for i in range(len(table))]
+
+
+def quietest_nodes(pg: PlacementGroup, count: int) -> list[str]:
+    """`count` node ids for parameter-server shards: the alive nodes hosting the fewest workers first
+    (ties: the most CPUs), round-robin, so shards stay off the nodes the workers keep busy."""
+    workers_on = Counter(bundle_nodes(pg))
+    alive = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
+    alive.sort(key=lambda n: (workers_on[n["NodeID"]], -n["Resources"].get("CPU", 0)))
+    order = [n["NodeID"] for n in alive]
+    return [order[k % len(order)] for k in range(count)]
 
 
 def release(pg: PlacementGroup | None) -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import ray
-from ray.util.placement_group import PlacementGroup
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distrain.config import RunConfig
 from distrain.strategies.partition import partition
@@ -14,7 +13,8 @@ from distrain.trainers.optim_state import FlatOptimizerState
 
 
 class ShardGroup:
-    """K shard actors holding contiguous slices of θ; bundles [first_bundle, first_bundle + K) of `pg`."""
+    """K shard actors holding contiguous slices of θ, each on one of `nodes` (soft affinity: where a
+    node cannot take it, Ray places it elsewhere)."""
 
     def __init__(
         self,
@@ -22,8 +22,7 @@ class ShardGroup:
         rule: ConsistencyRule,
         theta: np.ndarray,
         optimizer_state: FlatOptimizerState | None,
-        pg: PlacementGroup,
-        first_bundle: int,
+        nodes: list[str],
     ) -> None:
         assert config.ps_shards is not None
         self.bounds = partition(len(theta), config.ps_shards)
@@ -33,7 +32,7 @@ class ShardGroup:
             actor.options(
                 num_cpus=config.cpus_per_shard,
                 max_concurrency=max(64, 4 * config.workers),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=first_bundle + k),
+                scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[k], soft=True),
             ).remote(
                 k,
                 config.workers,

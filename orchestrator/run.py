@@ -187,7 +187,8 @@ class _Driver:
         if rule is not None:
             theta = _get(self.workers[0].flat_params.remote())
             opt = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
-            self.shards = ShardGroup(self.config, rule, theta, opt, self.pg, first_bundle=self.config.workers)
+            nodes = cluster.quietest_nodes(self.pg, self.config.ps_shards or 1)
+            self.shards = ShardGroup(self.config, rule, theta, opt, nodes)
             self.actors.extend(self.shards.shards)
         rendezvous = "" if rule is not None else _get(self.workers[0].rendezvous_address.remote())
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
@@ -206,7 +207,7 @@ class _Driver:
                     f"the checkpoint is at step {self.start_step}, past this run's {total} steps; "
                     "raise --epochs or --max-steps"
                 )
-            nodes = len({i["node_ip"] for i in info})
+            nodes = len({i["node_id"] for i in info})
             self.emit(RunStarted(self.run_dir, total, self.steps_per_epoch, info[0]["num_params"], nodes))
             self._loop(total)
             status = "completed"

@@ -77,6 +77,7 @@ class TrainWorker:
         return {
             "rank": self.rank,
             "node_ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "device": self.device,
             "steps_per_epoch": self.sharder.steps_per_epoch,
             "num_params": self.trainer.numel,
