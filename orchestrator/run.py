@@ -61,6 +61,7 @@ class RunResult:
     run_dir: Path
     summary: dict[str, Any]
     worker_info: list[dict[str, Any]] = field(default_factory=list)
+    shard_nodes: list[str] = field(default_factory=list)  # node id of each PS shard (PS runs)
 
 
 Event = RunStarted | Progress
@@ -213,7 +214,8 @@ class _Driver:
             status = "completed"
             summary = self._finish(status)
             self._leave_transports()
-            return RunResult(self.run_dir, summary, info)
+            shard_nodes = self.shards.node_ids() if self.shards else []
+            return RunResult(self.run_dir, summary, info, shard_nodes)
         except KeyboardInterrupt:
             status = "interrupted"
             raise

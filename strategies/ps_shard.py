@@ -178,6 +178,12 @@ class ParameterShard:
         async with self.changed:
             return Reply(self.theta.copy(), self.version, -1, 0, 0.0, self.clocks[worker], min(self.clocks))
 
+    def node_id(self) -> str:
+        """The Ray node hosting this shard (placement checks)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     async def snapshot(self) -> dict[str, Any]:
         async with self.changed:
             return {
