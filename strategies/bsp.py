@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from distrain.config import RunConfig
 from distrain.strategies.base import CommStats, Strategy, StrategyContext
-from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes
+from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce, ring_allreduce_bytes
 from distrain.strategies.ps import PSStrategy
 from distrain.strategies.ps_shard import ConsistencyRule
 from distrain.strategies.registry import STRATEGIES
@@ -23,6 +23,7 @@ class BSP(Strategy):
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
         self.group: CollectiveGroup | None = None
+        self.overlap: OverlappedAllReduce | None = None
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
@@ -35,15 +36,21 @@ class BSP(Strategy):
         )
         # Replicas start equal because the seed fixes the init; the broadcast makes it a fact.
         self.group.broadcast_(trainer.params_flat, src=0)
+        if self.ctx.world_size > 1:
+            self.overlap = OverlappedAllReduce(trainer.params, trainer.grads_flat, self.ctx.world_size)
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         assert self.group is not None, "setup() must run before step()"
-        seconds = self.group.all_reduce_mean_(trainer.grads_flat)
+        # The buckets' all-reduces were launched during backward; comm_s is what is left to wait for.
+        seconds = self.overlap.finish() if self.overlap else self.group.all_reduce_mean_(trainer.grads_flat)
         trainer.apply_update(lr)
         moved = ring_allreduce_bytes(trainer.nbytes, self.ctx.world_size)
         return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved)
 
     def teardown(self) -> None:
+        if self.overlap is not None:
+            self.overlap.remove()
+            self.overlap = None
         if self.group is not None:
             self.group.destroy()
             self.group = None

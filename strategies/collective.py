@@ -55,3 +55,90 @@ class CollectiveGroup:
     def destroy(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+FIRST_BUCKET_BYTES = 1024 * 1024  # as DDP: a small first bucket starts communication early
+BUCKET_BYTES = 25 * 1024 * 1024
+
+
+class OverlappedAllReduce:
+    """All-reduce the flat gradient buffer in buckets while backward is still running.
+
+    The buffer is cut into contiguous buckets from its end (backward produces the last layers'
+    gradients first), 1 MiB for the first and 25 MiB after that, as DDP does. A post-accumulate-grad
+    hook on every parameter counts the bucket's gradients in; the bucket's all-reduce is launched
+    (async) as soon as its last gradient has accumulated, so it overlaps the rest of backward.
+    `finish()` launches any bucket whose parameters got no gradient this step (unused parameters
+    never fire their hook, and waiting for them would hang), waits for all, and divides by N.
+    Every rank builds the same buckets from the same model and launches them strictly in bucket
+    order, so the collectives match; the price is that a bucket holding an unused parameter holds
+    back the buckets after it until `finish()` (correct, just not overlapped).
+    """
+
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        grads_flat: torch.Tensor,
+        world_size: int,
+        first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+        bucket_bytes: int = BUCKET_BYTES,
+    ) -> None:
+        self.grads_flat = grads_flat
+        self.world_size = world_size
+        spans, offset = [], 0
+        for p in params:
+            spans.append((offset, offset + p.numel()))
+            offset += p.numel()
+        self.buckets: list[tuple[int, int]] = []
+        bucket_of: dict[int, int] = {}
+        cap, hi, members = first_bucket_bytes, offset, []
+        for i in range(len(params) - 1, -1, -1):
+            members.append(i)
+            lo = spans[i][0]
+            if (hi - lo) * grads_flat.element_size() >= cap or i == 0:
+                for m in members:
+                    bucket_of[m] = len(self.buckets)
+                self.buckets.append((lo, hi))
+                hi, members, cap = lo, [], bucket_bytes
+        self.needed = [0] * len(self.buckets)
+        for b in bucket_of.values():
+            self.needed[b] += 1
+        self.ready = [0] * len(self.buckets)
+        self.works: list[dist.Work] = []
+        base = grads_flat.data_ptr()
+        end = base + grads_flat.numel() * grads_flat.element_size()
+
+        def on_grad(p: torch.nn.Parameter, b: int) -> None:
+            if p.grad is None or not base <= p.grad.data_ptr() < end:
+                raise RuntimeError("a gradient left the flat buffer; overlapped all-reduce cannot continue")
+            self.ready[b] += 1
+            # Launch strictly in bucket order, so every rank issues the same collectives in the same order.
+            while self.next < len(self.buckets) and self.ready[self.next] == self.needed[self.next]:
+                self._launch_next()
+
+        self.handles = [
+            p.register_post_accumulate_grad_hook(lambda p, b=bucket_of[i]: on_grad(p, b)) for i, p in enumerate(params)
+        ]
+        self.next = 0  # the next bucket to launch
+
+    def _launch_next(self) -> None:
+        lo, hi = self.buckets[self.next]
+        self.works.append(dist.all_reduce(self.grads_flat[lo:hi], op=dist.ReduceOp.SUM, async_op=True))
+        self.next += 1
+
+    def finish(self) -> float:
+        """Complete this step's all-reduce (mean in place); returns the seconds spent waiting here."""
+        t0 = time.perf_counter()
+        while self.next < len(self.buckets):  # buckets with an unused parameter, after backward
+            self._launch_next()
+        for work in self.works:
+            work.wait()
+        self.works.clear()
+        self.ready = [0] * len(self.buckets)
+        self.next = 0
+        self.grads_flat.div_(self.world_size)
+        return time.perf_counter() - t0
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
