@@ -133,6 +133,41 @@ def list_strategies() -> None:
         out.print(f"{name:<12} {text}", highlight=False)
 
 
+@app.command()
+@user_errors
+def report(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="Run directories written by `distrain run` (e.g. runs/*).", show_default=False)
+    ],
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Directory for report.md and the plots; must be new or empty. Default: report-<timestamp>/ here.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Compare runs: one table (here and in report.md) and PNG plots of accuracy, loss, step time, staleness."""
+    from distrain.orchestrator.report import COLUMNS, choose_out_dir, load_runs, table_rows, write_report
+
+    runs = load_runs(run_dirs)
+    target = choose_out_dir(out_dir)
+    written = write_report(runs, target)
+    table = Table(title=Text(f"distrain report: {len(runs)} run(s)"))
+    for i, name in enumerate(COLUMNS):
+        table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i == 0)
+    for row in table_rows(runs):
+        table.add_row(*row)
+    console = out
+    if not out.is_terminal:  # logs, pipes: nothing wraps the lines, so print the table at its natural width
+        natural = out.measure(table, options=out.options.update_width(1_000)).maximum
+        console = Console(file=out.file, width=max(out.width, natural), soft_wrap=True)
+    console.print(table)
+    files = ", ".join(p.name for p in written)
+    out.print(f"report in {target}/ ({files})", markup=False, highlight=False)
+
+
 class RunDisplay:
     """A live progress bar on a terminal; one line per epoch otherwise (logs, CI)."""
 
