@@ -48,7 +48,8 @@ class WorkPlan:
             if first >= last_unit:
                 return []
             epoch_end = (first // self.workers // spe + 1) * spe * self.workers
-            stop = min(first + self.segment, epoch_end, last_unit)
+            # At most one worker's share of an epoch (spe units), so every worker gets a part of it.
+            stop = min(first + min(self.segment, spe), epoch_end, last_unit)
             self.shared_cursor = stop
             return [self._unit(u // self.workers, u % self.workers) for u in range(first, stop)]
         step = self.cursor[worker]
