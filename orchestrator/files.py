@@ -33,22 +33,32 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
-def choose_run_dir(requested: str, strategy: str, root: str = "runs") -> Path:
-    """The run directory to use; refuses an existing non-empty one. Creates nothing."""
-    if requested:
-        path = Path(requested)
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = Path(root) / f"{stamp}-{strategy}"
-        suffix = 1
-        while path.exists():  # two runs started in the same second
-            suffix += 1
-            path = Path(root) / f"{stamp}-{strategy}-{suffix}"
+def fresh_dir(requested: str | Path | None, default: Callable[[int], Path], flag: str) -> Path:
+    """A directory to write into that holds nothing yet. Creates nothing.
+
+    `requested` (a flag's value) may be new or an existing empty directory; anything else is refused,
+    so nothing a user has is overwritten. Without one, the first of default(1), default(2), ... that
+    does not exist (two runs started in the same second get different names)."""
+    if not requested:
+        n = 1
+        while default(n).exists():
+            n += 1
+        return default(n)
+    path = Path(requested)
     if path.exists():
         if not path.is_dir():
-            raise ConfigError(f"--run-dir {str(path)!r} exists and is not a directory; choose another path")
+            raise ConfigError(f"{flag} {str(path)!r} exists and is not a directory; choose another path")
         if any(path.iterdir()):
-            raise ConfigError(
-                f"run directory {str(path)!r} is not empty; choose a new --run-dir (nothing is overwritten)"
-            )
+            raise ConfigError(f"{flag} {str(path)!r} is not empty; choose a new directory (nothing is overwritten)")
     return path
+
+
+def timestamped(parent: Path, name: str) -> Callable[[int], Path]:
+    """parent/<YYYYmmdd-HHMMSS>-name, then ...-name-2, -3, ..."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return lambda n: parent / (f"{stamp}-{name}" if n == 1 else f"{stamp}-{name}-{n}")
+
+
+def choose_run_dir(requested: str, strategy: str, root: str = "runs") -> Path:
+    """`--run-dir`, or runs/<timestamp>-<strategy>; refuses an existing non-empty directory."""
+    return fresh_dir(requested, timestamped(Path(root), strategy), "--run-dir")

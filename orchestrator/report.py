@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
-from distrain.orchestrator.files import atomic_write, atomic_write_text
+from distrain.orchestrator.files import atomic_write, atomic_write_text, fresh_dir
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -92,22 +92,9 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
 
 
 def choose_out_dir(requested: Path | None) -> Path:
-    """The report directory: `--out` if new or empty, else `report-<timestamp>/` here. Creates nothing."""
-    if requested is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        path, suffix = Path(f"report-{stamp}"), 1
-        while path.exists():  # two reports in the same second
-            suffix += 1
-            path = Path(f"report-{stamp}-{suffix}")
-        return path
-    if requested.exists():
-        if not requested.is_dir():
-            raise DistrainError(f"--out {str(requested)!r} exists and is not a directory; choose another path")
-        if any(requested.iterdir()):
-            raise DistrainError(
-                f"--out {str(requested)!r} is not empty; choose a new directory (nothing is overwritten)"
-            )
-    return requested
+    """The report directory: `--out` if new or empty, else report-<timestamp>/ here. Creates nothing."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return fresh_dir(requested, lambda n: Path(f"report-{stamp}" + (f"-{n}" if n > 1 else "")), "--out")
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -55,9 +55,13 @@ def execute(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     km = kernel_manager()
     assert km.kernel_spec.argv[0] == sys.executable
-    NotebookClient(
-        nb, km=km, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
+    try:
+        NotebookClient(
+            nb, km=km, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        ).execute()
+    finally:
+        if km.has_kernel:  # nbclient leaves a kernel it was handed running
+            km.shutdown_kernel(now=True)
     return nb
 
 
