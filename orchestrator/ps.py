@@ -46,7 +46,3 @@ class ShardGroup:
 
     def node_ids(self) -> list[str]:
         return ray.get([s.node_id.remote() for s in self.shards])
-
-    def kill(self) -> None:
-        for s in self.shards:
-            ray.kill(s, no_restart=True)
