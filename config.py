@@ -19,7 +19,9 @@ import yaml
 from distrain.errors import ConfigError
 
 LR_SCALING_RULES = ("linear", "sqrt", "none")
-STRATEGY_DEPENDENT_FIELDS = ("transport", "ps_shards", "staleness", "staleness_lr")
+STRATEGY_DEPENDENT_FIELDS = (
+    "transport", "ps_shards", "staleness", "staleness_lr", "backup_workers", "backup_tasks", "portions"
+)
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 PLACEMENTS = ("pack", "spread")
 
@@ -103,6 +105,16 @@ class RunConfig:
     straggler: list[str] = _f(
         (), "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments)."
     )
+    backup_workers: int = _f(
+        0, "k-of-n BSP (bsp over ps): start b extra workers; each round applies the first --workers gradients."
+    )
+    backup_tasks: bool = _f(
+        False, "BSP over ps: split each round into --portions, re-issue the last outstanding ones to idle workers."
+    )
+    portions: int | None = _f(None, "Portions per round for --backup-tasks (default 2 x --workers).")
+    straggler_threshold: float = _f(
+        2.0, "Flag a worker as a straggler when its recent median compute time is this many times the others'."
+    )
     # --- what is trained ---
     model: str = _f("cnn", "Model: mlp, cnn or resnet18 (torchvision, adapted to small images).")
     dataset: str = _f("digits", "Data set: digits (bundled), mnist, cifar10 (from --data-dir), synthetic.")
@@ -169,7 +181,10 @@ class RunConfig:
             raise ConfigError(f"--momentum must be < 1, got {self.momentum}")
         if self.warmup_epochs > self.epochs:
             raise ConfigError(f"--warmup-epochs ({self.warmup_epochs}) exceeds --epochs ({self.epochs}); lower it")
-        parse_stragglers(self.straggler, self.workers)
+        self._validate_backups()
+        parse_stragglers(self.straggler, self.num_worker_actors)
+        if not (self.straggler_threshold > 1 and math.isfinite(self.straggler_threshold)):
+            raise ConfigError(f"--straggler-threshold must be a number > 1, got {self.straggler_threshold}")
         if self.init_from and not Path(self.init_from).is_file():
             raise ConfigError(f"--init-from {self.init_from!r} is not a file; pass a checkpoint (.pt) path")
         if not 0 < self.target_accuracy <= 1:
@@ -214,14 +229,52 @@ class RunConfig:
         elif self.ps_shards is not None:
             raise ConfigError("--ps-shards needs the parameter-server transport; add --transport ps or drop it")
 
+    def _validate_backups(self) -> None:
+        """Backup workers and backup tasks are ways of running BSP rounds on the parameter server."""
+        if self.backup_workers < 0:
+            raise ConfigError(f"--backup-workers must be >= 0, got {self.backup_workers}")
+        flags = (("--backup-workers", self.backup_workers), ("--backup-tasks", self.backup_tasks))
+        wanted = [name for name, on in flags if on]
+        if wanted and (self.strategy != "bsp" or self.transport != "ps"):
+            raise ConfigError(
+                f"{wanted[0]} needs synchronous rounds on the parameter server: use --strategy bsp --transport ps"
+            )
+        if len(wanted) == 2:
+            raise ConfigError("--backup-workers and --backup-tasks are alternatives; choose one")
+        if self.portions is not None and not self.backup_tasks:
+            raise ConfigError("--portions splits rounds for --backup-tasks; add --backup-tasks or drop it")
+        if self.backup_tasks:
+            if self.portions is None:
+                self.portions = 2 * self.workers
+            if self.portions <= self.workers:
+                raise ConfigError(
+                    f"--portions ({self.portions}) must exceed --workers ({self.workers}) so free workers can take more"
+                )
+            if self.global_batch_size % self.portions:
+                raise ConfigError(
+                    f"--portions {self.portions} does not divide the global batch {self.global_batch_size} "
+                    "(--workers x --batch-size) into equal portions"
+                )
+
     # ------------------------------------------------------------------ derived values
     @property
     def global_batch_size(self) -> int:
+        """Samples whose gradients make one update (the learning rate is scaled for this)."""
         return self.workers * self.batch_size
 
     @property
+    def num_worker_actors(self) -> int:
+        """Worker actors started: --workers plus any backup workers."""
+        return self.workers + self.backup_workers
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples handed out per step: with backup workers, b x B more than the update uses."""
+        return self.num_worker_actors * self.batch_size
+
+    @property
     def straggler_delays(self) -> dict[int, float]:
-        return parse_stragglers(self.straggler, self.workers)
+        return parse_stragglers(self.straggler, self.num_worker_actors)
 
     @property
     def uses_gpus(self) -> bool:

@@ -73,17 +73,18 @@ def connect(config: RunConfig) -> RayConnection:
 def check_resources(config: RunConfig) -> None:
     """Fail fast, with the fix, when the cluster cannot hold the run's actors at all."""
     total = ray.cluster_resources()
-    need_gpus = config.workers * config.gpus_per_worker
+    need_gpus = config.num_worker_actors * config.gpus_per_worker
     if need_gpus > total.get("GPU", 0.0):
         raise ResourceError(
-            f"the run needs {need_gpus:g} GPUs ({config.workers} workers x {config.gpus_per_worker:g}) "
+            f"the run needs {need_gpus:g} GPUs ({config.num_worker_actors} workers x {config.gpus_per_worker:g}) "
             f"but the cluster has {total.get('GPU', 0.0):g}; lower --gpus-per-worker or add GPU nodes"
         )
     need_cpus = cpus_needed(config)
     if need_cpus > total.get("CPU", 0.0):
         shards = f" + {num_shards(config)} shards x {config.cpus_per_shard:g}" if num_shards(config) else ""
         raise ResourceError(
-            f"the run needs {need_cpus:g} CPUs ({config.workers} workers x {config.cpus_per_worker:g}{shards}) "
+            f"the run needs {need_cpus:g} CPUs "
+            f"({config.num_worker_actors} workers x {config.cpus_per_worker:g}{shards}) "
             f"but the cluster has {total.get('CPU', 0.0):g}; lower --workers or the CPUs per actor"
         )
 
@@ -93,7 +94,7 @@ def num_shards(config: RunConfig) -> int:
 
 
 def cpus_needed(config: RunConfig) -> float:
-    return config.workers * config.cpus_per_worker + num_shards(config) * config.cpus_per_shard
+    return config.num_worker_actors * config.cpus_per_worker + num_shards(config) * config.cpus_per_shard
 
 
 def bundles(config: RunConfig) -> list[dict[str, float]]:
@@ -101,7 +102,7 @@ def bundles(config: RunConfig) -> list[dict[str, float]]:
     worker = {"CPU": config.cpus_per_worker}
     if config.gpus_per_worker > 0:
         worker["GPU"] = config.gpus_per_worker
-    return [dict(worker) for _ in range(config.workers)]
+    return [dict(worker) for _ in range(config.num_worker_actors)]
 
 
 def reserve(config: RunConfig, timeout_s: float = 60.0) -> PlacementGroup:
@@ -112,7 +113,7 @@ def reserve(config: RunConfig, timeout_s: float = 60.0) -> PlacementGroup:
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(pg)
         raise ResourceError(
-            f"could not place {config.workers} workers ({config.placement}) within {timeout_s:.0f}s; "
+            f"could not place {config.num_worker_actors} workers ({config.placement}) within {timeout_s:.0f}s; "
             "the cluster is busy or too small"
         ) from None
     return pg

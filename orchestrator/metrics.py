@@ -41,6 +41,9 @@ SCHEMA = pa.schema(
         ("staleness", pa.int64()),  # applied - read (largest over the shards)
         ("clock", pa.int64()),  # the worker's clock after this push
         ("min_clock", pa.int64()),  # the slowest worker's clock when this step's pull completed
+        # BSP over the PS with backup workers / backup tasks:
+        ("dropped", pa.bool_()),  # the gradient came late (k-of-n) or was a second copy: not applied
+        ("backup", pa.bool_()),  # backup tasks: a speculative copy of a portion another worker had
     ]
 )
 

@@ -31,11 +31,11 @@ class ShardGroup:
         self.shards = [
             actor.options(
                 num_cpus=config.cpus_per_shard,
-                max_concurrency=max(64, 4 * config.workers),
+                max_concurrency=max(64, 4 * config.num_worker_actors),
                 scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[k], soft=True),
             ).remote(
                 k,
-                config.workers,
+                config.num_worker_actors,
                 rule,
                 spec,
                 theta[start:stop],
@@ -46,3 +46,7 @@ class ShardGroup:
 
     def node_ids(self) -> list[str]:
         return ray.get([s.node_id.remote() for s in self.shards])
+
+    def stats(self) -> list[dict]:
+        """Each shard's record of dropped gradients and round membership (`ParameterShard.stats`)."""
+        return ray.get([s.stats.remote() for s in self.shards])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +22,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator import cluster
+from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.checkpoint import checkpoint_name, load_checkpoint_for, save_checkpoint
 from distrain.orchestrator.files import atomic_write_text, choose_run_dir
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.ps import ShardGroup
+from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.work import WorkPlan
 from distrain.orchestrator.worker import TrainWorker
@@ -57,6 +59,14 @@ class Progress:
 
 
 @dataclass
+class StragglersChanged:
+    """The straggler detector's verdict changed: `slow` maps each flagged worker to its pace ratio."""
+
+    step: int
+    slow: dict[int, float]
+
+
+@dataclass
 class RunResult:
     run_dir: Path
     summary: dict[str, Any]
@@ -64,7 +74,7 @@ class RunResult:
     shard_nodes: list[str] = field(default_factory=list)  # node id of each PS shard (PS runs)
 
 
-Event = RunStarted | Progress
+Event = RunStarted | Progress | StragglersChanged
 EventHandler = Callable[[Event], None]
 
 
@@ -89,7 +99,7 @@ class Plan:
 
 def preflight(config: RunConfig) -> Plan:
     """Checks that need no cluster. Writes nothing."""
-    check_dataset(config.dataset, config.data_dir, config.global_batch_size)
+    check_dataset(config.dataset, config.data_dir, config.samples_per_step)
     num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
         raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
@@ -116,7 +126,7 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None) -> Run
                 num_gpus=config.gpus_per_worker,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
             ).remote(config, rank, run_start)
-            for rank in range(config.workers)
+            for rank in range(config.num_worker_actors)
         ]
         actors.extend(workers)
         return _Driver(config, plan, workers, pg, actors, run_start, emit).train()
@@ -172,6 +182,8 @@ class _Driver:
         self.sink = MetricsSink(plan.run_dir.name)
         self.config_dict = _recorded(config, plan.run_dir).to_dict()
         self.shards: ShardGroup | None = None
+        self.portion_scheduler: Any = None  # backup tasks only
+        self.detector = StragglerDetector(len(workers), config.straggler_threshold)
         self.steps_per_epoch = 0  # known once the workers have loaded their data
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
         self.steps_done = self.start_step
@@ -191,9 +203,19 @@ class _Driver:
             nodes = cluster.quietest_nodes(self.pg, self.config.ps_shards or 1)
             self.shards = ShardGroup(self.config, rule, theta, opt, nodes)
             self.actors.extend(self.shards.shards)
+        if self.config.backup_tasks:
+            assert self.config.portions is not None
+            self.portion_scheduler = (
+                ray.remote(PortionScheduler)
+                .options(num_cpus=0, max_concurrency=max(64, 4 * len(self.workers)))
+                .remote(self.config.portions, self.steps_per_epoch, self.start_step)
+            )
+            self.actors.append(self.portion_scheduler)
         rendezvous = "" if rule is not None else _get(self.workers[0].rendezvous_address.remote())
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
-        _get([w.setup.remote(rendezvous, shards, bounds) for w in self.workers], timeout=timeout)
+        _get(
+            [w.setup.remote(rendezvous, shards, bounds, self.portion_scheduler) for w in self.workers], timeout=timeout
+        )
         return info
 
     def train(self) -> RunResult:
@@ -275,6 +297,7 @@ class _Driver:
             if kind == "segment":
                 in_flight[rank] -= 1
                 self.sink.add_steps(result)
+                self._watch_stragglers(result)
                 finished_epochs = work.complete(payload)
                 if shared:
                     for epoch in finished_epochs:
@@ -298,6 +321,32 @@ class _Driver:
                 self._save(checkpoint_name(epochs_done), result, epochs_done, epochs_done * self.steps_per_epoch)
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
+
+    def _watch_stragglers(self, rows: dict[str, list[Any]]) -> None:
+        """Feed the detector; tell the display, and the portion scheduler, when its verdict changes."""
+        self.detector.add(rows["worker"], rows["compute_s"])
+        if rows["step"] and self.detector.update(max(rows["step"])):
+            slow = dict(self.detector.flagged)
+            self.emit(StragglersChanged(max(rows["step"]), slow))
+            if self.portion_scheduler is not None:
+                self.portion_scheduler.mark_slow.remote(list(slow))
+
+    def _mitigation_figures(self) -> dict[str, Any]:
+        """Summary figures of straggler handling: who was flagged, what was dropped or re-executed."""
+        figures: dict[str, Any] = {"stragglers": self.detector.summary()}
+        if self.config.backup_workers or self.config.backup_tasks:
+            assert self.shards is not None
+            stats = self.shards.stats()
+            # Shards decide independently; shard 0's count is each worker's (they see the same pushes).
+            figures["dropped_gradients"] = {str(w): n for w, n in enumerate(stats[0]["dropped"])}
+            members = stats[0]["round_members"]
+            figures["rounds_applied"] = len(members)
+            # How many gradients (k-of-n) or portions (backup tasks) each applied update averaged.
+            sizes = Counter(len(m) for m in members)
+            figures["gradients_per_update"] = {str(k): v for k, v in sorted(sizes.items())}
+        if self.portion_scheduler is not None:
+            figures |= {f"backup_{k}": v for k, v in ray.get(self.portion_scheduler.stats.remote()).items()}
+        return figures
 
     def _leave_transports(self) -> None:
         """Destroy process groups cleanly after a completed run (the actors are killed afterwards anyway)."""
@@ -339,5 +388,9 @@ class _Driver:
         df = self.sink.table().to_pandas()
         self.sink.write(self.run_dir / "metrics.parquet")
         summary = summarize(df, self.config_dict, self.run_start, time.time() - self.run_start, status, epochs_done)
+        try:
+            summary |= self._mitigation_figures()
+        except ray.exceptions.RayError:  # a failed run's actors may be gone; the metrics still tell
+            pass
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary

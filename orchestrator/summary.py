@@ -16,6 +16,8 @@ def steady_state_samples_per_s(steps: pd.DataFrame, evals: pd.DataFrame) -> floa
     A global step ends when its last worker finishes it; the window runs from the end of the last
     warm-up step to the end of the last step.
     """
+    if "dropped" in steps:  # late or duplicate gradients (backup workers / tasks) did no training
+        steps = steps[steps["dropped"].ne(True)]
     if steps.empty:
         return None
     per_step = steps.groupby("step").agg(samples=("samples", "sum"), end=("wall_time", "max")).sort_index()

@@ -42,6 +42,8 @@ STEP_COLUMNS = (
     "staleness",
     "clock",
     "min_clock",
+    "dropped",
+    "backup",
 )
 
 
@@ -52,7 +54,7 @@ class TrainWorker:
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
         self.config = config
         self.rank = rank
-        self.world_size = config.workers
+        self.world_size = config.num_worker_actors
         self.run_start = run_start
         self.delay = config.straggler_delays.get(rank, 0.0)
         self.device = "cuda" if config.uses_gpus and torch.cuda.is_available() else "cpu"
@@ -61,7 +63,7 @@ class TrainWorker:
         self.trainer = LocalTrainer(
             model, self.data, config.optimizer, config.lr, config.momentum, config.weight_decay, self.device
         )
-        self.sharder = EpochSharder(self.data.train_size, config.global_batch_size, config.seed)
+        self.sharder = EpochSharder(self.data.train_size, config.samples_per_step, config.seed)
         self.schedule = LRSchedule.create(
             config.lr,
             config.global_batch_size,
@@ -91,21 +93,33 @@ class TrainWorker:
         """Start from a checkpoint's model and (flat) optimizer state."""
         self.trainer.load_state_dict(state)
 
-    def setup(self, rendezvous: str, ps_shards: list[Any], ps_bounds: list[tuple[int, int]]) -> None:
-        ctx = StrategyContext(self.rank, self.world_size, self.device, rendezvous, tuple(ps_shards), tuple(ps_bounds))
+    def setup(
+        self,
+        rendezvous: str,
+        ps_shards: list[Any],
+        ps_bounds: list[tuple[int, int]],
+        portion_scheduler: Any = None,
+    ) -> None:
+        ctx = StrategyContext(
+            self.rank, self.world_size, self.device, rendezvous, tuple(ps_shards), tuple(ps_bounds), portion_scheduler
+        )
         impl = STRATEGIES.get(self.config.strategy).implementation(self.config)
         self.strategy = impl(self.config, ctx)
         self.strategy.setup(self.trainer)
 
     # ------------------------------------------------------------------ training
     def run_segment(self, units: list[tuple[int, int, int]]) -> dict[str, list[Any]]:
-        """Train on `units` ((epoch, step, slice) each), in order; returns their rows as columns."""
+        """Train on `units` ((epoch, step, slice) each), in order; returns their rows as columns.
+
+        The strategy may skip units or trade them for others (`Strategy.plan`); each computed unit
+        gets one row.
+        """
         rows: dict[str, list[Any]] = {c: [] for c in STEP_COLUMNS}
-        for epoch, step, slice_ in units:
+        for epoch, step, slice_ in self.strategy.plan(units):
             global_step = epoch * self.sharder.steps_per_epoch + step
             lr = self.schedule.lr_at(global_step)
             t0 = time.perf_counter()
-            idx = self.sharder.worker_indices(epoch, step, slice_, self.world_size)
+            idx = self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step)
             x, y = self.data.train_batch(idx)
             loss = self.trainer.compute_gradients(x, y)
             if self.delay:
@@ -131,6 +145,8 @@ class TrainWorker:
                 "staleness": comm.staleness,
                 "clock": comm.clock,
                 "min_clock": comm.min_clock,
+                "dropped": comm.dropped,
+                "backup": comm.backup,
             }
             for key, value in values.items():
                 rows[key].append(value)

@@ -14,6 +14,7 @@ handed to whoever is free), and, for parameter-server strategies, the shards' co
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -37,6 +38,7 @@ class StrategyContext:
     rendezvous: str = ""  # "host:port" of rank 0's TCP store, for the collective transport
     ps_shards: tuple[Any, ...] = ()  # parameter-server shard actor handles
     ps_bounds: tuple[tuple[int, int], ...] = ()  # each shard's [start, stop) of the flat vector
+    portion_scheduler: Any = None  # backup tasks: the orchestrator's actor that hands out portions
 
 
 @dataclass
@@ -50,6 +52,8 @@ class CommStats:
     staleness: int | None = None
     clock: int | None = None
     min_clock: int | None = None
+    dropped: bool | None = None  # k-of-n / backup tasks: this gradient was late or a duplicate, not applied
+    backup: bool | None = None  # backup tasks: this portion was a speculative copy of one already running
 
 
 class Strategy(ABC):
@@ -74,6 +78,19 @@ class Strategy(ABC):
 
     def setup(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook
         """Join transports; every worker calls this at the same time."""
+
+    @property
+    def slices_per_step(self) -> int:
+        """Equal parts a step's samples are cut into; a work unit's slice picks one."""
+        return self.ctx.world_size
+
+    def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+        """The (epoch, step, slice) units this worker actually computes, in order, out of a segment's.
+
+        Lock-step strategies compute them all; k-of-n skips rounds that closed without this worker;
+        backup tasks replace them with the portions a scheduler hands out.
+        """
+        yield from units
 
     @abstractmethod
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:

@@ -6,10 +6,13 @@ every replica) and the parameter server (the shards apply the round's mean and s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from distrain.config import RunConfig
 from distrain.strategies.base import CommStats, Strategy, StrategyContext
 from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce, ring_allreduce_bytes
 from distrain.strategies.ps import PSStrategy
+from distrain.strategies.ps_client import PushPullResult
 from distrain.strategies.ps_shard import ConsistencyRule
 from distrain.strategies.registry import STRATEGIES
 from distrain.trainers.local_trainer import LocalTrainer
@@ -27,7 +30,13 @@ class BSP(Strategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
-        return BSPOverPS if config.transport == "ps" else cls
+        if config.transport != "ps":
+            return cls
+        if config.backup_tasks:
+            from distrain.strategies.backup_tasks import BSPBackupTasks
+
+            return BSPBackupTasks
+        return BSPOverPS
 
     def setup(self, trainer: LocalTrainer) -> None:
         backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
@@ -57,8 +66,27 @@ class BSP(Strategy):
 
 
 class BSPOverPS(PSStrategy):
+    """BSP rounds on the shards; with backup workers, k-of-n rounds (the first --workers gradients)."""
+
     name = "bsp"
+
+    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        super().__init__(config, ctx)
+        self.skip = 0  # units of the current segments whose rounds closed without this worker
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
-        return ConsistencyRule.bsp()
+        return ConsistencyRule.bsp(accept=config.workers if config.backup_workers else None)
+
+    def _advance(self, result: PushPullResult) -> None:
+        # The next round is the least version any shard is at. Under k-of-n, rounds that closed
+        # without this worker (its gradient came late) are skipped, together with their data.
+        self.skip += result.version - (self.clock + 1)
+        self.clock = result.version
+
+    def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+        for unit in units:
+            if self.skip > 0:
+                self.skip -= 1
+                continue
+            yield unit

@@ -12,7 +12,7 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.strategies.base import CommStats, Strategy, StrategyContext
-from distrain.strategies.ps_client import PSClient
+from distrain.strategies.ps_client import PSClient, PushPullResult
 from distrain.strategies.ps_shard import ConsistencyRule
 from distrain.strategies.registry import STRATEGIES
 from distrain.trainers.local_trainer import LocalTrainer
@@ -35,7 +35,7 @@ class PSStrategy(Strategy):
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         result = self.client.push_pull(self.clock, trainer.grads_flat.numpy(), lr, trainer.params_flat.numpy())
-        self.clock += 1
+        self._advance(result)
         return CommStats(
             seconds=result.seconds,
             bytes_sent=trainer.nbytes,
@@ -46,7 +46,11 @@ class PSStrategy(Strategy):
             staleness=result.staleness,
             clock=result.clock,
             min_clock=result.min_clock,
+            dropped=result.dropped if self.ps_rule(self.config).mode == "rounds" else None,
         )
+
+    def _advance(self, result: PushPullResult) -> None:
+        self.clock += 1
 
     def prepare_eval(self, trainer: LocalTrainer) -> None:
         self.client.pull(trainer.params_flat.numpy())

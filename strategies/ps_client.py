@@ -27,6 +27,8 @@ class PushPullResult:
     staleness: int  # the largest t_apply - t_read over the shards
     clock: int
     min_clock: int  # the slowest worker's clock, as the least up-to-date shard saw it
+    version: int  # the least version any shard returned: the round this worker computes next
+    dropped: bool  # some shard dropped the gradient as late (k-of-n)
 
 
 class PSClient:
@@ -62,7 +64,28 @@ class PSClient:
             staleness=max(r.staleness for r in replies),
             clock=replies[0].clock,
             min_clock=min(r.min_clock for r in replies),
+            version=min(r.version for r in replies),
+            dropped=any(r.dropped for r in replies),
         )
+
+    def push_portion(self, tag: int, portion: int, grads: np.ndarray, lr: float) -> tuple[float, bool]:
+        """Backup tasks: offer one portion's gradient to every shard; (seconds, whether it counted)."""
+        t0 = time.perf_counter()
+        refs = [
+            shard.push_portion.remote(self.worker, tag, portion, grads[start:stop], lr)
+            for shard, (start, stop) in zip(self.shards, self.bounds, strict=True)
+        ]
+        accepted: list[bool] = ray.get(refs)
+        return time.perf_counter() - t0, accepted[0]  # copies of a portion are identical: shard 0 speaks
+
+    def pull_at(self, version: int, params: np.ndarray) -> tuple[float, list[int]]:
+        """Wait until every shard has applied `version` updates, then install θ.
+
+        Returns the seconds waited and each shard's version (a shard may already be further on).
+        """
+        replies: list[Reply] = ray.get([s.pull_at.remote(self.worker, version) for s in self.shards])
+        self._install(replies, params)
+        return max(r.wait_s for r in replies), [r.version for r in replies]
 
     def snapshot(self) -> tuple[np.ndarray, FlatOptimizerState]:
         """θ and the optimizer state of the whole vector, from every shard's snapshot."""

@@ -7,6 +7,15 @@ notifies it. No worker ever polls.
 Rules (`ConsistencyRule`, definitions in shared/reference/algorithms.md):
 - "rounds" (BSP over the PS): round t collects one gradient tagged t from each of the N workers, then
   applies their mean in one optimizer step and opens round t+1; each push returns θ_{t+1}.
+  With backup workers (k-of-n, Chen et al. 2016) N + b workers push, the round closes on the first
+  N gradients tagged t (mean over those N, summed in rank order), and a gradient tagged with a
+  closed round is dropped and counted; its pusher gets the current θ at once and skips ahead.
+  Shards decide independently (as TensorFlow's SyncReplicasOptimizer's accumulators do): a worker
+  late at one shard may be on time at another.
+- "portions" (backup tasks): round t is split into P portions, computed by whoever is free (the
+  orchestrator's scheduler hands them out and re-issues the last outstanding ones). A shard keeps
+  the first gradient of each portion of the open round, drops copies and stale rounds, and applies
+  the mean of the P portion gradients (= the global batch's mean gradient) once all have arrived.
 - "bounded" (SSP, and async as SSP with no bound): each gradient is applied on arrival at rate
   η/N (the global-batch rate split over the N contributions, so N pushes move θ as one BSP step
   would), optionally divided by its staleness τ = t_apply - t_read (τ > 1). The pull that follows
@@ -35,13 +44,19 @@ from distrain.trainers.optim_state import (
 
 @dataclass(frozen=True)
 class ConsistencyRule:
-    mode: str  # "rounds" | "bounded"
+    mode: str  # "rounds" | "bounded" | "portions"
     staleness: int | None = None  # bounded mode: max clock lead; None = unbounded (async)
     staleness_lr: bool = False  # bounded mode: divide η by the gradient's staleness
+    accept: int | None = None  # rounds mode: gradients that close a round (k-of-n); None = every worker
+    portions: int = 0  # portions mode: portions per round
 
     @classmethod
-    def bsp(cls) -> ConsistencyRule:
-        return cls("rounds")
+    def bsp(cls, accept: int | None = None) -> ConsistencyRule:
+        return cls("rounds", accept=accept)
+
+    @classmethod
+    def backup_tasks(cls, portions: int) -> ConsistencyRule:
+        return cls("portions", portions=portions)
 
     @classmethod
     def ssp(cls, staleness: int, staleness_lr: bool = False) -> ConsistencyRule:
@@ -70,6 +85,7 @@ class Reply:
     wait_s: float  # seconds the call spent blocked by the consistency rule
     clock: int  # the worker's clock after this push
     min_clock: int  # slowest worker's clock when the pull completed
+    dropped: bool = False  # the gradient was late (k-of-n) and not applied
 
 
 class ParameterShard:
@@ -95,15 +111,20 @@ class ParameterShard:
             import_flat_state(self.optimizer, [self.param], FlatOptimizerState.from_dict(optimizer_state))
         self.version = 0
         self.clocks = [0] * num_workers
-        self.round: dict[int, np.ndarray] = {}
+        self.round: dict[int, np.ndarray] = {}  # rounds: by worker; portions: by portion
         self.changed = asyncio.Condition()
         self.updates_applied = 0
+        self.accept = rule.accept or num_workers
+        self.dropped = [0] * num_workers  # gradients not applied, per pushing worker
+        self.round_members: list[list[int]] = []  # rounds/portions: whose gradients each update averaged
 
     # ------------------------------------------------------------------ the one hot path
     async def push_pull(self, worker: int, clock: int, grad: np.ndarray, lr: float, read_version: int) -> Reply:
         async with self.changed:
+            dropped = False
             if self.rule.mode == "rounds":
                 applied, staleness, wait_s = await self._push_round(worker, clock, grad, lr)
+                dropped = applied < 0
             else:
                 applied, staleness, wait_s = await self._push_bounded(worker, clock, grad, lr, read_version)
             return Reply(
@@ -114,28 +135,71 @@ class ParameterShard:
                 wait_s,
                 self.clocks[worker],
                 min(self.clocks),
+                dropped,
             )
 
     async def _push_round(self, worker: int, clock: int, grad: np.ndarray, lr: float) -> tuple[int, int, float]:
-        if clock != self.version:
+        if clock < self.version:  # k-of-n: round `clock` closed on the first N gradients; drop this one
+            self.dropped[worker] += 1
+            self.clocks[worker] = self.version
+            return -1, self.version - clock, 0.0
+        if clock > self.version:
             raise RuntimeError(f"shard {self.shard_id}: worker {worker} pushed for round {clock} in {self.version}")
         self.round[worker] = grad
         self.clocks[worker] = clock + 1
         wait_s = 0.0
-        if len(self.round) == self.num_workers:
-            # Sum in rank order: the result does not depend on arrival order.
-            np.copyto(self.grad, self.round[0])
-            for rank in range(1, self.num_workers):
-                self.grad += self.round[rank]
-            self.grad /= self.num_workers
-            self.round.clear()
-            self._apply(lr)
-            self.changed.notify_all()
+        if len(self.round) == self.accept:
+            self._apply_mean(lr)
         else:
             t0 = time.perf_counter()
             await self.changed.wait_for(lambda: self.version > clock)
             wait_s = time.perf_counter() - t0
+        self.clocks[worker] = max(self.clocks[worker], self.version)
         return clock, 0, wait_s
+
+    def _apply_mean(self, lr: float) -> None:
+        """Apply the mean of the gradients collected for the open round and open the next one.
+
+        Summed in key order (rank, or portion), so the result does not depend on arrival order.
+        """
+        keys = sorted(self.round)
+        np.copyto(self.grad, self.round[keys[0]])
+        for key in keys[1:]:
+            self.grad += self.round[key]
+        self.grad /= len(keys)
+        self.round.clear()
+        self.round_members.append(keys)
+        self._apply(lr)
+        self.changed.notify_all()
+
+    async def push_portion(self, worker: int, tag: int, portion: int, grad: np.ndarray, lr: float) -> bool:
+        """Backup tasks: offer portion `portion` of round `tag`; True if it is the copy that counts.
+
+        Never blocks: the pusher goes on to its next portion with the θ it holds.
+        """
+        async with self.changed:
+            if tag != self.version or portion in self.round:
+                if tag > self.version:
+                    raise RuntimeError(f"shard {self.shard_id}: portion of round {tag} pushed in {self.version}")
+                self.dropped[worker] += 1  # a copy whose twin was first, or a round already applied
+                return False
+            self.round[portion] = grad
+            if len(self.round) == self.rule.portions:
+                self._apply_mean(lr)
+            return True
+
+    async def pull_at(self, worker: int, version: int) -> Reply:
+        """θ once this shard has applied `version` updates (backup tasks: the round's start)."""
+        async with self.changed:
+            t0 = time.perf_counter()
+            await self.changed.wait_for(lambda: self.version >= version)
+            wait_s = time.perf_counter() - t0
+            return Reply(self.theta.copy(), self.version, -1, 0, wait_s, self.clocks[worker], min(self.clocks))
+
+    async def stats(self) -> dict[str, Any]:
+        """What the rule did: gradients dropped per worker, and who made up each applied update."""
+        async with self.changed:
+            return {"dropped": list(self.dropped), "round_members": [list(m) for m in self.round_members]}
 
     async def _push_bounded(
         self, worker: int, clock: int, grad: np.ndarray, lr: float, read_version: int

@@ -1,0 +1,103 @@
+"""The portion scheduler of backup tasks: hands out a round's portions, and copies of the stragglers'.
+
+Hosted as a Ray async actor, called by the workers of a `--backup-tasks` run (see
+`strategies/backup_tasks.py`). Rounds are global steps; the round open here is the one whose
+portions are handed out. A worker's request also reports the portion it just pushed.
+
+Speculation rule (MapReduce's "near the end of a phase"): once every portion of the open round has
+been handed out, a worker that asks for work gets a copy of an outstanding portion it does not hold
+that has no copy yet: first those held by workers flagged slow by the straggler detector, then the
+longest-running. Workers flagged slow never receive copies. A worker with nothing to take waits for
+the round to close. The first copy pushed is the one the shards keep; the rest are dropped there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Assignment:
+    epoch: int
+    step: int  # within the epoch
+    portion: int
+    tag: int  # the round as the shards count it (updates applied since this run's start)
+    copy: bool  # a speculative copy of a portion another worker is computing
+
+
+class PortionScheduler:
+    def __init__(self, portions: int, steps_per_epoch: int, start_step: int) -> None:
+        self.portions = portions
+        self.steps_per_epoch = steps_per_epoch
+        self.start_step = start_step
+        self.round = start_step  # global step whose portions are handed out now
+        self.changed = asyncio.Condition()
+        self.slow: set[int] = set()
+        self.copies_issued = 0
+        self.portions_issued = 0
+        self._open_round()
+
+    def _open_round(self) -> None:
+        self.unassigned: deque[int] = deque(range(self.portions))
+        self.running: dict[int, list[tuple[int, float]]] = {}  # portion -> [(worker, start time)]
+        self.done: set[int] = set()
+
+    async def acquire(
+        self, worker: int, finished: tuple[int, int] | None, last_epoch: int, last_step: int
+    ) -> Assignment | None:
+        """The next portion for `worker`, or None once the rounds up to (last_epoch, last_step) are through."""
+        upto = last_epoch * self.steps_per_epoch + last_step + 1
+        async with self.changed:
+            if finished is not None:
+                self._complete(*finished)
+            while self.round < upto:
+                if self.unassigned:
+                    return self._assign(worker, self.unassigned.popleft(), copy=False)
+                portion = self._copy_for(worker)
+                if portion is not None:
+                    self.copies_issued += 1
+                    return self._assign(worker, portion, copy=True)
+                await self.changed.wait()
+            return None
+
+    def _assign(self, worker: int, portion: int, copy: bool) -> Assignment:
+        self.running.setdefault(portion, []).append((worker, time.monotonic()))
+        self.portions_issued += 1
+        epoch, step = divmod(self.round, self.steps_per_epoch)
+        return Assignment(epoch, step, portion, self.round - self.start_step, copy)
+
+    def _copy_for(self, worker: int) -> int | None:
+        if worker in self.slow:
+            return None
+        candidates = [
+            (holders[0][0] not in self.slow, holders[0][1], portion)
+            for portion, holders in self.running.items()
+            if len(holders) == 1 and holders[0][0] != worker
+        ]
+        return min(candidates)[2] if candidates else None
+
+    def _complete(self, tag: int, portion: int) -> None:
+        if tag != self.round - self.start_step or portion in self.done:
+            return  # a copy of a portion already done, or a round already closed
+        self.done.add(portion)
+        self.running.pop(portion, None)
+        if len(self.done) == self.portions:
+            self.round += 1
+            self._open_round()
+        self.changed.notify_all()
+
+    async def mark_slow(self, workers: list[int]) -> None:
+        """The straggler detector's current verdict (the driver forwards it)."""
+        async with self.changed:
+            self.slow = set(workers)
+            self.changed.notify_all()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "portions_issued": self.portions_issued,
+            "copies_issued": self.copies_issued,
+            "rounds": self.round - self.start_step,
+        }

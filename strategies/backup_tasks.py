@@ -1,0 +1,92 @@
+"""BSP over the parameter server with speculative backup tasks (DistBelief Sandblaster, MapReduce).
+
+Each round's global batch is cut into P > N equal portions. Workers ask the orchestrator's portion
+scheduler for work as they free up; once every portion of the round is handed out, an idle worker
+gets a copy of one still outstanding (see `orchestrator/backup_tasks.py`). The shards keep the first
+gradient of each portion and drop copies ("portions" rule in `ps_shard.py`), then apply the mean of
+the P portion gradients: the mean gradient of the global batch, whoever computed which portion.
+
+A worker pushes a portion without waiting for the round; it pulls θ only when its next portion
+belongs to a newer round than the θ it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+
+from distrain.config import RunConfig
+from distrain.strategies.base import CommStats, StrategyContext
+from distrain.strategies.ps import PSStrategy
+from distrain.strategies.ps_shard import ConsistencyRule
+from distrain.trainers.local_trainer import LocalTrainer
+
+
+class BSPBackupTasks(PSStrategy):
+    name = "bsp"
+
+    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        super().__init__(config, ctx)
+        assert ctx.portion_scheduler is not None, "backup tasks need the orchestrator's portion scheduler"
+        self.scheduler = ctx.portion_scheduler
+        self.trainer: LocalTrainer | None = None
+        self.held = 0  # shard version of the θ this replica holds
+        self.current: Any = None  # the Assignment being computed
+        self.finished: tuple[int, int] | None = None  # (tag, portion) pushed, to report with the next request
+        self.waited = 0.0  # seconds spent waiting for θ of the current portion's round
+        self.received = 0  # bytes of θ pulled for the current portion
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
+        assert config.portions is not None
+        return ConsistencyRule.backup_tasks(config.portions)
+
+    @property
+    def slices_per_step(self) -> int:
+        assert self.config.portions is not None
+        return self.config.portions
+
+    def setup(self, trainer: LocalTrainer) -> None:
+        self.trainer = trainer
+        super().setup(trainer)
+
+    def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+        """Portions from the scheduler until the segment's last round is through."""
+        assert self.trainer is not None
+        if not units:
+            return
+        last_epoch, last_step, _ = units[-1]
+        while True:
+            assignment = ray.get(self.scheduler.acquire.remote(self.ctx.rank, self.finished, last_epoch, last_step))
+            self.finished = None
+            if assignment is None:
+                return
+            self.waited, self.received = 0.0, 0
+            if assignment.tag > self.held:
+                self.received = self.trainer.nbytes
+                self.waited, versions = self.client.pull_at(assignment.tag, self.trainer.params_flat.numpy())
+                self.held = min(versions)
+                if max(versions) > assignment.tag:
+                    # The round closed while we were told to help (some shard already applied it):
+                    # this θ may mix two versions, so computing on it is pointless at best.
+                    continue
+            self.current = assignment
+            yield assignment.epoch, assignment.step, assignment.portion
+
+    def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
+        a = self.current
+        seconds, counted = self.client.push_portion(a.tag, a.portion, trainer.grads_flat.numpy(), lr)
+        self.finished = (a.tag, a.portion)
+        return CommStats(
+            seconds=seconds + self.waited,
+            bytes_sent=trainer.nbytes,
+            bytes_received=self.received,
+            wait_s=self.waited,
+            read_version=a.tag,
+            applied_version=a.tag if counted else None,
+            staleness=0,
+            dropped=not counted,
+            backup=a.copy,
+        )
