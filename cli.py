@@ -201,7 +201,12 @@ class RunDisplay:
 
     def on_event(self, event: Any) -> None:
         from distrain.orchestrator.run import Progress as RunProgress
-        from distrain.orchestrator.run import RunStarted
+        from distrain.orchestrator.run import RunStarted, StragglersChanged
+
+        if isinstance(event, StragglersChanged):
+            slow = ", ".join(f"worker {w} ({r:.1f}x the others' step time)" for w, r in sorted(event.slow.items()))
+            out.print(f"step {event.step}: stragglers: {slow or 'none now'}", markup=False, highlight=False)
+            return
 
         if isinstance(event, RunStarted):
             out.print(
@@ -271,6 +276,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                 f"{_fmt(summary['bytes_pushed_per_step'], ',.0f')} / {_fmt(summary['bytes_pulled_per_step'], ',.0f')}",
             ),
         ]
+    rows += _straggler_rows(summary)
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)
@@ -279,6 +285,28 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         markup=False,
         highlight=False,
     )
+
+
+def _straggler_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    if summary.get("stragglers"):
+        flagged = ", ".join(
+            f"{w} (step {d['first_detected_step']}{', to the end' if d['flagged_at_end'] else ''})"
+            for w, d in summary["stragglers"].items()
+        )
+        rows.append(("stragglers detected (worker)", flagged))
+    if summary.get("dropped_gradients") is not None:
+        dropped = summary["dropped_gradients"]
+        per_worker = " ".join(f"{w}:{n}" for w, n in dropped.items())
+        rows.append(("gradients dropped as late/duplicate", f"{sum(dropped.values())} ({per_worker})"))
+    if summary.get("backup_copies_issued") is not None:
+        rows.append(
+            (
+                "portions re-executed (copies)",
+                f"{summary['backup_copies_issued']} of {summary['backup_portions_issued']} handed out",
+            )
+        )
+    return rows
 
 
 def main() -> int:

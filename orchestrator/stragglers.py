@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 
 class StragglerDetector:
@@ -45,10 +46,14 @@ class StragglerDetector:
         self.flagged = now
         return changed
 
-    def summary(self) -> dict[str, dict[str, float]]:
-        """Every worker ever flagged: its step of first detection and its latest pace ratio."""
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Every worker ever flagged: step of first detection, whether it still is, latest pace ratio."""
         ratios = self.ratios()
         return {
-            str(w): {"first_detected_step": step, "pace_ratio": round(ratios.get(w, float("nan")), 2)}
+            str(w): {
+                "first_detected_step": step,
+                "flagged_at_end": w in self.flagged,
+                "pace_ratio": round(ratios.get(w, float("nan")), 2),
+            }
             for w, step in sorted(self.first_seen.items())
         }

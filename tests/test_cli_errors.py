@@ -105,6 +105,17 @@ BAD_INPUTS = [
     (["--straggler", "9:0.1"], ["--straggler '9:0.1'", "RANK:SECONDS"]),
     (["--straggler", "1"], ["--straggler '1'"]),
     (["--init-from", "{in}/missing.pt"], ["--init-from", "not a file"]),
+    # straggler mitigation (issue 4)
+    (["--transport", "ps", "--backup-workers", "-1"], ["--backup-workers must be >= 0"]),
+    (["--backup-workers", "1"], ["--backup-workers needs", "--strategy bsp --transport ps"]),
+    (["--strategy", "ssp", "--backup-workers", "1"], ["--backup-workers needs", "--transport ps"]),
+    (["--strategy", "async", "--backup-tasks"], ["--backup-tasks needs", "--strategy bsp --transport ps"]),
+    (["--transport", "ps", "--backup-tasks", "--backup-workers", "1"], ["alternatives; choose one"]),
+    (["--transport", "ps", "--portions", "8"], ["--portions", "add --backup-tasks"]),
+    (["--transport", "ps", "--backup-tasks", "--portions", "2"], ["--portions (2) must exceed --workers (2)"]),
+    (["--transport", "ps", "--backup-tasks", "--portions", "5"], ["--portions 5 does not divide", "64"]),
+    (["--transport", "ps", "--backup-workers", "1", "--straggler", "3:0.1"], ["--straggler '3:0.1'", "RANK < 3"]),
+    (["--straggler-threshold", "1"], ["--straggler-threshold must be a number > 1"]),
     (["--init-from", "{in}/full_run/metrics.parquet"], ["cannot read checkpoint"]),
 ]
 
@@ -170,6 +181,15 @@ def test_more_gpus_than_the_cluster_has(ray_cluster, tmp_path, monkeypatch):
     assert not run_dir.exists()  # the resource check comes before the run directory is made
     assert not (tmp_path / "runs").exists()
     assert ray_cluster.is_initialized()  # a cluster the command did not start is left running
+
+
+def test_more_backup_workers_than_the_cluster_can_place(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "r"
+    args = ["run", "--transport", "ps", "--backup-workers", "20", "--run-dir", str(run_dir)]
+    line = assert_one_line_error(runner.invoke(app, args), "the run needs 23 CPUs", "22 workers")
+    assert "cluster has 8" in line
+    assert not run_dir.exists()
 
 
 @pytest.mark.parametrize(

@@ -221,3 +221,19 @@ def test_boundary_values_are_accepted():
     )
     assert cfg.warmup_epochs == 8.0 and isinstance(cfg.warmup_epochs, float)
     assert isinstance(RunConfig(lr=1).lr, float)
+
+
+def test_backup_workers_add_actors_and_samples_but_not_to_the_update_batch():
+    cfg = RunConfig(transport="ps", workers=4, backup_workers=1, batch_size=16, straggler=["4:0.1"])
+    assert cfg.num_worker_actors == 5 and cfg.samples_per_step == 80
+    assert cfg.global_batch_size == 64  # the learning rate is scaled for N·B
+    assert cfg.straggler_delays == {4: 0.1}  # a backup worker can be the slow one
+
+
+def test_backup_tasks_default_to_two_portions_per_worker_and_a_new_strategy_drops_them(tmp_path):
+    cfg = RunConfig(transport="ps", workers=3, batch_size=16, backup_tasks=True)
+    assert cfg.portions == 6 and cfg.num_worker_actors == 3 and cfg.samples_per_step == 48
+    path = tmp_path / "c.yaml"
+    path.write_text(cfg.to_yaml())
+    again = RunConfig.resolve(str(path), {"strategy": "ssp"})
+    assert again.transport == "ps" and not again.backup_tasks and again.portions is None

@@ -124,7 +124,7 @@ def test_detector_flags_a_worker_much_slower_than_the_others_even_with_two_worke
     assert not d.update(step=6)  # unchanged verdict
     d.add([1] * 10, [0.011] * 10)  # worker 1 recovers: its recent window is normal again
     assert d.update(step=20) and d.flagged == {}
-    assert d.summary() == {"1": {"first_detected_step": 5, "pace_ratio": 1.1}}
+    assert d.summary() == {"1": {"first_detected_step": 5, "flagged_at_end": False, "pace_ratio": 1.1}}
 
 
 def test_detector_leaves_a_uniformly_noisy_group_alone():
