@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,20 @@ class PortionScheduler:
         self.done: set[int] = set()
 
     async def acquire(
-        self, worker: int, finished: tuple[int, int] | None, last_epoch: int, last_step: int
+        self, worker: int, finished: tuple[int, int, list[Any]] | None, last_epoch: int, last_step: int
     ) -> Assignment | None:
-        """The next portion for `worker`, or None once the rounds up to (last_epoch, last_step) are through."""
+        """The next portion for `worker`, or None once the rounds up to (last_epoch, last_step) are through.
+
+        `finished` = (tag, portion, refs of its pushes to the shards) reports the portion this worker
+        just pushed; it counts as done once every shard has taken the push.
+        """
         upto = last_epoch * self.steps_per_epoch + last_step + 1
+        if finished is not None:
+            tag, portion, pushes = finished
+            await asyncio.gather(*pushes)
         async with self.changed:
             if finished is not None:
-                self._complete(*finished)
+                self._complete(tag, portion)
             while self.round < upto:
                 if self.unassigned:
                     return self._assign(worker, self.unassigned.popleft(), copy=False)

@@ -7,11 +7,14 @@ gradient of each portion and drop copies ("portions" rule in `ps_shard.py`), the
 the P portion gradients: the mean gradient of the global batch, whoever computed which portion.
 
 A worker pushes a portion without waiting for the round; it pulls θ only when its next portion
-belongs to a newer round than the θ it holds.
+belongs to a newer round than the θ it holds. The request for the next portion goes out together
+with the push, carrying the push's object refs: the scheduler counts the portion done once the
+shards have it, and the worker waits for one round trip, not two.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,7 +37,8 @@ class BSPBackupTasks(PSStrategy):
         self.trainer: LocalTrainer | None = None
         self.held = 0  # shard version of the θ this replica holds
         self.current: Any = None  # the Assignment being computed
-        self.finished: tuple[int, int] | None = None  # (tag, portion) pushed, to report with the next request
+        self.next_request: Any = None  # ref of the request for the next portion, sent with the last push
+        self.upto: tuple[int, int] = (0, 0)  # (epoch, step) of the current segment's last round
         self.waited = 0.0  # seconds spent waiting for θ of the current portion's round
         self.received = 0  # bytes of θ pulled for the current portion
 
@@ -57,10 +61,12 @@ class BSPBackupTasks(PSStrategy):
         assert self.trainer is not None
         if not units:
             return
-        last_epoch, last_step, _ = units[-1]
+        self.upto = units[-1][0], units[-1][1]
         while True:
-            assignment = ray.get(self.scheduler.acquire.remote(self.ctx.rank, self.finished, last_epoch, last_step))
-            self.finished = None
+            if self.next_request is None:
+                self.next_request = self._request(None)
+            assignment = ray.get(self.next_request)
+            self.next_request = None
             if assignment is None:
                 return
             self.waited, self.received = 0.0, 0
@@ -75,10 +81,16 @@ class BSPBackupTasks(PSStrategy):
             self.current = assignment
             yield assignment.epoch, assignment.step, assignment.portion
 
+    def _request(self, finished: tuple[int, int, list[Any]] | None) -> Any:
+        return self.scheduler.acquire.remote(self.ctx.rank, finished, *self.upto)
+
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         a = self.current
-        seconds, counted = self.client.push_portion(a.tag, a.portion, trainer.grads_flat.numpy(), lr)
-        self.finished = (a.tag, a.portion)
+        t0 = time.perf_counter()
+        pushes = self.client.push_portion_async(a.tag, a.portion, trainer.grads_flat.numpy(), lr)
+        self.next_request = self._request((a.tag, a.portion, pushes))
+        counted = ray.get(pushes)[0]  # copies of a portion are identical: shard 0's verdict is the row's
+        seconds = time.perf_counter() - t0
         return CommStats(
             seconds=seconds + self.waited,
             bytes_sent=trainer.nbytes,

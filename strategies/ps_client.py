@@ -68,15 +68,13 @@ class PSClient:
             dropped=any(r.dropped for r in replies),
         )
 
-    def push_portion(self, tag: int, portion: int, grads: np.ndarray, lr: float) -> tuple[float, bool]:
-        """Backup tasks: offer one portion's gradient to every shard; (seconds, whether it counted)."""
-        t0 = time.perf_counter()
-        refs = [
+    def push_portion_async(self, tag: int, portion: int, grads: np.ndarray, lr: float) -> list[Any]:
+        """Backup tasks: offer one portion's gradient to every shard; refs to each shard's verdict
+        (True: the copy that counts). `grads` may be reused at once: the slices are serialised here."""
+        return [
             shard.push_portion.remote(self.worker, tag, portion, grads[start:stop], lr)
             for shard, (start, stop) in zip(self.shards, self.bounds, strict=True)
         ]
-        accepted: list[bool] = ray.get(refs)
-        return time.perf_counter() - t0, accepted[0]  # copies of a portion are identical: shard 0 speaks
 
     def pull_at(self, version: int, params: np.ndarray) -> tuple[float, list[int]]:
         """Wait until every shard has applied `version` updates, then install θ.

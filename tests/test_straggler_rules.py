@@ -67,7 +67,13 @@ def test_portions_rule_keeps_the_first_copy_of_each_portion_and_applies_the_mean
     assert s.dropped == [2, 0]
 
 
+async def pushed() -> bool:  # stands for a shard's reply to the push (an object ref in a real run)
+    return True
+
+
 async def take(scheduler: PortionScheduler, worker: int, finished=None, upto=(0, 0)):
+    if finished is not None:
+        finished = (*finished, [pushed()])
     return await asyncio.wait_for(scheduler.acquire(worker, finished, *upto), timeout=1.0)
 
 
