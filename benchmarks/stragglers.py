@@ -8,7 +8,7 @@ runs interleaved round by round, on one Ray started once.
 Time to target is counted from the first training step (actor start-up and data loading left out,
 since they differ with the number of actors), at the resolution of one evaluation per epoch.
 
-    python benchmarks/stragglers.py [--rounds 2] [--target 0.95] [--out FILE]
+    python benchmarks/stragglers.py [--rounds 2] [--workers 4] [--batch-size 32] [--target 0.95] [--out FILE]
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from distrain.config import RunConfig
 from distrain.orchestrator.cluster import start_local_ray
 from distrain.orchestrator.run import run_training
 
-WORKERS = 4
 STRAGGLER = 1
 CONTENDERS = {
     "plain BSP": dict(strategy="bsp", transport="ps"),
@@ -35,9 +34,9 @@ CONTENDERS = {
 }
 
 
-def base(target: float, run_dir: Path, **kw) -> RunConfig:
+def base(args: argparse.Namespace, run_dir: Path, **kw) -> RunConfig:
     return RunConfig(
-        workers=WORKERS, batch_size=32, epochs=20, target_accuracy=target, seed=0, segment_steps=10,
+        workers=args.workers, batch_size=args.batch_size, epochs=20, target_accuracy=args.target, seed=0, segment_steps=10,
         run_dir=str(run_dir), **kw,
     )  # fmt: skip
 
@@ -53,9 +52,9 @@ def training_time_to_target(run_dir: Path, target: float) -> tuple[float | None,
     return float(hit["wall_time"].iloc[0]) - start, int(hit["epoch"].iloc[0]) + 1
 
 
-def measured_compute_s(scratch: Path) -> float:
+def measured_compute_s(args: argparse.Namespace, scratch: Path) -> float:
     """Median per-step compute time of a worker in the plain setting (no delay)."""
-    run = run_training(base(0.95, scratch / "probe", strategy="bsp", transport="ps", max_steps=60))
+    run = run_training(base(args, scratch / "probe", strategy="bsp", transport="ps", max_steps=60))
     df = pd.read_parquet(run.run_dir / "metrics.parquet")
     return float(df[df["kind"] == "step"]["compute_s"].median())
 
@@ -64,12 +63,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--out", type=Path, default=None, help="also append the markdown table to this file")
     args = ap.parse_args()
 
     start_local_ray(8)
     scratch = Path(tempfile.mkdtemp(prefix="distrain-stragglers-"))
-    compute = measured_compute_s(scratch)
+    compute = measured_compute_s(args, scratch)
     delay = 3 * compute  # the straggler's step takes 4x the others'
     print(f"median compute per step {compute * 1e3:.1f} ms -> straggler delay {delay * 1e3:.1f} ms", flush=True)
 
@@ -82,7 +83,7 @@ def main() -> None:
             for slow in (True, False):
                 n += 1
                 extra = dict(straggler=[f"{STRAGGLER}:{delay:.4f}"]) if slow else {}
-                run = run_training(base(args.target, scratch / f"run{n}", **kw, **extra))
+                run = run_training(base(args, scratch / f"run{n}", **kw, **extra))
                 t, epoch = training_time_to_target(run.run_dir, args.target)
                 label = "straggler" if slow else "no straggler"
                 print(f"round {r + 1}: {name:<22} {label:<12} time to {args.target}: {t} s (epoch {epoch})", flush=True)
@@ -96,7 +97,7 @@ def main() -> None:
 
     plain = med(("plain BSP", True))
     lines = [
-        f"Straggler: worker {STRAGGLER} of {WORKERS}, +{delay * 1e3:.1f} ms per step (compute {compute * 1e3:.1f} ms:"
+        f"Straggler: worker {STRAGGLER} of {args.workers} (B={args.batch_size}), +{delay * 1e3:.1f} ms per step (compute {compute * 1e3:.1f} ms:"
         f" 4x slower). Target test accuracy {args.target}; median of {args.rounds} round(s); {total:.0f} s in all.",
         "",
         "| contender | time to target, straggler (s) | no straggler (s) | speed-up vs plain BSP with straggler"

@@ -304,7 +304,8 @@ class _Driver:
                         for r in range(n):
                             queue_eval(r, epoch)
                 self.steps_done = work.steps_done
-                last_loss = result["loss"][-1]
+                if result["loss"]:  # empty when every unit was skipped (k-of-n) or taken by others (backup tasks)
+                    last_loss = result["loss"][-1]
                 speed = rate.add(sum(result["samples"]))
                 epoch = payload[-1][0]
                 self.emit(Progress(epoch, self.config.epochs, self.steps_done, total, last_loss, speed, last_acc))
