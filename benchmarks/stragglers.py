@@ -36,8 +36,8 @@ CONTENDERS = {
 
 def base(args: argparse.Namespace, run_dir: Path, **kw) -> RunConfig:
     return RunConfig(
-        workers=args.workers, batch_size=args.batch_size, epochs=20, target_accuracy=args.target, seed=0, segment_steps=10,
-        run_dir=str(run_dir), **kw,
+        workers=args.workers, batch_size=args.batch_size, epochs=20, target_accuracy=args.target, seed=0,
+        segment_steps=10, run_dir=str(run_dir), **kw,
     )  # fmt: skip
 
 
@@ -97,7 +97,8 @@ def main() -> None:
 
     plain = med(("plain BSP", True))
     lines = [
-        f"Straggler: worker {STRAGGLER} of {args.workers} (B={args.batch_size}), +{delay * 1e3:.1f} ms per step (compute {compute * 1e3:.1f} ms:"
+        f"Straggler: worker {STRAGGLER} of {args.workers} (B={args.batch_size}), +{delay * 1e3:.1f} ms per step"
+        f" (compute {compute * 1e3:.1f} ms:"
         f" 4x slower). Target test accuracy {args.target}; median of {args.rounds} round(s); {total:.0f} s in all.",
         "",
         "| contender | time to target, straggler (s) | no straggler (s) | speed-up vs plain BSP with straggler"
