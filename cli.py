@@ -105,9 +105,33 @@ def run(
     segment_steps: Annotated[int | None, _opt("segment_steps")] = None,
     collective_timeout_s: Annotated[float | None, _opt("collective_timeout_s")] = None,
     init_from: Annotated[str | None, _opt("init_from")] = None,
+    checkpoint_steps: Annotated[int | None, _opt("checkpoint_steps")] = None,
+    max_failures: Annotated[int | None, _opt("max_failures")] = None,
+    hang_timeout_s: Annotated[float | None, _opt("hang_timeout_s")] = None,
+    chaos: Annotated[list[str] | None, _opt("chaos")] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume",
+            help="Continue the run in this directory from its latest checkpoint (e.g. after its driver was killed).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Train one model with one strategy; writes runs/<id>/ (config, metrics, summary, checkpoints)."""
-    overrides = {k: v for k, v in locals().items() if k != "config"}
+    overrides = {k: v for k, v in locals().items() if k not in ("config", "resume")}
+    if resume is not None:
+        if config is not None:
+            raise DistrainError("--resume uses the run's own config.yaml; drop --config")
+        from distrain.orchestrator.resume import resume_config
+
+        cfg = resume_config(resume, overrides)
+        from distrain.orchestrator.run import run_training
+
+        with RunDisplay(cfg) as display:
+            result = run_training(cfg, display.on_event, resume=True)
+        print_summary(result.summary, result.run_dir)
+        return
     if config is not None and run_dir is None:
         # A finished run's config.yaml names that run's directory; repeating it must not collide with
         # (or overwrite) it, so the repeat gets a fresh default directory.
@@ -200,6 +224,7 @@ class RunDisplay:
         self.progress.__exit__(*exc)
 
     def on_event(self, event: Any) -> None:
+        from distrain.orchestrator.recovery import Failure
         from distrain.orchestrator.run import Progress as RunProgress
         from distrain.orchestrator.run import RunStarted, StragglersChanged
 
@@ -208,7 +233,16 @@ class RunDisplay:
             out.print(f"step {event.step}: stragglers: {slow or 'none now'}", markup=False, highlight=False)
             return
 
-        if isinstance(event, RunStarted):
+        if isinstance(event, Failure):
+            who = event.kind if event.target is None else f"{event.kind} {event.target}"
+            bound = "no limit" if event.max_failures == -1 else f"of at most {event.max_failures}"
+            out.print(
+                f"failure {event.number} ({bound}): {who} lost at step {event.at_step}; "
+                f"restarting from the checkpoint at step {event.restored_step}",
+                markup=False,
+                highlight=False,
+            )
+        elif isinstance(event, RunStarted):
             out.print(
                 f"run dir {event.run_dir}  |  {self.cfg.strategy} x {self.cfg.workers} workers on "
                 f"{event.nodes} node(s)  |  {self.cfg.model} ({event.num_params:,} params)"
@@ -277,6 +311,13 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             ),
         ]
     rows += _straggler_rows(summary)
+    if summary.get("failures"):
+        rows.append(
+            (
+                "failures survived / time lost / steps redone",
+                f"{summary['failures']} / {_fmt(summary['time_lost_s'], '.1f')} s / {summary['updates_lost']}",
+            )
+        )
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)

@@ -85,6 +85,43 @@ def parse_stragglers(specs: list[str], workers: int) -> dict[int, float]:
     return delays
 
 
+CHAOS_KINDS = ("kill-worker", "kill-ps", "hang-worker", "kill-node")
+
+
+@dataclass(frozen=True)
+class ChaosEvent:
+    """One injected fault: `kind` at global step `step`, on worker/shard `target` (None: the default one)."""
+
+    kind: str
+    step: int
+    target: int | None
+
+
+def parse_chaos(specs: list[str], workers: int, ps_shards: int | None) -> list[ChaosEvent]:
+    """["kill-worker@STEP[:RANK]", "kill-ps@STEP[:SHARD]", ...] -> events sorted by step."""
+    events = []
+    for spec in specs:
+        kind, _, rest = spec.partition("@")
+        step_text, sep, target_text = rest.partition(":")
+        try:
+            step, target = int(step_text), (int(target_text) if sep else None)
+        except ValueError:
+            step, target = -1, None
+        if kind not in CHAOS_KINDS or step < 1 or (target is not None and target < 0):
+            raise ConfigError(
+                f"--chaos {spec!r} must be KIND@STEP[:TARGET] with STEP >= 1, KIND one of: {', '.join(CHAOS_KINDS)}"
+            )
+        if kind == "kill-ps" and ps_shards is None:
+            raise ConfigError(f"--chaos {spec!r} needs the parameter-server transport; add --transport ps")
+        limit = ps_shards if kind == "kill-ps" else workers
+        if kind == "kill-node" and target is not None:
+            raise ConfigError(f"--chaos {spec!r}: kill-node takes no target; write kill-node@STEP")
+        if target is not None and target >= (limit or 0):
+            raise ConfigError(f"--chaos {spec!r}: target {target} does not exist (0 <= TARGET < {limit})")
+        events.append(ChaosEvent(kind, step, target))
+    return sorted(events, key=lambda e: e.step)
+
+
 @dataclass
 class RunConfig:
     # --- what runs where ---
@@ -139,6 +176,13 @@ class RunConfig:
     segment_steps: int = _f(50, "Steps a worker runs per remote call: the driver is off the per-step path.")
     collective_timeout_s: float = _f(300.0, "Timeout for collective operations and rendezvous, seconds.")
     init_from: str = _f("", "Start from this checkpoint (model, optimizer, step), whatever strategy wrote it.")
+    # --- fault tolerance (orchestrator/recovery.py, orchestrator/chaos.py) ---
+    checkpoint_steps: int = _f(0, "Also checkpoint every N global steps (0: off); recovery restarts from the latest.")
+    max_failures: int = _f(3, "Failures (dead or hung workers/shards) to recover from before giving up (-1: no limit).")
+    hang_timeout_s: float = _f(300.0, "A worker or parameter-server wait silent this long is treated as dead, seconds.")
+    chaos: list[str] = _f(
+        (), "Fault injection: kill-worker@STEP[:RANK], kill-ps@STEP[:SHARD], hang-worker@STEP[:RANK], kill-node@STEP."
+    )
 
     def __post_init__(self) -> None:
         self._coerce_types()
@@ -164,10 +208,10 @@ class RunConfig:
         for name in positive_ints:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "checkpoint_every", "eval_every"):
+        for name in ("max_steps", "checkpoint_every", "checkpoint_steps", "eval_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "cpus_per_worker", "cpus_per_shard", "collective_timeout_s"):
+        for name in ("lr", "cpus_per_worker", "cpus_per_shard", "collective_timeout_s", "hang_timeout_s"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
@@ -185,6 +229,9 @@ class RunConfig:
         parse_stragglers(self.straggler, self.num_worker_actors)
         if not (self.straggler_threshold > 1 and math.isfinite(self.straggler_threshold)):
             raise ConfigError(f"--straggler-threshold must be a number > 1, got {self.straggler_threshold}")
+        if self.max_failures < -1:
+            raise ConfigError(f"--max-failures must be >= 0, or -1 for no limit; got {self.max_failures}")
+        parse_chaos(self.chaos, self.num_worker_actors, self.ps_shards)
         if self.init_from and not Path(self.init_from).is_file():
             raise ConfigError(f"--init-from {self.init_from!r} is not a file; pass a checkpoint (.pt) path")
         if not 0 < self.target_accuracy <= 1:
@@ -275,6 +322,10 @@ class RunConfig:
     @property
     def straggler_delays(self) -> dict[int, float]:
         return parse_stragglers(self.straggler, self.num_worker_actors)
+
+    @property
+    def chaos_events(self) -> list[ChaosEvent]:
+        return parse_chaos(self.chaos, self.workers, self.ps_shards)
 
     @property
     def uses_gpus(self) -> bool:

@@ -25,15 +25,16 @@ class Assignment:
     epoch: int
     step: int  # within the epoch
     portion: int
-    tag: int  # the round as the shards count it (updates applied since this run's start)
+    tag: int  # the round as the shards count it (their version while it is open)
     copy: bool  # a speculative copy of a portion another worker is computing
 
 
 class PortionScheduler:
-    def __init__(self, portions: int, steps_per_epoch: int, start_step: int) -> None:
+    def __init__(self, portions: int, steps_per_epoch: int, start_step: int, first_tag: int = 0) -> None:
         self.portions = portions
         self.steps_per_epoch = steps_per_epoch
         self.start_step = start_step
+        self.first_tag = first_tag  # the shards' version at start_step (0, or a restored run's counter)
         self.round = start_step  # global step whose portions are handed out now
         self.changed = asyncio.Condition()
         self.slow: set[int] = set()
@@ -75,7 +76,10 @@ class PortionScheduler:
         self.running.setdefault(portion, []).append((worker, time.monotonic()))
         self.portions_issued += 1
         epoch, step = divmod(self.round, self.steps_per_epoch)
-        return Assignment(epoch, step, portion, self.round - self.start_step, copy)
+        return Assignment(epoch, step, portion, self._tag(), copy)
+
+    def _tag(self) -> int:
+        return self.round - self.start_step + self.first_tag
 
     def _copy_for(self, worker: int) -> int | None:
         if worker in self.slow:
@@ -88,7 +92,7 @@ class PortionScheduler:
         return min(candidates)[2] if candidates else None
 
     def _complete(self, tag: int, portion: int) -> None:
-        if tag != self.round - self.start_step or portion in self.done:
+        if tag != self._tag() or portion in self.done:
             return  # a copy of a portion already done, or a round already closed
         self.done.add(portion)
         self.running.pop(portion, None)

@@ -1,21 +1,37 @@
-"""Checkpoints: model + optimizer state + counters + config, written atomically with torch.save."""
+"""Checkpoints: model + optimizer state + counters + config, written atomically with torch.save.
+
+A checkpoint also carries what a resumed or recovered run needs to continue as if never stopped:
+the parameter-server counters (shard version, worker clocks), the metrics rows recorded before its
+step, the failures seen so far and the run time elapsed. The data order needs no state of its own:
+it is a pure function of (seed, epoch, step) (trainers/sharding.py), and seed and step are here.
+`checkpoints/latest.json` names the newest complete checkpoint; it is replaced (atomically) only
+after that checkpoint file is durable, so a crash at any moment leaves it pointing at a whole one.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from distrain.errors import DistrainError
-from distrain.orchestrator.files import atomic_write
+from distrain.orchestrator.files import atomic_write, atomic_write_text
 
 FORMAT = "distrain-checkpoint"
 VERSION = 1
 
 
+LATEST = "latest.json"
+
+
 def checkpoint_name(epoch: int | None) -> str:
     return "final.pt" if epoch is None else f"epoch-{epoch:04d}.pt"
+
+
+def step_checkpoint_name(global_step: int) -> str:
+    return f"step-{global_step:08d}.pt"
 
 
 def save_checkpoint(
@@ -26,6 +42,7 @@ def save_checkpoint(
     config: dict[str, Any],
     epoch: int,
     global_step: int,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -36,10 +53,27 @@ def save_checkpoint(
         "config": config,
         "epoch": epoch,  # epochs completed
         "global_step": global_step,  # steps completed
+        **(extra or {}),  # "ps", "metrics", "failures", "elapsed_s" (see orchestrator/recovery.py)
         **state,  # "model", "optimizer"
     }
     path = directory / name
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    atomic_write_text(directory / LATEST, json.dumps({"name": name, "global_step": global_step}) + "\n")
+    return path
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete checkpoint in `directory` (by `latest.json`), or None if there is none."""
+    pointer = directory / LATEST
+    if not pointer.is_file():
+        return None
+    try:
+        name = json.loads(pointer.read_text())["name"]
+    except (ValueError, KeyError, TypeError):
+        raise DistrainError(f"{str(pointer)!r} is damaged; point it at a checkpoint in that folder") from None
+    path = directory / str(name)
+    if Path(name).name != name or not path.is_file():
+        raise DistrainError(f"{str(pointer)!r} names {name!r}, which is not in {str(directory)!r}")
     return path
 
 

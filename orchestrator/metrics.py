@@ -86,6 +86,30 @@ class MetricsSink:
             "eval",
         )
 
+    def keep_before(self, step: int, steps_per_epoch: int) -> None:
+        """Forget what was recorded after global step `step` (a recovery redoes it): step rows of later
+        steps and evaluations of epochs that end after it."""
+        table = self.table()
+        if table.num_rows == 0:
+            return
+        steps = table.column("step").to_pylist()
+        epochs = table.column("epoch").to_pylist()
+        kinds = table.column("kind").to_pylist()
+        keep = [
+            (s < step) if k == "step" else ((e + 1) * steps_per_epoch <= step)
+            for s, e, k in zip(steps, epochs, kinds, strict=True)
+        ]
+        self._batches = table.filter(pa.array(keep)).to_batches()
+
+    def rows(self) -> dict[str, list[Any]]:
+        """Everything recorded, as plain columns (checkpoints carry them to a resumed run)."""
+        return self.table().to_pydict()
+
+    def add_rows(self, columns: dict[str, list[Any]]) -> None:
+        """Rows from `rows()` (a checkpoint's), as they were."""
+        table = pa.Table.from_pydict(columns, schema=SCHEMA)
+        self._batches.extend(table.to_batches())
+
     def table(self) -> pa.Table:
         return pa.Table.from_batches(self._batches, schema=SCHEMA)
 

@@ -23,10 +23,18 @@ from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator import cluster
 from distrain.orchestrator.backup_tasks import PortionScheduler
-from distrain.orchestrator.checkpoint import checkpoint_name, load_checkpoint_for, save_checkpoint
+from distrain.orchestrator.chaos import ChaosMonkey
+from distrain.orchestrator.checkpoint import (
+    checkpoint_name,
+    load_checkpoint_for,
+    save_checkpoint,
+    step_checkpoint_name,
+)
 from distrain.orchestrator.files import atomic_write_text, choose_run_dir
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.ps import ShardGroup
+from distrain.orchestrator.recovery import Failure, FailureLedger, RestorePoint, RunLost, classify, kill_all
+from distrain.orchestrator.resume import resume_checkpoint
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.work import WorkPlan
@@ -74,7 +82,7 @@ class RunResult:
     shard_nodes: list[str] = field(default_factory=list)  # node id of each PS shard (PS runs)
 
 
-Event = RunStarted | Progress | StragglersChanged
+Event = RunStarted | Progress | StragglersChanged | Failure
 EventHandler = Callable[[Event], None]
 
 
@@ -95,21 +103,53 @@ class Plan:
     run_dir: Path
     num_params: int
     checkpoint: dict[str, Any] | None
+    resumed: bool = False  # --resume: the run directory is an existing run, continued from its checkpoint
+    checkpoint_path: Path | None = None
 
 
-def preflight(config: RunConfig) -> Plan:
+def preflight(config: RunConfig, resume: bool = False) -> Plan:
     """Checks that need no cluster. Writes nothing."""
     check_dataset(config.dataset, config.data_dir, config.samples_per_step)
     num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
         raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
+    if resume:
+        path, checkpoint = resume_checkpoint(config, num_params)
+        return Plan(Path(config.run_dir), num_params, checkpoint, True, path)
     checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
     return Plan(choose_run_dir(config.run_dir, config.strategy), num_params, checkpoint)
 
 
-def run_training(config: RunConfig, on_event: EventHandler | None = None) -> RunResult:
+@dataclass
+class RunState:
+    """What outlives one attempt of a run (a failure ends an attempt; the run goes on in a new one)."""
+
+    sink: MetricsSink
+    ledger: FailureLedger
+    chaos: ChaosMonkey
+    point: RestorePoint  # where the next attempt starts from
+    run_start: float
+    steps_per_epoch: int = 0
+    steps_done: int = 0  # global steps complete (as the current attempt's driver counts them)
+
+    @classmethod
+    def create(cls, config: RunConfig, plan: Plan) -> RunState:
+        sink = MetricsSink(plan.run_dir.name)
+        ledger = FailureLedger(config.max_failures)
+        ckpt = plan.checkpoint
+        start = int(ckpt["global_step"]) if ckpt else 0
+        run_start = time.time()
+        if plan.resumed and ckpt is not None:
+            sink.add_rows(ckpt.get("metrics") or {})
+            ledger.events = list(ckpt.get("failures") or [])
+            run_start -= float(ckpt.get("elapsed_s", 0.0))  # run time goes on from where it stopped
+        point = RestorePoint(ckpt, start, time.time() - run_start, plan.checkpoint_path)
+        return cls(sink, ledger, ChaosMonkey(config.chaos_events), point, run_start)
+
+
+def run_training(config: RunConfig, on_event: EventHandler | None = None, resume: bool = False) -> RunResult:
     emit = on_event or (lambda event: None)
-    plan = preflight(config)
+    plan = preflight(config, resume)
     connection = cluster.connect(config)
     pg = None
     actors: list[Any] = []  # everything started here, killed on the way out
@@ -118,23 +158,55 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None) -> Run
         plan.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
         pg = cluster.reserve(config)
-        run_start = time.time()
-        worker_actor = ray.remote(TrainWorker)
-        workers = [
-            worker_actor.options(
-                num_cpus=config.cpus_per_worker,
-                num_gpus=config.gpus_per_worker,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
-            ).remote(config, rank, run_start)
-            for rank in range(config.num_worker_actors)
-        ]
-        actors.extend(workers)
-        return _Driver(config, plan, workers, pg, actors, run_start, emit).train()
+        state = RunState.create(config, plan)
+        while True:  # one attempt per failure survived (orchestrator/recovery.py)
+            workers = _start_workers(config, pg, state.run_start)
+            actors.extend(workers)
+            driver = _Driver(config, plan, workers, pg, actors, state, emit)
+            try:
+                return driver.train()
+            except RunLost as lost:
+                try:
+                    _recover(lost, config, plan, state, actors, emit)
+                except DistrainError:  # past --max-failures: record what there is, then say so
+                    driver._finish("failed", checkpoint=False)
+                    raise
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)
         cluster.release(pg)
         connection.close()
+
+
+def _start_workers(config: RunConfig, pg: Any, run_start: float) -> list[Any]:
+    worker_actor = ray.remote(TrainWorker)
+    return [
+        worker_actor.options(
+            num_cpus=config.cpus_per_worker,
+            num_gpus=config.gpus_per_worker,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
+        ).remote(config, rank, run_start)
+        for rank in range(config.num_worker_actors)
+    ]
+
+
+def _recover(lost: RunLost, config: RunConfig, plan: Plan, state: RunState, actors: list[Any], emit: Any) -> None:
+    """Count the failure (past --max-failures this raises), end the attempt, restart from the checkpoint."""
+    steps_per_epoch, at_step = state.steps_per_epoch, state.steps_done
+    kill_all(actors)
+    event = state.ledger.record(lost, at_step, state.point, time.time() - state.run_start)
+    state.sink.keep_before(state.point.global_step, steps_per_epoch)
+    plan.checkpoint = state.point.payload
+    emit(
+        Failure(
+            len(state.ledger.events),
+            event["kind"],
+            event["target"],
+            at_step,
+            state.point.global_step,
+            config.max_failures,
+        )
+    )
 
 
 def _recorded(config: RunConfig, run_dir: Path) -> RunConfig:
@@ -167,19 +239,21 @@ class _Driver:
         workers: list[Any],
         pg: Any,
         actors: list[Any],
-        run_start: float,
+        state: RunState,
         emit: EventHandler,
     ) -> None:
         self.config = config
         self.run_dir = plan.run_dir
+        self.plan = plan
         self.checkpoint = plan.checkpoint
         self.workers = workers
         self.pg = pg
         self.actors = actors
-        self.run_start = run_start
+        self.state = state
+        self.run_start = state.run_start
         self.emit = emit
         self.impl = STRATEGIES.get(config.strategy).implementation(config)
-        self.sink = MetricsSink(plan.run_dir.name)
+        self.sink = state.sink
         self.config_dict = _recorded(config, plan.run_dir).to_dict()
         self.shards: ShardGroup | None = None
         self.portion_scheduler: Any = None  # backup tasks only
@@ -187,36 +261,61 @@ class _Driver:
         self.steps_per_epoch = 0  # known once the workers have loaded their data
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
         self.steps_done = self.start_step
+        self.saves: dict[int, tuple[str, dict[str, Any]]] = {}  # global step -> checkpoint waiting for its rows
 
     # ------------------------------------------------------------------ start
     def _start(self) -> list[dict[str, Any]]:
         timeout = self.config.collective_timeout_s
-        info = _get([w.describe.remote() for w in self.workers], timeout=timeout)
-        self.steps_per_epoch = info[0]["steps_per_epoch"]
+        info = self._get_all([w.describe.remote() for w in self.workers], timeout=timeout)
+        self.steps_per_epoch = self.state.steps_per_epoch = info[0]["steps_per_epoch"]
+        self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
             state = {"model": self.checkpoint["model"], "optimizer": self.checkpoint["optimizer"]}
-            _get([w.load_state.remote(state) for w in self.workers], timeout=timeout)
+            self._get_all([w.load_state.remote(state) for w in self.workers], timeout=timeout)
         rule = self.impl.ps_rule(self.config)
+        counters = None
         if rule is not None:
-            theta = _get(self.workers[0].flat_params.remote())
+            theta = self._get_all([self.workers[0].flat_params.remote()], timeout=timeout)[0]
             opt = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
             nodes = cluster.quietest_nodes(self.pg, self.config.ps_shards or 1)
             self.shards = ShardGroup(self.config, rule, theta, opt, nodes)
             self.actors.extend(self.shards.shards)
+            counters = (self.checkpoint or {}).get("ps")
+            if counters is not None:  # continuing this run (not --init-from): versions and clocks go on
+                clock = max(counters["clocks"]) if rule.mode == "bounded" else counters["version"]
+                self.shards.set_counters(counters["version"], [clock] * self.config.num_worker_actors)
         if self.config.backup_tasks:
             assert self.config.portions is not None
+            first_tag = counters["version"] if counters is not None else 0  # the shards' version right now
             self.portion_scheduler = (
                 ray.remote(PortionScheduler)
                 .options(num_cpus=0, max_concurrency=max(64, 4 * len(self.workers)))
-                .remote(self.config.portions, self.steps_per_epoch, self.start_step)
+                .remote(self.config.portions, self.steps_per_epoch, self.start_step, first_tag)
             )
             self.actors.append(self.portion_scheduler)
         rendezvous = "" if rule is not None else _get(self.workers[0].rendezvous_address.remote())
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
-        _get(
+        self._get_all(
             [w.setup.remote(rendezvous, shards, bounds, self.portion_scheduler) for w in self.workers], timeout=timeout
         )
+        self.state.ledger.resumed(self.state.point, time.time() - self.run_start)
         return info
+
+    def _get_all(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
+        """ray.get of calls to the workers (in rank order), where a lost actor ends the attempt (RunLost)."""
+        results = []
+        for rank, ref in enumerate(refs):
+            results.append(self._result(ref, rank, timeout))
+        return results
+
+    def _result(self, ref: Any, rank: int, timeout: float | None = None) -> Any:
+        try:
+            return _get(ref, timeout=timeout)
+        except ray.exceptions.RayError as e:
+            lost = classify(e, rank, self.config.transport)
+            if lost is None:
+                raise
+            raise lost from e
 
     def train(self) -> RunResult:
         status = "failed"
@@ -231,7 +330,8 @@ class _Driver:
                     "raise --epochs or --max-steps"
                 )
             nodes = len({i["node_id"] for i in info})
-            self.emit(RunStarted(self.run_dir, total, self.steps_per_epoch, info[0]["num_params"], nodes))
+            if not self.state.ledger.events or self.plan.resumed:  # a recovered attempt is the same run going on
+                self.emit(RunStarted(self.run_dir, total, self.steps_per_epoch, info[0]["num_params"], nodes))
             self._loop(total)
             status = "completed"
             summary = self._finish(status)
@@ -241,8 +341,13 @@ class _Driver:
         except KeyboardInterrupt:
             status = "interrupted"
             raise
+        except RunLost:
+            status = "recovering"  # the run goes on in a new attempt; nothing to write yet
+            raise
         finally:
-            if status != "completed":
+            # A resume refused before any step must leave the run's files as they were.
+            wrote_nothing = self.plan.resumed and self.steps_done == self.start_step
+            if status not in ("completed", "recovering") and not wrote_nothing:
                 self._finish(status, checkpoint=False)
 
     # ------------------------------------------------------------------ the event loop
@@ -256,7 +361,8 @@ class _Driver:
         """
         n = len(self.workers)
         shared = self.impl.independent_workers
-        work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, self.start_step)
+        every = self.config.checkpoint_steps
+        work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, self.start_step, every)
         depth = 1 if shared else 2  # queued segments per worker (shared: keep units for whoever is free)
         pending: dict[Any, tuple[str, int, Any]] = {}
         in_flight = [0] * n
@@ -273,7 +379,14 @@ class _Driver:
             if epoch == last_epoch or (every and (epoch + 1) % every == 0):
                 pending[self.workers[rank].evaluate.remote(rank, n)] = ("eval", rank, epoch)
             if rank == 0 and self._checkpoint_due(epoch, total):
-                pending[self.workers[0].state.remote()] = ("state", 0, epoch)
+                epochs_done = epoch + 1
+                where = (checkpoint_name(epochs_done), epochs_done * self.steps_per_epoch)
+                pending[self.workers[0].state.remote()] = ("state", 0, where)
+
+        def queue_step_checkpoint(rank: int, step: int) -> None:
+            """A --checkpoint-steps checkpoint of the state after `step` steps, behind `rank`'s queue."""
+            if every and step % every == 0 and step < total:
+                pending[self.workers[rank].state.remote()] = ("state", rank, (step_checkpoint_name(step), step))
 
         def feed(rank: int) -> None:
             while in_flight[rank] < depth:
@@ -287,13 +400,20 @@ class _Driver:
                 open_epoch[rank] = units[-1][0]
                 pending[self.workers[rank].run_segment.remote(units)] = ("segment", rank, units)
                 in_flight[rank] += 1
+                if not shared and rank == 0:  # segments end at checkpoint steps (WorkPlan)
+                    last = units[-1]
+                    queue_step_checkpoint(0, last[0] * self.steps_per_epoch + last[1] + 1)
 
         for rank in range(n):
             feed(rank)
         while pending:
-            [ref], _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.config.hang_timeout_s)
+            if not ready:  # nothing came back for --hang-timeout-s: whoever holds the oldest call is hung
+                kind, rank, _ = next(iter(pending.values()))
+                raise RunLost("hang", rank, f"no answer for {self.config.hang_timeout_s:g} s")
+            ref = ready[0]
             kind, rank, payload = pending.pop(ref)
-            result = _get(ref)
+            result = self._result(ref, rank)
             if kind == "segment":
                 in_flight[rank] -= 1
                 self.sink.add_steps(result)
@@ -303,7 +423,11 @@ class _Driver:
                     for epoch in finished_epochs:
                         for r in range(n):
                             queue_eval(r, epoch)
-                self.steps_done = work.steps_done
+                before = self.steps_done
+                self.steps_done = self.state.steps_done = work.steps_done
+                if shared and every and self.steps_done // every > before // every:
+                    queue_step_checkpoint(rank, self.steps_done // every * every)
+                self.state.chaos.strike(self.steps_done, self.workers, self.shards.shards if self.shards else [])
                 if result["loss"]:  # empty when every unit was skipped (k-of-n) or taken by others (backup tasks)
                     last_loss = result["loss"][-1]
                 speed = rate.add(sum(result["samples"]))
@@ -317,9 +441,10 @@ class _Driver:
                     self.emit(
                         Progress(payload, self.config.epochs, self.steps_done, total, last_loss, 0.0, last_acc, True)
                     )
-            else:  # "state": a periodic checkpoint, taken in the worker's queue at the epoch's end
-                epochs_done = payload + 1
-                self._save(checkpoint_name(epochs_done), result, epochs_done, epochs_done * self.steps_per_epoch)
+            else:  # "state": a periodic checkpoint, taken in the worker's queue right after its step
+                name, step = payload
+                self.saves[step] = (name, result)
+            self._save_complete(outstanding_evals=set(eval_parts) | {p for k, _, p in pending.values() if k == "eval"})
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
 
@@ -371,21 +496,42 @@ class _Driver:
         return acc
 
     # ------------------------------------------------------------------ state
+    def _save_complete(self, outstanding_evals: set[int]) -> None:
+        """Write the checkpoints whose steps' metrics rows (and evaluations) are all in: a run resumed or
+        recovered from one has exactly the rows of the steps before it."""
+        for step in sorted(self.saves):
+            epochs_before = step // self.steps_per_epoch
+            if self.steps_done < step or any(e < epochs_before for e in outstanding_evals):
+                return
+            name, state = self.saves.pop(step)
+            self._save(name, state, epochs_before, step)
+
     def _save(self, name: str, state: dict[str, Any], epochs_done: int, steps_done: int) -> None:
-        save_checkpoint(
+        now = time.time() - self.run_start
+        sink = MetricsSink(self.sink.run_id)
+        sink.add_rows(self.sink.rows())
+        sink.keep_before(steps_done, self.steps_per_epoch)
+        extra = {"metrics": sink.rows(), "failures": self.state.ledger.events, "elapsed_s": now}
+        path = save_checkpoint(
             self.run_dir / "checkpoints",
             name,
             state,
             config=self.config_dict,
             epoch=epochs_done,
             global_step=steps_done,
+            extra=extra,
         )
+        payload = {"model": state["model"], "optimizer": state["optimizer"], "global_step": steps_done}
+        if "ps" in state:
+            payload["ps"] = state["ps"]
+        self.state.point = RestorePoint(payload, steps_done, now, path)
 
     def _finish(self, status: str, checkpoint: bool = True) -> dict[str, Any]:
         epochs_done = self.steps_done // self.steps_per_epoch if self.steps_per_epoch else 0
         if checkpoint and self.steps_done:
             # Every worker is done: worker 0's state (a PS snapshot under the PS) is the final model.
-            self._save(checkpoint_name(None), _get(self.workers[0].state.remote()), epochs_done, self.steps_done)
+            final = self._result(self.workers[0].state.remote(), 0, self.config.hang_timeout_s)
+            self._save(checkpoint_name(None), final, epochs_done, self.steps_done)
         df = self.sink.table().to_pandas()
         self.sink.write(self.run_dir / "metrics.parquet")
         summary = summarize(df, self.config_dict, self.run_start, time.time() - self.run_start, status, epochs_done)
@@ -393,5 +539,6 @@ class _Driver:
             summary |= self._mitigation_figures()
         except ray.exceptions.RayError:  # a failed run's actors may be gone; the metrics still tell
             pass
+        summary.update(self.state.ledger.summary())
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary

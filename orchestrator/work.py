@@ -27,6 +27,7 @@ class WorkPlan:
         segment_steps: int,
         shared: bool,
         start_step: int = 0,
+        cut_every: int = 0,
     ) -> None:
         self.total_steps = total_steps
         self.steps_per_epoch = steps_per_epoch
@@ -34,6 +35,7 @@ class WorkPlan:
         self.segment = segment_steps
         self.shared = shared
         self.start_step = start_step
+        self.cut_every = cut_every  # static segments also end at multiples of this step (checkpoints)
         self.cursor = [start_step] * workers  # static: next global step of each worker
         self.shared_cursor = start_step * workers  # shared: next unit index (step-major, slice-minor)
         self.units_done: Counter[int] = Counter()  # epoch -> units completed
@@ -56,6 +58,8 @@ class WorkPlan:
         if step >= self.total_steps:
             return []
         stop = min(step + self.segment, (step // spe + 1) * spe, self.total_steps)
+        if self.cut_every:
+            stop = min(stop, (step // self.cut_every + 1) * self.cut_every)
         self.cursor[worker] = stop
         return [self._unit(g, worker) for g in range(step, stop)]
 

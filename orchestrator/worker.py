@@ -167,6 +167,10 @@ class TrainWorker:
     def flat_params(self) -> np.ndarray:
         return self.trainer.params_flat.detach().cpu().numpy().copy()
 
+    def hang(self) -> None:
+        """Fault injection (--chaos hang-worker): stop answering, as a deadlocked process would."""
+        time.sleep(10**6)
+
     def shutdown(self) -> None:
         """Leave the transports cleanly (the orchestrator kills the actor afterwards either way)."""
         if self.strategy is not None:

@@ -55,6 +55,7 @@ class BSPBackupTasks(PSStrategy):
     def setup(self, trainer: LocalTrainer) -> None:
         self.trainer = trainer
         super().setup(trainer)
+        self.held = min(self.client.read_versions)  # not 0 after a restore: the shards' counters go on
 
     def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
         """Portions from the scheduler until the segment's last round is through."""

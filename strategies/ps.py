@@ -23,7 +23,7 @@ class PSStrategy(Strategy):
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank)
+        self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, config.hang_timeout_s)
         self.clock = 0  # iterations this worker has pushed
 
     @classmethod
@@ -31,7 +31,8 @@ class PSStrategy(Strategy):
         raise NotImplementedError
 
     def setup(self, trainer: LocalTrainer) -> None:
-        self.client.pull(trainer.params_flat.numpy())
+        # The shards hold this worker's clock: a worker started after a restore continues from it.
+        self.clock = self.client.pull(trainer.params_flat.numpy())
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         result = self.client.push_pull(self.clock, trainer.grads_flat.numpy(), lr, trainer.params_flat.numpy())
@@ -58,9 +59,9 @@ class PSStrategy(Strategy):
     def export_state(self, trainer: LocalTrainer) -> dict[str, Any]:
         """The shards' snapshot: θ (installed in the replica, so the model state dict carries it)
         and the optimizer state, slice by slice, assembled into flat form."""
-        theta, optimizer = self.client.snapshot()
+        theta, optimizer, counters = self.client.snapshot()
         trainer.params_flat.copy_(torch.from_numpy(theta))
-        return {"model": trainer.model.state_dict(), "optimizer": optimizer.to_dict()}
+        return {"model": trainer.model.state_dict(), "optimizer": optimizer.to_dict(), "ps": counters}
 
 
 @STRATEGIES.register("async", "Downpour async SGD on the parameter server: apply each gradient on arrival")

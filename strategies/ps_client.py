@@ -32,8 +32,11 @@ class PushPullResult:
 
 
 class PSClient:
-    def __init__(self, shards: list[Any], bounds: list[tuple[int, int]], worker: int) -> None:
+    def __init__(
+        self, shards: list[Any], bounds: list[tuple[int, int]], worker: int, timeout_s: float | None = None
+    ) -> None:
         self.shards = shards
+        self.timeout_s = timeout_s  # a shard silent this long counts as hung (GetTimeoutError)
         self.bounds = bounds
         self.worker = worker
         self.read_versions = [0] * len(shards)
@@ -43,9 +46,11 @@ class PSClient:
             params[start:stop] = reply.theta
         self.read_versions = [r.version for r in replies]
 
-    def pull(self, params: np.ndarray) -> None:
-        """Overwrite `params` with the shards' current θ (no consistency wait)."""
-        self._install(ray.get([s.pull.remote(self.worker) for s in self.shards]), params)
+    def pull(self, params: np.ndarray) -> int:
+        """Overwrite `params` with the shards' current θ (no consistency wait); returns this worker's clock."""
+        replies: list[Reply] = ray.get([s.pull.remote(self.worker) for s in self.shards], timeout=self.timeout_s)
+        self._install(replies, params)
+        return replies[0].clock
 
     def push_pull(self, clock: int, grads: np.ndarray, lr: float, params: np.ndarray) -> PushPullResult:
         t0 = time.perf_counter()
@@ -54,7 +59,7 @@ class PSClient:
             shard.push_pull.remote(self.worker, clock, grads[start:stop], lr, read[i])
             for i, (shard, (start, stop)) in enumerate(zip(self.shards, self.bounds, strict=True))
         ]
-        replies: list[Reply] = ray.get(refs)
+        replies: list[Reply] = ray.get(refs, timeout=self.timeout_s)
         self._install(replies, params)
         return PushPullResult(
             seconds=time.perf_counter() - t0,
@@ -85,9 +90,11 @@ class PSClient:
         self._install(replies, params)
         return max(r.wait_s for r in replies), [r.version for r in replies]
 
-    def snapshot(self) -> tuple[np.ndarray, FlatOptimizerState]:
-        """θ and the optimizer state of the whole vector, from every shard's snapshot."""
-        snaps = ray.get([s.snapshot.remote() for s in self.shards])
+    def snapshot(self) -> tuple[np.ndarray, FlatOptimizerState, dict[str, Any]]:
+        """θ and the optimizer state of the whole vector, from every shard's snapshot, and the counters
+        (version, worker clocks) a restored shard continues from. Every push reaches every shard, so
+        shard 0's counters are everyone's."""
+        snaps = ray.get([s.snapshot.remote() for s in self.shards], timeout=self.timeout_s)
         theta = np.concatenate([snap["theta"] for snap in snaps])
         optimizer = FlatOptimizerState.concat([FlatOptimizerState.from_dict(snap["optimizer"]) for snap in snaps])
-        return theta, optimizer
+        return theta, optimizer, {"version": snaps[0]["version"], "clocks": list(snaps[0]["clocks"])}

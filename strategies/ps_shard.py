@@ -258,6 +258,13 @@ class ParameterShard:
                 "clocks": list(self.clocks),
             }
 
+    async def set_counters(self, version: int, clocks: list[int]) -> None:
+        """Continue a checkpointed run: its version and every worker's clock (θ came with the constructor)."""
+        async with self.changed:
+            self.version = version
+            self.clocks = list(clocks)
+            self.changed.notify_all()
+
     async def restore(self, snapshot: dict[str, Any]) -> None:
         async with self.changed:
             np.copyto(self.theta, snapshot["theta"])

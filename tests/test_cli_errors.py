@@ -48,10 +48,40 @@ def workdir(tmp_path, monkeypatch, no_ray):
     (full / "metrics.parquet").write_bytes(b"precious results")
     (full / "sub").mkdir()
     (full / "sub" / "notes.txt").write_text("keep me")
+    _resume_inputs(inputs)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     return cwd, inputs
+
+
+def _resume_inputs(inputs: Path) -> None:
+    """Run directories that --resume must refuse (issue 7): corrupt, truncated, foreign, no checkpoint."""
+    import io
+
+    import torch
+
+    from distrain.config import RunConfig
+    from distrain.orchestrator.checkpoint import FORMAT
+
+    def run_dir(name: str, checkpoint: bytes | None) -> None:
+        d = inputs / name
+        (d / "checkpoints").mkdir(parents=True)
+        (d / "config.yaml").write_text(RunConfig(run_dir=str(d)).to_yaml())
+        if checkpoint is not None:
+            (d / "checkpoints" / "step-00000010.pt").write_bytes(checkpoint)
+            (d / "checkpoints" / "latest.json").write_text('{"name": "step-00000010.pt", "global_step": 10}')
+
+    def saved(payload: dict) -> bytes:
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        return buf.getvalue()
+
+    whole = saved({"format": FORMAT, "model_name": "cnn", "model": {"w": torch.zeros(100_000)}})
+    run_dir("run_corrupt", b"not a checkpoint at all")
+    run_dir("run_truncated", whole[: len(whole) // 2])
+    run_dir("run_foreign", saved({"format": FORMAT, "model_name": "mlp", "model": {}, "optimizer": {}}))
+    run_dir("run_unchecked", None)
 
 
 def assert_one_line_error(result, *fragments: str) -> str:
@@ -117,6 +147,25 @@ BAD_INPUTS = [
     (["--transport", "ps", "--backup-workers", "1", "--straggler", "3:0.1"], ["--straggler '3:0.1'", "RANK < 3"]),
     (["--straggler-threshold", "1"], ["--straggler-threshold must be a number > 1"]),
     (["--init-from", "{in}/full_run/metrics.parquet"], ["cannot read checkpoint"]),
+    # fault tolerance and --resume (issue 7)
+    (["--max-failures", "-2"], ["--max-failures must be >= 0, or -1"]),
+    (["--checkpoint-steps", "-1"], ["--checkpoint-steps must be >= 0"]),
+    (["--hang-timeout-s", "0"], ["--hang-timeout-s must be a positive number"]),
+    (["--chaos", "explode@3"], ["--chaos 'explode@3'", "kill-worker"]),
+    (["--chaos", "kill-worker@0"], ["STEP >= 1"]),
+    (["--chaos", "kill-worker@5:7"], ["target 7 does not exist"]),
+    (["--chaos", "kill-ps@5"], ["needs the parameter-server transport"]),
+    (["--chaos", "kill-node@5:1"], ["kill-node takes no target"]),
+    (["--resume", "{in}/missing_run"], ["--resume", "is not a directory"]),
+    (["--resume", "{in}/full_run"], ["is not a distrain run"]),
+    (["--resume", "{in}/run_corrupt"], ["cannot read checkpoint", "step-00000010.pt"]),
+    (["--resume", "{in}/run_truncated"], ["cannot read checkpoint", "is it complete"]),
+    (["--resume", "{in}/run_foreign"], ["holds a 'mlp' model"]),
+    (["--resume", "{in}/run_unchecked"], ["no complete checkpoint to resume from"]),
+    (["--resume", "{in}/run_corrupt", "--lr", "0.3"], ["--resume cannot change --lr", "0.05"]),
+    (["--resume", "{in}/run_corrupt", "--strategy", "ssp"], ["--resume cannot change --strategy"]),
+    (["--resume", "{in}/run_corrupt", "--run-dir", "{in}/elsewhere"], ["drop --run-dir"]),
+    (["--resume", "{in}/run_corrupt", "--config", "{in}/malformed.yaml"], ["drop --config"]),
 ]
 
 

@@ -136,5 +136,6 @@ def test_eval_every_and_checkpoint_every_choose_the_epochs(tmp_path):
     df = pd.read_parquet(run_dir / "metrics.parquet")
     assert list(df[df["kind"] == "eval"]["epoch"]) == [1, 3, 4]  # every 2nd epoch, and the last
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert names == ["epoch-0002.pt", "epoch-0004.pt", "final.pt"]
+    assert names == ["epoch-0002.pt", "epoch-0004.pt", "final.pt", "latest.json"]
+    assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["name"] == "final.pt"
     assert load_checkpoint(run_dir / "checkpoints" / "epoch-0002.pt")["global_step"] == 2 * 22

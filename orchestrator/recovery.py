@@ -1,0 +1,130 @@
+"""Surviving failures: what counts as a lost actor, how many losses a run takes, what each one cost.
+
+One recovery rule serves every transport and every kind of loss (a dead or hung worker, a dead
+parameter-server shard, a lost node): kill what is left of the attempt, start fresh actors (same
+ranks, same shard bounds), restore all of them from the latest checkpoint, drop the metrics rows
+recorded after that checkpoint, and go on from its step. Because the data order is a pure function
+of (seed, epoch, step) and every rule of every synchronous strategy is deterministic, a BSP run
+(all-reduce or parameter server) that recovers ends with exactly the parameters of the run that never
+failed; async and SSP redo the lost steps and lose no update that the checkpoint holds.
+
+Restarting every actor, not just the dead one, is what makes this exact: a collective group cannot
+take in a new member without being rebuilt anyway, and a shard restored to an older snapshot needs
+the workers to redo the steps after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from distrain.errors import DistrainError
+
+# Words in a worker's error that mean a peer of its collective group went away (gloo / NCCL / TCP store).
+PEER_LOST_MARKERS = ("gloo", "nccl", "connection", "timed out", "timeout", "closed", "broken pipe", "reset by peer")
+
+
+class RunLost(Exception):
+    """An actor of the run died or hung: the attempt is over, the run may go on from a checkpoint."""
+
+    def __init__(self, kind: str, target: int | None, detail: str) -> None:
+        super().__init__(f"{kind} {'' if target is None else target} lost: {detail}".replace("  ", " "))
+        self.kind = kind  # "worker", "shard", "hang", "node"
+        self.target = target  # worker rank or shard index, when known
+        self.detail = detail
+
+
+@dataclass
+class Failure:
+    """Progress-display event: a failure was seen and the run restarts from `restored_step`."""
+
+    number: int
+    kind: str
+    target: int | None
+    at_step: int
+    restored_step: int
+    max_failures: int
+
+
+def classify(error: BaseException, rank: int, transport: str) -> RunLost | None:
+    """The loss `error` (raised by a call to worker `rank`) means, or None if it is not one (a bug)."""
+    if isinstance(error, ray.exceptions.GetTimeoutError):
+        return RunLost("hang", rank, "no answer within --hang-timeout-s")
+    if isinstance(error, ray.exceptions.RayActorError):  # the worker itself died (ActorDiedError is one)
+        return RunLost("worker", rank, type(error).__name__)
+    if isinstance(error, ray.exceptions.RayTaskError):
+        cause = error.cause
+        if isinstance(cause, ray.exceptions.RayActorError):  # the worker's call to a shard hit a dead shard
+            return RunLost("shard", None, "a parameter-server shard died")
+        if isinstance(cause, ray.exceptions.GetTimeoutError):
+            return RunLost("hang", None, "a parameter-server wait passed --hang-timeout-s")
+        text = str(cause).lower()
+        if transport == "collective" and any(m in text for m in PEER_LOST_MARKERS):
+            return RunLost("worker", None, "a peer of the collective group went away")
+    return None
+
+
+@dataclass
+class RestorePoint:
+    """The newest checkpoint of this run, kept in memory so recovery does not read it back."""
+
+    payload: dict[str, Any] | None  # checkpoint payload (model, optimizer, global_step, ps, ...) or None: start
+    global_step: int
+    wall_time: float  # run seconds at which the checkpoint's step was complete
+    path: Path | None = None
+
+
+@dataclass
+class FailureLedger:
+    """Failures seen so far, their cost, and the --max-failures bound."""
+
+    max_failures: int
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, lost: RunLost, at_step: int, point: RestorePoint, now: float) -> dict[str, Any]:
+        """Count `lost`; past the bound, stop the run with one line that names the checkpoint to resume."""
+        event = {
+            "kind": lost.kind,
+            "target": lost.target,
+            "detail": lost.detail,
+            "wall_time": now,
+            "at_step": at_step,
+            "restored_step": point.global_step,
+            "updates_lost": max(0, at_step - point.global_step),  # global steps to redo
+            "time_lost_s": None,  # filled in once the run is going again (see `resumed`)
+        }
+        self.events.append(event)
+        if self.max_failures != -1 and len(self.events) > self.max_failures:
+            where = f"{point.path}" if point.path else "none yet (no checkpoint was taken)"
+            raise DistrainError(
+                f"{lost} (failure {len(self.events)}; --max-failures {self.max_failures} reached): the run stops; "
+                f"last good checkpoint: {where}; continue with `distrain run --resume <run dir>`"
+            )
+        return event
+
+    def resumed(self, point: RestorePoint, now: float) -> None:
+        """The run is going again: the failure cost the time since its checkpoint's step, restart included."""
+        if self.events and self.events[-1]["time_lost_s"] is None:
+            self.events[-1]["time_lost_s"] = now - point.wall_time
+
+    def summary(self) -> dict[str, Any]:
+        lost = [e["time_lost_s"] for e in self.events if e["time_lost_s"] is not None]
+        return {
+            "failures": len(self.events),
+            "failure_events": list(self.events),
+            "time_lost_s": float(sum(lost)),
+            "updates_lost": int(sum(e["updates_lost"] for e in self.events)),
+        }
+
+
+def kill_all(actors: list[Any]) -> None:
+    """Kill every actor of a failed attempt (dead ones included: ray.kill on those is a no-op)."""
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone is what we want
+            pass
+    actors.clear()
