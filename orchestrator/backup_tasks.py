@@ -40,6 +40,7 @@ class PortionScheduler:
         self.slow: set[int] = set()
         self.copies_issued = 0
         self.portions_issued = 0
+        self.completions: set[asyncio.Task[None]] = set()  # pending _complete_when_pushed tasks
         self._open_round()
 
     def _open_round(self) -> None:
@@ -53,15 +54,16 @@ class PortionScheduler:
         """The next portion for `worker`, or None once the rounds up to (last_epoch, last_step) are through.
 
         `finished` = (tag, portion, refs of its pushes to the shards) reports the portion this worker
-        just pushed; it counts as done once every shard has taken the push.
+        just pushed; it counts as done once every shard has taken the push (in the background: the
+        worker's next portion does not wait for that).
         """
         upto = last_epoch * self.steps_per_epoch + last_step + 1
         if finished is not None:
-            tag, portion, pushes = finished
-            await asyncio.gather(*pushes)
+            # Done once the shards have it; meanwhile the worker may already take its next portion.
+            task = asyncio.create_task(self._complete_when_pushed(*finished))
+            self.completions.add(task)
+            task.add_done_callback(self.completions.discard)
         async with self.changed:
-            if finished is not None:
-                self._complete(tag, portion)
             while self.round < upto:
                 if self.unassigned:
                     return self._assign(worker, self.unassigned.popleft(), copy=False)
@@ -90,6 +92,11 @@ class PortionScheduler:
             if len(holders) == 1 and holders[0][0] != worker
         ]
         return min(candidates)[2] if candidates else None
+
+    async def _complete_when_pushed(self, tag: int, portion: int, pushes: list[Any]) -> None:
+        await asyncio.gather(*pushes)
+        async with self.changed:
+            self._complete(tag, portion)
 
     def _complete(self, tag: int, portion: int) -> None:
         if tag != self._tag() or portion in self.done:

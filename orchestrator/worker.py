@@ -150,6 +150,7 @@ class TrainWorker:
             }
             for key, value in values.items():
                 rows[key].append(value)
+        self.strategy.settle(rows)
         return rows
 
     def evaluate(self, shard: int, num_shards: int) -> tuple[float, int, int, float]:

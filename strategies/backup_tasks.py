@@ -6,10 +6,12 @@ gets a copy of one still outstanding (see `orchestrator/backup_tasks.py`). The s
 gradient of each portion and drop copies ("portions" rule in `ps_shard.py`), then apply the mean of
 the P portion gradients: the mean gradient of the global batch, whoever computed which portion.
 
-A worker pushes a portion without waiting for the round; it pulls θ only when its next portion
-belongs to a newer round than the θ it holds. The request for the next portion goes out together
-with the push, carrying the push's object refs: the scheduler counts the portion done once the
-shards have it, and the worker waits for one round trip, not two.
+A worker pushes a portion without waiting for the round, or even for the push: the request for its
+next portion goes out together with the push, carrying the push's object refs, and the scheduler
+counts the portion done once the shards have it. While the push travels the worker computes its
+next portion (same round, same θ), so per portion it waits for one round trip to the scheduler.
+It pulls θ only when its next portion belongs to a newer round than the θ it holds. Whether a
+pushed copy was the one the shards kept is learned at the end of the segment (`settle`).
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ class BSPBackupTasks(PSStrategy):
         self.current: Any = None  # the Assignment being computed
         self.next_request: Any = None  # ref of the request for the next portion, sent with the last push
         self.upto: tuple[int, int] = (0, 0)  # (epoch, step) of the current segment's last round
-        self.waited = 0.0  # seconds spent waiting for θ of the current portion's round
+        self.waited = 0.0  # seconds the current portion waited: for its assignment, and for θ of its round
         self.received = 0  # bytes of θ pulled for the current portion
+        self.in_flight: list[list[Any]] = []  # push refs of this segment's portions, in row order
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
@@ -63,17 +66,20 @@ class BSPBackupTasks(PSStrategy):
         if not units:
             return
         self.upto = units[-1][0], units[-1][1]
+        self.in_flight = []
         while True:
             if self.next_request is None:
                 self.next_request = self._request(None)
-            assignment = ray.get(self.next_request)
+            t0 = time.perf_counter()
+            assignment = ray.get(self.next_request)  # blocks while the round has nothing left for us
             self.next_request = None
             if assignment is None:
                 return
-            self.waited, self.received = 0.0, 0
+            self.waited, self.received = time.perf_counter() - t0, 0
             if assignment.tag > self.held:
                 self.received = self.trainer.nbytes
-                self.waited, versions = self.client.pull_at(assignment.tag, self.trainer.params_flat.numpy())
+                waited, versions = self.client.pull_at(assignment.tag, self.trainer.params_flat.numpy())
+                self.waited += waited
                 self.held = min(versions)
                 if max(versions) > assignment.tag:
                     # The round closed while we were told to help (some shard already applied it):
@@ -90,16 +96,24 @@ class BSPBackupTasks(PSStrategy):
         t0 = time.perf_counter()
         pushes = self.client.push_portion_async(a.tag, a.portion, trainer.grads_flat.numpy(), lr)
         self.next_request = self._request((a.tag, a.portion, pushes))
-        counted = ray.get(pushes)[0]  # copies of a portion are identical: shard 0's verdict is the row's
-        seconds = time.perf_counter() - t0
+        self.in_flight.append(pushes)
         return CommStats(
-            seconds=seconds + self.waited,
+            seconds=time.perf_counter() - t0 + self.waited,
             bytes_sent=trainer.nbytes,
             bytes_received=self.received,
             wait_s=self.waited,
             read_version=a.tag,
-            applied_version=a.tag if counted else None,
+            applied_version=a.tag,  # settled: None where the shards kept another copy
             staleness=0,
-            dropped=not counted,
             backup=a.copy,
         )
+
+    def settle(self, rows: dict[str, list[Any]]) -> None:
+        """Wait for this segment's pushes and mark the copies the shards dropped."""
+        verdicts = ray.get([refs[0] for refs in self.in_flight])  # copies are identical: shard 0 speaks
+        ray.get([ref for refs in self.in_flight for ref in refs[1:]])
+        for i, counted in enumerate(verdicts):
+            rows["dropped"][i] = not counted
+            if not counted:
+                rows["applied_version"][i] = None
+        self.in_flight = []

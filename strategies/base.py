@@ -96,6 +96,10 @@ class Strategy(ABC):
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         """Communicate the gradient in `trainer.grads_flat` and update the parameters."""
 
+    def settle(self, rows: dict[str, list[Any]]) -> None:  # noqa: B027 - optional hook
+        """At the end of a segment: fill in what was not known when its rows were written (the
+        rows are columns, one entry per computed unit, in order)."""
+
     def prepare_eval(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook
         """Make the replica hold the parameters to evaluate."""
 
