@@ -290,13 +290,11 @@ def tune(
     from distrain.orchestrator.tune import run_sweep  # Ray, Tune and torch load only from here on
     from distrain.sweep_display import SweepDisplay, print_table, results_table
 
-    out.print(
+    header = (
         f"sweep {target}  |  {spec.num_trials()} trial(s), {spec.search} search, scheduler {spec.scheduler}"
-        f"  |  {spec.base['model']} on {spec.base['dataset']}, {spec.base['epochs']} epoch(s) each",
-        markup=False,
-        highlight=False,
+        f"  |  {spec.base['model']} on {spec.base['dataset']}, {spec.base['epochs']} epoch(s) each"
     )
-    with SweepDisplay(out, spec.num_trials()) as display:
+    with SweepDisplay(out, spec.num_trials(), header) as display:
         sweep = run_sweep(spec, target, display.on_event, resume=resume is not None, cluster_cpus=cluster_cpus)
     title = f"distrain tune: {len(sweep.results)} trial(s), best first by {spec.objective}"
     print_table(out, results_table(sweep.results, list(spec.dimensions), title))

@@ -28,8 +28,9 @@ def _params_text(params: dict[str, Any]) -> str:
 
 
 class SweepDisplay:
-    def __init__(self, console: Console, num_trials: int) -> None:
+    def __init__(self, console: Console, num_trials: int, header: str) -> None:
         self.console = console
+        self.header = header
         self.num_trials = num_trials
         self.live_mode = console.is_terminal
         self.rows: dict[str, dict[str, Any]] = {}
@@ -37,10 +38,7 @@ class SweepDisplay:
         self.live: Live | None = None
 
     def __enter__(self) -> SweepDisplay:
-        if self.live_mode:
-            self.live = Live(self._table(), console=self.console, refresh_per_second=2, transient=False)
-            self.live.__enter__()
-        return self
+        return self  # the live table starts with the sweep (SweepStarted), not before its checks
 
     def __exit__(self, *exc: Any) -> None:
         if self.live is not None:
@@ -75,7 +73,16 @@ class SweepDisplay:
 
     def on_event(self, event: Any) -> None:
         kind = type(event).__name__
-        if kind == "TrialStarted":
+        if kind == "SweepStarted":  # printed once the sweep is known to fit the cluster
+            self.console.print(
+                f"{self.header}  |  cluster {event.cluster_cpus:g} CPUs, up to {event.largest_trial_cpus:g} per trial",
+                markup=False,
+                highlight=False,
+            )
+            if self.live_mode:
+                self.live = Live(self._table(), console=self.console, refresh_per_second=2, transient=False)
+                self.live.__enter__()
+        elif kind == "TrialStarted":
             params = _params_text(event.params)
             self.rows[event.trial_id] = dict(params=params, status="running", epoch="-", acc="-", loss="-", elapsed="-")
             self._say(f"trial {event.trial_id} started ({event.cpus:g} CPUs): {params}")

@@ -47,6 +47,12 @@ RESERVED_KEYS = ("base", "sweep_dir")  # param_space entries that are not swept 
 
 # ---------------------------------------------------------------------- events for the display
 @dataclass
+class SweepStarted:
+    cluster_cpus: float
+    largest_trial_cpus: float  # the most any one trial reserves
+
+
+@dataclass
 class TrialStarted:
     trial_id: str
     params: dict[str, Any]
@@ -70,7 +76,7 @@ class TrialEnded:
     error: str = ""
 
 
-SweepEvent = TrialStarted | TrialEpoch | TrialEnded
+SweepEvent = SweepStarted | TrialStarted | TrialEpoch | TrialEnded
 _sink: Any = None  # the current process's event handler (module level: Tune pickles its callbacks)
 
 
@@ -132,6 +138,8 @@ class DistrainTrial(tune.Trainable):
             attempt += 1
             run_dir = trials / f"{self.trial_id}-{attempt}"
         self.run_config = trial_config(config["base"], swept(config), str(run_dir))
+        group = ray.util.get_current_placement_group()  # what Tune reserved for this trial
+        self.reserved_cpus = sum(b.get("CPU", 0.0) for b in group.bundle_specs) if group else 0.0
         self.results: queue.Queue[dict[str, Any] | BaseException] = queue.Queue()
         self.stop_requested = threading.Event()
         self.last_epoch = -1
@@ -172,6 +180,7 @@ class DistrainTrial(tune.Trainable):
                     "elapsed_s": elapsed,
                     "time_to_target_s": self.reached_target_s if self.reached_target_s is not None else math.nan,
                     "run_dir": str(self.run_config.run_dir),
+                    "reserved_cpus": self.reserved_cpus,
                 }
             )
 
@@ -296,6 +305,8 @@ def run_sweep(
     started = time.time()
     try:
         check_fits(spec)
+        if on_event is not None:
+            on_event(SweepStarted(ray.cluster_resources().get("CPU", 0.0), trial_cpus(spec.largest_trial())))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
             save_spec(spec, sweep_dir)
@@ -329,7 +340,7 @@ def run_sweep(
         # display (the _Relay callback) is the sweep's output.
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
         grid = tuner.fit()
-        table = results_table([(Path(r.path).name, r.config, r.error) for r in grid], spec)
+        table = results_table([(Path(r.path).name, r.config, r.error, r.metrics or {}) for r in grid], spec)
         best = write_results(table, spec, sweep_dir)
         return Sweep(sweep_dir, table, best, time.time() - started)
     finally:
@@ -342,10 +353,11 @@ def _trial_dirname(trial: Any) -> str:
 
 
 # ---------------------------------------------------------------------- results
-def results_table(trials: list[tuple[str, dict[str, Any], Any]], spec: SweepSpec) -> pd.DataFrame:
-    """One row per trial: its config columns, then what its run recorded (its summary.json)."""
+def results_table(trials: list[tuple[str, dict[str, Any], Any, dict[str, Any]]], spec: SweepSpec) -> pd.DataFrame:
+    """One row per trial: its config columns, then what its run recorded (its summary.json), and the
+    CPUs its placement group held (from its last result to Tune)."""
     rows = []
-    for trial_id, config, error in trials:
+    for trial_id, config, error, metrics in trials:
         params = swept(config)
         run = trial_config(spec.base, params)
         row: dict[str, Any] = {"trial_id": trial_id}
@@ -364,13 +376,14 @@ def results_table(trials: list[tuple[str, dict[str, Any], Any]], spec: SweepSpec
         row["time_to_target_s"] = summary.get("time_to_target_s")
         row["samples_per_s"] = summary.get("steady_state_samples_per_s")
         row["wall_time_s"] = summary.get("wall_time_s")
+        row["reserved_cpus"] = metrics.get("reserved_cpus")
         row["run_dir"] = str(run_dir) if run_dir else ""
         row["error"] = str(error).splitlines()[0][:200] if error is not None else ""
         rows.append(row)
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    for name in ("final_accuracy", "final_loss", "time_to_target_s", "samples_per_s", "wall_time_s"):
+    for name in ("final_accuracy", "final_loss", "time_to_target_s", "samples_per_s", "wall_time_s", "reserved_cpus"):
         table[name] = pd.to_numeric(table[name], errors="coerce")
     return sort_by_objective(table, spec.objective)
 
