@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from distrain.config import STRATEGY_DEPENDENT_FIELDS, RunConfig
 from distrain.errors import ConfigError
 from distrain.orchestrator.trial_resources import trial_cpus, trial_gpus
@@ -187,3 +189,18 @@ class SweepSpec:
     def largest_trial(self) -> RunConfig:
         """The sampled config needing the most CPUs (then GPUs): it must fit the cluster."""
         return max(self.sample_configs(), key=lambda c: (trial_cpus(c), trial_gpus(c)))
+
+
+def sort_by_objective(table: pd.DataFrame, objective: str) -> pd.DataFrame:
+    """time_to_target: the trials that reached the target, fastest first, then the rest by final
+    accuracy; final_accuracy: highest first. Errored trials last."""
+    key = pd.DataFrame(
+        {
+            "error": table["status"] == "error",
+            "missed": table["time_to_target_s"].isna() if objective == "time_to_target" else False,
+            "time": table["time_to_target_s"] if objective == "time_to_target" else 0.0,
+            "acc": -table["final_accuracy"].fillna(-1.0),
+        }
+    )
+    order = key.sort_values(["error", "missed", "time", "acc"], na_position="last", kind="stable").index
+    return table.loc[order].reset_index(drop=True)

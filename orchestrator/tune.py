@@ -36,7 +36,7 @@ from distrain.config import RunConfig
 from distrain.errors import ResourceError
 from distrain.orchestrator import cluster
 from distrain.orchestrator.files import atomic_write, atomic_write_text
-from distrain.orchestrator.sweep_spec import Choice, Range, SweepSpec, trial_config
+from distrain.orchestrator.sweep_spec import Choice, Range, SweepSpec, sort_by_objective, trial_config
 from distrain.orchestrator.trial_resources import trial_bundles, trial_cpus, trial_gpus
 from distrain.trainers.schedule import scaled_lr
 
@@ -386,21 +386,6 @@ def results_table(trials: list[tuple[str, dict[str, Any], Any, dict[str, Any]]],
     for name in ("final_accuracy", "final_loss", "time_to_target_s", "samples_per_s", "wall_time_s", "reserved_cpus"):
         table[name] = pd.to_numeric(table[name], errors="coerce")
     return sort_by_objective(table, spec.objective)
-
-
-def sort_by_objective(table: pd.DataFrame, objective: str) -> pd.DataFrame:
-    """time_to_target: the trials that reached the target, fastest first, then the rest by final
-    accuracy; final_accuracy: highest first. Errored trials last."""
-    key = pd.DataFrame(
-        {
-            "error": table["status"] == "error",
-            "missed": table["time_to_target_s"].isna() if objective == "time_to_target" else False,
-            "time": table["time_to_target_s"] if objective == "time_to_target" else 0.0,
-            "acc": -table["final_accuracy"].fillna(-1.0),
-        }
-    )
-    order = key.sort_values(["error", "missed", "time", "acc"], na_position="last", kind="stable").index
-    return table.loc[order].reset_index(drop=True)
 
 
 def _run_dir(trials: Path, trial_id: str) -> Path | None:
