@@ -300,12 +300,17 @@ def tune(
     print_table(out, results_table(sweep.results, list(spec.dimensions), title))
     out.print(f"sweep took {sweep.wall_time_s:.1f} s", markup=False, highlight=False)
     out.print(f"results in {sweep.sweep_dir}/ (results.parquet, results.csv, trials/)", markup=False, highlight=False)
-    if sweep.best is not None:
-        out.print(
-            f"best config: {sweep.sweep_dir}/best.yaml  (repeat it: distrain run --config {sweep.sweep_dir}/best.yaml)",
-            markup=False,
-            highlight=False,
-        )
+    failed = sweep.results[sweep.results["status"] == "error"] if len(sweep.results) else sweep.results
+    for _, row in failed.iterrows():
+        err.print(f"trial {row['trial_id']} failed: {row['error']}", markup=False, highlight=False)
+    if sweep.best is None:
+        err.print("no trial finished; nothing to recommend (see the errors above)", markup=False, highlight=False)
+        raise typer.Exit(1)
+    out.print(
+        f"best config: {sweep.sweep_dir}/best.yaml  (repeat it: distrain run --config {sweep.sweep_dir}/best.yaml)",
+        markup=False,
+        highlight=False,
+    )
 
 
 class RunDisplay:

@@ -378,7 +378,8 @@ def results_table(trials: list[tuple[str, dict[str, Any], Any, dict[str, Any]]],
         row["wall_time_s"] = summary.get("wall_time_s")
         row["reserved_cpus"] = metrics.get("reserved_cpus")
         row["run_dir"] = str(run_dir) if run_dir else ""
-        row["error"] = str(error).splitlines()[0][:200] if error is not None else ""
+        lines = [line.strip() for line in str(error or "").splitlines() if line.strip()]
+        row["error"] = lines[-1][:300] if error is not None and lines else ""  # the exception's own message
         rows.append(row)
     table = pd.DataFrame(rows)
     if table.empty:
