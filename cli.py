@@ -246,27 +246,28 @@ def tune(
         if name in dimensions:
             raise DistrainError(f"--param {name} repeats a sweep flag; give {name} once")
         dimensions[name] = dim
+    base_flags = dict(
+        epochs=epochs,
+        model=model,
+        dataset=dataset,
+        data_dir=data_dir,
+        cpus_per_worker=cpus_per_worker,
+        base_batch_size=base_batch_size,
+        target_accuracy=target_accuracy,
+        seed=seed,
+        address=address,
+    )
     if resume is not None:
         from distrain.orchestrator.tune import load_spec
 
-        if dimensions or config is not None or sweep_dir:
+        given = [k for k, v in base_flags.items() if v is not None]
+        if dimensions or config is not None or sweep_dir or given:
             raise DistrainError("--resume continues a sweep with its own settings; drop the other sweep flags")
         if not (resume / "sweep.json").is_file() or not (resume / "tune").is_dir():
             raise DistrainError(f"--resume {str(resume)!r} is not a sweep directory (no sweep.json and tune/)")
         spec = load_spec(resume)
         target = resume
     else:
-        base_flags = dict(
-            epochs=epochs,
-            model=model,
-            dataset=dataset,
-            data_dir=data_dir,
-            cpus_per_worker=cpus_per_worker,
-            base_batch_size=base_batch_size,
-            target_accuracy=target_accuracy,
-            seed=seed,
-            address=address,
-        )
         base = RunConfig.resolve(str(config) if config else None, base_flags)
         for name in ("data_dir", "init_from"):  # trials run in Tune's own working directories
             if getattr(base, name):
@@ -304,7 +305,7 @@ def tune(
     for _, row in failed.iterrows():
         err.print(f"trial {row['trial_id']} failed: {row['error']}", markup=False, highlight=False)
     if sweep.best is None:
-        err.print("no trial finished; nothing to recommend (see the errors above)", markup=False, highlight=False)
+        err.print("no trial ran to a result; nothing to recommend", markup=False, highlight=False)
         raise typer.Exit(1)
     out.print(
         f"best config: {sweep.sweep_dir}/best.yaml  (repeat it: distrain run --config {sweep.sweep_dir}/best.yaml)",

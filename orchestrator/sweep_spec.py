@@ -193,10 +193,10 @@ class SweepSpec:
 
 def sort_by_objective(table: pd.DataFrame, objective: str) -> pd.DataFrame:
     """time_to_target: the trials that reached the target, fastest first, then the rest by final
-    accuracy; final_accuracy: highest first. Errored trials last."""
+    accuracy; final_accuracy: highest first. Trials that failed or never ran last."""
     key = pd.DataFrame(
         {
-            "error": table["status"] == "error",
+            "error": table["status"].isin(["error", "pending"]),
             "missed": table["time_to_target_s"].isna() if objective == "time_to_target" else False,
             "time": table["time_to_target_s"] if objective == "time_to_target" else 0.0,
             "acc": -table["final_accuracy"].fillna(-1.0),

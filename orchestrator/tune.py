@@ -367,7 +367,8 @@ def results_table(trials: list[tuple[str, dict[str, Any], Any, dict[str, Any]]],
         row["scaled_lr"] = scaled_lr(run.lr, run.global_batch_size, run.base_batch_size, run.lr_scaling)
         run_dir = _run_dir(Path(config["sweep_dir"]) / "trials", trial_id)
         summary = _summary(run_dir)
-        status = "error" if error is not None else summary.get("status", "error")
+        # "pending": no error and no record: the trial never ran (e.g. the time budget ran out first)
+        status = "error" if error is not None else summary.get("status", "pending")
         row["status"] = "stopped" if status == "interrupted" else status
         row["stopped_early"] = status == "interrupted"
         row["epochs_completed"] = summary.get("epochs_completed", 0)
@@ -405,7 +406,7 @@ def write_results(table: pd.DataFrame, spec: SweepSpec, sweep_dir: Path) -> RunC
     """results.parquet and results.csv (best first) and best.yaml (the best finished trial's config)."""
     atomic_write(sweep_dir / "results.parquet", lambda tmp: table.to_parquet(tmp, index=False))
     atomic_write(sweep_dir / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
-    usable = table[table["status"] != "error"] if not table.empty else table
+    usable = table[~table["status"].isin(["error", "pending"])] if not table.empty else table
     if usable.empty:
         return None
     row = usable.iloc[0]

@@ -132,6 +132,7 @@ TUNE_BAD_INPUTS = [
     (["--param", "run_dir=a,b"], ["cannot be swept"]),
     (["--sweep-dir", "{in}/full_run"], ["--sweep-dir", "not empty"]),
     (["--resume", "{in}/full_run"], ["not a sweep directory"]),
+    (["--resume", "{in}/full_run", "--epochs", "3"], ["--resume continues a sweep with its own settings"]),
     (["--config", "{in}/malformed.yaml", "--batch-sizes", "16"], ["malformed YAML"]),
 ]
 

@@ -99,3 +99,23 @@ def test_asha_stops_an_absurd_learning_rate_early(tmp_path, ray_cluster):
     while ray_cluster.available_resources().get("CPU", 0) < ray_cluster.cluster_resources()["CPU"]:
         assert time.time() < deadline, ray_cluster.available_resources()
         time.sleep(0.5)
+
+
+def test_resume_runs_what_the_time_budget_left(tmp_path):
+    """A 1 s budget ends the sweep before its second trial (one at a time) can start; --resume
+    (Tune's restore) runs the rest into the same sweep directory and rewrites its results."""
+    sweep = tmp_path / "sweep"
+    runner.invoke(app, [
+        "tune", "--model", "mlp", "--batch-sizes", "16,32", "--epochs", "1", "--max-concurrent-trials", "1",
+        "--time-budget", "1", "--sweep-dir", str(sweep),
+    ])  # fmt: skip
+    before = pd.read_csv(sweep / "results.csv")
+    assert len(before) == 2 and (before["status"] == "pending").any(), before[["trial_id", "status"]]
+    resumed = runner.invoke(app, ["tune", "--resume", str(sweep)])
+    assert resumed.exit_code == 0, resumed.output
+    after = pd.read_csv(sweep / "results.csv").set_index("trial_id")
+    assert set(after["batch_size"]) == {16, 32}
+    for trial_id in before.loc[before["status"] == "pending", "trial_id"]:
+        assert after.loc[trial_id, "status"] == "completed"
+        assert (Path(after.loc[trial_id, "run_dir"]) / "metrics.parquet").is_file()
+    assert "best.yaml" in resumed.output
