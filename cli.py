@@ -300,6 +300,13 @@ def tune(
     title = f"distrain tune: {len(sweep.results)} trial(s), best first by {spec.objective}"
     print_table(out, results_table(sweep.results, list(spec.dimensions), title))
     out.print(f"sweep took {sweep.wall_time_s:.1f} s", markup=False, highlight=False)
+    unfinished = sweep.results["status"].isin(["stopped", "pending"]).sum() if len(sweep.results) else 0
+    if unfinished and (spec.scheduler == "none" or (sweep.results["status"] == "pending").any()):
+        out.print(
+            f"{unfinished} trial(s) did not finish; go on with: distrain tune --resume {sweep.sweep_dir}",
+            markup=False,
+            highlight=False,
+        )
     out.print(f"results in {sweep.sweep_dir}/ (results.parquet, results.csv, trials/)", markup=False, highlight=False)
     failed = sweep.results[sweep.results["status"] == "error"] if len(sweep.results) else sweep.results
     for _, row in failed.iterrows():

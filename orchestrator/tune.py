@@ -340,7 +340,8 @@ def run_sweep(
         # display (the _Relay callback) is the sweep's output.
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
         grid = tuner.fit()
-        table = results_table([(Path(r.path).name, r.config, r.error, r.metrics or {}) for r in grid], spec)
+        trials = [(Path(r.path).name, r.config, r.error, r.metrics or {}) for r in grid]
+        table = results_table(trials, spec, sweep_dir)
         best = write_results(table, spec, sweep_dir)
         return Sweep(sweep_dir, table, best, time.time() - started)
     finally:
@@ -353,22 +354,35 @@ def _trial_dirname(trial: Any) -> str:
 
 
 # ---------------------------------------------------------------------- results
-def results_table(trials: list[tuple[str, dict[str, Any], Any, dict[str, Any]]], spec: SweepSpec) -> pd.DataFrame:
-    """One row per trial: its config columns, then what its run recorded (its summary.json), and the
-    CPUs its placement group held (from its last result to Tune)."""
+def results_table(
+    trials: list[tuple[str, dict[str, Any] | None, Any, dict[str, Any]]], spec: SweepSpec, sweep_dir: Path
+) -> pd.DataFrame:
+    """One row per trial Tune knows: its config columns, then what its run recorded (its summary.json),
+    and the CPUs its placement group held (from its last result to Tune)."""
     rows = []
     for trial_id, config, error, metrics in trials:
-        params = swept(config)
-        run = trial_config(spec.base, params)
+        run_dir = _run_dir(sweep_dir / "trials", trial_id)
+        recorded = run_dir / "config.yaml" if run_dir else None
+        # A trial with no result yet has no config in Tune's result; its run directory recorded it.
+        if config:
+            params = swept(config)
+            run: RunConfig | None = trial_config(spec.base, params)
+        elif recorded is not None and recorded.is_file():
+            run = RunConfig.from_mapping(RunConfig.load_yaml(recorded), str(recorded))
+            params = {name: getattr(run, name) for name in spec.dimensions}
+        else:
+            run, params = None, {}
         row: dict[str, Any] = {"trial_id": trial_id}
-        row |= {name: getattr(run, name) for name in CONFIG_COLUMNS}
+        row |= {name: getattr(run, name) if run else None for name in CONFIG_COLUMNS}
         row |= {name: value for name, value in params.items() if name not in row}
-        row["global_batch_size"] = run.global_batch_size
-        row["scaled_lr"] = scaled_lr(run.lr, run.global_batch_size, run.base_batch_size, run.lr_scaling)
-        run_dir = _run_dir(Path(config["sweep_dir"]) / "trials", trial_id)
+        row["global_batch_size"] = run.global_batch_size if run else None
+        row["scaled_lr"] = None
+        if run:
+            row["scaled_lr"] = scaled_lr(run.lr, run.global_batch_size, run.base_batch_size, run.lr_scaling)
         summary = _summary(run_dir)
-        # "pending": no error and no record: the trial never ran (e.g. the time budget ran out first)
-        status = "error" if error is not None else summary.get("status", "pending")
+        # interrupted: stopped by the scheduler or the time budget; "stopped" too when it was ended before
+        # it could record anything; pending: it never started (e.g. the time budget ran out first)
+        status = "error" if error is not None else summary.get("status", "interrupted" if run_dir else "pending")
         row["status"] = "stopped" if status == "interrupted" else status
         row["stopped_early"] = status == "interrupted"
         row["epochs_completed"] = summary.get("epochs_completed", 0)
@@ -406,7 +420,9 @@ def write_results(table: pd.DataFrame, spec: SweepSpec, sweep_dir: Path) -> RunC
     """results.parquet and results.csv (best first) and best.yaml (the best finished trial's config)."""
     atomic_write(sweep_dir / "results.parquet", lambda tmp: table.to_parquet(tmp, index=False))
     atomic_write(sweep_dir / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
-    usable = table[~table["status"].isin(["error", "pending"])] if not table.empty else table
+    if table.empty:
+        return None
+    usable = table[~table["status"].isin(["error", "pending"]) & table["final_accuracy"].notna()]
     if usable.empty:
         return None
     row = usable.iloc[0]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -101,21 +104,36 @@ def test_asha_stops_an_absurd_learning_rate_early(tmp_path, ray_cluster):
         time.sleep(0.5)
 
 
-def test_resume_runs_what_the_time_budget_left(tmp_path):
-    """A 1 s budget ends the sweep before its second trial (one at a time) can start; --resume
-    (Tune's restore) runs the rest into the same sweep directory and rewrites its results."""
+def test_resume_restarts_an_interrupted_sweep(tmp_path):
+    """Interrupt a sweep (Tune's Ctrl-C handling, via SIGUSR1) while its first trial runs, one trial
+    at a time; --resume (Tuner.restore) restarts that trial in a new run directory, runs the trial
+    that never started, and rewrites the sweep's results."""
     sweep = tmp_path / "sweep"
-    runner.invoke(app, [
-        "tune", "--model", "mlp", "--batch-sizes", "16,32", "--epochs", "1", "--max-concurrent-trials", "1",
-        "--time-budget", "1", "--sweep-dir", str(sweep),
+
+    def interrupt_once_a_trial_runs() -> None:
+        deadline = time.time() + 120
+        while not list(sweep.glob("trials/*/config.yaml")) and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    threading.Thread(target=interrupt_once_a_trial_runs, daemon=True).start()
+    first = runner.invoke(app, [
+        "tune", "--model", "mlp", "--batch-sizes", "16,32", "--epochs", "5", "--max-concurrent-trials", "1",
+        "--sweep-dir", str(sweep),
     ])  # fmt: skip
-    before = pd.read_csv(sweep / "results.csv")
-    assert len(before) == 2 and (before["status"] == "pending").any(), before[["trial_id", "status"]]
+    assert "Traceback" not in first.output, first.output
+    assert "distrain tune --resume" in first.output
+    before = pd.read_parquet(sweep / "results.parquet")
+    assert len(before) == 1 and before["status"][0] != "completed", before
+    interrupted = before["trial_id"][0]
+
     resumed = runner.invoke(app, ["tune", "--resume", str(sweep)])
     assert resumed.exit_code == 0, resumed.output
-    after = pd.read_csv(sweep / "results.csv").set_index("trial_id")
-    assert set(after["batch_size"]) == {16, 32}
-    for trial_id in before.loc[before["status"] == "pending", "trial_id"]:
-        assert after.loc[trial_id, "status"] == "completed"
-        assert (Path(after.loc[trial_id, "run_dir"]) / "metrics.parquet").is_file()
+    after = pd.read_parquet(sweep / "results.parquet").set_index("trial_id")
+    assert len(after) == 2 and set(after["batch_size"]) == {16, 32}, after
+    assert (after["status"] == "completed").all()
+    assert Path(after.loc[interrupted, "run_dir"]).name == f"{interrupted}-2"  # restarted, first record kept
+    assert (sweep / "trials" / interrupted / "config.yaml").is_file()
+    for run_dir in after["run_dir"]:
+        assert (Path(run_dir) / "metrics.parquet").is_file()
     assert "best.yaml" in resumed.output
