@@ -80,7 +80,8 @@ class SweepDisplay:
                 highlight=False,
             )
             if self.live_mode:
-                self.live = Live(self._table(), console=self.console, refresh_per_second=2, transient=False)
+                # get_renderable: the table is rebuilt on every refresh, so the elapsed time keeps ticking
+                self.live = Live(console=self.console, get_renderable=self._table, refresh_per_second=2)
                 self.live.__enter__()
         elif kind == "TrialStarted":
             params = _params_text(event.params)

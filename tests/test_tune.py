@@ -83,8 +83,9 @@ def test_grid_results_best_yaml_and_resource_accounting(tmp_path, ray_cluster):
 
 
 def test_asha_stops_an_absurd_learning_rate_early(tmp_path, ray_cluster):
-    """lr 50 diverges; ASHA (grace period 1, halving) compares it at epoch 1 with the lr 0.05 trial
-    that ran before it (one trial at a time) and stops it; the good trial runs all 3 epochs."""
+    """lr 50 diverges; ASHA (grace period 1, halving, rungs at epochs 1 and 2) compares it at epoch 1
+    with the lr 0.05 trial that ran before it (one trial at a time) and stops it; the good trial runs
+    all 3 epochs."""
     sweep = tmp_path / "sweep"
     tune(
         "--lr", "0.05,50", "--epochs", "3", "--scheduler", "asha", "--grace-period", "1",
