@@ -42,7 +42,7 @@ class SweepDisplay:
 
     def __exit__(self, *exc: Any) -> None:
         if self.live is not None:
-            self.live.update(self._table())
+            self.live.refresh()
             self.live.__exit__(*exc)
 
     def _table(self) -> Table:
@@ -67,7 +67,7 @@ class SweepDisplay:
 
     def _say(self, text: str) -> None:
         if self.live is not None:
-            self.live.update(self._table())
+            self.live.refresh()
         else:
             self.console.print(text, markup=False, highlight=False)
 
