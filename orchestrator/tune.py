@@ -338,8 +338,15 @@ def run_sweep(
             )
         # verbose=0 silences Tune's legacy reporter; the newer one (on by default) ignores it, and our
         # display (the _Relay callback) is the sweep's output.
+        previous = os.environ.get("RAY_AIR_NEW_OUTPUT")
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-        grid = tuner.fit()
+        try:
+            grid = tuner.fit()
+        finally:
+            if previous is None:
+                os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+            else:
+                os.environ["RAY_AIR_NEW_OUTPUT"] = previous
         trials = [(Path(r.path).name, r.config, r.error, r.metrics or {}) for r in grid]
         table = results_table(trials, spec, sweep_dir)
         best = write_results(table, spec, sweep_dir)
