@@ -196,6 +196,159 @@ def report(
     out.print(f"report in {target}/ ({files})", markup=False, highlight=False)
 
 
+def _sweep_opt(help: str) -> Any:
+    return typer.Option(help=help, show_default=False)
+
+
+# Sweep flags: each names one RunConfig field and takes a list (a,b,c) or, for real values, a range
+# (LOW:HIGH or LOW:HIGH:log, random search only).
+SWEPT_FLAGS = {
+    "batch_sizes": ("batch_size", "--batch-sizes"),
+    "lr": ("lr", "--lr"),
+    "lr_scaling": ("lr_scaling", "--lr-scaling"),
+    "warmup_epochs": ("warmup_epochs", "--warmup-epochs"),
+    "workers": ("workers", "--workers"),
+    "strategies": ("strategy", "--strategies"),
+    "staleness": ("staleness", "--staleness"),
+}
+
+
+@app.command()
+@user_errors
+def tune(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Base run config (YAML) every trial starts from.")
+    ] = None,
+    batch_sizes: Annotated[str | None, _sweep_opt("Per-worker batch sizes, e.g. 16,32,64,128.")] = None,
+    lr: Annotated[str | None, _sweep_opt("Base learning rates: a list (0.01,0.1) or a range (0.01:0.5:log).")] = None,
+    lr_scaling: Annotated[str | None, _sweep_opt("LR scaling rules vs --base-batch-size: linear,sqrt,none.")] = None,
+    warmup_epochs: Annotated[str | None, _sweep_opt("Warmup epochs: a list (0,1) or a range (0:2).")] = None,
+    workers: Annotated[str | None, _sweep_opt("Worker counts per trial, e.g. 2,4.")] = None,
+    strategies: Annotated[str | None, _sweep_opt("Strategies, e.g. bsp,ssp.")] = None,
+    staleness: Annotated[str | None, _sweep_opt("SSP staleness bounds, e.g. 0,2,8 (needs an ssp strategy).")] = None,
+    param: Annotated[
+        list[str] | None, _sweep_opt("NAME=VALUES for any other config field (repeatable), e.g. momentum=0.8,0.9.")
+    ] = None,
+    search: Annotated[str, typer.Option(help="grid (every combination) or random (--num-samples draws).")] = "grid",
+    num_samples: Annotated[
+        int, typer.Option(help="Random search: trials to draw; grid search: repeats of the grid.")
+    ] = 1,
+    scheduler: Annotated[str, typer.Option(help="none, or asha: stop trials whose accuracy lags at a rung.")] = "none",
+    grace_period: Annotated[int, typer.Option(help="ASHA: epochs every trial runs before it can be stopped.")] = 1,
+    max_concurrent_trials: Annotated[
+        int, typer.Option(help="At most this many trials at once (0: as many as the cluster holds).")
+    ] = 0,
+    time_budget: Annotated[float, typer.Option(help="Stop the sweep after this many seconds (0: no limit).")] = 0.0,
+    objective: Annotated[
+        str, typer.Option(help="time_to_target (ascending; then final accuracy) or final_accuracy (descending).")
+    ] = "time_to_target",
+    epochs: Annotated[int | None, _opt("epochs")] = None,
+    model: Annotated[str | None, _opt("model")] = None,
+    dataset: Annotated[str | None, _opt("dataset")] = None,
+    data_dir: Annotated[str | None, _opt("data_dir")] = None,
+    cpus_per_worker: Annotated[float | None, _opt("cpus_per_worker")] = None,
+    base_batch_size: Annotated[int | None, _opt("base_batch_size")] = None,
+    target_accuracy: Annotated[float | None, _opt("target_accuracy")] = None,
+    seed: Annotated[int | None, _opt("seed")] = None,
+    address: Annotated[str | None, _opt("address")] = None,
+    cluster_cpus: Annotated[
+        int, typer.Option(help="Local Ray only: logical CPUs (default: this machine's, at least one trial's).")
+    ] = 0,
+    sweep_dir: Annotated[
+        str | None, typer.Option(help="Sweep directory (default sweep/<timestamp>-tune); must be new or empty.")
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option(help="Go on with an interrupted sweep directory (its own settings; no sweep flags).")
+    ] = None,
+) -> None:
+    """Sweep batch size, LR scaling, warmup, LR (and more) with Ray Tune; each trial is a distributed run."""
+    from distrain.orchestrator.sweep_spec import SweepSpec, parse_dimension, parse_param
+
+    values = locals()
+    dimensions: dict[str, Any] = {}
+    for arg, (name, flag) in SWEPT_FLAGS.items():
+        if values[arg] is not None:
+            dimensions[name] = parse_dimension(name, values[arg], flag)
+    for spec_text in param or []:
+        name, dim = parse_param(spec_text)
+        if name in dimensions:
+            raise DistrainError(f"--param {name} repeats a sweep flag; give {name} once")
+        dimensions[name] = dim
+    base_flags = dict(
+        epochs=epochs,
+        model=model,
+        dataset=dataset,
+        data_dir=data_dir,
+        cpus_per_worker=cpus_per_worker,
+        base_batch_size=base_batch_size,
+        target_accuracy=target_accuracy,
+        seed=seed,
+        address=address,
+    )
+    if resume is not None:
+        from distrain.orchestrator.tune import load_spec
+
+        given = [k for k, v in base_flags.items() if v is not None]
+        if dimensions or config is not None or sweep_dir or given:
+            raise DistrainError("--resume continues a sweep with its own settings; drop the other sweep flags")
+        if not (resume / "sweep.json").is_file() or not (resume / "tune").is_dir():
+            raise DistrainError(f"--resume {str(resume)!r} is not a sweep directory (no sweep.json and tune/)")
+        spec = load_spec(resume)
+        target = resume
+    else:
+        base = RunConfig.resolve(str(config) if config else None, base_flags)
+        for name in ("data_dir", "init_from"):  # trials run in Tune's own working directories
+            if getattr(base, name):
+                setattr(base, name, str(Path(getattr(base, name)).absolute()))
+        spec = SweepSpec(
+            base=base.to_dict(),
+            dimensions=dimensions,
+            search=search,
+            num_samples=num_samples,
+            scheduler=scheduler,
+            grace_period=grace_period,
+            max_concurrent_trials=max_concurrent_trials,
+            time_budget_s=time_budget,
+            objective=objective,
+        )
+        spec.validate()
+        from distrain.orchestrator.files import fresh_dir, timestamped
+
+        target = fresh_dir(sweep_dir, timestamped(Path("sweep"), "tune"), "--sweep-dir")
+
+    from distrain.orchestrator.tune import run_sweep  # Ray, Tune and torch load only from here on
+    from distrain.sweep_display import SweepDisplay, print_table, results_table
+
+    header = (
+        f"sweep {target}  |  {spec.num_trials()} trial(s), {spec.search} search, scheduler {spec.scheduler}"
+        f"  |  {spec.base['model']} on {spec.base['dataset']}, {spec.base['epochs']} epoch(s) each"
+    )
+    with SweepDisplay(out, spec.num_trials(), header) as display:
+        sweep = run_sweep(spec, target, display.on_event, resume=resume is not None, cluster_cpus=cluster_cpus)
+    title = f"distrain tune: {len(sweep.results)} trial(s), best first by {spec.objective}"
+    print_table(out, results_table(sweep.results, list(spec.dimensions), title))
+    out.print(f"sweep took {sweep.wall_time_s:.1f} s", markup=False, highlight=False)
+    unfinished = sweep.results["status"].isin(["stopped", "pending"]).sum() if len(sweep.results) else 0
+    if unfinished and (spec.scheduler == "none" or (sweep.results["status"] == "pending").any()):
+        out.print(
+            f"{unfinished} trial(s) did not finish; go on with: distrain tune --resume {sweep.sweep_dir}",
+            markup=False,
+            highlight=False,
+        )
+    out.print(f"results in {sweep.sweep_dir}/ (results.parquet, results.csv, trials/)", markup=False, highlight=False)
+    failed = sweep.results[sweep.results["status"] == "error"] if len(sweep.results) else sweep.results
+    for _, row in failed.iterrows():
+        err.print(f"trial {row['trial_id']} failed: {row['error']}", markup=False, highlight=False)
+    if sweep.best is None:
+        err.print("no trial ran to a result; nothing to recommend", markup=False, highlight=False)
+        raise typer.Exit(1)
+    out.print(
+        f"best config: {sweep.sweep_dir}/best.yaml  (repeat it: distrain run --config {sweep.sweep_dir}/best.yaml)",
+        markup=False,
+        highlight=False,
+    )
+
+
 class RunDisplay:
     """A live progress bar on a terminal; one line per epoch otherwise (logs, CI)."""
 

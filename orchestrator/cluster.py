@@ -6,17 +6,21 @@ import logging
 import os
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 from ray.util.placement_group import (
     PlacementGroup,
+    get_current_placement_group,
     placement_group,
     placement_group_table,
     remove_placement_group,
 )
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
+from distrain.orchestrator import trial_resources
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -89,8 +93,7 @@ def check_resources(config: RunConfig) -> None:
         )
 
 
-def num_shards(config: RunConfig) -> int:
-    return (config.ps_shards or 0) if config.transport == "ps" else 0
+num_shards = trial_resources.num_shards
 
 
 def cpus_needed(config: RunConfig) -> float:
@@ -135,9 +138,47 @@ def quietest_nodes(pg: PlacementGroup, count: int) -> list[str]:
     return [order[k % len(order)] for k in range(count)]
 
 
-def release(pg: PlacementGroup | None) -> None:
-    if pg is not None:
+@dataclass
+class Placement:
+    """Where a run's actors go: a placement group the run reserved itself, or the one a Tune trial
+    holds (bundle 0 is the trial's driver, then the workers, then the PS shards)."""
+
+    group: PlacementGroup
+    first_worker: int  # bundle index of worker 0
+    owned: bool  # reserved by this run (released at its end) or lent by a Tune trial
+
+    def worker(self, rank: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=self.first_worker + rank)
+
+    def shards(self, workers: int, count: int) -> list[Any]:
+        """Scheduling for `count` PS shards: in the trial's shard bundles, or (own group, which holds
+        only workers) on the nodes with the fewest workers."""
+        if self.owned:
+            return [NodeAffinitySchedulingStrategy(n, soft=True) for n in quietest_nodes(self.group, count)]
+        first = self.first_worker + workers
+        return [
+            PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=first + k) for k in range(count)
+        ]
+
+
+def place(config: RunConfig) -> Placement:
+    """Inside a Tune trial, the trial's placement group (already sized by trial_resources, so Tune
+    never oversubscribes the cluster); otherwise a group reserved for this run."""
+    group = get_current_placement_group()
+    if group is None:
+        return Placement(reserve(config), 0, owned=True)
+    wanted = trial_resources.trial_bundles(config)
+    if [b.get("CPU", 0.0) for b in group.bundle_specs] != [b["CPU"] for b in wanted]:
+        raise ResourceError(
+            f"run_training was called inside a placement group whose bundles {group.bundle_specs} do not match "
+            f"this run's {wanted}; request trial_resources.trial_bundles(config) for the trial"
+        )
+    return Placement(group, trial_resources.FIRST_WORKER_BUNDLE, owned=False)
+
+
+def release(placement: Placement | None) -> None:
+    if placement is not None and placement.owned:
         try:
-            remove_placement_group(pg)
+            remove_placement_group(placement.group)
         except Exception:  # already gone with the cluster
             pass

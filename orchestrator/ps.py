@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distrain.config import RunConfig
 from distrain.strategies.partition import partition
@@ -13,8 +14,8 @@ from distrain.trainers.optim_state import FlatOptimizerState
 
 
 class ShardGroup:
-    """K shard actors holding contiguous slices of θ, each on one of `nodes` (soft affinity: where a
-    node cannot take it, Ray places it elsewhere)."""
+    """K shard actors holding contiguous slices of θ, shard k scheduled by `scheduling[k]` (soft node
+    affinity for a run's own placement, or a Tune trial's shard bundle; see cluster.Placement)."""
 
     def __init__(
         self,
@@ -22,7 +23,7 @@ class ShardGroup:
         rule: ConsistencyRule,
         theta: np.ndarray,
         optimizer_state: FlatOptimizerState | None,
-        nodes: list[str],
+        scheduling: list[Any],
     ) -> None:
         assert config.ps_shards is not None
         self.bounds = partition(len(theta), config.ps_shards)
@@ -32,7 +33,7 @@ class ShardGroup:
             actor.options(
                 num_cpus=config.cpus_per_shard,
                 max_concurrency=max(64, 4 * config.num_worker_actors),
-                scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[k], soft=True),
+                scheduling_strategy=scheduling[k],
             ).remote(
                 k,
                 config.num_worker_actors,

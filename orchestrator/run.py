@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
@@ -64,6 +63,7 @@ class Progress:
     samples_per_s: float
     test_accuracy: float | None
     evaluated: bool = False  # True on the event that carries a fresh evaluation
+    test_loss: float | None = None  # set on evaluated events
 
 
 @dataclass
@@ -151,18 +151,18 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
     emit = on_event or (lambda event: None)
     plan = preflight(config, resume)
     connection = cluster.connect(config)
-    pg = None
+    placement = None
     actors: list[Any] = []  # everything started here, killed on the way out
     try:
         cluster.check_resources(config)
         plan.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
-        pg = cluster.reserve(config)
+        placement = cluster.place(config)
         state = RunState.create(config, plan)
         while True:  # one attempt per failure survived (orchestrator/recovery.py)
-            workers = _start_workers(config, pg, state.run_start)
+            workers = _start_workers(config, placement, state.run_start)
             actors.extend(workers)
-            driver = _Driver(config, plan, workers, pg, actors, state, emit)
+            driver = _Driver(config, plan, workers, placement, actors, state, emit)
             try:
                 return driver.train()
             except RunLost as lost:
@@ -174,17 +174,17 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)
-        cluster.release(pg)
+        cluster.release(placement)
         connection.close()
 
 
-def _start_workers(config: RunConfig, pg: Any, run_start: float) -> list[Any]:
+def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: float) -> list[Any]:
     worker_actor = ray.remote(TrainWorker)
     return [
         worker_actor.options(
             num_cpus=config.cpus_per_worker,
             num_gpus=config.gpus_per_worker,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
+            scheduling_strategy=placement.worker(rank),
         ).remote(config, rank, run_start)
         for rank in range(config.num_worker_actors)
     ]
@@ -237,7 +237,7 @@ class _Driver:
         config: RunConfig,
         plan: Plan,
         workers: list[Any],
-        pg: Any,
+        placement: cluster.Placement,
         actors: list[Any],
         state: RunState,
         emit: EventHandler,
@@ -247,7 +247,7 @@ class _Driver:
         self.plan = plan
         self.checkpoint = plan.checkpoint
         self.workers = workers
-        self.pg = pg
+        self.placement = placement
         self.actors = actors
         self.state = state
         self.run_start = state.run_start
@@ -277,8 +277,8 @@ class _Driver:
         if rule is not None:
             theta = self._get_all([self.workers[0].flat_params.remote()], timeout=timeout)[0]
             opt = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
-            nodes = cluster.quietest_nodes(self.pg, self.config.ps_shards or 1)
-            self.shards = ShardGroup(self.config, rule, theta, opt, nodes)
+            where = self.placement.shards(self.config.num_worker_actors, self.config.ps_shards or 1)
+            self.shards = ShardGroup(self.config, rule, theta, opt, where)
             self.actors.extend(self.shards.shards)
             counters = (self.checkpoint or {}).get("ps")
             if counters is not None:  # continuing this run (not --init-from): versions and clocks go on
@@ -437,10 +437,9 @@ class _Driver:
             elif kind == "eval":
                 eval_parts[payload].append(result)
                 if len(eval_parts[payload]) == n:
-                    last_acc = self._record_eval(payload, eval_parts.pop(payload))
-                    self.emit(
-                        Progress(payload, self.config.epochs, self.steps_done, total, last_loss, 0.0, last_acc, True)
-                    )
+                    last_acc, test_loss = self._record_eval(payload, eval_parts.pop(payload))
+                    done, epochs = self.steps_done, self.config.epochs
+                    self.emit(Progress(payload, epochs, done, total, last_loss, 0.0, last_acc, True, test_loss))
             else:  # "state": a periodic checkpoint, taken in the worker's queue right after its step
                 name, step = payload
                 self.saves[step] = (name, result)
@@ -485,7 +484,7 @@ class _Driver:
         every = self.config.checkpoint_every
         return bool(every) and (epoch + 1) % every == 0 and (epoch + 1) * self.steps_per_epoch <= total
 
-    def _record_eval(self, epoch: int, parts: list[tuple[float, int, int, float]]) -> float:
+    def _record_eval(self, epoch: int, parts: list[tuple[float, int, int, float]]) -> tuple[float, float]:
         """Workers scored disjoint shares of the test set; add up their partial sums."""
         loss_sum = sum(p[0] for p in parts)
         correct = sum(p[1] for p in parts)
@@ -493,7 +492,7 @@ class _Driver:
         acc = correct / count
         now = time.time() - self.run_start
         self.sink.add_eval(epoch, self.steps_done, loss_sum / count, acc, now, max(p[3] for p in parts))
-        return acc
+        return acc, loss_sum / count
 
     # ------------------------------------------------------------------ state
     def _save_complete(self, outstanding_evals: set[int]) -> None:

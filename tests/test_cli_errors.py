@@ -169,6 +169,44 @@ BAD_INPUTS = [
 ]
 
 
+# `distrain tune` (issue 6): refused before Ray starts, so before any trial
+TUNE_BAD_INPUTS = [
+    (["--batch-sizes", ""], ["--batch-sizes is empty"]),
+    (["--batch-sizes", "16,abc"], ["--batch-sizes", "'abc' is not an integer"]),
+    (["--batch-sizes", "16,,32"], ["--batch-sizes", "empty value"]),
+    (["--batch-sizes", "0,16"], ["--batch-size must be >= 1"]),
+    (["--lr", "0.5:0.01", "--search", "random"], ["--lr", "low end must be below its high end"]),
+    (["--lr", "0.1:0.1:log", "--search", "random"], ["--lr", "low end must be below"]),
+    (["--lr", "0:0.5:log", "--search", "random"], ["a log range needs a positive low end"]),
+    (["--lr", "0.01:0.5:ln", "--search", "random"], ["LOW:HIGH or LOW:HIGH:log"]),
+    (["--lr", "0.01:0.5"], ["grid search cannot enumerate", "--search random"]),
+    (["--workers", "2:4", "--search", "random"], ["ranges apply to real-valued fields"]),
+    (["--lr-scaling", "linear,cubic"], ["--lr-scaling", "linear, sqrt, none"]),
+    (["--scheduler", "hyperband"], ["unknown --scheduler 'hyperband'", "none, asha"]),
+    (["--search", "bayes"], ["unknown --search 'bayes'", "grid, random"]),
+    (["--objective", "speed"], ["unknown --objective"]),
+    (["--num-samples", "0"], ["--num-samples must be >= 1"]),
+    (["--staleness", "0,2"], ["--staleness is not used by --strategy bsp"]),
+    (["--param", "bogus=1,2"], ["unknown config field 'bogus'"]),
+    (["--param", "momentum"], ["--param 'momentum' must be NAME=VALUES"]),
+    (["--param", "run_dir=a,b"], ["cannot be swept"]),
+    (["--sweep-dir", "{in}/full_run"], ["--sweep-dir", "not empty"]),
+    (["--resume", "{in}/full_run"], ["not a sweep directory"]),
+    (["--resume", "{in}/full_run", "--epochs", "3"], ["--resume continues a sweep with its own settings"]),
+    (["--config", "{in}/malformed.yaml", "--batch-sizes", "16"], ["malformed YAML"]),
+]
+
+
+@pytest.mark.parametrize(("args", "fragments"), TUNE_BAD_INPUTS, ids=[" ".join(a) for a, _ in TUNE_BAD_INPUTS])
+def test_tune_bad_input_is_one_line_exit_2_and_writes_nothing(workdir, args, fragments):
+    cwd, inputs = workdir
+    before = snapshot(inputs)
+    result = runner.invoke(app, ["tune", *[a.replace("{in}", str(inputs)) for a in args]])
+    assert_one_line_error(result, *fragments)
+    assert list(cwd.iterdir()) == []  # in particular, no sweep/
+    assert snapshot(inputs) == before
+
+
 @pytest.mark.parametrize(("args", "fragments"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(workdir, args, fragments):
     cwd, inputs = workdir
@@ -239,6 +277,16 @@ def test_more_backup_workers_than_the_cluster_can_place(ray_cluster, tmp_path, m
     line = assert_one_line_error(runner.invoke(app, args), "the run needs 23 CPUs", "22 workers")
     assert "cluster has 8" in line
     assert not run_dir.exists()
+
+
+def test_tune_trial_larger_than_the_cluster(ray_cluster, tmp_path, monkeypatch):
+    """8 workers x 1 CPU + the trial driver's bundle cannot fit the 8-CPU test cluster: refused
+    before Tune starts a trial (Tune would otherwise wait for the resources forever)."""
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "s"
+    result = runner.invoke(app, ["tune", "--workers", "2,8", "--epochs", "1", "--sweep-dir", str(sweep)])
+    assert_one_line_error(result, "8 workers needs 8.01 CPUs", "cluster has 8 CPUs", "--workers")
+    assert not sweep.exists()
 
 
 @pytest.mark.parametrize(

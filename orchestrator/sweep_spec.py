@@ -1,0 +1,206 @@
+"""What a `distrain tune` sweep varies, parsed and checked without Ray (so bad input fails before any trial).
+
+A dimension is a RunConfig field with either a list of values ("16,32,64": a grid axis, or a random
+choice) or a real range ("0.01:0.5" uniform, "0.01:0.5:log" log-uniform; random search only). Every
+value is checked by building the RunConfig a trial would run, so a sweep never starts a trial that
+`distrain run` would refuse.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from distrain.config import STRATEGY_DEPENDENT_FIELDS, RunConfig
+from distrain.errors import ConfigError
+from distrain.orchestrator.trial_resources import trial_cpus, trial_gpus
+
+SEARCHES = ("grid", "random")
+SCHEDULERS = ("none", "asha")
+OBJECTIVES = ("time_to_target", "final_accuracy")
+# Fields a sweep sets itself (per trial) and so cannot vary.
+NOT_SWEEPABLE = ("run_dir", "address", "eval_every")
+GRID_LIMIT = 10_000  # combinations checked one by one before the sweep starts
+
+
+@dataclass(frozen=True)
+class Choice:
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Range:
+    low: float
+    high: float
+    log: bool
+
+
+Dimension = Choice | Range
+
+
+def _field_kind(name: str) -> str:
+    fields = RunConfig.__dataclass_fields__
+    if name not in fields:
+        raise ConfigError(f"unknown config field {name!r} to sweep; valid fields: {', '.join(RunConfig.field_names())}")
+    if name in NOT_SWEEPABLE:
+        raise ConfigError(f"{name} is set by the sweep itself and cannot be swept; drop it")
+    kind = fields[name].type
+    return (kind if isinstance(kind, str) else kind.__name__).removesuffix(" | None")
+
+
+def _value(kind: str, text: str, flag: str) -> Any:
+    text = text.strip()
+    try:
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not {'an integer' if kind == 'int' else 'a number'}") from None
+    if kind == "bool":
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"{flag}: {text!r} is not true or false")
+    if kind == "str":
+        return text
+    raise ConfigError(f"{flag} cannot be swept (a {kind} field)")
+
+
+def parse_dimension(name: str, text: str, flag: str | None = None) -> Dimension:
+    """'16,32,64' -> Choice; 'LOW:HIGH' or 'LOW:HIGH:log' -> Range (real-valued fields only)."""
+    flag = flag or f"--param {name}"
+    kind = _field_kind(name)
+    text = (text or "").strip()
+    if not text:
+        raise ConfigError(f"{flag} is empty; give values like 16,32,64 or a range like 0.01:0.5:log")
+    if ":" in text and kind != "str":
+        parts = text.split(":")
+        if kind != "float":
+            raise ConfigError(f"{flag} {text!r}: ranges apply to real-valued fields; list the values instead (a,b,c)")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2].strip() not in ("log", "lin")):
+            raise ConfigError(f"{flag} {text!r} is not a range; write LOW:HIGH or LOW:HIGH:log")
+        low, high = (_value("float", p, flag) for p in parts[:2])
+        log = len(parts) == 3 and parts[2].strip() == "log"
+        if low >= high:
+            raise ConfigError(f"{flag} {text!r}: the range's low end must be below its high end")
+        if log and low <= 0:
+            raise ConfigError(f"{flag} {text!r}: a log range needs a positive low end")
+        return Range(low, high, log)
+    items = [t for t in text.split(",")]
+    if any(not t.strip() for t in items):
+        raise ConfigError(f"{flag} {text!r} has an empty value; write values like 16,32,64")
+    values = tuple(dict.fromkeys(_value(kind, t, flag) for t in items))  # duplicates would repeat trials
+    return Choice(values)
+
+
+def parse_param(spec: str) -> tuple[str, Dimension]:
+    """--param NAME=VALUES for any other RunConfig field, e.g. momentum=0.8,0.9 or staleness=0,2,8."""
+    name, sep, text = spec.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or not name:
+        raise ConfigError(f"--param {spec!r} must be NAME=VALUES, e.g. momentum=0.8,0.9")
+    return name, parse_dimension(name, text, f"--param {name}")
+
+
+def trial_config(base: dict[str, Any], params: dict[str, Any], run_dir: str = "") -> RunConfig:
+    """The RunConfig one trial runs: the base with the trial's values (flags over a file, as in
+    RunConfig.resolve: a different strategy starts from its own transport and strategy defaults)."""
+    values = dict(base)
+    if "strategy" in params and params["strategy"] != values.get("strategy"):
+        for name in STRATEGY_DEPENDENT_FIELDS:
+            if name not in params:
+                values.pop(name, None)
+    values.update(params)
+    values["run_dir"] = run_dir
+    values["eval_every"] = 1  # schedulers compare trials on every epoch's test accuracy
+    return RunConfig.from_mapping(values)
+
+
+@dataclass
+class SweepSpec:
+    base: dict[str, Any]  # a validated RunConfig as a mapping
+    dimensions: dict[str, Dimension]
+    search: str = "grid"
+    num_samples: int = 1
+    scheduler: str = "none"
+    grace_period: int = 1
+    reduction_factor: float = 2.0
+    max_concurrent_trials: int = 0  # 0: as many as the cluster holds
+    time_budget_s: float = 0.0  # 0: no limit
+    objective: str = "time_to_target"
+    notes: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if self.search not in SEARCHES:
+            raise ConfigError(f"unknown --search {self.search!r}; choose one of: {', '.join(SEARCHES)}")
+        if self.scheduler not in SCHEDULERS:
+            raise ConfigError(f"unknown --scheduler {self.scheduler!r}; choose one of: {', '.join(SCHEDULERS)}")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"unknown --objective {self.objective!r}; choose one of: {', '.join(OBJECTIVES)}")
+        if self.num_samples < 1:
+            raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
+        if self.max_concurrent_trials < 0:
+            raise ConfigError(f"--max-concurrent-trials must be >= 0, got {self.max_concurrent_trials}")
+        if not (self.time_budget_s >= 0 and math.isfinite(self.time_budget_s)):
+            raise ConfigError(f"--time-budget must be >= 0 seconds, got {self.time_budget_s}")
+        if self.grace_period < 1:
+            raise ConfigError(f"--grace-period must be >= 1 epoch, got {self.grace_period}")
+        if self.scheduler == "asha" and self.grace_period > self.base["epochs"]:
+            raise ConfigError(f"--grace-period ({self.grace_period}) exceeds --epochs ({self.base['epochs']})")
+        if self.search == "grid":
+            for name, dim in self.dimensions.items():
+                if isinstance(dim, Range):
+                    raise ConfigError(
+                        f"--{name.replace('_', '-')} is a range, which grid search cannot enumerate; "
+                        "list values (a,b,c) or add --search random"
+                    )
+        self.sample_configs()  # building each one is the check
+
+    def grid_size(self) -> int:
+        size = 1
+        for dim in self.dimensions.values():
+            size *= len(dim.values) if isinstance(dim, Choice) else 1
+        return size
+
+    def num_trials(self) -> int:
+        return self.grid_size() * self.num_samples if self.search == "grid" else self.num_samples
+
+    def sample_configs(self) -> list[RunConfig]:
+        """Configs that cover every value a trial can take: every combination of the listed values and
+        the ranges' ends (each value on its own past GRID_LIMIT combinations). Raises on the first
+        invalid one."""
+        names = list(self.dimensions)
+        spans = [d.values if isinstance(d, Choice) else (d.low, d.high) for d in self.dimensions.values()]
+        if math.prod(len(s) for s in spans) <= GRID_LIMIT:
+            points = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*spans)]
+        else:
+            points = [{name: v} for name, span in zip(names, spans, strict=True) for v in span]
+        return [trial_config(self.base, p) for p in points or [{}]]
+
+    def largest_trial(self) -> RunConfig:
+        """The sampled config needing the most CPUs (then GPUs): it must fit the cluster."""
+        return max(self.sample_configs(), key=lambda c: (trial_cpus(c), trial_gpus(c)))
+
+
+def sort_by_objective(table: pd.DataFrame, objective: str) -> pd.DataFrame:
+    """time_to_target: the trials that reached the target, fastest first, then the rest by final
+    accuracy; final_accuracy: highest first. Trials that failed or never ran last."""
+    key = pd.DataFrame(
+        {
+            "error": table["status"].isin(["error", "pending"]),
+            "missed": table["time_to_target_s"].isna() if objective == "time_to_target" else False,
+            "time": table["time_to_target_s"] if objective == "time_to_target" else 0.0,
+            "acc": -table["final_accuracy"].fillna(-1.0),
+        }
+    )
+    order = key.sort_values(["error", "missed", "time", "acc"], na_position="last", kind="stable").index
+    return table.loc[order].reset_index(drop=True)

@@ -1,0 +1,112 @@
+"""Sweep specifications (`distrain tune` flags) parsed and checked without Ray."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from distrain.config import RunConfig
+from distrain.errors import ConfigError
+from distrain.orchestrator.sweep_spec import (
+    Choice,
+    Range,
+    SweepSpec,
+    parse_dimension,
+    parse_param,
+    sort_by_objective,
+    trial_config,
+)
+from distrain.orchestrator.trial_resources import trial_bundles, trial_cpus
+
+
+def base(**kw) -> dict:
+    return RunConfig(**kw).to_dict()
+
+
+def test_lists_and_ranges_parse_by_field_type():
+    assert parse_dimension("batch_size", "16, 32,64") == Choice((16, 32, 64))
+    assert parse_dimension("batch_size", "16,16,32") == Choice((16, 32))  # a repeat would rerun a trial
+    assert parse_dimension("lr_scaling", "linear,none") == Choice(("linear", "none"))
+    assert parse_dimension("lr", "0.01:0.5:log") == Range(0.01, 0.5, True)
+    assert parse_dimension("warmup_epochs", "0:2") == Range(0.0, 2.0, False)
+    assert parse_dimension("lr", "0.1") == Choice((0.1,))
+    assert parse_param("momentum=0.8,0.9") == ("momentum", Choice((0.8, 0.9)))
+    assert parse_param("staleness_lr=true,false") == ("staleness_lr", Choice((True, False)))
+
+
+@pytest.mark.parametrize(
+    "name, text, fragment",
+    [
+        ("batch_size", "", "is empty"),
+        ("batch_size", "16,x", "not an integer"),
+        ("lr", "0.5:0.1", "low end must be below"),
+        ("lr", "-1:1:log", "positive low end"),
+        ("lr", "a:b", "not a number"),
+        ("lr", "inf,1", "not a number"),
+        ("workers", "1:4", "ranges apply to real-valued"),
+        ("nope", "1", "unknown config field"),
+    ],
+)
+def test_bad_dimensions(name, text, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        parse_dimension(name, text)
+
+
+def test_trial_config_switches_strategy_defaults_like_resolve():
+    b = base(strategy="async", ps_shards=2)
+    assert RunConfig(**b).transport == "ps"
+    bsp = trial_config(b, {"strategy": "bsp"}, "some/dir")
+    assert (bsp.transport, bsp.ps_shards, bsp.run_dir, bsp.eval_every) == ("collective", None, "some/dir", 1)
+    ssp = trial_config(base(), {"strategy": "ssp", "staleness": 4})
+    assert (ssp.transport, ssp.ps_shards, ssp.staleness) == ("ps", 1, 4)
+
+
+def test_grid_counts_and_every_combination_is_checked():
+    spec = SweepSpec(
+        base(),
+        {"batch_size": Choice((16, 32)), "lr_scaling": Choice(("linear", "sqrt", "none")), "lr": Choice((0.1,))},
+    )
+    spec.validate()
+    assert spec.num_trials() == 6
+    assert len(spec.sample_configs()) == 6
+    bad = SweepSpec(base(), {"strategy": Choice(("bsp", "ssp")), "staleness": Choice((0, 2))})
+    with pytest.raises(ConfigError, match="--staleness is not used by --strategy bsp"):
+        bad.validate()  # the (bsp, staleness) combinations cannot run
+
+
+def test_random_search_takes_ranges_and_counts_samples():
+    spec = SweepSpec(base(), {"lr": Range(0.01, 0.5, True)}, search="random", num_samples=5)
+    spec.validate()
+    assert spec.num_trials() == 5
+    with pytest.raises(ConfigError, match="grid search cannot enumerate"):
+        SweepSpec(base(), {"lr": Range(0.01, 0.5, True)}).validate()
+    with pytest.raises(ConfigError, match="unknown --scheduler"):
+        SweepSpec(base(), {}, scheduler="pbt").validate()
+    with pytest.raises(ConfigError, match="--grace-period"):
+        SweepSpec(base(epochs=2), {}, scheduler="asha", grace_period=3).validate()
+
+
+def test_trial_bundles_one_per_actor_and_the_largest_trial():
+    ps = RunConfig(strategy="async", workers=3, ps_shards=2, cpus_per_worker=0.5, cpus_per_shard=0.25)
+    assert trial_bundles(ps) == [{"CPU": 0.01}] + [{"CPU": 0.5}] * 3 + [{"CPU": 0.25}] * 2
+    assert math.isclose(trial_cpus(ps), 0.01 + 1.5 + 0.5)
+    gpu = RunConfig(workers=2, gpus_per_worker=1)
+    assert trial_bundles(gpu)[1:] == [{"CPU": 1.0, "GPU": 1.0}] * 2
+    spec = SweepSpec(base(), {"workers": Choice((2, 4)), "strategy": Choice(("bsp", "async"))})
+    largest = spec.largest_trial()
+    assert (largest.workers, largest.strategy) == (4, "async")  # 4 workers + a shard: 5.01 CPUs
+
+
+def test_objective_order():
+    table = pd.DataFrame(
+        {
+            "trial_id": list("abcde"),
+            "status": ["completed", "completed", "stopped", "completed", "error"],
+            "time_to_target_s": [9.0, None, 3.0, 5.0, None],
+            "final_accuracy": [0.97, 0.99, 0.96, 0.95, None],
+        }
+    )
+    assert list(sort_by_objective(table, "time_to_target")["trial_id"]) == ["c", "d", "a", "b", "e"]
+    assert list(sort_by_objective(table, "final_accuracy")["trial_id"]) == ["b", "a", "c", "d", "e"]
