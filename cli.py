@@ -22,10 +22,12 @@ from rich.text import Text
 from distrain.config import RunConfig
 from distrain.errors import DistrainError
 
-try:  # typer >= 0.24 parses with its own vendored copy of click
+try:  # typer >= 0.24 parses with its own vendored copy of click (and keeps Abort in typer.exceptions)
     from typer._click import exceptions as click_exceptions
+    from typer.exceptions import Abort
 except ImportError:  # pragma: no cover - older typer on the real click
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
+    from click.exceptions import Abort  # type: ignore[no-redef,assignment]
 
 app = typer.Typer(
     name="distrain",
@@ -514,7 +516,7 @@ def main() -> int:
     except click_exceptions.ClickException as e:
         err.print(Text("error: ", style="bold red") + Text(e.format_message()), highlight=False)
         return e.exit_code
-    except click_exceptions.Abort:
+    except Abort:
         err.print("aborted")
         return 130
 
