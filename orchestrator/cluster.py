@@ -89,7 +89,7 @@ def check_resources(config: RunConfig) -> None:
 
 
 def num_shards(config: RunConfig) -> int:
-    return (config.ps_shards or 0) if config.transport == "ps" else 0
+    return config.ps_shards or 0  # set only when the run (or a phase of its --schedule) uses the PS
 
 
 def cpus_needed(config: RunConfig) -> float:

@@ -41,6 +41,9 @@ SCHEMA = pa.schema(
         ("staleness", pa.int64()),  # applied - read (largest over the shards)
         ("clock", pa.int64()),  # the worker's clock after this push
         ("min_clock", pa.int64()),  # the slowest worker's clock when this step's pull completed
+        # local SGD only:
+        ("tau", pa.int32()),  # local steps in the averaging period this step belongs to
+        ("averaging_round", pa.int64()),  # averaging rounds completed after this step
     ]
 )
 

@@ -25,6 +25,7 @@ from distrain.orchestrator import cluster
 from distrain.orchestrator.checkpoint import checkpoint_name, load_checkpoint_for, save_checkpoint
 from distrain.orchestrator.files import atomic_write_text, choose_run_dir
 from distrain.orchestrator.metrics import MetricsSink
+from distrain.orchestrator.phases import PhaseSpan, plan_phases
 from distrain.orchestrator.ps import ShardGroup
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.work import WorkPlan
@@ -172,6 +173,7 @@ class _Driver:
         self.sink = MetricsSink(plan.run_dir.name)
         self.config_dict = _recorded(config, plan.run_dir).to_dict()
         self.shards: ShardGroup | None = None
+        self.phases: list[PhaseSpan] = []
         self.steps_per_epoch = 0  # known once the workers have loaded their data
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
         self.steps_done = self.start_step
@@ -184,17 +186,33 @@ class _Driver:
         if self.checkpoint is not None:
             state = {"model": self.checkpoint["model"], "optimizer": self.checkpoint["optimizer"]}
             _get([w.load_state.remote(state) for w in self.workers], timeout=timeout)
-        rule = self.impl.ps_rule(self.config)
+        return info
+
+    def _enter(self, phase: PhaseSpan, optimizer: FlatOptimizerState | None) -> None:
+        """Set `phase`'s strategy up on every worker; PS shards start from worker 0's θ and `optimizer`."""
+        timeout = self.config.collective_timeout_s
+        self.impl = STRATEGIES.get(phase.config.strategy).implementation(phase.config)
+        rule = self.impl.ps_rule(phase.config)
         if rule is not None:
             theta = _get(self.workers[0].flat_params.remote())
-            opt = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
-            nodes = cluster.quietest_nodes(self.pg, self.config.ps_shards or 1)
-            self.shards = ShardGroup(self.config, rule, theta, opt, nodes)
+            nodes = cluster.quietest_nodes(self.pg, phase.config.ps_shards or 1)
+            self.shards = ShardGroup(phase.config, rule, theta, optimizer, nodes)
             self.actors.extend(self.shards.shards)
         rendezvous = "" if rule is not None else _get(self.workers[0].rendezvous_address.remote())
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
-        _get([w.setup.remote(rendezvous, shards, bounds) for w in self.workers], timeout=timeout)
-        return info
+        _get([w.setup.remote(rendezvous, shards, bounds, phase.config) for w in self.workers], timeout=timeout)
+
+    def _switch(self) -> FlatOptimizerState:
+        """Between phases: take the state out of the transport, tear it down, load the state everywhere."""
+        timeout = self.config.collective_timeout_s
+        state = _get(self.workers[0].state.remote(), timeout=timeout)
+        _get([w.shutdown.remote() for w in self.workers], timeout=timeout)
+        if self.shards is not None:
+            for shard in self.shards.shards:
+                ray.kill(shard, no_restart=True)
+            self.shards = None
+        _get([w.load_state.remote(state) for w in self.workers], timeout=timeout)
+        return FlatOptimizerState.from_dict(state["optimizer"])
 
     def train(self) -> RunResult:
         status = "failed"
@@ -210,7 +228,13 @@ class _Driver:
                 )
             nodes = len({i["node_id"] for i in info})
             self.emit(RunStarted(self.run_dir, total, self.steps_per_epoch, info[0]["num_params"], nodes))
-            self._loop(total)
+            optimizer = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
+            self.phases = plan_phases(self.config, self.steps_per_epoch, self.start_step, total)
+            for i, phase in enumerate(self.phases):
+                if i:
+                    optimizer = self._switch()
+                self._enter(phase, optimizer)
+                self._loop(phase.end_step, phase.start_step)
             status = "completed"
             summary = self._finish(status)
             self._leave_transports()
@@ -224,7 +248,7 @@ class _Driver:
                 self._finish(status, checkpoint=False)
 
     # ------------------------------------------------------------------ the event loop
-    def _loop(self, total: int) -> None:
+    def _loop(self, total: int, start_step: int) -> None:
         """Keep every worker fed with segments; evaluate (and checkpoint) each epoch as it completes.
 
         Static plans queue an epoch's evaluation on each worker right behind its last step of that
@@ -234,7 +258,7 @@ class _Driver:
         """
         n = len(self.workers)
         shared = self.impl.independent_workers
-        work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, self.start_step)
+        work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, start_step)
         depth = 1 if shared else 2  # queued segments per worker (shared: keep units for whoever is free)
         pending: dict[Any, tuple[str, int, Any]] = {}
         in_flight = [0] * n
@@ -339,5 +363,7 @@ class _Driver:
         df = self.sink.table().to_pandas()
         self.sink.write(self.run_dir / "metrics.parquet")
         summary = summarize(df, self.config_dict, self.run_start, time.time() - self.run_start, status, epochs_done)
+        if self.config.schedule:
+            summary["phases"] = [phase.describe() for phase in self.phases]
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary

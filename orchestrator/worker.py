@@ -42,6 +42,8 @@ STEP_COLUMNS = (
     "staleness",
     "clock",
     "min_clock",
+    "tau",
+    "averaging_round",
 )
 
 
@@ -71,6 +73,8 @@ class TrainWorker:
             self.sharder.steps_per_epoch,
         )
         self.strategy: Any = None
+        total = config.epochs * self.sharder.steps_per_epoch
+        self.total_steps = min(total, config.max_steps) if config.max_steps else total
 
     # ------------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:
@@ -91,10 +95,18 @@ class TrainWorker:
         """Start from a checkpoint's model and (flat) optimizer state."""
         self.trainer.load_state_dict(state)
 
-    def setup(self, rendezvous: str, ps_shards: list[Any], ps_bounds: list[tuple[int, int]]) -> None:
+    def setup(
+        self,
+        rendezvous: str,
+        ps_shards: list[Any],
+        ps_bounds: list[tuple[int, int]],
+        phase_config: RunConfig | None = None,
+    ) -> None:
+        """Join the transport of the run's strategy, or of `phase_config`'s (one phase of a --schedule)."""
+        config = phase_config or self.config
         ctx = StrategyContext(self.rank, self.world_size, self.device, rendezvous, tuple(ps_shards), tuple(ps_bounds))
-        impl = STRATEGIES.get(self.config.strategy).implementation(self.config)
-        self.strategy = impl(self.config, ctx)
+        impl = STRATEGIES.get(config.strategy).implementation(config)
+        self.strategy = impl(config, ctx)
         self.strategy.setup(self.trainer)
 
     # ------------------------------------------------------------------ training
@@ -112,6 +124,13 @@ class TrainWorker:
                 time.sleep(self.delay)  # injected straggler: counted as compute
             compute_s = time.perf_counter() - t0
             comm = self.strategy.step(self.trainer, lr)
+            if step == self.sharder.steps_per_epoch - 1 or global_step == self.total_steps - 1:
+                extra = self.strategy.at_epoch_end(self.trainer)
+                if extra is not None:  # e.g. local SGD's closing average: counted in this step's row
+                    comm.seconds += extra.seconds
+                    comm.bytes_sent += extra.bytes_sent
+                    comm.bytes_received += extra.bytes_received
+                    comm.averaging_round = extra.averaging_round
             values = {
                 "worker": self.rank,
                 "step": global_step,
@@ -131,6 +150,8 @@ class TrainWorker:
                 "staleness": comm.staleness,
                 "clock": comm.clock,
                 "min_clock": comm.min_clock,
+                "tau": comm.tau,
+                "averaging_round": comm.averaging_round,
             }
             for key, value in values.items():
                 rows[key].append(value)
@@ -155,3 +176,4 @@ class TrainWorker:
         """Leave the transports cleanly (the orchestrator kills the actor afterwards either way)."""
         if self.strategy is not None:
             self.strategy.teardown()
+            self.strategy = None

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from distrain.strategies.ps_shard import ConsistencyRule
 
 # Config fields only some strategies read; a strategy lists those it reads in `reads`.
-STRATEGY_FIELDS = ("staleness", "staleness_lr")
+STRATEGY_FIELDS = ("staleness", "staleness_lr", "tau", "adaptive_tau", "tau_interval", "tau_max")
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ class CommStats:
     staleness: int | None = None
     clock: int | None = None
     min_clock: int | None = None
+    tau: int | None = None  # local SGD: the period this step belongs to
+    averaging_round: int | None = None  # local SGD: averaging rounds completed after this step
 
 
 class Strategy(ABC):
@@ -78,6 +80,11 @@ class Strategy(ABC):
     @abstractmethod
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         """Communicate the gradient in `trainer.grads_flat` and update the parameters."""
+
+    def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
+        """Called on every worker right after its last step of an epoch (and of the run), before any
+        evaluation, checkpoint or strategy switch reads the replica; returns what it communicated."""
+        return None
 
     def prepare_eval(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook
         """Make the replica hold the parameters to evaluate."""
