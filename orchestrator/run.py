@@ -202,10 +202,14 @@ class _Driver:
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
         _get([w.setup.remote(rendezvous, shards, bounds, phase.config) for w in self.workers], timeout=timeout)
 
-    def _switch(self) -> FlatOptimizerState:
-        """Between phases: take the state out of the transport, tear it down, load the state everywhere."""
+    def _switch(self, at_step: int) -> FlatOptimizerState:
+        """Between phases: take the state out of the transport, tear it down, load the state everywhere.
+
+        The state handed over is also kept as checkpoints/switch-EPOCH.pt (a run can start from it)."""
         timeout = self.config.collective_timeout_s
         state = _get(self.workers[0].state.remote(), timeout=timeout)
+        epoch = at_step // self.steps_per_epoch
+        self._save(f"switch-{epoch:04d}.pt", state, epoch, at_step)
         _get([w.shutdown.remote() for w in self.workers], timeout=timeout)
         if self.shards is not None:
             for shard in self.shards.shards:
@@ -232,7 +236,7 @@ class _Driver:
             self.phases = plan_phases(self.config, self.steps_per_epoch, self.start_step, total)
             for i, phase in enumerate(self.phases):
                 if i:
-                    optimizer = self._switch()
+                    optimizer = self._switch(phase.start_step)
                 self._enter(phase, optimizer)
                 self._loop(phase.end_step, phase.start_step)
             status = "completed"

@@ -4,6 +4,9 @@ Each worker takes τ local optimizer steps on its own slice of every global batc
 average their parameters with one all-reduce over the collective transport (one communication
 round; `--comm-delay-ms` adds its delay once per round). τ = 1 with plain SGD is BSP.
 
+Parameters travel as their change since the last round (every replica starts a period from the same
+θ), which is the same average with much less float32 rounding.
+
 Optimizer state at an averaging round: the optimizer's per-parameter state vectors (SGD momentum
 buffers, Adagrad sums, Adam moments) are averaged together with the parameters, in the same
 all-reduce. Every replica therefore leaves a round with the same parameters *and* the same optimizer
@@ -61,6 +64,7 @@ class LocalSGD(Strategy):
         self.interval_start = time.perf_counter()
         self.interval_steps = 0
         self.lr = 0.0
+        self.anchor: torch.Tensor | None = None  # θ after the last round (equal on every worker)
 
     def setup(self, trainer: LocalTrainer) -> None:
         backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
@@ -74,6 +78,7 @@ class LocalSGD(Strategy):
         )
         # Replicas start equal (same seed, or the same loaded state); the broadcast makes it a fact.
         self.group.broadcast_(trainer.params_flat, src=0)
+        self.anchor = trainer.params_flat.clone()
         self.interval_start = time.perf_counter()
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
@@ -100,15 +105,19 @@ class LocalSGD(Strategy):
 
     def average(self, trainer: LocalTrainer) -> CommStats:
         """One averaging round: θ, the optimizer's state vectors and the AdaComm statistics, in one all-reduce."""
-        assert self.group is not None, "setup() must run before step()"
+        assert self.group is not None and self.anchor is not None, "setup() must run before step()"
         opt = trainer.flat_optimizer_state()
         n = trainer.numel
         elapsed = time.perf_counter() - self.interval_start
         stats = torch.tensor([self.loss_sum, float(self.loss_count), elapsed], dtype=trainer.params_flat.dtype)
         vectors = [v.to(trainer.params_flat.device) for v in opt.vectors.values()]
-        buffer = torch.cat([trainer.params_flat, *vectors, stats.to(trainer.params_flat.device)])
+        # θ travels as its change since the last round: mean(θ_i) = θ_anchor + mean(θ_i - θ_anchor) exactly,
+        # but small deltas average with far less float32 rounding than whole parameters do.
+        delta = trainer.params_flat - self.anchor
+        buffer = torch.cat([delta, *vectors, stats.to(trainer.params_flat.device)])
         seconds = self.group.all_reduce_mean_(buffer)
-        trainer.params_flat.copy_(buffer[:n])
+        self.anchor.add_(buffer[:n])
+        trainer.params_flat.copy_(self.anchor)
         if vectors:
             for i, key in enumerate(opt.vectors):
                 opt.vectors[key] = buffer[(i + 1) * n : (i + 2) * n].cpu()

@@ -106,6 +106,19 @@ BAD_INPUTS = [
     (["--straggler", "1"], ["--straggler '1'"]),
     (["--init-from", "{in}/missing.pt"], ["--init-from", "not a file"]),
     (["--init-from", "{in}/full_run/metrics.parquet"], ["cannot read checkpoint"]),
+    # local SGD, AdaComm, schedules, emulated delay (issue 5)
+    (["--strategy", "local-sgd", "--tau", "0"], ["--tau must be >= 1"]),
+    (["--strategy", "local-sgd", "--adaptive-tau", "--tau", "8", "--tau-max", "4"], ["--tau-max (4) is below --tau"]),
+    (["--adaptive-tau"], ["--adaptive-tau is not used by --strategy bsp", "local-sgd"]),
+    (["--strategy", "ssp", "--tau", "4"], ["--tau is not used by --strategy ssp", "local-sgd"]),
+    (["--strategy", "local-sgd", "--tau-interval", "5s"], ["--tau-interval only applies with --adaptive-tau"]),
+    (["--strategy", "local-sgd", "--adaptive-tau", "--tau-interval", "5m"], ["--tau-interval '5m'"]),
+    (["--schedule", "bsp:two,local-sgd"], ["--schedule", "whole number of epochs"]),
+    (["--schedule", "bsp:1,sgd-deluxe"], ["--schedule", "unknown strategy 'sgd-deluxe'", "local-sgd"]),
+    (["--schedule", "bsp:3,local-sgd", "--epochs", "2"], ["--schedule", "exceeds --epochs 2"]),
+    (["--schedule", "bsp:1,ssp", "--tau", "4"], ["--tau is not used by --schedule bsp:1,ssp"]),
+    (["--schedule", "ssp:1,bsp", "--transport", "collective"], ["cannot carry --strategy ssp"]),
+    (["--comm-delay-ms", "-5"], ["--comm-delay-ms must be >= 0"]),
 ]
 
 
