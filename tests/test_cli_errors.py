@@ -153,7 +153,7 @@ def test_strategies_lists_bsp():
     result = runner.invoke(app, ["strategies"])
     assert result.exit_code == 0, result.output
     names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
-    assert "bsp" in names
+    assert "bsp" in names and "local-sgd" in names
 
 
 def test_help():
