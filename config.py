@@ -21,6 +21,7 @@ from distrain.errors import ConfigError
 LR_SCALING_RULES = ("linear", "sqrt", "none")
 STRATEGY_DEPENDENT_FIELDS = (
     "transport", "ps_shards", "staleness", "staleness_lr", "tau", "adaptive_tau", "tau_interval", "tau_max",
+    "schedule",
 )  # fmt: skip
 DEFAULT_TAU = 8
 DEFAULT_TAU_INTERVAL = "5s"
