@@ -41,7 +41,7 @@ class TauInterval:
 
     @classmethod
     def parse(cls, text: str) -> TauInterval:
-        """"5s" -> 5 seconds; "200" -> 200 steps."""
+        """Text "5s" -> 5 seconds; "200" -> 200 steps."""
         if m := _SECONDS.match(text):
             seconds = float(m.group(1))
             if seconds > 0:
