@@ -81,6 +81,12 @@ def run(
     cpus_per_shard: Annotated[float | None, _opt("cpus_per_shard")] = None,
     staleness: Annotated[int | None, _opt("staleness")] = None,
     staleness_lr: Annotated[bool | None, _opt("staleness_lr")] = None,
+    tau: Annotated[int | None, _opt("tau")] = None,
+    adaptive_tau: Annotated[bool | None, _opt("adaptive_tau")] = None,
+    tau_interval: Annotated[str | None, _opt("tau_interval")] = None,
+    tau_max: Annotated[int | None, _opt("tau_max")] = None,
+    schedule: Annotated[str | None, _opt("schedule")] = None,
+    comm_delay_ms: Annotated[float | None, _opt("comm_delay_ms")] = None,
     straggler: Annotated[list[str] | None, _opt("straggler")] = None,
     backup_workers: Annotated[int | None, _opt("backup_workers")] = None,
     backup_tasks: Annotated[bool | None, _opt("backup_tasks")] = None,
@@ -473,6 +479,14 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                 f"{summary['failures']} / {_fmt(summary['time_lost_s'], '.1f')} s / {summary['updates_lost']}",
             )
         )
+    if summary.get("averaging_rounds") is not None:
+        rows += [
+            ("averaging rounds", str(summary["averaging_rounds"])),
+            ("bytes communicated (all workers)", _fmt(summary["bytes_communicated"], ",")),
+            ("tau min / max / final", f"{summary['tau_min']} / {summary['tau_max']} / {summary['tau_final']}"),
+        ]
+    if summary.get("phases"):
+        rows.append(("schedule", ", ".join(f"{p['strategy']} from step {p['start_step']}" for p in summary["phases"])))
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)

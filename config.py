@@ -20,8 +20,11 @@ from distrain.errors import ConfigError
 
 LR_SCALING_RULES = ("linear", "sqrt", "none")
 STRATEGY_DEPENDENT_FIELDS = (
-    "transport", "ps_shards", "staleness", "staleness_lr", "backup_workers", "backup_tasks", "portions"
-)
+    "transport", "ps_shards", "staleness", "staleness_lr", "backup_workers", "backup_tasks", "portions",
+    "tau", "adaptive_tau", "tau_interval", "tau_max", "schedule",
+)  # fmt: skip
+DEFAULT_TAU = 8
+DEFAULT_TAU_INTERVAL = "5s"
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 PLACEMENTS = ("pack", "spread")
 
@@ -139,6 +142,12 @@ class RunConfig:
     cpus_per_shard: float = _f(1.0, "CPUs reserved for each parameter-server shard actor.")
     staleness: int | None = _f(None, "SSP staleness bound s: no worker runs more than s clocks ahead (default 2).")
     staleness_lr: bool = _f(False, "Divide the rate by a gradient's staleness (async, ssp; Zhang et al. 2016).")
+    tau: int | None = _f(None, "Local SGD: local steps between parameter averages (default 8; adaptive: tau_0).")
+    adaptive_tau: bool = _f(False, "Local SGD: re-choose tau every --tau-interval from the loss (AdaComm).")
+    tau_interval: str | None = _f(None, "AdaComm interval: seconds like 5s, or local steps like 200 (default 5s).")
+    tau_max: int | None = _f(None, "AdaComm: largest tau it may choose (default: --tau).")
+    schedule: str = _f("", "Strategies in sequence, switching at epoch marks: name[:epochs],... e.g. bsp:2,local-sgd.")
+    comm_delay_ms: float = _f(0.0, "Emulated network delay added to every communication round, ms (experiments).")
     straggler: list[str] = _f(
         (), "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments)."
     )
@@ -200,6 +209,13 @@ class RunConfig:
         from distrain.trainers.datasets import DATASETS
         from distrain.trainers.models import MODELS
 
+        if self.schedule:
+            if self.epochs < 1:
+                raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
+            from distrain.strategies.phases import parse_schedule
+
+            # The first entry is the run's strategy (and names the run directory).
+            self.strategy = parse_schedule(self.schedule, self.epochs)[0].strategy
         strategy = STRATEGIES.get(self.strategy)
         MODELS.check(self.model)
         DATASETS.check(self.dataset)
@@ -215,7 +231,7 @@ class RunConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-        for name in ("gpus_per_worker", "momentum", "weight_decay", "warmup_epochs"):
+        for name in ("gpus_per_worker", "momentum", "weight_decay", "warmup_epochs", "comm_delay_ms"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
@@ -257,18 +273,31 @@ class RunConfig:
                 f"--transport {self.transport} cannot carry --strategy {self.strategy}; "
                 f"it runs on: {', '.join(strategy.transports)}"
             )
+        phases = [strategy]
+        if self.schedule:
+            from distrain.strategies.phases import parse_schedule
+
+            if self.transport != strategy.transports[0]:
+                raise ConfigError(
+                    f"--transport {self.transport} cannot be combined with --schedule: each phase runs on its "
+                    "strategy's default transport; drop --transport"
+                )
+            phases = [STRATEGIES.get(p.strategy) for p in parse_schedule(self.schedule, self.epochs)]
+        reads = frozenset().union(*(s.reads for s in phases))
+        user = f"--schedule {self.schedule}" if self.schedule else f"--strategy {self.strategy}"
         for name in STRATEGY_FIELDS:
-            if getattr(self, name) not in (None, False) and name not in strategy.reads:
+            if getattr(self, name) not in (None, False) and name not in reads:
                 users = [n for n in STRATEGIES.names() if name in STRATEGIES.get(n).reads]
                 raise ConfigError(
-                    f"--{name.replace('_', '-')} is not used by --strategy {self.strategy}; "
-                    f"drop it (it applies to: {', '.join(users)})"
+                    f"--{name.replace('_', '-')} is not used by {user}; drop it (it applies to: {', '.join(users)})"
                 )
-        if "staleness" in strategy.reads and self.staleness is None:
+        if "staleness" in reads and self.staleness is None:
             self.staleness = 2
         if self.staleness is not None and self.staleness < 0:
             raise ConfigError(f"--staleness must be >= 0, got {self.staleness}")
-        if self.transport == "ps":
+        if "tau" in reads:
+            self._validate_tau()
+        if self.transport == "ps" or any(s.transports[0] == "ps" for s in phases):
             if self.ps_shards is None:
                 self.ps_shards = 1
             if self.ps_shards < 1:
@@ -282,6 +311,8 @@ class RunConfig:
             raise ConfigError(f"--backup-workers must be >= 0, got {self.backup_workers}")
         flags = (("--backup-workers", self.backup_workers), ("--backup-tasks", self.backup_tasks))
         wanted = [name for name, on in flags if on]
+        if wanted and self.schedule:
+            raise ConfigError(f"{wanted[0]} cannot be combined with --schedule; drop one of them")
         if wanted and (self.strategy != "bsp" or self.transport != "ps"):
             raise ConfigError(
                 f"{wanted[0]} needs synchronous rounds on the parameter server: use --strategy bsp --transport ps"
@@ -302,6 +333,27 @@ class RunConfig:
                     f"--portions {self.portions} does not divide the global batch {self.global_batch_size} "
                     "(--workers x --batch-size) into equal portions"
                 )
+
+    def _validate_tau(self) -> None:
+        from distrain.strategies.adacomm import TauInterval
+
+        if self.tau is None:
+            self.tau = DEFAULT_TAU
+        if self.tau < 1:
+            raise ConfigError(f"--tau must be >= 1, got {self.tau}")
+        if self.tau_max is not None and self.tau_max < self.tau:
+            raise ConfigError(f"--tau-max ({self.tau_max}) is below --tau ({self.tau}); raise it or drop it")
+        if not self.adaptive_tau:
+            for name in ("tau_interval", "tau_max"):
+                if getattr(self, name) is not None:
+                    flag = "--" + name.replace("_", "-")
+                    raise ConfigError(f"{flag} only applies with --adaptive-tau; add --adaptive-tau or drop {flag}")
+            return
+        if self.tau_interval is None:
+            self.tau_interval = DEFAULT_TAU_INTERVAL
+        TauInterval.parse(self.tau_interval)
+        if self.tau_max is None:
+            self.tau_max = self.tau
 
     # ------------------------------------------------------------------ derived values
     @property

@@ -44,6 +44,9 @@ SCHEMA = pa.schema(
         # BSP over the PS with backup workers / backup tasks:
         ("dropped", pa.bool_()),  # the gradient came late (k-of-n) or was a second copy: not applied
         ("backup", pa.bool_()),  # backup tasks: a speculative copy of a portion another worker had
+        # local SGD only:
+        ("tau", pa.int32()),  # local steps in the averaging period this step belongs to
+        ("averaging_round", pa.int64()),  # averaging rounds completed after this step
     ]
 )
 

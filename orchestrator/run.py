@@ -31,6 +31,7 @@ from distrain.orchestrator.checkpoint import (
 )
 from distrain.orchestrator.files import atomic_write_text, choose_run_dir
 from distrain.orchestrator.metrics import MetricsSink
+from distrain.orchestrator.phases import PhaseSpan, plan_phases
 from distrain.orchestrator.ps import ShardGroup
 from distrain.orchestrator.recovery import Failure, FailureLedger, RestorePoint, RunLost, classify, kill_all
 from distrain.orchestrator.resume import resume_checkpoint
@@ -258,6 +259,7 @@ class _Driver:
         self.shards: ShardGroup | None = None
         self.portion_scheduler: Any = None  # backup tasks only
         self.detector = StragglerDetector(len(workers), config.straggler_threshold)
+        self.phases: list[PhaseSpan] = []
         self.steps_per_epoch = 0  # known once the workers have loaded their data
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
         self.steps_done = self.start_step
@@ -272,34 +274,56 @@ class _Driver:
         if self.checkpoint is not None:
             state = {"model": self.checkpoint["model"], "optimizer": self.checkpoint["optimizer"]}
             self._get_all([w.load_state.remote(state) for w in self.workers], timeout=timeout)
-        rule = self.impl.ps_rule(self.config)
+        return info
+
+    def _enter(self, phase: PhaseSpan, optimizer: FlatOptimizerState | None) -> None:
+        """Set `phase`'s strategy up on every worker; PS shards start from worker 0's θ and `optimizer`."""
+        timeout = self.config.collective_timeout_s
+        self.impl = STRATEGIES.get(phase.config.strategy).implementation(phase.config)
+        rule = self.impl.ps_rule(phase.config)
         counters = None
         if rule is not None:
             theta = self._get_all([self.workers[0].flat_params.remote()], timeout=timeout)[0]
-            opt = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
-            where = self.placement.shards(self.config.num_worker_actors, self.config.ps_shards or 1)
-            self.shards = ShardGroup(self.config, rule, theta, opt, where)
+            where = self.placement.shards(self.config.num_worker_actors, phase.config.ps_shards or 1)
+            self.shards = ShardGroup(phase.config, rule, theta, optimizer, where)
             self.actors.extend(self.shards.shards)
-            counters = (self.checkpoint or {}).get("ps")
-            if counters is not None:  # continuing this run (not --init-from): versions and clocks go on
+            # Continuing this run (not --init-from) in the phase its checkpoint was taken in: the shards'
+            # versions and clocks go on.
+            counters = (self.checkpoint or {}).get("ps") if phase.start_step == self.start_step else None
+            if counters is not None:
                 clock = max(counters["clocks"]) if rule.mode == "bounded" else counters["version"]
                 self.shards.set_counters(counters["version"], [clock] * self.config.num_worker_actors)
-        if self.config.backup_tasks:
-            assert self.config.portions is not None
+        if phase.config.backup_tasks:
+            assert phase.config.portions is not None
             first_tag = counters["version"] if counters is not None else 0  # the shards' version right now
             self.portion_scheduler = (
                 ray.remote(PortionScheduler)
                 .options(num_cpus=0, max_concurrency=max(64, 4 * len(self.workers)))
-                .remote(self.config.portions, self.steps_per_epoch, self.start_step, first_tag)
+                .remote(phase.config.portions, self.steps_per_epoch, phase.start_step, first_tag)
             )
             self.actors.append(self.portion_scheduler)
         rendezvous = "" if rule is not None else _get(self.workers[0].rendezvous_address.remote())
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
         self._get_all(
-            [w.setup.remote(rendezvous, shards, bounds, self.portion_scheduler) for w in self.workers], timeout=timeout
+            [w.setup.remote(rendezvous, shards, bounds, self.portion_scheduler, phase.config) for w in self.workers],
+            timeout=timeout,
         )
-        self.state.ledger.resumed(self.state.point, time.time() - self.run_start)
-        return info
+
+    def _switch(self, at_step: int) -> FlatOptimizerState:
+        """Between phases: take the state out of the transport, tear it down, load the state everywhere.
+
+        The state handed over is also kept as checkpoints/switch-EPOCH.pt (a run can start from it)."""
+        timeout = self.config.collective_timeout_s
+        state = _get(self.workers[0].state.remote(), timeout=timeout)
+        epoch = at_step // self.steps_per_epoch
+        self._save(f"switch-{epoch:04d}.pt", state, epoch, at_step)
+        _get([w.shutdown.remote() for w in self.workers], timeout=timeout)
+        if self.shards is not None:
+            for shard in self.shards.shards:
+                ray.kill(shard, no_restart=True)
+            self.shards = None
+        _get([w.load_state.remote(state) for w in self.workers], timeout=timeout)
+        return FlatOptimizerState.from_dict(state["optimizer"])
 
     def _get_all(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
         """ray.get of calls to the workers (in rank order), where a lost actor ends the attempt (RunLost)."""
@@ -332,7 +356,15 @@ class _Driver:
             nodes = len({i["node_id"] for i in info})
             if not self.state.ledger.events or self.plan.resumed:  # a recovered attempt is the same run going on
                 self.emit(RunStarted(self.run_dir, total, self.steps_per_epoch, info[0]["num_params"], nodes))
-            self._loop(total)
+            optimizer = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
+            self.phases = plan_phases(self.config, self.steps_per_epoch, self.start_step, total)
+            for i, phase in enumerate(self.phases):
+                if i:
+                    optimizer = self._switch(phase.start_step)
+                self._enter(phase, optimizer)
+                if i == 0:
+                    self.state.ledger.resumed(self.state.point, time.time() - self.run_start)
+                self._loop(phase.end_step, phase.start_step)
             status = "completed"
             summary = self._finish(status)
             self._leave_transports()
@@ -351,7 +383,7 @@ class _Driver:
                 self._finish(status, checkpoint=False)
 
     # ------------------------------------------------------------------ the event loop
-    def _loop(self, total: int) -> None:
+    def _loop(self, total: int, start_step: int) -> None:
         """Keep every worker fed with segments; evaluate (and checkpoint) each epoch as it completes.
 
         Static plans queue an epoch's evaluation on each worker right behind its last step of that
@@ -362,7 +394,7 @@ class _Driver:
         n = len(self.workers)
         shared = self.impl.independent_workers
         every = self.config.checkpoint_steps
-        work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, self.start_step, every)
+        work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, start_step, every)
         depth = 1 if shared else 2  # queued segments per worker (shared: keep units for whoever is free)
         pending: dict[Any, tuple[str, int, Any]] = {}
         in_flight = [0] * n
@@ -539,5 +571,7 @@ class _Driver:
         except ray.exceptions.RayError:  # a failed run's actors may be gone; the metrics still tell
             pass
         summary.update(self.state.ledger.summary())
+        if self.config.schedule:
+            summary["phases"] = [phase.describe() for phase in self.phases]
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary

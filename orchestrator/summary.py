@@ -77,6 +77,26 @@ def summarize(
         "mean_compute_s": num(steps["compute_s"].mean()) if not steps.empty else None,
         "mean_comm_s": num(steps["comm_s"].mean()) if not steps.empty else None,
         **parameter_server_figures(steps),
+        **local_sgd_figures(steps),
+    }
+
+
+def local_sgd_figures(steps: pd.DataFrame) -> dict[str, Any]:
+    """Averaging rounds, bytes communicated and τ over time of a local SGD run (nulls otherwise)."""
+    rows = steps.dropna(subset=["tau"]) if "tau" in steps else steps.iloc[0:0]
+    if rows.empty:
+        keys = ("averaging_rounds", "bytes_communicated", "tau_min", "tau_max", "tau_final", "tau_changes")
+        return dict.fromkeys(keys)
+    # τ is the same on every worker for a step (decided from all-reduced values): one value per step.
+    per_step = rows.groupby("step")["tau"].first().sort_index().astype(int)
+    changed = per_step[per_step.ne(per_step.shift())]
+    return {
+        "averaging_rounds": int(rows["averaging_round"].max()),
+        "bytes_communicated": int(rows["bytes_sent"].sum()),  # all workers, over the local SGD steps
+        "tau_min": int(per_step.min()),
+        "tau_max": int(per_step.max()),
+        "tau_final": int(per_step.iloc[-1]),
+        "tau_changes": [[int(step), int(tau)] for step, tau in changed.items()],  # [first step, τ]
     }
 
 

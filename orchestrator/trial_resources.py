@@ -17,7 +17,7 @@ FIRST_WORKER_BUNDLE = 1
 
 
 def num_shards(config: RunConfig) -> int:
-    return (config.ps_shards or 0) if config.transport == "ps" else 0
+    return config.ps_shards or 0  # set only when the run (or a phase of its --schedule) uses the PS
 
 
 def trial_bundles(config: RunConfig) -> list[dict[str, float]]:

@@ -44,6 +44,8 @@ STEP_COLUMNS = (
     "min_clock",
     "dropped",
     "backup",
+    "tau",
+    "averaging_round",
 )
 
 
@@ -73,6 +75,8 @@ class TrainWorker:
             self.sharder.steps_per_epoch,
         )
         self.strategy: Any = None
+        total = config.epochs * self.sharder.steps_per_epoch
+        self.total_steps = min(total, config.max_steps) if config.max_steps else total
 
     # ------------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:
@@ -99,12 +103,15 @@ class TrainWorker:
         ps_shards: list[Any],
         ps_bounds: list[tuple[int, int]],
         portion_scheduler: Any = None,
+        phase_config: RunConfig | None = None,
     ) -> None:
+        """Join the transport of the run's strategy, or of `phase_config`'s (one phase of a --schedule)."""
+        config = phase_config or self.config
         ctx = StrategyContext(
             self.rank, self.world_size, self.device, rendezvous, tuple(ps_shards), tuple(ps_bounds), portion_scheduler
         )
-        impl = STRATEGIES.get(self.config.strategy).implementation(self.config)
-        self.strategy = impl(self.config, ctx)
+        impl = STRATEGIES.get(config.strategy).implementation(config)
+        self.strategy = impl(config, ctx)
         self.strategy.setup(self.trainer)
 
     # ------------------------------------------------------------------ training
@@ -126,6 +133,13 @@ class TrainWorker:
                 time.sleep(self.delay)  # injected straggler: counted as compute
             compute_s = time.perf_counter() - t0
             comm = self.strategy.step(self.trainer, lr)
+            if step == self.sharder.steps_per_epoch - 1 or global_step == self.total_steps - 1:
+                extra = self.strategy.at_epoch_end(self.trainer)
+                if extra is not None:  # e.g. local SGD's closing average: counted in this step's row
+                    comm.seconds += extra.seconds
+                    comm.bytes_sent += extra.bytes_sent
+                    comm.bytes_received += extra.bytes_received
+                    comm.averaging_round = extra.averaging_round
             values = {
                 "worker": self.rank,
                 "step": global_step,
@@ -147,6 +161,8 @@ class TrainWorker:
                 "min_clock": comm.min_clock,
                 "dropped": comm.dropped,
                 "backup": comm.backup,
+                "tau": comm.tau,
+                "averaging_round": comm.averaging_round,
             }
             for key, value in values.items():
                 rows[key].append(value)
@@ -176,3 +192,4 @@ class TrainWorker:
         """Leave the transports cleanly (the orchestrator kills the actor afterwards either way)."""
         if self.strategy is not None:
             self.strategy.teardown()
+            self.strategy = None

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from distrain.strategies.ps_shard import ConsistencyRule
 
 # Config fields only some strategies read; a strategy lists those it reads in `reads`.
-STRATEGY_FIELDS = ("staleness", "staleness_lr")
+STRATEGY_FIELDS = ("staleness", "staleness_lr", "tau", "adaptive_tau", "tau_interval", "tau_max")
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class CommStats:
     min_clock: int | None = None
     dropped: bool | None = None  # k-of-n / backup tasks: this gradient was late or a duplicate, not applied
     backup: bool | None = None  # backup tasks: this portion was a speculative copy of one already running
+    tau: int | None = None  # local SGD: the period this step belongs to
+    averaging_round: int | None = None  # local SGD: averaging rounds completed after this step
 
 
 class Strategy(ABC):
@@ -99,6 +101,11 @@ class Strategy(ABC):
     def settle(self, rows: dict[str, list[Any]]) -> None:  # noqa: B027 - optional hook
         """At the end of a segment: fill in what was not known when its rows were written (the
         rows are columns, one entry per computed unit, in order)."""
+
+    def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
+        """Called on every worker right after its last step of an epoch (and of the run), before any
+        evaluation, checkpoint or strategy switch reads the replica; returns what it communicated."""
+        return None
 
     def prepare_eval(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook
         """Make the replica hold the parameters to evaluate."""

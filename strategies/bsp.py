@@ -40,13 +40,14 @@ class BSP(Strategy):
 
     def setup(self, trainer: LocalTrainer) -> None:
         backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
+        delay_s = self.config.comm_delay_ms / 1000
         self.group = CollectiveGroup(
-            self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s
+            self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s, delay_s
         )
         # Replicas start equal because the seed fixes the init; the broadcast makes it a fact.
         self.group.broadcast_(trainer.params_flat, src=0)
         if self.ctx.world_size > 1:
-            self.overlap = OverlappedAllReduce(trainer.params, trainer.grads_flat, self.ctx.world_size)
+            self.overlap = OverlappedAllReduce(trainer.params, trainer.grads_flat, self.ctx.world_size, delay_s=delay_s)
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         assert self.group is not None, "setup() must run before step()"

@@ -27,11 +27,22 @@ def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
     return 2 * (world_size - 1) * nbytes // world_size
 
 
+def emulate_delay(delay_s: float) -> None:
+    """--comm-delay-ms: a fixed sleep per communication round, emulating a slower network (latency),
+    so communication-bound behaviour can be studied on one machine. Every rank sleeps before the
+    round's exchange, inside the timed region, so the metrics' comm_s include it."""
+    if delay_s > 0:
+        time.sleep(delay_s)
+
+
 class CollectiveGroup:
-    def __init__(self, rank: int, world_size: int, rendezvous: str, backend: str, timeout_s: float) -> None:
+    def __init__(
+        self, rank: int, world_size: int, rendezvous: str, backend: str, timeout_s: float, delay_s: float = 0.0
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
+        self.delay_s = delay_s  # emulated network delay added to every all-reduce (see emulate_delay)
         dist.init_process_group(
             backend=backend,
             init_method=f"tcp://{rendezvous}",
@@ -43,6 +54,7 @@ class CollectiveGroup:
     def all_reduce_mean_(self, tensor: torch.Tensor) -> float:
         """Average `tensor` across workers in place; returns the seconds it took."""
         t0 = time.perf_counter()
+        emulate_delay(self.delay_s)
         if self.world_size > 1:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
             tensor.div_(self.world_size)
@@ -82,8 +94,10 @@ class OverlappedAllReduce:
         world_size: int,
         first_bucket_bytes: int = FIRST_BUCKET_BYTES,
         bucket_bytes: int = BUCKET_BYTES,
+        delay_s: float = 0.0,
     ) -> None:
         self.grads_flat = grads_flat
+        self.delay_s = delay_s
         self.world_size = world_size
         spans, offset = [], 0
         for p in params:
@@ -129,6 +143,7 @@ class OverlappedAllReduce:
     def finish(self) -> float:
         """Complete this step's all-reduce (mean in place); returns the seconds spent waiting here."""
         t0 = time.perf_counter()
+        emulate_delay(self.delay_s)
         while self.next < len(self.buckets):  # buckets with an unused parameter, after backward
             self._launch_next()
         for work in self.works:

@@ -23,7 +23,9 @@ class PSStrategy(Strategy):
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, config.hang_timeout_s)
+        self.client = PSClient(
+            list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, config.hang_timeout_s, config.comm_delay_ms / 1000
+        )
         self.clock = 0  # iterations this worker has pushed
 
     @classmethod

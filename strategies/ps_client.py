@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from distrain.strategies.collective import emulate_delay
 from distrain.strategies.ps_shard import Reply
 from distrain.trainers.optim_state import FlatOptimizerState
 
@@ -33,8 +34,14 @@ class PushPullResult:
 
 class PSClient:
     def __init__(
-        self, shards: list[Any], bounds: list[tuple[int, int]], worker: int, timeout_s: float | None = None
+        self,
+        shards: list[Any],
+        bounds: list[tuple[int, int]],
+        worker: int,
+        timeout_s: float | None = None,
+        delay_s: float = 0.0,
     ) -> None:
+        self.delay_s = delay_s  # --comm-delay-ms, added to every push-pull
         self.shards = shards
         self.timeout_s = timeout_s  # a shard silent this long counts as hung (GetTimeoutError)
         self.bounds = bounds
@@ -54,6 +61,7 @@ class PSClient:
 
     def push_pull(self, clock: int, grads: np.ndarray, lr: float, params: np.ndarray) -> PushPullResult:
         t0 = time.perf_counter()
+        emulate_delay(self.delay_s)
         read = self.read_versions
         refs = [
             shard.push_pull.remote(self.worker, clock, grads[start:stop], lr, read[i])

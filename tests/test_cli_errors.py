@@ -146,6 +146,7 @@ BAD_INPUTS = [
     (["--transport", "ps", "--backup-tasks", "--portions", "5"], ["--portions 5 does not divide", "64"]),
     (["--transport", "ps", "--backup-workers", "1", "--straggler", "3:0.1"], ["--straggler '3:0.1'", "RANK < 3"]),
     (["--straggler-threshold", "1"], ["--straggler-threshold must be a number > 1"]),
+    (["--schedule", "bsp:1,ssp", "--backup-tasks"], ["--backup-tasks cannot be combined with --schedule"]),
     (["--init-from", "{in}/full_run/metrics.parquet"], ["cannot read checkpoint"]),
     # fault tolerance and --resume (issue 7)
     (["--max-failures", "-2"], ["--max-failures must be >= 0, or -1"]),
@@ -166,6 +167,19 @@ BAD_INPUTS = [
     (["--resume", "{in}/run_corrupt", "--strategy", "ssp"], ["--resume cannot change --strategy"]),
     (["--resume", "{in}/run_corrupt", "--run-dir", "{in}/elsewhere"], ["drop --run-dir"]),
     (["--resume", "{in}/run_corrupt", "--config", "{in}/malformed.yaml"], ["drop --config"]),
+    # local SGD, AdaComm, schedules, emulated delay (issue 5)
+    (["--strategy", "local-sgd", "--tau", "0"], ["--tau must be >= 1"]),
+    (["--strategy", "local-sgd", "--adaptive-tau", "--tau", "8", "--tau-max", "4"], ["--tau-max (4) is below --tau"]),
+    (["--adaptive-tau"], ["--adaptive-tau is not used by --strategy bsp", "local-sgd"]),
+    (["--strategy", "ssp", "--tau", "4"], ["--tau is not used by --strategy ssp", "local-sgd"]),
+    (["--strategy", "local-sgd", "--tau-interval", "5s"], ["--tau-interval only applies with --adaptive-tau"]),
+    (["--strategy", "local-sgd", "--adaptive-tau", "--tau-interval", "5m"], ["--tau-interval '5m'"]),
+    (["--schedule", "bsp:two,local-sgd"], ["--schedule", "whole number of epochs"]),
+    (["--schedule", "bsp:1,sgd-deluxe"], ["--schedule", "unknown strategy 'sgd-deluxe'", "local-sgd"]),
+    (["--schedule", "bsp:3,local-sgd", "--epochs", "2"], ["--schedule", "exceeds --epochs 2"]),
+    (["--schedule", "bsp:1,ssp", "--tau", "4"], ["--tau is not used by --schedule bsp:1,ssp"]),
+    (["--schedule", "ssp:1,bsp", "--transport", "collective"], ["cannot carry --strategy ssp"]),
+    (["--comm-delay-ms", "-5"], ["--comm-delay-ms must be >= 0"]),
 ]
 
 
@@ -238,7 +252,7 @@ def test_strategies_lists_bsp():
     result = runner.invoke(app, ["strategies"])
     assert result.exit_code == 0, result.output
     names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
-    assert "bsp" in names
+    assert "bsp" in names and "local-sgd" in names
 
 
 def test_help():

@@ -57,6 +57,7 @@ class LocalTrainer:
             p.grad = self.grads_flat[offset : offset + n].view_as(p)
             offset += n
         self._grads_are_views: bool | None = None
+        self.last_loss = float("nan")  # the last batch's loss (local SGD's AdaComm reads it)
         self.optimizer = make_optimizer(optimizer, self.params, lr, momentum, weight_decay)
         self.loss_fn = nn.CrossEntropyLoss()
 
@@ -73,7 +74,8 @@ class LocalTrainer:
         loss = self.loss_fn(self.model(x), y)
         loss.backward()
         self._ensure_grads_in_flat_buffer()
-        return float(loss.detach())
+        self.last_loss = float(loss.detach())
+        return self.last_loss
 
     def _ensure_grads_in_flat_buffer(self) -> None:
         if self._grads_are_views is None:

@@ -1,0 +1,62 @@
+"""The phases of a run: one per `--schedule` entry (a run without a schedule is one phase).
+
+A phase is a strategy, its own config (the run's config with that strategy, its default transport,
+and only the strategy fields it reads) and a span of global steps. At a switch the driver takes the
+state out of the current transport (worker 0's `state()`: a PS snapshot under the parameter server,
+the replica itself under the collective; local SGD averages at every epoch end, so that replica is
+the averaged model), tears the transport down (workers leave the process group, PS shards are
+killed), loads that state into every worker, and sets the next strategy up on the same worker
+actors, where its PS shards (if any) are created from the same θ and optimizer state. Model and
+optimizer state cross the switch bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from distrain.config import RunConfig
+from distrain.strategies.base import STRATEGY_FIELDS
+from distrain.strategies.phases import parse_schedule
+from distrain.strategies.registry import STRATEGIES
+
+
+@dataclass(frozen=True)
+class PhaseSpan:
+    config: RunConfig  # the phase's own config
+    start_step: int
+    end_step: int  # exclusive
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "strategy": self.config.strategy,
+            "transport": self.config.transport,
+            "start_step": self.start_step,
+            "end_step": self.end_step,
+        }
+
+
+def phase_config(config: RunConfig, strategy: str) -> RunConfig:
+    """The run's config for one phase: that strategy on its default transport, with only its fields."""
+    cls = STRATEGIES.get(strategy)
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    changes: dict[str, object] = {"strategy": strategy, "schedule": "", "transport": cls.transports[0]}
+    for name in STRATEGY_FIELDS:
+        if name not in cls.reads:
+            changes[name] = defaults[name]
+    if cls.transports[0] != "ps":
+        changes["ps_shards"] = None
+    return dataclasses.replace(config, **changes)
+
+
+def plan_phases(config: RunConfig, steps_per_epoch: int, start_step: int, total: int) -> list[PhaseSpan]:
+    """The phases still to run from `start_step` (a checkpoint may start inside a later phase)."""
+    if not config.schedule:
+        return [PhaseSpan(config, start_step, total)]
+    spans = []
+    for phase in parse_schedule(config.schedule, config.epochs):
+        start = max(phase.start_epoch * steps_per_epoch, start_step)
+        end = min(phase.end_epoch * steps_per_epoch, total)
+        if start < end:
+            spans.append(PhaseSpan(phase_config(config, phase.strategy), start, end))
+    return spans

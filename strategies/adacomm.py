@@ -1,0 +1,104 @@
+"""AdaComm (Wang & Joshi, SysML'19): how many local steps τ to take between parameter averages.
+
+Pure logic, no torch and no communication, so it is tested on its own. The local SGD strategy feeds
+it values every worker already agrees on (all-reduced at each averaging round), so every worker
+computes the same τ.
+
+The rule (shared/reference/algorithms.md): at the start of interval l
+
+    τ_l = ceil( τ_0 · sqrt( F_l / F_0 · r_l ) ),  clipped to [1, τ_max]
+
+where F_0 is the worker-averaged training loss at the start and F_l the current one, and
+r_l = (η_0 / η_l)^3 when the learning rate has decayed (η_l < η_0), else 1 (the paper's
+learning-rate variant: a smaller rate tolerates longer periods). Averaging starts rare and becomes
+frequent as the loss falls.
+
+What "the loss" is here: the mean, over all workers, of the training losses of the local steps in
+the averaging period that just ended (each worker's mini-batch loss before its update). F_0 is that
+mean for the run's first period. Intervals are measured either in wall-clock seconds (the mean, over
+workers, of the time since the interval began) or in local steps; a new interval (and τ) begins at
+the first averaging round at which the interval has run its length.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from distrain.errors import ConfigError
+
+_SECONDS = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*s\s*$")
+_STEPS = re.compile(r"^\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class TauInterval:
+    """How long one AdaComm interval lasts: `seconds` of wall-clock time or `steps` local steps."""
+
+    seconds: float | None = None
+    steps: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> TauInterval:
+        """Text "5s" -> 5 seconds; "200" -> 200 steps."""
+        if m := _SECONDS.match(text):
+            seconds = float(m.group(1))
+            if seconds > 0:
+                return cls(seconds=seconds)
+        elif (m := _STEPS.match(text)) and int(m.group(1)) > 0:
+            return cls(steps=int(m.group(1)))
+        raise ConfigError(
+            f"--tau-interval {text!r} must be positive wall-clock seconds like 5s or a step count like 200"
+        )
+
+    def ended(self, elapsed_s: float, steps: int) -> bool:
+        if self.seconds is not None:
+            return elapsed_s >= self.seconds
+        assert self.steps is not None
+        return steps >= self.steps
+
+
+def adacomm_tau(
+    tau0: int, loss0: float, loss: float, tau_max: int, lr0: float | None = None, lr: float | None = None
+) -> int:
+    """τ for an interval whose starting loss is `loss` (F_l), given F_0 = `loss0` and τ_0 = `tau0`.
+
+    With `lr0` (η_0) and `lr` (η_l) and η_l < η_0, the ratio under the root is multiplied by
+    (η_0/η_l)^3. A loss that cannot form a ratio (F_0 <= 0, or either not finite) keeps τ_0.
+    """
+    if not (loss0 > 0 and math.isfinite(loss0) and math.isfinite(loss) and loss >= 0):
+        return max(1, min(tau_max, tau0))
+    ratio = loss / loss0
+    if lr0 is not None and lr is not None and 0 < lr < lr0:
+        ratio *= (lr0 / lr) ** 3
+    return max(1, min(tau_max, math.ceil(tau0 * math.sqrt(ratio))))
+
+
+class AdaComm:
+    """The per-run state of the rule: F_0, η_0, the current τ and where the current interval began.
+
+    `after_round` is called at every averaging round with the values all workers agree on and says
+    whether a new interval (with a new τ) began; the caller then restarts its interval clock.
+    """
+
+    def __init__(self, tau0: int, tau_max: int, interval: TauInterval) -> None:
+        self.tau0 = tau0
+        self.tau_max = tau_max
+        self.interval = interval
+        self.tau = min(tau0, tau_max)
+        self.loss0: float | None = None
+        self.lr0: float | None = None
+
+    def start(self, lr: float) -> None:
+        """η_0: the rate at the first local step."""
+        if self.lr0 is None:
+            self.lr0 = lr
+
+    def after_round(self, mean_loss: float, lr: float, elapsed_s: float, interval_steps: int) -> bool:
+        if self.loss0 is None:  # the first period's loss is F_0; interval 0 runs at τ_0
+            self.loss0 = mean_loss
+        if not self.interval.ended(elapsed_s, interval_steps):
+            return False
+        self.tau = adacomm_tau(self.tau0, self.loss0, mean_loss, self.tau_max, self.lr0, lr)
+        return True

@@ -1,0 +1,141 @@
+"""Local SGD / periodic averaging (PASGD), with AdaComm's adaptive τ: `--strategy local-sgd`.
+
+Each worker takes τ local optimizer steps on its own slice of every global batch, then all workers
+average their parameters with one all-reduce over the collective transport (one communication
+round; `--comm-delay-ms` adds its delay once per round). τ = 1 with plain SGD is BSP.
+
+Parameters travel as their change since the last round (every replica starts a period from the same
+θ), which is the same average with much less float32 rounding.
+
+Optimizer state at an averaging round: the optimizer's per-parameter state vectors (SGD momentum
+buffers, Adagrad sums, Adam moments) are averaged together with the parameters, in the same
+all-reduce. Every replica therefore leaves a round with the same parameters *and* the same optimizer
+state, so a replica is one well-defined model state at every round (what a checkpoint, an evaluation
+or a switch to another strategy reads), and τ = 1 equals BSP with momentum too. Scalar state (Adam's
+step count) is equal on every worker already. The price is that a round moves (1 + k) · n values for
+k state vectors instead of n.
+
+Periods are cut at epoch ends: a round also happens after a worker's last step of an epoch (or of
+the run) if any local step is pending, and the next period starts afresh. So every evaluation,
+checkpoint and strategy switch sees the one averaged model. The step rows record the τ in force and
+the number of rounds completed.
+
+Adaptive τ (`--adaptive-tau`, see `adacomm.py`): each round's all-reduce carries, beside θ and the
+optimizer state, each worker's [loss sum, loss count, seconds since the interval began]; summed,
+they give the worker-averaged loss of the period and the workers' mean interval time. Every worker
+feeds these identical numbers to the same rule, so all agree on τ without a further message.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from distrain.config import RunConfig
+from distrain.strategies.adacomm import AdaComm, TauInterval
+from distrain.strategies.base import CommStats, Strategy, StrategyContext
+from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes
+from distrain.strategies.registry import STRATEGIES
+from distrain.trainers.local_trainer import LocalTrainer
+
+STATS = 3  # loss sum, loss count, interval seconds: appended to the averaged buffer
+
+
+@STRATEGIES.register("local-sgd", "local SGD: tau local steps, then average parameters (--adaptive-tau: AdaComm)")
+class LocalSGD(Strategy):
+    name = "local-sgd"
+    transports = ("collective",)
+    reads = frozenset({"tau", "adaptive_tau", "tau_interval", "tau_max"})
+
+    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        super().__init__(config, ctx)
+        assert config.tau is not None
+        self.group: CollectiveGroup | None = None
+        self.adacomm: AdaComm | None = None
+        if config.adaptive_tau:
+            assert config.tau_interval is not None and config.tau_max is not None
+            self.adacomm = AdaComm(config.tau, config.tau_max, TauInterval.parse(config.tau_interval))
+        self.tau = config.tau
+        self.pending = 0  # local steps since the last round
+        self.rounds = 0
+        self.loss_sum = 0.0
+        self.loss_count = 0
+        self.interval_start = time.perf_counter()
+        self.interval_steps = 0
+        self.lr = 0.0
+        self.anchor: torch.Tensor | None = None  # θ after the last round (equal on every worker)
+
+    def setup(self, trainer: LocalTrainer) -> None:
+        backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
+        self.group = CollectiveGroup(
+            self.ctx.rank,
+            self.ctx.world_size,
+            self.ctx.rendezvous,
+            backend,
+            self.config.collective_timeout_s,
+            self.config.comm_delay_ms / 1000,
+        )
+        # Replicas start equal (same seed, or the same loaded state); the broadcast makes it a fact.
+        self.group.broadcast_(trainer.params_flat, src=0)
+        self.anchor = trainer.params_flat.clone()
+        self.interval_start = time.perf_counter()
+
+    def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
+        trainer.apply_update(lr)
+        if self.adacomm is not None:
+            self.adacomm.start(lr)
+        self.lr = lr
+        self.pending += 1
+        self.interval_steps += 1
+        self.loss_sum += trainer.last_loss
+        self.loss_count += 1
+        tau = self.tau  # the period this step belongs to (a round may change it for the next one)
+        stats = self.average(trainer) if self.pending >= self.tau else CommStats()
+        stats.tau = tau
+        stats.averaging_round = self.rounds
+        return stats
+
+    def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
+        if self.pending == 0:
+            return None
+        stats = self.average(trainer)
+        stats.averaging_round = self.rounds
+        return stats
+
+    def average(self, trainer: LocalTrainer) -> CommStats:
+        """One averaging round: θ, the optimizer's state vectors and the AdaComm statistics, in one all-reduce."""
+        assert self.group is not None and self.anchor is not None, "setup() must run before step()"
+        opt = trainer.flat_optimizer_state()
+        n = trainer.numel
+        elapsed = time.perf_counter() - self.interval_start
+        stats = torch.tensor([self.loss_sum, float(self.loss_count), elapsed], dtype=trainer.params_flat.dtype)
+        vectors = [v.to(trainer.params_flat.device) for v in opt.vectors.values()]
+        # θ travels as its change since the last round: mean(θ_i) = θ_anchor + mean(θ_i - θ_anchor) exactly,
+        # but small deltas average with far less float32 rounding than whole parameters do.
+        delta = trainer.params_flat - self.anchor
+        buffer = torch.cat([delta, *vectors, stats.to(trainer.params_flat.device)])
+        seconds = self.group.all_reduce_mean_(buffer)
+        self.anchor.add_(buffer[:n])
+        trainer.params_flat.copy_(self.anchor)
+        if vectors:
+            for i, key in enumerate(opt.vectors):
+                opt.vectors[key] = buffer[(i + 1) * n : (i + 2) * n].cpu()
+            trainer.load_flat_optimizer_state(opt)
+        # Means over workers (the all-reduce divided by N): loss sum / loss count is the mean loss.
+        loss_sum, loss_count, mean_elapsed = (float(v) for v in buffer[-STATS:].cpu())
+        self.rounds += 1
+        self.pending = 0
+        self.loss_sum, self.loss_count = 0.0, 0
+        if self.adacomm is not None and loss_count > 0:
+            if self.adacomm.after_round(loss_sum / loss_count, self.lr, mean_elapsed, self.interval_steps):
+                self.tau = self.adacomm.tau
+                self.interval_start = time.perf_counter()
+                self.interval_steps = 0
+        moved = ring_allreduce_bytes(buffer.numel() * buffer.element_size(), self.ctx.world_size)
+        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved)
+
+    def teardown(self) -> None:
+        if self.group is not None:
+            self.group.destroy()
+            self.group = None
