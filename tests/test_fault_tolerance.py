@@ -91,7 +91,7 @@ def test_async_and_ssp_replace_a_killed_and_a_hung_worker_and_reach_accuracy(tmp
     """Worker 1 is killed, later worker 0 hangs: each is replaced in place, nobody waits forever on
     either (a wait past 3x --hang-timeout-s would fail the run), and every unit has one row."""
     cfg = RunConfig(
-        strategy=strategy, workers=2, epochs=3, segment_steps=5, chaos=["kill-worker@12:1", "hang-worker@35:0"],
+        strategy=strategy, workers=2, epochs=4, segment_steps=5, chaos=["kill-worker@12:1", "hang-worker@35:0"],
         hang_timeout_s=3.0, run_dir=str(tmp_path / strategy), seed=1,
     )  # fmt: skip
     run = run_training(cfg)
@@ -101,7 +101,7 @@ def test_async_and_ssp_replace_a_killed_and_a_hung_worker_and_reach_accuracy(tmp
         ("worker", 1, "replaced"),
         ("hang", 0, "replaced"),
     ]
-    assert s["final_test_accuracy"] >= 0.93
+    assert s["final_test_accuracy"] >= 0.93, s["final_test_accuracy"]
     rows = steps_of(run.run_dir)
     per_unit = rows.groupby(["step", "slice"]).size()
     assert (per_unit == 1).all() and len(per_unit) == s["steps_completed"] * 2  # lost units redone once
