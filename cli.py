@@ -397,9 +397,13 @@ class RunDisplay:
         if isinstance(event, Failure):
             who = event.kind if event.target is None else f"{event.kind} {event.target}"
             bound = "no limit" if event.max_failures == -1 else f"of at most {event.max_failures}"
+            then = (
+                "replaced in place; the others go on"
+                if event.replaced
+                else f"restarting from the checkpoint at step {event.restored_step}"
+            )
             out.print(
-                f"failure {event.number} ({bound}): {who} lost at step {event.at_step}; "
-                f"restarting from the checkpoint at step {event.restored_step}",
+                f"failure {event.number} ({bound}): {who} lost at step {event.at_step}; {then}",
                 markup=False,
                 highlight=False,
             )

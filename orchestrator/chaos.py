@@ -33,16 +33,22 @@ class ChaosMonkey:
             elif event.kind == "kill-ps":
                 ray.kill(shards[event.target or 0], no_restart=True)
             elif event.kind == "kill-node":
-                kill_node_of(workers[-1])
+                kill_node_of(workers)
         return due
 
 
-def kill_node_of(actor: Any) -> None:
-    """End the raylet of the (non-head) node hosting `actor`: every process there dies with it."""
+def kill_node_of(workers: list[Any]) -> None:
+    """End the raylet of the node hosting the last worker that is not on the driver's node: every
+    process there dies with it (the driver's node, the head of a simulated cluster, is never hit)."""
     import os
     import signal
 
-    node_id = ray.get(actor.describe.remote())["node_id"]
+    here = ray.get_runtime_context().get_node_id()
+    hosts = [ray.get(w.describe.remote())["node_id"] for w in workers]
+    away = [n for n in hosts if n != here]
+    if not away:
+        return  # every worker shares the driver's node: there is no node to lose without the driver
+    node_id = away[-1]
     for node in ray.nodes():
         if node["NodeID"] == node_id and node["Alive"]:
             pid = _raylet_pid(node)

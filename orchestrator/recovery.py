@@ -1,9 +1,12 @@
 """Surviving failures: what counts as a lost actor, how many losses a run takes, what each one cost.
 
-One recovery rule serves every transport and every kind of loss (a dead or hung worker, a dead
-parameter-server shard, a lost node): kill what is left of the attempt, start fresh actors (same
-ranks, same shard bounds), restore all of them from the latest checkpoint, drop the metrics rows
-recorded after that checkpoint, and go on from its step. Because the data order is a pure function
+A dead or hung *worker* under the parameter-server transport is replaced in place, and the group
+goes on (orchestrator/replacement.py). Every other loss (a worker of a collective group, a
+parameter-server shard, a worker whose node is gone) takes the restart path below.
+
+The restart path serves every transport and every kind of loss: kill what is left of the attempt,
+start fresh actors (same ranks, same shard bounds), restore all of them from the latest checkpoint,
+drop the metrics rows recorded after that checkpoint, and go on from its step. Because the data order is a pure function
 of (seed, epoch, step) and every rule of every synchronous strategy is deterministic, a BSP run
 (all-reduce or parameter server) that recovers ends with exactly the parameters of the run that never
 failed; async and SSP redo the lost steps and lose no update that the checkpoint holds.
@@ -47,23 +50,27 @@ class Failure:
     at_step: int
     restored_step: int
     max_failures: int
+    replaced: bool = False  # the worker was replaced in place (PS transport); nothing restarted
 
 
 def classify(error: BaseException, rank: int, transport: str) -> RunLost | None:
     """The loss `error` (raised by a call to worker `rank`) means, or None if it is not one (a bug)."""
     if isinstance(error, ray.exceptions.GetTimeoutError):
         return RunLost("hang", rank, "no answer within --hang-timeout-s")
-    if isinstance(error, ray.exceptions.RayActorError):  # the worker itself died (ActorDiedError is one)
-        return RunLost("worker", rank, type(error).__name__)
+    # First: a worker's task that failed on a dead shard is a RayTaskError that is *also* an instance
+    # of its cause's class (Ray's as_instanceof_cause), so it must not be taken for the worker's death.
     if isinstance(error, ray.exceptions.RayTaskError):
         cause = error.cause
         if isinstance(cause, ray.exceptions.RayActorError):  # the worker's call to a shard hit a dead shard
             return RunLost("shard", None, "a parameter-server shard died")
         if isinstance(cause, ray.exceptions.GetTimeoutError):
-            return RunLost("hang", None, "a parameter-server wait passed --hang-timeout-s")
+            return RunLost("hang", None, "a parameter-server wait passed its timeout")
         text = str(cause).lower()
         if transport == "collective" and any(m in text for m in PEER_LOST_MARKERS):
             return RunLost("worker", None, "a peer of the collective group went away")
+        return None
+    if isinstance(error, ray.exceptions.RayActorError):  # the worker itself died (ActorDiedError is one)
+        return RunLost("worker", rank, type(error).__name__)
     return None
 
 
@@ -87,6 +94,7 @@ class FailureLedger:
     def record(self, lost: RunLost, at_step: int, point: RestorePoint, now: float) -> dict[str, Any]:
         """Count `lost`; past the bound, stop the run with one line that names the checkpoint to resume."""
         event = {
+            "action": "restarted",
             "kind": lost.kind,
             "target": lost.target,
             "detail": lost.detail,
@@ -97,13 +105,37 @@ class FailureLedger:
             "time_lost_s": None,  # filled in once the run is going again (see `resumed`)
         }
         self.events.append(event)
+        self._check_bound(lost, point)
+        return event
+
+    def record_replacement(self, lost: RunLost, at_step: int, point: RestorePoint, now: float) -> dict[str, Any]:
+        """Count a worker replaced in place (PS transport): nothing is rolled back, so nothing is lost
+        but the dead worker's rows (`rows_lost`) and the pushes the replacement redoes (`updates_repeated`),
+        filled in by the replacement; `time_lost_s` once the replacement is set up."""
+        event = {
+            "action": "replaced",
+            "kind": lost.kind,
+            "target": lost.target,
+            "detail": lost.detail,
+            "wall_time": now,
+            "at_step": at_step,
+            "restored_step": None,
+            "updates_lost": 0,
+            "updates_repeated": 0,
+            "rows_lost": 0,
+            "time_lost_s": None,
+        }
+        self.events.append(event)
+        self._check_bound(lost, point)
+        return event
+
+    def _check_bound(self, lost: RunLost, point: RestorePoint) -> None:
         if self.max_failures != -1 and len(self.events) > self.max_failures:
             where = f"{point.path}" if point.path else "none yet (no checkpoint was taken)"
             raise DistrainError(
                 f"{lost} (failure {len(self.events)}; --max-failures {self.max_failures} reached): the run stops; "
                 f"last good checkpoint: {where}; continue with `distrain run --resume <run dir>`"
             )
-        return event
 
     def resumed(self, point: RestorePoint, now: float) -> None:
         """The run is going again: the failure cost the time since its checkpoint's step, restart included."""
@@ -117,6 +149,9 @@ class FailureLedger:
             "failure_events": list(self.events),
             "time_lost_s": float(sum(lost)),
             "updates_lost": int(sum(e["updates_lost"] for e in self.events)),
+            "replacements": sum(1 for e in self.events if e.get("action") == "replaced"),
+            "updates_repeated": int(sum(e.get("updates_repeated", 0) for e in self.events)),
+            "rows_lost": int(sum(e.get("rows_lost", 0) for e in self.events)),
         }
 
 

@@ -34,11 +34,11 @@ from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
 from distrain.orchestrator.ps import ShardGroup
 from distrain.orchestrator.recovery import Failure, FailureLedger, RestorePoint, RunLost, classify, kill_all
+from distrain.orchestrator.replacement import replace_worker, replaceable, replacement_ready, start_worker
 from distrain.orchestrator.resume import resume_checkpoint
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.work import WorkPlan
-from distrain.orchestrator.worker import TrainWorker
 from distrain.strategies import STRATEGIES
 from distrain.trainers.datasets import DATASETS, check_dataset
 from distrain.trainers.models import count_parameters
@@ -172,6 +172,10 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
                 except DistrainError:  # past --max-failures: record what there is, then say so
                     driver._finish("failed", checkpoint=False)
                     raise
+                # A fresh placement group: after a node loss the old one may be unplaceable.
+                cluster.release(placement)
+                placement = None
+                placement = cluster.place(config)
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)
@@ -180,15 +184,7 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
 
 
 def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: float) -> list[Any]:
-    worker_actor = ray.remote(TrainWorker)
-    return [
-        worker_actor.options(
-            num_cpus=config.cpus_per_worker,
-            num_gpus=config.gpus_per_worker,
-            scheduling_strategy=placement.worker(rank),
-        ).remote(config, rank, run_start)
-        for rank in range(config.num_worker_actors)
-    ]
+    return [start_worker(config, placement, rank, run_start) for rank in range(config.num_worker_actors)]
 
 
 def _recover(lost: RunLost, config: RunConfig, plan: Plan, state: RunState, actors: list[Any], emit: Any) -> None:
@@ -264,6 +260,12 @@ class _Driver:
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
         self.steps_done = self.start_step
         self.saves: dict[int, tuple[str, dict[str, Any]]] = {}  # global step -> checkpoint waiting for its rows
+        # Worker replacement (PS transport, orchestrator/replacement.py): the shards' rule, each worker's
+        # clock after its last segment whose rows came back, and global step minus round number.
+        self.ps_mode: str | None = None
+        self.phase_config: RunConfig | None = None  # the config of the phase running now (--schedule)
+        self.confirmed_clock: list[int] = []
+        self.step_offset = 0
 
     # ------------------------------------------------------------------ start
     def _start(self) -> list[dict[str, Any]]:
@@ -280,6 +282,7 @@ class _Driver:
         """Set `phase`'s strategy up on every worker; PS shards start from worker 0's θ and `optimizer`."""
         timeout = self.config.collective_timeout_s
         self.impl = STRATEGIES.get(phase.config.strategy).implementation(phase.config)
+        self.phase_config = phase.config
         rule = self.impl.ps_rule(phase.config)
         counters = None
         if rule is not None:
@@ -308,6 +311,12 @@ class _Driver:
             [w.setup.remote(rendezvous, shards, bounds, self.portion_scheduler, phase.config) for w in self.workers],
             timeout=timeout,
         )
+        if self.shards is not None:
+            counters = self._shard_call([self.shards.shards[0].counters.remote()])[0]
+            self.ps_mode, self.confirmed_clock = rule.mode, list(counters["clocks"])
+            self.step_offset = phase.start_step - counters["version"]
+        else:
+            self.ps_mode, self.confirmed_clock, self.step_offset = None, [], 0
 
     def _switch(self, at_step: int) -> FlatOptimizerState:
         """Between phases: take the state out of the transport, tear it down, load the state everywhere.
@@ -331,6 +340,15 @@ class _Driver:
         for rank, ref in enumerate(refs):
             results.append(self._result(ref, rank, timeout))
         return results
+
+    def _shard_call(self, refs: list[Any]) -> list[Any]:
+        """ray.get of calls to the shards, where a dead or silent shard ends the attempt (RunLost)."""
+        try:
+            return ray.get(refs, timeout=self.config.hang_timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise RunLost("hang", None, "a parameter-server shard did not answer") from e
+        except ray.exceptions.RayActorError as e:
+            raise RunLost("shard", None, "a parameter-server shard died") from e
 
     def _result(self, ref: Any, rank: int, timeout: float | None = None) -> Any:
         try:
@@ -436,18 +454,40 @@ class _Driver:
                     last = units[-1]
                     queue_step_checkpoint(0, last[0] * self.steps_per_epoch + last[1] + 1)
 
+        def lose(lost: RunLost) -> None:
+            """A worker is gone: replace it in place (PS transport) or end the attempt (restart)."""
+            if self.phase_config is None or not replaceable(self.phase_config, lost, self.placement):
+                raise lost
+            replace_worker(self, lost, pending, in_flight, work)
+            heard[lost.target] = time.monotonic()
+            feed(lost.target)
+
+        heard = [time.monotonic()] * n  # when each worker last answered (idle workers count as heard)
         for rank in range(n):
             feed(rank)
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=self.config.hang_timeout_s)
-            if not ready:  # nothing came back for --hang-timeout-s: whoever holds the oldest call is hung
-                kind, rank, _ = next(iter(pending.values()))
-                raise RunLost("hang", rank, f"no answer for {self.config.hang_timeout_s:g} s")
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(1.0, self.config.hang_timeout_s))
+            silent = self._silent_worker(pending, heard)
+            if silent is not None:
+                lose(silent)
+                continue
+            if not ready:
+                continue
             ref = ready[0]
-            kind, rank, payload = pending.pop(ref)
-            result = self._result(ref, rank)
-            if kind == "segment":
+            kind, rank, payload = pending[ref]
+            try:
+                result = self._result(ref, rank)
+            except RunLost as lost:
+                lose(lost)
+                continue
+            del pending[ref]
+            heard[rank] = time.monotonic()
+            if kind == "setup":  # a replacement worker is ready (its queued calls run next)
+                replacement_ready(self, payload)
+            elif kind == "segment":
                 in_flight[rank] -= 1
+                if result["clock"]:
+                    self.confirmed_clock[rank : rank + 1] = result["clock"][-1:]
                 self.sink.add_steps(result)
                 self._watch_stragglers(result)
                 finished_epochs = work.complete(payload)
@@ -478,6 +518,26 @@ class _Driver:
             self._save_complete(outstanding_evals=set(eval_parts) | {p for k, _, p in pending.values() if k == "eval"})
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
+
+    def _silent_worker(self, pending: dict[Any, tuple[str, int, Any]], heard: list[float]) -> RunLost | None:
+        """A worker with calls queued that has not answered for --hang-timeout-s (a replacement being
+        started gets --collective-timeout-s), as a hang; under the PS the one the others wait on."""
+        now = time.monotonic()
+        starting = {r for k, r, _ in pending.values() if k == "setup"}
+        busy = {r for _, r, _ in pending.values()}
+        for rank in range(len(heard)):
+            if rank not in busy or (starting and rank not in starting):  # others may wait on a replacement
+                heard[rank] = now
+        limit = self.config.hang_timeout_s
+        silent = [r for r in busy if now - heard[r] > (self.config.collective_timeout_s if r in starting else limit)]
+        if not silent:
+            return None
+        culprit = min(silent, key=lambda r: heard[r])
+        if self.shards is not None and self.confirmed_clock:
+            # Workers blocked in a shard's rule are silent too: the culprit has the least clock.
+            clocks = self._shard_call([s.counters.remote() for s in self.shards.shards])
+            culprit = min(silent, key=lambda r: (min(c["clocks"][r] for c in clocks), heard[r]))
+        return RunLost("hang", culprit, f"no answer for {limit:g} s")
 
     def _watch_stragglers(self, rows: dict[str, list[Any]]) -> None:
         """Feed the detector; tell the display, and the portion scheduler, when its verdict changes."""

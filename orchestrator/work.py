@@ -39,11 +39,18 @@ class WorkPlan:
         self.cursor = [start_step] * workers  # static: next global step of each worker
         self.shared_cursor = start_step * workers  # shared: next unit index (step-major, slice-minor)
         self.units_done: Counter[int] = Counter()  # epoch -> units completed
+        self.returned: list[Unit] = []  # shared: units of a lost worker's segment, handed out first
 
     # ------------------------------------------------------------------ handing out work
     def next_segment(self, worker: int) -> list[Unit]:
         """The next units for `worker`; empty when there are none left for it."""
         spe = self.steps_per_epoch
+        if self.shared and self.returned:
+            epoch = self.returned[0][0]  # a segment never crosses an epoch boundary
+            take = [u for u in self.returned if u[0] == epoch][: min(self.segment, spe)]
+            for unit in take:
+                self.returned.remove(unit)
+            return take
         if self.shared:
             first = self.shared_cursor
             last_unit = self.total_steps * self.workers
@@ -66,6 +73,11 @@ class WorkPlan:
     def _unit(self, global_step: int, slice_: int) -> Unit:
         epoch, step = divmod(global_step, self.steps_per_epoch)
         return (epoch, step, slice_)
+
+    def requeue(self, units: list[Unit]) -> None:
+        """Shared plans: a lost worker's units, to be handed out again (before any new unit)."""
+        assert self.shared, "static plans re-issue a lost segment to the worker's replacement"
+        self.returned.extend(units)
 
     # ------------------------------------------------------------------ bookkeeping
     def complete(self, units: list[Unit]) -> list[int]:

@@ -79,6 +79,13 @@ class BSPOverPS(PSStrategy):
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
         return ConsistencyRule.bsp(accept=config.workers if config.backup_workers else None)
 
+    def setup(self, trainer: LocalTrainer) -> None:
+        super().setup(trainer)
+        # A replacement whose dead predecessor already pushed for the open round starts at the next
+        # one: it waits for that round to close (the others' pushes close it) and takes its θ.
+        if self.clock > min(self.client.read_versions):
+            self.client.pull_at(self.clock, trainer.params_flat.numpy())
+
     def _advance(self, result: PushPullResult) -> None:
         # The next round is the least version any shard is at. Under k-of-n, rounds that closed
         # without this worker (its gradient came late) are skipped, together with their data.

@@ -17,15 +17,19 @@ from distrain.strategies.ps_shard import ConsistencyRule
 from distrain.strategies.registry import STRATEGIES
 from distrain.trainers.local_trainer import LocalTrainer
 
+# A PS wait gives up after PS_WAIT_FACTOR x --hang-timeout-s + PS_WAIT_MARGIN_S: later than the driver's
+# hang detection (1x) plus the start of a replacement, whose first push releases whoever waits.
+PS_WAIT_FACTOR = 3
+PS_WAIT_MARGIN_S = 30.0
+
 
 class PSStrategy(Strategy):
     transports = ("ps",)
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        self.client = PSClient(
-            list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, config.hang_timeout_s, config.comm_delay_ms / 1000
-        )
+        timeout = config.hang_timeout_s * PS_WAIT_FACTOR + PS_WAIT_MARGIN_S
+        self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, timeout, config.comm_delay_ms / 1000)
         self.clock = 0  # iterations this worker has pushed
 
     @classmethod

@@ -265,6 +265,21 @@ class ParameterShard:
             self.clocks = list(clocks)
             self.changed.notify_all()
 
+    async def counters(self) -> dict[str, Any]:
+        """Version and every worker's clock (the orchestrator reads them to repair a replaced worker)."""
+        async with self.changed:
+            return {"version": self.version, "clocks": list(self.clocks)}
+
+    async def rebase_clock(self, worker: int, clock: int) -> int:
+        """A replaced worker redoes its lost pushes from `clock` (bounded rules); returns its old clock.
+
+        Lowering a clock never releases a waiter; the replacement's pushes move it forward again."""
+        async with self.changed:
+            old = self.clocks[worker]
+            self.clocks[worker] = clock
+            self.changed.notify_all()
+            return old
+
     async def restore(self, snapshot: dict[str, Any]) -> None:
         async with self.changed:
             np.copyto(self.theta, snapshot["theta"])

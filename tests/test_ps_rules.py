@@ -133,3 +133,32 @@ def test_snapshot_restore_round_trips_theta_optimizer_state_version_and_clocks()
     assert snap["optimizer"]["vectors"]["momentum_buffer"].abs().sum() > 0
     np.testing.assert_array_equal(original.theta, restored.theta)
     assert original.version == restored.version == 4
+
+
+def test_rebased_clock_keeps_a_blocked_ssp_worker_waiting_until_the_replacement_pushes():
+    """A replaced worker's clock goes back to its confirmed clock: the worker blocked on it stays
+    blocked (lowering a clock releases nobody), and the replacement's pushes release it."""
+
+    async def scenario():
+        s = shard(ConsistencyRule.ssp(1), 2)
+        g = np.ones(2, np.float32)
+        await s.push_pull(1, 0, g, 0.1, 0)  # worker 1 (about to die) pushed clock 0
+        await s.push_pull(0, 0, g, 0.1, 0)
+        blocked = asyncio.create_task(s.push_pull(0, 1, g, 0.1, 0))  # clock 2 vs min 1: within s = 1
+        await blocked
+        blocked = asyncio.create_task(s.push_pull(0, 2, g, 0.1, 0))  # clock 3 vs min 1: waits
+        await asyncio.sleep(0.01)
+        assert not blocked.done()
+        assert await s.rebase_clock(1, 0) == 1  # the replacement redoes worker 1's clock 0
+        await asyncio.sleep(0.01)
+        assert not blocked.done() and (await s.counters())["clocks"] == [3, 0]
+        await s.push_pull(1, 0, g, 0.1, 0)  # replacement: clock 1, still 2 behind
+        await asyncio.sleep(0.01)
+        assert not blocked.done()
+        await s.push_pull(1, 1, g, 0.1, 0)  # clock 2: worker 0 (at 3) is within the bound again
+        reply = await asyncio.wait_for(blocked, 1.0)
+        return s, reply
+
+    s, reply = asyncio.run(scenario())
+    assert reply.clock == 3 and reply.min_clock == 2 and reply.wait_s > 0
+    assert s.updates_applied == 6  # worker 1's first push stands and is repeated (updates_repeated)

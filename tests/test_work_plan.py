@@ -51,3 +51,16 @@ def test_resumed_plan_starts_at_the_checkpoint_step():
     plan = WorkPlan(total_steps=30, steps_per_epoch=22, workers=2, segment_steps=50, shared=False, start_step=20)
     assert plan.next_segment(0) == [(0, 20, 0), (0, 21, 0)]
     assert plan.units_in_epoch(0) == 4 and plan.units_in_epoch(1) == 16
+
+
+def test_shared_plan_hands_a_lost_workers_units_out_again_first_and_each_unit_completes_once():
+    plan = WorkPlan(total_steps=20, steps_per_epoch=10, workers=2, segment_steps=4, shared=True)
+    lost = plan.next_segment(1)  # worker 1 dies with this segment: none of it completed
+    plan.requeue(lost)
+    again = plan.next_segment(0)
+    assert again == lost  # handed out before any new unit
+    plan.complete(again)
+    rest = drain(plan, [0, 1])
+    units = again + rest[0] + rest[1]
+    assert Counter(units).most_common(1)[0][1] == 1 and len(units) == 20 * 2
+    assert plan.finished and plan.steps_done == 20
