@@ -80,6 +80,10 @@ def replace_worker(driver: Any, lost: RunLost, pending: dict[Any, tuple[str, int
     lost_calls = [(ref, entry) for ref, entry in pending.items() if entry[1] == rank]
     for ref, _ in lost_calls:
         del pending[ref]
+    # ray.kill returns before the process is gone, and a dying worker may still push a round or two:
+    # read the shards' clocks only once its calls have all ended (they fail once it is dead).
+    if lost_calls:
+        ray.wait([ref for ref, _ in lost_calls], num_returns=len(lost_calls), timeout=config.collective_timeout_s)
 
     shards = driver.shards.shards
     counters = driver._shard_call([s.counters.remote() for s in shards])

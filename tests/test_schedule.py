@@ -59,10 +59,10 @@ def test_bsp_then_local_sgd_hands_over_the_exact_state(tmp_path):
 
 
 def test_ssp_then_bsp_moves_the_state_out_of_the_parameter_server_and_learns_digits(tmp_path):
-    sched = run_training(cfg(tmp_path, "sched", schedule="ssp:1,bsp", epochs=4, eval_every=4))
+    sched = run_training(cfg(tmp_path, "sched", schedule="ssp:1,bsp", epochs=6, eval_every=6))
     assert [(p["strategy"], p["transport"]) for p in sched.summary["phases"]] == [("ssp", "ps"), ("bsp", "collective")]
     switch = sched.run_dir / "checkpoints" / "switch-0001.pt"
-    rest = run_training(cfg(tmp_path, "rest", epochs=4, eval_every=4, init_from=str(switch)))
+    rest = run_training(cfg(tmp_path, "rest", epochs=6, eval_every=6, init_from=str(switch)))
     assert torch.equal(final_params(sched.run_dir), final_params(rest.run_dir))
     df = pd.read_parquet(sched.run_dir / "metrics.parquet")
     steps = df[df["kind"] == "step"]
