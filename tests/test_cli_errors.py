@@ -327,3 +327,18 @@ def test_console_script_usage_errors_are_one_line(tmp_path, args, expected):
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], lines
     assert list(tmp_path.iterdir()) == []
+
+
+def test_help_piped_into_a_reader_that_stops_early_is_quiet(tmp_path):
+    """`distrain tune --help | head`: rich ends the process with SystemExit(1) on the broken pipe, which
+    must pass main()'s except clauses without a traceback (an except naming a missing click class did)."""
+    import subprocess
+    import sys
+
+    entry = f"{sys.executable} -c 'import sys; from distrain.cli import main; sys.exit(main())'"
+    proc = subprocess.run(
+        ["bash", "-c", f"{entry} tune --help | head -3"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stdout + proc.stderr and "Error" not in proc.stderr, proc.stderr
+    assert "Usage" in proc.stdout
