@@ -31,6 +31,7 @@ class PSStrategy(Strategy):
         timeout = config.hang_timeout_s * PS_WAIT_FACTOR + PS_WAIT_MARGIN_S
         self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, timeout, config.comm_delay_ms / 1000)
         self.clock = 0  # iterations this worker has pushed
+        self.rounds = self.ps_rule(config).mode == "rounds"  # only rounds drop gradients (k-of-n)
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
@@ -53,7 +54,7 @@ class PSStrategy(Strategy):
             staleness=result.staleness,
             clock=result.clock,
             min_clock=result.min_clock,
-            dropped=result.dropped if self.ps_rule(self.config).mode == "rounds" else None,
+            dropped=result.dropped if self.rounds else None,
         )
 
     def _advance(self, result: PushPullResult) -> None:
