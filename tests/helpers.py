@@ -13,3 +13,19 @@ def final_params(run_dir: Path) -> torch.Tensor:
     """The final model parameters of a run, flattened in the model's parameter order."""
     state = load_checkpoint(Path(run_dir) / "checkpoints" / "final.pt")["model"]
     return torch.cat([t.reshape(-1).double() for t in state.values()])
+
+
+def run_two_rank_script(tmp_path: Path, name: str, script: str) -> None:
+    """Run `script` (which spawns two ranks that join through the port given as argv[1] and prints
+    "OK" when both pass) in a fresh interpreter, and fail with its stderr if it did not pass."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / name
+    path.write_text(script)
+    proc = subprocess.run([sys.executable, str(path), str(port)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]

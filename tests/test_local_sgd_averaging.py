@@ -4,10 +4,9 @@ delay is inside the recorded round time, and the bytes are the ring all-reduce's
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import textwrap
+
+from tests.helpers import run_two_rank_script
 
 SCRIPT = textwrap.dedent(
     """
@@ -80,10 +79,4 @@ SCRIPT = textwrap.dedent(
 
 
 def test_averaging_round_averages_parameters_and_momentum(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = tmp_path / "local_sgd_round.py"
-    script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    run_two_rank_script(tmp_path, "local_sgd_round.py", SCRIPT)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
+
+from tests.helpers import run_two_rank_script
 
 SCRIPT = textwrap.dedent(
     """
@@ -68,12 +68,4 @@ SCRIPT = textwrap.dedent(
 
 
 def test_overlapped_buckets_equal_a_flat_allreduce(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = tmp_path / "overlap.py"
-    script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    run_two_rank_script(tmp_path, "overlap.py", SCRIPT)
