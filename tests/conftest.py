@@ -22,3 +22,13 @@ def ray_cluster():
         start_local_ray(num_cpus=8)
     yield ray
     ray.shutdown()
+
+
+# Two layers: unit tests (no Ray, no process groups, seconds in all) and integration tests, which start
+# a real Ray or real torch.distributed ranks. A test is integration when it uses the shared Ray cluster
+# or its module says so (`pytestmark = pytest.mark.integration`); `pytest -m "not integration"` runs the
+# fast layer alone, `make test` runs both.
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests.helpers import run_two_rank_script
+
+pytestmark = pytest.mark.integration  # real processes (torch.distributed ranks / a Jupyter kernel)
 
 SCRIPT = textwrap.dedent(
     """

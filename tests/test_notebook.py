@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.integration  # real processes (torch.distributed ranks / a Jupyter kernel)
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore_strategies.ipynb"
 RUNS = ("bsp", "bsp-ps", "ssp", "async", "ssp+straggler", "async+straggler")
