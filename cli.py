@@ -358,7 +358,10 @@ def tune(
 
 
 class RunDisplay:
-    """A live progress bar on a terminal; one line per epoch otherwise (logs, CI)."""
+    """A live progress bar on a terminal; one line per epoch otherwise (logs, CI, pipes).
+
+    Both show the summary's steady-state samples/s (orchestrator/throughput.py), over the rows so far.
+    """
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -375,7 +378,9 @@ class RunDisplay:
             disable=not self.live,
         )
         self.task: Any = None
-        self.last_epoch_logged = -1
+        self.started: Any = None  # the RunStarted event
+        self.next_line = 0  # not a terminal: the epoch whose line is printed next
+        self.evaluations: dict[int, Any] = {}  # epoch -> its evaluation's Progress event, until printed
 
     def __enter__(self) -> RunDisplay:
         self.progress.__enter__()
@@ -407,6 +412,8 @@ class RunDisplay:
                 markup=False,
                 highlight=False,
             )
+            if self.started is not None and not event.replaced:  # epochs after the checkpoint are redone
+                self.next_line = min(self.next_line, event.restored_step // self.started.steps_per_epoch)
         elif isinstance(event, RunStarted):
             out.print(
                 f"run dir {event.run_dir}  |  {self.cfg.strategy} x {self.cfg.workers} workers on "
@@ -416,27 +423,62 @@ class RunDisplay:
                 markup=False,
                 highlight=False,
             )
+            self.started = event
+            self.next_line = event.start_step // event.steps_per_epoch
             self.task = self.progress.add_task(
-                "train", total=event.total_steps, epoch="-", loss="-", speed="-", acc="-"
+                "train", total=event.total_steps, completed=event.start_step, epoch="-", loss="-", speed="-", acc="-"
             )
         elif isinstance(event, RunProgress):
             acc = "-" if event.test_accuracy is None else f"{event.test_accuracy:.4f}"
             fields: dict[str, Any] = {
                 "epoch": f"{event.epoch + 1}/{event.epochs}",
                 "loss": f"{event.loss:.4f}",
+                "speed": _speed(event.samples_per_s),
+                "acc": acc,
             }
-            if event.samples_per_s > 0:
-                fields["speed"] = f"{event.samples_per_s:,.0f}"
-            fields["acc"] = acc
             self.progress.update(self.task, completed=event.steps_done, **fields)
-            if not self.live and event.test_accuracy is not None and event.samples_per_s == 0:
-                if event.epoch != self.last_epoch_logged:
-                    self.last_epoch_logged = event.epoch
-                    out.print(
-                        f"epoch {event.epoch + 1}/{event.epochs}  step {event.steps_done}/{event.total_steps}"
-                        f"  loss {event.loss:.4f}  test acc {acc}",
-                        highlight=False,
-                    )
+            if not self.live and self.started is not None:
+                self._epoch_lines(event)
+
+    def _epoch_lines(self, event: Any) -> None:
+        """Print each finished epoch's line, in order: an epoch that is evaluated once its evaluation is in
+        (with the test accuracy), any other once its last step is done (so --eval-every 0 still shows)."""
+        from distrain.orchestrator.run import evaluates
+
+        spe, total = self.started.steps_per_epoch, self.started.total_steps
+        last_epoch = (total - 1) // spe
+        if event.evaluated:
+            self.evaluations[event.epoch] = event
+        while self.next_line <= last_epoch:
+            epoch = self.next_line
+            end = min((epoch + 1) * spe, total)
+            evaluated = evaluates(epoch, last_epoch, self.cfg.eval_every)
+            if evaluated:
+                shown = self.evaluations.pop(epoch, None)
+                if shown is None:
+                    return
+            elif event.steps_done >= end:
+                shown = event
+            else:
+                return
+            acc = f"  test acc {shown.test_accuracy:.4f}" if evaluated else ""
+            out.print(
+                f"epoch {epoch + 1}/{shown.epochs}  step {end}/{total}  loss {shown.loss:.4f}{acc}"
+                f"  {_speed(shown.samples_per_s)} samples/s  elapsed {_clock(shown.elapsed_s)}",
+                markup=False,
+                highlight=False,
+            )
+            self.next_line += 1
+
+
+def _speed(samples_per_s: float | None) -> str:
+    return "-" if samples_per_s is None else f"{samples_per_s:,.0f}"
+
+
+def _clock(seconds: float) -> str:
+    """h:mm:ss, like the progress bar's elapsed time."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def _fmt(value: Any, spec: str = "") -> str:
