@@ -343,11 +343,17 @@ def test_more_backup_workers_than_the_cluster_can_place(ray_cluster, tmp_path, m
 
 def test_tune_trial_larger_than_the_cluster(ray_cluster, tmp_path, monkeypatch):
     """8 workers x 1 CPU + the trial driver's bundle cannot fit the 8-CPU test cluster: refused
-    before Tune starts a trial (Tune would otherwise wait for the resources forever)."""
+    before Tune starts a trial (Tune would otherwise wait for the resources forever). The cluster's size
+    is known only once connected, so the sweep's size (printed before Ray) comes first, on stdout."""
     monkeypatch.chdir(tmp_path)
     sweep = tmp_path / "s"
     result = runner.invoke(app, ["tune", "--workers", "2,8", "--epochs", "1", "--sweep-dir", str(sweep)])
-    assert_one_line_error(result, "8 workers needs 8.01 CPUs", "cluster has 8 CPUs", "--workers")
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.stdout.strip().startswith(f"sweep {sweep}  |  2 trial(s)") and len(result.stdout.splitlines()) == 1
+    line = result.stderr.strip()
+    assert "\n" not in line and line.startswith("error:"), result.stderr
+    for fragment in ("8 workers needs 8.01 CPUs", "cluster has 8 CPUs", "--workers"):
+        assert fragment in line, (fragment, line)
     assert not sweep.exists()
 
 
