@@ -300,6 +300,34 @@ SWEPT_FLAGS = {
 }
 
 
+# A sweep of more trials than this asks first (or takes --yes). A 4 x 4 x 2 grid (README's example is
+# 24 trials) is deliberate and starts at once; what this catches is the accident: one more axis than
+# meant, --num-samples 500, a list typed with an extra value, each worth hours of cluster time.
+CONFIRM_ABOVE = 32
+
+
+def _stdin_is_terminal() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def _confirm_large_sweep(header: str, num_trials: int) -> None:
+    """Ask on a terminal. Without one (CI, cron, nohup) nobody can answer, so the sweep is refused rather
+    than started: a script that means a large sweep says --yes."""
+    if not _stdin_is_terminal():
+        raise DistrainError(
+            f"this sweep has {num_trials} trials (more than {CONFIRM_ABOVE}) and there is no terminal to confirm "
+            "it on; add --yes to start it"
+        )
+    out.print(header, markup=False, highlight=False)
+    try:
+        start = typer.confirm(f"start {num_trials} trials?", default=False)
+    except Abort:  # end of input
+        start = False
+    if not start:
+        err.print("sweep not started; nothing written", markup=False, highlight=False)
+        raise typer.Exit(1)
+
+
 @app.command(cls=SectionedCommand)
 @user_errors
 def tune(
@@ -347,6 +375,15 @@ def tune(
     resume: Annotated[
         Path | None, typer.Option(help="Go on with an interrupted sweep directory (its own settings; no sweep flags).")
     ] = None,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            "-y",
+            help=f"Start a sweep of more than {CONFIRM_ABOVE} trials without asking (needed without a terminal).",
+            rich_help_panel="search",
+        ),
+    ] = False,
 ) -> None:
     """Sweep batch size, LR scaling, warmup, LR (and more) with Ray Tune; each trial is a distributed run."""
     from distrain.orchestrator.sweep_spec import SweepSpec, parse_dimension, parse_param
@@ -402,15 +439,22 @@ def tune(
         from distrain.orchestrator.files import fresh_dir, timestamped
 
         target = fresh_dir(sweep_dir, timestamped(Path("sweep"), "tune"), "--sweep-dir")
+    spec.check_cluster_cpus(cluster_cpus)
 
-    from distrain.orchestrator.tune import run_sweep  # Ray, Tune and torch load only from here on
-    from distrain.sweep_display import SweepDisplay, print_table, results_table
-
+    # The sweep's size, before Ray starts (and before a large one starts at all).
     header = (
         f"sweep {target}  |  {spec.num_trials()} trial(s), {spec.search} search, scheduler {spec.scheduler}"
         f"  |  {spec.base['model']} on {spec.base['dataset']}, {spec.base['epochs']} epoch(s) each"
     )
-    with SweepDisplay(out, spec.num_trials(), header) as display:
+    if resume is None and spec.num_trials() > CONFIRM_ABOVE and not yes:
+        _confirm_large_sweep(header, spec.num_trials())
+    else:
+        out.print(header, markup=False, highlight=False)
+
+    from distrain.orchestrator.tune import run_sweep  # Ray, Tune and torch load only from here on
+    from distrain.sweep_display import SweepDisplay, print_table, results_table
+
+    with SweepDisplay(out, spec.num_trials(), spec.time_budget_s) as display:
         sweep = run_sweep(spec, target, display.on_event, resume=resume is not None, cluster_cpus=cluster_cpus)
     title = f"distrain tune: {len(sweep.results)} trial(s), best first by {spec.objective}"
     print_table(out, results_table(sweep.results, list(spec.dimensions), title))

@@ -27,15 +27,59 @@ def _params_text(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
 
 
+def time_left(durations: list[float], running: list[float], pending: int, concurrency: int) -> float | None:
+    """Seconds until the sweep ends, from the trials that ended: each trial not started yet takes the
+    mean duration, each running one what it lacks of the mean (it has run `elapsed`), and `concurrency`
+    trials run at once. None before any trial ended."""
+    if not durations:
+        return None
+    mean = sum(durations) / len(durations)
+    work = mean * pending + sum(max(mean - elapsed, 0.0) for elapsed in running)
+    return work / max(concurrency, 1)
+
+
+def format_left(seconds: float) -> str:
+    if seconds < 90:
+        return f"~{seconds:.0f} s left"
+    if seconds < 120 * 60:
+        return f"~{seconds / 60:.0f} min left"
+    return f"~{seconds / 3600:.1f} h left"
+
+
 class SweepDisplay:
-    def __init__(self, console: Console, num_trials: int, header: str) -> None:
+    def __init__(
+        self, console: Console, num_trials: int, time_budget_s: float = 0.0, clock: Any = time.monotonic
+    ) -> None:
         self.console = console
-        self.header = header
         self.num_trials = num_trials
+        self.time_budget_s = time_budget_s  # 0: none; the estimate never exceeds what is left of it
+        self.clock = clock
         self.live_mode = console.is_terminal
         self.rows: dict[str, dict[str, Any]] = {}
-        self.started = time.time()
+        self.started = clock()
+        self.sweep_started = self.started  # reset when Tune starts (after Ray and the checks)
         self.live: Live | None = None
+        self.trial_started: dict[str, float] = {}  # running trials' start times
+        self.durations: list[float] = []  # trials that completed or were stopped (not errors: too quick)
+        self.concurrency = 1  # the most trials seen running at once
+
+    def done(self) -> int:
+        return sum(r["status"] in ("completed", "stopped", "error") for r in self.rows.values())
+
+    def estimate(self) -> str:
+        """'~N min left' once a trial has ended (and until the last one has), else ''."""
+        now = self.clock()
+        done = self.done()
+        if done >= self.num_trials:
+            return ""
+        running = [now - t for t in self.trial_started.values()]
+        pending = max(self.num_trials - done - len(running), 0)
+        left = time_left(self.durations, running, pending, self.concurrency)
+        if left is None:
+            return ""
+        if self.time_budget_s:
+            left = min(left, max(self.time_budget_s - (now - self.sweep_started), 0.0))
+        return format_left(left)
 
     def __enter__(self) -> SweepDisplay:
         return self  # the live table starts with the sweep (SweepStarted), not before its checks
@@ -46,8 +90,9 @@ class SweepDisplay:
             self.live.__exit__(*exc)
 
     def _table(self) -> Table:
-        done = sum(r["status"] in ("completed", "stopped", "error") for r in self.rows.values())
-        title = f"trials {done}/{self.num_trials} done, {time.time() - self.started:.0f} s"
+        left = self.estimate()
+        title = f"trials {self.done()}/{self.num_trials} done, {self.clock() - self.started:.0f} s"
+        title += f", {left}" if left else ""
         table = Table(title=Text(title))
         for name in ("trial", "config", "status", "epoch", "test acc", "test loss", "elapsed (s)"):
             table.add_column(
@@ -74,8 +119,9 @@ class SweepDisplay:
     def on_event(self, event: Any) -> None:
         kind = type(event).__name__
         if kind == "SweepStarted":  # printed once the sweep is known to fit the cluster
+            self.sweep_started = self.clock()
             self.console.print(
-                f"{self.header}  |  cluster {event.cluster_cpus:g} CPUs, up to {event.largest_trial_cpus:g} per trial",
+                f"cluster {event.cluster_cpus:g} CPUs, up to {event.largest_trial_cpus:g} per trial",
                 markup=False,
                 highlight=False,
             )
@@ -85,6 +131,8 @@ class SweepDisplay:
                 self.live.__enter__()
         elif kind == "TrialStarted":
             params = _params_text(event.params)
+            self.trial_started[event.trial_id] = self.clock()
+            self.concurrency = max(self.concurrency, len(self.trial_started))
             self.rows[event.trial_id] = dict(params=params, status="running", epoch="-", acc="-", loss="-", elapsed="-")
             self._say(f"trial {event.trial_id} started ({event.cpus:g} CPUs): {params}")
         elif kind == "TrialEpoch":
@@ -102,8 +150,13 @@ class SweepDisplay:
         elif kind == "TrialEnded":
             row = self.rows.setdefault(event.trial_id, dict(params="", epoch="-", acc="-", loss="-", elapsed="-"))
             row["status"] = event.status
+            started = self.trial_started.pop(event.trial_id, None)
+            if started is not None and event.status != "error":
+                self.durations.append(self.clock() - started)
             extra = f" ({event.error})" if event.error else ""
-            self._say(f"trial {event.trial_id} {event.status}{extra}")
+            left = self.estimate()
+            progress = f"{self.done()}/{self.num_trials} done" + (f", {left}" if left else "")
+            self._say(f"trial {event.trial_id} {event.status}{extra}  |  {progress}")
 
 
 def _cell(value: Any, spec: str) -> str:

@@ -25,7 +25,6 @@ from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.orchestrator.checkpoint import (
     checkpoint_name,
-    load_checkpoint_for,
     save_checkpoint,
     step_checkpoint_name,
 )
@@ -36,13 +35,12 @@ from distrain.orchestrator.ps import ShardGroup
 from distrain.orchestrator.recovery import Failure, FailureLedger, RestorePoint, RunLost, classify, kill_all
 from distrain.orchestrator.replacement import replace_worker, replaceable, replacement_ready, start_worker
 from distrain.orchestrator.resume import resume_checkpoint
+from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.throughput import SteadyState
 from distrain.orchestrator.work import WorkPlan
 from distrain.strategies import STRATEGIES
-from distrain.trainers.datasets import DATASETS, check_dataset
-from distrain.trainers.models import count_parameters
 from distrain.trainers.optim_state import FlatOptimizerState
 
 
@@ -118,14 +116,11 @@ class Plan:
 
 def preflight(config: RunConfig, resume: bool = False) -> Plan:
     """Checks that need no cluster. Writes nothing."""
-    check_dataset(config.dataset, config.data_dir, config.samples_per_step)
-    num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
-    if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
-        raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
+    num_params = check_runnable(config)  # a sweep makes the same checks for each of its trials
     if resume:
         path, checkpoint = resume_checkpoint(config, num_params)
         return Plan(Path(config.run_dir), num_params, checkpoint, True, path)
-    checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
+    checkpoint = check_init_from(config, num_params)
     return Plan(choose_run_dir(config.run_dir, config.strategy), num_params, checkpoint)
 
 

@@ -2,8 +2,14 @@
 
 A dimension is a RunConfig field with either a list of values ("16,32,64": a grid axis, or a random
 choice) or a real range ("0.01:0.5" uniform, "0.01:0.5:log" log-uniform; random search only). Every
-value is checked by building the RunConfig a trial would run, so a sweep never starts a trial that
+value is checked by building the RunConfig a trial would run and making `distrain run`'s own checks
+on it (run_checks: the data set holds a global batch, ...), so a sweep never starts a trial that
 `distrain run` would refuse.
+
+A strategy's own fields (staleness, tau, ...: those it lists in `reads`) go only to the trials that
+run a strategy reading them: `--strategies bsp,ssp --staleness 0,2` is one bsp trial and two ssp
+trials. Such a sweep has one axis of strategy variants ({"strategy": "ssp", "staleness": 2}, ...)
+in place of the strategy axis and those fields' axes.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ from typing import Any
 import pandas as pd
 
 from distrain.config import STRATEGY_DEPENDENT_FIELDS, RunConfig
-from distrain.errors import ConfigError
+from distrain.errors import ConfigError, ResourceError
+from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.trial_resources import trial_cpus, trial_gpus
+from distrain.strategies import STRATEGIES
+from distrain.strategies.base import STRATEGY_FIELDS
 
 SEARCHES = ("grid", "random")
 SCHEDULERS = ("none", "asha")
@@ -25,6 +34,7 @@ OBJECTIVES = ("time_to_target", "final_accuracy")
 # Fields a sweep sets itself (per trial) and so cannot vary.
 NOT_SWEEPABLE = ("run_dir", "address", "eval_every")
 GRID_LIMIT = 10_000  # combinations checked one by one before the sweep starts
+VARIANTS = "strategy_variant"  # the axis of (strategy, its own fields' values) in a trial's Tune config
 
 
 @dataclass(frozen=True)
@@ -111,10 +121,17 @@ def parse_param(spec: str) -> tuple[str, Dimension]:
     return name, parse_dimension(name, text, f"--param {name}")
 
 
+def flatten(point: dict[str, Any]) -> dict[str, Any]:
+    """A trial's swept values as field -> value: a strategy variant's fields in place of the variant."""
+    values = {k: v for k, v in point.items() if k != VARIANTS}
+    return values | dict(point.get(VARIANTS) or {})
+
+
 def trial_config(base: dict[str, Any], params: dict[str, Any], run_dir: str = "") -> RunConfig:
     """The RunConfig one trial runs: the base with the trial's values (flags over a file, as in
     RunConfig.resolve: a different strategy starts from its own transport and strategy defaults)."""
     values = dict(base)
+    params = flatten(params)
     if "strategy" in params and params["strategy"] != values.get("strategy"):
         for name in STRATEGY_DEPENDENT_FIELDS:
             if name not in params:
@@ -163,11 +180,48 @@ class SweepSpec:
                         f"--{name.replace('_', '-')} is a range, which grid search cannot enumerate; "
                         "list values (a,b,c) or add --search random"
                     )
-        self.sample_configs()  # building each one is the check
+        self.axes()  # refuses a strategy field that no swept strategy reads
+        checked: set[tuple[Any, ...]] = set()
+        for config in self.sample_configs():  # building each one is RunConfig's check
+            key = _runnable_key(config)
+            if key not in checked:  # run's own checks, once per distinct set of what they read
+                checked.add(key)
+                check_init_from(config, check_runnable(config))
+
+    def strategy_fields(self) -> list[str]:
+        """Swept strategy fields that go only to the trials whose strategy reads them: all of them when
+        the strategy is swept too (with one strategy, RunConfig refuses a field it does not read)."""
+        if not isinstance(self.dimensions.get("strategy"), Choice):
+            return []
+        return [name for name in self.dimensions if name in STRATEGY_FIELDS]
+
+    def axes(self) -> dict[str, Dimension]:
+        """What Tune varies: the dimensions, with the strategy and its fields as one axis of variants
+        when they are swept together (so a strategy never gets a field it does not read)."""
+        fields = self.strategy_fields()
+        if not fields:
+            return dict(self.dimensions)
+        strategies = self.dimensions["strategy"].values  # type: ignore[union-attr]
+        reads = {name: STRATEGIES.get(name).reads for name in strategies}
+        for name in fields:
+            if not any(name in r for r in reads.values()):
+                users = [n for n in STRATEGIES.names() if name in STRATEGIES.get(n).reads]
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} is not used by any of --strategies {','.join(strategies)}; "
+                    f"drop it or add a strategy that reads it ({', '.join(users)})"
+                )
+        variants = []
+        for strategy in strategies:
+            own = [name for name in fields if name in reads[strategy]]
+            spans = [self.dimensions[name].values for name in own]  # type: ignore[union-attr]
+            for combo in itertools.product(*spans):
+                variants.append({"strategy": strategy} | dict(zip(own, combo, strict=True)))
+        axes = {name: dim for name, dim in self.dimensions.items() if name != "strategy" and name not in fields}
+        return {VARIANTS: Choice(tuple(variants))} | axes
 
     def grid_size(self) -> int:
         size = 1
-        for dim in self.dimensions.values():
+        for dim in self.axes().values():
             size *= len(dim.values) if isinstance(dim, Choice) else 1
         return size
 
@@ -178,17 +232,42 @@ class SweepSpec:
         """Configs that cover every value a trial can take: every combination of the listed values and
         the ranges' ends (each value on its own past GRID_LIMIT combinations). Raises on the first
         invalid one."""
-        names = list(self.dimensions)
-        spans = [d.values if isinstance(d, Choice) else (d.low, d.high) for d in self.dimensions.values()]
+        axes = self.axes()
+        names = list(axes)
+        spans = [d.values if isinstance(d, Choice) else (d.low, d.high) for d in axes.values()]
         if math.prod(len(s) for s in spans) <= GRID_LIMIT:
             points = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*spans)]
         else:
             points = [{name: v} for name, span in zip(names, spans, strict=True) for v in span]
         return [trial_config(self.base, p) for p in points or [{}]]
 
+    def check_cluster_cpus(self, cluster_cpus: int) -> None:
+        """--cluster-cpus sizes the local Ray this sweep starts: >= 0 (0: this machine's cores), and it
+        must hold the largest trial (refused here, before Ray starts, rather than by check_fits after)."""
+        if cluster_cpus < 0:
+            raise ConfigError(f"--cluster-cpus must be >= 0 (0: this machine's cores), got {cluster_cpus}")
+        if not cluster_cpus:
+            return
+        if self.base.get("address"):
+            raise ConfigError("--cluster-cpus sizes a local Ray; drop it with --address (that cluster has its own)")
+        largest = self.largest_trial()
+        if trial_cpus(largest) > cluster_cpus + 1e-9:
+            raise ResourceError(
+                f"a trial with {largest.workers} workers needs {trial_cpus(largest):g} CPUs but --cluster-cpus is "
+                f"{cluster_cpus}; raise --cluster-cpus, or lower --workers or --cpus-per-worker"
+            )
+
     def largest_trial(self) -> RunConfig:
         """The sampled config needing the most CPUs (then GPUs): it must fit the cluster."""
         return max(self.sample_configs(), key=lambda c: (trial_cpus(c), trial_gpus(c)))
+
+
+def _runnable_key(config: RunConfig) -> tuple[Any, ...]:
+    """Everything run_checks reads: trials that agree on it pass or fail those checks together."""
+    return (
+        config.dataset, config.data_dir, config.samples_per_step, config.model, config.transport,
+        config.ps_shards, config.init_from,
+    )  # fmt: skip
 
 
 def sort_by_objective(table: pd.DataFrame, objective: str) -> pd.DataFrame:

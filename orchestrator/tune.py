@@ -36,7 +36,7 @@ from distrain.config import RunConfig
 from distrain.errors import ResourceError
 from distrain.orchestrator import cluster
 from distrain.orchestrator.files import atomic_write, atomic_write_text
-from distrain.orchestrator.sweep_spec import Choice, Range, SweepSpec, sort_by_objective, trial_config
+from distrain.orchestrator.sweep_spec import Choice, Range, SweepSpec, flatten, sort_by_objective, trial_config
 from distrain.orchestrator.trial_resources import trial_bundles, trial_cpus, trial_gpus
 from distrain.trainers.schedule import scaled_lr
 
@@ -113,7 +113,8 @@ class _Relay(tune.Callback):
 
 
 def swept(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in RESERVED_KEYS}
+    """A trial's swept values, field by field (a strategy variant's fields in place of the variant)."""
+    return flatten({k: v for k, v in config.items() if k not in RESERVED_KEYS})
 
 
 # ---------------------------------------------------------------------- one trial
@@ -220,7 +221,7 @@ TRAINABLE = tune.with_resources(DistrainTrial, _trial_resources)
 # ---------------------------------------------------------------------- the sweep
 def _search_space(spec: SweepSpec) -> dict[str, Any]:
     space: dict[str, Any] = {}
-    for name, dim in spec.dimensions.items():
+    for name, dim in spec.axes().items():
         if isinstance(dim, Range):
             space[name] = tune.loguniform(dim.low, dim.high) if dim.log else tune.uniform(dim.low, dim.high)
         elif spec.search == "grid":
@@ -437,7 +438,9 @@ def write_results(table: pd.DataFrame, spec: SweepSpec, sweep_dir: Path) -> RunC
     if recorded is not None and recorded.is_file():  # exactly what the trial ran
         best = RunConfig.from_mapping(RunConfig.load_yaml(recorded) | {"run_dir": ""}, str(recorded))
     else:
-        best = trial_config(spec.base, {name: _plain(row[name]) for name in spec.dimensions})
+        values = {name: _plain(row[name]) for name in spec.dimensions}
+        # a field of a strategy variant is empty (NaN) in the rows of trials whose strategy does not read it
+        best = trial_config(spec.base, {k: v for k, v in values.items() if not pd.isna(v)})
     atomic_write_text(sweep_dir / "best.yaml", best.to_yaml())
     return best
 

@@ -201,6 +201,12 @@ TUNE_BAD_INPUTS = [
     (["--objective", "speed"], ["unknown --objective"]),
     (["--num-samples", "0"], ["--num-samples must be >= 1"]),
     (["--staleness", "0,2"], ["--staleness is not used by --strategy bsp"]),
+    (["--strategies", "bsp,async", "--staleness", "0,2"], ["not used by any of --strategies bsp,async", "ssp"]),
+    (["--batch-sizes", "16,100000"], ["global batch (200000) exceeds the 1438 training samples"]),  # as `run` says
+    (["--cluster-cpus", "-4"], ["--cluster-cpus must be >= 0"]),
+    (["--cluster-cpus", "2", "--workers", "2,4"], ["needs 4.01 CPUs but --cluster-cpus is 2"]),
+    (["--cluster-cpus", "4", "--address", "auto"], ["--cluster-cpus sizes a local Ray", "--address"]),
+    (["--num-samples", "40"], ["40 trials (more than 32)", "no terminal", "add --yes"]),
     (["--param", "bogus=1,2"], ["unknown config field 'bogus'"]),
     (["--param", "momentum"], ["--param 'momentum' must be NAME=VALUES"]),
     (["--param", "run_dir=a,b"], ["cannot be swept"]),
@@ -219,6 +225,48 @@ def test_tune_bad_input_is_one_line_exit_2_and_writes_nothing(workdir, args, fra
     assert_one_line_error(result, *fragments)
     assert list(cwd.iterdir()) == []  # in particular, no sweep/
     assert snapshot(inputs) == before
+
+
+class SweepStarts(Exception):
+    """Raised by a stand-in for run_sweep: the command got past its checks and its confirmation."""
+
+
+@pytest.fixture
+def sweep_starts(monkeypatch):
+    from distrain.orchestrator import tune
+
+    def start(*args, **kwargs):
+        raise SweepStarts()
+
+    monkeypatch.setattr(tune, "run_sweep", start)
+
+
+@pytest.mark.parametrize("answer, starts", [("n\n", False), ("\n", False), ("", False), ("y\n", True)])
+def test_a_large_sweep_asks_on_a_terminal(workdir, sweep_starts, monkeypatch, answer, starts):
+    """Above 32 trials a terminal is asked, after the trial count is shown; no (the default) or end of
+    input starts nothing and writes nothing; yes goes on to the sweep."""
+    import distrain.cli
+
+    cwd, _ = workdir
+    monkeypatch.setattr(distrain.cli, "_stdin_is_terminal", lambda: True)
+    args = ["tune", "--model", "mlp", "--batch-sizes", "16,32", "--num-samples", "20"]
+    result = runner.invoke(app, args, input=answer)
+    assert "40 trial(s), grid search" in result.stdout and "start 40 trials? [y/N]" in result.stdout
+    assert result.stdout.index("40 trial(s)") < result.stdout.index("start 40 trials?")
+    if starts:
+        assert isinstance(result.exception, SweepStarts), result.output
+    else:
+        assert result.exit_code == 1 and "sweep not started; nothing written" in result.stderr, result.output
+    assert list(cwd.iterdir()) == []
+
+
+def test_yes_starts_a_large_sweep_without_a_terminal_and_a_small_one_needs_no_answer(workdir, sweep_starts):
+    result = runner.invoke(app, ["tune", "--model", "mlp", "--num-samples", "40", "--yes"])
+    assert isinstance(result.exception, SweepStarts), result.output
+    assert "40 trial(s)" in result.stdout and "start" not in result.stdout.split("trial(s)")[1]
+    result = runner.invoke(app, ["tune", "--model", "mlp", "--num-samples", "32"])  # at the threshold: no question
+    assert isinstance(result.exception, SweepStarts), result.output
+    assert "32 trial(s)" in result.stdout
 
 
 @pytest.mark.parametrize(("args", "fragments"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
@@ -295,11 +343,17 @@ def test_more_backup_workers_than_the_cluster_can_place(ray_cluster, tmp_path, m
 
 def test_tune_trial_larger_than_the_cluster(ray_cluster, tmp_path, monkeypatch):
     """8 workers x 1 CPU + the trial driver's bundle cannot fit the 8-CPU test cluster: refused
-    before Tune starts a trial (Tune would otherwise wait for the resources forever)."""
+    before Tune starts a trial (Tune would otherwise wait for the resources forever). The cluster's size
+    is known only once connected, so the sweep's size (printed before Ray) comes first, on stdout."""
     monkeypatch.chdir(tmp_path)
     sweep = tmp_path / "s"
     result = runner.invoke(app, ["tune", "--workers", "2,8", "--epochs", "1", "--sweep-dir", str(sweep)])
-    assert_one_line_error(result, "8 workers needs 8.01 CPUs", "cluster has 8 CPUs", "--workers")
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.stdout.strip().startswith(f"sweep {sweep}  |  2 trial(s)") and len(result.stdout.splitlines()) == 1
+    line = result.stderr.strip()
+    assert "\n" not in line and line.startswith("error:"), result.stderr
+    for fragment in ("8 workers needs 8.01 CPUs", "cluster has 8 CPUs", "--workers"):
+        assert fragment in line, (fragment, line)
     assert not sweep.exists()
 
 

@@ -8,11 +8,13 @@ import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
-from distrain.errors import ConfigError
+from distrain.errors import ConfigError, ResourceError
 from distrain.orchestrator.sweep_spec import (
+    VARIANTS,
     Choice,
     Range,
     SweepSpec,
+    flatten,
     parse_dimension,
     parse_param,
     sort_by_objective,
@@ -71,9 +73,58 @@ def test_grid_counts_and_every_combination_is_checked():
     spec.validate()
     assert spec.num_trials() == 6
     assert len(spec.sample_configs()) == 6
-    bad = SweepSpec(base(), {"strategy": Choice(("bsp", "ssp")), "staleness": Choice((0, 2))})
+    bad = SweepSpec(base(), {"staleness": Choice((0, 2))})
     with pytest.raises(ConfigError, match="--staleness is not used by --strategy bsp"):
-        bad.validate()  # the (bsp, staleness) combinations cannot run
+        bad.validate()  # one strategy (the base's bsp), which does not read staleness
+
+
+def test_a_strategy_field_goes_only_to_the_strategies_that_read_it():
+    """bsp x 1 + ssp x 2 staleness bounds = 3 trials (the full 2 x 2 grid gave bsp a staleness)."""
+    spec = SweepSpec(base(), {"strategy": Choice(("bsp", "ssp")), "staleness": Choice((0, 2)), "lr": Choice((0.1,))})
+    spec.validate()
+    assert spec.num_trials() == 3
+    runs = {(c.strategy, c.staleness) for c in spec.sample_configs()}
+    assert runs == {("bsp", None), ("ssp", 0), ("ssp", 2)}
+    assert set(spec.axes()) == {VARIANTS, "lr"}
+    point = {VARIANTS: {"strategy": "ssp", "staleness": 2}, "lr": 0.1}
+    assert flatten(point) == {"strategy": "ssp", "staleness": 2, "lr": 0.1}
+    assert trial_config(base(), point).staleness == 2
+    # three strategies, two of their fields: each strategy gets its own (local-sgd tau, ssp staleness)
+    mixed = SweepSpec(
+        base(),
+        {"strategy": Choice(("bsp", "ssp", "local-sgd")), "staleness": Choice((0, 2)), "tau": Choice((2, 4, 8))},
+        search="grid",
+        num_samples=2,
+    )
+    mixed.validate()
+    assert mixed.num_trials() == (1 + 2 + 3) * 2
+    # a field that no listed strategy reads is still refused, naming the strategies that do read it
+    with pytest.raises(ConfigError, match="--staleness is not used by any of --strategies bsp,async.*ssp"):
+        SweepSpec(base(), {"strategy": Choice(("bsp", "async")), "staleness": Choice((0, 2))}).validate()
+
+
+def test_every_trial_gets_the_checks_run_makes_before_starting():
+    """A global batch larger than the data set: RunConfig accepts it, `distrain run` refuses it in its
+    preflight (data set size), and so must the sweep, for the trial that has it."""
+    with pytest.raises(ConfigError, match="global batch \\(200000\\) exceeds the 1438 training samples"):
+        SweepSpec(base(), {"batch_size": Choice((16, 100000))}).validate()
+    with pytest.raises(ConfigError, match="global batch \\(1600\\) exceeds"):  # batch x workers together
+        SweepSpec(base(), {"batch_size": Choice((16, 400)), "workers": Choice((2, 4))}, search="grid").validate()
+    shards = SweepSpec(base(strategy="async"), {"ps_shards": Choice((1, 10**9))})
+    with pytest.raises(ConfigError, match="--ps-shards 1000000000 exceeds the model's"):
+        shards.validate()
+
+
+def test_cluster_cpus_checked_before_ray():
+    spec = SweepSpec(base(), {"workers": Choice((2, 4))})  # the largest trial: 4 x 1 CPU + 0.01
+    spec.check_cluster_cpus(0)  # this machine's cores
+    spec.check_cluster_cpus(5)
+    with pytest.raises(ConfigError, match="--cluster-cpus must be >= 0"):
+        spec.check_cluster_cpus(-4)
+    with pytest.raises(ResourceError, match="needs 4.01 CPUs but --cluster-cpus is 4"):
+        spec.check_cluster_cpus(4)
+    with pytest.raises(ConfigError, match="drop it with --address"):
+        SweepSpec(base(address="auto"), {}).check_cluster_cpus(8)
 
 
 def test_random_search_takes_ranges_and_counts_samples():

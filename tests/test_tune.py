@@ -138,3 +138,19 @@ def test_resume_restarts_an_interrupted_sweep(tmp_path):
     for run_dir in after["run_dir"]:
         assert (Path(run_dir) / "metrics.parquet").is_file()
     assert "best.yaml" in resumed.output
+
+
+def test_strategy_fields_go_only_to_the_strategies_that_read_them(tmp_path):
+    """--strategies bsp,ssp --staleness 1 is one bsp trial (no staleness) and one ssp trial (staleness 1);
+    the trial count is printed before the cluster line, and the time left once the first trial ends."""
+    sweep = tmp_path / "sweep"
+    output = tune("--strategies", "bsp,ssp", "--staleness", "1", "--epochs", "1", "--sweep-dir", str(sweep))
+    assert output.index("2 trial(s), grid search") < output.index("cluster ")
+    assert "1/2 done, ~" in output and "2/2 done" in output
+    results = pd.read_parquet(sweep / "results.parquet").set_index("strategy")
+    assert sorted(results.index) == ["bsp", "ssp"] and (results["status"] == "completed").all()
+    assert pd.isna(results.loc["bsp", "staleness"]) and results.loc["ssp", "staleness"] == 1
+    recorded = {
+        s: RunConfig.from_mapping(RunConfig.load_yaml(Path(d) / "config.yaml")) for s, d in results["run_dir"].items()
+    }
+    assert (recorded["bsp"].staleness, recorded["ssp"].staleness) == (None, 1)

@@ -1,0 +1,30 @@
+"""What `distrain run` checks about a config before it starts anything, beyond RunConfig's own
+validation: the data set is there and one global batch fits it, the model can be split across the
+parameter-server shards, an --init-from checkpoint fits the model. No Ray, no cluster, nothing
+written, so `distrain tune` makes the same checks for every trial before Ray starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distrain.config import RunConfig
+from distrain.errors import ConfigError
+from distrain.trainers.datasets import DATASETS, check_dataset
+from distrain.trainers.models import count_parameters
+
+
+def check_runnable(config: RunConfig) -> int:
+    """Raises ConfigError for a config that `run_training` would refuse; returns the model's size."""
+    check_dataset(config.dataset, config.data_dir, config.samples_per_step)
+    num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
+    if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
+        raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
+    return num_params
+
+
+def check_init_from(config: RunConfig, num_params: int) -> dict[str, Any] | None:
+    """The --init-from checkpoint (when there is one), checked against the model."""
+    from distrain.orchestrator.checkpoint import load_checkpoint_for  # torch.load
+
+    return load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
