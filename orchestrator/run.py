@@ -29,7 +29,7 @@ from distrain.orchestrator.checkpoint import (
     save_checkpoint,
     step_checkpoint_name,
 )
-from distrain.orchestrator.files import atomic_write_text, choose_run_dir
+from distrain.orchestrator.files import Claim, atomic_write_text, claim_run_dir
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
 from distrain.orchestrator.ps import ShardGroup
@@ -106,10 +106,12 @@ class Plan:
     checkpoint: dict[str, Any] | None
     resumed: bool = False  # --resume: the run directory is an existing run, continued from its checkpoint
     checkpoint_path: Path | None = None
+    claim: Claim | None = None  # a new run's directory, given back if the run is refused before it starts
 
 
 def preflight(config: RunConfig, resume: bool = False) -> Plan:
-    """Checks that need no cluster. Writes nothing."""
+    """Checks that need no cluster, then (a new run) the claim of its directory: before Ray starts, so a
+    directory that cannot be made, or that another run holds, is refused at once. Writes nothing else."""
     check_dataset(config.dataset, config.data_dir, config.samples_per_step)
     num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
@@ -118,7 +120,8 @@ def preflight(config: RunConfig, resume: bool = False) -> Plan:
         path, checkpoint = resume_checkpoint(config, num_params)
         return Plan(Path(config.run_dir), num_params, checkpoint, True, path)
     checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
-    return Plan(choose_run_dir(config.run_dir, config.strategy), num_params, checkpoint)
+    claim = claim_run_dir(config.run_dir, config.strategy, lambda path: _recorded(config, path).to_yaml())
+    return Plan(claim.path, num_params, checkpoint, claim=claim)
 
 
 @dataclass
@@ -151,15 +154,18 @@ class RunState:
 def run_training(config: RunConfig, on_event: EventHandler | None = None, resume: bool = False) -> RunResult:
     emit = on_event or (lambda event: None)
     plan = preflight(config, resume)
-    connection = cluster.connect(config)
+    connection = None
     placement = None
     actors: list[Any] = []  # everything started here, killed on the way out
+    started = False
     try:
+        connection = cluster.connect(config)
         cluster.check_resources(config)
-        plan.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
+        if plan.resumed:  # the resumable flags given now are the run's from here on
+            atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
         placement = cluster.place(config)
         state = RunState.create(config, plan)
+        started = True
         while True:  # one attempt per failure survived (orchestrator/recovery.py)
             workers = _start_workers(config, placement, state.run_start)
             actors.extend(workers)
@@ -180,7 +186,10 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
         for actor in actors:
             ray.kill(actor, no_restart=True)
         cluster.release(placement)
-        connection.close()
+        if connection is not None:
+            connection.close()
+        if not started and plan.claim is not None:  # refused before it began: leave no directory behind
+            plan.claim.release()
 
 
 def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: float) -> list[Any]:

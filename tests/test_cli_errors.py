@@ -122,6 +122,7 @@ BAD_INPUTS = [
     (["--config", "{in}/missing.yaml"], ["not found", "missing.yaml"]),
     (["--run-dir", "{in}/full_run"], ["not empty", "full_run"]),
     (["--run-dir", "{in}/full_run/metrics.parquet"], ["not a directory"]),
+    (["--run-dir", "{in}/full_run/metrics.parquet/run"], ["--run-dir", "cannot be written", "Not a directory"]),
     # parameter-server strategies (issue 3)
     (["--strategy", "ssp", "--staleness", "-1"], ["--staleness must be >= 0"]),
     (["--staleness", "2"], ["--staleness is not used by --strategy bsp", "ssp"]),
