@@ -1,9 +1,11 @@
 """Checkpoints: model + optimizer state + counters + config, written atomically with torch.save.
 
 A checkpoint also carries what a resumed or recovered run needs to continue as if never stopped:
-the parameter-server counters (shard version, worker clocks), the metrics rows recorded before its
-step, the failures seen so far and the run time elapsed. The data order needs no state of its own:
-it is a pure function of (seed, epoch, step) (trainers/sharding.py), and seed and step are here.
+the parameter-server counters (shard version, worker clocks), the failures seen so far and the run
+time elapsed; nothing that grows with the step count. The metrics rows stay in the run's
+metrics.parquet, written just before each checkpoint, and a resumed run reads those before the
+checkpoint's step back from there (orchestrator/resume.py). The data order needs no state of its
+own: it is a pure function of (seed, epoch, step) (trainers/sharding.py), and seed and step are here.
 `checkpoints/latest.json` names the newest complete checkpoint; it is replaced (atomically) only
 after that checkpoint file is durable, so a crash at any moment leaves it pointing at a whole one.
 """
@@ -53,7 +55,7 @@ def save_checkpoint(
         "config": config,
         "epoch": epoch,  # epochs completed
         "global_step": global_step,  # steps completed
-        **(extra or {}),  # "ps", "metrics", "failures", "elapsed_s" (see orchestrator/recovery.py)
+        **(extra or {}),  # "ps", "failures", "elapsed_s" (see orchestrator/recovery.py)
         **state,  # "model", "optimizer"
     }
     path = directory / name

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from distrain.errors import ConfigError
@@ -59,6 +61,111 @@ def timestamped(parent: Path, name: str) -> Callable[[int], Path]:
     return lambda n: parent / (f"{stamp}-{name}" if n == 1 else f"{stamp}-{name}-{n}")
 
 
-def choose_run_dir(requested: str, strategy: str, root: str = "runs") -> Path:
-    """`--run-dir`, or runs/<timestamp>-<strategy>; refuses an existing non-empty directory."""
-    return fresh_dir(requested, timestamped(Path(root), strategy), "--run-dir")
+def exclusive_write_text(path: Path, text: str) -> None:
+    """Create `path` holding `text` only if it does not exist yet (FileExistsError otherwise).
+
+    The text goes to a temporary file that is hard-linked into place: of two writers exactly one wins,
+    and no reader ever sees the file half-written. Where hard links are not supported, an exclusive
+    create (O_EXCL) still decides the winner."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)  # unique even between threads
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp makes it private; a run's files are as readable as others
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError:  # no hard links on this file system
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@dataclass
+class Claim:
+    """A run directory this process owns: created (or found empty) and holding its config.yaml."""
+
+    path: Path
+    made: list[Path]  # directories the claim created, outermost first
+
+    def release(self) -> None:
+        """Undo the claim of a run refused before it wrote anything else: nothing is left behind."""
+        (self.path / CLAIM_FILE).unlink(missing_ok=True)
+        _remove_empty(self.made)
+
+
+CLAIM_FILE = "config.yaml"  # its exclusive creation is the claim
+
+
+def claim_run_dir(requested: str, strategy: str, config_text: Callable[[Path], str], root: str = "runs") -> Claim:
+    """Create the run directory and its config.yaml (`config_text(path)`) atomically, before anything else.
+
+    `--run-dir` may be new or an existing empty directory; one that another run has just claimed is
+    refused, as is one that cannot be created (under a file, read-only, no permission). Without it:
+    runs/<timestamp>-<strategy>, then -2, -3, ...: each name is taken by an exclusive mkdir, so two runs
+    started in the same second get different directories. Every refusal is a ConfigError (one line,
+    exit 2) and leaves nothing behind."""
+    flag = "--run-dir"
+    try:
+        if requested:
+            path = fresh_dir(requested, timestamped(Path(root), strategy), flag)  # refuses a file, a non-empty dir
+            made = _missing_parents(path) + ([] if path.is_dir() else [path])
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            default = timestamped(Path(root), strategy)
+            made = _missing_parents(default(1))
+            default(1).parent.mkdir(parents=True, exist_ok=True)
+            n = 1
+            while True:
+                path = default(n)
+                try:
+                    path.mkdir()  # exclusive: exactly one run gets each name
+                    break
+                except FileExistsError:
+                    n += 1
+            made.append(path)
+    except OSError as e:
+        if not requested:
+            reason = e.strerror or type(e).__name__
+            raise ConfigError(f"cannot create a run directory in {root!r} ({reason}); pass --run-dir") from None
+        raise _unwritable(flag, Path(requested), e) from None
+    try:
+        exclusive_write_text(path / CLAIM_FILE, config_text(path))
+    except FileExistsError:  # made or emptied at the same moment by another run, which got there first
+        raise ConfigError(f"{flag} {str(path)!r} was just taken by another run; choose another directory") from None
+    except OSError as e:
+        _remove_empty(made)
+        raise _unwritable(flag, path, e) from None
+    return Claim(path, made)
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """The ancestors of `path` that do not exist yet, outermost first."""
+    missing = []
+    for parent in path.parents:
+        if parent.exists() or parent.is_symlink():
+            break
+        missing.append(parent)
+    return list(reversed(missing))
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    for directory in reversed(directories):
+        try:
+            directory.rmdir()
+        except OSError:  # not empty (another run wrote there) or already gone: leave it
+            return
+
+
+def _unwritable(flag: str, path: Path, error: OSError) -> ConfigError:
+    reason = error.strerror or type(error).__name__
+    return ConfigError(f"{flag} {str(path)!r} cannot be written ({reason}); choose a writable directory")

@@ -1,9 +1,12 @@
 """`distrain run --resume runs/X`: continue a run whose driver stopped (killed, crashed, Ctrl-C).
 
 The run's own config.yaml is the configuration; flags may change only what does not change the
-training math (how long, how often to evaluate or checkpoint, timeouts, fault handling, resources).
-The run continues from its newest complete checkpoint (`checkpoints/latest.json`), with the metrics
-rows and failures recorded up to it. Every refusal is one line naming the fix, and writes nothing.
+training math (how long, how often to evaluate or checkpoint, timeouts, fault handling, resources),
+and config.yaml must still agree with the configuration its checkpoint recorded on everything else
+(an edited file is refused as the flag would be). The run continues from its newest complete
+checkpoint (`checkpoints/latest.json`), with the failures it recorded and the metrics rows of
+metrics.parquet before its step. Every refusal is one line naming the fix, is given before Ray
+starts, and writes nothing.
 """
 
 from __future__ import annotations
@@ -11,9 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.checkpoint import latest_checkpoint, load_checkpoint_for
+from distrain.orchestrator.metrics import SCHEMA, MetricsSink
+from distrain.trainers.datasets import DATASETS
 
 # Flags a resumed run may change: none of them changes what one step computes.
 RESUMABLE = frozenset(
@@ -88,4 +96,57 @@ def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[st
                 f"checkpoint {str(path)!r} was written by another run ({name} {recorded.get(name)!r}, "
                 f"this run has {getattr(config, name)!r}); it cannot be resumed here"
             )
+    # config.yaml is a file a user can edit: every setting that changes the training math must still be
+    # the one the checkpoint was trained with (settings a later version added are not in old checkpoints).
+    for name in RunConfig.field_names():
+        if name in RESUMABLE or name in ("run_dir", "init_from") or name not in recorded:
+            continue
+        if _plain(recorded[name]) != _plain(getattr(config, name)):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"--resume cannot change {flag} (the run's checkpoint has {recorded[name]!r}, its config.yaml "
+                f"now has {getattr(config, name)!r}); put it back in {config.run_dir}/config.yaml, or start a "
+                "new run with --init-from its checkpoint"
+            )
+    step, total = int(payload["global_step"]), total_steps(config)
+    if step >= total:
+        raise ConfigError(
+            f"{config.run_dir!r} is finished (its checkpoint is at step {step} of {total}); nothing to resume. "
+            "To train it further, raise --epochs or --max-steps"
+        )
     return path, payload
+
+
+def total_steps(config: RunConfig) -> int:
+    """Global steps `config` trains for, from the data set's size (known without loading it)."""
+    steps = config.epochs * steps_per_epoch(config)
+    return min(steps, config.max_steps) if config.max_steps else steps
+
+
+def steps_per_epoch(config: RunConfig) -> int:
+    return DATASETS.get(config.dataset).train_size // config.samples_per_step
+
+
+def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, list[Any]]:
+    """The metrics rows of the steps before `checkpoint`'s (and of the epochs evaluated by then), as a
+    resumed run starts with them: from the run's metrics.parquet, written before each checkpoint.
+    Checkpoints of earlier versions carried the rows themselves; those are taken as they are."""
+    if "metrics" in checkpoint:
+        return checkpoint["metrics"] or {}
+    path = Path(config.run_dir) / "metrics.parquet"
+    try:
+        table = pq.read_table(path).select(SCHEMA.names).cast(SCHEMA)
+    except (OSError, KeyError, ValueError, pa.ArrowException):
+        raise DistrainError(
+            f"{str(path)!r} is missing or unreadable, so the metrics before step {checkpoint['global_step']} "
+            "cannot be carried on; start a new run with --init-from the run's checkpoint"
+        ) from None
+    sink = MetricsSink(Path(config.run_dir).name)
+    sink.add_rows(table.to_pydict())
+    sink.keep_before(int(checkpoint["global_step"]), steps_per_epoch(config))
+    return sink.rows()
+
+
+def _plain(value: Any) -> Any:
+    """Tuples and lists compare equal (YAML and torch.save keep sequences differently)."""
+    return list(value) if isinstance(value, tuple | list) else value

@@ -28,13 +28,13 @@ from distrain.orchestrator.checkpoint import (
     save_checkpoint,
     step_checkpoint_name,
 )
-from distrain.orchestrator.files import atomic_write_text, choose_run_dir
+from distrain.orchestrator.files import Claim, atomic_write_text, claim_run_dir
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
 from distrain.orchestrator.ps import ShardGroup
 from distrain.orchestrator.recovery import Failure, FailureLedger, RestorePoint, RunLost, classify, kill_all
 from distrain.orchestrator.replacement import replace_worker, replaceable, replacement_ready, start_worker
-from distrain.orchestrator.resume import resume_checkpoint
+from distrain.orchestrator.resume import recorded_rows, resume_checkpoint
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
@@ -92,6 +92,8 @@ class RunResult:
 Event = RunStarted | Progress | StragglersChanged | Failure
 EventHandler = Callable[[Event], None]
 
+UNFINISHED = "unfinished"  # summary.json status written with each checkpoint, until the run ends
+
 
 def _get(refs: Any, timeout: float | None = None) -> Any:
     """ray.get that surfaces a worker's user-facing error as itself, not as a remote traceback."""
@@ -112,16 +114,21 @@ class Plan:
     checkpoint: dict[str, Any] | None
     resumed: bool = False  # --resume: the run directory is an existing run, continued from its checkpoint
     checkpoint_path: Path | None = None
+    claim: Claim | None = None  # a new run's directory, given back if the run is refused before it starts
+    rows: dict[str, list[Any]] | None = None  # --resume: the metrics rows before the checkpoint's step
 
 
 def preflight(config: RunConfig, resume: bool = False) -> Plan:
-    """Checks that need no cluster. Writes nothing."""
+    """Checks that need no cluster, then (a new run) the claim of its directory: before Ray starts, so a
+    directory that cannot be made, or that another run holds, is refused at once. Writes nothing else."""
     num_params = check_runnable(config)  # a sweep makes the same checks for each of its trials
     if resume:
         path, checkpoint = resume_checkpoint(config, num_params)
-        return Plan(Path(config.run_dir), num_params, checkpoint, True, path)
+        rows = recorded_rows(config, checkpoint)
+        return Plan(Path(config.run_dir), num_params, checkpoint, True, path, rows=rows)
     checkpoint = check_init_from(config, num_params)
-    return Plan(choose_run_dir(config.run_dir, config.strategy), num_params, checkpoint)
+    claim = claim_run_dir(config.run_dir, config.strategy, lambda path: _recorded(config, path).to_yaml())
+    return Plan(claim.path, num_params, checkpoint, claim=claim)
 
 
 @dataclass
@@ -144,7 +151,7 @@ class RunState:
         start = int(ckpt["global_step"]) if ckpt else 0
         run_start = time.time()
         if plan.resumed and ckpt is not None:
-            sink.add_rows(ckpt.get("metrics") or {})
+            sink.add_rows(plan.rows or {})
             ledger.events = list(ckpt.get("failures") or [])
             run_start -= float(ckpt.get("elapsed_s", 0.0))  # run time goes on from where it stopped
         point = RestorePoint(ckpt, start, time.time() - run_start, plan.checkpoint_path)
@@ -154,15 +161,18 @@ class RunState:
 def run_training(config: RunConfig, on_event: EventHandler | None = None, resume: bool = False) -> RunResult:
     emit = on_event or (lambda event: None)
     plan = preflight(config, resume)
-    connection = cluster.connect(config)
+    connection = None
     placement = None
     actors: list[Any] = []  # everything started here, killed on the way out
+    started = False
     try:
+        connection = cluster.connect(config)
         cluster.check_resources(config)
-        plan.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
+        if plan.resumed:  # the resumable flags given now are the run's from here on
+            atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
         placement = cluster.place(config)
         state = RunState.create(config, plan)
+        started = True
         while True:  # one attempt per failure survived (orchestrator/recovery.py)
             workers = _start_workers(config, placement, state.run_start)
             actors.extend(workers)
@@ -183,7 +193,10 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
         for actor in actors:
             ray.kill(actor, no_restart=True)
         cluster.release(placement)
-        connection.close()
+        if connection is not None:
+            connection.close()
+        if not started and plan.claim is not None:  # refused before it began: leave no directory behind
+            plan.claim.release()
 
 
 def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: float) -> list[Any]:
@@ -600,12 +613,14 @@ class _Driver:
             name, state = self.saves.pop(step)
             self._save(name, state, epochs_before, step)
 
-    def _save(self, name: str, state: dict[str, Any], epochs_done: int, steps_done: int) -> None:
+    def _save(self, name: str, state: dict[str, Any], epochs_done: int, steps_done: int, progress: bool = True) -> None:
+        """Write a checkpoint: parameters, optimizer state and small metadata. The metrics rows go to
+        metrics.parquet first (a resume reads those before the checkpoint's step back from it), and,
+        with `progress`, a summary.json that says the run has not finished: a driver killed after
+        this leaves a directory `distrain report` reads and `--resume` continues."""
         now = time.time() - self.run_start
-        sink = MetricsSink(self.sink.run_id)
-        sink.add_rows(self.sink.rows())
-        sink.keep_before(steps_done, self.steps_per_epoch)
-        extra = {"metrics": sink.rows(), "failures": self.state.ledger.events, "elapsed_s": now}
+        self.sink.write(self.run_dir / "metrics.parquet")
+        extra = {"failures": self.state.ledger.events, "elapsed_s": now}
         path = save_checkpoint(
             self.run_dir / "checkpoints",
             name,
@@ -619,18 +634,25 @@ class _Driver:
         if "ps" in state:
             payload["ps"] = state["ps"]
         self.state.point = RestorePoint(payload, steps_done, now, path)
+        if progress:
+            self._write_summary(UNFINISHED, epochs_done, mitigation=False)
 
     def _finish(self, status: str, checkpoint: bool = True) -> dict[str, Any]:
         epochs_done = self.steps_done // self.steps_per_epoch if self.steps_per_epoch else 0
         if checkpoint and self.steps_done:
             # Every worker is done: worker 0's state (a PS snapshot under the PS) is the final model.
             final = self._result(self.workers[0].state.remote(), 0, self.config.hang_timeout_s)
-            self._save(checkpoint_name(None), final, epochs_done, self.steps_done)
+            self._save(checkpoint_name(None), final, epochs_done, self.steps_done, progress=False)  # + metrics
+        else:
+            self.sink.write(self.run_dir / "metrics.parquet")
+        return self._write_summary(status, epochs_done)
+
+    def _write_summary(self, status: str, epochs_done: int, mitigation: bool = True) -> dict[str, Any]:
         df = self.sink.table().to_pandas()
-        self.sink.write(self.run_dir / "metrics.parquet")
         summary = summarize(df, self.config_dict, self.run_start, time.time() - self.run_start, status, epochs_done)
         try:
-            summary |= self._mitigation_figures()
+            if mitigation:  # asks the actors (PS shards, scheduler): only once the run is over
+                summary |= self._mitigation_figures()
         except ray.exceptions.RayError:  # a failed run's actors may be gone; the metrics still tell
             pass
         summary.update(self.state.ledger.summary())

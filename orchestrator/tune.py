@@ -391,6 +391,8 @@ def results_table(
         # interrupted: stopped by the scheduler or the time budget; "stopped" too when it was ended before
         # it could record anything; pending: it never started (e.g. the time budget ran out first)
         status = "error" if error is not None else summary.get("status", "interrupted" if run_dir else "pending")
+        if status == "unfinished":  # the summary a checkpoint wrote: the trial ended before its own
+            status = "interrupted"
         row["status"] = "stopped" if status == "interrupted" else status
         row["stopped_early"] = status == "interrupted"
         row["epochs_completed"] = summary.get("epochs_completed", 0)

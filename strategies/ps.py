@@ -68,7 +68,7 @@ class PSStrategy(Strategy):
         and the optimizer state, slice by slice, assembled into flat form."""
         theta, optimizer, counters = self.client.snapshot()
         trainer.params_flat.copy_(torch.from_numpy(theta))
-        return {"model": trainer.model.state_dict(), "optimizer": optimizer.to_dict(), "ps": counters}
+        return {"model": trainer.model_state(), "optimizer": optimizer.to_dict(), "ps": counters}
 
 
 @STRATEGIES.register("async", "Downpour async SGD on the parameter server: apply each gradient on arrival")

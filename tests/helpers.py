@@ -15,6 +15,22 @@ def final_params(run_dir: Path) -> torch.Tensor:
     return torch.cat([t.reshape(-1).double() for t in state.values()])
 
 
+CHECKPOINT_KEYS = {"format", "version", "strategy", "model_name", "config", "epoch", "global_step"} | {
+    "failures", "elapsed_s", "model", "optimizer", "ps",
+}  # fmt: skip
+
+
+def assert_compact_checkpoint(path: Path) -> dict:
+    """A checkpoint is parameters + optimizer state + small metadata (issue 13): no metrics rows (they
+    grew with the step count), and on disk no bigger than its tensors plus a little."""
+    payload = load_checkpoint(Path(path))
+    assert set(payload) <= CHECKPOINT_KEYS, set(payload) - CHECKPOINT_KEYS
+    tensors = [*payload["model"].values(), *payload["optimizer"]["vectors"].values()]
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    assert Path(path).stat().st_size < size + 64 * 1024, (Path(path).stat().st_size, size)
+    return payload
+
+
 def run_two_rank_script(tmp_path: Path, name: str, script: str) -> None:
     """Run `script` (which spawns two ranks that join through the port given as argv[1] and prints
     "OK" when both pass) in a fresh interpreter, and fail with its stderr if it did not pass."""

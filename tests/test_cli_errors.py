@@ -83,6 +83,24 @@ def _resume_inputs(inputs: Path) -> None:
     run_dir("run_foreign", saved({"format": FORMAT, "model_name": "mlp", "model": {}, "optimizer": {}}))
     run_dir("run_unchecked", None)
 
+    # Loadable cnn checkpoints (issue 13): a finished run, an edited config.yaml, rows gone missing.
+    from distrain.orchestrator.resume import total_steps
+    from distrain.trainers.datasets import DATASETS
+    from distrain.trainers.models import build_model
+
+    def checkpoint(name: str, step: int, **recorded) -> bytes:
+        config = RunConfig(run_dir=str(inputs / name)).to_dict() | recorded
+        model = build_model("cnn", DATASETS.get("digits").info, 0).state_dict()
+        optimizer = {"vectors": {}, "scalars": {}}
+        payload = {"format": FORMAT, "version": 1, "strategy": "bsp", "model_name": "cnn", "config": config}
+        return saved(payload | {"epoch": 0, "global_step": step, "model": model, "optimizer": optimizer})
+
+    total = total_steps(RunConfig())
+    run_dir("run_finished", checkpoint("run_finished", total))
+    run_dir("run_edited", checkpoint("run_edited", 10, lr=0.05))
+    (inputs / "run_edited" / "config.yaml").write_text(RunConfig(run_dir=str(inputs / "run_edited"), lr=5.0).to_yaml())
+    run_dir("run_no_metrics", checkpoint("run_no_metrics", 10))
+
 
 def assert_one_line_error(result, *fragments: str) -> str:
     assert result.exit_code == 2, result.output
@@ -122,6 +140,7 @@ BAD_INPUTS = [
     (["--config", "{in}/missing.yaml"], ["not found", "missing.yaml"]),
     (["--run-dir", "{in}/full_run"], ["not empty", "full_run"]),
     (["--run-dir", "{in}/full_run/metrics.parquet"], ["not a directory"]),
+    (["--run-dir", "{in}/full_run/metrics.parquet/run"], ["--run-dir", "cannot be written", "Not a directory"]),
     # parameter-server strategies (issue 3)
     (["--strategy", "ssp", "--staleness", "-1"], ["--staleness must be >= 0"]),
     (["--staleness", "2"], ["--staleness is not used by --strategy bsp", "ssp"]),
@@ -167,6 +186,10 @@ BAD_INPUTS = [
     (["--resume", "{in}/run_corrupt", "--strategy", "ssp"], ["--resume cannot change --strategy"]),
     (["--resume", "{in}/run_corrupt", "--run-dir", "{in}/elsewhere"], ["drop --run-dir"]),
     (["--resume", "{in}/run_corrupt", "--config", "{in}/malformed.yaml"], ["drop --config"]),
+    # issue 13: a finished run answers at once; an edited config.yaml is refused as the flag would be
+    (["--resume", "{in}/run_finished"], ["is finished", "raise --epochs or --max-steps"]),
+    (["--resume", "{in}/run_edited"], ["--resume cannot change --lr", "0.05", "5.0", "config.yaml"]),
+    (["--resume", "{in}/run_no_metrics"], ["metrics.parquet", "missing", "--init-from"]),
     # local SGD, AdaComm, schedules, emulated delay (issue 5)
     (["--strategy", "local-sgd", "--tau", "0"], ["--tau must be >= 1"]),
     (["--strategy", "local-sgd", "--adaptive-tau", "--tau", "8", "--tau-max", "4"], ["--tau-max (4) is below --tau"]),

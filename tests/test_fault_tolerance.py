@@ -20,7 +20,7 @@ from distrain.config import RunConfig
 from distrain.errors import DistrainError
 from distrain.orchestrator.checkpoint import latest_checkpoint, load_checkpoint
 from distrain.orchestrator.run import run_training
-from tests.helpers import final_params
+from tests.helpers import assert_compact_checkpoint, final_params
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -197,12 +197,26 @@ def test_driver_sigkilled_mid_run_then_resume_ends_equal_to_the_uninterrupted_ru
     killed_at = json.loads(pointer.read_text())["global_step"]
     assert 12 <= killed_at < 30
 
+    # What a killed driver leaves is a run directory (issue 13): metrics and a summary that says the run
+    # did not finish, written with each checkpoint; `distrain report` reads it and marks it.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "unfinished" and summary["steps_completed"] >= 6
+    assert steps_of(run_dir)["step"].max() >= 5
+    report = CliRunner().invoke(app, ["report", str(run_dir), "--out", str(tmp_path / "report")])
+    assert report.exit_code == 0, report.output
+    assert "killed (unfinished)" in report.output and "(unfinished)" in (tmp_path / "report" / "report.md").read_text()
+    assert_compact_checkpoint(run_dir / "checkpoints" / json.loads(pointer.read_text())["name"])
+
     result = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
     assert result.exit_code == 0, result.output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps_completed"] == 30
     assert final_params(run_dir).equal(uninterrupted["collective"])
-    assert_every_row_once(run_dir, 30, 2)  # rows before the checkpoint came back from it, the rest were redone
+    assert_every_row_once(run_dir, 30, 2)  # rows before the checkpoint came from metrics.parquet, the rest redone
+
+    # Resuming it again: it is finished, and says so before Ray would start (issue 13).
+    again = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
+    assert again.exit_code == 2 and "is finished (its checkpoint is at step 30 of 30)" in again.output
 
 
 NODE_LOSS = textwrap.dedent(

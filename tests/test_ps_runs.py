@@ -7,7 +7,7 @@ import pytest
 
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
-from tests.helpers import final_params
+from tests.helpers import assert_compact_checkpoint, final_params
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -82,6 +82,7 @@ def test_checkpoint_moves_between_transports(tmp_path):
     kw = dict(momentum=0.9, max_steps=40)
     straight = run_training(cfg(tmp_path, "straight", **kw))
     first = run_training(cfg(tmp_path, "first", transport="ps", ps_shards=2, **(kw | {"max_steps": 20})))
+    assert_compact_checkpoint(first.run_dir / "checkpoints" / "final.pt")  # the shards' snapshot, compact
     second = run_training(cfg(tmp_path, "second", init_from=str(first.run_dir / "checkpoints" / "final.pt"), **kw))
     assert second.summary["steps_completed"] == 40
     assert (final_params(second.run_dir) - final_params(straight.run_dir)).abs().max().item() <= 1e-5

@@ -14,6 +14,7 @@ from distrain.cli import app
 from distrain.config import RunConfig
 from distrain.orchestrator.checkpoint import load_checkpoint
 from distrain.orchestrator.run import Progress, run_training
+from tests.helpers import assert_compact_checkpoint
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 runner = CliRunner()
@@ -78,6 +79,7 @@ def test_config_yaml_and_checkpoint(default_run):
     assert ckpt["config"]["model"] == "cnn"
     momentum = ckpt["optimizer"]["vectors"]["momentum_buffer"]
     assert momentum.numel() == sum(t.numel() for t in ckpt["model"].values()) and momentum.abs().sum() > 0
+    assert_compact_checkpoint(run_dir / "checkpoints" / "final.pt")  # 1.2 MB, not 5.5 MB (issue 13)
 
 
 def test_config_file_repeats_the_run_into_a_new_directory(default_run, tmp_path):

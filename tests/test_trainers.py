@@ -302,6 +302,26 @@ def test_state_dict_round_trip_keeps_views(digits):
     assert b._grads_are_views is True
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_state_dict_pickles_to_the_size_of_its_tensors(digits, optimizer):
+    """The state crosses Ray by pickle: views of params_flat pickled the whole buffer once per parameter
+    tensor (issue 13: a cnn's final.pt was 9x its parameters and momentum). Now it is what it holds."""
+    import pickle
+
+    trainer = LocalTrainer(build_model("cnn", digits.info, 0), digits, optimizer, 0.05, 0.9, 0.0)
+    x, y = digits.train_batch(np.arange(32))
+    trainer.compute_gradients(x, y)
+    trainer.apply_update(0.05)
+    state = trainer.state_dict()
+    tensors = [*state["model"].values(), *state["optimizer"]["vectors"].values()]
+    payload = sum(t.numel() * t.element_size() for t in tensors)
+    assert payload >= trainer.nbytes * (2 if optimizer == "sgd" else 3)  # parameters + one or two vectors
+    assert len(pickle.dumps(state)) < payload + 64 * 1024
+    before = trainer.params_flat.clone()
+    state["model"][next(iter(state["model"]))].add_(1.0)  # a copy: changing it leaves the trainer alone
+    assert torch.equal(trainer.params_flat, before)
+
+
 # ---------------------------------------------------------------- the bundled digits split
 def test_digits_split_is_fixed_and_disjoint(digits):
     from sklearn.datasets import load_digits

@@ -113,7 +113,13 @@ class LocalTrainer:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Model state and the optimizer's state in flat form (transport-independent)."""
-        return {"model": self.model.state_dict(), "optimizer": self.flat_optimizer_state().to_dict()}
+        return {"model": self.model_state(), "optimizer": self.flat_optimizer_state().to_dict()}
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The model's state dict as compact copies. The parameters are views of `params_flat`, and a
+        view pickles (Ray) with its whole underlying buffer: a checkpoint of the views held one copy of
+        every parameter per parameter tensor (a 0.6 MB cnn's final.pt was 5.5 MB, resnet18's 2.8 GB)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])  # copies in place: the flat views stay attached
