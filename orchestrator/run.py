@@ -38,11 +38,13 @@ from distrain.orchestrator.replacement import replace_worker, replaceable, repla
 from distrain.orchestrator.resume import resume_checkpoint
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
+from distrain.orchestrator.tasks import build_task, check_task, run_target
 from distrain.orchestrator.work import WorkPlan
 from distrain.strategies import STRATEGIES
 from distrain.trainers.datasets import DATASETS, check_dataset
 from distrain.trainers.models import count_parameters
 from distrain.trainers.optim_state import FlatOptimizerState
+from distrain.trainers.task import reduce_metrics
 
 
 @dataclass
@@ -65,6 +67,7 @@ class Progress:
     test_accuracy: float | None
     evaluated: bool = False  # True on the event that carries a fresh evaluation
     test_loss: float | None = None  # set on evaluated events
+    test_metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's figures, by name
 
 
 @dataclass
@@ -110,8 +113,11 @@ class Plan:
 
 def preflight(config: RunConfig, resume: bool = False) -> Plan:
     """Checks that need no cluster. Writes nothing."""
-    check_dataset(config.dataset, config.data_dir, config.samples_per_step)
-    num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
+    if config.task:
+        _, _, num_params = check_task(config, config.samples_per_step)
+    else:
+        check_dataset(config.dataset, config.data_dir, config.samples_per_step)
+        num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
         raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
     if resume:
@@ -255,6 +261,8 @@ class _Driver:
         self.shards: ShardGroup | None = None
         self.portion_scheduler: Any = None  # backup tasks only
         self.detector = StragglerDetector(len(workers), config.straggler_threshold)
+        self.task = build_task(config)  # for its derived metrics and default target (no data is loaded)
+        self.target = run_target(config, self.task)
         self.phases: list[PhaseSpan] = []
         self.steps_per_epoch = 0  # known once the workers have loaded their data
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
@@ -417,9 +425,10 @@ class _Driver:
         pending: dict[Any, tuple[str, int, Any]] = {}
         in_flight = [0] * n
         open_epoch: list[int | None] = [None] * n  # static: epoch of the last segment given to each worker
-        eval_parts: dict[int, list[tuple[float, int, int, float]]] = defaultdict(list)
+        eval_parts: dict[int, list[tuple[dict[str, tuple[float, float]], float]]] = defaultdict(list)
         rate = RateMeter()
         last_acc: float | None = None
+        last_metrics: dict[str, float] = {}
         last_loss = float("nan")
 
         last_epoch = (total - 1) // self.steps_per_epoch
@@ -504,14 +513,24 @@ class _Driver:
                     last_loss = result["loss"][-1]
                 speed = rate.add(sum(result["samples"]))
                 epoch = payload[-1][0]
-                self.emit(Progress(epoch, self.config.epochs, self.steps_done, total, last_loss, speed, last_acc))
+                self.emit(
+                    Progress(
+                        epoch, self.config.epochs, self.steps_done, total, last_loss, speed, last_acc,
+                        test_metrics=last_metrics,
+                    )
+                )  # fmt: skip
                 feed(rank)
             elif kind == "eval":
                 eval_parts[payload].append(result)
                 if len(eval_parts[payload]) == n:
-                    last_acc, test_loss = self._record_eval(payload, eval_parts.pop(payload))
+                    last_metrics = self._record_eval(payload, eval_parts.pop(payload))
+                    last_acc, test_loss = last_metrics.get("accuracy"), last_metrics.get("loss")
                     done, epochs = self.steps_done, self.config.epochs
-                    self.emit(Progress(payload, epochs, done, total, last_loss, 0.0, last_acc, True, test_loss))
+                    self.emit(
+                        Progress(
+                            payload, epochs, done, total, last_loss, 0.0, last_acc, True, test_loss, last_metrics
+                        )
+                    )
             else:  # "state": a periodic checkpoint, taken in the worker's queue right after its step
                 name, step = payload
                 self.saves[step] = (name, result)
@@ -576,15 +595,12 @@ class _Driver:
         every = self.config.checkpoint_every
         return bool(every) and (epoch + 1) % every == 0 and (epoch + 1) * self.steps_per_epoch <= total
 
-    def _record_eval(self, epoch: int, parts: list[tuple[float, int, int, float]]) -> tuple[float, float]:
-        """Workers scored disjoint shares of the test set; add up their partial sums."""
-        loss_sum = sum(p[0] for p in parts)
-        correct = sum(p[1] for p in parts)
-        count = sum(p[2] for p in parts)
-        acc = correct / count
+    def _record_eval(self, epoch: int, parts: list[tuple[dict[str, tuple[float, float]], float]]) -> dict[str, float]:
+        """Workers scored disjoint shares of the test set; add up their (sum, count) pairs."""
+        metrics = reduce_metrics(self.task, [p[0] for p in parts])
         now = time.time() - self.run_start
-        self.sink.add_eval(epoch, self.steps_done, loss_sum / count, acc, now, max(p[3] for p in parts))
-        return acc, loss_sum / count
+        self.sink.add_eval(epoch, self.steps_done, metrics, now, max(p[1] for p in parts))
+        return metrics
 
     # ------------------------------------------------------------------ state
     def _save_complete(self, outstanding_evals: set[int]) -> None:
@@ -625,7 +641,9 @@ class _Driver:
             self._save(checkpoint_name(None), final, epochs_done, self.steps_done)
         df = self.sink.table().to_pandas()
         self.sink.write(self.run_dir / "metrics.parquet")
-        summary = summarize(df, self.config_dict, self.run_start, time.time() - self.run_start, status, epochs_done)
+        summary = summarize(
+            df, self.config_dict, self.run_start, time.time() - self.run_start, status, epochs_done, self.target
+        )
         try:
             summary |= self._mitigation_figures()
         except ray.exceptions.RayError:  # a failed run's actors may be gone; the metrics still tell
