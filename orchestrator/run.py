@@ -649,6 +649,9 @@ class _Driver:
         except ray.exceptions.RayError:  # a failed run's actors may be gone; the metrics still tell
             pass
         summary.update(self.state.ledger.summary())
+        info = self.task.describe()
+        if info:
+            summary["task_info"] = info
         if self.config.schedule:
             summary["phases"] = [phase.describe() for phase in self.phases]
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -72,6 +72,10 @@ class Task:
         return {}
 
     # ------------------------------------------------------------------ optional hooks
+    def describe(self) -> dict[str, Any]:
+        """Facts about this task worth keeping with the run (summary.json's `task_info`)."""
+        return {}
+
     def split_points(self) -> list[str]:
         """Names of submodules before which the model may be cut into pipeline stages."""
         return []
