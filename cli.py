@@ -99,6 +99,7 @@ def run(
             "--task-arg", help="key=value for the task's constructor (repeatable; YAML values).", show_default=False
         ),
     ] = None,
+    prefetch: Annotated[bool | None, _opt("prefetch")] = None,
     model: Annotated[str | None, _opt("model")] = None,
     dataset: Annotated[str | None, _opt("dataset")] = None,
     data_dir: Annotated[str | None, _opt("data_dir")] = None,

@@ -213,6 +213,7 @@ class RunConfig:
         default_factory=dict,
         metadata={"help": "Keyword arguments for the task's constructor (CLI: --task-arg key=value, repeatable)."},
     )
+    prefetch: bool = _f(True, "Read each worker's next batch on a background thread while the current one trains.")
     model: str = _f("cnn", "Model: mlp, cnn or resnet18 (torchvision, adapted to small images).")
     dataset: str = _f("digits", "Data set: digits (bundled), mnist, cifar10 (from --data-dir), synthetic.")
     data_dir: str = _f("", "Directory holding torchvision's MNIST/ or cifar-10-batches-py/ files.")

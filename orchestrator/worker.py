@@ -66,7 +66,7 @@ class TrainWorker:
         # The task's data is built here, in the worker's own process: nothing passes through the driver.
         self.task = build_task(config)
         train, self.test_set = self.task.datasets()
-        self.train_reader = BatchReader(train, self.task.collate)
+        self.train_reader = BatchReader(train, self.task.collate, prefetch=config.prefetch)
         self.test_reader = BatchReader(self.test_set, self.task.collate, prefetch=False)
         model = seeded(self.task.build_model, config.seed)
         self.trainer = LocalTrainer(
