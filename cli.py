@@ -8,6 +8,7 @@ keeps `distrain --help` fast.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,11 +16,13 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperCommand
 
-from distrain.config import RunConfig
+from distrain.config import SECTIONS, RunConfig
 from distrain.errors import DistrainError
 
 try:  # typer >= 0.24 parses with its own vendored copy of click (and keeps Abort in typer.exceptions)
@@ -35,6 +38,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -60,11 +64,79 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _shown_default(name: str) -> str | bool:
+    """The default `--help` shows for a config field (the flags themselves default to None: not given)."""
+    f = RunConfig.__dataclass_fields__[name]
+    value = f.default
+    if f.metadata.get("shown"):
+        return str(f.metadata["shown"])
+    if value is None:  # resolved per strategy: the help text states the effective default
+        return False
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value in ("", ()):
+        return "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _opt(name: str, **kwargs: Any) -> Any:
-    return typer.Option(help=HELP[name], show_default=False, **kwargs)
+    """A config field's flag, in its section's help panel, its default at the end of its help text (the
+    text wraps with it, where typer's own default goes on a line of its own)."""
+    shown = _shown_default(name)
+    text = HELP[name] + (" " + escape(f"[default: {shown}]") if shown else "")
+    section = RunConfig.__dataclass_fields__[name].metadata.get("section")
+    decls = kwargs.pop("param_decls", [])
+    return typer.Option(*decls, help=text, show_default=False, rich_help_panel=section, **kwargs)
 
 
-@app.command()
+class SectionedCommand(TyperCommand):
+    """A command whose help lists the options panel by panel, in `SECTIONS` order (typer orders panels by
+    first appearance), and names each on/off flag once: a column of `--no-...` forms leaves no room at 80
+    columns, so the command's help says once that every such flag has one."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        order = {name: i for i, name in enumerate(SECTIONS)}
+        return sorted(super().get_params(ctx), key=lambda p: order.get(getattr(p, "rich_help_panel", None), -1))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        negations = {p: p.secondary_opts for p in self.params if getattr(p, "secondary_opts", None)}
+        try:
+            for p in negations:
+                p.secondary_opts = []
+            super().format_help(ctx, formatter)
+        finally:
+            for p, opts in negations.items():
+                p.secondary_opts = opts
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("distrain")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        from distrain import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"distrain {_version()}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", callback=_print_version, is_eager=True, show_default=False
+        ),
+    ] = False,
+) -> None:
+    """Distributed SGD on Ray: BSP, async and SSP parameter servers, local SGD, one flag apart."""
+
+
+@app.command(cls=SectionedCommand)
 @user_errors
 def run(
     config: Annotated[
@@ -87,18 +159,13 @@ def run(
     tau_max: Annotated[int | None, _opt("tau_max")] = None,
     schedule: Annotated[str | None, _opt("schedule")] = None,
     comm_delay_ms: Annotated[float | None, _opt("comm_delay_ms")] = None,
-    straggler: Annotated[list[str] | None, _opt("straggler")] = None,
+    straggler: Annotated[list[str] | None, _opt("straggler", metavar="RANK:SECONDS")] = None,
     backup_workers: Annotated[int | None, _opt("backup_workers")] = None,
     backup_tasks: Annotated[bool | None, _opt("backup_tasks")] = None,
     portions: Annotated[int | None, _opt("portions")] = None,
     straggler_threshold: Annotated[float | None, _opt("straggler_threshold")] = None,
     task: Annotated[str | None, _opt("task")] = None,
-    task_arg: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--task-arg", help="key=value for the task's constructor (repeatable; YAML values).", show_default=False
-        ),
-    ] = None,
+    task_arg: Annotated[list[str] | None, _opt("task_args", param_decls=["--task-arg"], metavar="KEY=VALUE")] = None,
     prefetch: Annotated[bool | None, _opt("prefetch")] = None,
     model: Annotated[str | None, _opt("model")] = None,
     dataset: Annotated[str | None, _opt("dataset")] = None,
@@ -125,17 +192,21 @@ def run(
     checkpoint_steps: Annotated[int | None, _opt("checkpoint_steps")] = None,
     max_failures: Annotated[int | None, _opt("max_failures")] = None,
     hang_timeout_s: Annotated[float | None, _opt("hang_timeout_s")] = None,
-    chaos: Annotated[list[str] | None, _opt("chaos")] = None,
+    chaos: Annotated[list[str] | None, _opt("chaos", metavar="KIND@STEP")] = None,
     resume: Annotated[
         Path | None,
         typer.Option(
             "--resume",
             help="Continue the run in this directory from its latest checkpoint (e.g. after its driver was killed).",
             show_default=False,
+            rich_help_panel="checkpointing",
         ),
     ] = None,
 ) -> None:
-    """Train one model with one strategy; writes runs/<id>/ (config, metrics, summary, checkpoints)."""
+    """Train one model with one strategy; writes runs/<id>/ (config, metrics, summary, checkpoints).
+
+    Every on/off flag also has a --no- form (e.g. --no-staleness-lr) that turns off what --config turns on.
+    """
     overrides = {k: v for k, v in locals().items() if k not in ("config", "resume", "task_arg")}
     overrides["task_args"] = parse_task_args(task_arg) if task_arg else None
     if resume is not None:
@@ -238,7 +309,11 @@ def report(
 
 
 def _sweep_opt(help: str) -> Any:
-    return typer.Option(help=help, show_default=False)
+    return typer.Option(help=help, show_default=False, rich_help_panel="sweep")
+
+
+def _search_opt(help: str) -> Any:
+    return typer.Option(help=help, rich_help_panel="search")
 
 
 # Sweep flags: each names one RunConfig field and takes a list (a,b,c) or, for real values, a range
@@ -254,7 +329,7 @@ SWEPT_FLAGS = {
 }
 
 
-@app.command()
+@app.command(cls=SectionedCommand)
 @user_errors
 def tune(
     config: Annotated[
@@ -270,18 +345,18 @@ def tune(
     param: Annotated[
         list[str] | None, _sweep_opt("NAME=VALUES for any other config field (repeatable), e.g. momentum=0.8,0.9.")
     ] = None,
-    search: Annotated[str, typer.Option(help="grid (every combination) or random (--num-samples draws).")] = "grid",
+    search: Annotated[str, _search_opt(help="grid (every combination) or random (--num-samples draws).")] = "grid",
     num_samples: Annotated[
-        int, typer.Option(help="Random search: trials to draw; grid search: repeats of the grid.")
+        int, _search_opt(help="Random search: trials to draw; grid search: repeats of the grid.")
     ] = 1,
-    scheduler: Annotated[str, typer.Option(help="none, or asha: stop trials whose accuracy lags at a rung.")] = "none",
-    grace_period: Annotated[int, typer.Option(help="ASHA: epochs every trial runs before it can be stopped.")] = 1,
+    scheduler: Annotated[str, _search_opt(help="none, or asha: stop trials whose accuracy lags at a rung.")] = "none",
+    grace_period: Annotated[int, _search_opt(help="ASHA: epochs every trial runs before it can be stopped.")] = 1,
     max_concurrent_trials: Annotated[
-        int, typer.Option(help="At most this many trials at once (0: as many as the cluster holds).")
+        int, _search_opt(help="At most this many trials at once (0: as many as the cluster holds).")
     ] = 0,
-    time_budget: Annotated[float, typer.Option(help="Stop the sweep after this many seconds (0: no limit).")] = 0.0,
+    time_budget: Annotated[float, _search_opt(help="Stop the sweep after this many seconds (0: no limit).")] = 0.0,
     objective: Annotated[
-        str, typer.Option(help="time_to_target (ascending; then final accuracy) or final_accuracy (descending).")
+        str, _search_opt(help="time_to_target (ascending; then final accuracy) or final_accuracy (descending).")
     ] = "time_to_target",
     epochs: Annotated[int | None, _opt("epochs")] = None,
     model: Annotated[str | None, _opt("model")] = None,
@@ -391,7 +466,10 @@ def tune(
 
 
 class RunDisplay:
-    """A live progress bar on a terminal; one line per epoch otherwise (logs, CI)."""
+    """A live progress bar on a terminal; one line per epoch otherwise (logs, CI, pipes).
+
+    Both show the summary's steady-state samples/s (orchestrator/throughput.py), over the rows so far.
+    """
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -402,13 +480,15 @@ class RunDisplay:
             TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("{task.fields[speed]} samples/s"),
-            TextColumn("test acc {task.fields[acc]}"),
+            TextColumn("{task.fields[acc]}"),
             TimeElapsedColumn(),
             console=out,
             disable=not self.live,
         )
         self.task: Any = None
-        self.last_epoch_logged = -1
+        self.started: Any = None  # the RunStarted event
+        self.next_line = 0  # not a terminal: the epoch whose line is printed next
+        self.evaluations: dict[int, Any] = {}  # epoch -> its evaluation's Progress event, until printed
 
     def __enter__(self) -> RunDisplay:
         self.progress.__enter__()
@@ -440,6 +520,8 @@ class RunDisplay:
                 markup=False,
                 highlight=False,
             )
+            if self.started is not None and not event.replaced:  # epochs after the checkpoint are redone
+                self.next_line = min(self.next_line, event.restored_step // self.started.steps_per_epoch)
         elif isinstance(event, RunStarted):
             out.print(
                 f"run dir {event.run_dir}  |  {self.cfg.strategy} x {self.cfg.workers} workers on "
@@ -448,27 +530,70 @@ class RunDisplay:
                 markup=False,
                 highlight=False,
             )
+            self.started = event
+            self.next_line = event.start_step // event.steps_per_epoch
             self.task = self.progress.add_task(
-                "train", total=event.total_steps, epoch="-", loss="-", speed="-", acc="-"
+                "train", total=event.total_steps, completed=event.start_step, epoch="-", loss="-", speed="-", acc=""
             )
         elif isinstance(event, RunProgress):
-            acc = "-" if event.test_accuracy is None else f"{event.test_accuracy:.4f}"
+            acc = test_figures(event)
             fields: dict[str, Any] = {
                 "epoch": f"{event.epoch + 1}/{event.epochs}",
                 "loss": f"{event.loss:.4f}",
+                "speed": _speed(event.samples_per_s),
+                "acc": acc,
             }
-            if event.samples_per_s > 0:
-                fields["speed"] = f"{event.samples_per_s:,.0f}"
-            fields["acc"] = acc
             self.progress.update(self.task, completed=event.steps_done, **fields)
-            if not self.live and event.test_accuracy is not None and event.samples_per_s == 0:
-                if event.epoch != self.last_epoch_logged:
-                    self.last_epoch_logged = event.epoch
-                    out.print(
-                        f"epoch {event.epoch + 1}/{event.epochs}  step {event.steps_done}/{event.total_steps}"
-                        f"  loss {event.loss:.4f}  test acc {acc}",
-                        highlight=False,
-                    )
+            if not self.live and self.started is not None:
+                self._epoch_lines(event)
+
+    def _epoch_lines(self, event: Any) -> None:
+        """Print each finished epoch's line, in order: an epoch that is evaluated once its evaluation is in
+        (with the test accuracy), any other once its last step is done (so --eval-every 0 still shows)."""
+        from distrain.orchestrator.run import evaluates
+
+        spe, total = self.started.steps_per_epoch, self.started.total_steps
+        last_epoch = (total - 1) // spe
+        if event.evaluated:
+            self.evaluations[event.epoch] = event
+        while self.next_line <= last_epoch:
+            epoch = self.next_line
+            end = min((epoch + 1) * spe, total)
+            evaluated = evaluates(epoch, last_epoch, self.cfg.eval_every)
+            if evaluated:
+                shown = self.evaluations.pop(epoch, None)
+                if shown is None:
+                    return
+            elif event.steps_done >= end:
+                shown = event
+            else:
+                return
+            acc = f"  {test_figures(shown)}" if evaluated else ""
+            out.print(
+                f"epoch {epoch + 1}/{shown.epochs}  step {end}/{total}  loss {shown.loss:.4f}{acc}"
+                f"  {_speed(shown.samples_per_s)} samples/s  elapsed {_clock(shown.elapsed_s)}",
+                markup=False,
+                highlight=False,
+            )
+            self.next_line += 1
+
+
+def test_figures(event: Any) -> str:
+    """The last evaluation, shortly: test accuracy for classification, else every figure the task reports."""
+    metrics = event.test_metrics or ({} if event.test_accuracy is None else {"accuracy": event.test_accuracy})
+    if "accuracy" in metrics:
+        return f"test acc {metrics['accuracy']:.4f}"
+    return "  ".join(f"test {name} {value:.4g}" for name, value in metrics.items())
+
+
+def _speed(samples_per_s: float | None) -> str:
+    return "-" if samples_per_s is None else f"{samples_per_s:,.0f}"
+
+
+def _clock(seconds: float) -> str:
+    """h:mm:ss, like the progress bar's elapsed time."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def _fmt(value: Any, spec: str = "") -> str:

@@ -30,8 +30,14 @@ OPTIMIZERS = ("sgd", "adagrad", "adam")
 PLACEMENTS = ("pack", "spread")
 
 
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+SECTIONS = ("resources", "data", "optimizer", "strategy", "checkpointing", "faults", "stragglers", "output")
+
+
+def _f(default: Any, help: str, section: str | None = None, shown: str | None = None) -> Any:
+    """A config field: its help text, its section (the CLI's help panel), and the default as `--help`
+    shows it when the value itself says little (an empty string); None-valued fields, resolved per
+    strategy, state their effective default in the help text instead."""
+    return field(default=default, metadata={"help": help, "section": section, "shown": shown})
 
 
 def _coerce(kind: str, value: Any, flag: str) -> Any:
@@ -170,84 +176,145 @@ def parse_chaos(specs: list[str], workers: int, ps_shards: int | None) -> list[C
 @dataclass
 class RunConfig:
     # --- what runs where ---
-    strategy: str = _f("bsp", "Consistency strategy (see `distrain strategies`).")
-    workers: int = _f(2, "Number of data-parallel worker actors.")
-    cpus_per_worker: float = _f(1.0, "CPUs reserved for each worker actor (also its torch thread count).")
-    gpus_per_worker: float = _f(0.0, "GPUs per worker actor; > 0 switches the collective to NCCL.")
-    address: str = _f("", "Ray address: empty starts a local Ray; 'auto' or host:port connects to a cluster.")
+    strategy: str = _f("bsp", "Consistency strategy (see `distrain strategies`).", "strategy")
+    workers: int = _f(2, "Number of data-parallel worker actors.", "resources")
+    cpus_per_worker: float = _f(1.0, "CPUs reserved for each worker actor (also its torch thread count).", "resources")
+    gpus_per_worker: float = _f(0.0, "GPUs per worker actor; > 0 switches the collective to NCCL.", "resources")
+    address: str = _f(
+        "", "Ray address: empty starts a local Ray; 'auto' or host:port connects to a cluster.", "resources", "local"
+    )
     placement: str = _f(
         "pack",
         "Worker placement: pack (fewest nodes) or spread (across nodes); PS shards go where workers are fewest.",
+        "resources",
     )
-    transport: str = _f("", "collective (all-reduce) or ps (parameter server); empty: the strategy's default.")
-    ps_shards: int | None = _f(None, "Parameter-server shards K (ps transport; default 1).")
-    cpus_per_shard: float = _f(1.0, "CPUs reserved for each parameter-server shard actor.")
-    staleness: int | None = _f(None, "SSP staleness bound s: no worker runs more than s clocks ahead (default 2).")
-    staleness_lr: bool = _f(False, "Divide the rate by a gradient's staleness (async, ssp; Zhang et al. 2016).")
-    tau: int | None = _f(None, "Local SGD: local steps between parameter averages (default 8; adaptive: tau_0).")
-    adaptive_tau: bool = _f(False, "Local SGD: re-choose tau every --tau-interval from the loss (AdaComm).")
-    tau_interval: str | None = _f(None, "AdaComm interval: seconds like 5s, or local steps like 200 (default 5s).")
-    tau_max: int | None = _f(None, "AdaComm: largest tau it may choose (default: --tau).")
-    schedule: str = _f("", "Strategies in sequence, switching at epoch marks: name[:epochs],... e.g. bsp:2,local-sgd.")
-    comm_delay_ms: float = _f(0.0, "Emulated network delay added to every communication round, ms (experiments).")
+    transport: str = _f(
+        "",
+        "collective (all-reduce) or ps (parameter server); empty: the strategy's default (ps for async and ssp, "
+        "collective for bsp and local-sgd).",
+        "strategy",
+        "per strategy",
+    )
+    ps_shards: int | None = _f(
+        None, "Parameter-server shards K; default 1 (async, ssp, bsp --transport ps).", "strategy"
+    )
+    cpus_per_shard: float = _f(1.0, "CPUs reserved for each parameter-server shard actor.", "resources")
+    staleness: int | None = _f(
+        None, "SSP staleness bound s: no worker runs more than s clocks ahead; default 2 (ssp).", "strategy"
+    )
+    staleness_lr: bool = _f(
+        False, "Divide the rate by a gradient's staleness (async, ssp; Zhang et al. 2016).", "strategy"
+    )
+    tau: int | None = _f(
+        None, "Local steps between parameter averages (adaptive: tau_0); default 8 (local-sgd).", "strategy"
+    )
+    adaptive_tau: bool = _f(False, "Re-choose tau every --tau-interval from the loss (AdaComm; local-sgd).", "strategy")
+    tau_interval: str | None = _f(
+        None,
+        "AdaComm interval: seconds like 5s, or local steps like 200; default 5s (local-sgd --adaptive-tau).",
+        "strategy",
+    )
+    tau_max: int | None = _f(
+        None, "AdaComm: largest tau it may choose; default --tau (local-sgd --adaptive-tau).", "strategy"
+    )
+    schedule: str = _f(
+        "", "Strategies in sequence, switching at epoch marks: name[:epochs],... e.g. bsp:2,local-sgd.", "strategy"
+    )
+    comm_delay_ms: float = _f(
+        0.0, "Emulated network delay added to every communication round, ms (experiments).", "strategy"
+    )
     straggler: list[str] = _f(
-        (), "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments)."
+        (), "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments).", "stragglers"
     )
     backup_workers: int = _f(
-        0, "k-of-n BSP (bsp over ps): start b extra workers; each round applies the first --workers gradients."
+        0,
+        "k-of-n BSP (bsp over ps): start b extra workers; each round applies the first --workers gradients.",
+        "stragglers",
     )
     backup_tasks: bool = _f(
-        False, "BSP over ps: split each round into --portions, re-issue the last outstanding ones to idle workers."
+        False,
+        "BSP over ps: split each round into --portions, re-issue the last outstanding ones to idle workers.",
+        "stragglers",
     )
-    portions: int | None = _f(None, "Portions per round for --backup-tasks (default 2 x --workers).")
+    portions: int | None = _f(
+        None, "Portions per round; default 2 x --workers (bsp --transport ps --backup-tasks).", "stragglers"
+    )
     straggler_threshold: float = _f(
-        2.0, "Flag a worker as a straggler when its recent median compute time is this many times the others'."
+        2.0,
+        "Flag a worker as a straggler when its recent median compute time is this many times the others'.",
+        "stragglers",
     )
     # --- what is trained ---
     task: str = _f(
         "",
-        "What is trained: empty for the built-in image classification (--model on --dataset), or your own "
+        "What is trained: the built-in image classification (--model on --dataset), or your own "
         "distrain.Task as module:Name or path/to/file.py:Name.",
+        "data",
+        "built-in classification",
     )
     task_args: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"help": "Keyword arguments for the task's constructor (CLI: --task-arg key=value, repeatable)."},
+        metadata={
+            "help": "Keyword arguments for the task's constructor (CLI: --task-arg key=value, repeatable).",
+            "section": "data",
+            "shown": None,
+            "flag": "--task-arg",  # one flag per argument
+        },
     )
-    prefetch: bool = _f(True, "Read each worker's next batch on a background thread while the current one trains.")
-    model: str = _f("cnn", "Model: mlp, cnn or resnet18 (torchvision, adapted to small images).")
-    dataset: str = _f("digits", "Data set: digits (bundled), mnist, cifar10 (from --data-dir), synthetic.")
-    data_dir: str = _f("", "Directory holding torchvision's MNIST/ or cifar-10-batches-py/ files.")
+    prefetch: bool = _f(
+        True, "Read each worker's next batch on a background thread while the current one trains.", "data"
+    )
+    model: str = _f("cnn", "Model: mlp, cnn or resnet18 (torchvision, adapted to small images).", "data")
+    dataset: str = _f("digits", "Data set: digits (bundled), mnist, cifar10 (from --data-dir), synthetic.", "data")
+    data_dir: str = _f("", "Directory holding torchvision's MNIST/ or cifar-10-batches-py/ files.", "data")
     # --- optimisation ---
-    batch_size: int = _f(32, "Per-worker batch size B; the global batch is workers x B.")
-    lr: float = _f(0.05, "Base learning rate, defined for --base-batch-size samples per step.")
-    lr_scaling: str = _f("linear", "Scale lr with the global batch: linear, sqrt or none (Goyal et al.).")
-    base_batch_size: int = _f(64, "Global batch size at which --lr applies unscaled.")
-    warmup_epochs: float = _f(0.0, "Epochs of gradual warmup from --lr to the scaled rate (0: none).")
-    optimizer: str = _f("sgd", "Optimizer: sgd, adagrad or adam.")
-    momentum: float = _f(0.9, "SGD momentum (ignored by adagrad and adam).")
-    weight_decay: float = _f(0.0, "L2 weight decay.")
-    epochs: int = _f(12, "Passes over the training set.")
-    max_steps: int = _f(0, "Stop after this many global steps (0: no limit beyond --epochs).")
-    seed: int = _f(0, "Seeds model init and data order; equal seeds give equal runs on one transport.")
+    batch_size: int = _f(32, "Per-worker batch size B; the global batch is workers x B.", "optimizer")
+    lr: float = _f(0.05, "Base learning rate, defined for --base-batch-size samples per step.", "optimizer")
+    lr_scaling: str = _f("linear", "Scale lr with the global batch: linear, sqrt or none (Goyal et al.).", "optimizer")
+    base_batch_size: int = _f(64, "Global batch size at which --lr applies unscaled.", "optimizer")
+    warmup_epochs: float = _f(0.0, "Epochs of gradual warmup from --lr to the scaled rate (0: none).", "optimizer")
+    optimizer: str = _f("sgd", "Optimizer: sgd, adagrad or adam.", "optimizer")
+    momentum: float = _f(0.9, "SGD momentum (ignored by adagrad and adam).", "optimizer")
+    weight_decay: float = _f(0.0, "L2 weight decay.", "optimizer")
+    epochs: int = _f(12, "Passes over the training set.", "data")
+    max_steps: int = _f(0, "Stop after this many global steps (0: no limit beyond --epochs).", "data")
+    seed: int = _f(0, "Seeds model init and data order; equal seeds give equal runs on one transport.", "data")
     # --- recording ---
     target: str = _f(
         "",
         "Quality target METRIC>=VALUE or METRIC<=VALUE (e.g. test_loss<=0.5) whose first crossing is reported "
-        "as time to target; empty: the task's own (classification: test_accuracy>=--target-accuracy).",
+        "as time to target.",
+        "output",
+        "the task's own (classification: test_accuracy>=--target-accuracy)",
     )
-    target_accuracy: float = _f(0.95, "Test accuracy whose first crossing is reported as time-to-accuracy.")
-    run_dir: str = _f("", "Run directory (default runs/<timestamp>-<strategy>); must be new or empty.")
-    eval_every: int = _f(1, "Evaluate on the held-out split every N epochs (0: only at the end).")
-    checkpoint_every: int = _f(0, "Also checkpoint every N epochs (0: only at the end).")
-    segment_steps: int = _f(50, "Steps a worker runs per remote call: the driver is off the per-step path.")
-    collective_timeout_s: float = _f(300.0, "Timeout for collective operations and rendezvous, seconds.")
-    init_from: str = _f("", "Start from this checkpoint (model, optimizer, step), whatever strategy wrote it.")
+    target_accuracy: float = _f(0.95, "Test accuracy whose first crossing is reported as time-to-accuracy.", "output")
+    run_dir: str = _f("", "Run directory; must be new or empty.", "output", "runs/<timestamp>-<strategy>")
+    eval_every: int = _f(1, "Evaluate on the held-out split every N epochs (0: only at the end).", "output")
+    checkpoint_every: int = _f(0, "Also checkpoint every N epochs (0: only at the end).", "checkpointing")
+    segment_steps: int = _f(
+        20,
+        "Steps a worker runs per remote call (the driver is off the per-step path); rows, and the progress "
+        "display, advance a segment at a time.",
+        "resources",
+    )
+    collective_timeout_s: float = _f(300.0, "Timeout for collective operations and rendezvous, seconds.", "faults")
+    init_from: str = _f(
+        "", "Start from this checkpoint (model, optimizer, step), whatever strategy wrote it.", "checkpointing"
+    )
     # --- fault tolerance (orchestrator/recovery.py, orchestrator/chaos.py) ---
-    checkpoint_steps: int = _f(0, "Also checkpoint every N global steps (0: off); recovery restarts from the latest.")
-    max_failures: int = _f(3, "Failures (dead or hung workers/shards) to recover from before giving up (-1: no limit).")
-    hang_timeout_s: float = _f(300.0, "A worker or parameter-server wait silent this long is treated as dead, seconds.")
+    checkpoint_steps: int = _f(
+        0, "Also checkpoint every N global steps (0: off); recovery restarts from the latest.", "checkpointing"
+    )
+    max_failures: int = _f(
+        3, "Failures (dead or hung workers/shards) to recover from before giving up (-1: no limit).", "faults"
+    )
+    hang_timeout_s: float = _f(
+        300.0, "A worker or parameter-server wait silent this long is treated as dead, seconds.", "faults"
+    )
     chaos: list[str] = _f(
-        (), "Fault injection: kill-worker@STEP[:RANK], kill-ps@STEP[:SHARD], hang-worker@STEP[:RANK], kill-node@STEP."
+        (),
+        "Fault injection: kill-worker@STEP[:RANK], kill-ps@STEP[:SHARD], hang-worker@STEP[:RANK], kill-node@STEP.",
+        "faults",
     )
 
     def __post_init__(self) -> None:

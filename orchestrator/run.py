@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +39,7 @@ from distrain.orchestrator.resume import resume_checkpoint
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.tasks import build_task, check_task, run_target
+from distrain.orchestrator.throughput import SteadyState
 from distrain.orchestrator.work import WorkPlan
 from distrain.strategies import STRATEGIES
 from distrain.trainers.datasets import DATASETS, check_dataset
@@ -54,6 +55,7 @@ class RunStarted:
     steps_per_epoch: int
     num_params: int
     nodes: int
+    start_step: int = 0  # global steps already done (a resumed run, or one started --init-from)
 
 
 @dataclass
@@ -63,11 +65,17 @@ class Progress:
     steps_done: int
     total_steps: int
     loss: float
-    samples_per_s: float
+    samples_per_s: float | None  # steady-state figure over the rows so far (orchestrator/throughput.py)
     test_accuracy: float | None
     evaluated: bool = False  # True on the event that carries a fresh evaluation
     test_loss: float | None = None  # set on evaluated events
+    elapsed_s: float = 0.0  # run time so far (a resumed run's goes on from where it stopped)
     test_metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's figures, by name
+
+
+def evaluates(epoch: int, last_epoch: int, eval_every: int) -> bool:
+    """Whether `epoch` gets an evaluation: every --eval-every epochs, and the last one always."""
+    return epoch == last_epoch or bool(eval_every and (epoch + 1) % eval_every == 0)
 
 
 @dataclass
@@ -216,24 +224,6 @@ def _recorded(config: RunConfig, run_dir: Path) -> RunConfig:
     return RunConfig(**(config.to_dict() | {"run_dir": str(run_dir)}))
 
 
-class RateMeter:
-    """Samples per second over the last few seconds of completed work."""
-
-    def __init__(self, window_s: float = 3.0) -> None:
-        self.window_s = window_s
-        self.events: deque[tuple[float, int]] = deque()
-        self.start = time.perf_counter()
-
-    def add(self, samples: int) -> float:
-        now = time.perf_counter()
-        self.events.append((now, samples))
-        while len(self.events) > 1 and now - self.events[0][0] > self.window_s:
-            self.events.popleft()
-        first = self.events[0][0] if len(self.events) > 1 else self.start
-        counted = sum(n for _, n in self.events) - (self.events[0][1] if len(self.events) > 1 else 0)
-        return counted / max(now - first, 1e-9)
-
-
 class _Driver:
     def __init__(
         self,
@@ -257,6 +247,9 @@ class _Driver:
         self.emit = emit
         self.impl = STRATEGIES.get(config.strategy).implementation(config)
         self.sink = state.sink
+        # The summary's samples/s, kept up to date for the display (rows of earlier attempts included).
+        self.throughput = SteadyState()
+        self.throughput.add_columns(self.sink.rows())
         self.config_dict = _recorded(config, plan.run_dir).to_dict()
         self.shards: ShardGroup | None = None
         self.portion_scheduler: Any = None  # backup tasks only
@@ -381,7 +374,8 @@ class _Driver:
                 )
             nodes = len({i["node_id"] for i in info})
             if not self.state.ledger.events or self.plan.resumed:  # a recovered attempt is the same run going on
-                self.emit(RunStarted(self.run_dir, total, self.steps_per_epoch, info[0]["num_params"], nodes))
+                spe, params = self.steps_per_epoch, info[0]["num_params"]
+                self.emit(RunStarted(self.run_dir, total, spe, params, nodes, self.start_step))
             optimizer = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
             self.phases = plan_phases(self.config, self.steps_per_epoch, self.start_step, total)
             for i, phase in enumerate(self.phases):
@@ -426,16 +420,13 @@ class _Driver:
         in_flight = [0] * n
         open_epoch: list[int | None] = [None] * n  # static: epoch of the last segment given to each worker
         eval_parts: dict[int, list[tuple[dict[str, tuple[float, float]], float]]] = defaultdict(list)
-        rate = RateMeter()
-        last_acc: float | None = None
         last_metrics: dict[str, float] = {}
         last_loss = float("nan")
 
         last_epoch = (total - 1) // self.steps_per_epoch
 
         def queue_eval(rank: int, epoch: int) -> None:
-            every = self.config.eval_every
-            if epoch == last_epoch or (every and (epoch + 1) % every == 0):
+            if evaluates(epoch, last_epoch, self.config.eval_every):
                 pending[self.workers[rank].evaluate.remote(rank, n)] = ("eval", rank, epoch)
             if rank == 0 and self._checkpoint_due(epoch, total):
                 epochs_done = epoch + 1
@@ -498,6 +489,7 @@ class _Driver:
                 if result["clock"]:
                     self.confirmed_clock[rank : rank + 1] = result["clock"][-1:]
                 self.sink.add_steps(result)
+                self.throughput.add_steps(result["step"], result["samples"], result["wall_time"], result.get("dropped"))
                 self._watch_stragglers(result)
                 finished_epochs = work.complete(payload)
                 if shared:
@@ -511,32 +503,39 @@ class _Driver:
                 self.state.chaos.strike(self.steps_done, self.workers, self.shards.shards if self.shards else [])
                 if result["loss"]:  # empty when every unit was skipped (k-of-n) or taken by others (backup tasks)
                     last_loss = result["loss"][-1]
-                speed = rate.add(sum(result["samples"]))
-                epoch = payload[-1][0]
-                self.emit(
-                    Progress(
-                        epoch, self.config.epochs, self.steps_done, total, last_loss, speed, last_acc,
-                        test_metrics=last_metrics,
-                    )
-                )  # fmt: skip
+                self._progress(payload[-1][0], total, last_loss, last_metrics)
                 feed(rank)
             elif kind == "eval":
                 eval_parts[payload].append(result)
                 if len(eval_parts[payload]) == n:
                     last_metrics = self._record_eval(payload, eval_parts.pop(payload))
-                    last_acc, test_loss = last_metrics.get("accuracy"), last_metrics.get("loss")
-                    done, epochs = self.steps_done, self.config.epochs
-                    self.emit(
-                        Progress(
-                            payload, epochs, done, total, last_loss, 0.0, last_acc, True, test_loss, last_metrics
-                        )
-                    )
+                    self._progress(payload, total, last_loss, last_metrics, evaluated=True)
             else:  # "state": a periodic checkpoint, taken in the worker's queue right after its step
                 name, step = payload
                 self.saves[step] = (name, result)
             self._save_complete(outstanding_evals=set(eval_parts) | {p for k, _, p in pending.values() if k == "eval"})
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
+
+    def _progress(
+        self, epoch: int, total: int, loss: float, metrics: dict[str, float], evaluated: bool = False
+    ) -> None:
+        """Tell the display where the run is; `metrics` are the last evaluation's (fresh if `evaluated`)."""
+        self.emit(
+            Progress(
+                epoch=epoch,
+                epochs=self.config.epochs,
+                steps_done=self.steps_done,
+                total_steps=total,
+                loss=loss,
+                samples_per_s=self.throughput.samples_per_s(),
+                test_accuracy=metrics.get("accuracy"),
+                evaluated=evaluated,
+                test_loss=metrics.get("loss") if evaluated else None,
+                elapsed_s=time.time() - self.run_start,
+                test_metrics=dict(metrics),
+            )
+        )
 
     def _silent_worker(self, pending: dict[Any, tuple[str, int, Any]], heard: list[float]) -> RunLost | None:
         """A worker with calls queued that has not answered for --hang-timeout-s (a replacement being
@@ -599,7 +598,9 @@ class _Driver:
         """Workers scored disjoint shares of the test set; add up their (sum, count) pairs."""
         metrics = reduce_metrics(self.task, [p[0] for p in parts])
         now = time.time() - self.run_start
-        self.sink.add_eval(epoch, self.steps_done, metrics, now, max(p[1] for p in parts))
+        eval_s = max(p[1] for p in parts)
+        self.sink.add_eval(epoch, self.steps_done, metrics, now, eval_s)
+        self.throughput.add_eval(now, eval_s)
         return metrics
 
     # ------------------------------------------------------------------ state

@@ -8,34 +8,19 @@ from typing import Any
 import pandas as pd
 
 from distrain.config import Target
-
-WARMUP_FRACTION = 0.1  # share of global steps left out of the steady-state throughput
+from distrain.orchestrator.throughput import SteadyState
 
 
 def steady_state_samples_per_s(steps: pd.DataFrame, evals: pd.DataFrame) -> float | None:
-    """Samples/s over the global steps after the warm-up, evaluation pauses excluded.
-
-    A global step ends when its last worker finishes it; the window runs from the end of the last
-    warm-up step to the end of the last step.
-    """
-    if "dropped" in steps:  # late or duplicate gradients (backup workers / tasks) did no training
-        steps = steps[steps["dropped"].ne(True)]
-    if steps.empty:
-        return None
-    per_step = steps.groupby("step").agg(samples=("samples", "sum"), end=("wall_time", "max")).sort_index()
-    if len(per_step) < 2:
-        return None
-    skip = max(1, int(len(per_step) * WARMUP_FRACTION))
-    skip = min(skip, len(per_step) - 1)
-    t_start = per_step["end"].iloc[skip - 1]
-    t_end = per_step["end"].iloc[-1]
-    window = per_step.iloc[skip:]
-    paused = 0.0
-    if not evals.empty:
-        inside = evals[(evals["wall_time"] > t_start) & (evals["wall_time"] <= t_end)]
-        paused = float(inside["eval_s"].sum())
-    elapsed = t_end - t_start - paused
-    return float(window["samples"].sum() / elapsed) if elapsed > 0 else None
+    """Samples/s over the global steps after the warm-up, evaluation pauses excluded (see throughput.py,
+    whose definition the live progress display shares)."""
+    meter = SteadyState()
+    if not steps.empty:
+        dropped = steps["dropped"].eq(True).tolist() if "dropped" in steps else None
+        meter.add_steps(steps["step"].to_numpy(), steps["samples"].to_numpy(), steps["wall_time"].to_numpy(), dropped)
+    for wall_time, eval_s in zip(evals.get("wall_time", []), evals.get("eval_s", []), strict=True):
+        meter.add_eval(float(wall_time), None if pd.isna(eval_s) else float(eval_s))
+    return meter.samples_per_s()
 
 
 def summarize(

@@ -1,0 +1,122 @@
+"""`distrain --help` and friends: a panel per section, every default, whole names at 80 columns, -h,
+--version."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import re
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from distrain import cli
+from distrain.cli import app
+from distrain.config import SECTIONS, RunConfig
+
+runner = CliRunner()
+
+
+def help_text(*args: str) -> str:
+    result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def flat(text: str) -> str:
+    """The help with its box drawing removed and whitespace collapsed, so wrapped phrases read whole."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def option_names(command: str) -> list[str]:
+    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    return [opt for p in click_command.params for opt in p.opts if opt.startswith("-")]
+
+
+@pytest.mark.parametrize("command", ["run", "tune"])
+def test_help_fits_80_columns_with_every_option_name_whole(command):
+    text = help_text(command)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text  # rich's mark for a cut-off cell
+    for name in option_names(command):
+        assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text), f"{name} missing or cut in {command} --help"
+
+
+def test_run_help_has_a_panel_per_section_in_order():
+    text = help_text("run")
+    titles = re.findall(r"╭─ (\w+) ─", text)
+    assert titles == ["Options", *SECTIONS]
+    panel = {}  # option -> the panel it is listed in
+    current = None
+    for line in text.splitlines():
+        if m := re.match(r"╭─ (\w+) ─", line):
+            current = m.group(1)
+        elif m := re.match(r"│ (--[\w-]+)", line):
+            panel[m.group(1)] = current
+    for f in dataclasses.fields(RunConfig):
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        assert panel[flag] == f.metadata["section"], f.name
+    assert panel["--resume"] == "checkpointing" and panel["--config"] == "Options"
+
+
+def test_every_config_field_has_a_section():
+    for f in dataclasses.fields(RunConfig):
+        assert f.metadata.get("section") in SECTIONS, f"{f.name}: give it one of the sections {SECTIONS}"
+
+
+def test_run_help_shows_every_default():
+    text = flat(help_text("run"))
+    defaults = RunConfig()
+    for f in dataclasses.fields(RunConfig):
+        if f.default is None:
+            continue  # resolved per strategy: checked below
+        shown = cli._shown_default(f.name)
+        assert f"[default: {shown}]" in text, f.name
+    for expected in ("[default: 2]", "[default: bsp]", "[default: 0.05]", "[default: off]", "[default: 20]"):
+        assert expected in text
+    assert str(defaults.workers) == "2" and defaults.lr == 0.05  # the shown values are the dataclass's
+    # Fields resolved later state their effective default and where it applies.
+    for phrase in (
+        "default 1 (async, ssp, bsp --transport ps)",
+        "default 2 (ssp)",
+        "default 8 (local-sgd)",
+        "default 5s (local-sgd --adaptive-tau)",
+        "default --tau (local-sgd --adaptive-tau)",
+        "default 2 x --workers (bsp --transport ps --backup-tasks)",
+    ):
+        assert phrase in text, phrase
+
+
+def test_strategy_fields_name_the_strategies_that_read_them():
+    from distrain.strategies import STRATEGIES
+    from distrain.strategies.base import STRATEGY_FIELDS
+
+    for name in STRATEGY_FIELDS:
+        help_ = RunConfig.__dataclass_fields__[name].metadata["help"]
+        for strategy in STRATEGIES.names():
+            if name in STRATEGIES.get(strategy).reads:
+                assert strategy in help_, f"--{name} help should say it applies to {strategy}"
+
+
+def test_version_and_short_help(monkeypatch, capsys):
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"distrain {importlib.metadata.version('distrain')}"
+    for args in ([], ["run"], ["tune"], ["report"], ["strategies"]):
+        short = runner.invoke(app, [*args, "-h"], env={"COLUMNS": "80"})
+        assert short.exit_code == 0, short.output
+        assert short.output == runner.invoke(app, [*args, "--help"], env={"COLUMNS": "80"}).output
+    monkeypatch.setattr(sys, "argv", ["distrain", "--version"])  # the console script's own path
+    assert cli.main() == 0
+    assert capsys.readouterr().out.startswith("distrain ")
+
+
+def test_bool_flags_keep_their_no_form():
+    """The help lists --no-... forms once, in a sentence, but they still parse."""
+    assert "--no-staleness-lr" in help_text("run")
+    cfg = RunConfig.resolve(None, {"strategy": "ssp", "staleness_lr": False})
+    assert cfg.staleness_lr is False
+    result = runner.invoke(app, ["run", "--no-backup-tasks", "--workers", "0"])
+    assert "No such option" not in result.output and result.exit_code == 2
