@@ -85,7 +85,8 @@ def _opt(name: str, **kwargs: Any) -> Any:
     shown = _shown_default(name)
     text = HELP[name] + (" " + escape(f"[default: {shown}]") if shown else "")
     section = RunConfig.__dataclass_fields__[name].metadata.get("section")
-    return typer.Option(help=text, show_default=False, rich_help_panel=section, **kwargs)
+    decls = kwargs.pop("param_decls", [])
+    return typer.Option(*decls, help=text, show_default=False, rich_help_panel=section, **kwargs)
 
 
 class SectionedCommand(TyperCommand):
@@ -163,6 +164,9 @@ def run(
     backup_tasks: Annotated[bool | None, _opt("backup_tasks")] = None,
     portions: Annotated[int | None, _opt("portions")] = None,
     straggler_threshold: Annotated[float | None, _opt("straggler_threshold")] = None,
+    task: Annotated[str | None, _opt("task")] = None,
+    task_arg: Annotated[list[str] | None, _opt("task_args", param_decls=["--task-arg"], metavar="KEY=VALUE")] = None,
+    prefetch: Annotated[bool | None, _opt("prefetch")] = None,
     model: Annotated[str | None, _opt("model")] = None,
     dataset: Annotated[str | None, _opt("dataset")] = None,
     data_dir: Annotated[str | None, _opt("data_dir")] = None,
@@ -177,6 +181,7 @@ def run(
     epochs: Annotated[int | None, _opt("epochs")] = None,
     max_steps: Annotated[int | None, _opt("max_steps")] = None,
     seed: Annotated[int | None, _opt("seed")] = None,
+    target: Annotated[str | None, _opt("target")] = None,
     target_accuracy: Annotated[float | None, _opt("target_accuracy")] = None,
     run_dir: Annotated[str | None, _opt("run_dir")] = None,
     eval_every: Annotated[int | None, _opt("eval_every")] = None,
@@ -202,7 +207,8 @@ def run(
 
     Every on/off flag also has a --no- form (e.g. --no-staleness-lr) that turns off what --config turns on.
     """
-    overrides = {k: v for k, v in locals().items() if k not in ("config", "resume")}
+    overrides = {k: v for k, v in locals().items() if k not in ("config", "resume", "task_arg")}
+    overrides["task_args"] = parse_task_args(task_arg) if task_arg else None
     if resume is not None:
         if config is not None:
             raise DistrainError("--resume uses the run's own config.yaml; drop --config")
@@ -233,6 +239,29 @@ def run(
     with RunDisplay(cfg) as display:
         result = run_training(cfg, display.on_event)
     print_summary(result.summary, result.run_dir)
+
+
+def describe_task(cfg: RunConfig) -> str:
+    """"cnn on digits" for the built-in task, else the task's class name."""
+    if not cfg.task:
+        return f"{cfg.model} on {cfg.dataset}"
+    return cfg.task.rpartition(":")[2]
+
+
+def parse_task_args(items: list[str]) -> dict[str, Any]:
+    """["key=value", ...] -> {key: value}, each value read as YAML (numbers, booleans, lists)."""
+    import yaml
+
+    args: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise DistrainError(f"--task-arg {item!r} must be key=value with a Python identifier as key")
+        try:
+            args[key] = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            args[key] = text
+    return args
 
 
 @app.command("strategies")
@@ -495,7 +524,7 @@ class RunDisplay:
             TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("{task.fields[speed]} samples/s"),
-            TextColumn("test acc {task.fields[acc]}"),
+            TextColumn("{task.fields[acc]}"),
             TimeElapsedColumn(),
             console=out,
             disable=not self.live,
@@ -540,8 +569,7 @@ class RunDisplay:
         elif isinstance(event, RunStarted):
             out.print(
                 f"run dir {event.run_dir}  |  {self.cfg.strategy} x {self.cfg.workers} workers on "
-                f"{event.nodes} node(s)  |  {self.cfg.model} ({event.num_params:,} params)"
-                f" on {self.cfg.dataset}"
+                f"{event.nodes} node(s)  |  {describe_task(self.cfg)} ({event.num_params:,} params)"
                 f"  |  {event.total_steps} steps",
                 markup=False,
                 highlight=False,
@@ -549,10 +577,10 @@ class RunDisplay:
             self.started = event
             self.next_line = event.start_step // event.steps_per_epoch
             self.task = self.progress.add_task(
-                "train", total=event.total_steps, completed=event.start_step, epoch="-", loss="-", speed="-", acc="-"
+                "train", total=event.total_steps, completed=event.start_step, epoch="-", loss="-", speed="-", acc=""
             )
         elif isinstance(event, RunProgress):
-            acc = "-" if event.test_accuracy is None else f"{event.test_accuracy:.4f}"
+            acc = test_figures(event)
             fields: dict[str, Any] = {
                 "epoch": f"{event.epoch + 1}/{event.epochs}",
                 "loss": f"{event.loss:.4f}",
@@ -584,7 +612,7 @@ class RunDisplay:
                 shown = event
             else:
                 return
-            acc = f"  test acc {shown.test_accuracy:.4f}" if evaluated else ""
+            acc = f"  {test_figures(shown)}" if evaluated else ""
             out.print(
                 f"epoch {epoch + 1}/{shown.epochs}  step {end}/{total}  loss {shown.loss:.4f}{acc}"
                 f"  {_speed(shown.samples_per_s)} samples/s  elapsed {_clock(shown.elapsed_s)}",
@@ -592,6 +620,14 @@ class RunDisplay:
                 highlight=False,
             )
             self.next_line += 1
+
+
+def test_figures(event: Any) -> str:
+    """The last evaluation, shortly: test accuracy for classification, else every figure the task reports."""
+    metrics = event.test_metrics or ({} if event.test_accuracy is None else {"accuracy": event.test_accuracy})
+    if "accuracy" in metrics:
+        return f"test acc {metrics['accuracy']:.4f}"
+    return "  ".join(f"test {name} {value:.4g}" for name, value in metrics.items())
 
 
 def _speed(samples_per_s: float | None) -> str:
@@ -616,10 +652,18 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     table.add_column("value", justify="right")
     rows = [
         ("strategy", f"{summary['strategy']} x {summary['workers']} workers"),
-        ("model / data", f"{summary['model']} / {summary['dataset']}"),
+        (
+            ("model / data", f"{summary['model']} / {summary['dataset']}")
+            if summary.get("task") in (None, "classification")
+            else ("task", str(summary["task"]))
+        ),
         ("epochs / steps", f"{summary['epochs_completed']} / {summary['steps_completed']}"),
-        ("final test accuracy", _fmt(summary["final_test_accuracy"], ".4f")),
-        (f"time to {summary['target_accuracy']:g} accuracy", _fmt(summary["time_to_target_s"], ".1f") + " s"),
+        *[
+            (f"final {key.removeprefix('final_').replace('_', ' ')}", _fmt(value, ".4f"))
+            for key, value in summary.items()
+            if key.startswith("final_test_")
+        ],
+        (f"time to {summary.get('target') or 'target'}", _fmt(summary["time_to_target_s"], ".1f") + " s"),
         ("wall time", _fmt(summary["wall_time_s"], ".1f") + " s"),
         ("steady-state throughput", _fmt(summary["steady_state_samples_per_s"], ",.0f") + " samples/s"),
         ("bytes sent per step (all workers)", _fmt(summary["bytes_per_step"], ",.0f")),

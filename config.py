@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,12 @@ def _coerce(kind: str, value: Any, flag: str) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{flag} must be a string, got {value!r}")
         return value
+    if kind == "dict[str, Any]":
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{flag} must be a mapping of names to values, got {value!r}")
+        return dict(value)
     if kind == "list[str]":
         if value is None:
             return []
@@ -92,6 +99,41 @@ def parse_stragglers(specs: list[str], workers: int) -> dict[int, float]:
             raise ConfigError(f"--straggler {spec!r} must be RANK:SECONDS with 0 <= RANK < {workers} and SECONDS >= 0")
         delays[rank] = seconds
     return delays
+
+
+TARGET_SYNTAX = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*(\S+)\s*$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A quality target: the first evaluation at which `metric op value` holds is its time to target."""
+
+    metric: str  # an evaluation column, e.g. test_accuracy, test_loss, test_perplexity
+    op: str  # ">=" or "<="
+    value: float
+
+    def reached(self, x: float | None) -> bool:
+        if x is None or math.isnan(x):
+            return False
+        return x >= self.value if self.op == ">=" else x <= self.value
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+
+def parse_target(text: str) -> Target:
+    """"test_accuracy>=0.95", "loss<=0.3" (metric names get the test_ prefix of the metrics file)."""
+    match = TARGET_SYNTAX.match(text)
+    value = math.nan
+    if match:
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            pass
+    if not match or not math.isfinite(value):
+        raise ConfigError(f"--target {text!r} must be METRIC>=VALUE or METRIC<=VALUE, e.g. test_accuracy>=0.95")
+    metric = match.group(1) if match.group(1).startswith("test_") else f"test_{match.group(1)}"
+    return Target(metric, match.group(2), value)
 
 
 CHAOS_KINDS = ("kill-worker", "kill-ps", "hang-worker", "kill-node")
@@ -203,6 +245,25 @@ class RunConfig:
         "stragglers",
     )
     # --- what is trained ---
+    task: str = _f(
+        "",
+        "What is trained: the built-in image classification (--model on --dataset), or your own "
+        "distrain.Task as module:Name or path/to/file.py:Name.",
+        "data",
+        "built-in classification",
+    )
+    task_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "Keyword arguments for the task's constructor (CLI: --task-arg key=value, repeatable).",
+            "section": "data",
+            "shown": None,
+            "flag": "--task-arg",  # one flag per argument
+        },
+    )
+    prefetch: bool = _f(
+        True, "Read each worker's next batch on a background thread while the current one trains.", "data"
+    )
     model: str = _f("cnn", "Model: mlp, cnn or resnet18 (torchvision, adapted to small images).", "data")
     dataset: str = _f("digits", "Data set: digits (bundled), mnist, cifar10 (from --data-dir), synthetic.", "data")
     data_dir: str = _f("", "Directory holding torchvision's MNIST/ or cifar-10-batches-py/ files.", "data")
@@ -219,6 +280,13 @@ class RunConfig:
     max_steps: int = _f(0, "Stop after this many global steps (0: no limit beyond --epochs).", "data")
     seed: int = _f(0, "Seeds model init and data order; equal seeds give equal runs on one transport.", "data")
     # --- recording ---
+    target: str = _f(
+        "",
+        "Quality target METRIC>=VALUE or METRIC<=VALUE (e.g. test_loss<=0.5) whose first crossing is reported "
+        "as time to target.",
+        "output",
+        "the task's own (classification: test_accuracy>=--target-accuracy)",
+    )
     target_accuracy: float = _f(0.95, "Test accuracy whose first crossing is reported as time-to-accuracy.", "output")
     run_dir: str = _f("", "Run directory; must be new or empty.", "output", "runs/<timestamp>-<strategy>")
     eval_every: int = _f(1, "Evaluate on the held-out split every N epochs (0: only at the end).", "output")
@@ -308,12 +376,50 @@ class RunConfig:
             raise ConfigError(f"--init-from {self.init_from!r} is not a file; pass a checkpoint (.pt) path")
         if not 0 < self.target_accuracy <= 1:
             raise ConfigError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
+        if self.target:
+            parse_target(self.target)
+        self._validate_task()
         if self.lr_scaling not in LR_SCALING_RULES:
             raise ConfigError(f"unknown --lr-scaling {self.lr_scaling!r}; choose one of: {', '.join(LR_SCALING_RULES)}")
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"unknown --placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+
+    def _validate_task(self) -> None:
+        """A task path must look like one; the built-in task's own flags do not apply to another task."""
+        from distrain.plugins import split_import_path
+
+        if not self.task:
+            if self.task_args:
+                raise ConfigError("--task-arg applies to a --task of your own; the built-in task takes --model etc.")
+            return
+        from distrain.plugins import absolute_import_path
+
+        if self.task.startswith("object:"):  # a task object handed to distrain.fit (orchestrator/tasks.py)
+            return
+        split_import_path(self.task, "--task")
+        # Recorded absolute, so Tune trials (own working directories) and --config repeats load the same file.
+        self.task = absolute_import_path(self.task, "--task")
+        defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+        for name in ("model", "dataset", "data_dir", "target_accuracy"):
+            if getattr(self, name) != defaults[name]:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(
+                    f"{flag} applies to the built-in classification task, not --task {self.task}; "
+                    "pass your task's settings with --task-arg key=value"
+                    + (" and its target with --target" if name == "target_accuracy" else "")
+                )
+
+    @property
+    def target_spec(self) -> Target | None:
+        """The quality target given (--target, or --target-accuracy for the built-in task); None: the
+        user task's own `default_target`, known once the task is loaded."""
+        if self.target:
+            return parse_target(self.target)
+        if not self.task:
+            return Target("test_accuracy", ">=", self.target_accuracy)
+        return None
 
     def _validate_strategy_fields(self, strategy: Any) -> None:
         """Transport and strategy-specific flags must fit the chosen strategy."""

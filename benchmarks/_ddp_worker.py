@@ -111,8 +111,9 @@ def _flat_loop(
     import torch.distributed as dist
 
     from distrain.trainers.local_trainer import LocalTrainer
+    from distrain.trainers.task import ClassificationTask
 
-    trainer = LocalTrainer(net, data, "sgd", lr, momentum, 0.0)
+    trainer = LocalTrainer(net, ClassificationTask(), "sgd", lr, momentum, 0.0)
     if world > 1:
         dist.broadcast(trainer.params_flat, src=0)
     spe = sharder.steps_per_epoch
@@ -122,7 +123,7 @@ def _flat_loop(
         t0 = time.perf_counter()
         x, y = data.train_batch(sharder.worker_indices(epoch, step, rank, world))
         t1 = time.perf_counter()
-        loss = trainer.compute_gradients(x, y)
+        loss = trainer.compute_gradients((x, y))
         t2 = time.perf_counter()
         if world > 1:
             dist.all_reduce(trainer.grads_flat, op=dist.ReduceOp.SUM)

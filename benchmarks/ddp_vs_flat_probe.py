@@ -36,6 +36,7 @@ from distrain.trainers.datasets import load_dataset
 from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import build_model
 from distrain.trainers.sharding import EpochSharder
+from distrain.trainers.task import ClassificationTask
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # DDP's defaults (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -110,8 +111,8 @@ def main() -> None:
     ddp = DistributedDataParallel(build_model(a.model, data.info, 0))
     ddp_opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=a.momentum)
     loss_fn = nn.CrossEntropyLoss()
-    flat = LocalTrainer(build_model(a.model, data.info, 0), data, "sgd", a.lr, a.momentum, 0.0)
-    over = LocalTrainer(build_model(a.model, data.info, 0), data, "sgd", a.lr, a.momentum, 0.0)
+    flat = LocalTrainer(build_model(a.model, data.info, 0), ClassificationTask(), "sgd", a.lr, a.momentum, 0.0)
+    over = LocalTrainer(build_model(a.model, data.info, 0), ClassificationTask(), "sgd", a.lr, a.momentum, 0.0)
     hooks = OverlappedAllReduce(over, world)
 
     def batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,7 +129,7 @@ def main() -> None:
     def step_flat(i: int) -> dict[str, float]:
         x, y = batch(i)
         t0 = time.perf_counter()
-        flat.compute_gradients(x, y)
+        flat.compute_gradients((x, y))
         t1 = time.perf_counter()
         dist.all_reduce(flat.grads_flat)
         flat.grads_flat.div_(world)
@@ -138,7 +139,7 @@ def main() -> None:
 
     def step_over(i: int) -> dict[str, float]:
         x, y = batch(i)
-        over.compute_gradients(x, y)
+        over.compute_gradients((x, y))
         hooks.finish()
         over.apply_update(a.lr)
         return {}

@@ -31,6 +31,7 @@ from distrain.orchestrator.run import run_training
 from distrain.trainers.datasets import load_dataset
 from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import build_model
+from distrain.trainers.task import ClassificationTask
 
 BASE = dict(workers=2, epochs=3, segment_steps=5, checkpoint_steps=10, eval_every=0)
 CASES = {  # name -> extra config
@@ -69,9 +70,9 @@ def checkpoint_cost(tmp: Path, reps: int = 3) -> list[str]:
     lines = ["| model | parameters | checkpoint bytes | seconds per checkpoint (median of 3) |", "|---|---:|---:|---:|"]
     for model_name in ("cnn", "resnet18"):
         model = build_model(model_name, data.info, 0)
-        trainer = LocalTrainer(model, data, "sgd", 0.05, 0.9, 0.0, "cpu")
+        trainer = LocalTrainer(model, ClassificationTask(), "sgd", 0.05, 0.9, 0.0, "cpu")
         x, y = data.train_batch(list(range(32)))
-        trainer.compute_gradients(x, y)
+        trainer.compute_gradients((x, y))
         trainer.apply_update(0.05)  # momentum buffers exist, as in a real checkpoint
         config = RunConfig(model=model_name).to_dict()
         seconds = []

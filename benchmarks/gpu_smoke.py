@@ -45,12 +45,19 @@ from distrain.trainers.local_trainer import LocalTrainer  # noqa: E402
 from distrain.trainers.models import build_model  # noqa: E402
 from distrain.trainers.schedule import LRSchedule  # noqa: E402
 from distrain.trainers.sharding import EpochSharder  # noqa: E402
+from distrain.trainers.task import ClassificationTask  # noqa: E402
 
 
 def train(cfg: RunConfig, device: str, steps: int | None) -> tuple[LocalTrainer, float, int]:
     data = load_dataset(cfg.dataset)
     trainer = LocalTrainer(
-        build_model(cfg.model, data.info, cfg.seed), data, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, device
+        build_model(cfg.model, data.info, cfg.seed),
+        ClassificationTask(cfg.model, cfg.dataset),
+        cfg.optimizer,
+        cfg.lr,
+        cfg.momentum,
+        cfg.weight_decay,
+        device,
     )
     sharder = EpochSharder(data.train_size, cfg.global_batch_size, cfg.seed)
     schedule = LRSchedule.create(
@@ -69,7 +76,7 @@ def train(cfg: RunConfig, device: str, steps: int | None) -> tuple[LocalTrainer,
     for global_step in range(total):
         epoch, step = divmod(global_step, sharder.steps_per_epoch)
         x, y = data.train_batch(sharder.worker_indices(epoch, step, 0, 1))
-        trainer.compute_gradients(x, y)
+        trainer.compute_gradients((x, y))
         strategy.group.all_reduce_mean_(trainer.grads_flat)
         trainer.apply_update(schedule.lr_at(global_step))
     if device.startswith("cuda"):
@@ -90,8 +97,8 @@ def main() -> None:
     cfg = RunConfig(workers=1, batch_size=64, epochs=args.epochs, model=args.model, gpus_per_worker=1)
 
     gpu, seconds, steps = train(cfg, "cuda", None)
-    result = gpu.evaluate()
-    acc = result.correct / result.count
+    sums = gpu.evaluate(load_dataset(cfg.dataset).test_batches(512))
+    acc = sums["accuracy"][0] / sums["accuracy"][1]
     print(f"GPU: {steps} steps in {seconds:.2f} s ({steps * 64 / seconds:,.0f} samples/s); test accuracy {acc:.4f}")
 
     # Same first 20 steps on CPU and GPU: same data, same init, same schedule. cuDNN's default TF32

@@ -1,7 +1,9 @@
 """The metrics sink: worker step rows and evaluation rows, one Arrow table, one Parquet file.
 
 Rows arrive in batches (a segment's worth per worker per remote call). Step rows and evaluation rows
-share one schema, told apart by `kind`; columns that do not apply to a row are null. The file is
+share one schema, told apart by `kind`; columns that do not apply to a row are null. The schema is
+`SCHEMA` plus one float column per evaluation metric the task reports beyond loss and accuracy
+(`test_<name>`, e.g. `test_perplexity`), added when it first appears. The file is
 written atomically (temporary file, fsync, rename), so a crash never leaves a half-written one.
 """
 
@@ -55,13 +57,22 @@ class MetricsSink:
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self._batches: list[pa.RecordBatch] = []
+        self.schema = SCHEMA
+
+    def _widen(self, names: list[str]) -> None:
+        """Add a float column for each evaluation metric not in the schema yet."""
+        new = [n for n in names if self.schema.get_field_index(n) < 0]
+        if new:
+            for name in new:
+                self.schema = self.schema.append(pa.field(name, pa.float64()))
+            self._batches = [_conform(b, self.schema) for b in self._batches]
 
     def _append(self, columns: dict[str, list[Any]], kind: str) -> None:
         n = len(next(iter(columns.values()))) if columns else 0
         if n == 0:
             return
         arrays = []
-        for field in SCHEMA:
+        for field in self.schema:
             if field.name == "run_id":
                 values: list[Any] = [self.run_id] * n
             elif field.name == "kind":
@@ -69,24 +80,17 @@ class MetricsSink:
             else:
                 values = columns.get(field.name, [None] * n)
             arrays.append(pa.array(values, type=field.type))
-        self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=SCHEMA))
+        self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
 
     def add_steps(self, columns: dict[str, list[Any]]) -> None:
         self._append(columns, "step")
 
-    def add_eval(
-        self, epoch: int, step: int, test_loss: float, test_accuracy: float, wall_time: float, eval_s: float
-    ) -> None:
+    def add_eval(self, epoch: int, step: int, metrics: dict[str, float], wall_time: float, eval_s: float) -> None:
+        """One evaluation: `metrics` maps metric names ("loss", "accuracy", ...) to test-set values."""
+        columns = {f"test_{name}": [value] for name, value in metrics.items()}
+        self._widen(list(columns))
         self._append(
-            {
-                "epoch": [epoch],
-                "step": [step],
-                "test_loss": [test_loss],
-                "test_accuracy": [test_accuracy],
-                "wall_time": [wall_time],
-                "eval_s": [eval_s],
-            },
-            "eval",
+            {"epoch": [epoch], "step": [step], "wall_time": [wall_time], "eval_s": [eval_s]} | columns, "eval"
         )
 
     def keep_before(self, step: int, steps_per_epoch: int) -> None:
@@ -110,12 +114,23 @@ class MetricsSink:
 
     def add_rows(self, columns: dict[str, list[Any]]) -> None:
         """Rows from `rows()` (a checkpoint's), as they were."""
-        table = pa.Table.from_pydict(columns, schema=SCHEMA)
+        self._widen([name for name in columns if name.startswith("test_")])
+        present = {name: columns.get(name, [None] * len(columns["kind"])) for name in self.schema.names}
+        table = pa.Table.from_pydict(present, schema=self.schema)
         self._batches.extend(table.to_batches())
 
     def table(self) -> pa.Table:
-        return pa.Table.from_batches(self._batches, schema=SCHEMA)
+        return pa.Table.from_batches(self._batches, schema=self.schema)
 
     def write(self, path: Path) -> None:
         table = self.table()
         atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """`batch` with nulls in the columns of `schema` it lacks."""
+    arrays = [
+        batch.column(f.name) if batch.schema.get_field_index(f.name) >= 0 else pa.nulls(batch.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -124,6 +124,10 @@ def total_steps(config: RunConfig) -> int:
 
 
 def steps_per_epoch(config: RunConfig) -> int:
+    if config.task:  # a user's task: its training set's size is known once the task is built
+        from distrain.orchestrator.tasks import train_size
+
+        return train_size(config) // config.samples_per_step
     return DATASETS.get(config.dataset).train_size // config.samples_per_step
 
 
@@ -135,7 +139,12 @@ def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, li
         return checkpoint["metrics"] or {}
     path = Path(config.run_dir) / "metrics.parquet"
     try:
-        table = pq.read_table(path).select(SCHEMA.names).cast(SCHEMA)
+        table = pq.read_table(path)
+        # The base columns, plus the task's own evaluation metrics (test_<name>, orchestrator/metrics.py).
+        names = [n for n in table.schema.names if n.startswith("test_") and n not in SCHEMA.names]
+        extra = [pa.field(n, pa.float64()) for n in names]
+        schema = pa.schema(list(SCHEMA) + extra)
+        table = table.select(schema.names).cast(schema)
     except (OSError, KeyError, ValueError, pa.ArrowException):
         raise DistrainError(
             f"{str(path)!r} is missing or unreadable, so the metrics before step {checkpoint['global_step']} "

@@ -38,10 +38,12 @@ from distrain.orchestrator.resume import recorded_rows, resume_checkpoint
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
+from distrain.orchestrator.tasks import build_task, run_target
 from distrain.orchestrator.throughput import SteadyState
 from distrain.orchestrator.work import WorkPlan
 from distrain.strategies import STRATEGIES
 from distrain.trainers.optim_state import FlatOptimizerState
+from distrain.trainers.task import reduce_metrics
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Progress:
     evaluated: bool = False  # True on the event that carries a fresh evaluation
     test_loss: float | None = None  # set on evaluated events
     elapsed_s: float = 0.0  # run time so far (a resumed run's goes on from where it stopped)
+    test_metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's figures, by name
 
 
 def evaluates(epoch: int, last_epoch: int, eval_every: int) -> bool:
@@ -256,6 +259,8 @@ class _Driver:
         self.shards: ShardGroup | None = None
         self.portion_scheduler: Any = None  # backup tasks only
         self.detector = StragglerDetector(len(workers), config.straggler_threshold)
+        self.task = build_task(config)  # for its derived metrics and default target (no data is loaded)
+        self.target = run_target(config, self.task)
         self.phases: list[PhaseSpan] = []
         self.steps_per_epoch = 0  # known once the workers have loaded their data
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
@@ -419,8 +424,8 @@ class _Driver:
         pending: dict[Any, tuple[str, int, Any]] = {}
         in_flight = [0] * n
         open_epoch: list[int | None] = [None] * n  # static: epoch of the last segment given to each worker
-        eval_parts: dict[int, list[tuple[float, int, int, float]]] = defaultdict(list)
-        last_acc: float | None = None
+        eval_parts: dict[int, list[tuple[dict[str, tuple[float, float]], float]]] = defaultdict(list)
+        last_metrics: dict[str, float] = {}
         last_loss = float("nan")
 
         last_epoch = (total - 1) // self.steps_per_epoch
@@ -503,13 +508,13 @@ class _Driver:
                 self.state.chaos.strike(self.steps_done, self.workers, self.shards.shards if self.shards else [])
                 if result["loss"]:  # empty when every unit was skipped (k-of-n) or taken by others (backup tasks)
                     last_loss = result["loss"][-1]
-                self._progress(payload[-1][0], total, last_loss, last_acc)
+                self._progress(payload[-1][0], total, last_loss, last_metrics)
                 feed(rank)
             elif kind == "eval":
                 eval_parts[payload].append(result)
                 if len(eval_parts[payload]) == n:
-                    last_acc, test_loss = self._record_eval(payload, eval_parts.pop(payload))
-                    self._progress(payload, total, last_loss, last_acc, test_loss)
+                    last_metrics = self._record_eval(payload, eval_parts.pop(payload))
+                    self._progress(payload, total, last_loss, last_metrics, evaluated=True)
             else:  # "state": a periodic checkpoint, taken in the worker's queue right after its step
                 name, step = payload
                 self.saves[step] = (name, result)
@@ -517,8 +522,10 @@ class _Driver:
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
 
-    def _progress(self, epoch: int, total: int, loss: float, acc: float | None, test_loss: float | None = None) -> None:
-        """Tell the display where the run is; `test_loss` is given on the event of a fresh evaluation."""
+    def _progress(
+        self, epoch: int, total: int, loss: float, metrics: dict[str, float], evaluated: bool = False
+    ) -> None:
+        """Tell the display where the run is; `metrics` are the last evaluation's (fresh if `evaluated`)."""
         self.emit(
             Progress(
                 epoch=epoch,
@@ -527,10 +534,11 @@ class _Driver:
                 total_steps=total,
                 loss=loss,
                 samples_per_s=self.throughput.samples_per_s(),
-                test_accuracy=acc,
-                evaluated=test_loss is not None,
-                test_loss=test_loss,
+                test_accuracy=metrics.get("accuracy"),
+                evaluated=evaluated,
+                test_loss=metrics.get("loss") if evaluated else None,
                 elapsed_s=time.time() - self.run_start,
+                test_metrics=dict(metrics),
             )
         )
 
@@ -591,16 +599,14 @@ class _Driver:
         every = self.config.checkpoint_every
         return bool(every) and (epoch + 1) % every == 0 and (epoch + 1) * self.steps_per_epoch <= total
 
-    def _record_eval(self, epoch: int, parts: list[tuple[float, int, int, float]]) -> tuple[float, float]:
-        """Workers scored disjoint shares of the test set; add up their partial sums."""
-        loss_sum = sum(p[0] for p in parts)
-        correct = sum(p[1] for p in parts)
-        count = sum(p[2] for p in parts)
-        acc = correct / count
+    def _record_eval(self, epoch: int, parts: list[tuple[dict[str, tuple[float, float]], float]]) -> dict[str, float]:
+        """Workers scored disjoint shares of the test set; add up their (sum, count) pairs."""
+        metrics = reduce_metrics(self.task, [p[0] for p in parts])
         now = time.time() - self.run_start
-        self.sink.add_eval(epoch, self.steps_done, loss_sum / count, acc, now, max(p[3] for p in parts))
-        self.throughput.add_eval(now, max(p[3] for p in parts))
-        return acc, loss_sum / count
+        eval_s = max(p[1] for p in parts)
+        self.sink.add_eval(epoch, self.steps_done, metrics, now, eval_s)
+        self.throughput.add_eval(now, eval_s)
+        return metrics
 
     # ------------------------------------------------------------------ state
     def _save_complete(self, outstanding_evals: set[int]) -> None:
@@ -649,13 +655,18 @@ class _Driver:
 
     def _write_summary(self, status: str, epochs_done: int, mitigation: bool = True) -> dict[str, Any]:
         df = self.sink.table().to_pandas()
-        summary = summarize(df, self.config_dict, self.run_start, time.time() - self.run_start, status, epochs_done)
+        summary = summarize(
+            df, self.config_dict, self.run_start, time.time() - self.run_start, status, epochs_done, self.target
+        )
         try:
             if mitigation:  # asks the actors (PS shards, scheduler): only once the run is over
                 summary |= self._mitigation_figures()
         except ray.exceptions.RayError:  # a failed run's actors may be gone; the metrics still tell
             pass
         summary.update(self.state.ledger.summary())
+        info = self.task.describe()
+        if info:
+            summary["task_info"] = info
         if self.config.schedule:
             summary["phases"] = [phase.describe() for phase in self.phases]
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

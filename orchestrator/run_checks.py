@@ -15,9 +15,17 @@ from distrain.trainers.models import count_parameters
 
 
 def check_runnable(config: RunConfig) -> int:
-    """Raises ConfigError for a config that `run_training` would refuse; returns the model's size."""
-    check_dataset(config.dataset, config.data_dir, config.samples_per_step)
-    num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
+    """Raises ConfigError for a config that `run_training` would refuse; returns the model's size.
+
+    A user's task is built once here (orchestrator/tasks.py): its data sets, its model, its loss on
+    one batch; the built-in task is checked from its registries without loading any data."""
+    if config.task:
+        from distrain.orchestrator.tasks import check_task
+
+        _, _, num_params = check_task(config, config.samples_per_step)
+    else:
+        check_dataset(config.dataset, config.data_dir, config.samples_per_step)
+        num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
         raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
     return num_params

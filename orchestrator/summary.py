@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from distrain.config import Target
 from distrain.orchestrator.throughput import SteadyState
 
 
@@ -29,11 +30,19 @@ def summarize(
     wall_time_s: float,
     status: str,
     epochs_completed: int,
+    target: Target | None = None,
 ) -> dict[str, Any]:
     steps = df[df["kind"] == "step"]
     evals = df[df["kind"] == "eval"].sort_values("wall_time")
-    target = config["target_accuracy"]
-    reached = evals[evals["test_accuracy"] >= target]
+    builtin = not config.get("task")
+    metric_columns = [
+        c
+        for c in df.columns
+        if c.startswith("test_") and (c == "test_loss" or (builtin and c == "test_accuracy") or evals[c].notna().any())
+    ]
+    reached = pd.DataFrame()
+    if target is not None and target.metric in evals:
+        reached = evals[[target.reached(v) for v in evals[target.metric]]]
     per_step_bytes = steps.groupby("step")["bytes_sent"].sum() if not steps.empty else pd.Series(dtype=float)
 
     def num(value: Any) -> float | None:
@@ -43,16 +52,18 @@ def summarize(
         "run_id": df["run_id"].iloc[0] if not df.empty else None,
         "status": status,
         "strategy": config["strategy"],
-        "model": config["model"],
-        "dataset": config["dataset"],
+        "task": config.get("task") or "classification",
+        "model": config["model"] if builtin else None,
+        "dataset": config["dataset"] if builtin else None,
         "workers": config["workers"],
         "global_batch_size": config["workers"] * config["batch_size"],
         "epochs_completed": epochs_completed,
         "steps_completed": int(steps["step"].max()) + 1 if not steps.empty else 0,
-        "final_test_accuracy": num(evals["test_accuracy"].iloc[-1]) if not evals.empty else None,
-        "final_test_loss": num(evals["test_loss"].iloc[-1]) if not evals.empty else None,
-        "best_test_accuracy": num(evals["test_accuracy"].max()) if not evals.empty else None,
-        "target_accuracy": target,
+        # final_test_loss, final_test_accuracy (classification), final_test_<name> for every task metric
+        **{f"final_{c}": (num(evals[c].iloc[-1]) if not evals.empty else None) for c in metric_columns},
+        "best_test_accuracy": num(evals["test_accuracy"].max()) if builtin and not evals.empty else None,
+        "target": str(target) if target is not None else None,
+        "target_accuracy": config["target_accuracy"] if builtin else None,
         "time_to_target_s": num(reached["wall_time"].iloc[0]) if not reached.empty else None,
         "started_at": started_at,  # unix time the metrics' wall_time counts from
         "wall_time_s": wall_time_s,

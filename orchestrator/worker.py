@@ -14,14 +14,17 @@ import ray
 import torch
 
 from distrain.config import RunConfig
+from distrain.orchestrator.tasks import build_task
 from distrain.strategies import STRATEGIES
-from distrain.strategies.base import StrategyContext
+from distrain.strategies.base import Strategy, StrategyContext
 from distrain.strategies.collective import free_address
-from distrain.trainers.datasets import load_dataset
 from distrain.trainers.local_trainer import LocalTrainer
-from distrain.trainers.models import build_model
+from distrain.trainers.models import seeded
 from distrain.trainers.schedule import LRSchedule
 from distrain.trainers.sharding import EpochSharder
+from distrain.trainers.task import BatchReader
+
+EVAL_BATCH = 512  # test samples per evaluation batch
 
 STEP_COLUMNS = (
     "worker",
@@ -60,12 +63,16 @@ class TrainWorker:
         self.run_start = run_start
         self.delay = config.straggler_delays.get(rank, 0.0)
         self.device = "cuda" if config.uses_gpus and torch.cuda.is_available() else "cpu"
-        self.data = load_dataset(config.dataset, config.data_dir)
-        model = build_model(config.model, self.data.info, config.seed)
+        # The task's data is built here, in the worker's own process: nothing passes through the driver.
+        self.task = build_task(config)
+        train, self.test_set = self.task.datasets()
+        self.train_reader = BatchReader(train, self.task.collate, prefetch=config.prefetch)
+        self.test_reader = BatchReader(self.test_set, self.task.collate, prefetch=False)
+        model = seeded(self.task.build_model, config.seed)
         self.trainer = LocalTrainer(
-            model, self.data, config.optimizer, config.lr, config.momentum, config.weight_decay, self.device
+            model, self.task, config.optimizer, config.lr, config.momentum, config.weight_decay, self.device
         )
-        self.sharder = EpochSharder(self.data.train_size, config.samples_per_step, config.seed)
+        self.sharder = EpochSharder(len(train), config.samples_per_step, config.seed)
         self.schedule = LRSchedule.create(
             config.lr,
             config.global_batch_size,
@@ -122,13 +129,18 @@ class TrainWorker:
         gets one row.
         """
         rows: dict[str, list[Any]] = {c: [] for c in STEP_COLUMNS}
-        for epoch, step, slice_ in self.strategy.plan(units):
+        # A strategy that computes the units as given (no portions handed out on the way) lets the
+        # next unit's batch be read while this one trains.
+        ahead = list(units) if type(self.strategy).plan is Strategy.plan else []
+        for i, (epoch, step, slice_) in enumerate(self.strategy.plan(units)):
             global_step = epoch * self.sharder.steps_per_epoch + step
             lr = self.schedule.lr_at(global_step)
             t0 = time.perf_counter()
-            idx = self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step)
-            x, y = self.data.train_batch(idx)
-            loss = self.trainer.compute_gradients(x, y)
+            idx = self._indices(epoch, step, slice_)
+            batch = self.train_reader.read(idx)
+            if i + 1 < len(ahead):
+                self.train_reader.prefetch(self._indices(*ahead[i + 1]))
+            loss = self.trainer.compute_gradients(batch)
             if self.delay:
                 time.sleep(self.delay)  # injected straggler: counted as compute
             compute_s = time.perf_counter() - t0
@@ -169,12 +181,17 @@ class TrainWorker:
         self.strategy.settle(rows)
         return rows
 
-    def evaluate(self, shard: int, num_shards: int) -> tuple[float, int, int, float]:
-        """Score this worker's share of the test set: (loss sum, correct, count, seconds)."""
+    def _indices(self, epoch: int, step: int, slice_: int) -> np.ndarray:
+        return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step)
+
+    def evaluate(self, shard: int, num_shards: int) -> tuple[dict[str, tuple[float, float]], float]:
+        """Score this worker's contiguous share of the test set: ((sum, count) per metric, seconds)."""
         t0 = time.perf_counter()
         self.strategy.prepare_eval(self.trainer)
-        result = self.trainer.evaluate(shard=shard, num_shards=num_shards)
-        return result.loss_sum, result.correct, result.count, time.perf_counter() - t0
+        n = len(self.test_set)
+        lo, hi = n * shard // num_shards, n * (shard + 1) // num_shards
+        batches = (self.test_reader.read(np.arange(i, min(i + EVAL_BATCH, hi))) for i in range(lo, hi, EVAL_BATCH))
+        return self.trainer.evaluate(batches), time.perf_counter() - t0
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent(
     from distrain.strategies.local_sgd import LocalSGD
     from distrain.trainers.datasets import load_dataset
     from distrain.trainers.local_trainer import LocalTrainer
+    from distrain.trainers.task import ClassificationTask
     from distrain.trainers.models import build_model
 
 
@@ -32,7 +33,7 @@ SCRIPT = textwrap.dedent(
         torch.set_num_threads(1)
         config = RunConfig(strategy="local-sgd", tau=2, momentum=0.9, comm_delay_ms=30, workers=2)
         data = load_dataset("digits")
-        trainer = LocalTrainer(build_model("cnn", data.info, 0), data, "sgd", 0.1, 0.9, 0.0)
+        trainer = LocalTrainer(build_model("cnn", data.info, 0), ClassificationTask(), "sgd", 0.1, 0.9, 0.0)
         strategy = LocalSGD(config, StrategyContext(rank, 2, "cpu", f"127.0.0.1:{port}"))
         strategy.setup(trainer)
 
@@ -40,10 +41,10 @@ SCRIPT = textwrap.dedent(
             idx = torch.arange(64 * step + 32 * rank, 64 * step + 32 * rank + 32).numpy()
             return data.train_batch(idx)
 
-        trainer.compute_gradients(*batch(0))
+        trainer.compute_gradients(batch(0))
         first = strategy.step(trainer, 0.1)  # local step 1 of 2: no communication
         assert first.bytes_sent == 0 and first.seconds == 0 and first.averaging_round == 0 and first.tau == 2
-        trainer.compute_gradients(*batch(1))
+        trainer.compute_gradients(batch(1))
         # Step 2 by hand, to see the replica just before its round.
         trainer.apply_update(0.1)
         strategy.pending += 1
@@ -69,7 +70,7 @@ SCRIPT = textwrap.dedent(
         assert stats.bytes_sent == ring_allreduce_bytes((2 * n + 3) * 4, 2)  # θ, momentum, 3 statistics
         assert strategy.rounds == 1 and strategy.pending == 0
         # the optimizer keeps stepping from the averaged buffers
-        trainer.compute_gradients(*batch(2))
+        trainer.compute_gradients(batch(2))
         assert strategy.step(trainer, 0.1).averaging_round == 1
         dist.barrier()
         strategy.teardown()

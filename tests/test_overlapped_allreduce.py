@@ -21,6 +21,7 @@ SCRIPT = textwrap.dedent(
     from distrain.strategies.collective import OverlappedAllReduce
     from distrain.trainers.datasets import load_dataset
     from distrain.trainers.local_trainer import LocalTrainer
+    from distrain.trainers.task import ClassificationTask
     from distrain.trainers.models import build_model
 
 
@@ -38,8 +39,9 @@ SCRIPT = textwrap.dedent(
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
         data = load_dataset("digits")
-        trainer = LocalTrainer(WithUnused(build_model("cnn", data.info, 0)), data, "sgd", 0.1, 0.0, 0.0)
-        reference = LocalTrainer(WithUnused(build_model("cnn", data.info, 0)), data, "sgd", 0.1, 0.0, 0.0)
+        task = ClassificationTask()
+        trainer = LocalTrainer(WithUnused(build_model("cnn", data.info, 0)), task, "sgd", 0.1, 0.0, 0.0)
+        reference = LocalTrainer(WithUnused(build_model("cnn", data.info, 0)), task, "sgd", 0.1, 0.0, 0.0)
         reference.params_flat.copy_(trainer.params_flat)  # the same replica, without hooks
         # Tiny buckets: the cnn (plus an unused layer) becomes several buckets, launched during backward.
         overlap = OverlappedAllReduce(
@@ -49,10 +51,10 @@ SCRIPT = textwrap.dedent(
         for step in range(3):
             idx = torch.arange(64 * step + 32 * rank, 64 * step + 32 * rank + 32).numpy()
             x, y = data.train_batch(idx)
-            trainer.compute_gradients(x, y)
+            trainer.compute_gradients((x, y))
             launched_during_backward = overlap.next
             overlap.finish()
-            reference.compute_gradients(x, y)
+            reference.compute_gradients((x, y))
             local = reference.grads_flat.clone()
             expected = local.clone()
             dist.all_reduce(expected)

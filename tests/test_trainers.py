@@ -16,6 +16,7 @@ from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import MODELS, build_model
 from distrain.trainers.schedule import LRSchedule, scaled_lr
 from distrain.trainers.sharding import EpochSharder
+from distrain.trainers.task import ClassificationTask
 
 DIGITS_INFO = DatasetInfo("digits", 1, 8, 8, 10)
 CIFAR_SHAPE_INFO = DatasetInfo("cifar-shaped", 3, 32, 32, 10)
@@ -204,7 +205,15 @@ def test_build_model_leaves_the_global_rng_alone():
 
 # ---------------------------------------------------------------- LocalTrainer
 def make_trainer(data, name="mlp", optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0, seed=0):
-    return LocalTrainer(build_model(name, data.info, seed), data, optimizer, lr, momentum, weight_decay)
+    task = ClassificationTask(name, "digits")
+    return LocalTrainer(build_model(name, data.info, seed), task, optimizer, lr, momentum, weight_decay)
+
+
+def evaluate(trainer, data, batch_size=512, shard=0, num_shards=1):
+    """(loss sum, correct, count) of the trainer's model on a share of the digits test set."""
+    sums = trainer.evaluate(data.test_batches(batch_size, shard, num_shards))
+    assert sums["loss"][1] == sums["accuracy"][1]
+    return sums["loss"][0], sums["accuracy"][0], sums["loss"][1]
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
@@ -213,7 +222,7 @@ def test_gradients_are_views_of_the_flat_buffer(digits, name):
     x, y = digits.train_batch(np.arange(32))
     flat_storage = trainer.grads_flat.untyped_storage().data_ptr()
     for _ in range(2):  # and they stay attached after an optimizer step
-        loss = trainer.compute_gradients(x, y)
+        loss = trainer.compute_gradients((x, y))
         assert math.isfinite(loss)
         assert trainer._grads_are_views is True
         for p in trainer.params:
@@ -230,7 +239,7 @@ def test_flat_gradient_equals_a_plain_backward_pass(digits):
     trainer = make_trainer(digits, "cnn", seed=3)
     reference = build_model("cnn", digits.info, 3)
     x, y = digits.train_batch(np.arange(40, 72))
-    trainer.compute_gradients(x, y)
+    trainer.compute_gradients((x, y))
     torch.nn.functional.cross_entropy(reference(x), y).backward()
     expected = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
     torch.testing.assert_close(trainer.grads_flat, expected)
@@ -239,16 +248,16 @@ def test_flat_gradient_equals_a_plain_backward_pass(digits):
 def test_a_second_step_does_not_accumulate_gradients(digits):
     trainer = make_trainer(digits)
     x, y = digits.train_batch(np.arange(16))
-    trainer.compute_gradients(x, y)
+    trainer.compute_gradients((x, y))
     first = trainer.grads_flat.clone()
-    trainer.compute_gradients(x, y)  # same batch, no update in between: same gradient, not twice it
+    trainer.compute_gradients((x, y))  # same batch, no update in between: same gradient, not twice it
     torch.testing.assert_close(trainer.grads_flat, first)
 
 
 def test_apply_update_is_an_sgd_step_on_params_flat(digits):
     trainer = make_trainer(digits, lr=0.1)
     x, y = digits.train_batch(np.arange(64))
-    trainer.compute_gradients(x, y)
+    trainer.compute_gradients((x, y))
     before = trainer.params_flat.clone()
     grads = trainer.grads_flat.clone()
     trainer.apply_update(0.25)  # the rate passed in wins over the one the optimizer was built with
@@ -263,42 +272,42 @@ def test_apply_update_is_an_sgd_step_on_params_flat(digits):
 def test_plain_sgd_learns_digits(digits):
     torch.manual_seed(0)
     trainer = make_trainer(digits, "mlp", lr=0.1, momentum=0.0)
-    before = trainer.evaluate()
+    before_loss, before_correct, before_count = evaluate(trainer, digits)
     sharder = EpochSharder(digits.train_size, 64, seed=0)
     step = 0
     for epoch in range(20):
         for k in range(sharder.steps_per_epoch):
             x, y = digits.train_batch(sharder.global_batch_indices(epoch, k))
-            trainer.compute_gradients(x, y)
+            trainer.compute_gradients((x, y))
             trainer.apply_update(0.1)
             step += 1
         if step >= 300:
             break
-    result = trainer.evaluate()
-    assert result.count == digits.test_size == 359
-    assert before.correct / before.count < 0.5
-    assert result.correct / result.count >= 0.9, result
-    assert result.loss_sum / result.count < before.loss_sum / before.count
+    loss_sum, correct, count = evaluate(trainer, digits)
+    assert count == digits.test_size == 359
+    assert before_correct / before_count < 0.5
+    assert correct / count >= 0.9, (correct, count)
+    assert loss_sum / count < before_loss / before_count
 
 
 def test_sharded_evaluation_adds_up(digits):
     trainer = make_trainer(digits, "mlp")
-    whole = trainer.evaluate(batch_size=100)
-    parts = [trainer.evaluate(batch_size=50, shard=r, num_shards=3) for r in range(3)]
-    assert sum(p.count for p in parts) == whole.count == digits.test_size
-    assert sum(p.correct for p in parts) == whole.correct
-    assert sum(p.loss_sum for p in parts) == pytest.approx(whole.loss_sum, rel=1e-5)
+    whole = evaluate(trainer, digits, batch_size=100)
+    parts = [evaluate(trainer, digits, batch_size=50, shard=r, num_shards=3) for r in range(3)]
+    assert sum(p[2] for p in parts) == whole[2] == digits.test_size
+    assert sum(p[1] for p in parts) == whole[1]
+    assert sum(p[0] for p in parts) == pytest.approx(whole[0], rel=1e-5)
 
 
 def test_state_dict_round_trip_keeps_views(digits):
     a = make_trainer(digits, "mlp", seed=1, momentum=0.9)
     b = make_trainer(digits, "mlp", seed=2, momentum=0.9)
     x, y = digits.train_batch(np.arange(32))
-    a.compute_gradients(x, y)
+    a.compute_gradients((x, y))
     a.apply_update(0.1)
     b.load_state_dict(a.state_dict())
     assert torch.equal(a.params_flat, b.params_flat)
-    b.compute_gradients(x, y)
+    b.compute_gradients((x, y))
     assert b._grads_are_views is True
 
 

@@ -8,33 +8,26 @@ first backward pass verifies that and the trainer falls back to copying if it ev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from distrain.trainers.datasets import LoadedDataset
 from distrain.trainers.optim_state import (
     FlatOptimizerState,
     export_flat_state,
     import_flat_state,
     make_optimizer,
 )
-
-
-@dataclass
-class EvalResult:
-    loss_sum: float
-    correct: int
-    count: int
+from distrain.trainers.task import Task, to_device
 
 
 class LocalTrainer:
     def __init__(
         self,
         model: nn.Module,
-        data: LoadedDataset,
+        task: Task,
         optimizer: str,
         lr: float,
         momentum: float,
@@ -43,7 +36,7 @@ class LocalTrainer:
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
-        self.data = data
+        self.task = task
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
         dtype = self.params[0].dtype
@@ -59,19 +52,20 @@ class LocalTrainer:
         self._grads_are_views: bool | None = None
         self.last_loss = float("nan")  # the last batch's loss (local SGD's AdaComm reads it)
         self.optimizer = make_optimizer(optimizer, self.params, lr, momentum, weight_decay)
-        self.loss_fn = nn.CrossEntropyLoss()
 
     @property
     def nbytes(self) -> int:
         return self.numel * self.params_flat.element_size()
 
     # ------------------------------------------------------------------ the step
-    def compute_gradients(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """Forward and backward on one batch; leaves the batch-mean gradient in `grads_flat`."""
+    def compute_gradients(self, batch: Any) -> float:
+        """Forward and backward of the task's loss on one batch; leaves the gradient in `grads_flat`."""
         self.model.train()
         self.grads_flat.zero_()
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        loss = self.loss_fn(self.model(x), y)
+        loss = self.task.loss(self.model, to_device(batch, self.device))
+        if not (torch.is_tensor(loss) and loss.dim() == 0):
+            shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
+            raise TypeError(f"{type(self.task).__name__}.loss must return a scalar tensor, got {shape}")
         loss.backward()
         self._ensure_grads_in_flat_buffer()
         self.last_loss = float(loss.detach())
@@ -99,16 +93,15 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self, batch_size: int = 512, shard: int = 0, num_shards: int = 1) -> EvalResult:
+    def evaluate(self, batches: Iterable[Any]) -> dict[str, tuple[float, float]]:
+        """(sum, count) of the task's loss and metrics over `batches` (see `trainers/task.py`)."""
         self.model.eval()
-        loss_sum, correct, count = 0.0, 0, 0
-        for x, y in self.data.test_batches(batch_size, shard, num_shards):
-            x, y = x.to(self.device), y.to(self.device)
-            logits = self.model(x)
-            loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == y).sum())
-            count += int(y.numel())
-        return EvalResult(loss_sum, correct, count)
+        totals: dict[str, tuple[float, float]] = {}
+        for batch in batches:
+            for name, (s, c) in self.task.evaluate_batch(self.model, to_device(batch, self.device)).items():
+                before = totals.get(name, (0.0, 0.0))
+                totals[name] = (before[0] + s, before[1] + c)
+        return totals
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

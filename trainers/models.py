@@ -52,12 +52,18 @@ def resnet18(info: DatasetInfo) -> nn.Module:
     return model
 
 
+def seeded(build: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """`build()` with torch's global RNG seeded by `seed` (same seed, same initial weights on every
+    worker) and left as it was afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
 def build_model(name: str, info: DatasetInfo, seed: int) -> nn.Module:
     """Build `name` with its initial weights fixed by `seed` (same seed, same weights on every worker)."""
     builder = MODELS.get(name)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return builder(info)
+    return seeded(lambda: builder(info), seed)
 
 
 def count_parameters(name: str, info: DatasetInfo) -> int:

@@ -1,0 +1,125 @@
+"""Which task a run trains, built where it is needed, and checked in the driver before anything starts.
+
+The built-in classification task takes `--model`, `--dataset` and `--data-dir`; any other task is a
+user's `distrain.Task` subclass named by an import path (`--task`) and built with `--task-arg`s.
+Workers build the task themselves (the import path travels in the config, not the object), so the
+driver never holds the training data. `check_task` runs the user's code once in the driver, on one
+small batch, so that a broken path, an empty data set or a loss that is not a scalar is one line
+before Ray starts rather than a failure in every worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distrain.config import RunConfig, Target, parse_target
+from distrain.errors import ConfigError
+from distrain.plugins import load_object
+from distrain.trainers.task import ClassificationTask, Task
+
+
+def task_class(path: str) -> type[Task]:
+    obj = load_object(path, "--task")
+    if not (isinstance(obj, type) and issubclass(obj, Task)):
+        what = type(obj).__name__ if not isinstance(obj, type) else f"class {obj.__name__}"
+        raise ConfigError(f"--task {path!r} names a {what}, not a subclass of distrain.Task")
+    return obj
+
+
+OBJECT_PREFIX = "object:"  # config.task of a task object handed to fit() (its class cannot be imported)
+
+
+def attach_task_object(config: RunConfig, task: Task) -> None:
+    """Ship `task` (an object whose class has no import path, e.g. defined in a notebook) with the
+    config: Ray sends the config to every worker with cloudpickle, and the attribute with it. It is
+    not a config field, so config.yaml records only `object:ClassName` (not repeatable)."""
+    config.__dict__["_task_object"] = task
+
+
+def build_task(config: RunConfig) -> Task:
+    """The run's task object (in a worker, or in the driver's check)."""
+    shipped = config.__dict__.get("_task_object")
+    if shipped is not None:
+        return shipped
+    if not config.task:
+        return ClassificationTask(config.model, config.dataset, config.data_dir, config.target_accuracy)
+    if config.task.startswith(OBJECT_PREFIX):
+        raise ConfigError(
+            f"this run's task was a {config.task.removeprefix(OBJECT_PREFIX)} object defined in a notebook or a "
+            "script's __main__, so it cannot be rebuilt from config.yaml; move the class to a file and pass "
+            "--task file.py:Name"
+        )
+    cls = task_class(config.task)
+    try:
+        return cls(**config.task_args)
+    except TypeError as e:
+        raise ConfigError(f"--task {config.task}: {cls.__name__}({_args(config.task_args)}) failed: {e}") from None
+
+
+def run_target(config: RunConfig, task: Task | None = None) -> Target | None:
+    """The run's quality target: --target, else the task's default (classification: --target-accuracy)."""
+    given = config.target_spec
+    if given is not None:
+        return given
+    default = (task or build_task(config)).default_target
+    return parse_target(default) if default else None
+
+
+def train_size(config: RunConfig) -> int:
+    """Samples in the task's training set (the task is built; its data sets are made)."""
+    return len(build_task(config).datasets()[0])
+
+
+def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, int]:
+    """Build a user task once in the driver: its data sets are not empty, its model builds, its loss is
+    a scalar on a batch of `batch_size`. Returns (task, training samples, trainable parameters)."""
+    import torch
+
+    from distrain.trainers.task import BatchReader
+
+    task = build_task(config)
+    name = config.task
+    train, test = _call(name, "datasets", task.datasets)
+    for which, ds in (("training", train), ("test", test)):
+        try:
+            n = len(ds)
+        except TypeError:
+            raise ConfigError(f"--task {name}: the {which} set has no len(); pass a map-style Dataset") from None
+        if n == 0:
+            raise ConfigError(f"--task {name}: the {which} set is empty")
+    if batch_size > len(train):
+        raise ConfigError(
+            f"the global batch ({batch_size}) exceeds the {len(train)} training samples of --task {name}; "
+            "lower --batch-size or --workers"
+        )
+    model = _call(name, "build_model", task.build_model)
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"--task {name}: build_model() returned {type(model).__name__}, not a torch.nn.Module")
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if params == 0:
+        raise ConfigError(f"--task {name}: the model has no trainable parameters")
+    reader = BatchReader(train, task.collate, prefetch=False)
+    batch = _call(name, "collate (reading a batch)", lambda: reader.read(list(range(min(batch_size, len(train))))))
+    loss = _call(name, "loss", lambda: task.loss(model, batch))
+    if not (torch.is_tensor(loss) and loss.dim() == 0):
+        got = f"a tensor of shape {tuple(loss.shape)}" if torch.is_tensor(loss) else type(loss).__name__
+        raise ConfigError(f"--task {name}: loss() must return a scalar tensor (mean over the batch), got {got}")
+    if not loss.requires_grad:
+        raise ConfigError(f"--task {name}: loss() returned a tensor that does not depend on the model's parameters")
+    return task, len(train), params
+
+
+def _call(name: str, what: str, fn: Any) -> Any:
+    """Run a piece of the user's task; its own exceptions keep their traceback (it is their bug), with
+    a note saying which hook raised."""
+    try:
+        return fn()
+    except ConfigError:
+        raise
+    except Exception as e:
+        e.add_note(f"(raised by {what}() of --task {name}, checked before the run starts)")
+        raise
+
+
+def _args(args: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in args.items())

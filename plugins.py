@@ -1,0 +1,92 @@
+"""Import paths for users' own code: `module:Name` or `path/to/file.py:Name`.
+
+Used wherever distrain accepts a name it would otherwise look up in a registry (`--task`, and later
+`--strategy`). A problem with the path (no such file or module, a module that raises on import, no
+such attribute) is the user's to fix, so it becomes one `ConfigError` line that names the path; an
+exception raised *by* the user's module keeps its message. Nothing here imports torch or Ray.
+
+A file path is resolved to an absolute one before it is recorded (`absolute_import_path`), so a Tune
+trial running in its own working directory, or a worker on another node with the same file tree,
+loads the same file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from distrain.errors import ConfigError
+
+
+def is_import_path(text: str) -> bool:
+    """`module:Name` or `file.py:Name` (a registry name has no colon)."""
+    return ":" in text
+
+
+def split_import_path(text: str, flag: str) -> tuple[str, str]:
+    where, sep, name = text.rpartition(":")
+    if not sep or not where or not name or not name.replace("_", "a").replace(".", "a").isalnum():
+        raise ConfigError(f"{flag} {text!r} must be module:Name or path/to/file.py:Name")
+    return where, name
+
+
+def absolute_import_path(text: str, flag: str) -> str:
+    """The same import path with a file part made absolute (module paths are left as they are)."""
+    where, name = split_import_path(text, flag)
+    if where.endswith(".py"):
+        return f"{Path(where).expanduser().resolve()}:{name}"
+    return text
+
+
+def _module_from_file(path: Path, flag: str, text: str) -> Any:
+    if not path.is_file():
+        raise ConfigError(f"{flag} {text!r}: no file {str(path)!r}")
+    # One module per file, under a stable name, so importing it twice in a process (fit() twice in a
+    # notebook, a worker that builds the task again) reuses it and classes stay identical.
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    module_name = f"distrain_user_{path.stem}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{flag} {text!r}: {str(path)!r} cannot be imported as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    # The file's own folder on the path, as `python file.py` would have it: its sibling modules import.
+    folder = str(path.resolve().parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:
+        del sys.modules[module_name]
+        raise ConfigError(f"{flag} {text!r}: importing {path.name} raised {type(e).__name__}: {e}") from None
+    return module
+
+
+def load_object(text: str, flag: str) -> Any:
+    """The object an import path names (one `ConfigError` line for any problem with the path)."""
+    where, name = split_import_path(text, flag)
+    if where.endswith(".py"):
+        module = _module_from_file(Path(where).expanduser(), flag, text)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as e:
+            if e.name and where.startswith(e.name):
+                raise ConfigError(f"{flag} {text!r}: no module named {e.name!r}") from None
+            raise ConfigError(f"{flag} {text!r}: importing {where} raised ModuleNotFoundError: {e}") from None
+        except BaseException as e:
+            raise ConfigError(f"{flag} {text!r}: importing {where} raised {type(e).__name__}: {e}") from None
+    obj: Any = module
+    for part in name.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"{flag} {text!r}: {where} has no attribute {name!r}") from None
+    return obj

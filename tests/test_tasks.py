@@ -1,0 +1,296 @@
+"""The task contract (`distrain.Task`), import paths for users' code, and their one-line errors.
+
+Unit tests: no Ray. The runs of a user task through the CLI and `distrain.fit` are in
+tests/test_user_task_runs.py.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, TensorDataset
+from typer.testing import CliRunner
+
+import distrain
+from distrain.cli import app
+from distrain.config import RunConfig, parse_target
+from distrain.errors import ConfigError
+from distrain.orchestrator.tasks import build_task, check_task, run_target
+from distrain.plugins import absolute_import_path, load_object
+from distrain.trainers.task import BatchReader, ClassificationTask, Task, reduce_metrics
+
+REGRESSION = textwrap.dedent(
+    '''
+    import torch
+    from torch.utils.data import TensorDataset
+
+    import distrain
+
+
+    class Regression(distrain.Task):
+        default_target = "test_loss<=0.05"
+
+        def __init__(self, n=256, noise=0.05):
+            self.n, self.noise = n, noise
+
+        def build_model(self):
+            return torch.nn.Linear(4, 1)
+
+        def datasets(self):
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(self.n, 4, generator=g)
+            y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + self.noise * torch.randn(self.n, generator=g)
+            cut = self.n * 3 // 4
+            return TensorDataset(x[:cut], y[:cut]), TensorDataset(x[cut:], y[cut:])
+
+        def loss(self, model, batch):
+            x, y = batch
+            return ((model(x).squeeze(-1) - y) ** 2).mean()
+
+        def metrics(self, model, batch):
+            x, y = batch
+            return {"mae": (model(x).squeeze(-1) - y).abs().mean().item()}
+
+
+    class NotATask:
+        pass
+
+
+    class EmptyData(Regression):
+        def datasets(self):
+            return TensorDataset(torch.zeros(0, 4), torch.zeros(0)), TensorDataset(torch.zeros(1, 4), torch.zeros(1))
+
+
+    class VectorLoss(Regression):
+        def loss(self, model, batch):
+            return (model(batch[0]).squeeze(-1) - batch[1]) ** 2
+
+
+    class ConstantLoss(Regression):
+        def loss(self, model, batch):
+            return torch.tensor(1.0)
+
+
+    class BrokenModel(Regression):
+        def build_model(self):
+            raise RuntimeError("my model has a bug")
+    '''
+)
+
+
+@pytest.fixture
+def task_file(tmp_path: Path) -> Path:
+    path = tmp_path / "my_task.py"
+    path.write_text(REGRESSION)
+    return path
+
+
+# ---------------------------------------------------------------- import paths
+def test_load_object_from_a_file_and_from_a_module(task_file):
+    cls = load_object(f"{task_file}:Regression", "--task")
+    assert issubclass(cls, distrain.Task)
+    assert load_object(f"{task_file}:Regression", "--task") is cls  # one module per file: same class again
+    assert load_object("distrain.trainers.task:ClassificationTask", "--task") is ClassificationTask
+
+
+def test_file_paths_are_recorded_absolute(task_file, monkeypatch):
+    monkeypatch.chdir(task_file.parent)
+    assert absolute_import_path("my_task.py:Regression", "--task") == f"{task_file}:Regression"
+    assert absolute_import_path("pkg.mod:Name", "--task") == "pkg.mod:Name"
+    cfg = RunConfig(task="my_task.py:Regression")
+    assert cfg.task == f"{task_file}:Regression"
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("nowhere.py:Task", "no file"),
+        ("no_such_module_xyz:Task", "no module named 'no_such_module_xyz'"),
+        ("{file}:Missing", "has no attribute 'Missing'"),
+        ("{raises}:Task", "raised ZeroDivisionError"),
+        ("justaname", "must be module:Name"),
+    ],
+)
+def test_bad_import_paths_are_one_config_error(tmp_path, task_file, path, fragment):
+    raises = tmp_path / "raises.py"
+    raises.write_text("1 / 0\n")
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
+        load_object(path.format(file=task_file, raises=raises), "--task")
+
+
+def test_an_object_that_is_not_a_task_is_refused(task_file):
+    with pytest.raises(ConfigError, match="not a subclass of distrain.Task"):
+        build_task(RunConfig(task=f"{task_file}:NotATask"))
+
+
+# ---------------------------------------------------------------- checks before the run starts
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("EmptyData", "the training set is empty"),
+        ("VectorLoss", r"must return a scalar tensor .* shape \(8,\)"),
+        ("ConstantLoss", "does not depend on the model"),
+    ],
+)
+def test_check_task_refuses_what_cannot_train(task_file, name, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        check_task(RunConfig(task=f"{task_file}:{name}"), batch_size=8)
+
+
+def test_an_exception_in_the_users_code_keeps_its_traceback(task_file):
+    with pytest.raises(RuntimeError, match="my model has a bug") as info:
+        check_task(RunConfig(task=f"{task_file}:BrokenModel"), batch_size=8)
+    assert any("build_model" in note for note in info.value.__notes__)
+
+
+def test_check_task_reports_size_and_parameters(task_file):
+    task, n_train, params = check_task(RunConfig(task=f"{task_file}:Regression", task_args={"n": 100}), 8)
+    assert (n_train, params) == (75, 5)
+    assert str(run_target(RunConfig(task=f"{task_file}:Regression"), task)) == "test_loss<=0.05"
+    assert str(run_target(RunConfig(task=f"{task_file}:Regression", target="mae<=0.1"), task)) == "test_mae<=0.1"
+    assert str(run_target(RunConfig())) == "test_accuracy>=0.95"
+
+
+def test_unknown_task_arguments_are_one_line(task_file):
+    with pytest.raises(ConfigError, match=r"Regression\(width=3\) failed"):
+        build_task(RunConfig(task=f"{task_file}:Regression", task_args={"width": 3}))
+
+
+@pytest.mark.parametrize("text", ["accuracy", "acc>0.5", "test_loss<=x", "loss<=inf", ">=0.3"])
+def test_malformed_targets_are_refused(text):
+    with pytest.raises(ConfigError, match="--target"):
+        parse_target(text)
+
+
+def test_targets():
+    t = parse_target("accuracy >= 0.9")
+    assert (t.metric, t.op, t.value) == ("test_accuracy", ">=", 0.9)
+    assert t.reached(0.9) and not t.reached(0.89) and not t.reached(None) and not t.reached(math.nan)
+    assert parse_target("test_loss<=0.5").reached(0.4)
+
+
+# ---------------------------------------------------------------- metrics reduce over batches and shards
+class PerplexityTask(Task):
+    def derived_metrics(self, means):
+        return {"perplexity": math.exp(means["loss"])}
+
+
+def test_metrics_reduce_by_sample_and_by_declared_pairs():
+    # Two shards: a batch mean of 1.0 over 3 samples and 4.0 over 1 sample -> 1.75, not 2.5.
+    parts = [
+        {"loss": (3.0, 3.0), "tokens_right": (5.0, 10.0)},
+        {"loss": (4.0, 1.0), "tokens_right": (5.0, 30.0)},
+    ]
+    figures = reduce_metrics(PerplexityTask(), parts)
+    assert figures["loss"] == pytest.approx(1.75)
+    assert figures["tokens_right"] == pytest.approx(10 / 40)
+    assert figures["perplexity"] == pytest.approx(math.exp(1.75))
+
+
+def test_evaluate_batch_weights_float_metrics_by_batch_size():
+    class Mean(Task):
+        def loss(self, model, batch):
+            return batch[0].mean()
+
+        def metrics(self, model, batch):
+            return {"max": float(batch[0].max()), "pair": (2.0, 4.0)}
+
+    sums = Mean().evaluate_batch(None, (torch.tensor([1.0, 2.0, 6.0]),))
+    assert sums == {"loss": (9.0, 3.0), "max": (18.0, 3.0), "pair": (2.0, 4.0)}
+
+
+def test_classification_task_matches_the_registered_model_and_data():
+    task = ClassificationTask("mlp", "digits")
+    train, test = task.datasets()
+    assert (len(train), len(test)) == (1438, 359)
+    x, y = BatchReader(train, task.collate).read(np.arange(5))
+    assert x.shape == (5, 1, 8, 8) and y.dtype == torch.int64
+    # the fast path and the per-sample path read the same batch
+    x2, y2 = task.collate([train[i] for i in range(5)])
+    torch.testing.assert_close(x, x2)
+    assert torch.equal(y, y2)
+
+
+# ---------------------------------------------------------------- reading batches by index
+class Counting(Dataset):
+    def __init__(self, batched: bool):
+        self.calls = 0
+        if batched:
+            self.__getitems__ = lambda idx: [self[i] for i in idx]
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        self.calls += 1
+        return torch.tensor([float(i)]), i
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_batch_reader_reads_the_named_samples_and_prefetches(batched):
+    data = Counting(batched)
+    reader = BatchReader(data, Task().collate)
+    x, y = reader.read([3, 1, 4])
+    assert x.squeeze(-1).tolist() == [3.0, 1.0, 4.0] and y.tolist() == [3, 1, 4]
+    reader.prefetch([5, 9])
+    x, y = reader.read([5, 9])  # the prefetched batch is the one returned
+    assert y.tolist() == [5, 9] and data.calls == 5
+    reader.prefetch([0])
+    assert reader.read([2])[1].tolist() == [2]  # a different batch than prefetched: read it, not the other
+    reader.close()
+
+
+def test_tensor_dataset_reads_through_the_default_collate():
+    data = TensorDataset(torch.arange(6.0).view(6, 1), torch.arange(6))
+    x, y = BatchReader(data, Task().collate, prefetch=False).read(np.array([4, 0]))
+    assert x.view(-1).tolist() == [4.0, 0.0] and y.tolist() == [4, 0]
+
+
+# ---------------------------------------------------------------- the CLI: one line, exit 2, before Ray
+runner = CliRunner()
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    import ray
+
+    from distrain.orchestrator import cluster
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray must not start for bad input")
+
+    monkeypatch.setattr(cluster, "connect", refuse)
+    monkeypatch.setattr(ray, "init", refuse)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--task", "nowhere.py:Task"], "no file"),
+        (["--task", "{file}:NotATask"], "not a subclass of distrain.Task"),
+        (["--task", "{file}:EmptyData"], "the training set is empty"),
+        (["--task", "{file}:VectorLoss"], "must return a scalar tensor"),
+        (["--task", "{file}:Regression", "--model", "mlp"], "--model applies to the built-in"),
+        (["--task", "{file}:Regression", "--task-arg", "width"], "must be key=value"),
+        (["--task", "{file}:Regression", "--task-arg", "width=3"], "failed"),
+        (["--task-arg", "n=3"], "--task-arg applies to a --task"),
+        (["--target", "accuracy>"], "--target"),
+    ],
+)
+def test_cli_refuses_bad_tasks_in_one_line(tmp_path, task_file, no_ray, monkeypatch, args, fragment):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["run", *[a.format(file=task_file) for a in args]])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_fit_refuses_unknown_options():
+    with pytest.raises(ConfigError, match="unknown option"):
+        distrain.fit(wokers=2)

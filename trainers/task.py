@@ -1,0 +1,264 @@
+"""What is trained: a `Task` is a model, its data, its loss and its metrics.
+
+This is the contract users implement (exported as `distrain.Task`); distrain's own image
+classification is one task like any other (`ClassificationTask`). A worker builds its task's model
+and datasets in its own process, reads the samples its work plan names by index, and calls the task's
+`loss` for the step; the driver only ever sees reduced numbers.
+
+    class MyTask(distrain.Task):
+        def build_model(self): ...              # torch.nn.Module
+        def datasets(self): ...                 # (train, test): map-style torch Datasets
+        def loss(self, model, batch): ...       # scalar tensor, mean over the batch
+        def metrics(self, model, batch): ...    # optional: {"name": value}
+
+How metrics reduce (over batches and over the workers that each score a share of the test set):
+a value that is a float is the batch's *mean*, weighted by the batch's sample count; a value that is a
+`(sum, count)` pair is added up as it is (for per-token figures, say). The test loss reduces the first
+way. `derived_metrics` then turns the reduced means into figures that are not means themselves
+(perplexity = exp(mean NLL)). Every metric reaches the metrics file as `test_<name>`.
+
+Optional hooks, used by strategies that need them: `forward` + `criterion` (a pipeline runs the
+criterion on its last stage; `loss` defaults to `criterion(forward(model, batch), batch)`),
+`split_points` (module names where a model may be cut into stages), `param_groups` (e.g. no weight
+decay on biases) and `deterministic_loss` (the loss in eval mode, for full-batch methods).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+MetricValue = float | tuple[float, float]
+
+
+class Task:
+    """Subclass and override `build_model`, `datasets` and `loss` (or `criterion`)."""
+
+    #: The default `--target` of this task, e.g. "test_accuracy>=0.95" or "test_loss<=1.2"; None: no target.
+    default_target: str | None = None
+
+    def build_model(self) -> nn.Module:
+        raise NotImplementedError(f"{type(self).__name__} must define build_model(self) -> torch.nn.Module")
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        raise NotImplementedError(f"{type(self).__name__} must define datasets(self) -> (train, test)")
+
+    # ------------------------------------------------------------------ the loss
+    def forward(self, model: nn.Module, batch: Any) -> Any:
+        """The model's output for `batch` (default: `model(batch[0])`)."""
+        return model(batch[0])
+
+    def criterion(self, output: Any, batch: Any) -> torch.Tensor:
+        """The loss of `output` against `batch` (a scalar, mean over the batch)."""
+        raise NotImplementedError(f"{type(self).__name__} must define loss(self, model, batch) or criterion()")
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Scalar, mean over the batch; what is differentiated each step."""
+        return self.criterion(self.forward(model, batch), batch)
+
+    def metrics(self, model: nn.Module, batch: Any) -> dict[str, MetricValue]:
+        """Figures of one test batch: a float is the batch mean, a pair is (sum, count)."""
+        return {}
+
+    def derived_metrics(self, means: dict[str, float]) -> dict[str, float]:
+        """Figures computed from the reduced means (keys without the `test_` prefix), e.g. perplexity."""
+        return {}
+
+    # ------------------------------------------------------------------ optional hooks
+    def describe(self) -> dict[str, Any]:
+        """Facts about this task worth keeping with the run (summary.json's `task_info`)."""
+        return {}
+
+    def split_points(self) -> list[str]:
+        """Names of submodules before which the model may be cut into pipeline stages."""
+        return []
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]] | None:
+        """Optimizer parameter groups (torch.optim's format); None: one group of every parameter."""
+        return None
+
+    def deterministic_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The loss with the model in eval mode (no dropout, batch-norm running statistics)."""
+        was_training = model.training
+        model.eval()
+        try:
+            return self.loss(model, batch)
+        finally:
+            model.train(was_training)
+
+    # ------------------------------------------------------------------ batches
+    def collate(self, samples: list[Any]) -> Any:
+        """Samples (as the dataset returns them) into one batch; torch's default_collate by default."""
+        return default_collate(samples)
+
+    def batch_size(self, batch: Any) -> int:
+        """Samples in `batch`: the length of its first tensor."""
+        first = _first_tensor(batch)
+        if first is None:
+            raise TypeError("a batch must hold at least one tensor; override Task.batch_size")
+        return int(first.shape[0])
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate_batch(self, model: nn.Module, batch: Any) -> dict[str, tuple[float, float]]:
+        """(sum, count) of the loss and of every metric over one batch (model already in eval mode)."""
+        n = self.batch_size(batch)
+        sums = {"loss": (float(self.loss(model, batch)) * n, float(n))}
+        for name, value in self.metrics(model, batch).items():
+            sums[name] = _as_sum(name, value, n)
+        return sums
+
+
+class ClassificationTask(Task):
+    """The built-in task: a registered model on a registered image data set, cross-entropy + accuracy."""
+
+    def __init__(self, model: str = "cnn", dataset: str = "digits", data_dir: str = "", target_accuracy: float = 0.95):
+        self.model = model
+        self.dataset = dataset
+        self.data_dir = data_dir
+        self.default_target = f"test_accuracy>={target_accuracy:g}"
+
+    def build_model(self) -> nn.Module:
+        from distrain.trainers.datasets import DATASETS
+        from distrain.trainers.models import MODELS
+
+        return MODELS.get(self.model)(DATASETS.get(self.dataset).info)
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        from distrain.trainers.datasets import load_dataset
+
+        data = load_dataset(self.dataset, self.data_dir)
+        return (
+            ImageTensorDataset(data.train_x, data.train_y, data.mean, data.std),
+            ImageTensorDataset(data.test_x, data.test_y, data.mean, data.std),
+        )
+
+    def criterion(self, output: torch.Tensor, batch: Any) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, batch[1])
+
+    def evaluate_batch(self, model: nn.Module, batch: Any) -> dict[str, tuple[float, float]]:
+        logits = model(batch[0])  # one forward for both figures
+        n = float(batch[1].numel())
+        loss_sum = float(nn.functional.cross_entropy(logits, batch[1], reduction="sum"))
+        correct = float((logits.argmax(dim=1) == batch[1]).sum())
+        return {"loss": (loss_sum, n), "accuracy": (correct, n)}
+
+    def metrics(self, model: nn.Module, batch: Any) -> dict[str, MetricValue]:
+        logits = model(batch[0])
+        return {"accuracy": (float((logits.argmax(dim=1) == batch[1]).sum()), float(batch[1].numel()))}
+
+
+class ImageTensorDataset(Dataset):
+    """Images kept in their stored dtype (uint8 for MNIST/CIFAR), normalised one batch at a time."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, mean: float, std: float) -> None:
+        self.x, self.y, self.mean, self.std = x, y, mean, std
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.x[i].to(torch.float32) - self.mean) / self.std, self.y[i]
+
+    def get_batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole batch in one indexing operation (the fast path `BatchReader` prefers)."""
+        idx = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        return (self.x[idx].to(torch.float32) - self.mean) / self.std, self.y[idx]
+
+
+# ---------------------------------------------------------------------- reading batches by index
+class BatchReader:
+    """Reads the samples at given indices of a dataset as one batch, optionally one batch ahead.
+
+    Fastest first: a dataset's own `get_batch(indices)` (one indexing operation), then the batched
+    `__getitems__` protocol torch's DataLoader uses, then one `__getitem__` per sample; the last two
+    are collated by the task. `prefetch(indices)` starts reading the next batch on a background thread
+    so that it overlaps the current step's compute (torch releases the GIL in its kernels).
+    """
+
+    def __init__(self, dataset: Dataset, collate: Callable[[list[Any]], Any], prefetch: bool = True) -> None:
+        self.dataset = dataset
+        self.collate = collate
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distrain-prefetch") if prefetch else None
+        self._ahead: tuple[bytes, Future[Any]] | None = None
+
+    def read(self, indices: np.ndarray | Sequence[int]) -> Any:
+        key = np.asarray(indices, dtype=np.int64).tobytes()
+        if self._ahead is not None:
+            ahead_key, future = self._ahead
+            self._ahead = None
+            if ahead_key == key:
+                return future.result()
+            future.cancel()
+        return self._read(indices)
+
+    def prefetch(self, indices: np.ndarray | Sequence[int]) -> None:
+        if self._pool is None:
+            return
+        key = np.asarray(indices, dtype=np.int64).tobytes()
+        self._ahead = (key, self._pool.submit(self._read, indices))
+
+    def _read(self, indices: np.ndarray | Sequence[int]) -> Any:
+        get_batch = getattr(self.dataset, "get_batch", None)
+        if get_batch is not None:
+            return get_batch(np.asarray(indices, dtype=np.int64))
+        idx = [int(i) for i in indices]
+        get_items = getattr(self.dataset, "__getitems__", None)
+        samples = get_items(idx) if get_items is not None else [self.dataset[i] for i in idx]
+        return self.collate(samples)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """`batch` with every tensor in it moved to `device` (tuples, lists and dicts are walked)."""
+    if torch.is_tensor(batch):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple | list):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def reduce_metrics(task: Task, parts: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
+    """Add up the (sum, count) pairs of every worker's share; means first, then the task's derived
+    figures. Keys are metric names without the `test_` prefix ("loss", "accuracy", ...)."""
+    sums: dict[str, list[float]] = {}
+    for part in parts:
+        for name, (s, c) in part.items():
+            acc = sums.setdefault(name, [0.0, 0.0])
+            acc[0] += s
+            acc[1] += c
+    means = {name: (s / c if c else math.nan) for name, (s, c) in sums.items()}
+    return means | {k: float(v) for k, v in task.derived_metrics(dict(means)).items()}
+
+
+def _as_sum(name: str, value: Any, n: int) -> tuple[float, float]:
+    if isinstance(value, tuple | list) and len(value) == 2:
+        return float(value[0]), float(value[1])
+    if torch.is_tensor(value):
+        value = value.item()
+    try:
+        return float(value) * n, float(n)
+    except (TypeError, ValueError):
+        raise TypeError(f"metric {name!r} must be a number (the batch mean) or a (sum, count) pair") from None
+
+
+def _first_tensor(batch: Any) -> torch.Tensor | None:
+    if torch.is_tensor(batch):
+        return batch
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, tuple | list) else ()
+    for item in items:
+        found = _first_tensor(item)
+        if found is not None:
+            return found
+    return None
