@@ -13,7 +13,7 @@ def _sink(run_id: str, steps: range, epochs_evaluated: list[int], per_epoch: int
     for step in steps:
         sink.add_steps({"worker": [0, 1], "step": [step, step], "epoch": [step // per_epoch] * 2, "loss": [1.0, 2.0]})
     for epoch in epochs_evaluated:
-        sink.add_eval(epoch, (epoch + 1) * per_epoch, 0.5, 0.9, float(epoch), 0.1)
+        sink.add_eval(epoch, (epoch + 1) * per_epoch, {"loss": 0.5, "accuracy": 0.9}, float(epoch), 0.1)
     return sink
 
 
