@@ -43,7 +43,7 @@ from distrain.orchestrator.work import WorkPlan
 from distrain.strategies import STRATEGIES
 from distrain.trainers.datasets import DATASETS, check_dataset
 from distrain.trainers.models import count_parameters
-from distrain.trainers.optim_state import FlatOptimizerState
+from distrain.trainers.optim_state import FlatOptimizerState, state_fits
 
 
 @dataclass
@@ -126,6 +126,13 @@ def preflight(config: RunConfig, resume: bool = False) -> Plan:
         path, checkpoint = resume_checkpoint(config, num_params)
         return Plan(Path(config.run_dir), num_params, checkpoint, True, path)
     checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
+    if checkpoint is not None:
+        recorded = (checkpoint.get("config") or {}).get("optimizer")
+        flat = FlatOptimizerState.from_dict(checkpoint["optimizer"])
+        args = (config.optimizer, config.momentum, config.weight_decay, config.optimizer_args)
+        if recorded not in (None, config.optimizer) or not state_fits(*args, flat):
+            # Another optimizer's state (or one missing an entry this one steps with): start it afresh.
+            checkpoint = checkpoint | {"optimizer": FlatOptimizerState().to_dict()}
     return Plan(choose_run_dir(config.run_dir, config.strategy), num_params, checkpoint)
 
 
