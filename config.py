@@ -26,8 +26,10 @@ STRATEGY_DEPENDENT_FIELDS = (
 DEFAULT_TAU = 8
 DEFAULT_TAU_INTERVAL = "5s"
 LR_DECAYS = ("none", "cosine", "step")
-# Set for one optimizer: a new --optimizer flag over a config file starts from its own defaults.
+# Set for one optimizer (one decay): a new --optimizer (--lr-decay) flag over a config file starts from
+# its own defaults.
 OPTIMIZER_DEPENDENT_FIELDS = ("momentum", "optimizer_args")
+DECAY_DEPENDENT_FIELDS = ("lr_min", "lr_decay_epochs", "lr_decay_gamma")
 PLACEMENTS = ("pack", "spread")
 
 
@@ -382,19 +384,15 @@ class RunConfig:
         if self.lr_decay == "cosine":
             from distrain.trainers.schedule import scaled_lr
 
-            if self.lr_min is None:
-                self.lr_min = 0.0
             peak = scaled_lr(self.lr, self.global_batch_size, self.base_batch_size, self.lr_scaling)
-            if not (0 <= self.lr_min < peak):
+            if self.lr_min is not None and not (0 <= self.lr_min < peak):
                 raise ConfigError(f"--lr-min must be >= 0 and below the peak rate {peak:g}, got {self.lr_min}")
         if self.lr_decay == "step":
             if self.lr_decay_epochs is None:
                 raise ConfigError("--lr-decay step needs --lr-decay-epochs E: the rate drops every E epochs")
             if not (self.lr_decay_epochs > 0 and math.isfinite(self.lr_decay_epochs)):
                 raise ConfigError(f"--lr-decay-epochs must be a positive number, got {self.lr_decay_epochs}")
-            if self.lr_decay_gamma is None:
-                self.lr_decay_gamma = 0.1
-            if not 0 < self.lr_decay_gamma <= 1:
+            if self.lr_decay_gamma is not None and not 0 < self.lr_decay_gamma <= 1:
                 raise ConfigError(f"--lr-decay-gamma must be in (0, 1], got {self.lr_decay_gamma}")
 
     def _validate_strategy_fields(self, strategy: Any) -> None:
@@ -588,5 +586,8 @@ class RunConfig:
                 values.pop(name, None)
         elif isinstance(values.get("optimizer_args"), dict) and "optimizer_args" in given:
             given["optimizer_args"] = values["optimizer_args"] | given["optimizer_args"]  # flags add to the file's
+        if "lr_decay" in given and given["lr_decay"] != values.get("lr_decay", "none"):
+            for name in DECAY_DEPENDENT_FIELDS:
+                values.pop(name, None)
         values.update(given)
         return cls.from_mapping(values, source)

@@ -264,3 +264,11 @@ def test_a_new_optimizer_flag_drops_the_files_momentum_and_arguments(tmp_path):
     # the written config.yaml repeats the run
     again = RunConfig.from_mapping(__import__("yaml").safe_load(same.to_yaml()))
     assert again == same
+
+
+def test_a_new_lr_decay_flag_drops_the_files_decay_settings(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(RunConfig(lr_decay="cosine", lr_min=0.01).to_yaml())
+    cfg = RunConfig.resolve(str(path), {"lr_decay": "step", "lr_decay_epochs": 2.0})
+    assert (cfg.lr_decay, cfg.lr_min, cfg.lr_decay_epochs, cfg.lr_decay_gamma) == ("step", None, 2.0, None)
+    assert RunConfig.resolve(str(path), {}).lr_min == 0.01
