@@ -35,6 +35,7 @@ CASES = [
     ("adam", None, 1e-2, {}),
     ("adam", None, None, {"amsgrad": True, "betas": [0.8, 0.95]}),
     ("adamw", None, None, {}),
+    ("adamw", None, 0.1, {"fused": True}),  # fused kernels keep their step on the parameter's device
     ("adagrad", None, 1e-3, {"lr_decay": 0.01}),
     ("rmsprop", 0.5, None, {"centered": True}),
     ("rmsprop", None, None, {}),
@@ -110,6 +111,14 @@ def test_cases_cover_every_supported_optimizer():
     assert {c[0] for c in CASES} == set(OPTIMIZERS)
 
 
+def comparison(case):
+    """Exact equality; for fused kernels, whose vector lanes fall at other offsets on a slice and so may
+    round a value differently (one ulp), equality to a float32 rounding."""
+    if case[3].get("fused"):
+        return lambda a, b: torch.allclose(a, b, rtol=1e-6, atol=0)
+    return torch.equal
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_shards_on_flat_slices_equal_one_replica(case):
     theta = initial_theta()
@@ -121,13 +130,14 @@ def test_shards_on_flat_slices_equal_one_replica(case):
             s.step(step)
     sharded = torch.cat([s.param.detach() for s in shards])
     assert not torch.equal(replica.theta(), theta)  # it moved
-    assert torch.equal(replica.theta(), sharded)
+    same = comparison(case)
+    assert same(replica.theta(), sharded)
     # ... and the state is the same flat state, however it was cut
     whole = export_flat_state(replica.opt, replica.params)
     parts = FlatOptimizerState.concat([export_flat_state(s.opt, [s.param]) for s in shards])
     assert whole.vectors.keys() == parts.vectors.keys() and whole.scalars == parts.scalars
     for key in whole.vectors:
-        assert torch.equal(whole.vectors[key], parts.vectors[key]), key
+        assert same(whole.vectors[key], parts.vectors[key]), key
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -157,7 +167,8 @@ def test_flat_state_round_trip_through_a_checkpoint_continues_identically(case):
     for step in range(STEPS // 2, STEPS):
         for s in shards:
             s.step(step)
-    assert torch.equal(straight.theta(), torch.cat([s.param.detach() for s in shards]))
+    same = comparison(case)
+    assert same(straight.theta(), torch.cat([s.param.detach() for s in shards]))
 
     # and back from the shards onto a replica (a PS checkpoint resumed under all-reduce)
     back = Replica(case, torch.cat([s.param.detach() for s in shards]))
@@ -166,7 +177,7 @@ def test_flat_state_round_trip_through_a_checkpoint_continues_identically(case):
     )
     straight.step(STEPS)
     back.step(STEPS)
-    assert torch.equal(straight.theta(), back.theta())
+    assert same(straight.theta(), back.theta())
 
 
 def test_scalar_parameter_keeps_its_state_per_value():
