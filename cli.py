@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand
 
-from distrain.config import SECTIONS, RunConfig
+from distrain.config import SECTIONS, RunConfig, parse_optimizer_args
 from distrain.errors import DistrainError
 
 try:  # typer >= 0.24 parses with its own vendored copy of click (and keeps Abort in typer.exceptions)
@@ -79,13 +79,12 @@ def _shown_default(name: str) -> str | bool:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _opt(name: str, **kwargs: Any) -> Any:
+def _opt(name: str, *decls: str, **kwargs: Any) -> Any:
     """A config field's flag, in its section's help panel, its default at the end of its help text (the
     text wraps with it, where typer's own default goes on a line of its own)."""
     shown = _shown_default(name)
     text = HELP[name] + (" " + escape(f"[default: {shown}]") if shown else "")
     section = RunConfig.__dataclass_fields__[name].metadata.get("section")
-    decls = kwargs.pop("param_decls", [])
     return typer.Option(*decls, help=text, show_default=False, rich_help_panel=section, **kwargs)
 
 
@@ -165,7 +164,7 @@ def run(
     portions: Annotated[int | None, _opt("portions")] = None,
     straggler_threshold: Annotated[float | None, _opt("straggler_threshold")] = None,
     task: Annotated[str | None, _opt("task")] = None,
-    task_arg: Annotated[list[str] | None, _opt("task_args", param_decls=["--task-arg"], metavar="KEY=VALUE")] = None,
+    task_arg: Annotated[list[str] | None, _opt("task_args", "--task-arg", metavar="KEY=VALUE")] = None,
     prefetch: Annotated[bool | None, _opt("prefetch")] = None,
     model: Annotated[str | None, _opt("model")] = None,
     dataset: Annotated[str | None, _opt("dataset")] = None,
@@ -175,7 +174,12 @@ def run(
     lr_scaling: Annotated[str | None, _opt("lr_scaling")] = None,
     base_batch_size: Annotated[int | None, _opt("base_batch_size")] = None,
     warmup_epochs: Annotated[float | None, _opt("warmup_epochs")] = None,
+    lr_decay: Annotated[str | None, _opt("lr_decay")] = None,
+    lr_min: Annotated[float | None, _opt("lr_min")] = None,
+    lr_decay_epochs: Annotated[float | None, _opt("lr_decay_epochs")] = None,
+    lr_decay_gamma: Annotated[float | None, _opt("lr_decay_gamma")] = None,
     optimizer: Annotated[str | None, _opt("optimizer")] = None,
+    optimizer_arg: Annotated[list[str] | None, _opt("optimizer_args", "--optimizer-arg", metavar="KEY=VALUE")] = None,
     momentum: Annotated[float | None, _opt("momentum")] = None,
     weight_decay: Annotated[float | None, _opt("weight_decay")] = None,
     epochs: Annotated[int | None, _opt("epochs")] = None,
@@ -207,8 +211,9 @@ def run(
 
     Every on/off flag also has a --no- form (e.g. --no-staleness-lr) that turns off what --config turns on.
     """
-    overrides = {k: v for k, v in locals().items() if k not in ("config", "resume", "task_arg")}
+    overrides = {k: v for k, v in locals().items() if k not in ("config", "resume", "task_arg", "optimizer_arg")}
     overrides["task_args"] = parse_task_args(task_arg) if task_arg else None
+    overrides["optimizer_args"] = parse_optimizer_args(optimizer_arg) if optimizer_arg else None
     if resume is not None:
         if config is not None:
             raise DistrainError("--resume uses the run's own config.yaml; drop --config")

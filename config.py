@@ -26,18 +26,23 @@ STRATEGY_DEPENDENT_FIELDS = (
 )  # fmt: skip
 DEFAULT_TAU = 8
 DEFAULT_TAU_INTERVAL = "5s"
-OPTIMIZERS = ("sgd", "adagrad", "adam")
+LR_DECAYS = ("none", "cosine", "step")
+# Set for one optimizer (one decay): a new --optimizer (--lr-decay) flag over a config file starts from
+# its own defaults.
+OPTIMIZER_DEPENDENT_FIELDS = ("momentum", "optimizer_args")
+DECAY_DEPENDENT_FIELDS = ("lr_min", "lr_decay_epochs", "lr_decay_gamma")
 PLACEMENTS = ("pack", "spread")
 
 
 SECTIONS = ("resources", "data", "optimizer", "strategy", "checkpointing", "faults", "stragglers", "output")
 
 
-def _f(default: Any, help: str, section: str | None = None, shown: str | None = None) -> Any:
+def _f(default: Any, help: str, section: str | None = None, shown: str | None = None, flag: str = "") -> Any:
     """A config field: its help text, its section (the CLI's help panel), and the default as `--help`
     shows it when the value itself says little (an empty string); None-valued fields, resolved per
     strategy, state their effective default in the help text instead."""
-    return field(default=default, metadata={"help": help, "section": section, "shown": shown})
+    # `flag`: the CLI's name when it is not --<field-name> (--task-arg, --optimizer-arg: one value per use).
+    return field(default=default, metadata={"help": help, "section": section, "shown": shown, "flag": flag})
 
 
 def _coerce(kind: str, value: Any, flag: str) -> Any:
@@ -84,6 +89,22 @@ def _coerce(kind: str, value: Any, flag: str) -> Any:
             raise ConfigError(f"{flag} must be a list of strings, got {value!r}")
         return list(value)
     raise TypeError(f"unsupported config field type {kind}")
+
+
+def parse_optimizer_args(specs: list[str]) -> dict[str, Any]:
+    """["KEY=VALUE", ...] (--optimizer-arg) -> {key: value}, each value read as YAML (0.9, [0.9, 0.99], true)."""
+    args: dict[str, Any] = {}
+    for spec in specs:
+        key, sep, text = spec.partition("=")
+        key = key.strip()
+        try:
+            value = yaml.safe_load(text) if sep else None
+        except yaml.YAMLError:
+            sep = ""
+        if not sep or not key.isidentifier() or text.strip() == "":
+            raise ConfigError(f"--optimizer-arg {spec!r} must be KEY=VALUE, e.g. betas=[0.9,0.99] or nesterov=true")
+        args[key] = value
+    return args
 
 
 def parse_stragglers(specs: list[str], workers: int) -> dict[int, float]:
@@ -252,14 +273,12 @@ class RunConfig:
         "data",
         "built-in classification",
     )
-    task_args: dict[str, Any] = field(
-        default_factory=dict,
-        metadata={
-            "help": "Keyword arguments for the task's constructor (CLI: --task-arg key=value, repeatable).",
-            "section": "data",
-            "shown": None,
-            "flag": "--task-arg",  # one flag per argument
-        },
+    task_args: dict[str, Any] = _f(
+        None,
+        "Keyword arguments of the task's constructor, KEY=VALUE with the value in YAML (repeatable).",
+        "data",
+        "none",
+        flag="--task-arg",
     )
     prefetch: bool = _f(
         True, "Read each worker's next batch on a background thread while the current one trains.", "data"
@@ -273,9 +292,37 @@ class RunConfig:
     lr_scaling: str = _f("linear", "Scale lr with the global batch: linear, sqrt or none (Goyal et al.).", "optimizer")
     base_batch_size: int = _f(64, "Global batch size at which --lr applies unscaled.", "optimizer")
     warmup_epochs: float = _f(0.0, "Epochs of gradual warmup from --lr to the scaled rate (0: none).", "optimizer")
-    optimizer: str = _f("sgd", "Optimizer: sgd, adagrad or adam.", "optimizer")
-    momentum: float = _f(0.9, "SGD momentum (ignored by adagrad and adam).", "optimizer")
-    weight_decay: float = _f(0.0, "L2 weight decay.", "optimizer")
+    lr_decay: str = _f("none", "After warmup: none (constant), cosine (to --lr-min) or step.", "optimizer")
+    lr_min: float | None = _f(
+        None, "Cosine decay: the rate it falls to by the end of the run; default 0 (--lr-decay cosine).", "optimizer"
+    )
+    lr_decay_epochs: float | None = _f(
+        None, "Step decay: epochs between drops, counted from the end of warmup (--lr-decay step).", "optimizer"
+    )
+    lr_decay_gamma: float | None = _f(
+        None, "Step decay: each drop multiplies the rate by this; default 0.1 (--lr-decay step).", "optimizer"
+    )
+    optimizer: str = _f(
+        "sgd",
+        "Optimizer (any case): sgd, adam, adamw, adagrad, rmsprop, adamax, nadam, radam, adadelta, asgd, rprop.",
+        "optimizer",
+    )
+    optimizer_args: dict[str, Any] = _f(
+        None,
+        "Further arguments of the optimizer's constructor, KEY=VALUE with the value in YAML (repeatable), "
+        "e.g. betas=[0.9,0.95] or nesterov=true.",
+        "optimizer",
+        "none",
+        flag="--optimizer-arg",
+    )
+    momentum: float | None = _f(
+        None, "Momentum (sgd, rmsprop); default 0.9 for sgd, 0 for rmsprop; other optimizers refuse it.", "optimizer"
+    )
+    weight_decay: float | None = _f(
+        None,
+        "Weight decay (adamw: decoupled); default the optimizer's own: 0, adamw 0.01; rprop refuses it.",
+        "optimizer",
+    )
     epochs: int = _f(12, "Passes over the training set.", "data")
     max_steps: int = _f(0, "Stop after this many global steps (0: no limit beyond --epochs).", "data")
     seed: int = _f(0, "Seeds model init and data order; equal seeds give equal runs on one transport.", "data")
@@ -357,11 +404,11 @@ class RunConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
         for name in ("gpus_per_worker", "momentum", "weight_decay", "warmup_epochs", "comm_delay_ms"):
             value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
+            if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
         if not 0 <= self.seed < 2**64:  # numpy's default_rng refuses negative seeds, torch's > 64 bits
             raise ConfigError(f"--seed must be in [0, 2**64), got {self.seed}")
-        if self.momentum >= 1:
+        if self.momentum is not None and self.momentum >= 1:
             raise ConfigError(f"--momentum must be < 1, got {self.momentum}")
         if self.warmup_epochs > self.epochs:
             raise ConfigError(f"--warmup-epochs ({self.warmup_epochs}) exceeds --epochs ({self.epochs}); lower it")
@@ -383,8 +430,35 @@ class RunConfig:
             raise ConfigError(f"unknown --lr-scaling {self.lr_scaling!r}; choose one of: {', '.join(LR_SCALING_RULES)}")
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"unknown --placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+        self._validate_optimizer()
+        self._validate_lr_decay()
+
+    def _validate_optimizer(self) -> None:
+        from distrain.trainers.optim_state import check_optimizer  # imports torch: only when validating
+
+        self.optimizer = check_optimizer(self.optimizer, self.optimizer_args, self.momentum, self.weight_decay)
+
+    def _validate_lr_decay(self) -> None:
+        if self.lr_decay not in LR_DECAYS:
+            raise ConfigError(f"unknown --lr-decay {self.lr_decay!r}; choose one of: {', '.join(LR_DECAYS)}")
+        owners = {"lr_min": "cosine", "lr_decay_epochs": "step", "lr_decay_gamma": "step"}
+        for name, decay in owners.items():
+            if getattr(self, name) is not None and self.lr_decay != decay:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} applies to --lr-decay {decay}; add that or drop {flag}")
+        if self.lr_decay == "cosine":
+            from distrain.trainers.schedule import scaled_lr
+
+            peak = scaled_lr(self.lr, self.global_batch_size, self.base_batch_size, self.lr_scaling)
+            if self.lr_min is not None and not (0 <= self.lr_min < peak):
+                raise ConfigError(f"--lr-min must be >= 0 and below the peak rate {peak:g}, got {self.lr_min}")
+        if self.lr_decay == "step":
+            if self.lr_decay_epochs is None:
+                raise ConfigError("--lr-decay step needs --lr-decay-epochs E: the rate drops every E epochs")
+            if not (self.lr_decay_epochs > 0 and math.isfinite(self.lr_decay_epochs)):
+                raise ConfigError(f"--lr-decay-epochs must be a positive number, got {self.lr_decay_epochs}")
+            if self.lr_decay_gamma is not None and not 0 < self.lr_decay_gamma <= 1:
+                raise ConfigError(f"--lr-decay-gamma must be in (0, 1], got {self.lr_decay_gamma}")
 
     def _validate_task(self) -> None:
         """A task path must look like one; the built-in task's own flags do not apply to another task."""
@@ -605,6 +679,15 @@ class RunConfig:
             # The file's transport and strategy parameters were resolved for its own strategy; a new
             # --strategy starts from that strategy's defaults unless they are given as flags too.
             for name in STRATEGY_DEPENDENT_FIELDS:
+                values.pop(name, None)
+        if "optimizer" in given and str(given["optimizer"]).lower() != str(values.get("optimizer", "sgd")).lower():
+            # Likewise momentum and constructor arguments belong to the file's optimizer.
+            for name in OPTIMIZER_DEPENDENT_FIELDS:
+                values.pop(name, None)
+        elif isinstance(values.get("optimizer_args"), dict) and "optimizer_args" in given:
+            given["optimizer_args"] = values["optimizer_args"] | given["optimizer_args"]  # flags add to the file's
+        if "lr_decay" in given and given["lr_decay"] != values.get("lr_decay", "none"):
+            for name in DECAY_DEPENDENT_FIELDS:
                 values.pop(name, None)
         values.update(given)
         return cls.from_mapping(values, source)

@@ -27,7 +27,7 @@ class ShardGroup:
     ) -> None:
         assert config.ps_shards is not None
         self.bounds = partition(len(theta), config.ps_shards)
-        spec = OptimizerSpec(config.optimizer, config.momentum, config.weight_decay)
+        spec = OptimizerSpec(config.optimizer, config.momentum, config.weight_decay, dict(config.optimizer_args))
         actor = ray.remote(ParameterShard)
         self.shards = [
             actor.options(

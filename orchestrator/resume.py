@@ -75,6 +75,13 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
                 f"--resume cannot change {flag} (the run has {getattr(recorded, name)!r}, got {value!r}); drop it, "
                 "or start a new run with --init-from its checkpoint"
             )
+    if recorded.lr_decay == "cosine":
+        for name in ("epochs", "max_steps"):
+            if name in given and given[name] != getattr(recorded, name):
+                raise ConfigError(
+                    f"--resume cannot change --{name.replace('_', '-')} of a run with --lr-decay cosine: the run's "
+                    "length is the cosine's horizon, so the rate would jump; drop it"
+                )
     values = recorded.to_dict() | {k: v for k, v in given.items() if k in RESUMABLE} | {"run_dir": str(path)}
     return RunConfig.from_mapping(values, str(recorded_file))
 

@@ -34,5 +34,14 @@ def check_runnable(config: RunConfig) -> int:
 def check_init_from(config: RunConfig, num_params: int) -> dict[str, Any] | None:
     """The --init-from checkpoint (when there is one), checked against the model."""
     from distrain.orchestrator.checkpoint import load_checkpoint_for  # torch.load
+    from distrain.trainers.optim_state import FlatOptimizerState, state_fits
 
-    return load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
+    checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
+    if checkpoint is not None:
+        recorded = (checkpoint.get("config") or {}).get("optimizer")
+        flat = FlatOptimizerState.from_dict(checkpoint["optimizer"])
+        args = (config.optimizer, config.momentum, config.weight_decay, config.optimizer_args)
+        if recorded not in (None, config.optimizer) or not state_fits(*args, flat):
+            # Another optimizer's state (or one missing an entry this one steps with): start it afresh.
+            checkpoint = checkpoint | {"optimizer": FlatOptimizerState().to_dict()}
+    return checkpoint

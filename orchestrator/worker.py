@@ -70,9 +70,19 @@ class TrainWorker:
         self.test_reader = BatchReader(self.test_set, self.task.collate, prefetch=False)
         model = seeded(self.task.build_model, config.seed)
         self.trainer = LocalTrainer(
-            model, self.task, config.optimizer, config.lr, config.momentum, config.weight_decay, self.device
+            model,
+            self.task,
+            config.optimizer,
+            config.lr,
+            config.momentum,
+            config.weight_decay,
+            self.device,
+            config.optimizer_args,
         )
         self.sharder = EpochSharder(len(train), config.samples_per_step, config.seed)
+        self.strategy: Any = None
+        total = config.epochs * self.sharder.steps_per_epoch
+        self.total_steps = min(total, config.max_steps) if config.max_steps else total
         self.schedule = LRSchedule.create(
             config.lr,
             config.global_batch_size,
@@ -80,10 +90,12 @@ class TrainWorker:
             config.lr_scaling,
             config.warmup_epochs,
             self.sharder.steps_per_epoch,
+            decay=config.lr_decay,
+            total_steps=self.total_steps,
+            min_lr=config.lr_min,
+            decay_epochs=config.lr_decay_epochs,
+            gamma=config.lr_decay_gamma,
         )
-        self.strategy: Any = None
-        total = config.epochs * self.sharder.steps_per_epoch
-        self.total_steps = min(total, config.max_steps) if config.max_steps else total
 
     # ------------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:

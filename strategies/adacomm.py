@@ -13,6 +13,13 @@ r_l = (η_0 / η_l)^3 when the learning rate has decayed (η_l < η_0), else 1 (
 learning-rate variant: a smaller rate tolerates longer periods). Averaging starts rare and becomes
 frequent as the loss falls.
 
+η_0 is the peak rate, the one warmup climbs to (trainers/schedule.py), and "decayed" means below a
+rate this run has already stepped at: a rate still climbing through warmup is below η_0 too, but it
+has not decayed, so it keeps r_l = 1 (the paper has no warmup). With --lr-decay cosine or step the
+rate falls below the peak after warmup, and τ grows by the cubed ratio at equal loss. (A strategy
+entered after the decay began, by --schedule or a resume, counts its first rate as not decayed
+until the rate falls further.)
+
 What "the loss" is here: the mean, over all workers, of the training losses of the local steps in
 the averaging period that just ended (each worker's mini-batch loss before its update). F_0 is that
 mean for the run's first period. Intervals are measured either in wall-clock seconds (the mean, over
@@ -82,23 +89,27 @@ class AdaComm:
     whether a new interval (with a new τ) began; the caller then restarts its interval clock.
     """
 
-    def __init__(self, tau0: int, tau_max: int, interval: TauInterval) -> None:
+    def __init__(self, tau0: int, tau_max: int, interval: TauInterval, peak_lr: float | None = None) -> None:
         self.tau0 = tau0
         self.tau_max = tau_max
         self.interval = interval
         self.tau = min(tau0, tau_max)
         self.loss0: float | None = None
-        self.lr0: float | None = None
+        self.lr0: float | None = peak_lr  # η_0; without a peak given, the first step's rate
+        self.highest = 0.0  # the highest rate stepped at so far: a rate below it has decayed
 
     def start(self, lr: float) -> None:
-        """η_0: the rate at the first local step."""
+        """Called at every local step with its rate."""
         if self.lr0 is None:
             self.lr0 = lr
+        self.highest = max(self.highest, lr)
 
     def after_round(self, mean_loss: float, lr: float, elapsed_s: float, interval_steps: int) -> bool:
         if self.loss0 is None:  # the first period's loss is F_0; interval 0 runs at τ_0
             self.loss0 = mean_loss
+        self.highest = max(self.highest, lr)
         if not self.interval.ended(elapsed_s, interval_steps):
             return False
-        self.tau = adacomm_tau(self.tau0, self.loss0, mean_loss, self.tau_max, self.lr0, lr)
+        decayed = lr < self.highest  # else still at the peak, or climbing through warmup
+        self.tau = adacomm_tau(self.tau0, self.loss0, mean_loss, self.tau_max, self.lr0, lr if decayed else None)
         return True

@@ -38,6 +38,7 @@ from distrain.strategies.base import CommStats, Strategy, StrategyContext
 from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes
 from distrain.strategies.registry import STRATEGIES
 from distrain.trainers.local_trainer import LocalTrainer
+from distrain.trainers.schedule import scaled_lr
 
 STATS = 3  # loss sum, loss count, interval seconds: appended to the averaged buffer
 
@@ -55,7 +56,9 @@ class LocalSGD(Strategy):
         self.adacomm: AdaComm | None = None
         if config.adaptive_tau:
             assert config.tau_interval is not None and config.tau_max is not None
-            self.adacomm = AdaComm(config.tau, config.tau_max, TauInterval.parse(config.tau_interval))
+            # η_0 is the peak rate warmup climbs to, so the rate-decay variant applies after warmup.
+            peak = scaled_lr(config.lr, config.global_batch_size, config.base_batch_size, config.lr_scaling)
+            self.adacomm = AdaComm(config.tau, config.tau_max, TauInterval.parse(config.tau_interval), peak)
         self.tau = config.tau
         self.pending = 0  # local steps since the last round
         self.rounds = 0

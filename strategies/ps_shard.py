@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -70,8 +70,9 @@ class ConsistencyRule:
 @dataclass
 class OptimizerSpec:
     name: str
-    momentum: float
-    weight_decay: float
+    momentum: float | None
+    weight_decay: float | None
+    args: dict[str, Any] = field(default_factory=dict)  # --optimizer-arg: further constructor arguments
 
 
 @dataclass
@@ -106,7 +107,9 @@ class ParameterShard:
         self.grad_tensor = torch.zeros_like(self.param)
         self.theta = self.param.detach().numpy()  # shares memory with the parameter
         self.grad = self.grad_tensor.numpy()  # where a BSP round sums its gradients
-        self.optimizer = make_optimizer(optimizer.name, [self.param], 0.0, optimizer.momentum, optimizer.weight_decay)
+        self.optimizer = make_optimizer(
+            optimizer.name, [self.param], 0.0, optimizer.momentum, optimizer.weight_decay, optimizer.args
+        )
         if optimizer_state is not None:
             import_flat_state(self.optimizer, [self.param], FlatOptimizerState.from_dict(optimizer_state))
         self.version = 0

@@ -114,3 +114,37 @@ def test_schedule_refuses(text, epochs, fragment):
     with pytest.raises(ConfigError, match="--schedule") as info:
         parse_schedule(text, epochs)
     assert fragment in str(info.value)
+
+
+def test_eta0_is_the_peak_rate_so_tau_grows_when_the_rate_decays_at_equal_loss():
+    """With a warmup then a decay, η_0 is the peak: a rate climbing through warmup is not a decay (the
+    plain rule), a rate that fell below a rate already used is (τ grows by the cubed ratio)."""
+    peak = 0.4
+
+    def tau_after(rates: list[float], loss: float = 1.0) -> int:
+        rule = AdaComm(tau0=4, tau_max=100, interval=TauInterval(steps=1), peak_lr=peak)
+        for lr in rates:
+            rule.start(lr)
+        rule.after_round(1.0, rates[-1], 0.0, 1)  # F_0 = 1
+        rule.after_round(loss, rates[-1], 0.0, 1)
+        return rule.tau
+
+    assert tau_after([0.1, 0.2, 0.3]) == 4  # warmup, still climbing: not decayed, equal loss keeps τ_0
+    assert tau_after([0.1, 0.4]) == 4  # at the peak
+    assert tau_after([0.1, 0.4, 0.2]) == math.ceil(4 * math.sqrt(2**3)) == 12  # halved after the peak
+    assert tau_after([0.4, 0.1]) == math.ceil(4 * math.sqrt(4**3)) == 32  # η_0 is the peak, not the first rate
+    assert tau_after([0.1, 0.4, 0.2], loss=0.25) == math.ceil(4 * math.sqrt(0.25 * 8))  # and the loss still counts
+    # The old η_0 (the first step's rate, here warmup's start) would have called 0.2 no decay at all.
+    assert AdaComm(4, 100, TauInterval(steps=1)).lr0 is None
+
+
+def test_local_sgd_gives_adacomm_the_peak_rate(monkeypatch):
+    from distrain.config import RunConfig
+    from distrain.strategies.base import StrategyContext
+    from distrain.strategies.local_sgd import LocalSGD
+
+    cfg = RunConfig(
+        strategy="local-sgd", adaptive_tau=True, workers=4, batch_size=32, lr=0.1, base_batch_size=64, warmup_epochs=1
+    )
+    strategy = LocalSGD(cfg, StrategyContext(0, 4, "cpu"))
+    assert strategy.adacomm is not None and strategy.adacomm.lr0 == pytest.approx(0.2)  # 0.1 x 128/64

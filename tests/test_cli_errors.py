@@ -203,6 +203,16 @@ BAD_INPUTS = [
     (["--schedule", "bsp:1,ssp", "--tau", "4"], ["--tau is not used by --schedule bsp:1,ssp"]),
     (["--schedule", "ssp:1,bsp", "--transport", "collective"], ["cannot carry --strategy ssp"]),
     (["--comm-delay-ms", "-5"], ["--comm-delay-ms must be >= 0"]),
+    # optimizers and LR decay (issue 14)
+    (["--optimizer", "lion"], ["unknown --optimizer 'lion'", "sgd, adam, adamw"]),
+    (["--optimizer", "LBFGS"], ["--optimizer LBFGS is not supported", "closure", "element-wise"]),
+    (["--optimizer", "Adafactor"], ["is not supported", "whole tensors"]),
+    (["--optimizer", "adam", "--momentum", "0.5"], ["--momentum is not used by --optimizer adam", "sgd, rmsprop"]),
+    (["--optimizer", "adam", "--optimizer-arg", "nesterov=true"], ["takes no argument 'nesterov'", "betas"]),
+    (["--optimizer", "adam", "--optimizer-arg", "betas=[1,2]"], ["refuses its arguments", "beta"]),
+    (["--optimizer-arg", "nesterov"], ["--optimizer-arg 'nesterov' must be KEY=VALUE"]),
+    (["--lr-decay", "exp"], ["unknown --lr-decay 'exp'", "none, cosine, step"]),
+    (["--lr-decay-gamma", "0.5"], ["--lr-decay-gamma applies to --lr-decay step"]),
 ]
 
 

@@ -56,7 +56,7 @@ def test_run_help_has_a_panel_per_section_in_order():
         elif m := re.match(r"│ (--[\w-]+)", line):
             panel[m.group(1)] = current
     for f in dataclasses.fields(RunConfig):
-        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")  # --task-arg, --optimizer-arg: one per use
         assert panel[flag] == f.metadata["section"], f.name
     assert panel["--resume"] == "checkpointing" and panel["--config"] == "Options"
 

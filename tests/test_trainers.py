@@ -356,3 +356,42 @@ def test_digits_split_is_fixed_and_disjoint(digits):
     assert len(train) + len(test) == 1797 and set(train) | set(test) == set(range(1797))
     assert digits.info == DIGITS_INFO
     assert digits.train_x.dtype == torch.float32 and digits.train_y.dtype == torch.int64
+
+
+def test_cosine_decay_after_warmup_falls_from_the_peak_to_the_floor():
+    # peak 0.4 after 2 epochs x 5 steps of warmup, then 20 steps of half a cosine down to 0.04
+    sched = LRSchedule.create(
+        0.1, 256, 64, "linear", warmup_epochs=2, steps_per_epoch=5, decay="cosine", total_steps=30, min_lr=0.04
+    )
+    assert sched.lr_at(5) == pytest.approx(0.25)  # warmup unchanged
+    assert sched.lr_at(10) == pytest.approx(0.4)  # the peak, where decay starts
+    for t in (1, 5, 10, 19):
+        assert sched.lr_at(10 + t) == pytest.approx(0.04 + 0.36 * (1 + math.cos(math.pi * t / 20)) / 2)
+    assert sched.lr_at(20) == pytest.approx(0.22)  # halfway: the mean of peak and floor
+    assert sched.lr_at(30) == pytest.approx(0.04) and sched.lr_at(99) == pytest.approx(0.04)
+    after = [sched.lr_at(k) for k in range(10, 30)]
+    assert all(b < a for a, b in zip(after, after[1:], strict=False)) and after[-1] > 0.04
+
+
+def test_cosine_without_warmup_starts_at_the_peak_and_defaults_to_zero():
+    sched = LRSchedule.create(0.1, 64, 64, "none", warmup_epochs=0, steps_per_epoch=4, decay="cosine", total_steps=8)
+    assert sched.lr_at(0) == pytest.approx(0.1)
+    assert sched.lr_at(4) == pytest.approx(0.05)
+    assert sched.lr_at(8) == pytest.approx(0.0)
+
+
+def test_step_decay_multiplies_by_gamma_every_few_epochs_after_warmup():
+    sched = LRSchedule.create(
+        0.1, 128, 64, "linear", warmup_epochs=1, steps_per_epoch=4, decay="step", decay_epochs=1.5, gamma=0.5
+    )
+    assert (sched.warmup_steps, sched.decay_every) == (4, 6)
+    rates = [sched.lr_at(k) for k in range(4, 22)]
+    assert rates == pytest.approx([0.2] * 6 + [0.1] * 6 + [0.05] * 6)
+    assert sched.lr_at(0) == pytest.approx(0.1) and sched.lr_at(2) == pytest.approx(0.15)
+
+
+def test_no_decay_is_the_constant_schedule_it_was():
+    a = LRSchedule.create(0.1, 256, 64, "linear", warmup_epochs=1, steps_per_epoch=5)
+    b = LRSchedule.create(0.1, 256, 64, "linear", warmup_epochs=1, steps_per_epoch=5, decay="none", total_steps=9)
+    assert [a.lr_at(k) for k in range(20)] == [b.lr_at(k) for k in range(20)]
+    assert a.lr_at(19) == pytest.approx(0.4)

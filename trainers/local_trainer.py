@@ -30,9 +30,10 @@ class LocalTrainer:
         task: Task,
         optimizer: str,
         lr: float,
-        momentum: float,
-        weight_decay: float,
+        momentum: float | None,
+        weight_decay: float | None,
         device: torch.device | str = "cpu",
+        optimizer_args: dict[str, Any] | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -51,7 +52,7 @@ class LocalTrainer:
             offset += n
         self._grads_are_views: bool | None = None
         self.last_loss = float("nan")  # the last batch's loss (local SGD's AdaComm reads it)
-        self.optimizer = make_optimizer(optimizer, self.params, lr, momentum, weight_decay)
+        self.optimizer = make_optimizer(optimizer, self.params, lr, momentum, weight_decay, optimizer_args)
 
     @property
     def nbytes(self) -> int:
