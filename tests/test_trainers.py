@@ -317,7 +317,7 @@ def test_state_dict_pickles_to_the_size_of_its_tensors(digits, optimizer):
     tensor (issue 13: a cnn's final.pt was 9x its parameters and momentum). Now it is what it holds."""
     import pickle
 
-    trainer = make_trainer(digits, "cnn", optimizer, 0.05, 0.9)
+    trainer = make_trainer(digits, "cnn", optimizer, 0.05, 0.9 if optimizer == "sgd" else None)
     x, y = digits.train_batch(np.arange(32))
     trainer.compute_gradients((x, y))
     trainer.apply_update(0.05)
