@@ -43,6 +43,7 @@ def fit(
     *,
     config: str | Path | None = None,
     on_event: Callable[[Any], None] | None = None,
+    callbacks: list[Any] | None = None,
     progress: bool = True,
     **options: Any,
 ) -> FitResult:
@@ -50,7 +51,8 @@ def fit(
     `file.py:Name`; a `distrain.Task` subclass; or an instance) with the given options.
 
     `on_event` receives the run's events (RunStarted, Progress, Failure, ...); with `progress` (and no
-    `on_event`) one line is printed per evaluation.
+    `on_event`) one line is printed per evaluation. `callbacks`: `distrain.Callback` objects whose hooks
+    the run calls (and which may stop it: status "stopped"); `tensorboard="DIR"` adds the TensorBoard one.
     """
     from distrain.orchestrator.run import run_training
     from distrain.orchestrator.tasks import attach_task_object
@@ -68,7 +70,7 @@ def fit(
     if task_object is not None:
         attach_task_object(cfg, task_object)
     handler = on_event or (_print_progress if progress else None)
-    result = run_training(cfg, handler)
+    result = run_training(cfg, handler, callbacks=callbacks)
     return FitResult(result.run_dir, result.summary)
 
 

@@ -189,6 +189,7 @@ def run(
     target_accuracy: Annotated[float | None, _opt("target_accuracy")] = None,
     run_dir: Annotated[str | None, _opt("run_dir")] = None,
     eval_every: Annotated[int | None, _opt("eval_every")] = None,
+    tensorboard: Annotated[str | None, _opt("tensorboard", metavar="DIR")] = None,
     checkpoint_every: Annotated[int | None, _opt("checkpoint_every")] = None,
     segment_steps: Annotated[int | None, _opt("segment_steps")] = None,
     collective_timeout_s: Annotated[float | None, _opt("collective_timeout_s")] = None,
@@ -389,9 +390,16 @@ def tune(
     ] = 0,
     time_budget: Annotated[float, _search_opt(help="Stop the sweep after this many seconds (0: no limit).")] = 0.0,
     objective: Annotated[
-        str, _search_opt(help="time_to_target (ascending; then final accuracy) or final_accuracy (descending).")
+        str,
+        _search_opt(
+            help="time_to_target (ascending; then the final metric) or final_metric: the final value of the target "
+            "metric (--target, or the task's), best first (final_accuracy: the same, its older name)."
+        ),
     ] = "time_to_target",
     epochs: Annotated[int | None, _opt("epochs")] = None,
+    task: Annotated[str | None, _opt("task")] = None,
+    task_arg: Annotated[list[str] | None, _opt("task_args", "--task-arg", metavar="KEY=VALUE")] = None,
+    target: Annotated[str | None, _opt("target")] = None,
     model: Annotated[str | None, _opt("model")] = None,
     dataset: Annotated[str | None, _opt("dataset")] = None,
     data_dir: Annotated[str | None, _opt("data_dir")] = None,
@@ -434,6 +442,9 @@ def tune(
         dimensions[name] = dim
     base_flags = dict(
         epochs=epochs,
+        task=task,
+        task_args=parse_task_args(task_arg) if task_arg else None,
+        target=target,
         model=model,
         dataset=dataset,
         data_dir=data_dir,
@@ -452,7 +463,7 @@ def tune(
         if not (resume / "sweep.json").is_file() or not (resume / "tune").is_dir():
             raise DistrainError(f"--resume {str(resume)!r} is not a sweep directory (no sweep.json and tune/)")
         spec = load_spec(resume)
-        target = resume
+        where = resume
     else:
         base = RunConfig.resolve(str(config) if config else None, base_flags)
         for name in ("data_dir", "init_from"):  # trials run in Tune's own working directories
@@ -472,13 +483,13 @@ def tune(
         spec.validate()
         from distrain.orchestrator.files import fresh_dir, timestamped
 
-        target = fresh_dir(sweep_dir, timestamped(Path("sweep"), "tune"), "--sweep-dir")
+        where = fresh_dir(sweep_dir, timestamped(Path("sweep"), "tune"), "--sweep-dir")
     spec.check_cluster_cpus(cluster_cpus)
 
     # The sweep's size, before Ray starts (and before a large one starts at all).
     header = (
-        f"sweep {target}  |  {spec.num_trials()} trial(s), {spec.search} search, scheduler {spec.scheduler}"
-        f"  |  {spec.base['model']} on {spec.base['dataset']}, {spec.base['epochs']} epoch(s) each"
+        f"sweep {where}  |  {spec.num_trials()} trial(s), {spec.search} search, scheduler {spec.scheduler}"
+        f"  |  {describe_task(RunConfig.from_mapping(spec.base))}, {spec.base['epochs']} epoch(s) each"
     )
     if resume is None and spec.num_trials() > CONFIRM_ABOVE and not yes:
         _confirm_large_sweep(header, spec.num_trials())
@@ -489,7 +500,7 @@ def tune(
     from distrain.sweep_display import SweepDisplay, print_table, results_table
 
     with SweepDisplay(out, spec.num_trials(), spec.time_budget_s) as display:
-        sweep = run_sweep(spec, target, display.on_event, resume=resume is not None, cluster_cpus=cluster_cpus)
+        sweep = run_sweep(spec, where, display.on_event, resume=resume is not None, cluster_cpus=cluster_cpus)
     title = f"distrain tune: {len(sweep.results)} trial(s), best first by {spec.objective}"
     print_table(out, results_table(sweep.results, list(spec.dimensions), title))
     out.print(f"sweep took {sweep.wall_time_s:.1f} s", markup=False, highlight=False)

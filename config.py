@@ -337,6 +337,9 @@ class RunConfig:
     target_accuracy: float = _f(0.95, "Test accuracy whose first crossing is reported as time-to-accuracy.", "output")
     run_dir: str = _f("", "Run directory; must be new or empty.", "output", "runs/<timestamp>-<strategy>")
     eval_every: int = _f(1, "Evaluate on the held-out split every N epochs (0: only at the end).", "output")
+    tensorboard: str = _f(
+        "", "Write TensorBoard event files (training loss, lr, samples/s, test metrics) under DIR/<run id>/.", "output"
+    )
     checkpoint_every: int = _f(0, "Also checkpoint every N epochs (0: only at the end).", "checkpointing")
     segment_steps: int = _f(
         20,

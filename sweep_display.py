@@ -137,16 +137,19 @@ class SweepDisplay:
             self._say(f"trial {event.trial_id} started ({event.cpus:g} CPUs): {params}")
         elif kind == "TrialEpoch":
             row = self.rows.setdefault(event.trial_id, dict(params="", status="running"))
+            # classification shows its accuracy; another task the sweep's metric (its target's)
+            metric = getattr(event, "metric", "test_accuracy")
+            shown = event.test_accuracy if metric == "test_accuracy" else getattr(event, "value", math.nan)
+            label = "test acc" if metric == "test_accuracy" else metric.replace("_", " ")
+            text = f"{shown:.4f}" if metric == "test_accuracy" else f"{shown:.4g}"
             row.update(
                 epoch=f"{event.epoch}/{event.epochs}",
-                acc=f"{event.test_accuracy:.4f}",
+                acc=text,
                 loss=f"{event.test_loss:.4f}",
                 elapsed=f"{event.elapsed_s:.1f}",
             )
-            self._say(
-                f"trial {event.trial_id} epoch {event.epoch}/{event.epochs}  test acc {event.test_accuracy:.4f}"
-                f"  test loss {event.test_loss:.4f}  {event.elapsed_s:.1f} s"
-            )
+            figures = f"{label} {text}" + ("" if metric == "test_loss" else f"  test loss {event.test_loss:.4f}")
+            self._say(f"trial {event.trial_id} epoch {event.epoch}/{event.epochs}  {figures}  {event.elapsed_s:.1f} s")
         elif kind == "TrialEnded":
             row = self.rows.setdefault(event.trial_id, dict(params="", epoch="-", acc="-", loss="-", elapsed="-"))
             row["status"] = event.status
@@ -173,11 +176,15 @@ def results_table(results: Any, swept: list[str], title: str) -> Table:
     config_columns = [c for c in swept if c in results.columns]
     for name in config_columns:
         table.add_column(name, justify="right")
-    for _, label, _ in RESULT_COLUMNS:
+    columns = list(RESULT_COLUMNS)
+    metric = results["metric"].iloc[0] if "metric" in results.columns and len(results) else "test_accuracy"
+    if metric != "test_accuracy":  # another task's sweep: the final value of its target metric
+        columns[2] = ("final_metric", f"final {metric.replace('_', ' ')}", ".4g")
+    for _, label, _ in columns:
         table.add_column(label, justify="left" if label in ("trial", "status") else "right")
     for _, row in results.iterrows():
         cells = [_cell(row[c], "g" if isinstance(row[c], float) else "") for c in config_columns]
-        cells += [_cell(row[key], spec) for key, _, spec in RESULT_COLUMNS]
+        cells += [_cell(row[key], spec) for key, _, spec in columns]
         table.add_row(*cells)
     return table
 

@@ -29,6 +29,7 @@ RESUMABLE = frozenset(
         "epochs",
         "max_steps",
         "eval_every",
+        "tensorboard",
         "checkpoint_every",
         "checkpoint_steps",
         "max_failures",

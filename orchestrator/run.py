@@ -1,6 +1,6 @@
 """The driver of one run: start actors, hand out work, evaluate, record, checkpoint, clean up.
 
-    run_training(config, on_event) -> RunResult
+    run_training(config, on_event, callbacks=[...]) -> RunResult
 
 Data flow: every worker loads its own data; the driver only sends work units ((epoch, step, slice)
 lists) and receives metrics rows in batches, evaluation partial sums, and the state to checkpoint.
@@ -22,6 +22,7 @@ from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator import cluster
 from distrain.orchestrator.backup_tasks import PortionScheduler
+from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.orchestrator.checkpoint import (
     checkpoint_name,
@@ -41,6 +42,7 @@ from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.tasks import build_task, run_target
 from distrain.orchestrator.throughput import SteadyState
 from distrain.orchestrator.work import WorkPlan
+from distrain.orchestrator.worker import STEP_COLUMNS
 from distrain.strategies import STRATEGIES
 from distrain.trainers.optim_state import FlatOptimizerState
 from distrain.trainers.task import reduce_metrics
@@ -161,8 +163,20 @@ class RunState:
         return cls(sink, ledger, ChaosMonkey(config.chaos_events), point, run_start)
 
 
-def run_training(config: RunConfig, on_event: EventHandler | None = None, resume: bool = False) -> RunResult:
+def run_training(
+    config: RunConfig,
+    on_event: EventHandler | None = None,
+    resume: bool = False,
+    callbacks: list[Callback] | None = None,
+) -> RunResult:
+    """Run `config` to its end. `on_event` gets the display's events; `callbacks` (orchestrator/callbacks.py)
+    get the run's hooks and may stop it early (status "stopped")."""
     emit = on_event or (lambda event: None)
+    hooks = Callbacks(callbacks)
+    if config.tensorboard:
+        from distrain.orchestrator.tensorboard import TensorBoardWriter
+
+        hooks.callbacks.append(TensorBoardWriter(config.tensorboard))
     plan = preflight(config, resume)
     connection = None
     placement = None
@@ -179,14 +193,14 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
         while True:  # one attempt per failure survived (orchestrator/recovery.py)
             workers = _start_workers(config, placement, state.run_start)
             actors.extend(workers)
-            driver = _Driver(config, plan, workers, placement, actors, state, emit)
+            driver = _Driver(config, plan, workers, placement, actors, state, emit, hooks)
             try:
                 return driver.train()
             except RunLost as lost:
                 try:
                     _recover(lost, config, plan, state, actors, emit)
                 except DistrainError:  # past --max-failures: record what there is, then say so
-                    driver._finish("failed", checkpoint=False)
+                    hooks.end(driver._finish("failed", checkpoint=False), quiet=True)
                     raise
                 # A fresh placement group: after a node loss the old one may be unplaceable.
                 cluster.release(placement)
@@ -239,8 +253,10 @@ class _Driver:
         actors: list[Any],
         state: RunState,
         emit: EventHandler,
+        hooks: Callbacks | None = None,
     ) -> None:
         self.config = config
+        self.hooks = hooks if hooks is not None else Callbacks()
         self.run_dir = plan.run_dir
         self.plan = plan
         self.checkpoint = plan.checkpoint
@@ -381,18 +397,23 @@ class _Driver:
             if not self.state.ledger.events or self.plan.resumed:  # a recovered attempt is the same run going on
                 spe, params = self.steps_per_epoch, info[0]["num_params"]
                 self.emit(RunStarted(self.run_dir, total, spe, params, nodes, self.start_step))
+                info_ = RunInfo(self.run_dir, self.config, total, spe, self.start_step, params, self.target)
+                self.hooks.call("on_run_start", info_)
             optimizer = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
             self.phases = plan_phases(self.config, self.steps_per_epoch, self.start_step, total)
             for i, phase in enumerate(self.phases):
+                if self.hooks.stop_requested:  # a callback stopped the run in an earlier phase
+                    break
                 if i:
                     optimizer = self._switch(phase.start_step)
                 self._enter(phase, optimizer)
                 if i == 0:
                     self.state.ledger.resumed(self.state.point, time.time() - self.run_start)
                 self._loop(phase.end_step, phase.start_step)
-            status = "completed"
+            status = STOPPED if self.hooks.stop_requested else "completed"
             summary = self._finish(status)
             self._leave_transports()
+            self.hooks.end(summary)
             shard_nodes = self.shards.node_ids() if self.shards else []
             return RunResult(self.run_dir, summary, info, shard_nodes)
         except KeyboardInterrupt:
@@ -404,8 +425,8 @@ class _Driver:
         finally:
             # A resume refused before any step must leave the run's files as they were.
             wrote_nothing = self.plan.resumed and self.steps_done == self.start_step
-            if status not in ("completed", "recovering") and not wrote_nothing:
-                self._finish(status, checkpoint=False)
+            if status not in ("completed", STOPPED, "recovering") and not wrote_nothing:
+                self.hooks.end(self._finish(status, checkpoint=False), quiet=True)
 
     # ------------------------------------------------------------------ the event loop
     def _loop(self, total: int, start_step: int) -> None:
@@ -468,9 +489,21 @@ class _Driver:
             feed(lost.target)
 
         heard = [time.monotonic()] * n  # when each worker last answered (idle workers count as heard)
+        stopping = False
         for rank in range(n):
             feed(rank)
         while pending:
+            if not stopping and self.hooks.poll():
+                # A callback asked to stop: end the plan at the last step already handed out (every worker
+                # gets there, so the transports end as at a normal end), evaluate the last partial epoch.
+                stopping = True
+                total = work.stop()
+                last_epoch = (total - 1) // self.steps_per_epoch
+                for epoch in work.completed_by_stop:
+                    for r in range(n):
+                        queue_eval(r, epoch)
+                for rank in range(n):
+                    feed(rank)
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(1.0, self.config.hang_timeout_s))
             silent = self._silent_worker(pending, heard)
             if silent is not None:
@@ -494,6 +527,8 @@ class _Driver:
                 if result["clock"]:
                     self.confirmed_clock[rank : rank + 1] = result["clock"][-1:]
                 self.sink.add_steps(result)
+                if self.hooks:
+                    self.hooks.call("on_rows", {k: v for k, v in result.items() if k in STEP_COLUMNS})
                 self.throughput.add_steps(result["step"], result["samples"], result["wall_time"], result.get("dropped"))
                 self._watch_stragglers(result)
                 finished_epochs = work.complete(payload)
@@ -515,6 +550,13 @@ class _Driver:
                 if len(eval_parts[payload]) == n:
                     last_metrics = self._record_eval(payload, eval_parts.pop(payload))
                     self._progress(payload, total, last_loss, last_metrics, evaluated=True)
+                    if self.hooks:
+                        figures = {f"test_{k}": v for k, v in last_metrics.items()} | {
+                            "train_loss": last_loss,
+                            "steps_done": self.steps_done,
+                            "elapsed_s": time.time() - self.run_start,
+                        }
+                        self.hooks.call("on_epoch_end", payload, figures)
             else:  # "state": a periodic checkpoint, taken in the worker's queue right after its step
                 name, step = payload
                 self.saves[step] = (name, result)
@@ -640,6 +682,7 @@ class _Driver:
         if "ps" in state:
             payload["ps"] = state["ps"]
         self.state.point = RestorePoint(payload, steps_done, now, path)
+        self.hooks.call("on_checkpoint", path, steps_done)
         if progress:
             self._write_summary(UNFINISHED, epochs_done, mitigation=False)
 

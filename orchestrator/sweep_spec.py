@@ -30,7 +30,9 @@ from distrain.strategies.base import STRATEGY_FIELDS
 
 SEARCHES = ("grid", "random")
 SCHEDULERS = ("none", "asha")
-OBJECTIVES = ("time_to_target", "final_accuracy")
+# final_metric: the final value of the run's target metric (--target, or the task's default), best
+# first in the target's direction; final_accuracy is its older name (classification's target metric).
+OBJECTIVES = ("time_to_target", "final_metric", "final_accuracy")
 # Fields a sweep sets itself (per trial) and so cannot vary.
 NOT_SWEEPABLE = ("run_dir", "address", "eval_every")
 GRID_LIMIT = 10_000  # combinations checked one by one before the sweep starts
@@ -270,16 +272,19 @@ def _runnable_key(config: RunConfig) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def sort_by_objective(table: pd.DataFrame, objective: str) -> pd.DataFrame:
-    """time_to_target: the trials that reached the target, fastest first, then the rest by final
-    accuracy; final_accuracy: highest first. Trials that failed or never ran last."""
+def sort_by_objective(table: pd.DataFrame, objective: str, higher_is_better: bool = True) -> pd.DataFrame:
+    """time_to_target: the trials that reached the target, fastest first, then the rest by the final
+    value of the target metric (`final_metric`, else `final_accuracy`); final_metric (final_accuracy):
+    best first, highest or lowest as the target says. Trials that failed or never ran last."""
+    column = "final_metric" if "final_metric" in table else "final_accuracy"
+    value = pd.to_numeric(table[column], errors="coerce")
     key = pd.DataFrame(
         {
             "error": table["status"].isin(["error", "pending"]),
             "missed": table["time_to_target_s"].isna() if objective == "time_to_target" else False,
             "time": table["time_to_target_s"] if objective == "time_to_target" else 0.0,
-            "acc": -table["final_accuracy"].fillna(-1.0),
+            "metric": -value if higher_is_better else value,  # NaN (no result) sorts last
         }
     )
-    order = key.sort_values(["error", "missed", "time", "acc"], na_position="last", kind="stable").index
+    order = key.sort_values(["error", "missed", "time", "metric"], na_position="last", kind="stable").index
     return table.loc[order].reset_index(drop=True)

@@ -32,15 +32,16 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-from distrain.config import RunConfig
+from distrain.config import RunConfig, Target
 from distrain.errors import ResourceError
 from distrain.orchestrator import cluster
+from distrain.orchestrator.callbacks import Callback, RunInfo
 from distrain.orchestrator.files import atomic_write, atomic_write_text
 from distrain.orchestrator.sweep_spec import Choice, Range, SweepSpec, flatten, sort_by_objective, trial_config
 from distrain.orchestrator.trial_resources import trial_bundles, trial_cpus, trial_gpus
 from distrain.trainers.schedule import scaled_lr
 
-METRIC = "test_accuracy"  # what schedulers (ASHA) compare trials on, every epoch
+FALLBACK_TARGET = Target("test_loss", "<=", 0.0)  # a user task with neither --target nor a default_target
 CONFIG_COLUMNS = ("batch_size", "lr_scaling", "warmup_epochs", "lr", "workers", "strategy")
 RESERVED_KEYS = ("base", "sweep_dir")  # param_space entries that are not swept values
 
@@ -64,9 +65,11 @@ class TrialEpoch:
     trial_id: str
     epoch: int  # 1-based, as reported to Tune (training_iteration)
     epochs: int
-    test_accuracy: float
+    test_accuracy: float  # NaN for a task without an accuracy
     test_loss: float
     elapsed_s: float
+    metric: str = "test_accuracy"  # the sweep's metric (the run's target metric) and its value
+    value: float = math.nan
 
 
 @dataclass
@@ -92,14 +95,17 @@ class _Relay(tune.Callback):
         self._emit(TrialStarted(trial.trial_id, swept(trial.config), trial_cpus(config)))
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        metric = result["metric"]
         self._emit(
             TrialEpoch(
                 trial.trial_id,
                 int(result["training_iteration"]),
                 int(result["epochs"]),
-                float(result[METRIC]),
+                float(result.get("test_accuracy", math.nan)),
                 float(result["test_loss"]),
                 float(result["elapsed_s"]),
+                metric,
+                float(result[metric]),
             )
         )
 
@@ -117,16 +123,60 @@ def swept(config: dict[str, Any]) -> dict[str, Any]:
     return flatten({k: v for k, v in config.items() if k not in RESERVED_KEYS})
 
 
+def sweep_target(base: dict[str, Any]) -> Target:
+    """What schedulers (ASHA) and the objectives compare trials on: the run's target metric (--target,
+    else the task's default: classification's test_accuracy>=--target-accuracy)."""
+    from distrain.orchestrator.tasks import run_target
+
+    return run_target(RunConfig.from_mapping(base)) or FALLBACK_TARGET
+
+
+def tune_mode(target: Target) -> str:
+    return "max" if target.op == ">=" else "min"
+
+
 # ---------------------------------------------------------------------- one trial
-class TrialStopped(KeyboardInterrupt):
-    """Raised into a trial's run when Tune stops it (ASHA, time budget): run_training treats it as an
-    interrupt, so the run records status "interrupted", writes its metrics and kills its actors."""
+class TuneReporter(Callback):
+    """The trial's hooks into its run: each evaluation goes to step() (and so to Tune); when Tune ends
+    the trial (ASHA, the time budget) `should_stop` asks the run to stop, and it ends "stopped" with
+    its final checkpoint, metrics and summary, as any run a callback stops."""
+
+    def __init__(self, trial: DistrainTrial) -> None:
+        self.trial = trial
+
+    @property
+    def should_stop(self) -> bool:  # type: ignore[override]
+        return self.trial.stop_requested.is_set()
+
+    def on_run_start(self, info: RunInfo) -> None:
+        self.trial.last_epoch = (info.total_steps - 1) // info.steps_per_epoch
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        trial = self.trial
+        target = trial.target
+        elapsed = time.time() - trial.started
+        value = metrics.get(target.metric, math.nan)
+        if trial.reached_target_s is None and target.reached(value):
+            trial.reached_target_s = elapsed
+        trial.results.put(
+            {k: v for k, v in metrics.items() if k.startswith("test_")}
+            | {
+                target.metric: value,
+                "metric": target.metric,
+                "epoch": epoch,
+                "epochs": trial.last_epoch + 1,
+                "elapsed_s": elapsed,
+                "time_to_target_s": trial.reached_target_s if trial.reached_target_s is not None else math.nan,
+                "run_dir": str(trial.run_config.run_dir),
+                "reserved_cpus": trial.reserved_cpus,
+            }
+        )
 
 
 class DistrainTrial(tune.Trainable):
     """One trial = one run_training call in a thread of Tune's trial actor; step() hands Tune each
-    epoch's evaluation. A class trainable (not a function) so that cleanup() can wait for the run to
-    record its metrics and kill its actors before Tune ends the actor."""
+    epoch's evaluation (TuneReporter). A class trainable (not a function) so that cleanup() can wait
+    for the run to record its metrics and kill its actors before Tune ends the actor."""
 
     def setup(self, config: dict[str, Any]) -> None:
         # Tune suggests reuse_actors when setup takes > 10 s (importing torch on a busy machine); a
@@ -146,6 +196,7 @@ class DistrainTrial(tune.Trainable):
         self.last_epoch = -1
         self.started = time.time()
         self.reached_target_s: float | None = None
+        self.target = sweep_target(config["base"])
         self.thread = threading.Thread(target=self._run, name="distrain-trial", daemon=True)
         self.thread.start()
 
@@ -153,37 +204,9 @@ class DistrainTrial(tune.Trainable):
         from distrain.orchestrator.run import run_training
 
         try:
-            run_training(self.run_config, self._on_event)
-        except TrialStopped:
-            pass
+            run_training(self.run_config, callbacks=[TuneReporter(self)])
         except BaseException as e:  # handed to step(), which fails the trial with it
             self.results.put(e)
-
-    def _on_event(self, event: Any) -> None:
-        from distrain.orchestrator.run import Progress, RunStarted
-
-        if self.stop_requested.is_set():
-            raise TrialStopped()
-        if isinstance(event, RunStarted):
-            self.last_epoch = (event.total_steps - 1) // event.steps_per_epoch
-        elif isinstance(event, Progress):
-            if not event.evaluated or event.test_accuracy is None:
-                return
-            elapsed = time.time() - self.started
-            if self.reached_target_s is None and event.test_accuracy >= self.run_config.target_accuracy:
-                self.reached_target_s = elapsed
-            self.results.put(
-                {
-                    METRIC: event.test_accuracy,
-                    "test_loss": event.test_loss,
-                    "epoch": event.epoch,
-                    "epochs": self.last_epoch + 1,
-                    "elapsed_s": elapsed,
-                    "time_to_target_s": self.reached_target_s if self.reached_target_s is not None else math.nan,
-                    "run_dir": str(self.run_config.run_dir),
-                    "reserved_cpus": self.reserved_cpus,
-                }
-            )
 
     def step(self) -> dict[str, Any]:
         item = self.results.get()
@@ -207,7 +230,7 @@ class DistrainTrial(tune.Trainable):
     def cleanup(self) -> None:
         """Tune is ending the trial (finished, stopped early, or the sweep is ending)."""
         self.stop_requested.set()
-        self.thread.join(timeout=120)  # the run's next event raises TrialStopped; its cleanup kills the actors
+        self.thread.join(timeout=120)  # the run stops after its segments under way; its cleanup kills the actors
 
 
 def _trial_resources(config: dict[str, Any]) -> tune.PlacementGroupFactory:
@@ -312,6 +335,7 @@ def run_sweep(
         if not resume:
             save_spec(spec, sweep_dir)
         _sink = on_event
+        target = sweep_target(spec.base)
         tune_dir = sweep_dir / "tune"
         if resume:
             tuner = tune.Tuner.restore(str(tune_dir), TRAINABLE, resume_unfinished=True, resume_errored=True)
@@ -320,8 +344,8 @@ def run_sweep(
                 TRAINABLE,
                 param_space={"base": spec.base, "sweep_dir": str(sweep_dir), **_search_space(spec)},
                 tune_config=tune.TuneConfig(
-                    metric=METRIC,
-                    mode="max",
+                    metric=target.metric,
+                    mode=tune_mode(target),
                     scheduler=_scheduler(spec),
                     num_samples=spec.num_samples,
                     max_concurrent_trials=spec.max_concurrent_trials or None,
@@ -349,7 +373,7 @@ def run_sweep(
             else:
                 os.environ["RAY_AIR_NEW_OUTPUT"] = previous
         trials = [(Path(r.path).name, r.config, r.error, r.metrics or {}) for r in grid]
-        table = results_table(trials, spec, sweep_dir)
+        table = results_table(trials, spec, sweep_dir, target)
         best = write_results(table, spec, sweep_dir)
         return Sweep(sweep_dir, table, best, time.time() - started)
     finally:
@@ -363,10 +387,14 @@ def _trial_dirname(trial: Any) -> str:
 
 # ---------------------------------------------------------------------- results
 def results_table(
-    trials: list[tuple[str, dict[str, Any] | None, Any, dict[str, Any]]], spec: SweepSpec, sweep_dir: Path
+    trials: list[tuple[str, dict[str, Any] | None, Any, dict[str, Any]]],
+    spec: SweepSpec,
+    sweep_dir: Path,
+    target: Target | None = None,
 ) -> pd.DataFrame:
     """One row per trial Tune knows: its config columns, then what its run recorded (its summary.json),
     and the CPUs its placement group held (from its last result to Tune)."""
+    target = target or sweep_target(spec.base)
     rows = []
     for trial_id, config, error, metrics in trials:
         run_dir = _run_dir(sweep_dir / "trials", trial_id)
@@ -388,16 +416,19 @@ def results_table(
         if run:
             row["scaled_lr"] = scaled_lr(run.lr, run.global_batch_size, run.base_batch_size, run.lr_scaling)
         summary = _summary(run_dir)
-        # interrupted: stopped by the scheduler or the time budget; "stopped" too when it was ended before
+        # stopped: by the scheduler or the time budget (the run's own status; "interrupted" in sweeps of
+        # earlier versions, and when it was ended by Ctrl-C); "stopped" too when it was ended before
         # it could record anything; pending: it never started (e.g. the time budget ran out first)
         status = "error" if error is not None else summary.get("status", "interrupted" if run_dir else "pending")
         if status == "unfinished":  # the summary a checkpoint wrote: the trial ended before its own
             status = "interrupted"
-        row["status"] = "stopped" if status == "interrupted" else status
-        row["stopped_early"] = status == "interrupted"
+        row["status"] = "stopped" if status in ("interrupted", "stopped") else status
+        row["stopped_early"] = row["status"] == "stopped"
         row["epochs_completed"] = summary.get("epochs_completed", 0)
         row["final_accuracy"] = summary.get("final_test_accuracy")
         row["final_loss"] = summary.get("final_test_loss")
+        row["metric"] = target.metric  # the sweep's metric (the run's target) and its final value
+        row["final_metric"] = summary.get(f"final_{target.metric}")
         row["time_to_target_s"] = summary.get("time_to_target_s")
         row["samples_per_s"] = summary.get("steady_state_samples_per_s")
         row["wall_time_s"] = summary.get("wall_time_s")
@@ -409,9 +440,10 @@ def results_table(
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    for name in ("final_accuracy", "final_loss", "time_to_target_s", "samples_per_s", "wall_time_s", "reserved_cpus"):
+    numeric = ("final_accuracy", "final_loss", "final_metric", "time_to_target_s", "samples_per_s", "wall_time_s")
+    for name in (*numeric, "reserved_cpus"):
         table[name] = pd.to_numeric(table[name], errors="coerce")
-    return sort_by_objective(table, spec.objective)
+    return sort_by_objective(table, spec.objective, higher_is_better=target.op == ">=")
 
 
 def _run_dir(trials: Path, trial_id: str) -> Path | None:
@@ -432,7 +464,7 @@ def write_results(table: pd.DataFrame, spec: SweepSpec, sweep_dir: Path) -> RunC
     atomic_write(sweep_dir / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
     if table.empty:
         return None
-    usable = table[~table["status"].isin(["error", "pending"]) & table["final_accuracy"].notna()]
+    usable = table[~table["status"].isin(["error", "pending"]) & table["final_metric"].notna()]
     if usable.empty:
         return None
     row = usable.iloc[0]

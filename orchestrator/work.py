@@ -40,6 +40,7 @@ class WorkPlan:
         self.shared_cursor = start_step * workers  # shared: next unit index (step-major, slice-minor)
         self.units_done: Counter[int] = Counter()  # epoch -> units completed
         self.returned: list[Unit] = []  # shared: units of a lost worker's segment, handed out first
+        self.completed_by_stop: list[int] = []  # epochs that stop() cut short and that are complete already
 
     # ------------------------------------------------------------------ handing out work
     def next_segment(self, worker: int) -> list[Unit]:
@@ -78,6 +79,24 @@ class WorkPlan:
         """Shared plans: a lost worker's units, to be handed out again (before any new unit)."""
         assert self.shared, "static plans re-issue a lost segment to the worker's replacement"
         self.returned.extend(units)
+
+    def stop(self) -> int:
+        """End the plan early, at the last step already handed out (a callback asked the run to stop):
+        static plans let every worker catch up to the furthest one (so the transports end as at a normal
+        end), shared plans complete the step they are in. Returns the new total of steps;
+        `completed_by_stop` lists the epochs that are complete now, having been cut short."""
+        spe = self.steps_per_epoch
+        if self.shared:
+            new_total = max(-(-self.shared_cursor // self.workers), self.start_step + 1)  # returned units too
+        else:
+            new_total = max(max(self.cursor), self.start_step + 1)
+        new_total = min(new_total, self.total_steps)
+        last = (new_total - 1) // spe
+        before = self.units_done[last] == self.units_in_epoch(last)
+        self.total_steps = new_total
+        now = self.units_done[last] == self.units_in_epoch(last)
+        self.completed_by_stop = [last] if now and not before else []
+        return new_total
 
     # ------------------------------------------------------------------ bookkeeping
     def complete(self, units: list[Unit]) -> list[int]:
