@@ -50,6 +50,16 @@ def join(address: str, task: str) -> list[str]:
     shipment = code_shipping.ship(task)
     try:
         ray.init(address=address, runtime_env=shipment.runtime_env, **QUIET)
+    except ConnectionError as e:
+        # Ray 2.60 sends the cluster's token (~/.ray/auth_token) to an explicit address only in token mode.
+        auth = "AuthenticationError" in repr(e.__cause__) or "auth" in str(e.__cause__).lower()
+        hint = (
+            "; the cluster wants its token: export RAY_AUTH_MODE=token (the token is read from ~/.ray/auth_token "
+            "or RAY_AUTH_TOKEN)"
+            if auth
+            else "; is `ray start --head` running there?"
+        )
+        raise ResourceError(f"--address {address}: {e}{hint}") from None
     finally:
         shipment.close()  # uploaded by ray.init (or not needed any more)
     return shipment.shipped
