@@ -7,7 +7,8 @@ exception raised *by* the user's module keeps its message. Nothing here imports 
 
 A file path is resolved to an absolute one before it is recorded (`absolute_import_path`), so a Tune
 trial running in its own working directory, or a worker on another node with the same file tree,
-loads the same file.
+loads the same file. On a cluster joined with `--address`, the file's folder is shipped to the
+nodes (orchestrator/code_shipping.py) and a worker loads the shipped copy instead.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def absolute_import_path(text: str, flag: str) -> str:
 
 
 def _module_from_file(path: Path, flag: str, text: str) -> Any:
+    from distrain.orchestrator.code_shipping import shipped_copy
+
+    # In a worker on a cluster, the copy of the file that `--address` shipped (the driver's path need
+    # not exist on this node); elsewhere the path itself.
+    path = shipped_copy(path)
     if not path.is_file():
         raise ConfigError(f"{flag} {text!r}: no file {str(path)!r}")
     # One module per file, under a stable name, so importing it twice in a process (fit() twice in a

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
-from distrain.orchestrator import trial_resources
+from distrain.orchestrator import code_shipping, trial_resources
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -37,10 +37,32 @@ logging.getLogger("ray._private.authentication.authentication_token_setup").addF
 @dataclass
 class RayConnection:
     started_here: bool
+    shipped: list[str] = field(default_factory=list)  # the user's code uploaded to the cluster
 
     def close(self) -> None:
         if self.started_here and ray.is_initialized():
             ray.shutdown()
+
+
+def join(address: str, task: str) -> list[str]:
+    """ray.init on an existing cluster, shipping the user's task code to its nodes (code_shipping);
+    returns what was shipped."""
+    shipment = code_shipping.ship(task)
+    try:
+        ray.init(address=address, runtime_env=shipment.runtime_env, **QUIET)
+    except ConnectionError as e:
+        # Ray 2.60 sends the cluster's token (~/.ray/auth_token) to an explicit address only in token mode.
+        auth = "AuthenticationError" in repr(e.__cause__) or "auth" in str(e.__cause__).lower()
+        hint = (
+            "; the cluster wants its token: export RAY_AUTH_MODE=token (the token is read from ~/.ray/auth_token "
+            "or RAY_AUTH_TOKEN)"
+            if auth
+            else "; is `ray start --head` running there?"
+        )
+        raise ResourceError(f"--address {address}: {e}{hint}") from None
+    finally:
+        shipment.close()  # uploaded by ray.init (or not needed any more)
+    return shipment.shipped
 
 
 # Objects up to this size travel inside the RPC instead of through the shared-memory object store.
@@ -65,7 +87,8 @@ def connect(config: RunConfig) -> RayConnection:
     if ray.is_initialized():
         return RayConnection(started_here=False)
     if config.address:
-        ray.init(address=config.address, **QUIET)
+        # Another node may not have the task's file: ship it (the local Ray below shares this disk).
+        return RayConnection(started_here=True, shipped=join(config.address, config.task))
     else:
         # A local cluster gets at least the CPUs the run reserves, so `--workers 4` works on a laptop
         # with 2 cores (oversubscribed, as with torchrun), instead of waiting forever for resources.
