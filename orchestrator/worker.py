@@ -60,6 +60,17 @@ class TrainWorker:
         self.run_start = run_start
         self.delay = config.straggler_delays.get(rank, 0.0)
         self.device = "cuda" if config.uses_gpus and torch.cuda.is_available() else "cpu"
+        self.strategy: Any = None
+        # An error while building the replica (reading the data, building the model) is raised by the
+        # first call instead (`describe`, or `setup` for a replacement): the driver then gets the
+        # exception itself (a ConfigError stays one line) and never takes it for a dead actor to retry.
+        self.init_error: Exception | None = None
+        try:
+            self._build(config)
+        except Exception as e:  # noqa: BLE001 - re-raised, unchanged, by the first call
+            self.init_error = e
+
+    def _build(self, config: RunConfig) -> None:
         self.data = load_dataset(config.dataset, config.data_dir)
         model = build_model(config.model, self.data.info, config.seed)
         self.trainer = LocalTrainer(
@@ -74,12 +85,16 @@ class TrainWorker:
             config.warmup_epochs,
             self.sharder.steps_per_epoch,
         )
-        self.strategy: Any = None
         total = config.epochs * self.sharder.steps_per_epoch
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
 
+    def _built(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+
     # ------------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:
+        self._built()
         return {
             "rank": self.rank,
             "node_ip": ray.util.get_node_ip_address(),
@@ -106,6 +121,7 @@ class TrainWorker:
         phase_config: RunConfig | None = None,
     ) -> None:
         """Join the transport of the run's strategy, or of `phase_config`'s (one phase of a --schedule)."""
+        self._built()
         config = phase_config or self.config
         ctx = StrategyContext(
             self.rank, self.world_size, self.device, rendezvous, tuple(ps_shards), tuple(ps_bounds), portion_scheduler
