@@ -26,6 +26,7 @@ STRATEGY_DEPENDENT_FIELDS = (
 DEFAULT_TAU = 8
 DEFAULT_TAU_INTERVAL = "5s"
 OPTIMIZERS = ("sgd", "adagrad", "adam")
+ON_NONFINITE = ("stop", "skip")
 PLACEMENTS = ("pack", "spread")
 
 
@@ -192,6 +193,11 @@ class RunConfig:
     chaos: list[str] = _f(
         (), "Fault injection: kill-worker@STEP[:RANK], kill-ps@STEP[:SHARD], hang-worker@STEP[:RANK], kill-node@STEP."
     )
+    on_nonfinite: str = _f(
+        "stop",
+        "A non-finite loss or gradient: stop (status diverged, exit code 3, no checkpoint written) or skip "
+        "that update (counted as nonfinite_steps in the summary).",
+    )
 
     def __post_init__(self) -> None:
         self._coerce_types()
@@ -256,6 +262,8 @@ class RunConfig:
             raise ConfigError(f"unknown --lr-scaling {self.lr_scaling!r}; choose one of: {', '.join(LR_SCALING_RULES)}")
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"unknown --placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}")
+        if self.on_nonfinite not in ON_NONFINITE:
+            raise ConfigError(f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of: {', '.join(ON_NONFINITE)}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
 

@@ -47,6 +47,8 @@ SCHEMA = pa.schema(
         # local SGD only:
         ("tau", pa.int32()),  # local steps in the averaging period this step belongs to
         ("averaging_round", pa.int64()),  # averaging rounds completed after this step
+        # --on-nonfinite: this step's loss, gradient or average was not finite (skipped, or the run stopped)
+        ("nonfinite", pa.bool_()),
     ]
 )
 
@@ -110,7 +112,9 @@ class MetricsSink:
 
     def add_rows(self, columns: dict[str, list[Any]]) -> None:
         """Rows from `rows()` (a checkpoint's), as they were."""
-        table = pa.Table.from_pydict(columns, schema=SCHEMA)
+        n = len(next(iter(columns.values()))) if columns else 0
+        # Columns added since the checkpoint was written are null in its rows.
+        table = pa.Table.from_pydict({f.name: columns.get(f.name, [None] * n) for f in SCHEMA}, schema=SCHEMA)
         self._batches.extend(table.to_batches())
 
     def table(self) -> pa.Table:

@@ -15,7 +15,7 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.strategies import STRATEGIES
-from distrain.strategies.base import StrategyContext
+from distrain.strategies.base import CommStats, NonFinite, StrategyContext
 from distrain.strategies.collective import free_address
 from distrain.trainers.datasets import load_dataset
 from distrain.trainers.local_trainer import LocalTrainer
@@ -46,6 +46,7 @@ STEP_COLUMNS = (
     "backup",
     "tau",
     "averaging_round",
+    "nonfinite",
 )
 
 
@@ -138,6 +139,7 @@ class TrainWorker:
         gets one row.
         """
         rows: dict[str, list[Any]] = {c: [] for c in STEP_COLUMNS}
+        diverged: dict[str, Any] | None = None
         for epoch, step, slice_ in self.strategy.plan(units):
             global_step = epoch * self.sharder.steps_per_epoch + step
             lr = self.schedule.lr_at(global_step)
@@ -148,14 +150,19 @@ class TrainWorker:
             if self.delay:
                 time.sleep(self.delay)  # injected straggler: counted as compute
             compute_s = time.perf_counter() - t0
-            comm = self.strategy.step(self.trainer, lr)
-            if step == self.sharder.steps_per_epoch - 1 or global_step == self.total_steps - 1:
-                extra = self.strategy.at_epoch_end(self.trainer)
-                if extra is not None:  # e.g. local SGD's closing average: counted in this step's row
-                    comm.seconds += extra.seconds
-                    comm.bytes_sent += extra.bytes_sent
-                    comm.bytes_received += extra.bytes_received
-                    comm.averaging_round = extra.averaging_round
+            try:
+                comm = self.strategy.step(self.trainer, lr)
+                if step == self.sharder.steps_per_epoch - 1 or global_step == self.total_steps - 1:
+                    extra = self.strategy.at_epoch_end(self.trainer)
+                    if extra is not None:  # e.g. local SGD's closing average: counted in this step's row
+                        comm.seconds += extra.seconds
+                        comm.bytes_sent += extra.bytes_sent
+                        comm.bytes_received += extra.bytes_received
+                        comm.averaging_round = extra.averaging_round
+                        comm.nonfinite = comm.nonfinite or extra.nonfinite
+            except NonFinite as e:  # --on-nonfinite stop: this step's row, then back to the driver
+                comm = CommStats(nonfinite=True)
+                diverged = {"step": global_step, "worker": self.rank, "what": str(e)}
             values = {
                 "worker": self.rank,
                 "step": global_step,
@@ -179,10 +186,15 @@ class TrainWorker:
                 "backup": comm.backup,
                 "tau": comm.tau,
                 "averaging_round": comm.averaging_round,
+                "nonfinite": comm.nonfinite,
             }
             for key, value in values.items():
                 rows[key].append(value)
+            if diverged is not None:
+                break
         self.strategy.settle(rows)
+        if diverged is not None:
+            rows["diverged"] = [diverged]  # not a metrics column: the driver takes it out
         return rows
 
     def evaluate(self, shard: int, num_shards: int) -> tuple[float, int, int, float]:
