@@ -198,6 +198,7 @@ def run(
     max_failures: Annotated[int | None, _opt("max_failures")] = None,
     hang_timeout_s: Annotated[float | None, _opt("hang_timeout_s")] = None,
     chaos: Annotated[list[str] | None, _opt("chaos", metavar="KIND@STEP")] = None,
+    on_nonfinite: Annotated[str | None, _opt("on_nonfinite")] = None,
     resume: Annotated[
         Path | None,
         typer.Option(
@@ -226,6 +227,7 @@ def run(
         with RunDisplay(cfg) as display:
             result = run_training(cfg, display.on_event, resume=True)
         print_summary(result.summary, result.run_dir)
+        _exit_if_diverged(result.summary)
         return
     if config is not None and run_dir is None:
         # A finished run's config.yaml names that run's directory; repeating it must not collide with
@@ -245,6 +247,27 @@ def run(
     with RunDisplay(cfg) as display:
         result = run_training(cfg, display.on_event)
     print_summary(result.summary, result.run_dir)
+    _exit_if_diverged(result.summary)
+
+
+DIVERGED_EXIT_CODE = 3  # not 2: files were written (the metrics, the summary); not 1: no bug either
+
+
+def _exit_if_diverged(summary: dict[str, Any]) -> None:
+    """A run stopped by --on-nonfinite stop: one line on stderr and a non-zero exit code."""
+    if summary.get("status") != "diverged":
+        return
+    d = summary["diverged"]
+    where = f"worker {d['worker']}'s {d['what']}" if d.get("worker") is not None else d["what"]
+    err.print(
+        Text("error: ", style="bold red")
+        + Text(
+            f"training diverged at step {d['step']} ({where} not finite); no checkpoint was written after it; "
+            "lower --lr, or pass --on-nonfinite skip to skip such updates"
+        ),
+        highlight=False,
+    )
+    raise typer.Exit(DIVERGED_EXIT_CODE)
 
 
 def describe_task(cfg: RunConfig) -> str:
@@ -666,7 +689,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     table = Table(title=Text(f"distrain run {summary['run_id']}"), show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
-    rows = [
+    rows = [] if summary.get("status") == "completed" else [("status", str(summary.get("status")))]
+    rows += [
         ("strategy", f"{summary['strategy']} x {summary['workers']} workers"),
         (
             ("model / data", f"{summary['model']} / {summary['dataset']}")
@@ -708,6 +732,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                 f"{summary['failures']} / {_fmt(summary['time_lost_s'], '.1f')} s / {summary['updates_lost']}",
             )
         )
+    if summary.get("nonfinite_steps"):
+        rows.append(("steps with a non-finite loss or gradient", str(summary["nonfinite_steps"])))
     if summary.get("averaging_rounds") is not None:
         rows += [
             ("averaging rounds", str(summary["averaging_rounds"])),

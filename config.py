@@ -31,6 +31,7 @@ LR_DECAYS = ("none", "cosine", "step")
 # its own defaults.
 OPTIMIZER_DEPENDENT_FIELDS = ("momentum", "optimizer_args")
 DECAY_DEPENDENT_FIELDS = ("lr_min", "lr_decay_epochs", "lr_decay_gamma")
+ON_NONFINITE = ("stop", "skip")
 PLACEMENTS = ("pack", "spread")
 
 
@@ -366,6 +367,12 @@ class RunConfig:
         "Fault injection: kill-worker@STEP[:RANK], kill-ps@STEP[:SHARD], hang-worker@STEP[:RANK], kill-node@STEP.",
         "faults",
     )
+    on_nonfinite: str = _f(
+        "stop",
+        "A non-finite loss or gradient: stop (status diverged, exit code 3, no checkpoint written) or skip "
+        "that update (counted as nonfinite_steps in the summary).",
+        "faults",
+    )
 
     def __post_init__(self) -> None:
         self._coerce_types()
@@ -433,6 +440,8 @@ class RunConfig:
             raise ConfigError(f"unknown --lr-scaling {self.lr_scaling!r}; choose one of: {', '.join(LR_SCALING_RULES)}")
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"unknown --placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}")
+        if self.on_nonfinite not in ON_NONFINITE:
+            raise ConfigError(f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of: {', '.join(ON_NONFINITE)}")
         self._validate_optimizer()
         self._validate_lr_decay()
 

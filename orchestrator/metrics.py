@@ -49,6 +49,8 @@ SCHEMA = pa.schema(
         # local SGD only:
         ("tau", pa.int32()),  # local steps in the averaging period this step belongs to
         ("averaging_round", pa.int64()),  # averaging rounds completed after this step
+        # --on-nonfinite: this step's loss, gradient or average was not finite (skipped, or the run stopped)
+        ("nonfinite", pa.bool_()),
     ]
 )
 
@@ -115,7 +117,9 @@ class MetricsSink:
     def add_rows(self, columns: dict[str, list[Any]]) -> None:
         """Rows from `rows()` (a checkpoint's), as they were."""
         self._widen([name for name in columns if name.startswith("test_")])
-        present = {name: columns.get(name, [None] * len(columns["kind"])) for name in self.schema.names}
+        n = len(next(iter(columns.values()))) if columns else 0
+        # Columns added since the rows were written (a checkpoint of an earlier version) are null in them.
+        present = {name: columns.get(name, [None] * n) for name in self.schema.names}
         table = pa.Table.from_pydict(present, schema=self.schema)
         self._batches.extend(table.to_batches())
 

@@ -54,7 +54,11 @@ class Failure:
 
 
 def classify(error: BaseException, rank: int, transport: str) -> RunLost | None:
-    """The loss `error` (raised by a call to worker `rank`) means, or None if it is not one (a bug)."""
+    """The loss `error` (raised by a call to worker `rank`) means, or None if it is not one.
+
+    None means the worker's own code raised (reading data, a model, a bug): that error is
+    deterministic, so retrying it would only fail again (--max-failures times, or forever with -1);
+    the run ends as failed with that first error."""
     if isinstance(error, ray.exceptions.GetTimeoutError):
         return RunLost("hang", rank, "no answer within --hang-timeout-s")
     # First: a worker's task that failed on a dead shard is a RayTaskError that is *also* an instance
@@ -65,11 +69,16 @@ def classify(error: BaseException, rank: int, transport: str) -> RunLost | None:
             return RunLost("shard", None, "a parameter-server shard died")
         if isinstance(cause, ray.exceptions.GetTimeoutError):
             return RunLost("hang", None, "a parameter-server wait passed its timeout")
+        # Only the error types torch.distributed raises (RuntimeError, DistBackendError, OSError) can
+        # mean a lost peer; a ValueError that happens to say "timeout" is the worker's own, deterministic.
         text = str(cause).lower()
-        if transport == "collective" and any(m in text for m in PEER_LOST_MARKERS):
+        transient = isinstance(cause, RuntimeError | OSError)
+        if transport == "collective" and transient and any(m in text for m in PEER_LOST_MARKERS):
             return RunLost("worker", None, "a peer of the collective group went away")
-        return None
+        return None  # the worker's own code raised: it would again, so the run fails (never retried)
     if isinstance(error, ray.exceptions.RayActorError):  # the worker itself died (ActorDiedError is one)
+        if error.actor_init_failed:  # its constructor raised: deterministic too, not a lost actor
+            return None
         return RunLost("worker", rank, type(error).__name__)
     return None
 

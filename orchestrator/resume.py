@@ -45,6 +45,7 @@ RESUMABLE = frozenset(
         "gpus_per_worker",
         "straggler",
         "data_dir",
+        "on_nonfinite",
     }
 )
 # A checkpoint from another run must agree on these to be continued here.

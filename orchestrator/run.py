@@ -95,6 +95,27 @@ class RunResult:
 
 
 Event = RunStarted | Progress | StragglersChanged | Failure
+
+
+class Diverged(Exception):
+    """--on-nonfinite stop: a worker's loss, gradient or average, or the parameters to checkpoint, are
+    not finite. The run ends with status "diverged"; nothing after the last good checkpoint is saved."""
+
+    def __init__(self, step: int, worker: int | None, what: str) -> None:
+        super().__init__(step, worker, what)
+        self.step, self.worker, self.what = step, worker, what
+
+    def describe(self) -> dict[str, Any]:
+        return {"step": self.step, "worker": self.worker, "what": self.what}
+
+
+def _finite_model(state: dict[str, Any]) -> bool:
+    """Every floating-point tensor of the model state is finite (cheap next to writing it)."""
+    import torch
+
+    return all(bool(torch.isfinite(v).all()) for v in state["model"].values() if torch.is_floating_point(v))
+
+
 EventHandler = Callable[[Event], None]
 
 UNFINISHED = "unfinished"  # summary.json status written with each checkpoint, until the run ends
@@ -288,6 +309,7 @@ class _Driver:
         self.phase_config: RunConfig | None = None  # the config of the phase running now (--schedule)
         self.confirmed_clock: list[int] = []
         self.step_offset = 0
+        self.diverged: Diverged | None = None
 
     # ------------------------------------------------------------------ start
     def _start(self) -> list[dict[str, Any]]:
@@ -416,6 +438,11 @@ class _Driver:
             self.hooks.end(summary)
             shard_nodes = self.shards.node_ids() if self.shards else []
             return RunResult(self.run_dir, summary, info, shard_nodes)
+        except Diverged as stop:  # not a failure to retry: the same step would diverge again
+            self.diverged, status = stop, "diverged"
+            summary = self._finish(status, checkpoint=False)
+            self.hooks.end(summary)
+            return RunResult(self.run_dir, summary, info, self.shards.node_ids() if self.shards else [])
         except KeyboardInterrupt:
             status = "interrupted"
             raise
@@ -425,7 +452,7 @@ class _Driver:
         finally:
             # A resume refused before any step must leave the run's files as they were.
             wrote_nothing = self.plan.resumed and self.steps_done == self.start_step
-            if status not in ("completed", STOPPED, "recovering") and not wrote_nothing:
+            if status not in ("completed", STOPPED, "recovering", "diverged") and not wrote_nothing:
                 self.hooks.end(self._finish(status, checkpoint=False), quiet=True)
 
     # ------------------------------------------------------------------ the event loop
@@ -524,6 +551,10 @@ class _Driver:
                 replacement_ready(self, payload)
             elif kind == "segment":
                 in_flight[rank] -= 1
+                diverged = result.pop("diverged", None)
+                if diverged:  # --on-nonfinite stop: keep the rows up to that step, then end the run
+                    self.sink.add_steps(result)
+                    raise Diverged(**diverged[0])
                 if result["clock"]:
                     self.confirmed_clock[rank : rank + 1] = result["clock"][-1:]
                 self.sink.add_steps(result)
@@ -666,6 +697,8 @@ class _Driver:
         metrics.parquet first (a resume reads those before the checkpoint's step back from it), and,
         with `progress`, a summary.json that says the run has not finished: a driver killed after
         this leaves a directory `distrain report` reads and `--resume` continues."""
+        if not _finite_model(state):  # never a NaN checkpoint: the last good one stays the latest
+            raise Diverged(steps_done, None, "parameters")
         now = time.time() - self.run_start
         self.sink.write(self.run_dir / "metrics.parquet")
         extra = {"failures": self.state.ledger.events, "elapsed_s": now}
@@ -710,6 +743,7 @@ class _Driver:
         info = self.task.describe()
         if info:
             summary["task_info"] = info
+        summary["diverged"] = self.diverged.describe() if self.diverged else None
         if self.config.schedule:
             summary["phases"] = [phase.describe() for phase in self.phases]
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

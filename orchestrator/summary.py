@@ -73,6 +73,8 @@ def summarize(
         "bytes_per_step_per_worker": num(steps["bytes_sent"].mean()) if not steps.empty else None,
         "mean_compute_s": num(steps["compute_s"].mean()) if not steps.empty else None,
         "mean_comm_s": num(steps["comm_s"].mean()) if not steps.empty else None,
+        # Global steps in which some loss, gradient or average was not finite (--on-nonfinite).
+        "nonfinite_steps": int(steps.loc[steps["nonfinite"].eq(True), "step"].nunique()) if "nonfinite" in steps else 0,
         **parameter_server_figures(steps),
         **local_sgd_figures(steps),
     }

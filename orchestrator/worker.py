@@ -16,7 +16,7 @@ import torch
 from distrain.config import RunConfig
 from distrain.orchestrator.tasks import build_task
 from distrain.strategies import STRATEGIES
-from distrain.strategies.base import Strategy, StrategyContext
+from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
 from distrain.strategies.collective import free_address
 from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import seeded
@@ -49,6 +49,7 @@ STEP_COLUMNS = (
     "backup",
     "tau",
     "averaging_round",
+    "nonfinite",
 )
 
 
@@ -63,6 +64,18 @@ class TrainWorker:
         self.run_start = run_start
         self.delay = config.straggler_delays.get(rank, 0.0)
         self.device = "cuda" if config.uses_gpus and torch.cuda.is_available() else "cpu"
+        self.strategy: Any = None
+        # An error while building the replica (the task, its data, its model) is raised by the first
+        # call instead (`describe`, or `setup` for a replacement): the driver then gets the exception
+        # itself (a ConfigError stays one line, a bug in the user's task keeps its traceback) and never
+        # takes it for a dead actor to retry.
+        self.init_error: Exception | None = None
+        try:
+            self._build(config)
+        except Exception as e:  # noqa: BLE001 - re-raised, unchanged, by the first call
+            self.init_error = e
+
+    def _build(self, config: RunConfig) -> None:
         # The task's data is built here, in the worker's own process: nothing passes through the driver.
         self.task = build_task(config)
         train, self.test_set = self.task.datasets()
@@ -80,7 +93,6 @@ class TrainWorker:
             config.optimizer_args,
         )
         self.sharder = EpochSharder(len(train), config.samples_per_step, config.seed)
-        self.strategy: Any = None
         total = config.epochs * self.sharder.steps_per_epoch
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
         self.schedule = LRSchedule.create(
@@ -97,8 +109,13 @@ class TrainWorker:
             gamma=config.lr_decay_gamma,
         )
 
+    def _built(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+
     # ------------------------------------------------------------------ set-up
     def describe(self) -> dict[str, Any]:
+        self._built()
         return {
             "rank": self.rank,
             "node_ip": ray.util.get_node_ip_address(),
@@ -125,6 +142,7 @@ class TrainWorker:
         phase_config: RunConfig | None = None,
     ) -> None:
         """Join the transport of the run's strategy, or of `phase_config`'s (one phase of a --schedule)."""
+        self._built()
         config = phase_config or self.config
         ctx = StrategyContext(
             self.rank, self.world_size, self.device, rendezvous, tuple(ps_shards), tuple(ps_bounds), portion_scheduler
@@ -141,6 +159,7 @@ class TrainWorker:
         gets one row.
         """
         rows: dict[str, list[Any]] = {c: [] for c in STEP_COLUMNS}
+        diverged: dict[str, Any] | None = None
         # A strategy that computes the units as given (no portions handed out on the way) lets the
         # next unit's batch be read while this one trains.
         ahead = list(units) if type(self.strategy).plan is Strategy.plan else []
@@ -156,14 +175,19 @@ class TrainWorker:
             if self.delay:
                 time.sleep(self.delay)  # injected straggler: counted as compute
             compute_s = time.perf_counter() - t0
-            comm = self.strategy.step(self.trainer, lr)
-            if step == self.sharder.steps_per_epoch - 1 or global_step == self.total_steps - 1:
-                extra = self.strategy.at_epoch_end(self.trainer)
-                if extra is not None:  # e.g. local SGD's closing average: counted in this step's row
-                    comm.seconds += extra.seconds
-                    comm.bytes_sent += extra.bytes_sent
-                    comm.bytes_received += extra.bytes_received
-                    comm.averaging_round = extra.averaging_round
+            try:
+                comm = self.strategy.step(self.trainer, lr)
+                if step == self.sharder.steps_per_epoch - 1 or global_step == self.total_steps - 1:
+                    extra = self.strategy.at_epoch_end(self.trainer)
+                    if extra is not None:  # e.g. local SGD's closing average: counted in this step's row
+                        comm.seconds += extra.seconds
+                        comm.bytes_sent += extra.bytes_sent
+                        comm.bytes_received += extra.bytes_received
+                        comm.averaging_round = extra.averaging_round
+                        comm.nonfinite = comm.nonfinite or extra.nonfinite
+            except NonFinite as e:  # --on-nonfinite stop: this step's row, then back to the driver
+                comm = CommStats(nonfinite=True)
+                diverged = {"step": global_step, "worker": self.rank, "what": str(e)}
             values = {
                 "worker": self.rank,
                 "step": global_step,
@@ -187,10 +211,15 @@ class TrainWorker:
                 "backup": comm.backup,
                 "tau": comm.tau,
                 "averaging_round": comm.averaging_round,
+                "nonfinite": comm.nonfinite,
             }
             for key, value in values.items():
                 rows[key].append(value)
+            if diverged is not None:
+                break
         self.strategy.settle(rows)
+        if diverged is not None:
+            rows["diverged"] = [diverged]  # not a metrics column: the driver takes it out
         return rows
 
     def _indices(self, epoch: int, step: int, slice_: int) -> np.ndarray:

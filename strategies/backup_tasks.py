@@ -16,6 +16,7 @@ pushed copy was the one the shards kept is learned at the end of the segment (`s
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import ray
 
 from distrain.config import RunConfig
-from distrain.strategies.base import CommStats, StrategyContext
+from distrain.strategies.base import CommStats, StrategyContext, all_finite
 from distrain.strategies.ps import PSStrategy
 from distrain.strategies.ps_shard import ConsistencyRule
 from distrain.trainers.local_trainer import LocalTrainer
@@ -94,7 +95,10 @@ class BSPBackupTasks(PSStrategy):
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         a = self.current
         t0 = time.perf_counter()
-        pushes = self.client.push_portion_async(a.tag, a.portion, trainer.grads_flat.numpy(), lr)
+        # A non-finite portion gradient is never pushed; skipped, the portion counts as done with nothing.
+        ok = self.finite(math.isfinite(trainer.last_loss) and all_finite(trainer.grads_flat), "loss or gradient")
+        grads = trainer.grads_flat.numpy() if ok else None
+        pushes = self.client.push_portion_async(a.tag, a.portion, grads, lr)
         self.next_request = self._request((a.tag, a.portion, pushes))
         self.in_flight.append(pushes)
         return CommStats(
@@ -106,6 +110,7 @@ class BSPBackupTasks(PSStrategy):
             applied_version=a.tag,  # settled: None where the shards kept another copy
             staleness=0,
             backup=a.copy,
+            nonfinite=None if ok else True,
         )
 
     def settle(self, rows: dict[str, list[Any]]) -> None:

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
+
 from distrain.config import RunConfig
 from distrain.trainers.local_trainer import LocalTrainer
 
@@ -26,6 +28,17 @@ if TYPE_CHECKING:
 
 # Config fields only some strategies read; a strategy lists those it reads in `reads`.
 STRATEGY_FIELDS = ("staleness", "staleness_lr", "tau", "adaptive_tau", "tau_interval", "tau_max")
+
+
+class NonFinite(Exception):
+    """A step's loss, gradient or average is not finite and --on-nonfinite is stop: the worker ends its
+    segment there and the driver ends the run as diverged (orchestrator/worker.py, orchestrator/run.py)."""
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """One reduction over the flat buffer: a NaN or inf anywhere makes the sum NaN or inf. (A sum that
+    overflows float32 from finite values means gradients near 1e38: diverged all the same.)"""
+    return bool(torch.isfinite(t.sum()))
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,7 @@ class CommStats:
     backup: bool | None = None  # backup tasks: this portion was a speculative copy of one already running
     tau: int | None = None  # local SGD: the period this step belongs to
     averaging_round: int | None = None  # local SGD: averaging rounds completed after this step
+    nonfinite: bool | None = None  # the loss, gradient or average was not finite: skipped (or the run stopped)
 
 
 class Strategy(ABC):
@@ -93,6 +107,14 @@ class Strategy(ABC):
         backup tasks replace them with the portions a scheduler hands out.
         """
         yield from units
+
+    def finite(self, ok: bool, what: str) -> bool:
+        """--on-nonfinite: True to go on with the update; False to skip it (skip); raises NonFinite (stop)."""
+        if ok:
+            return True
+        if self.config.on_nonfinite == "stop":
+            raise NonFinite(what)
+        return False
 
     @abstractmethod
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:

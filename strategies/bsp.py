@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from distrain.config import RunConfig
-from distrain.strategies.base import CommStats, Strategy, StrategyContext
+from distrain.strategies.base import CommStats, Strategy, StrategyContext, all_finite
 from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce, ring_allreduce_bytes
 from distrain.strategies.ps import PSStrategy
 from distrain.strategies.ps_client import PushPullResult
@@ -53,9 +53,12 @@ class BSP(Strategy):
         assert self.group is not None, "setup() must run before step()"
         # The buckets' all-reduces were launched during backward; comm_s is what is left to wait for.
         seconds = self.overlap.finish() if self.overlap else self.group.all_reduce_mean_(trainer.grads_flat)
-        trainer.apply_update(lr)
+        # Decided on the all-reduced gradient, which every replica holds: all skip (or stop) together.
+        applied = self.finite(all_finite(trainer.grads_flat), "all-reduced gradient")
+        if applied:
+            trainer.apply_update(lr)
         moved = ring_allreduce_bytes(trainer.nbytes, self.ctx.world_size)
-        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved)
+        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved, nonfinite=None if applied else True)
 
     def teardown(self) -> None:
         if self.overlap is not None:

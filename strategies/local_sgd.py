@@ -28,13 +28,14 @@ feeds these identical numbers to the same rule, so all agree on τ without a fur
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
 from distrain.config import RunConfig
 from distrain.strategies.adacomm import AdaComm, TauInterval
-from distrain.strategies.base import CommStats, Strategy, StrategyContext
+from distrain.strategies.base import CommStats, Strategy, StrategyContext, all_finite
 from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes
 from distrain.strategies.registry import STRATEGIES
 from distrain.trainers.local_trainer import LocalTrainer
@@ -85,18 +86,24 @@ class LocalSGD(Strategy):
         self.interval_start = time.perf_counter()
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
-        trainer.apply_update(lr)
+        # A local step is this worker's own: decided on its own loss and gradient (skipped: no update).
+        ok = self.finite(math.isfinite(trainer.last_loss) and all_finite(trainer.grads_flat), "loss or gradient")
+        if ok:
+            trainer.apply_update(lr)
         if self.adacomm is not None:
             self.adacomm.start(lr)
         self.lr = lr
         self.pending += 1
         self.interval_steps += 1
-        self.loss_sum += trainer.last_loss
-        self.loss_count += 1
+        if ok:  # a skipped step's loss would make the period's loss (and the averaged buffer) NaN
+            self.loss_sum += trainer.last_loss
+            self.loss_count += 1
         tau = self.tau  # the period this step belongs to (a round may change it for the next one)
         stats = self.average(trainer) if self.pending >= self.tau else CommStats()
         stats.tau = tau
         stats.averaging_round = self.rounds
+        if not ok:
+            stats.nonfinite = True
         return stats
 
     def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
@@ -119,9 +126,13 @@ class LocalSGD(Strategy):
         delta = trainer.params_flat - self.anchor
         buffer = torch.cat([delta, *vectors, stats.to(trainer.params_flat.device)])
         seconds = self.group.all_reduce_mean_(buffer)
-        self.anchor.add_(buffer[:n])
+        # Every worker holds the same averaged buffer, so all agree. Skipped, the round is discarded:
+        # each replica goes back to the last average (its local optimizer state stays as it is).
+        finite = self.finite(all_finite(buffer), "averaged parameters")
+        if finite:
+            self.anchor.add_(buffer[:n])
         trainer.params_flat.copy_(self.anchor)
-        if vectors:
+        if vectors and finite:
             for i, key in enumerate(opt.vectors):
                 opt.vectors[key] = buffer[(i + 1) * n : (i + 2) * n].cpu()
             trainer.load_flat_optimizer_state(opt)
@@ -136,7 +147,7 @@ class LocalSGD(Strategy):
                 self.interval_start = time.perf_counter()
                 self.interval_steps = 0
         moved = ring_allreduce_bytes(buffer.numel() * buffer.element_size(), self.ctx.world_size)
-        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved)
+        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved, nonfinite=None if finite else True)
 
     def teardown(self) -> None:
         if self.group is not None:

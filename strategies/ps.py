@@ -6,12 +6,13 @@ see `PSClient`), count the clock. What differs is the rule the shards enforce (`
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from distrain.config import RunConfig
-from distrain.strategies.base import CommStats, Strategy, StrategyContext
+from distrain.strategies.base import CommStats, Strategy, StrategyContext, all_finite
 from distrain.strategies.ps_client import PSClient, PushPullResult
 from distrain.strategies.ps_shard import ConsistencyRule
 from distrain.strategies.registry import STRATEGIES
@@ -42,7 +43,11 @@ class PSStrategy(Strategy):
         self.clock = self.client.pull(trainer.params_flat.numpy())
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
-        result = self.client.push_pull(self.clock, trainer.grads_flat.numpy(), lr, trainer.params_flat.numpy())
+        # A non-finite gradient never reaches the shards. Skipped, the push still carries the clock
+        # (None for the gradient): the worker takes part in its round, contributing nothing.
+        ok = self.finite(math.isfinite(trainer.last_loss) and all_finite(trainer.grads_flat), "loss or gradient")
+        grads = trainer.grads_flat.numpy() if ok else None
+        result = self.client.push_pull(self.clock, grads, lr, trainer.params_flat.numpy())
         self._advance(result)
         return CommStats(
             seconds=result.seconds,
@@ -55,6 +60,7 @@ class PSStrategy(Strategy):
             clock=result.clock,
             min_clock=result.min_clock,
             dropped=result.dropped if self.rounds else None,
+            nonfinite=None if ok else True,
         )
 
     def _advance(self, result: PushPullResult) -> None:

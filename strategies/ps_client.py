@@ -59,12 +59,13 @@ class PSClient:
         self._install(replies, params)
         return replies[0].clock
 
-    def push_pull(self, clock: int, grads: np.ndarray, lr: float, params: np.ndarray) -> PushPullResult:
+    def push_pull(self, clock: int, grads: np.ndarray | None, lr: float, params: np.ndarray) -> PushPullResult:
+        """Push `grads` (None: a skipped step, the clock only), then install θ."""
         t0 = time.perf_counter()
         emulate_delay(self.delay_s)
         read = self.read_versions
         refs = [
-            shard.push_pull.remote(self.worker, clock, grads[start:stop], lr, read[i])
+            shard.push_pull.remote(self.worker, clock, None if grads is None else grads[start:stop], lr, read[i])
             for i, (shard, (start, stop)) in enumerate(zip(self.shards, self.bounds, strict=True))
         ]
         replies: list[Reply] = ray.get(refs, timeout=self.timeout_s)
@@ -81,11 +82,11 @@ class PSClient:
             dropped=any(r.dropped for r in replies),
         )
 
-    def push_portion_async(self, tag: int, portion: int, grads: np.ndarray, lr: float) -> list[Any]:
+    def push_portion_async(self, tag: int, portion: int, grads: np.ndarray | None, lr: float) -> list[Any]:
         """Backup tasks: offer one portion's gradient to every shard; refs to each shard's verdict
         (True: the copy that counts). `grads` may be reused at once: the slices are serialised here."""
         return [
-            shard.push_portion.remote(self.worker, tag, portion, grads[start:stop], lr)
+            shard.push_portion.remote(self.worker, tag, portion, None if grads is None else grads[start:stop], lr)
             for shard, (start, stop) in zip(self.shards, self.bounds, strict=True)
         ]
 

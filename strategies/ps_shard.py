@@ -20,6 +20,10 @@ Rules (`ConsistencyRule`, definitions in shared/reference/algorithms.md):
   η/N (the global-batch rate split over the N contributions, so N pushes move θ as one BSP step
   would), optionally divided by its staleness τ = t_apply - t_read (τ > 1). The pull that follows
   a push from a worker at clock c waits while c - min_j c_j > s.
+
+A push may carry no gradient (None): the worker's step was skipped under --on-nonfinite skip. It
+counts as taking part (a round or portion closes with it, the clock advances) but contributes
+nothing: a round applies the mean of the gradients it did get, and none at all means no update.
 """
 
 from __future__ import annotations
@@ -114,7 +118,7 @@ class ParameterShard:
             import_flat_state(self.optimizer, [self.param], FlatOptimizerState.from_dict(optimizer_state))
         self.version = 0
         self.clocks = [0] * num_workers
-        self.round: dict[int, np.ndarray] = {}  # rounds: by worker; portions: by portion
+        self.round: dict[int, np.ndarray | None] = {}  # rounds: by worker; portions: by portion
         self.changed = asyncio.Condition()
         self.updates_applied = 0
         self.accept = rule.accept or num_workers
@@ -122,7 +126,7 @@ class ParameterShard:
         self.round_members: list[list[int]] = []  # rounds/portions: whose gradients each update averaged
 
     # ------------------------------------------------------------------ the one hot path
-    async def push_pull(self, worker: int, clock: int, grad: np.ndarray, lr: float, read_version: int) -> Reply:
+    async def push_pull(self, worker: int, clock: int, grad: np.ndarray | None, lr: float, read_version: int) -> Reply:
         async with self.changed:
             dropped = False
             if self.rule.mode == "rounds":
@@ -141,7 +145,7 @@ class ParameterShard:
                 dropped,
             )
 
-    async def _push_round(self, worker: int, clock: int, grad: np.ndarray, lr: float) -> tuple[int, int, float]:
+    async def _push_round(self, worker: int, clock: int, grad: np.ndarray | None, lr: float) -> tuple[int, int, float]:
         if clock < self.version:  # k-of-n: round `clock` closed on the first N gradients; drop this one
             self.dropped[worker] += 1
             self.clocks[worker] = self.version
@@ -166,16 +170,21 @@ class ParameterShard:
         Summed in key order (rank, or portion), so the result does not depend on arrival order.
         """
         keys = sorted(self.round)
-        np.copyto(self.grad, self.round[keys[0]])
-        for key in keys[1:]:
-            self.grad += self.round[key]
-        self.grad /= len(keys)
+        given = [key for key in keys if self.round[key] is not None]  # None: a skipped (non-finite) step
+        if given:
+            np.copyto(self.grad, self.round[given[0]])
+            for key in given[1:]:
+                self.grad += self.round[key]
+            self.grad /= len(given)
         self.round.clear()
         self.round_members.append(keys)
-        self._apply(lr)
+        if given:
+            self._apply(lr)
+        else:  # every gradient of the round was skipped: the round closes with θ unchanged
+            self.version += 1
         self.changed.notify_all()
 
-    async def push_portion(self, worker: int, tag: int, portion: int, grad: np.ndarray, lr: float) -> bool:
+    async def push_portion(self, worker: int, tag: int, portion: int, grad: np.ndarray | None, lr: float) -> bool:
         """Backup tasks: offer portion `portion` of round `tag`; True if it is the copy that counts.
 
         Never blocks: the pusher goes on to its next portion with the θ it holds.
@@ -205,14 +214,15 @@ class ParameterShard:
             return {"dropped": list(self.dropped), "round_members": [list(m) for m in self.round_members]}
 
     async def _push_bounded(
-        self, worker: int, clock: int, grad: np.ndarray, lr: float, read_version: int
+        self, worker: int, clock: int, grad: np.ndarray | None, lr: float, read_version: int
     ) -> tuple[int, int, float]:
         applied = self.version
         staleness = applied - read_version
         rate = lr / self.num_workers
         if self.rule.staleness_lr and staleness > 1:
             rate /= staleness
-        self._apply(rate, grad)
+        if grad is not None:  # None: a skipped step, which only moves the clock
+            self._apply(rate, grad)
         self.clocks[worker] = clock + 1
         self.changed.notify_all()
         wait_s = 0.0

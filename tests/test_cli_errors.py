@@ -49,6 +49,7 @@ def workdir(tmp_path, monkeypatch, no_ray):
     (full / "sub").mkdir()
     (full / "sub" / "notes.txt").write_text("keep me")
     _resume_inputs(inputs)
+    _bad_data_inputs(inputs)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
@@ -102,6 +103,31 @@ def _resume_inputs(inputs: Path) -> None:
     run_dir("run_no_metrics", checkpoint("run_no_metrics", 10))
 
 
+def _bad_data_inputs(inputs: Path) -> None:
+    """Data directories whose files are there but broken (issue 13): refused before any worker starts."""
+    import numpy as np
+
+    from tests.test_datasets_files import write_idx_images, write_idx_labels
+
+    def mnist(name: str, images: int, labels: int, cut: int = 0) -> None:
+        raw = inputs / name / "MNIST" / "raw"
+        raw.mkdir(parents=True)
+        for split, n in (("train", images), ("t10k", 8)):
+            write_idx_images(raw / f"{split}-images-idx3-ubyte", np.zeros((n, 28, 28), np.uint8))
+            write_idx_labels(raw / f"{split}-labels-idx1-ubyte", np.zeros(labels if split == "train" else n, np.uint8))
+        if cut:
+            path = raw / "train-images-idx3-ubyte"
+            path.write_bytes(path.read_bytes()[:-cut])
+
+    mnist("mnist_truncated", 400, 400, cut=1000)
+    mnist("mnist_mismatched", 400, 100)
+    cifar = inputs / "cifar_corrupt" / "cifar-10-batches-py"
+    cifar.mkdir(parents=True)
+    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"):
+        (cifar / name).write_bytes(b"\x80\x02 half a pickle")
+    (cifar / "batches.meta").write_bytes(b"meta")
+
+
 def assert_one_line_error(result, *fragments: str) -> str:
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
@@ -136,6 +162,15 @@ BAD_INPUTS = [
         ["MNIST files missing", "train-images-idx3-ubyte"],
     ),
     (["--dataset", "cifar10", "--data-dir", "{in}/empty_data"], ["CIFAR-10 files missing"]),
+    (
+        ["--dataset", "mnist", "--data-dir", "{in}/mnist_truncated", "--model", "mlp"],
+        ["train-images-idx3-ubyte is truncated"],
+    ),
+    (
+        ["--dataset", "mnist", "--data-dir", "{in}/mnist_mismatched", "--model", "mlp"],
+        ["MNIST train files", "400 images but 100 labels"],
+    ),
+    (["--dataset", "cifar10", "--data-dir", "{in}/cifar_corrupt"], ["corrupt or truncated", "data_batch_1"]),
     (["--config", "{in}/malformed.yaml"], ["malformed YAML", "malformed.yaml", "line 2"]),
     (["--config", "{in}/missing.yaml"], ["not found", "missing.yaml"]),
     (["--run-dir", "{in}/full_run"], ["not empty", "full_run"]),

@@ -117,8 +117,9 @@ def test_mnist_gzipped_only_is_a_config_error(mnist_dir):
 def test_mnist_corrupt_file_is_a_config_error(mnist_dir):
     root, _ = mnist_dir
     (root / "MNIST" / "raw" / "train-images-idx3-ubyte").write_bytes(b"not an idx file at all")
-    with pytest.raises(ConfigError, match=r"cannot read the MNIST files under .*MNIST.raw.*intact copies"):
-        load_dataset("mnist", str(root))
+    for call in (check_dataset, load_dataset):  # the check finds it: before any worker starts
+        with pytest.raises(ConfigError, match=r"MNIST.raw.train-images-idx3-ubyte is not an MNIST image.*intact copy"):
+            call("mnist", str(root))
 
 
 # ---------------------------------------------------------------- CIFAR-10
@@ -148,11 +149,88 @@ def test_cifar10_needs_batches_meta(tmp_path):
 
 
 def test_cifar10_corrupt_files_are_a_config_error(tmp_path):
-    """Files of the right names but the wrong content fail torchvision's checksum: a user error."""
+    """Files of the right names but the wrong content fail torchvision's checksum: found by the check
+    (before any worker starts), naming every bad file, and by the loader too."""
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
     for name in CIFAR10_FILES:
         (folder / name).write_bytes(b"truncated download")
-    check_dataset("cifar10", str(tmp_path))  # names are all there
-    with pytest.raises(ConfigError, match="cifar-10-batches-py"):
-        load_dataset("cifar10", str(tmp_path))
+    for call in (check_dataset, load_dataset):
+        with pytest.raises(ConfigError, match="cifar-10-batches-py.*corrupt or truncated") as info:
+            call("cifar10", str(tmp_path))
+        for name in CIFAR10_FILES:
+            assert name in str(info.value)
+
+
+# ---------------------------------------------------------------- broken MNIST files, found before any worker
+def test_mnist_truncated_file_is_found_by_the_check(mnist_dir):
+    root, _ = mnist_dir
+    path = root / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    for call in (check_dataset, load_dataset):
+        with pytest.raises(ConfigError, match=r"train-images-idx3-ubyte is truncated \(.*64 items"):
+            call("mnist", str(root))
+
+
+def test_mnist_wrong_magic_is_found_by_the_check(mnist_dir):
+    root, _ = mnist_dir
+    raw = root / "MNIST" / "raw"
+    # a label file where the images should be: a real IDX file, but the wrong one
+    (raw / "t10k-images-idx3-ubyte").write_bytes((raw / "t10k-labels-idx1-ubyte").read_bytes())
+    with pytest.raises(ConfigError, match="t10k-images-idx3-ubyte is not an MNIST image file"):
+        check_dataset("mnist", str(root))
+    (raw / "t10k-images-idx3-ubyte").write_bytes(b"\x00\x00")  # shorter than any header
+    with pytest.raises(ConfigError, match="t10k-images-idx3-ubyte is not an MNIST image file"):
+        check_dataset("mnist", str(root))
+
+
+def test_mnist_images_of_another_size_are_refused(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    write_idx_images(raw / "train-images-idx3-ubyte", np.zeros((4, 32, 32), np.uint8))
+    write_idx_labels(raw / "train-labels-idx1-ubyte", np.zeros(4, np.uint8))
+    write_idx_images(raw / "t10k-images-idx3-ubyte", np.zeros((2, 28, 28), np.uint8))
+    write_idx_labels(raw / "t10k-labels-idx1-ubyte", np.zeros(2, np.uint8))
+    with pytest.raises(ConfigError, match="holds 32x32 images, not 28x28"):
+        check_dataset("mnist", str(tmp_path))
+
+
+def test_mnist_extra_bytes_are_refused(mnist_dir):
+    root, _ = mnist_dir
+    path = root / "MNIST" / "raw" / "train-labels-idx1-ubyte"
+    path.write_bytes(path.read_bytes() + b"\x01\x02")
+    with pytest.raises(ConfigError, match="train-labels-idx1-ubyte is longer than its header says"):
+        check_dataset("mnist", str(root))
+
+
+@pytest.mark.parametrize("split", ["train", "t10k"])
+def test_mnist_label_count_must_match_image_count(mnist_dir, split):
+    """1,000 labels for 4,000 images used to train silently on the first 1,000 (torchvision reads both)."""
+    root, arrays = mnist_dir
+    raw = root / "MNIST" / "raw"
+    n = N_TRAIN if split == "train" else N_TEST
+    write_idx_labels(raw / f"{split}-labels-idx1-ubyte", np.zeros(n // 4, np.uint8))
+    for call in (check_dataset, load_dataset):
+        with pytest.raises(ConfigError, match=f"MNIST {split} files under .* disagree: {n} images but {n // 4} labels"):
+            call("mnist", str(root))
+
+
+def test_mnist_loader_refuses_mismatched_counts_on_its_own(mnist_dir, monkeypatch):
+    """A worker re-checks what it loaded (files can differ between the driver's node and a worker's)."""
+    import distrain.trainers.datasets as datasets
+
+    root, _ = mnist_dir
+    write_idx_labels(root / "MNIST" / "raw" / "train-labels-idx1-ubyte", np.zeros(16, np.uint8))
+    monkeypatch.setattr(datasets, "_check_mnist", lambda data_dir: None)  # as if the driver saw other files
+    with pytest.raises(ConfigError, match="disagree: 64 images but 16 labels"):
+        load_dataset("mnist", str(root))
+
+
+def test_mnist_label_out_of_range_is_refused(mnist_dir):
+    root, arrays = mnist_dir
+    labels = arrays["test_y"].copy()
+    labels[3] = 200
+    write_idx_labels(root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte", labels)
+    with pytest.raises(ConfigError, match="t10k-labels-idx1-ubyte holds label 200, outside 0..9"):
+        check_dataset("mnist", str(root))

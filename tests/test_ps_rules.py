@@ -162,3 +162,55 @@ def test_rebased_clock_keeps_a_blocked_ssp_worker_waiting_until_the_replacement_
     s, reply = asyncio.run(scenario())
     assert reply.clock == 3 and reply.min_clock == 2 and reply.wait_s > 0
     assert s.updates_applied == 6  # worker 1's first push stands and is repeated (updates_repeated)
+
+
+# ---------------------------------------------------------------- --on-nonfinite skip: a push without a gradient
+def test_a_bsp_round_with_a_skipped_push_applies_the_mean_of_the_others():
+    async def scenario():
+        s = shard(ConsistencyRule.bsp(), 3)
+        waiting = [
+            asyncio.create_task(s.push_pull(0, 0, np.array([2.0, 4.0], np.float32), 1.0, 0)),
+            asyncio.create_task(s.push_pull(1, 0, None, 1.0, 0)),  # non-finite: nothing pushed
+        ]
+        await asyncio.sleep(0.01)
+        assert s.version == 0, "the skipped push still counts towards the round"
+        last = await s.push_pull(2, 0, np.array([4.0, 8.0], np.float32), 1.0, 0)
+        await asyncio.gather(*waiting)
+        return s, last
+
+    s, last = asyncio.run(scenario())
+    np.testing.assert_allclose(s.theta, [-3.0, -6.0])  # mean of the two gradients, not of three
+    assert s.version == 1 and last.clock == 1 and s.round_members == [[0, 1, 2]]
+
+
+def test_a_bsp_round_of_only_skipped_pushes_closes_with_theta_unchanged():
+    async def scenario():
+        s = shard(ConsistencyRule.bsp(), 2, theta=(1.0, 1.0))
+        first = asyncio.create_task(s.push_pull(0, 0, None, 1.0, 0))
+        await s.push_pull(1, 0, None, 1.0, 0)
+        await first
+        return s
+
+    s = asyncio.run(scenario())
+    np.testing.assert_array_equal(s.theta, [1.0, 1.0])
+    assert s.version == 1 and s.clocks == [1, 1] and s.updates_applied == 0
+
+
+def test_a_skipped_async_push_moves_only_the_clock():
+    s = shard(ConsistencyRule.asynchronous(), 2, theta=(1.0, 1.0))
+    reply = asyncio.run(s.push_pull(0, 0, None, 1.0, 0))
+    np.testing.assert_array_equal(s.theta, [1.0, 1.0])
+    assert s.version == 0 and reply.clock == 1 and s.clocks == [1, 0]
+
+
+def test_a_skipped_portion_counts_as_done_and_the_round_averages_the_others():
+    async def scenario():
+        s = shard(ConsistencyRule.backup_tasks(3), 2)
+        assert await s.push_portion(0, 0, 0, np.array([3.0, 3.0], np.float32), 1.0)
+        assert await s.push_portion(1, 0, 1, None, 1.0)
+        assert await s.push_portion(0, 0, 2, np.array([1.0, 1.0], np.float32), 1.0)
+        return s
+
+    s = asyncio.run(scenario())
+    np.testing.assert_allclose(s.theta, [-2.0, -2.0])
+    assert s.version == 1
