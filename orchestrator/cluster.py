@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
-from distrain.orchestrator import trial_resources
+from distrain.orchestrator import address, trial_resources
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -65,13 +65,18 @@ def connect(config: RunConfig) -> RayConnection:
     if ray.is_initialized():
         return RayConnection(started_here=False)
     if config.address:
-        ray.init(address=config.address, **QUIET)
+        join(config.address)
     else:
         # A local cluster gets at least the CPUs the run reserves, so `--workers 4` works on a laptop
         # with 2 cores (oversubscribed, as with torchrun), instead of waiting forever for resources.
         needed = int(-(-cpus_needed(config) // 1))
         start_local_ray(max(os.cpu_count() or 1, needed))
     return RayConnection(started_here=True)
+
+
+def join(ray_address: str) -> None:
+    """Connect to the cluster `--address` names, refused in one line (and quickly) when none is there."""
+    ray.init(address=address.reachable(ray_address), **QUIET)
 
 
 def check_resources(config: RunConfig) -> None:

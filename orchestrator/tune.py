@@ -248,7 +248,7 @@ def connect(spec: SweepSpec, cluster_cpus: int = 0) -> cluster.RayConnection:
         return cluster.RayConnection(started_here=False)
     base = RunConfig.from_mapping(spec.base)
     if base.address:
-        ray.init(address=base.address, **cluster.QUIET)
+        cluster.join(base.address)
     else:
         largest = math.ceil(trial_cpus(spec.largest_trial()))
         cluster.start_local_ray(cluster_cpus or max(os.cpu_count() or 1, largest))
