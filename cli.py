@@ -395,7 +395,6 @@ class RunDisplay:
             return
 
         if isinstance(event, Failure):
-            who = event.kind if event.target is None else f"{event.kind} {event.target}"
             bound = "no limit" if event.max_failures == -1 else f"of at most {event.max_failures}"
             then = (
                 "replaced in place; the others go on"
@@ -403,7 +402,7 @@ class RunDisplay:
                 else f"restarting from the checkpoint at step {event.restored_step}"
             )
             out.print(
-                f"failure {event.number} ({bound}): {who} lost at step {event.at_step}; {then}",
+                f"failure {event.number} ({bound}): {event.what} at step {event.at_step}; {then}",
                 markup=False,
                 highlight=False,
             )
