@@ -26,7 +26,13 @@ STRATEGY_DEPENDENT_FIELDS = (
 DEFAULT_TAU = 8
 DEFAULT_TAU_INTERVAL = "5s"
 OPTIMIZERS = ("sgd", "adagrad", "adam")
+MOMENTUM_OPTIMIZERS = ("sgd",)  # the optimizers that read --momentum
+DEFAULT_MOMENTUM = 0.9
 PLACEMENTS = ("pack", "spread")
+
+
+# The first line of every config.yaml distrain writes (runs, sweeps' best.yaml).
+RECORDED_HEADER = "# distrain run configuration: `distrain run --config THIS_FILE` repeats the run."
 
 
 def _f(default: Any, help: str) -> Any:
@@ -125,6 +131,53 @@ def parse_chaos(specs: list[str], workers: int, ps_shards: int | None) -> list[C
     return sorted(events, key=lambda e: e.step)
 
 
+def overlay(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` over `values` (flags over a file, a trial's values over a sweep's base).
+
+    What `values` resolved for its own strategy or optimizer (transport, strategy parameters,
+    momentum) was resolved for that choice; a different one given here starts from its own
+    defaults unless those fields are given too. A data set that reads no files drops the old
+    --data-dir; one that does keeps it (mnist and cifar10 may well share a directory)."""
+    merged = dict(values)
+    for choice, fields in (("strategy", STRATEGY_DEPENDENT_FIELDS), ("optimizer", ("momentum",))):
+        if choice in given and given[choice] != merged.get(choice, given[choice]):
+            for name in fields:
+                merged.pop(name, None)
+    if given.get("dataset", merged.get("dataset")) != merged.get("dataset"):
+        from distrain.trainers.datasets import DATASETS
+
+        if given["dataset"] in DATASETS and not DATASETS.get(given["dataset"]).reads_files:
+            merged.pop("data_dir", None)
+    merged.update(given)
+    return merged
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, again: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.again = key, first, again
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is refused: PyYAML keeps the last
+    one silently, so `workers: 2` further down a file would quietly undo an earlier `workers: 8`."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` merges; it is not a key
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
+            except TypeError:  # an unhashable key: the base class reports it as malformed YAML
+                continue
+        return super().construct_mapping(node, deep=deep)
+
+
 @dataclass
 class RunConfig:
     # --- what runs where ---
@@ -172,7 +225,7 @@ class RunConfig:
     base_batch_size: int = _f(64, "Global batch size at which --lr applies unscaled.")
     warmup_epochs: float = _f(0.0, "Epochs of gradual warmup from --lr to the scaled rate (0: none).")
     optimizer: str = _f("sgd", "Optimizer: sgd, adagrad or adam.")
-    momentum: float = _f(0.9, "SGD momentum (ignored by adagrad and adam).")
+    momentum: float | None = _f(None, "SGD momentum (sgd only; default 0.9).")
     weight_decay: float = _f(0.0, "L2 weight decay.")
     epochs: int = _f(12, "Passes over the training set.")
     max_steps: int = _f(0, "Stop after this many global steps (0: no limit beyond --epochs).")
@@ -231,13 +284,16 @@ class RunConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+        self._validate_unused_inputs()
         for name in ("gpus_per_worker", "momentum", "weight_decay", "warmup_epochs", "comm_delay_ms"):
             value = getattr(self, name)
+            if value is None:  # momentum of an optimizer without one
+                continue
             if not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
         if not 0 <= self.seed < 2**64:  # numpy's default_rng refuses negative seeds, torch's > 64 bits
             raise ConfigError(f"--seed must be in [0, 2**64), got {self.seed}")
-        if self.momentum >= 1:
+        if self.momentum is not None and self.momentum >= 1:
             raise ConfigError(f"--momentum must be < 1, got {self.momentum}")
         if self.warmup_epochs > self.epochs:
             raise ConfigError(f"--warmup-epochs ({self.warmup_epochs}) exceeds --epochs ({self.epochs}); lower it")
@@ -258,6 +314,24 @@ class RunConfig:
             raise ConfigError(f"unknown --placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+
+    def _validate_unused_inputs(self) -> None:
+        """Like a strategy's parameters, --momentum and --data-dir are refused where nothing reads them."""
+        from distrain.trainers.datasets import DATASETS
+
+        if self.optimizer in MOMENTUM_OPTIMIZERS and self.momentum is None:
+            self.momentum = DEFAULT_MOMENTUM
+        if self.optimizer in OPTIMIZERS and self.optimizer not in MOMENTUM_OPTIMIZERS and self.momentum is not None:
+            raise ConfigError(
+                f"--momentum is not used by --optimizer {self.optimizer}; drop it "
+                f"(it applies to: {', '.join(MOMENTUM_OPTIMIZERS)})"
+            )
+        if self.data_dir and not DATASETS.get(self.dataset).reads_files:
+            users = [n for n in DATASETS.names() if DATASETS.get(n).reads_files]
+            raise ConfigError(
+                f"--data-dir is not used by --dataset {self.dataset} (it reads no files); drop it "
+                f"(it applies to: {', '.join(users)})"
+            )
 
     def _validate_strategy_fields(self, strategy: Any) -> None:
         """Transport and strategy-specific flags must fit the chosen strategy."""
@@ -388,7 +462,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        lines = ["# distrain run configuration: `distrain run --config THIS_FILE` repeats the run."]
+        lines = [RECORDED_HEADER]
         for f in dataclasses.fields(self):
             lines.append(f"# {f.metadata['help']}")
             lines.append(yaml.safe_dump({f.name: getattr(self, f.name)}, sort_keys=False).rstrip())
@@ -411,10 +485,21 @@ class RunConfig:
     def load_yaml(cls, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Read a YAML config file into a plain mapping (validated when merged into a RunConfig)."""
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {str(p)!r} is a directory; pass a YAML file to --config")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} not found; pass an existing YAML file to --config")
         try:
-            data = yaml.safe_load(p.read_text())
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {str(p)!r} is not a text (UTF-8 YAML) file; pass a YAML file") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {str(p)!r}: {e.strerror or e}") from None
+        try:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)
+        except _DuplicateKey as e:
+            lines = f"line {e.first}" if e.first == e.again else f"lines {e.first} and {e.again}"
+            raise ConfigError(f"key {e.key!r} appears twice in {str(p)!r} ({lines}); keep one of them") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -423,6 +508,11 @@ class RunConfig:
             return {}
         if not isinstance(data, dict):
             raise ConfigError(f"{str(p)!r} must hold a mapping of config keys, got {type(data).__name__}")
+        if text.startswith(RECORDED_HEADER) and data.get("optimizer") in set(OPTIMIZERS) - set(MOMENTUM_OPTIMIZERS):
+            # Runs recorded before momentum became sgd-only wrote its old default for every optimizer;
+            # that value was never read, and must not stop `--config` or `--resume` of such a run.
+            if data.get("momentum") == DEFAULT_MOMENTUM:
+                data["momentum"] = None
         return data
 
     @classmethod
@@ -439,10 +529,4 @@ class RunConfig:
                 f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names())}"
             )
         given = {k: v for k, v in overrides.items() if v is not None}
-        if "strategy" in given and given["strategy"] != values.get("strategy", given["strategy"]):
-            # The file's transport and strategy parameters were resolved for its own strategy; a new
-            # --strategy starts from that strategy's defaults unless they are given as flags too.
-            for name in STRATEGY_DEPENDENT_FIELDS:
-                values.pop(name, None)
-        values.update(given)
-        return cls.from_mapping(values, source)
+        return cls.from_mapping(overlay(values, given), source)

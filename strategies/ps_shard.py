@@ -70,7 +70,7 @@ class ConsistencyRule:
 @dataclass
 class OptimizerSpec:
     name: str
-    momentum: float
+    momentum: float | None  # None for optimizers without momentum
     weight_decay: float
 
 

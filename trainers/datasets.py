@@ -80,6 +80,7 @@ class DatasetSpec:
     check: Callable[[str], None]
     train_size: int  # known up front, so a global batch larger than the data set is refused early
     info: DatasetInfo  # known up front, so models can be sized without loading any data
+    reads_files: bool = True  # False: generated or bundled, so --data-dir would be ignored (and is refused)
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")
@@ -143,7 +144,7 @@ def _load_digits(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("digits", "scikit-learn's 8x8 handwritten digits, 1797 images, bundled")(
-    DatasetSpec(_load_digits, _no_files_needed, _split_sizes(1797)[0], DIGITS)
+    DatasetSpec(_load_digits, _no_files_needed, _split_sizes(1797)[0], DIGITS, reads_files=False)
 )
 
 
@@ -162,7 +163,7 @@ def _load_synthetic(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("synthetic", "10 Gaussian classes of 8x8 images, generated (no files)")(
-    DatasetSpec(_load_synthetic, _no_files_needed, _split_sizes(SYNTHETIC_SAMPLES)[0], SYNTHETIC)
+    DatasetSpec(_load_synthetic, _no_files_needed, _split_sizes(SYNTHETIC_SAMPLES)[0], SYNTHETIC, reads_files=False)
 )
 
 

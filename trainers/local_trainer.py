@@ -37,7 +37,7 @@ class LocalTrainer:
         data: LoadedDataset,
         optimizer: str,
         lr: float,
-        momentum: float,
+        momentum: float | None,  # None for optimizers without momentum (RunConfig gives sgd its 0.9)
         weight_decay: float,
         device: torch.device | str = "cpu",
     ) -> None:

@@ -16,7 +16,7 @@ from torch import nn
 
 
 def make_optimizer(
-    name: str, params: list[nn.Parameter], lr: float, momentum: float, weight_decay: float
+    name: str, params: list[nn.Parameter], lr: float, momentum: float | None, weight_decay: float
 ) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
