@@ -387,8 +387,11 @@ class RunDisplay:
     def on_event(self, event: Any) -> None:
         from distrain.orchestrator.recovery import Failure
         from distrain.orchestrator.run import Progress as RunProgress
-        from distrain.orchestrator.run import RunStarted, StragglersChanged
+        from distrain.orchestrator.run import RunStarted, StragglersChanged, WorkersStarting
 
+        if isinstance(event, WorkersStarting):
+            out.print(f"starting workers {event.started}/{event.total}", markup=False, highlight=False)
+            return
         if isinstance(event, StragglersChanged):
             slow = ", ".join(f"worker {w} ({r:.1f}x the others' step time)" for w, r in sorted(event.slow.items()))
             out.print(f"step {event.step}: stragglers: {slow or 'none now'}", markup=False, highlight=False)

@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
-from distrain.orchestrator import address, trial_resources
+from distrain.orchestrator import address, memory, trial_resources
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -96,6 +96,17 @@ def check_resources(config: RunConfig) -> None:
             f"({config.num_worker_actors} workers x {config.cpus_per_worker:g}{shards}) "
             f"but the cluster has {total.get('CPU', 0.0):g}; lower --workers or the CPUs per actor"
         )
+
+
+def check_memory(needs: memory.MemoryEstimate) -> None:
+    """On a cluster distrain did not start, the estimate against Ray's `memory` resource (what its
+    nodes can give tasks and actors). Inside a Tune trial the sweep's sizing stands instead."""
+    if get_current_placement_group() is not None:
+        return
+    override = os.environ.get(memory.AVAILABLE_ENV)
+    available = memory.parse_bytes(override) if override else int(ray.cluster_resources().get("memory", 0))
+    if available:
+        memory.check(needs, available, "the cluster")
 
 
 num_shards = trial_resources.num_shards

@@ -20,7 +20,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
-from distrain.orchestrator import cluster
+from distrain.orchestrator import cluster, memory
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.orchestrator.checkpoint import (
@@ -68,6 +68,15 @@ class Progress:
 
 
 @dataclass
+class WorkersStarting:
+    """Start-up progress: `started` of `total` worker actors are up (each imports torch and loads its
+    data, which takes a while with many workers on few cores)."""
+
+    started: int
+    total: int
+
+
+@dataclass
 class StragglersChanged:
     """The straggler detector's verdict changed: `slow` maps each flagged worker to its pace ratio."""
 
@@ -83,7 +92,7 @@ class RunResult:
     shard_nodes: list[str] = field(default_factory=list)  # node id of each PS shard (PS runs)
 
 
-Event = RunStarted | Progress | StragglersChanged | Failure
+Event = RunStarted | Progress | StragglersChanged | Failure | WorkersStarting
 EventHandler = Callable[[Event], None]
 
 
@@ -106,6 +115,7 @@ class Plan:
     checkpoint: dict[str, Any] | None
     resumed: bool = False  # --resume: the run directory is an existing run, continued from its checkpoint
     checkpoint_path: Path | None = None
+    memory: memory.MemoryEstimate | None = None
 
 
 def preflight(config: RunConfig, resume: bool = False) -> Plan:
@@ -114,11 +124,14 @@ def preflight(config: RunConfig, resume: bool = False) -> Plan:
     num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
         raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
+    needs = memory.estimate(config, num_params)
+    if not config.address and not ray.is_initialized():  # the local Ray this run will start: this machine
+        memory.check(needs, memory.local_available())
     if resume:
         path, checkpoint = resume_checkpoint(config, num_params)
-        return Plan(Path(config.run_dir), num_params, checkpoint, True, path)
+        return Plan(Path(config.run_dir), num_params, checkpoint, True, path, needs)
     checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
-    return Plan(choose_run_dir(config.run_dir, config.strategy), num_params, checkpoint)
+    return Plan(choose_run_dir(config.run_dir, config.strategy), num_params, checkpoint, memory=needs)
 
 
 @dataclass
@@ -156,6 +169,8 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
     actors: list[Any] = []  # everything started here, killed on the way out
     try:
         cluster.check_resources(config)
+        if not connection.started_here and plan.memory is not None:
+            cluster.check_memory(plan.memory)
         plan.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
         placement = cluster.place(config)
@@ -270,13 +285,29 @@ class _Driver:
     # ------------------------------------------------------------------ start
     def _start(self) -> list[dict[str, Any]]:
         timeout = self.config.collective_timeout_s
-        info = self._get_all([w.describe.remote() for w in self.workers], timeout=timeout)
+        refs = [w.describe.remote() for w in self.workers]
+        self._report_start_up(refs, timeout)
+        info = self._get_all(refs, timeout=timeout)
         self.steps_per_epoch = self.state.steps_per_epoch = info[0]["steps_per_epoch"]
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
             state = {"model": self.checkpoint["model"], "optimizer": self.checkpoint["optimizer"]}
             self._get_all([w.load_state.remote(state) for w in self.workers], timeout=timeout)
         return info
+
+    def _report_start_up(self, refs: list[Any], timeout: float, every_s: float = 1.0) -> None:
+        """Emit WorkersStarting as the workers come up (at most every `every_s`, and when all are up).
+        Errors and timeouts are left to the _get_all that follows."""
+        total, started, last = len(refs), 0, time.monotonic()
+        deadline = last + timeout
+        self.emit(WorkersStarting(0, total))
+        pending = list(refs)
+        while pending and time.monotonic() < deadline:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=min(every_s, deadline - time.monotonic()))
+            started += len(ready)
+            if ready and (not pending or time.monotonic() - last >= every_s):
+                self.emit(WorkersStarting(started, total))
+                last = time.monotonic()
 
     def _enter(self, phase: PhaseSpan, optimizer: FlatOptimizerState | None) -> None:
         """Set `phase`'s strategy up on every worker; PS shards start from worker 0's θ and `optimizer`."""

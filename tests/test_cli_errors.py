@@ -337,6 +337,25 @@ def test_address_with_no_cluster_is_one_line_and_ray_is_never_asked(
     assert list(cwd.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--workers", "64", "--batch-size", "8"], ["64 workers need ~30", "GiB each", "has 8.0 GiB available"]),
+        (["--strategy", "ssp", "--ps-shards", "12", "--workers", "14", "--batch-size", "8"], ["fewer --ps-shards"]),
+        (["--model", "resnet18", "--workers", "1"], ["1 workers need", "use a smaller --model or --batch-size"]),
+    ],
+)
+def test_workers_that_cannot_fit_in_memory_are_refused_before_ray_starts(workdir, monkeypatch, args, fragments):
+    """`--workers 64` on a small machine ran minutes, then died of Ray's OutOfMemoryError."""
+    import ray
+
+    cwd, inputs = workdir
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as on a machine with no Ray running
+    monkeypatch.setenv("DISTRAIN_AVAILABLE_MEMORY", "8GiB" if "64" in args else "1GiB")
+    assert_one_line_error(runner.invoke(app, ["run", *args]), *fragments)
+    assert list(cwd.iterdir()) == []
+
+
 def test_address_probe_lets_a_listening_address_through(monkeypatch):
     import socket
 
