@@ -76,7 +76,14 @@ def connect(config: RunConfig) -> RayConnection:
 
 def join(ray_address: str) -> None:
     """Connect to the cluster `--address` names, refused in one line (and quickly) when none is there."""
-    ray.init(address=address.reachable(ray_address), **QUIET)
+    found = address.reachable(ray_address)
+    try:
+        ray.init(address=found, **QUIET)
+    except (ConnectionError, RuntimeError) as e:  # something listens there, but it is no Ray cluster
+        raise ResourceError(
+            f"--address {ray_address}: {found} accepts connections but did not answer as a Ray cluster "
+            f"({type(e).__name__}); check the address and port (`ray status` on the head node prints it)"
+        ) from None
 
 
 def check_resources(config: RunConfig) -> None:

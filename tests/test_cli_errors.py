@@ -443,3 +443,19 @@ def test_help_piped_into_a_reader_that_stops_early_is_quiet(tmp_path):
     )  # fmt: skip
     assert "Traceback" not in proc.stdout + proc.stderr and "Error" not in proc.stderr, proc.stderr
     assert "Usage" in proc.stdout
+
+
+def test_address_where_something_else_listens_is_one_line(tmp_path, monkeypatch):
+    """The TCP probe passes (a proxy, another service), then ray.init fails after its own retries."""
+    import ray
+
+    def no_gcs(*a, **k):
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+
+    monkeypatch.setattr(ray, "init", no_gcs)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr("distrain.orchestrator.address.probe", lambda *a, **k: None)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["run", "--address", "10.0.0.1:6379"])
+    assert_one_line_error(result, "10.0.0.1:6379 accepts connections but did not answer as a Ray cluster")
+    assert list(tmp_path.iterdir()) == []
