@@ -583,15 +583,17 @@ class RunDisplay:
     def on_event(self, event: Any) -> None:
         from distrain.orchestrator.recovery import Failure
         from distrain.orchestrator.run import Progress as RunProgress
-        from distrain.orchestrator.run import RunStarted, StragglersChanged
+        from distrain.orchestrator.run import RunStarted, StragglersChanged, WorkersStarting
 
+        if isinstance(event, WorkersStarting):
+            out.print(f"starting workers {event.started}/{event.total}", markup=False, highlight=False)
+            return
         if isinstance(event, StragglersChanged):
             slow = ", ".join(f"worker {w} ({r:.1f}x the others' step time)" for w, r in sorted(event.slow.items()))
             out.print(f"step {event.step}: stragglers: {slow or 'none now'}", markup=False, highlight=False)
             return
 
         if isinstance(event, Failure):
-            who = event.kind if event.target is None else f"{event.kind} {event.target}"
             bound = "no limit" if event.max_failures == -1 else f"of at most {event.max_failures}"
             then = (
                 "replaced in place; the others go on"
@@ -599,7 +601,7 @@ class RunDisplay:
                 else f"restarting from the checkpoint at step {event.restored_step}"
             )
             out.print(
-                f"failure {event.number} ({bound}): {who} lost at step {event.at_step}; {then}",
+                f"failure {event.number} ({bound}): {event.what} at step {event.at_step}; {then}",
                 markup=False,
                 highlight=False,
             )

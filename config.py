@@ -33,6 +33,12 @@ OPTIMIZER_DEPENDENT_FIELDS = ("momentum", "optimizer_args")
 DECAY_DEPENDENT_FIELDS = ("lr_min", "lr_decay_epochs", "lr_decay_gamma")
 ON_NONFINITE = ("stop", "skip")
 PLACEMENTS = ("pack", "spread")
+# Before --momentum became the choice of optimizers that read it, every run recorded its 0.9 default;
+# recorded adam/adagrad runs with that value still load (config.yaml starts with RECORDED_HEADER).
+LEGACY_MOMENTUM = (0.9, ("adam", "adagrad"))
+
+# The first line of every config.yaml distrain writes (runs, sweeps' best.yaml).
+RECORDED_HEADER = "# distrain run configuration: `distrain run --config THIS_FILE` repeats the run."
 
 
 SECTIONS = ("resources", "data", "optimizer", "strategy", "checkpointing", "faults", "stragglers", "output")
@@ -193,6 +199,61 @@ def parse_chaos(specs: list[str], workers: int, ps_shards: int | None) -> list[C
             raise ConfigError(f"--chaos {spec!r}: target {target} does not exist (0 <= TARGET < {limit})")
         events.append(ChaosEvent(kind, step, target))
     return sorted(events, key=lambda e: e.step)
+
+
+def overlay(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` over `values` (flags over a file, a trial's values over a sweep's base).
+
+    What `values` resolved for its own strategy or optimizer (transport, strategy parameters,
+    momentum) was resolved for that choice; a different one given here starts from its own
+    defaults unless those fields are given too. A data set that reads no files drops the old
+    --data-dir; one that does keeps it (mnist and cifar10 may well share a directory)."""
+    merged = dict(values)
+    given = dict(given)
+    if "strategy" in given and given["strategy"] != merged.get("strategy", given["strategy"]):
+        for name in STRATEGY_DEPENDENT_FIELDS:
+            merged.pop(name, None)
+    if "optimizer" in given and str(given["optimizer"]).lower() != str(merged.get("optimizer", "sgd")).lower():
+        for name in OPTIMIZER_DEPENDENT_FIELDS:  # momentum and constructor arguments were the old optimizer's
+            merged.pop(name, None)
+    elif isinstance(merged.get("optimizer_args"), dict) and isinstance(given.get("optimizer_args"), dict):
+        given["optimizer_args"] = merged["optimizer_args"] | given["optimizer_args"]  # flags add to the file's
+    if "lr_decay" in given and given["lr_decay"] != merged.get("lr_decay", "none"):
+        for name in DECAY_DEPENDENT_FIELDS:
+            merged.pop(name, None)
+    if given.get("dataset", merged.get("dataset")) != merged.get("dataset"):
+        from distrain.trainers.datasets import DATASETS
+
+        if given["dataset"] in DATASETS and not DATASETS.get(given["dataset"]).reads_files:
+            merged.pop("data_dir", None)
+    merged.update(given)
+    return merged
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, again: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.again = key, first, again
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is refused: PyYAML keeps the last
+    one silently, so `workers: 2` further down a file would quietly undo an earlier `workers: 8`."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` merges; it is not a key
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
+            except TypeError:  # an unhashable key: the base class reports it as malformed YAML
+                continue
+        return super().construct_mapping(node, deep=deep)
 
 
 @dataclass
@@ -412,9 +473,12 @@ class RunConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+        self._validate_unused_inputs()
         for name in ("gpus_per_worker", "momentum", "weight_decay", "warmup_epochs", "comm_delay_ms"):
             value = getattr(self, name)
-            if value is not None and not (value >= 0 and math.isfinite(value)):
+            if value is None:  # momentum of an optimizer without one
+                continue
+            if not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
         if not 0 <= self.seed < 2**64:  # numpy's default_rng refuses negative seeds, torch's > 64 bits
             raise ConfigError(f"--seed must be in [0, 2**64), got {self.seed}")
@@ -506,6 +570,18 @@ class RunConfig:
         if not self.task:
             return Target("test_accuracy", ">=", self.target_accuracy)
         return None
+
+    def _validate_unused_inputs(self) -> None:
+        """Like a strategy's parameters, --data-dir is refused where nothing reads it (--momentum and the
+        other optimizer flags: `_validate_optimizer`)."""
+        from distrain.trainers.datasets import DATASETS
+
+        if self.data_dir and not DATASETS.get(self.dataset).reads_files:
+            users = [n for n in DATASETS.names() if DATASETS.get(n).reads_files]
+            raise ConfigError(
+                f"--data-dir is not used by --dataset {self.dataset} (it reads no files); drop it "
+                f"(it applies to: {', '.join(users)})"
+            )
 
     def _validate_strategy_fields(self, strategy: Any) -> None:
         """Transport and strategy-specific flags must fit the chosen strategy."""
@@ -636,7 +712,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        lines = ["# distrain run configuration: `distrain run --config THIS_FILE` repeats the run."]
+        lines = [RECORDED_HEADER]
         for f in dataclasses.fields(self):
             lines.append(f"# {f.metadata['help']}")
             lines.append(yaml.safe_dump({f.name: getattr(self, f.name)}, sort_keys=False).rstrip())
@@ -659,10 +735,21 @@ class RunConfig:
     def load_yaml(cls, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Read a YAML config file into a plain mapping (validated when merged into a RunConfig)."""
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {str(p)!r} is a directory; pass a YAML file to --config")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} not found; pass an existing YAML file to --config")
         try:
-            data = yaml.safe_load(p.read_text())
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {str(p)!r} is not a text (UTF-8 YAML) file; pass a YAML file") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {str(p)!r}: {e.strerror or e}") from None
+        try:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)
+        except _DuplicateKey as e:
+            lines = f"line {e.first}" if e.first == e.again else f"lines {e.first} and {e.again}"
+            raise ConfigError(f"key {e.key!r} appears twice in {str(p)!r} ({lines}); keep one of them") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -671,6 +758,11 @@ class RunConfig:
             return {}
         if not isinstance(data, dict):
             raise ConfigError(f"{str(p)!r} must hold a mapping of config keys, got {type(data).__name__}")
+        if text.startswith(RECORDED_HEADER) and data.get("optimizer") in LEGACY_MOMENTUM[1]:
+            # Runs recorded before momentum became sgd-only wrote its old default for every optimizer;
+            # that value was never read, and must not stop `--config` or `--resume` of such a run.
+            if data.get("momentum") == LEGACY_MOMENTUM[0]:
+                data["momentum"] = None
         return data
 
     @classmethod
@@ -687,19 +779,4 @@ class RunConfig:
                 f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names())}"
             )
         given = {k: v for k, v in overrides.items() if v is not None}
-        if "strategy" in given and given["strategy"] != values.get("strategy", given["strategy"]):
-            # The file's transport and strategy parameters were resolved for its own strategy; a new
-            # --strategy starts from that strategy's defaults unless they are given as flags too.
-            for name in STRATEGY_DEPENDENT_FIELDS:
-                values.pop(name, None)
-        if "optimizer" in given and str(given["optimizer"]).lower() != str(values.get("optimizer", "sgd")).lower():
-            # Likewise momentum and constructor arguments belong to the file's optimizer.
-            for name in OPTIMIZER_DEPENDENT_FIELDS:
-                values.pop(name, None)
-        elif isinstance(values.get("optimizer_args"), dict) and "optimizer_args" in given:
-            given["optimizer_args"] = values["optimizer_args"] | given["optimizer_args"]  # flags add to the file's
-        if "lr_decay" in given and given["lr_decay"] != values.get("lr_decay", "none"):
-            for name in DECAY_DEPENDENT_FIELDS:
-                values.pop(name, None)
-        values.update(given)
-        return cls.from_mapping(values, source)
+        return cls.from_mapping(overlay(values, given), source)

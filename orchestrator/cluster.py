@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
-from distrain.orchestrator import code_shipping, trial_resources
+from distrain.orchestrator import address, code_shipping, memory, trial_resources
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -44,22 +44,24 @@ class RayConnection:
             ray.shutdown()
 
 
-def join(address: str, task: str) -> list[str]:
-    """ray.init on an existing cluster, shipping the user's task code to its nodes (code_shipping);
-    returns what was shipped."""
+def join(ray_address: str, task: str) -> list[str]:
+    """ray.init on the existing cluster `--address` names (refused in one line, and quickly, when none
+    is there), shipping the user's task code to its nodes (code_shipping); returns what was shipped."""
+    found = address.reachable(ray_address)
     shipment = code_shipping.ship(task)
     try:
-        ray.init(address=address, runtime_env=shipment.runtime_env, **QUIET)
-    except ConnectionError as e:
+        ray.init(address=found, runtime_env=shipment.runtime_env, **QUIET)
+    except (ConnectionError, RuntimeError) as e:  # something listens there, but it did not let us in
         # Ray 2.60 sends the cluster's token (~/.ray/auth_token) to an explicit address only in token mode.
         auth = "AuthenticationError" in repr(e.__cause__) or "auth" in str(e.__cause__).lower()
         hint = (
-            "; the cluster wants its token: export RAY_AUTH_MODE=token (the token is read from ~/.ray/auth_token "
+            "the cluster wants its token: export RAY_AUTH_MODE=token (the token is read from ~/.ray/auth_token "
             "or RAY_AUTH_TOKEN)"
             if auth
-            else "; is `ray start --head` running there?"
+            else f"{found} accepts connections but did not answer as a Ray cluster ({type(e).__name__}); check "
+            "the address and port (`ray status` on the head node prints it)"
         )
-        raise ResourceError(f"--address {address}: {e}{hint}") from None
+        raise ResourceError(f"--address {ray_address}: {hint}") from None
     finally:
         shipment.close()  # uploaded by ray.init (or not needed any more)
     return shipment.shipped
@@ -114,6 +116,17 @@ def check_resources(config: RunConfig) -> None:
             f"({config.num_worker_actors} workers x {config.cpus_per_worker:g}{shards}) "
             f"but the cluster has {total.get('CPU', 0.0):g}; lower --workers or the CPUs per actor"
         )
+
+
+def check_memory(needs: memory.MemoryEstimate) -> None:
+    """On a cluster distrain did not start, the estimate against Ray's `memory` resource (what its
+    nodes can give tasks and actors). Inside a Tune trial the sweep's sizing stands instead."""
+    if get_current_placement_group() is not None:
+        return
+    override = os.environ.get(memory.AVAILABLE_ENV)
+    available = memory.parse_bytes(override) if override else int(ray.cluster_resources().get("memory", 0))
+    if available:
+        memory.check(needs, available, "the cluster")
 
 
 num_shards = trial_resources.num_shards

@@ -30,11 +30,19 @@ from distrain.errors import DistrainError
 PEER_LOST_MARKERS = ("gloo", "nccl", "connection", "timed out", "timeout", "closed", "broken pipe", "reset by peer")
 
 
+def describe_loss(kind: str, target: int | None) -> str:
+    """What was lost, in words: "worker 1 lost", "worker 1 hung", "a parameter-server shard lost"."""
+    if kind == "hang":
+        return "a parameter-server wait hung" if target is None else f"worker {target} hung"
+    noun = {"shard": "parameter-server shard"}.get(kind, kind)
+    return f"a {noun} lost" if target is None else f"{noun} {target} lost"
+
+
 class RunLost(Exception):
     """An actor of the run died or hung: the attempt is over, the run may go on from a checkpoint."""
 
     def __init__(self, kind: str, target: int | None, detail: str) -> None:
-        super().__init__(f"{kind} {'' if target is None else target} lost: {detail}".replace("  ", " "))
+        super().__init__(f"{describe_loss(kind, target)}: {detail}")
         self.kind = kind  # "worker", "shard", "hang", "node"
         self.target = target  # worker rank or shard index, when known
         self.detail = detail
@@ -51,6 +59,10 @@ class Failure:
     restored_step: int
     max_failures: int
     replaced: bool = False  # the worker was replaced in place (PS transport); nothing restarted
+
+    @property
+    def what(self) -> str:
+        return describe_loss(self.kind, self.target)
 
 
 def classify(error: BaseException, rank: int, transport: str) -> RunLost | None:

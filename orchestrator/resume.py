@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from distrain.config import RunConfig
+from distrain.config import LEGACY_MOMENTUM, RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.checkpoint import latest_checkpoint, load_checkpoint_for
 from distrain.orchestrator.metrics import SCHEMA, MetricsSink
@@ -107,6 +107,8 @@ def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[st
             )
     # config.yaml is a file a user can edit: every setting that changes the training math must still be
     # the one the checkpoint was trained with (settings a later version added are not in old checkpoints).
+    if recorded.get("optimizer") in LEGACY_MOMENTUM[1] and recorded.get("momentum") == LEGACY_MOMENTUM[0]:
+        recorded = recorded | {"momentum": None}  # recorded before momentum became sgd's (never read)
     for name in RunConfig.field_names():
         if name in RESUMABLE or name in ("run_dir", "init_from") or name not in recorded:
             continue

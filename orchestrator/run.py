@@ -20,7 +20,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
-from distrain.orchestrator import cluster
+from distrain.orchestrator import cluster, memory
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey
@@ -79,6 +79,15 @@ def evaluates(epoch: int, last_epoch: int, eval_every: int) -> bool:
 
 
 @dataclass
+class WorkersStarting:
+    """Start-up progress: `started` of `total` worker actors are up (each imports torch and loads its
+    data, which takes a while with many workers on few cores)."""
+
+    started: int
+    total: int
+
+
+@dataclass
 class StragglersChanged:
     """The straggler detector's verdict changed: `slow` maps each flagged worker to its pace ratio."""
 
@@ -94,7 +103,7 @@ class RunResult:
     shard_nodes: list[str] = field(default_factory=list)  # node id of each PS shard (PS runs)
 
 
-Event = RunStarted | Progress | StragglersChanged | Failure
+Event = RunStarted | Progress | StragglersChanged | Failure | WorkersStarting
 
 
 class Diverged(Exception):
@@ -142,19 +151,23 @@ class Plan:
     checkpoint_path: Path | None = None
     claim: Claim | None = None  # a new run's directory, given back if the run is refused before it starts
     rows: dict[str, list[Any]] | None = None  # --resume: the metrics rows before the checkpoint's step
+    memory: memory.MemoryEstimate | None = None
 
 
 def preflight(config: RunConfig, resume: bool = False) -> Plan:
     """Checks that need no cluster, then (a new run) the claim of its directory: before Ray starts, so a
     directory that cannot be made, or that another run holds, is refused at once. Writes nothing else."""
     num_params = check_runnable(config)  # a sweep makes the same checks for each of its trials
+    needs = memory.estimate(config, num_params)
+    if not config.address and not ray.is_initialized():  # the local Ray this run will start: this machine
+        memory.check(needs, memory.local_available())
     if resume:
         path, checkpoint = resume_checkpoint(config, num_params)
         rows = recorded_rows(config, checkpoint)
-        return Plan(Path(config.run_dir), num_params, checkpoint, True, path, rows=rows)
+        return Plan(Path(config.run_dir), num_params, checkpoint, True, path, rows=rows, memory=needs)
     checkpoint = check_init_from(config, num_params)
     claim = claim_run_dir(config.run_dir, config.strategy, lambda path: _recorded(config, path).to_yaml())
-    return Plan(claim.path, num_params, checkpoint, claim=claim)
+    return Plan(claim.path, num_params, checkpoint, claim=claim, memory=needs)
 
 
 @dataclass
@@ -206,6 +219,8 @@ def run_training(
     try:
         connection = cluster.connect(config)
         cluster.check_resources(config)
+        if not connection.started_here and plan.memory is not None:
+            cluster.check_memory(plan.memory)
         if plan.resumed:  # the resumable flags given now are the run's from here on
             atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
         placement = cluster.place(config)
@@ -314,13 +329,29 @@ class _Driver:
     # ------------------------------------------------------------------ start
     def _start(self) -> list[dict[str, Any]]:
         timeout = self.config.collective_timeout_s
-        info = self._get_all([w.describe.remote() for w in self.workers], timeout=timeout)
+        refs = [w.describe.remote() for w in self.workers]
+        self._report_start_up(refs, timeout)
+        info = self._get_all(refs, timeout=timeout)
         self.steps_per_epoch = self.state.steps_per_epoch = info[0]["steps_per_epoch"]
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
             state = {"model": self.checkpoint["model"], "optimizer": self.checkpoint["optimizer"]}
             self._get_all([w.load_state.remote(state) for w in self.workers], timeout=timeout)
         return info
+
+    def _report_start_up(self, refs: list[Any], timeout: float, every_s: float = 1.0) -> None:
+        """Emit WorkersStarting as the workers come up (at most every `every_s`, and when all are up).
+        Errors and timeouts are left to the _get_all that follows."""
+        total, started, last = len(refs), 0, time.monotonic()
+        deadline = last + timeout
+        self.emit(WorkersStarting(0, total))
+        pending = list(refs)
+        while pending and time.monotonic() < deadline:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=min(every_s, deadline - time.monotonic()))
+            started += len(ready)
+            if ready and (not pending or time.monotonic() - last >= every_s):
+                self.emit(WorkersStarting(started, total))
+                last = time.monotonic()
 
     def _enter(self, phase: PhaseSpan, optimizer: FlatOptimizerState | None) -> None:
         """Set `phase`'s strategy up on every worker; PS shards start from worker 0's θ and `optimizer`."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from distrain.config import STRATEGY_DEPENDENT_FIELDS, RunConfig
+from distrain.config import RunConfig, overlay
 from distrain.errors import ConfigError, ResourceError
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.trial_resources import trial_cpus, trial_gpus
@@ -131,14 +131,8 @@ def flatten(point: dict[str, Any]) -> dict[str, Any]:
 
 def trial_config(base: dict[str, Any], params: dict[str, Any], run_dir: str = "") -> RunConfig:
     """The RunConfig one trial runs: the base with the trial's values (flags over a file, as in
-    RunConfig.resolve: a different strategy starts from its own transport and strategy defaults)."""
-    values = dict(base)
-    params = flatten(params)
-    if "strategy" in params and params["strategy"] != values.get("strategy"):
-        for name in STRATEGY_DEPENDENT_FIELDS:
-            if name not in params:
-                values.pop(name, None)
-    values.update(params)
+    RunConfig.resolve: a different strategy or optimizer starts from its own defaults)."""
+    values = overlay(base, flatten(params))
     values["run_dir"] = run_dir
     values["eval_every"] = 1  # schedulers compare trials on every epoch's test accuracy
     return RunConfig.from_mapping(values)

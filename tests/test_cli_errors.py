@@ -43,6 +43,8 @@ def workdir(tmp_path, monkeypatch, no_ray):
     inputs.mkdir()
     (inputs / "malformed.yaml").write_text("workers: 2\nlr: 0.1: 2\nmodel: cnn\n")
     (inputs / "empty_data").mkdir()
+    (inputs / "binary.yaml").write_bytes(bytes(range(256)))  # e.g. a checkpoint passed by mistake
+    (inputs / "twice.yaml").write_text("workers: 8\nmodel: mlp\nworkers: 2\n")
     full = inputs / "full_run"
     full.mkdir()
     (full / "metrics.parquet").write_bytes(b"precious results")
@@ -173,6 +175,13 @@ BAD_INPUTS = [
     (["--dataset", "cifar10", "--data-dir", "{in}/cifar_corrupt"], ["corrupt or truncated", "data_batch_1"]),
     (["--config", "{in}/malformed.yaml"], ["malformed YAML", "malformed.yaml", "line 2"]),
     (["--config", "{in}/missing.yaml"], ["not found", "missing.yaml"]),
+    (["--config", "{in}/binary.yaml"], ["binary.yaml' is not a text (UTF-8 YAML) file"]),
+    (["--config", "{in}/empty_data"], ["empty_data' is a directory; pass a YAML file"]),
+    (["--config", "{in}/twice.yaml"], ["key 'workers' appears twice", "twice.yaml", "lines 1 and 3"]),
+    (["--optimizer", "adam", "--momentum", "0.5"], ["--momentum is not used by --optimizer adam", "sgd"]),
+    (["--optimizer", "adagrad", "--momentum", "0"], ["--momentum is not used by --optimizer adagrad"]),
+    (["--data-dir", "{in}/empty_data"], ["--data-dir is not used by --dataset digits", "cifar10, mnist"]),
+    (["--dataset", "synthetic", "--data-dir", "{in}/empty_data"], ["--data-dir is not used by --dataset synthetic"]),
     (["--run-dir", "{in}/full_run"], ["not empty", "full_run"]),
     (["--run-dir", "{in}/full_run/metrics.parquet"], ["not a directory"]),
     (["--run-dir", "{in}/full_run/metrics.parquet/run"], ["--run-dir", "cannot be written", "Not a directory"]),
@@ -282,6 +291,10 @@ TUNE_BAD_INPUTS = [
     (["--resume", "{in}/full_run"], ["not a sweep directory"]),
     (["--resume", "{in}/full_run", "--epochs", "3"], ["--resume continues a sweep with its own settings"]),
     (["--config", "{in}/malformed.yaml", "--batch-sizes", "16"], ["malformed YAML"]),
+    (["--config", "{in}/binary.yaml", "--batch-sizes", "16"], ["not a text (UTF-8 YAML) file"]),
+    (["--config", "{in}/twice.yaml", "--batch-sizes", "16"], ["key 'workers' appears twice"]),
+    (["--dataset", "digits", "--data-dir", "{in}/empty_data"], ["--data-dir is not used by --dataset digits"]),
+    (["--param", "optimizer=adam", "--param", "momentum=0.5,0.9"], ["--momentum is not used by --optimizer adam"]),
 ]
 
 
@@ -387,6 +400,94 @@ def test_no_arguments_prints_help():
     assert "Traceback" not in result.output
 
 
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound once, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --address that names no cluster: (arguments, RAY_ADDRESS, what ray_current_cluster says, fragments)
+BAD_ADDRESSES = [
+    (["--address", "auto"], None, None, ["--address auto found no Ray cluster", "ray start --head"]),
+    (["--address", "auto"], "127.0.0.1:{port}", None, ["no Ray cluster answers at 127.0.0.1:{port}"]),
+    (["--address", "auto"], None, "127.0.0.1:{port}", ["no Ray cluster answers at 127.0.0.1:{port}"]),  # stale
+    (["--address", "127.0.0.1:{port}"], None, None, ["no Ray cluster answers at 127.0.0.1:{port}", "refused"]),
+    (["--address", "ray://127.0.0.1:{port}"], None, None, ["no Ray cluster answers at ray://127.0.0.1:{port}"]),
+    (["--address", "headnode"], None, None, ["--address 'headnode' must be auto or HOST:PORT"]),
+    (["--address", "10.0.0.1:99999"], None, None, ["must be auto or HOST:PORT"]),
+]
+
+
+@pytest.mark.parametrize("command", ["run", "tune"])
+@pytest.mark.parametrize(
+    ("args", "env", "recorded", "fragments"), BAD_ADDRESSES, ids=[f"{a[1]}-{e}-{r}" for a, e, r, _ in BAD_ADDRESSES]
+)
+def test_address_with_no_cluster_is_one_line_and_ray_is_never_asked(
+    tmp_path, monkeypatch, command, args, env, recorded, fragments
+):
+    """Ray would retry an unreachable address for a long time, then print a traceback; `auto` with no
+    cluster was a ConnectionError traceback. Both are refused before ray.init, and nothing is written."""
+    import ray
+
+    def refuse(*a, **k):
+        raise AssertionError("ray.init must not be called for an address with no cluster")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    port = str(_closed_port())
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "raytmp"))  # where Ray looks for ray_current_cluster
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if env is not None:
+        monkeypatch.setenv("RAY_ADDRESS", env.replace("{port}", port))
+    if recorded is not None:
+        (tmp_path / "raytmp" / "ray").mkdir(parents=True)
+        (tmp_path / "raytmp" / "ray" / "ray_current_cluster").write_text(recorded.replace("{port}", port))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    extra = ["--batch-sizes", "16", "--epochs", "1"] if command == "tune" else []
+    result = runner.invoke(app, [command, *[a.replace("{port}", port) for a in args], *extra])
+    assert_one_line_error(result, *[f.replace("{port}", port) for f in fragments])
+    assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--workers", "64", "--batch-size", "8"], ["64 workers need ~30", "GiB each", "has 8.0 GiB available"]),
+        (["--strategy", "ssp", "--ps-shards", "12", "--workers", "14", "--batch-size", "8"], ["fewer --ps-shards"]),
+        (["--model", "resnet18", "--workers", "1"], ["1 workers need", "use a smaller --model or --batch-size"]),
+    ],
+)
+def test_workers_that_cannot_fit_in_memory_are_refused_before_ray_starts(workdir, monkeypatch, args, fragments):
+    """`--workers 64` on a small machine ran minutes, then died of Ray's OutOfMemoryError."""
+    import ray
+
+    cwd, inputs = workdir
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as on a machine with no Ray running
+    monkeypatch.setenv("DISTRAIN_AVAILABLE_MEMORY", "8GiB" if "64" in args else "1GiB")
+    assert_one_line_error(runner.invoke(app, ["run", *args]), *fragments)
+    assert list(cwd.iterdir()) == []
+
+
+def test_address_probe_lets_a_listening_address_through(monkeypatch):
+    import socket
+
+    from distrain.orchestrator import address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        where = f"127.0.0.1:{server.getsockname()[1]}"
+        assert address.reachable(where) == where
+        monkeypatch.setenv("RAY_ADDRESS", where)
+        assert address.reachable("auto") == where  # what `ray job submit` sets for the job's driver
+    assert address.reachable("local") == "local"
+
+
 # ---------------------------------------------------------------- needs the cluster
 def test_more_gpus_than_the_cluster_has(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -464,3 +565,19 @@ def test_help_piped_into_a_reader_that_stops_early_is_quiet(tmp_path):
     )  # fmt: skip
     assert "Traceback" not in proc.stdout + proc.stderr and "Error" not in proc.stderr, proc.stderr
     assert "Usage" in proc.stdout
+
+
+def test_address_where_something_else_listens_is_one_line(tmp_path, monkeypatch):
+    """The TCP probe passes (a proxy, another service), then ray.init fails after its own retries."""
+    import ray
+
+    def no_gcs(*a, **k):
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+
+    monkeypatch.setattr(ray, "init", no_gcs)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr("distrain.orchestrator.address.probe", lambda *a, **k: None)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["run", "--address", "10.0.0.1:6379"])
+    assert_one_line_error(result, "10.0.0.1:6379 accepts connections but did not answer as a Ray cluster")
+    assert list(tmp_path.iterdir()) == []

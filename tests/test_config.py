@@ -40,7 +40,7 @@ def test_yaml_round_trip(tmp_path):
         workers=3,
         cpus_per_worker=0.5,
         model="mlp",
-        dataset="synthetic",
+        dataset="mnist",  # a data set that reads --data-dir
         lr=0.125,
         lr_scaling="sqrt",
         warmup_epochs=1.5,
@@ -134,6 +134,71 @@ def test_missing_config_file(tmp_path):
         RunConfig.resolve(str(missing), {})
     assert "nope.yaml" in str(info.value)
     assert not missing.exists()
+
+
+def test_config_file_that_is_a_directory_or_binary(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        RunConfig.resolve(str(tmp_path), {})
+    binary = tmp_path / "c.yaml"
+    binary.write_bytes(b"workers: 2\n\xd0\xff\x00\x81\n")
+    with pytest.raises(ConfigError, match="not a text .UTF-8 YAML. file"):
+        RunConfig.resolve(str(binary), {})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("workers: 8\nlr: 0.1\nworkers: 2\n", r"key 'workers' appears twice in .*c.yaml' \(lines 1 and 3\)"),
+        ("lr: 0.1\nseed: {a: 1, a: 2}\n", r"key 'a' appears twice .*\(line 2\)"),
+    ],
+)
+def test_duplicate_yaml_key_is_refused(tmp_path, text, message):
+    path = write(tmp_path / "c.yaml", text)
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.resolve(str(path), {})
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path):
+    path = write(tmp_path / "c.yaml", "x: &d {a: 1}\ny:\n  <<: *d\n  a: 2\n")
+    assert RunConfig.load_yaml(path) == {"x": {"a": 1}, "y": {"a": 2}}
+
+
+def test_momentum_is_sgd_only_and_defaults_to_0_9_there(tmp_path):
+    assert RunConfig().momentum == 0.9
+    assert RunConfig(momentum=0.0).momentum == 0.0
+    assert RunConfig(optimizer="adam").momentum is None
+    with pytest.raises(ConfigError, match=r"not used by --optimizer adam; drop it \(it applies to: sgd\)"):
+        RunConfig(optimizer="adam", momentum=0.5)
+    # a file resolved for sgd (momentum: 0.9) repeated with another optimizer drops the file's momentum
+    path = write(tmp_path / "c.yaml", RunConfig().to_yaml())
+    assert RunConfig.resolve(str(path), {"optimizer": "adagrad"}).momentum is None
+    with pytest.raises(ConfigError, match="--momentum is not used"):
+        RunConfig.resolve(str(path), {"optimizer": "adagrad", "momentum": 0.5})
+    # ... and a file that asks for adam with momentum itself is refused
+    path = write(tmp_path / "d.yaml", "optimizer: adam\nmomentum: 0.5\n")
+    with pytest.raises(ConfigError, match="--momentum is not used by --optimizer adam"):
+        RunConfig.resolve(str(path), {})
+
+
+def test_config_recorded_before_momentum_became_sgd_only_still_loads(tmp_path):
+    """Older versions wrote `momentum: 0.9` (then the default) into every run's config.yaml."""
+    text = RunConfig(optimizer="adam").to_yaml().replace("\nmomentum: null\n", "\nmomentum: 0.9\n")
+    assert "\nmomentum: 0.9\n" in text
+    path = write(tmp_path / "config.yaml", text)
+    assert RunConfig.resolve(str(path), {}) == RunConfig(optimizer="adam")
+    # only distrain's own records get this allowance: a hand-written file is taken at its word
+    path = write(tmp_path / "mine.yaml", "optimizer: adam\nmomentum: 0.9\n")
+    with pytest.raises(ConfigError, match="--momentum is not used"):
+        RunConfig.resolve(str(path), {})
+
+
+def test_data_dir_is_refused_for_data_sets_that_read_no_files(tmp_path):
+    for dataset in ("digits", "synthetic"):
+        with pytest.raises(ConfigError, match=rf"--data-dir is not used by --dataset {dataset}.*cifar10, mnist"):
+            RunConfig(dataset=dataset, data_dir=str(tmp_path))
+    path = write(tmp_path / "c.yaml", RunConfig(dataset="mnist", data_dir=str(tmp_path)).to_yaml())
+    assert RunConfig.resolve(str(path), {"dataset": "digits"}).data_dir == ""  # the file's dir is dropped
+    assert RunConfig.resolve(str(path), {"dataset": "cifar10"}).data_dir == str(tmp_path)  # and kept here
 
 
 def test_config_errors_are_user_errors():

@@ -65,6 +65,17 @@ def test_trial_config_switches_strategy_defaults_like_resolve():
     assert (ssp.transport, ssp.ps_shards, ssp.staleness) == ("ps", 1, 4)
 
 
+def test_trial_config_switches_optimizer_and_data_set_defaults_like_resolve(tmp_path):
+    adam = trial_config(base(), {"optimizer": "adam"})  # the base's sgd momentum stays with sgd
+    assert adam.momentum is None
+    assert trial_config(base(optimizer="adam"), {"optimizer": "sgd"}).momentum == 0.9
+    with pytest.raises(ConfigError, match="--momentum is not used by --optimizer adam"):
+        trial_config(base(), {"optimizer": "adam", "momentum": 0.5})
+    mnist = base(dataset="mnist", data_dir=str(tmp_path))
+    assert trial_config(mnist, {"dataset": "digits"}).data_dir == ""
+    assert trial_config(mnist, {"dataset": "cifar10"}).data_dir == str(tmp_path)
+
+
 def test_grid_counts_and_every_combination_is_checked():
     spec = SweepSpec(
         base(),

@@ -81,6 +81,8 @@ class DatasetSpec:
     check: Callable[[str], None]
     train_size: int  # known up front, so a global batch larger than the data set is refused early
     info: DatasetInfo  # known up front, so models can be sized without loading any data
+    reads_files: bool = True  # False: generated or bundled, so --data-dir would be ignored (and is refused)
+    memory_bytes: int = 0  # train + test set as a worker holds it (images in their stored dtype, int64 labels)
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")
@@ -144,7 +146,7 @@ def _load_digits(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("digits", "scikit-learn's 8x8 handwritten digits, 1797 images, bundled")(
-    DatasetSpec(_load_digits, _no_files_needed, _split_sizes(1797)[0], DIGITS)
+    DatasetSpec(_load_digits, _no_files_needed, _split_sizes(1797)[0], DIGITS, False, 1797 * (64 * 4 + 8))
 )
 
 
@@ -163,7 +165,14 @@ def _load_synthetic(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("synthetic", "10 Gaussian classes of 8x8 images, generated (no files)")(
-    DatasetSpec(_load_synthetic, _no_files_needed, _split_sizes(SYNTHETIC_SAMPLES)[0], SYNTHETIC)
+    DatasetSpec(
+        _load_synthetic,
+        _no_files_needed,
+        _split_sizes(SYNTHETIC_SAMPLES)[0],
+        SYNTHETIC,
+        reads_files=False,
+        memory_bytes=SYNTHETIC_SAMPLES * (64 * 4 + 8),
+    )
 )
 
 
@@ -292,7 +301,7 @@ def _load_mnist(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("mnist", "MNIST 28x28, read by torchvision from --data-dir/MNIST/raw")(
-    DatasetSpec(_load_mnist, _check_mnist, 60_000, MNIST_INFO)
+    DatasetSpec(_load_mnist, _check_mnist, 60_000, MNIST_INFO, memory_bytes=70_000 * (784 + 8))
 )
 
 
@@ -343,5 +352,5 @@ def _load_cifar10(data_dir: str) -> LoadedDataset:
 
 
 DATASETS.register("cifar10", "CIFAR-10 32x32 RGB, read by torchvision from --data-dir/cifar-10-batches-py")(
-    DatasetSpec(_load_cifar10, _check_cifar10, 50_000, CIFAR10_INFO)
+    DatasetSpec(_load_cifar10, _check_cifar10, 50_000, CIFAR10_INFO, memory_bytes=60_000 * (3072 + 8))
 )

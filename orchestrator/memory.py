@@ -1,0 +1,180 @@
+"""How much memory a run's actors will hold, and a refusal (one line, with the figures) when it cannot fit.
+
+Without this, `--workers 64` on a small machine starts 64 processes that each import torch, and
+minutes later Ray's memory monitor kills them with an OutOfMemoryError traceback. The estimate is
+made before anything starts, from the model's size and shape and the data set's size:
+
+    per worker = process baseline + parameters x copies + activations + the data set
+    per shard  = process baseline + its slice of the parameters x copies
+    total      = shared libraries (once) + workers x per worker + shards x per shard
+
+Process baseline: a worker actor's unique memory (USS) with torch, numpy, scikit-learn, Ray's core
+worker and distrain loaded and a tiny model trained: 473 MiB measured (psutil memory_full_info of
+the TrainWorker processes, peak over a 60-step mlp/digits and cnn/digits run, Ray 2.60, torch CPU,
+Linux). Their RSS was 1046 MiB: the other ~575 MiB are shared library pages (torch's .so files),
+paid once per machine, not per worker.
+
+Parameter copies: the parameters, their gradients and one communication buffer (3), plus the
+optimizer's state: SGD with momentum 1, Adagrad 1, Adam 2. Activations: what autograd keeps
+for the backward pass, about the sum of every layer's output for each sample of a batch, counted
+from one forward pass on the meta device (shapes only, no memory); twice that, as the backward pass
+holds a gradient of the same size while it runs.
+
+The planner builds on `estimate`; the run's preflight calls `check`. No Ray import here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from distrain.errors import ResourceError
+
+if TYPE_CHECKING:
+    from distrain.config import RunConfig
+
+MiB = 2**20
+GiB = 2**30
+PROCESS_BYTES = 473 * MiB  # unique memory of one actor process (measured: see the module docstring)
+SHARED_BYTES = 575 * MiB  # shared library pages, once per machine
+FLOAT_BYTES = 4
+BASE_COPIES = 3  # parameters, gradients, a communication buffer
+OPTIMIZER_COPIES = {"sgd": 1, "adagrad": 1, "adam": 2}  # sgd: momentum buffer (none at momentum 0)
+ACTIVATION_FACTOR = 2  # forward outputs kept for backward, plus their gradients while backward runs
+# Tests (and a user who knows better) set this to the bytes available, e.g. "20GiB", instead of the
+# machine's MemAvailable or the cluster's memory resource.
+AVAILABLE_ENV = "DISTRAIN_AVAILABLE_MEMORY"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    workers: int
+    process: int  # bytes per worker, each part
+    model: int
+    activations: int
+    data: int
+    shards: int = 0
+    per_shard: int = 0
+    shared: int = SHARED_BYTES
+
+    @property
+    def per_worker(self) -> int:
+        return self.process + self.model + self.activations + self.data
+
+    @property
+    def total(self) -> int:
+        return self.shared + self.workers * self.per_worker + self.shards * self.per_shard
+
+    def describe(self) -> str:
+        """'64 workers need ~30.2 GiB (0.47 GiB each: 0.46 process, 0.00 model ..., ...)'."""
+        parts = ", ".join(
+            f"{value / GiB:.2f} {name}"
+            for name, value in (
+                ("process", self.process),
+                ("model and optimizer", self.model),
+                ("activations", self.activations),
+                ("data", self.data),
+            )
+        )
+        text = f"{self.workers} workers need ~{self.total / GiB:.1f} GiB ({self.per_worker / GiB:.2f} GiB each: {parts}"
+        if self.shards:
+            text += f"; plus {self.shards} parameter-server shards x {self.per_shard / GiB:.2f} GiB"
+        return text + f"; {self.shared / GiB:.2f} GiB of shared libraries once)"
+
+
+def optimizer_copies(optimizer: str, momentum: float | None) -> int:
+    if optimizer == "sgd":  # momentum None is sgd's default 0.9: one buffer
+        return 0 if momentum == 0 else 1
+    return OPTIMIZER_COPIES.get(optimizer, 2)
+
+
+def activation_values(model: str, dataset: str) -> int:
+    """Floats of layer outputs one sample produces in a forward pass: every leaf module's output,
+    summed, from a pass on the meta device (shapes only; nothing is allocated or initialised)."""
+    import torch
+
+    from distrain.trainers.datasets import DATASETS
+    from distrain.trainers.models import MODELS
+
+    info = DATASETS.get(dataset).info
+    with torch.device("meta"):
+        net = MODELS.get(model)(info)
+        total = 0
+
+        def count(module: torch.nn.Module, inputs: object, output: object) -> None:
+            nonlocal total
+            if isinstance(output, torch.Tensor):
+                total += output.numel()
+
+        hooks = [m.register_forward_hook(count) for m in net.modules() if not list(m.children())]
+        try:
+            net.eval()  # the same shapes; BatchNorm in training mode refuses a batch of one
+            net(torch.empty(1, info.channels, info.height, info.width))
+        finally:
+            for h in hooks:
+                h.remove()
+    return total + info.channels * info.height * info.width  # the input batch itself
+
+
+def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
+    """What the run's worker actors (and parameter-server shards) will hold, in bytes."""
+    from distrain.orchestrator.trial_resources import num_shards
+    from distrain.trainers.datasets import DATASETS
+
+    copies = BASE_COPIES + optimizer_copies(config.optimizer, config.momentum)
+    # A user's task: its activations and data are not known before its workers build it, so only the
+    # process and the parameter copies are counted (a lower bound).
+    builtin = not config.task
+    per_sample = activation_values(config.model, config.dataset) if builtin else 0
+    activations = ACTIVATION_FACTOR * config.batch_size * per_sample
+    shards = num_shards(config)
+    # A shard holds θ, a gradient sum and the optimizer state for its slice.
+    shard_copies = 2 + optimizer_copies(config.optimizer, config.momentum)
+    per_shard = PROCESS_BYTES + (-(-num_params // shards) * FLOAT_BYTES * shard_copies if shards else 0)
+    return MemoryEstimate(
+        workers=config.num_worker_actors,
+        process=PROCESS_BYTES,
+        model=num_params * FLOAT_BYTES * copies,
+        activations=activations * FLOAT_BYTES,
+        data=DATASETS.get(config.dataset).memory_bytes if builtin else 0,
+        shards=shards,
+        per_shard=per_shard if shards else 0,
+    )
+
+
+def parse_bytes(text: str) -> int:
+    """'20GiB', '512MiB', '2e10' -> bytes."""
+    units = {"kib": 2**10, "mib": MiB, "gib": GiB, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    t = text.strip().lower()
+    for unit, factor in units.items():
+        if t.endswith(unit):
+            return int(float(t.removesuffix(unit)) * factor)
+    return int(float(t))
+
+
+def local_available() -> int:
+    """Memory this machine can give new processes without swapping (MemAvailable), or the override."""
+    override = os.environ.get(AVAILABLE_ENV)
+    if override:
+        return parse_bytes(override)
+    try:
+        with open("/proc/meminfo") as f:  # Linux: no dependency needed
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import psutil  # elsewhere (a Ray dependency)
+
+    return int(psutil.virtual_memory().available)
+
+
+def check(est: MemoryEstimate, available: int, where: str = "this machine") -> None:
+    """Refuse, with the figures, a run whose actors cannot fit in `available` bytes."""
+    if est.total <= available:
+        return
+    fewer = "use fewer workers" if est.workers > 1 else "use a smaller --model or --batch-size"
+    if est.shards > 1:
+        fewer += " (or fewer --ps-shards)"
+    raise ResourceError(f"{est.describe()}, but {where} has {available / GiB:.1f} GiB available; {fewer}")
