@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
@@ -163,11 +164,16 @@ def test_yaml_merge_keys_are_not_duplicates(tmp_path):
     assert RunConfig.load_yaml(path) == {"x": {"a": 1}, "y": {"a": 2}}
 
 
-def test_momentum_is_sgd_only_and_defaults_to_0_9_there(tmp_path):
-    assert RunConfig().momentum == 0.9
+def test_momentum_is_for_the_optimizers_that_read_it(tmp_path):
+    """None is the optimizer's own default: 0.9 for sgd (distrain's), applied when it is built."""
+    from distrain.trainers.optim_state import make_optimizer
+
+    assert RunConfig().momentum is None
+    sgd = make_optimizer("sgd", [torch.nn.Parameter(torch.zeros(1))], 0.1, RunConfig().momentum, None)
+    assert sgd.param_groups[0]["momentum"] == 0.9
     assert RunConfig(momentum=0.0).momentum == 0.0
     assert RunConfig(optimizer="adam").momentum is None
-    with pytest.raises(ConfigError, match=r"not used by --optimizer adam; drop it \(it applies to: sgd\)"):
+    with pytest.raises(ConfigError, match=r"not used by --optimizer adam; drop it \(it applies to: sgd, rmsprop\)"):
         RunConfig(optimizer="adam", momentum=0.5)
     # a file resolved for sgd (momentum: 0.9) repeated with another optimizer drops the file's momentum
     path = write(tmp_path / "c.yaml", RunConfig().to_yaml())

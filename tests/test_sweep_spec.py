@@ -68,7 +68,7 @@ def test_trial_config_switches_strategy_defaults_like_resolve():
 def test_trial_config_switches_optimizer_and_data_set_defaults_like_resolve(tmp_path):
     adam = trial_config(base(), {"optimizer": "adam"})  # the base's sgd momentum stays with sgd
     assert adam.momentum is None
-    assert trial_config(base(optimizer="adam"), {"optimizer": "sgd"}).momentum == 0.9
+    assert trial_config(base(optimizer="adam"), {"optimizer": "sgd"}).momentum is None  # sgd's own: 0.9
     with pytest.raises(ConfigError, match="--momentum is not used by --optimizer adam"):
         trial_config(base(), {"optimizer": "adam", "momentum": 0.5})
     mnist = base(dataset="mnist", data_dir=str(tmp_path))
