@@ -22,7 +22,7 @@ from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator import cluster
 from distrain.orchestrator.backup_tasks import PortionScheduler
-from distrain.orchestrator.chaos import ChaosMonkey
+from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
 from distrain.orchestrator.checkpoint import (
     checkpoint_name,
     load_checkpoint_for,
@@ -33,7 +33,15 @@ from distrain.orchestrator.files import atomic_write_text, choose_run_dir
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
 from distrain.orchestrator.ps import ShardGroup
-from distrain.orchestrator.recovery import Failure, FailureLedger, RestorePoint, RunLost, classify, kill_all
+from distrain.orchestrator.recovery import (
+    Failure,
+    FailureLedger,
+    RestorePoint,
+    RunLost,
+    classify,
+    discard,
+    kill_all,
+)
 from distrain.orchestrator.replacement import replace_worker, replaceable, replacement_ready, start_worker
 from distrain.orchestrator.resume import resume_checkpoint
 from distrain.orchestrator.stragglers import StragglerDetector
@@ -119,13 +127,19 @@ class Plan:
 def preflight(config: RunConfig, resume: bool = False) -> Plan:
     """Checks that need no cluster. Writes nothing."""
     check_dataset(config.dataset, config.data_dir, config.samples_per_step)
-    num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
+    dataset = DATASETS.get(config.dataset)
+    num_params = count_parameters(config.model, dataset.info)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
         raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
+    # The run's length is known before anything starts (the workers' EpochSharder computes the same).
+    total = config.epochs * (dataset.train_size // config.samples_per_step)
+    total = min(total, config.max_steps) if config.max_steps else total
     if resume:
         path, checkpoint = resume_checkpoint(config, num_params)
+        refuse_unreachable(config.chaos_events, total)  # events before the checkpoint: not fired (skip_reached)
         return Plan(Path(config.run_dir), num_params, checkpoint, True, path)
     checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
+    refuse_unreachable(config.chaos_events, total, int(checkpoint["global_step"]) if checkpoint else 0)
     return Plan(choose_run_dir(config.run_dir, config.strategy), num_params, checkpoint)
 
 
@@ -164,6 +178,7 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
     actors: list[Any] = []  # everything started here, killed on the way out
     try:
         cluster.check_resources(config)
+        refuse_on_cluster(config.chaos_events)
         plan.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
         placement = cluster.place(config)
@@ -176,7 +191,7 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
                 return driver.train()
             except RunLost as lost:
                 try:
-                    _recover(lost, config, plan, state, actors, emit)
+                    _recover(lost, config, plan, state, actors, emit, list(driver.pending))
                 except DistrainError:  # past --max-failures: record what there is, then say so
                     driver._finish("failed", checkpoint=False)
                     raise
@@ -195,10 +210,13 @@ def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: f
     return [start_worker(config, placement, rank, run_start) for rank in range(config.num_worker_actors)]
 
 
-def _recover(lost: RunLost, config: RunConfig, plan: Plan, state: RunState, actors: list[Any], emit: Any) -> None:
+def _recover(
+    lost: RunLost, config: RunConfig, plan: Plan, state: RunState, actors: list[Any], emit: Any, dropped: list[Any]
+) -> None:
     """Count the failure (past --max-failures this raises), end the attempt, restart from the checkpoint."""
     steps_per_epoch, at_step = state.steps_per_epoch, state.steps_done
     kill_all(actors)
+    discard(dropped, min(10.0, config.collective_timeout_s))  # the attempt's calls in flight: one line per failure
     event = state.ledger.record(lost, at_step, state.point, time.time() - state.run_start)
     state.sink.keep_before(state.point.global_step, steps_per_epoch)
     plan.checkpoint = state.point.payload
@@ -253,6 +271,7 @@ class _Driver:
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
         self.steps_done = self.start_step
         self.saves: dict[int, tuple[str, dict[str, Any]]] = {}  # global step -> checkpoint waiting for its rows
+        self.pending: dict[Any, tuple[str, int, Any]] = {}  # calls in flight in `_loop` (ref -> what it is)
         # Worker replacement (PS transport, orchestrator/replacement.py): the shards' rule, each worker's
         # clock after its last segment whose rows came back, and global step minus round number.
         self.ps_mode: str | None = None
@@ -369,6 +388,7 @@ class _Driver:
                 spe, params = self.steps_per_epoch, info[0]["num_params"]
                 self.emit(RunStarted(self.run_dir, total, spe, params, nodes, self.start_step))
             optimizer = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
+            self.state.chaos.skip_reached(self.start_step)  # a resumed run: events before its checkpoint are past
             self.phases = plan_phases(self.config, self.steps_per_epoch, self.start_step, total)
             for i, phase in enumerate(self.phases):
                 if i:
@@ -407,8 +427,10 @@ class _Driver:
         shared = self.impl.independent_workers
         every = self.config.checkpoint_steps
         work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, start_step, every)
+        chaos = self.state.chaos
+        work.hold = chaos.next_step()  # work stops at the next --chaos step until the fault is injected
         depth = 1 if shared else 2  # queued segments per worker (shared: keep units for whoever is free)
-        pending: dict[Any, tuple[str, int, Any]] = {}
+        pending = self.pending = {}  # a failed attempt's are read and dropped (recovery.discard)
         in_flight = [0] * n
         open_epoch: list[int | None] = [None] * n  # static: epoch of the last segment given to each worker
         eval_parts: dict[int, list[tuple[float, int, int, float]]] = defaultdict(list)
@@ -432,6 +454,12 @@ class _Driver:
 
         def feed(rank: int) -> None:
             while in_flight[rank] < depth:
+                if work.held(rank):  # waits for a --chaos fault; an epoch it has finished is evaluated now
+                    epoch = open_epoch[rank]
+                    if not shared and epoch is not None and work.cursor[rank] // self.steps_per_epoch != epoch:
+                        queue_eval(rank, epoch)
+                        open_epoch[rank] = None
+                    return
                 units = work.next_segment(rank)
                 epoch = open_epoch[rank]
                 if not shared and epoch is not None and (not units or units[0][0] != epoch):
@@ -452,7 +480,21 @@ class _Driver:
                 raise lost
             replace_worker(self, lost, pending, in_flight, work)
             heard[lost.target] = time.monotonic()
-            feed(lost.target)
+            go_on(lost.target)  # the units it completes may be the last before a --chaos hold
+
+        def go_on(rank: int) -> None:
+            """Once the step count is at the hold (every worker waits there) and the checkpoints of steps
+            up to it are taken, inject the faults due, move the hold to the next one and feed everyone;
+            else feed `rank`."""
+            hold = work.hold
+            taking = hold is not None and any(k == "state" and p[1] <= hold for k, _, p in pending.values())
+            if hold is None or self.steps_done < hold or taking:
+                feed(rank)
+                return
+            chaos.strike(self.steps_done, self.workers, self.shards.shards if self.shards else [])
+            work.hold = chaos.next_step()
+            for r in range(n):
+                feed(r)
 
         heard = [time.monotonic()] * n  # when each worker last answered (idle workers count as heard)
         for rank in range(n):
@@ -492,11 +534,10 @@ class _Driver:
                 self.steps_done = self.state.steps_done = work.steps_done
                 if shared and every and self.steps_done // every > before // every:
                     queue_step_checkpoint(rank, self.steps_done // every * every)
-                self.state.chaos.strike(self.steps_done, self.workers, self.shards.shards if self.shards else [])
                 if result["loss"]:  # empty when every unit was skipped (k-of-n) or taken by others (backup tasks)
                     last_loss = result["loss"][-1]
                 self._progress(payload[-1][0], total, last_loss, last_acc)
-                feed(rank)
+                go_on(rank)
             elif kind == "eval":
                 eval_parts[payload].append(result)
                 if len(eval_parts[payload]) == n:
@@ -505,6 +546,7 @@ class _Driver:
             else:  # "state": a periodic checkpoint, taken in the worker's queue right after its step
                 name, step = payload
                 self.saves[step] = (name, result)
+                go_on(rank)  # a --chaos fault at this step waited for its checkpoint
             self._save_complete(outstanding_evals=set(eval_parts) | {p for k, _, p in pending.values() if k == "eval"})
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
@@ -639,6 +681,8 @@ class _Driver:
         except ray.exceptions.RayError:  # a failed run's actors may be gone; the metrics still tell
             pass
         summary.update(self.state.ledger.summary())
+        if self.config.chaos:
+            summary["chaos"] = self.state.chaos.summary(self.steps_done)
         if self.config.schedule:
             summary["phases"] = [phase.describe() for phase in self.phases]
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
