@@ -133,11 +133,11 @@ class ChaosMonkey:
 
 
 def kill_node_of(workers: list[Any]) -> tuple[str | None, str | None]:
-    """End the raylet of the node hosting the last worker that is not on the driver's node: every
-    process there dies with it (the driver's node, the head of a simulated cluster, is never hit).
+    """Kill the node hosting the last worker that is not on the driver's node (the driver's node, the
+    head of a simulated cluster, is never hit): its raylet and every process it started. The raylet
+    alone is not enough: a worker that is idle when its raylet dies goes on answering direct calls.
     Returns that node's id, and why it was not killed (None: it was)."""
-    import os
-    import signal
+    import psutil
 
     here = ray.get_runtime_context().get_node_id()
     hosts = [ray.get(w.describe.remote())["node_id"] for w in workers]
@@ -147,21 +147,41 @@ def kill_node_of(workers: list[Any]) -> tuple[str | None, str | None]:
     node_id = away[-1]
     for node in ray.nodes():
         if node["NodeID"] == node_id and node["Alive"]:
-            pid = _raylet_pid(node)
-            if pid is None:
+            raylet = _raylet(node)
+            if raylet is None:
                 return node_id, "its raylet is not on this machine (kill-node works on simulated clusters)"
-            os.kill(pid, signal.SIGKILL)
+            for proc in [raylet, *raylet.children(recursive=True)]:
+                try:
+                    proc.kill()  # SIGKILL, as a power cut would
+                except psutil.NoSuchProcess:
+                    pass
+            _wait_until_dead(node_id)
             return node_id, None
     return node_id, "the node is already gone"
 
 
-def _raylet_pid(node: dict[str, Any]) -> int | None:
-    """The raylet process of a node on this machine (a simulated cluster), found by its socket name."""
+def _wait_until_dead(node_id: str, timeout_s: float = 60.0) -> None:
+    """Return once Ray has marked the node dead (its health checks take a few seconds): a restart that
+    reserved its placement group before that could be handed a bundle on the dead node, and lose its
+    first attempt waiting for workers that never start."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+            return
+        time.sleep(0.1)
+
+
+def _raylet(node: dict[str, Any]) -> Any:
+    """The raylet process (psutil) of a node on this machine (a simulated cluster), found by its socket
+    name (matched whole: the head's ".../raylet" is a prefix of the next node's ".../raylet.1")."""
     import psutil
 
     socket = node.get("RayletSocketName", "")
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info.get("cmdline") or []
-        if any(socket and socket in part for part in cmdline) and any("raylet" in part for part in cmdline[:1]):
-            return int(proc.pid)
+        if socket and any(part.endswith("=" + socket) or part == socket for part in cmdline[1:]):
+            if "raylet" in cmdline[0]:
+                return proc
     return None
