@@ -736,6 +736,9 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         )
     if summary.get("nonfinite_steps"):
         rows.append(("steps with a non-finite loss or gradient", str(summary["nonfinite_steps"])))
+    if summary.get("chaos"):  # --chaos: each event and the step it struck at
+        fired = [f"{c['event']} at {c['fired_step']}" for c in summary["chaos"] if c["fired"]]
+        rows.append(("faults injected (step)", ", ".join(fired) or "none"))
     if summary.get("averaging_rounds") is not None:
         rows += [
             ("averaging rounds", str(summary["averaging_rounds"])),
@@ -747,6 +750,9 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)
+    for c in summary.get("chaos") or []:
+        if not c["fired"]:
+            out.print(f"--chaos {c['event']} did not fire: {c['reason']}", markup=False, highlight=False)
     out.print(
         f"results in {run_dir}/ (config.yaml, metrics.parquet, summary.json, checkpoints/)",
         markup=False,

@@ -176,6 +176,22 @@ class FailureLedger:
         }
 
 
+def discard(refs: list[Any], timeout: float) -> None:
+    """Read, and drop, the results of calls nobody needs any more (a failed attempt's queued segments,
+    evaluations and states; a replaced worker's calls). Ray prints every error result dropped unread
+    as an "Unhandled error" with a whole remote traceback, while the failure has its one line in the
+    display already (a call killed with its actor is never reported; one that failed on a dead shard
+    is). Their actors are dead or being killed, so the calls end at once; `timeout` only bounds it."""
+    if not refs:
+        return
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    for ref in ready:
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayError:
+            pass
+
+
 def kill_all(actors: list[Any]) -> None:
     """Kill every actor of a failed attempt (dead ones included: ray.kill on those is a no-op)."""
     for actor in actors:

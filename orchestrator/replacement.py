@@ -35,7 +35,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.orchestrator.cluster import Placement, bundle_nodes
-from distrain.orchestrator.recovery import Failure, RunLost
+from distrain.orchestrator.recovery import Failure, RunLost, discard
 from distrain.orchestrator.worker import TrainWorker
 
 if TYPE_CHECKING:
@@ -82,8 +82,7 @@ def replace_worker(driver: Any, lost: RunLost, pending: dict[Any, tuple[str, int
         del pending[ref]
     # ray.kill returns before the process is gone, and a dying worker may still push a round or two:
     # read the shards' clocks only once its calls have all ended (they fail once it is dead).
-    if lost_calls:
-        ray.wait([ref for ref, _ in lost_calls], num_returns=len(lost_calls), timeout=config.collective_timeout_s)
+    discard([ref for ref, _ in lost_calls], config.collective_timeout_s)  # (read: no "Unhandled error" each)
 
     shards = driver.shards.shards
     counters = driver._shard_call([s.counters.remote() for s in shards])

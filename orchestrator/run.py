@@ -23,7 +23,7 @@ from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator import cluster, memory
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
-from distrain.orchestrator.chaos import ChaosMonkey
+from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
 from distrain.orchestrator.checkpoint import (
     checkpoint_name,
     save_checkpoint,
@@ -33,9 +33,17 @@ from distrain.orchestrator.files import Claim, atomic_write_text, claim_run_dir
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
 from distrain.orchestrator.ps import ShardGroup
-from distrain.orchestrator.recovery import Failure, FailureLedger, RestorePoint, RunLost, classify, kill_all
+from distrain.orchestrator.recovery import (
+    Failure,
+    FailureLedger,
+    RestorePoint,
+    RunLost,
+    classify,
+    discard,
+    kill_all,
+)
 from distrain.orchestrator.replacement import replace_worker, replaceable, replacement_ready, start_worker
-from distrain.orchestrator.resume import recorded_rows, resume_checkpoint
+from distrain.orchestrator.resume import recorded_rows, resume_checkpoint, total_steps
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
@@ -161,11 +169,14 @@ def preflight(config: RunConfig, resume: bool = False) -> Plan:
     needs = memory.estimate(config, num_params)
     if not config.address and not ray.is_initialized():  # the local Ray this run will start: this machine
         memory.check(needs, memory.local_available())
+    total = total_steps(config)  # the run's length is known before anything starts (as the workers count it)
     if resume:
         path, checkpoint = resume_checkpoint(config, num_params)
+        refuse_unreachable(config.chaos_events, total)  # events before the checkpoint: not fired (skip_reached)
         rows = recorded_rows(config, checkpoint)
         return Plan(Path(config.run_dir), num_params, checkpoint, True, path, rows=rows, memory=needs)
     checkpoint = check_init_from(config, num_params)
+    refuse_unreachable(config.chaos_events, total, int(checkpoint["global_step"]) if checkpoint else 0)
     claim = claim_run_dir(config.run_dir, config.strategy, lambda path: _recorded(config, path).to_yaml())
     return Plan(claim.path, num_params, checkpoint, claim=claim, memory=needs)
 
@@ -221,6 +232,7 @@ def run_training(
         cluster.check_resources(config)
         if not connection.started_here and plan.memory is not None:
             cluster.check_memory(plan.memory)
+        refuse_on_cluster(config.chaos_events)
         if plan.resumed:  # the resumable flags given now are the run's from here on
             atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
         placement = cluster.place(config)
@@ -234,7 +246,7 @@ def run_training(
                 return driver.train()
             except RunLost as lost:
                 try:
-                    _recover(lost, config, plan, state, actors, emit)
+                    _recover(lost, config, plan, state, actors, emit, list(driver.pending))
                 except DistrainError:  # past --max-failures: record what there is, then say so
                     hooks.end(driver._finish("failed", checkpoint=False), quiet=True)
                     raise
@@ -256,10 +268,13 @@ def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: f
     return [start_worker(config, placement, rank, run_start) for rank in range(config.num_worker_actors)]
 
 
-def _recover(lost: RunLost, config: RunConfig, plan: Plan, state: RunState, actors: list[Any], emit: Any) -> None:
+def _recover(
+    lost: RunLost, config: RunConfig, plan: Plan, state: RunState, actors: list[Any], emit: Any, dropped: list[Any]
+) -> None:
     """Count the failure (past --max-failures this raises), end the attempt, restart from the checkpoint."""
     steps_per_epoch, at_step = state.steps_per_epoch, state.steps_done
     kill_all(actors)
+    discard(dropped, min(10.0, config.collective_timeout_s))  # the attempt's calls in flight: one line per failure
     event = state.ledger.record(lost, at_step, state.point, time.time() - state.run_start)
     state.sink.keep_before(state.point.global_step, steps_per_epoch)
     plan.checkpoint = state.point.payload
@@ -318,6 +333,7 @@ class _Driver:
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
         self.steps_done = self.start_step
         self.saves: dict[int, tuple[str, dict[str, Any]]] = {}  # global step -> checkpoint waiting for its rows
+        self.pending: dict[Any, tuple[str, int, Any]] = {}  # calls in flight in `_loop` (ref -> what it is)
         # Worker replacement (PS transport, orchestrator/replacement.py): the shards' rule, each worker's
         # clock after its last segment whose rows came back, and global step minus round number.
         self.ps_mode: str | None = None
@@ -453,6 +469,7 @@ class _Driver:
                 info_ = RunInfo(self.run_dir, self.config, total, spe, self.start_step, params, self.target)
                 self.hooks.call("on_run_start", info_)
             optimizer = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
+            self.state.chaos.skip_reached(self.start_step)  # a resumed run: events before its checkpoint are past
             self.phases = plan_phases(self.config, self.steps_per_epoch, self.start_step, total)
             for i, phase in enumerate(self.phases):
                 if self.hooks.stop_requested:  # a callback stopped the run in an earlier phase
@@ -499,8 +516,10 @@ class _Driver:
         shared = self.impl.independent_workers
         every = self.config.checkpoint_steps
         work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, start_step, every)
+        chaos = self.state.chaos
+        work.hold = chaos.next_step()  # work stops at the next --chaos step until the fault is injected
         depth = 1 if shared else 2  # queued segments per worker (shared: keep units for whoever is free)
-        pending: dict[Any, tuple[str, int, Any]] = {}
+        pending = self.pending = {}  # a failed attempt's are read and dropped (recovery.discard)
         in_flight = [0] * n
         open_epoch: list[int | None] = [None] * n  # static: epoch of the last segment given to each worker
         eval_parts: dict[int, list[tuple[dict[str, tuple[float, float]], float]]] = defaultdict(list)
@@ -524,6 +543,12 @@ class _Driver:
 
         def feed(rank: int) -> None:
             while in_flight[rank] < depth:
+                if work.held(rank):  # waits for a --chaos fault; an epoch it has finished is evaluated now
+                    epoch = open_epoch[rank]
+                    if not shared and epoch is not None and work.cursor[rank] // self.steps_per_epoch != epoch:
+                        queue_eval(rank, epoch)
+                        open_epoch[rank] = None
+                    return
                 units = work.next_segment(rank)
                 epoch = open_epoch[rank]
                 if not shared and epoch is not None and (not units or units[0][0] != epoch):
@@ -544,7 +569,21 @@ class _Driver:
                 raise lost
             replace_worker(self, lost, pending, in_flight, work)
             heard[lost.target] = time.monotonic()
-            feed(lost.target)
+            go_on(lost.target)  # the units it completes may be the last before a --chaos hold
+
+        def go_on(rank: int) -> None:
+            """Once the step count is at the hold (every worker waits there) and the checkpoints of steps
+            up to it are taken, inject the faults due, move the hold to the next one and feed everyone;
+            else feed `rank`."""
+            hold = work.hold
+            taking = hold is not None and any(k == "state" and p[1] <= hold for k, _, p in pending.values())
+            if hold is None or self.steps_done < hold or taking:
+                feed(rank)
+                return
+            chaos.strike(self.steps_done, self.workers, self.shards.shards if self.shards else [])
+            work.hold = chaos.next_step()
+            for r in range(n):
+                feed(r)
 
         heard = [time.monotonic()] * n  # when each worker last answered (idle workers count as heard)
         stopping = False
@@ -602,11 +641,10 @@ class _Driver:
                 self.steps_done = self.state.steps_done = work.steps_done
                 if shared and every and self.steps_done // every > before // every:
                     queue_step_checkpoint(rank, self.steps_done // every * every)
-                self.state.chaos.strike(self.steps_done, self.workers, self.shards.shards if self.shards else [])
                 if result["loss"]:  # empty when every unit was skipped (k-of-n) or taken by others (backup tasks)
                     last_loss = result["loss"][-1]
                 self._progress(payload[-1][0], total, last_loss, last_metrics)
-                feed(rank)
+                go_on(rank)
             elif kind == "eval":
                 eval_parts[payload].append(result)
                 if len(eval_parts[payload]) == n:
@@ -622,6 +660,7 @@ class _Driver:
             else:  # "state": a periodic checkpoint, taken in the worker's queue right after its step
                 name, step = payload
                 self.saves[step] = (name, result)
+                go_on(rank)  # a --chaos fault at this step waited for its checkpoint
             self._save_complete(outstanding_evals=set(eval_parts) | {p for k, _, p in pending.values() if k == "eval"})
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
@@ -775,6 +814,8 @@ class _Driver:
         if info:
             summary["task_info"] = info
         summary["diverged"] = self.diverged.describe() if self.diverged else None
+        if self.config.chaos:
+            summary["chaos"] = self.state.chaos.summary(self.steps_done)
         if self.config.schedule:
             summary["phases"] = [phase.describe() for phase in self.phases]
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

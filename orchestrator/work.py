@@ -9,6 +9,8 @@ epoch is split into N slices (see `trainers/sharding.py`).
   order to whichever worker asks next, so a slow worker takes fewer of them and nobody waits for it.
 
 Segments never cross an epoch boundary, so the driver can queue each epoch's evaluation between them.
+Nor do they cross a `hold` (the step of a `--chaos` fault not yet injected): no unit at or past it is
+handed out until the driver lifts it, so the fault strikes after exactly that many steps.
 """
 
 from __future__ import annotations
@@ -41,11 +43,22 @@ class WorkPlan:
         self.units_done: Counter[int] = Counter()  # epoch -> units completed
         self.returned: list[Unit] = []  # shared: units of a lost worker's segment, handed out first
         self.completed_by_stop: list[int] = []  # epochs that stop() cut short and that are complete already
+        self.hold: int | None = None  # no unit at or past this global step is handed out (set by the driver)
 
     # ------------------------------------------------------------------ handing out work
+    def held(self, worker: int) -> bool:
+        """Whether `worker`'s next units lie at or past `hold` (it waits until the hold is lifted), as
+        opposed to there being no work left for it (`next_segment` returns nothing)."""
+        if self.hold is None or (self.shared and self.returned):  # returned units are always before the hold
+            return False
+        step = self.shared_cursor // self.workers if self.shared else self.cursor[worker]
+        return self.hold <= step < self.total_steps
+
     def next_segment(self, worker: int) -> list[Unit]:
-        """The next units for `worker`; empty when there are none left for it."""
+        """The next units for `worker`; empty when there are none left for it (or it is `held`)."""
         spe = self.steps_per_epoch
+        if self.held(worker):
+            return []
         if self.shared and self.returned:
             epoch = self.returned[0][0]  # a segment never crosses an epoch boundary
             take = [u for u in self.returned if u[0] == epoch][: min(self.segment, spe)]
@@ -60,6 +73,8 @@ class WorkPlan:
             epoch_end = (first // self.workers // spe + 1) * spe * self.workers
             # At most one worker's share of an epoch (spe units), so every worker gets a part of it.
             stop = min(first + min(self.segment, spe), epoch_end, last_unit)
+            if self.hold is not None:
+                stop = min(stop, self.hold * self.workers)
             self.shared_cursor = stop
             return [self._unit(u // self.workers, u % self.workers) for u in range(first, stop)]
         step = self.cursor[worker]
@@ -68,6 +83,8 @@ class WorkPlan:
         stop = min(step + self.segment, (step // spe + 1) * spe, self.total_steps)
         if self.cut_every:
             stop = min(stop, (step // self.cut_every + 1) * self.cut_every)
+        if self.hold is not None:
+            stop = min(stop, self.hold)
         self.cursor[worker] = stop
         return [self._unit(g, worker) for g in range(step, stop)]
 

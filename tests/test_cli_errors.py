@@ -221,6 +221,8 @@ BAD_INPUTS = [
     (["--chaos", "kill-worker@5:7"], ["target 7 does not exist"]),
     (["--chaos", "kill-ps@5"], ["needs the parameter-server transport"]),
     (["--chaos", "kill-node@5:1"], ["kill-node takes no target"]),
+    (["--model", "mlp", "--epochs", "2", "--chaos", "kill-worker@44"], ["step 44 is not before the end", "44 steps"]),
+    (["--epochs", "2", "--max-steps", "10", "--chaos", "hang-worker@12:0"], ["step 12", "(10 steps"]),
     (["--resume", "{in}/missing_run"], ["--resume", "is not a directory"]),
     (["--resume", "{in}/full_run"], ["is not a distrain run"]),
     (["--resume", "{in}/run_corrupt"], ["cannot read checkpoint", "step-00000010.pt"]),
@@ -511,6 +513,15 @@ def test_more_backup_workers_than_the_cluster_can_place(ray_cluster, tmp_path, m
     args = ["run", "--transport", "ps", "--backup-workers", "20", "--run-dir", str(run_dir)]
     line = assert_one_line_error(runner.invoke(app, args), "the run needs 23 CPUs", "22 workers")
     assert "cluster has 8" in line
+    assert not run_dir.exists()
+
+
+def test_kill_node_on_a_one_node_cluster_is_refused_before_anything_is_written(ray_cluster, tmp_path, monkeypatch):
+    """kill-node never kills the driver's node, so on a one-node cluster it could never fire."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "r"
+    args = ["run", "--model", "mlp", "--epochs", "1", "--chaos", "kill-node@5", "--run-dir", str(run_dir)]
+    assert_one_line_error(runner.invoke(app, args), "'kill-node@5' needs a cluster of 2 or more nodes", "has 1")
     assert not run_dir.exists()
 
 

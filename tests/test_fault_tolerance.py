@@ -15,8 +15,9 @@ import time
 
 import pandas as pd
 import pytest
+import ray
 
-from distrain.config import RunConfig
+from distrain.config import RunConfig, parse_chaos
 from distrain.errors import DistrainError
 from distrain.orchestrator.checkpoint import latest_checkpoint, load_checkpoint
 from distrain.orchestrator.run import run_training
@@ -54,8 +55,9 @@ def test_bsp_allreduce_worker_killed_mid_epoch_ends_equal_to_the_uninterrupted_r
     assert run.summary["status"] == "completed"
     assert run.summary["failures"] == 1
     event = run.summary["failure_events"][0]
-    # Restored from the newest checkpoint (every 6 steps) taken before the loss was noticed.
-    assert event["kind"] == "worker" and event["at_step"] >= 15 and event["restored_step"] in (12, 18)
+    # The kill strikes after step 15 exactly; restored from the newest checkpoint (every 6 steps) before it.
+    assert event["kind"] == "worker" and event["at_step"] == 15 and event["restored_step"] == 12
+    assert [(c["event"], c["fired_step"]) for c in run.summary["chaos"]] == [("kill-worker@15:1", 15)]
     assert event["action"] == "restarted" and event["restored_step"] <= event["at_step"]
     assert run.summary["updates_lost"] == event["at_step"] - event["restored_step"] and run.summary["time_lost_s"] > 0
     assert json.loads((run.run_dir / "summary.json").read_text())["failures"] == 1
@@ -121,11 +123,71 @@ def test_a_hung_collective_worker_restarts_the_run_and_past_max_failures_it_stop
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failures"] == 2
     hang = summary["failure_events"][0]
-    # The hang is queued behind the worker's segments, so it starts a segment or two after step 8.
-    assert hang["kind"] == "hang" and hang["action"] == "restarted" and hang["restored_step"] in (6, 12)
-    assert hang["target"] in (0, 1) and hang["restored_step"] <= hang["at_step"]
+    # The hang starts right after step 8 (work is held there until it is injected): nobody passes step 8.
+    assert hang["kind"] == "hang" and hang["action"] == "restarted" and hang["restored_step"] == 6
+    assert hang["target"] in (0, 1) and hang["at_step"] == 8
+    assert [c["fired_step"] for c in summary["chaos"]] == [8, 20]
     latest = latest_checkpoint(tmp_path / "r" / "checkpoints")
     assert latest is not None and load_checkpoint(latest)["global_step"] in (12, 18, 24)
+
+
+@pytest.mark.parametrize(("strategy", "transport"), [("bsp", "collective"), ("ssp", "ps")])
+def test_a_kill_without_checkpoint_steps_strikes_at_the_step_it_names(tmp_path, strategy, transport):
+    """Segments are 20 steps long, yet kill-worker@7 strikes after step 7, not at a segment's end:
+    the driver holds work at step 7 until the fault is injected. summary.json says when it fired."""
+    cfg = RunConfig(
+        model="mlp", epochs=1, workers=2, strategy=strategy, transport=transport, chaos=["kill-worker@7:1"],
+        hang_timeout_s=20.0, seed=3, run_dir=str(tmp_path / strategy),
+    )  # fmt: skip
+    assert cfg.segment_steps >= 20 and not cfg.checkpoint_steps
+    s = run_training(cfg).summary
+    assert s["status"] == "completed" and s["steps_completed"] == 22 and s["failures"] == 1
+    [chaos] = s["chaos"]
+    assert chaos["fired"] and chaos["requested_step"] == 7 and chaos["target"] == 1
+    assert abs(chaos["fired_step"] - chaos["requested_step"]) <= 1, chaos
+    [event] = s["failure_events"]
+    assert event["kind"] == "worker" and event["target"] == 1 and abs(event["at_step"] - 7) <= 1, event
+    assert event["action"] == ("restarted" if transport == "collective" else "replaced")
+
+
+def test_kill_node_with_every_worker_on_the_drivers_node_is_reported_not_fired():
+    """The test cluster has one node: nothing to kill without the driver (the run itself refuses this
+    up front, test_cli_errors.py); the event says why it did not fire."""
+    from distrain.orchestrator.chaos import ChaosMonkey, kill_node_of
+    from distrain.orchestrator.worker import TrainWorker
+
+    worker = ray.remote(TrainWorker).options(num_cpus=1).remote(RunConfig(model="mlp", max_steps=5), 0, time.time())
+    try:
+        node, reason = kill_node_of([worker])
+        assert node is None and "every worker runs on the driver's node" in reason
+        monkey = ChaosMonkey(parse_chaos(["kill-node@5"], workers=1, ps_shards=None))
+        assert monkey.strike(5, [worker], []) == []
+        [record] = monkey.summary(5)
+        assert not record["fired"] and record["fired_step"] is None and record["reason"] == reason
+        assert ray.get(worker.describe.remote())["rank"] == 0  # nothing was killed
+    finally:
+        ray.kill(worker)
+
+
+def test_kill_ps_prints_one_line_for_the_failure_and_no_ray_unhandled_errors(tmp_path):
+    """`distrain run` in its own process: killing a shard under BSP over the PS makes both workers'
+    queued segments fail on the dead shard; the run says so once, and Ray prints no "Unhandled error"
+    (with a remote traceback each) for the calls the failed attempt left unread."""
+    import os
+    import subprocess
+    import sys
+
+    flags = ["--model=mlp", "--epochs=1", "--transport=ps", "--ps-shards=2", "--segment-steps=4"]
+    flags += ["--checkpoint-steps=5", "--chaos=kill-ps@10:1", "--hang-timeout-s=20", f"--run-dir={tmp_path / 'r'}"]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "distrain.cli", "run", *flags], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (proc.stdout + proc.stderr).splitlines()
+    about_it = [x for x in lines if any(w in x for w in ("Unhandled error", "ActorDiedError", "died", "lost at step"))]
+    assert about_it == ["failure 1 (of at most 3): shard lost at step 10; restarting from the checkpoint at step 10"]
+    assert proc.stderr.strip() == "", proc.stderr[-3000:]
 
 
 def _alive_actors() -> int:
@@ -265,6 +327,7 @@ def test_kill_node_on_a_two_node_cluster_reserves_a_new_placement_group_and_fini
     out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
     s = out["summary"]
     assert s["status"] == "completed" and s["steps_completed"] == 20 and s["failures"] >= 1
-    assert s["failure_events"][0]["action"] == "restarted" and s["failure_events"][0]["at_step"] >= 8
+    assert s["failure_events"][0]["action"] == "restarted" and s["failure_events"][0]["at_step"] == 8
+    assert s["chaos"][0]["fired"] and s["chaos"][0]["fired_step"] == 8 and s["chaos"][0]["node"] != out["head"]
     assert out["alive"] == 1 and out["final_nodes"] == [out["head"]] * 2  # both workers on the survivor
     assert out["rows"] == [1] * 40

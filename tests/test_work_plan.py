@@ -64,3 +64,22 @@ def test_shared_plan_hands_a_lost_workers_units_out_again_first_and_each_unit_co
     units = again + rest[0] + rest[1]
     assert Counter(units).most_common(1)[0][1] == 1 and len(units) == 20 * 2
     assert plan.finished and plan.steps_done == 20
+
+
+def test_no_unit_at_or_past_the_hold_is_handed_out_until_it_moves():
+    """A --chaos step: segments end at it (static and shared), nobody gets work past it, and a worker
+    that waits there is `held`, not out of work; once the hold moves on, the rest is handed out."""
+    for shared in (False, True):
+        plan = WorkPlan(total_steps=22, steps_per_epoch=22, workers=2, segment_steps=20, shared=shared)
+        plan.hold = 7
+        taken = drain(plan, [0, 1])
+        units = taken[0] + taken[1]
+        assert max(u[1] for u in units) == 6 and len(units) == 7 * 2, shared
+        assert plan.steps_done == 7 and plan.held(0) and plan.held(1) and not plan.finished
+        plan.hold = None
+        rest = drain(plan, [0, 1])
+        assert min(u[1] for u in rest[0] + rest[1]) == 7
+        assert plan.finished and not plan.held(0)
+    plan = WorkPlan(total_steps=22, steps_per_epoch=22, workers=2, segment_steps=20, shared=False)
+    plan.hold = 30  # past the end: it holds nothing back
+    assert len(plan.next_segment(0)) == 20 and not plan.held(0)
