@@ -177,5 +177,5 @@ def test_local_sgd_gives_adacomm_the_peak_rate(monkeypatch):
     cfg = RunConfig(
         strategy="local-sgd", adaptive_tau=True, workers=4, batch_size=32, lr=0.1, base_batch_size=64, warmup_epochs=1
     )
-    strategy = LocalSGD(cfg, StrategyContext(0, 4, "cpu"))
+    strategy = LocalSGD(cfg, StrategyContext(0, 4, "cpu", total_steps=264))
     assert strategy.adacomm is not None and strategy.adacomm.lr0 == pytest.approx(0.2)  # 0.1 x 128/64
