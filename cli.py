@@ -343,8 +343,9 @@ def report(
     console.print(table)
     files = ", ".join(p.name for p in written)
     out.print(f"report in {target}/ ({files})", markup=False, highlight=False)
-    for path in repeats:  # said, not silently dropped
-        err.print(f"note: {str(path)!r} was given more than once; it is reported once", markup=False, highlight=False)
+    for path, kept in repeats:  # said, not silently dropped
+        note = f"note: {str(path)!r} is the same run directory as {str(kept)!r}; it is reported once"
+        err.print(note, markup=False, highlight=False)
 
 
 def _sweep_opt(help: str) -> Any:

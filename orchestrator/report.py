@@ -99,16 +99,17 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
     return runs
 
 
-def distinct_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[Path]]:
-    """The paths in order with each directory once (however it is spelled), and the repeats left out."""
-    seen: set[Path] = set()
+def distinct_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """The paths in order with each directory once (however it is spelled), and each repeat left out
+    paired with the path kept for it."""
+    first: dict[Path, Path] = {}
     kept, repeats = [], []
     for path in map(Path, paths):
         key = path.resolve()
-        if key in seen:
-            repeats.append(path)
+        if key in first:
+            repeats.append((path, first[key]))
         else:
-            seen.add(key)
+            first[key] = path
             kept.append(path)
     return kept, repeats
 
