@@ -241,7 +241,9 @@ def plot_run(run: Run, color: str, legend: str) -> PlotRun:
 def plot_runs(runs: Sequence[Run]) -> list[PlotRun]:
     differing = differing_settings(runs)
     # Legends are wrapped at spaces so a long one stays inside an 800 px plot.
-    legends = [textwrap.fill(legend_text(run, differing), 95, subsequent_indent="  ") for run in runs]
+    legends = [
+        textwrap.fill(legend_text(run, differing), 95, subsequent_indent="  ", break_on_hyphens=False) for run in runs
+    ]
     return [plot_run(run, f"C{i % 10}", legend) for i, (run, legend) in enumerate(zip(runs, legends, strict=True))]
 
 
