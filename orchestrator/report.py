@@ -270,10 +270,9 @@ def _target(run: Run) -> str:
 def setup_text(runs: Sequence[Run]) -> str:
     """What the runs trained and towards what: model, data set (or task) and target, where shared."""
     parts = []
-    for key, name in (("task", "task"), ("model", "model"), ("dataset", "data set")):
+    builtin = all(not r.config.get("task") for r in runs)  # a user task brings its own model and data
+    for key, name in (("model", "model"), ("dataset", "data set")) if builtin else (("task", "task"),):
         value = _common(runs, key)
-        if key == "task" and value in (None, "-"):
-            continue
         parts.append(f"{name} `{value}`" if value is not None else f"{name}: differs (see below)")
     targets = {_target(r) for r in runs}
     parts.append(f"target `{targets.pop()}`" if len(targets) == 1 else "target: differs per run")
