@@ -317,9 +317,17 @@ def report(
         ),
     ] = None,
 ) -> None:
-    """Compare runs: one table (here and in report.md) and PNG plots of accuracy, loss, step time, staleness."""
-    from distrain.orchestrator.report import COLUMNS, choose_out_dir, load_runs, table_rows, write_report
+    """Compare runs: one table (here and in report.md) and PNG plots of accuracy, loss, throughput, time split."""
+    from distrain.orchestrator.report import (
+        COLUMNS,
+        choose_out_dir,
+        distinct_dirs,
+        load_runs,
+        table_rows,
+        write_report,
+    )
 
+    run_dirs, repeats = distinct_dirs(run_dirs)
     runs = load_runs(run_dirs)
     target = choose_out_dir(out_dir)
     written = write_report(runs, target)
@@ -335,6 +343,9 @@ def report(
     console.print(table)
     files = ", ".join(p.name for p in written)
     out.print(f"report in {target}/ ({files})", markup=False, highlight=False)
+    for path, kept in repeats:  # said, not silently dropped
+        note = f"note: {str(path)!r} is the same run directory as {str(kept)!r}; it is reported once"
+        err.print(note, markup=False, highlight=False)
 
 
 def _sweep_opt(help: str) -> Any:

@@ -25,7 +25,10 @@ STRATEGY_DEPENDENT_FIELDS = (
     "tau", "adaptive_tau", "tau_interval", "tau_max", "schedule",
 )  # fmt: skip
 DEFAULT_TAU = 8
-DEFAULT_TAU_INTERVAL = "5s"
+# AdaComm defaults: re-choose τ ten times a run whatever its length (a wall-clock interval can outlast a
+# short run), and let τ rise to twice τ_0 (the rule's ratio exceeds 1 when the loss rises or the rate decays).
+DEFAULT_TAU_INTERVAL = "10%"
+DEFAULT_TAU_MAX_FACTOR = 2
 LR_DECAYS = ("none", "cosine", "step")
 # Set for one optimizer (one decay): a new --optimizer (--lr-decay) flag over a config file starts from
 # its own defaults.
@@ -294,11 +297,12 @@ class RunConfig:
     adaptive_tau: bool = _f(False, "Re-choose tau every --tau-interval from the loss (AdaComm; local-sgd).", "strategy")
     tau_interval: str | None = _f(
         None,
-        "AdaComm interval: seconds like 5s, or local steps like 200; default 5s (local-sgd --adaptive-tau).",
+        "AdaComm interval: seconds like 5s, local steps like 200, or a share of the run's steps like 10%; "
+        "default 10% (local-sgd --adaptive-tau).",
         "strategy",
     )
     tau_max: int | None = _f(
-        None, "AdaComm: largest tau it may choose; default --tau (local-sgd --adaptive-tau).", "strategy"
+        None, "AdaComm: largest tau it may choose; default 2 x --tau (local-sgd --adaptive-tau).", "strategy"
     )
     schedule: str = _f(
         "", "Strategies in sequence, switching at epoch marks: name[:epochs],... e.g. bsp:2,local-sgd.", "strategy"
@@ -677,7 +681,7 @@ class RunConfig:
             self.tau_interval = DEFAULT_TAU_INTERVAL
         TauInterval.parse(self.tau_interval)
         if self.tau_max is None:
-            self.tau_max = self.tau
+            self.tau_max = DEFAULT_TAU_MAX_FACTOR * self.tau
 
     # ------------------------------------------------------------------ derived values
     @property

@@ -1,14 +1,17 @@
-"""`distrain report`: compare finished runs in one table (terminal and `report.md`) and a few PNG plots.
+"""`distrain report`: compare runs in one table (terminal and `report.md`) and PNG plots.
 
 Every input must be a run directory (config.yaml, summary.json, metrics.parquet); anything else is a
-`DistrainError` naming the path, raised before anything is written. Plots are drawn on Agg canvases
-(`matplotlib.figure.Figure`, never pyplot), so no display is needed and no global backend is touched;
-each plot is written only when some run has its data.
+`DistrainError` naming the path, raised before anything is written. A directory given twice is
+reported once. Everything is rendered in memory first and then written; a report directory that
+cannot be written is one `DistrainError`, with whatever this report had written removed. The plots
+themselves are in `report_plots.py`; each is written only when some run has its data.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,10 +23,10 @@ import pyarrow as pa
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
-from distrain.orchestrator.files import atomic_write, atomic_write_text, fresh_dir
+from distrain.orchestrator.files import atomic_write, fresh_dir
+from distrain.orchestrator.report_plots import DPI, PLOTS, Failure, PlotRun, Switch, smoothing_window
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 RUN_FILES = ("config.yaml", "summary.json", "metrics.parquet")
@@ -38,8 +41,13 @@ FIGURES = {  # summary.json key -> format, for the columns between "workers" and
     "staleness_p95": "g",
     "bytes_per_step": ",.0f",
 }
-FIGSIZE, DPI = (8.0, 5.0), 100  # every plot is 800 x 500 px
-WALL = "wall time since the run started (s)"
+# Settings the strategy column already states (with the strategy that reads them), and ones that say
+# where a run was written or ran rather than what it did: left out of "settings that differ".
+SHOWN_WITH_STRATEGY = (
+    "strategy", "schedule", "transport", "ps_shards", "staleness", "staleness_lr", "backup_workers",
+    "backup_tasks", "portions", "tau", "adaptive_tau", "tau_interval", "tau_max",
+)  # fmt: skip
+NOT_SETTINGS = ("run_dir", "address", "data_dir", "resume")
 
 
 @dataclass
@@ -91,6 +99,21 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
     return runs
 
 
+def distinct_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """The paths in order with each directory once (however it is spelled), and each repeat left out
+    paired with the path kept for it."""
+    first: dict[Path, Path] = {}
+    kept, repeats = [], []
+    for path in map(Path, paths):
+        key = path.resolve()
+        if key in first:
+            repeats.append((path, first[key]))
+        else:
+            first[key] = path
+            kept.append(path)
+    return kept, repeats
+
+
 def choose_out_dir(requested: Path | None) -> Path:
     """The report directory: `--out` if new or empty, else report-<timestamp>/ here. Creates nothing."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -106,155 +129,241 @@ def _failures(summary: dict[str, Any]) -> int:
     return len(value) if isinstance(value, list | dict) else int(value)
 
 
+def strategy_text(config: dict[str, Any], strategy: str | None = None) -> str:
+    """The strategy and the settings that make it what it is: "ssp s=2 (ps)", "local-sgd tau=8 adaptive
+    (10%, max 16)", "bsp (ps, 2 shards) backup-workers=1", "schedule bsp:2 -> local-sgd tau=8".
+    With `strategy`, one phase of the config's schedule."""
+    c = config
+    if strategy is None and c.get("schedule"):
+        entries = [e.strip().partition(":") for e in str(c["schedule"]).split(",")]
+        # each phase as name:epochs and its settings: "bsp:1 -> local-sgd tau=8"
+        phases = [strategy_text(c, name).replace(name, f"{name}:{n}" if n else name, 1) for name, _, n in entries]
+        return "schedule " + " -> ".join(phases)
+    name = strategy or str(c.get("strategy", "?"))
+    text = name
+    if name == "ssp" and c.get("staleness") is not None:
+        text += f" s={c['staleness']}"
+    if name == "local-sgd" and c.get("tau") is not None:
+        text += f" tau={c['tau']}"
+        if c.get("adaptive_tau"):
+            text += f" adaptive ({c.get('tau_interval')}, max {c.get('tau_max')})"
+    transport = c.get("transport") if strategy is None else ("ps" if name in ("async", "ssp") else None)
+    if transport == "ps":
+        shards = c.get("ps_shards") or 1
+        text += " (ps)" if shards == 1 else f" (ps, {shards} shards)"
+    if strategy is None:
+        if c.get("staleness_lr"):
+            text += " staleness-lr"
+        if c.get("backup_workers"):
+            text += f" backup-workers={c['backup_workers']}"
+        if c.get("backup_tasks"):
+            text += " backup-tasks" + (f" portions={c['portions']}" if c.get("portions") else "")
+    return text
+
+
 def table_rows(runs: Sequence[Run]) -> list[list[str]]:
     """One row of `COLUMNS` per run, as display strings ('-' where a figure does not apply)."""
     rows = []
     for run in runs:
         s, c = run.summary, run.config
         label = run.label if s.get("status", "completed") == "completed" else f"{run.label} ({s['status']})"
-        strategy = str(s.get("strategy", c.get("strategy", "?")))
-        if strategy == "ssp" and c.get("staleness") is not None:
-            strategy += f" s={c['staleness']}"
-        if c.get("transport") == "ps":
-            shards = c.get("ps_shards") or 1
-            strategy += " (ps)" if shards == 1 else f" (ps, {shards} shards)"
+        if "strategy" in s and not c.get("schedule"):
+            c = c | {"strategy": s["strategy"]}
         workers = str(s.get("workers", c.get("workers", "?")))
         figures = [_fmt(s.get(key), spec) for key, spec in FIGURES.items()]
-        rows.append([label, strategy, workers, *figures, str(_failures(s))])
+        rows.append([label, strategy_text(c), workers, *figures, str(_failures(s))])
     return rows
 
 
-def markdown_table(rows: Sequence[Sequence[str]]) -> str:
+def _cell(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value)) if value else "none"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items()) if value else "none"
+    if value is None or value == "":
+        return "-"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def differing_settings(runs: Sequence[Run]) -> list[str]:
+    """The config keys whose values are not the same in every run (strategy settings excepted: the
+    strategy column states them), in config order."""
+    keys: list[str] = []
+    for run in runs:
+        keys += [k for k in run.config if k not in keys]
+    skip = set(SHOWN_WITH_STRATEGY) | set(NOT_SETTINGS)
+    return [k for k in keys if k not in skip and len({_cell(r.config.get(k)) for r in runs}) > 1]
+
+
+def _empty(value: Any) -> bool:
+    return value in (None, "", 0, False) or (isinstance(value, list | tuple | dict) and not value)
+
+
+def legend_text(run: Run, differing: Sequence[str]) -> str:
+    """Label, strategy with its settings, and this run's values of the settings that differ between the
+    runs (those left empty or off in this run are not named)."""
+    extra = [f"{k.replace('_', '-')} {_cell(run.config.get(k))}" for k in differing if not _empty(run.config.get(k))]
+    return f"{run.label}: " + "; ".join([strategy_text(run.config), *extra])
+
+
+def _failure_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    events = summary.get("failure_events")
+    if events is None and isinstance(summary.get("failures"), list):
+        events = summary["failures"]
+    return [e for e in events or [] if isinstance(e, dict) and e.get("wall_time") is not None]
+
+
+def plot_run(run: Run, color: str, legend: str) -> PlotRun:
+    """What the plots need of a run: its events placed in wall time, its phases with their strategies."""
+    steps = run.metrics[run.metrics["kind"] == "step"]
+    times = steps["wall_time"].sort_values().to_numpy()
+    failures = []
+    for e in _failure_events(run.summary):
+        t = float(e["wall_time"])
+        later = times[times > t]
+        what = f"{e.get('kind', '?')} {e.get('target', '')}".strip()
+        how = e.get("action", "lost")
+        if e.get("restored_step") is not None:
+            how += f" from step {e['restored_step']}"
+        failures.append(Failure(t, float(later[0]) if len(later) else None, f"{what} lost, {how}"))
+    phases = run.summary.get("phases") or []
+    spans = [(int(p["start_step"]), int(p["end_step"]), strategy_text(run.config, p["strategy"])) for p in phases]
+    if not spans:
+        spans = [(0, 2**62, strategy_text(run.config))]
+    switches = []
+    for start, end, text in spans[1:]:
+        rows = steps[(steps["step"] >= start) & (steps["step"] < end)]
+        if not rows.empty:
+            switches.append(Switch(float(rows["wall_time"].min()), start, text))
+    return PlotRun(run.label, legend, color, run.metrics, run.summary, spans, failures, switches)
+
+
+def plot_runs(runs: Sequence[Run]) -> list[PlotRun]:
+    differing = differing_settings(runs)
+    # Legends are wrapped at spaces so a long one stays inside an 800 px plot.
+    legends = [
+        textwrap.fill(legend_text(run, differing), 95, subsequent_indent="  ", break_on_hyphens=False) for run in runs
+    ]
+    return [plot_run(run, f"C{i % 10}", legend) for i, (run, legend) in enumerate(zip(runs, legends, strict=True))]
+
+
+def markdown_table(rows: Sequence[Sequence[str]], columns: Sequence[str] = COLUMNS, numeric_from: int = 2) -> str:
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
-    align = ["---", "---"] + ["---:"] * (len(COLUMNS) - 2)
-    return "\n".join([line(COLUMNS), line(align), *(line(r) for r in rows)]) + "\n"
+    align = ["---"] * numeric_from + ["---:"] * (len(columns) - numeric_from)
+    return "\n".join([line(columns), line(align), *(line(r) for r in rows)]) + "\n"
 
 
-def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    return fig, ax
+def _common(runs: Sequence[Run], key: str) -> str | None:
+    values = {_cell(r.config.get(key)) for r in runs}
+    return values.pop() if len(values) == 1 else None
 
 
-def _series(runs: Sequence[Run], column: str, kind: str = "step") -> list[tuple[str, Run, pd.DataFrame]]:
-    """(colour, run, its `kind` rows where `column` is set, by time) for each run that has some."""
-    found = []
-    for i, run in enumerate(runs):
-        df = run.metrics
-        if column in df:
-            rows = df[(df["kind"] == kind) & df[column].notna()].sort_values("wall_time")
-            if not rows.empty:
-                found.append((f"C{i % 10}", run, rows))
-    return found
+def _target(run: Run) -> str:
+    s = run.summary
+    if s.get("target"):
+        return str(s["target"])
+    return f"test_accuracy>={s.get('target_accuracy', run.config.get('target_accuracy'))}"
 
 
-def plot_accuracy(runs: Sequence[Run]) -> Figure | None:
-    data = _series(runs, "test_accuracy", kind="eval")
-    if not data:
-        return None
-    fig, ax = _figure("Test accuracy", WALL, "test accuracy")
-    for color, run, ev in data:
-        ax.plot(ev["wall_time"], ev["test_accuracy"], marker="o", ms=3, color=color, label=run.label)
-    targets = {run.summary.get("target_accuracy") for _, run, _ in data} - {None}
-    if len(targets) == 1:
-        target = targets.pop()
-        ax.axhline(target, ls="--", lw=1, color="grey", label=f"target {target:g}")
-    ax.legend()
-    return fig
+def setup_text(runs: Sequence[Run]) -> str:
+    """What the runs trained and towards what: model, data set (or task) and target, where shared."""
+    parts = []
+    builtin = all(not r.config.get("task") for r in runs)  # a user task brings its own model and data
+    for key, name in (("model", "model"), ("dataset", "data set")) if builtin else (("task", "task"),):
+        value = _common(runs, key)
+        parts.append(f"{name} `{value}`" if value is not None else f"{name}: differs (see below)")
+    targets = {_target(r) for r in runs}
+    parts.append(f"target `{targets.pop()}`" if len(targets) == 1 else "target: differs per run")
+    return "Trained: " + ", ".join(parts) + ". Time to target counts from each run's start.\n"
 
 
-def plot_loss(runs: Sequence[Run]) -> Figure | None:
-    data = _series(runs, "loss")
-    if not data:
-        return None
-    fig, ax = _figure("Training loss (mean over workers per global step, smoothed)", WALL, "loss")
-    for color, run, st in data:
-        per_step = st.groupby("step").agg(loss=("loss", "mean"), t=("wall_time", "max")).sort_index()
-        smooth = per_step["loss"].rolling(min(max(1, len(per_step) // 10), 50), min_periods=1).mean()
-        ax.plot(per_step["t"], smooth, color=color, label=run.label)
-    if all((d[2]["loss"] > 0).all() for d in data):
-        ax.set_yscale("log")
-    ax.legend()
-    return fig
+def settings_section(runs: Sequence[Run]) -> str:
+    if len(runs) < 2:
+        return ""
+    keys = differing_settings(runs)
+    if not keys:
+        return "## Settings that differ between runs\n\nNone besides the strategy settings in the table above.\n"
+    rows = [[run.label, strategy_text(run.config), *(_cell(run.config.get(k)) for k in keys)] for run in runs]
+    table = markdown_table(rows, ["run", "strategy", *keys], numeric_from=len(keys) + 2)
+    return "## Settings that differ between runs\n\n" + table
 
 
-def plot_step_times(runs: Sequence[Run]) -> Figure | None:
-    boxes, labels, colors = [], [], []
-    for color, run, st in _series(runs, "worker"):
-        for worker, rows in st.groupby("worker"):
-            boxes.append(1000 * (rows["compute_s"].fillna(0) + rows["comm_s"].fillna(0)).to_numpy())
-            labels.append(f"{run.label}\nw{int(worker)}")
-            colors.append(color)
-    if not boxes:
-        return None
-    fig, ax = _figure("Step time per worker (compute + communication)", "", "ms per step")
-    parts = ax.boxplot(boxes, patch_artist=True, flierprops={"markersize": 2, "alpha": 0.4})
-    ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30 if len(labels) > 6 else 0, fontsize=8)
-    for box, color in zip(parts["boxes"], colors, strict=True):
-        box.set(facecolor=color, alpha=0.5)
-    ax.set_ylim(bottom=0)
-    return fig
+def events_section(plotted: Sequence[PlotRun]) -> str:
+    lines = []
+    for run in plotted:
+        for f in run.failures:
+            back = f"training resumed at {f.resumed_at:.1f} s" if f.resumed_at is not None else "no training after"
+            lines.append(f"- `{run.label}`: at {f.wall_time:.1f} s {f.text}; {back}")
+        for sw in run.switches:
+            lines.append(f"- `{run.label}`: switched to {sw.strategy} at step {sw.step} ({sw.wall_time:.1f} s)")
+    body = "\n".join(lines) if lines else "None."
+    return "## Failures and strategy switches (marked on the plots against time)\n\n" + body + "\n"
 
 
-def plot_staleness(runs: Sequence[Run]) -> Figure | None:
-    data = _series(runs, "staleness")
-    if not data:
-        return None
-    values = [st["staleness"].astype(int).to_numpy() for _, _, st in data]
-    fig, ax = _figure("Staleness of applied gradients", "staleness (versions between read and apply)", "share of steps")
-    ax.hist(
-        values,
-        bins=[b - 0.5 for b in range(max(v.max() for v in values) + 2)],
-        weights=[[1 / len(v)] * len(v) for v in values],
-        color=[color for color, _, _ in data],
-        label=[run.label for _, run, _ in data],
-    )
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.legend()
-    return fig
-
-
-def plot_tau(runs: Sequence[Run]) -> Figure | None:
-    data = _series(runs, "tau")
-    if not data:
-        return None
-    fig, ax = _figure("Local steps between averaging (tau)", WALL, "tau")
-    for color, run, st in data:
-        per_step = st.groupby("step").agg(tau=("tau", "last"), t=("wall_time", "max")).sort_index()
-        ax.step(per_step["t"], per_step["tau"], where="post", color=color, label=run.label)
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.legend()
-    return fig
-
-
-PLOTS: dict[str, Callable[[Sequence[Run]], Figure | None]] = {
-    "accuracy_vs_time.png": plot_accuracy,
-    "loss_vs_time.png": plot_loss,
-    "step_time_per_worker.png": plot_step_times,
-    "staleness_hist.png": plot_staleness,
-    "tau_over_time.png": plot_tau,
+CAPTIONS = {
+    "accuracy_vs_time.png": "Test accuracy at each evaluation against wall time.",
+    "accuracy_vs_progress.png": "Test accuracy against epochs completed and global steps completed.",
+    "loss_vs_time.png": "Training loss, each worker step in wall-time order, mean of the last {w} worker steps.",
+    "throughput_vs_time.png": "Samples/s over the last {w} worker steps (dropped gradients left out); dashed: "
+    "summary.json's steady-state figure.",
+    "time_split.png": "Mean time of a worker step computing, communicating and blocked by the consistency rule "
+    "(parameter server), per run and strategy phase. An all-reduce's wait for the slowest worker is part of its "
+    "communication time.",
+    "step_time_per_worker.png": "Distribution of compute + communication time per step, per worker.",
+    "staleness_hist.png": "Staleness of applied gradients (parameter-server strategies).",
+    "tau_over_time.png": "tau (local steps between averages) over wall time, for runs whose tau changed.",
 }
 
 
-def write_report(runs: Sequence[Run], out_dir: Path) -> list[Path]:
-    """Write the plots that have data and `report.md` into out_dir (created); the files written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+def render(runs: Sequence[Run]) -> dict[str, bytes]:
+    """Every file of the report, by name, rendered in memory (nothing touches the disk)."""
+    plotted = plot_runs(runs)
+    files: dict[str, bytes] = {}
     for name, plot in PLOTS.items():
-        fig = plot(runs)
+        fig: Figure | None = plot(plotted)
         if fig is not None:
-            atomic_write(out_dir / name, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=DPI))
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format="png", dpi=DPI)
+            files[name] = buffer.getvalue()
+    w = smoothing_window(plotted)
+    text = "# distrain report\n\n" + setup_text(runs) + "\n"
+    text += "\n".join(f"- `{run.label}`: `{run.path}`" for run in runs) + "\n\n"
+    text += markdown_table(table_rows(runs)) + "\n"
+    text += "".join(s + "\n" for s in (settings_section(runs), events_section(plotted)) if s)
+    if files:
+        text += "## Plots\n"
+        text += "".join(f"\n{CAPTIONS[n].format(w=w)}\n\n![{Path(n).stem}]({n})\n" for n in files)
+    return {"report.md": text.encode(), **files}
+
+
+def write_report(runs: Sequence[Run], out_dir: Path) -> list[Path]:
+    """Write `report.md` and the plots that have data into out_dir (created); the files written.
+
+    A place that cannot be written (under a regular file, a read-only file system, a full disk) is one
+    `DistrainError`, and the files and directories this call made are removed again.
+    """
+    files = render(runs)
+    made = [d for d in (out_dir, *out_dir.parents) if not d.exists()]  # what mkdir will create
+    written: list[Path] = []
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            atomic_write(out_dir / name, lambda tmp, data=data: Path(tmp).write_bytes(data))
             written.append(out_dir / name)
-    text = "# distrain report\n\n" + "\n".join(f"- `{run.label}`: `{run.path}`" for run in runs) + "\n\n"
-    text += markdown_table(table_rows(runs))
-    text += "".join(f"\n![{p.stem}]({p.name})\n" for p in written)
-    atomic_write_text(out_dir / "report.md", text)
-    return [out_dir / "report.md", *written]
+    except OSError as e:
+        for path in written:
+            path.unlink(missing_ok=True)
+        for d in made:  # deepest first; only directories this call created, and only if empty
+            _rmdir(d)
+        reason = e.strerror or str(e)
+        raise DistrainError(f"cannot write the report to {str(out_dir)!r}: {reason}; choose another --out") from None
+    return written
+
+
+def _rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass

@@ -145,7 +145,14 @@ class TrainWorker:
         self._built()
         config = phase_config or self.config
         ctx = StrategyContext(
-            self.rank, self.world_size, self.device, rendezvous, tuple(ps_shards), tuple(ps_bounds), portion_scheduler
+            self.rank,
+            self.world_size,
+            self.device,
+            rendezvous,
+            tuple(ps_shards),
+            tuple(ps_bounds),
+            portion_scheduler,
+            self.total_steps,
         )
         impl = STRATEGIES.get(config.strategy).implementation(config)
         self.strategy = impl(config, ctx)

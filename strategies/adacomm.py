@@ -23,8 +23,10 @@ until the rate falls further.)
 What "the loss" is here: the mean, over all workers, of the training losses of the local steps in
 the averaging period that just ended (each worker's mini-batch loss before its update). F_0 is that
 mean for the run's first period. Intervals are measured either in wall-clock seconds (the mean, over
-workers, of the time since the interval began) or in local steps; a new interval (and τ) begins at
-the first averaging round at which the interval has run its length.
+workers, of the time since the interval began), in local steps, or as a share of the run's steps
+("10%", the default: it becomes a step count once the run's length is known, so a short run on the
+bundled data re-chooses τ about ten times, where a fixed 5 s could outlast its whole training); a new
+interval (and τ) begins at the first averaging round at which the interval has run its length.
 """
 
 from __future__ import annotations
@@ -37,29 +39,47 @@ from distrain.errors import ConfigError
 
 _SECONDS = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*s\s*$")
 _STEPS = re.compile(r"^\s*(\d+)\s*$")
+_SHARE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*$")
 
 
 @dataclass(frozen=True)
 class TauInterval:
-    """How long one AdaComm interval lasts: `seconds` of wall-clock time or `steps` local steps."""
+    """How long one AdaComm interval lasts: `seconds` of wall-clock time, `steps` local steps, or a
+    `share` (0 < share <= 1) of the run's steps, which `for_run` turns into steps."""
 
     seconds: float | None = None
     steps: int | None = None
+    share: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> TauInterval:
-        """Text "5s" -> 5 seconds; "200" -> 200 steps."""
+        """Text "5s" -> 5 seconds; "200" -> 200 steps; "10%" -> a tenth of the run's steps."""
         if m := _SECONDS.match(text):
             seconds = float(m.group(1))
             if seconds > 0:
                 return cls(seconds=seconds)
+        elif m := _SHARE.match(text):
+            percent = float(m.group(1))
+            if 0 < percent <= 100:
+                return cls(share=percent / 100)
         elif (m := _STEPS.match(text)) and int(m.group(1)) > 0:
             return cls(steps=int(m.group(1)))
         raise ConfigError(
-            f"--tau-interval {text!r} must be positive wall-clock seconds like 5s or a step count like 200"
+            f"--tau-interval {text!r} must be positive wall-clock seconds like 5s, a step count like 200 "
+            "or a share of the run's steps like 10%"
         )
 
+    def for_run(self, total_steps: int) -> TauInterval:
+        """The interval for a run of `total_steps` global (= local, per worker) steps: a share becomes
+        that many steps, rounded up, at least 1; seconds and steps stay as they are."""
+        if self.share is None:
+            return self
+        if total_steps < 1:
+            raise ValueError("a --tau-interval given as a share needs the run's length in steps")
+        return TauInterval(steps=max(1, math.ceil(self.share * total_steps)))
+
     def ended(self, elapsed_s: float, steps: int) -> bool:
+        assert self.share is None, "call for_run() first: a share of the run is not a length yet"
         if self.seconds is not None:
             return elapsed_s >= self.seconds
         assert self.steps is not None

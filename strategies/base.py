@@ -52,6 +52,7 @@ class StrategyContext:
     ps_shards: tuple[Any, ...] = ()  # parameter-server shard actor handles
     ps_bounds: tuple[tuple[int, int], ...] = ()  # each shard's [start, stop) of the flat vector
     portion_scheduler: Any = None  # backup tasks: the orchestrator's actor that hands out portions
+    total_steps: int = 0  # the run's length in global steps (0: not known), e.g. for --tau-interval 10%
 
 
 @dataclass

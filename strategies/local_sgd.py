@@ -59,7 +59,8 @@ class LocalSGD(Strategy):
             assert config.tau_interval is not None and config.tau_max is not None
             # η_0 is the peak rate warmup climbs to, so the rate-decay variant applies after warmup.
             peak = scaled_lr(config.lr, config.global_batch_size, config.base_batch_size, config.lr_scaling)
-            self.adacomm = AdaComm(config.tau, config.tau_max, TauInterval.parse(config.tau_interval), peak)
+            interval = TauInterval.parse(config.tau_interval).for_run(ctx.total_steps)
+            self.adacomm = AdaComm(config.tau, config.tau_max, interval, peak)
         self.tau = config.tau
         self.pending = 0  # local steps since the last round
         self.rounds = 0

@@ -79,16 +79,47 @@ def test_wall_clock_intervals():
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("5s", TauInterval(seconds=5.0)), ("0.5s", TauInterval(seconds=0.5)), ("200", TauInterval(steps=200))],
+    [
+        ("5s", TauInterval(seconds=5.0)),
+        ("0.5s", TauInterval(seconds=0.5)),
+        ("200", TauInterval(steps=200)),
+        ("10%", TauInterval(share=0.1)),
+        ("2.5 %", TauInterval(share=0.025)),
+        ("100%", TauInterval(share=1.0)),
+    ],
 )
 def test_tau_interval_parses(text, expected):
     assert TauInterval.parse(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "0", "0s", "-3", "5m", "s", "1.5", "abc"])
+@pytest.mark.parametrize("text", ["", "0", "0s", "-3", "5m", "s", "1.5", "abc", "0%", "101%", "%", "10%s"])
 def test_tau_interval_refuses(text):
     with pytest.raises(ConfigError, match="--tau-interval"):
         TauInterval.parse(text)
+
+
+def test_a_share_of_the_run_becomes_steps_once_the_run_length_is_known():
+    assert TauInterval.parse("10%").for_run(264) == TauInterval(steps=27)  # rounded up
+    assert TauInterval.parse("1%").for_run(30) == TauInterval(steps=1)  # never 0
+    assert TauInterval.parse("5s").for_run(264) == TauInterval(seconds=5.0)  # other forms unchanged
+    assert TauInterval.parse("200").for_run(264) == TauInterval(steps=200)
+    with pytest.raises(ValueError, match="length"):
+        TauInterval.parse("10%").for_run(0)
+    rule = AdaComm(tau0=8, tau_max=16, interval=TauInterval.parse("10%").for_run(100))
+    rule.start(0.1)
+    assert not rule.after_round(2.0, 0.1, elapsed_s=1e9, interval_steps=9)  # seconds do not matter
+    assert rule.after_round(0.5, 0.1, elapsed_s=0.0, interval_steps=10) and rule.tau == 4
+
+
+def test_default_tau_max_lets_tau_rise_above_tau0():
+    from distrain.config import RunConfig
+
+    config = RunConfig(strategy="local-sgd", adaptive_tau=True)
+    assert (config.tau, config.tau_interval, config.tau_max) == (8, "10%", 16)
+    rule = AdaComm(config.tau, config.tau_max, TauInterval.parse(config.tau_interval).for_run(264))
+    rule.start(0.1)
+    rule.after_round(1.0, 0.1, 0.0, 8)  # F_0
+    assert rule.after_round(2.25, 0.1, 0.0, 27) and rule.tau == 12  # loss rose 2.25x: sqrt -> 1.5 x τ_0
 
 
 def test_schedule_parses_into_epoch_spans():
@@ -146,5 +177,5 @@ def test_local_sgd_gives_adacomm_the_peak_rate(monkeypatch):
     cfg = RunConfig(
         strategy="local-sgd", adaptive_tau=True, workers=4, batch_size=32, lr=0.1, base_batch_size=64, warmup_epochs=1
     )
-    strategy = LocalSGD(cfg, StrategyContext(0, 4, "cpu"))
+    strategy = LocalSGD(cfg, StrategyContext(0, 4, "cpu", total_steps=264))
     assert strategy.adacomm is not None and strategy.adacomm.lr0 == pytest.approx(0.2)  # 0.1 x 128/64

@@ -82,8 +82,8 @@ def test_run_help_shows_every_default():
         "default 1 (async, ssp, bsp --transport ps)",
         "default 2 (ssp)",
         "default 8 (local-sgd)",
-        "default 5s (local-sgd --adaptive-tau)",
-        "default --tau (local-sgd --adaptive-tau)",
+        "default 10% (local-sgd --adaptive-tau)",
+        "default 2 x --tau (local-sgd --adaptive-tau)",
         "default 2 x --workers (bsp --transport ps --backup-tasks)",
     ):
         assert phrase in text, phrase

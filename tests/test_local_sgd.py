@@ -59,11 +59,11 @@ def test_adaptive_tau_is_agreed_by_all_workers_and_follows_the_rule(tmp_path):
     assert (per_step["taus"] == 1).all() and (per_step["rounds"] == 1).all()  # every worker, every step
     changes = run.summary["tau_changes"]
     assert len(changes) >= 2 and changes[-1][1] < changes[0][1] == 8  # τ shrank as the loss fell
-    assert run.summary["tau_max"] == 8  # clipped at --tau-max (default: --tau)
+    assert run.summary["tau_max"] == 8  # the loss only fell, so τ never rose above τ_0
 
     # Replay the rule on the recorded losses: each period's worker-averaged loss decides the next τ.
     rows["period"] = rows.groupby("worker")["averaging_round"].shift(1, fill_value=0)
-    rule = AdaComm(8, 8, TauInterval(steps=12))
+    rule = AdaComm(8, 16, TauInterval(steps=12))  # --tau-max defaults to 2 x --tau
     rule.start(float(rows["lr"].iloc[0]))
     tau, since = 8, 0
     for _, period in rows.groupby("period", sort=True):
@@ -72,6 +72,19 @@ def test_adaptive_tau_is_agreed_by_all_workers_and_follows_the_rule(tmp_path):
         if rule.after_round(float(period["loss"].mean()), float(period["lr"].iloc[0]), 0.0, since):
             tau, since = rule.tau, 0
     assert tau == run.summary["tau_final"]
+
+
+def test_default_adacomm_run_changes_tau_on_the_bundled_data(tmp_path):
+    """`distrain run --strategy local-sgd --adaptive-tau` at its defaults (12 epochs of digits, τ_0 = 8,
+    interval 10% of the run, τ_max = 16) re-chooses τ; only the model is the small MLP, to keep it quick
+    (the interval is a share of the steps, so the model's speed does not change when τ is re-chosen)."""
+    config = RunConfig(strategy="local-sgd", adaptive_tau=True, model="mlp", eval_every=0, run_dir=str(tmp_path / "a"))
+    assert (config.tau, config.tau_interval, config.tau_max) == (8, "10%", 16)
+    run = run_training(config)
+    changes = run.summary["tau_changes"]
+    assert changes[0] == [0, 8] and len(changes) >= 2, changes
+    # The first change comes at the first round after 10% of the 264 steps (27 local steps).
+    assert changes[1][0] >= math.ceil(0.1 * run.summary["steps_completed"]), changes
 
 
 def test_comm_delay_is_added_to_every_communication_round(tmp_path):

@@ -1,22 +1,31 @@
-"""`distrain report` on two real runs (BSP all-reduce, SSP on the parameter server), and on bad input."""
+"""`distrain report` on real runs (BSP all-reduce, SSP on the parameter server, asynchronous with a
+worker killed, a BSP -> AdaComm schedule), and on bad input."""
 
 from __future__ import annotations
 
+import errno
 import shutil
 import struct
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from distrain.cli import app
 from distrain.config import RunConfig
-from distrain.orchestrator.report import COLUMNS, load_runs, plot_tau
+from distrain.orchestrator import report as report_module
+from distrain.orchestrator.report import COLUMNS, load_runs, plot_runs
+from distrain.orchestrator.report_plots import plot_accuracy, plot_loss, plot_tau, plot_throughput, plot_time_split
 from distrain.orchestrator.run import run_training
 
 runner = CliRunner()
-PLOTS = ("accuracy_vs_time.png", "loss_vs_time.png", "step_time_per_worker.png", "staleness_hist.png")
+PLOTS = (
+    "accuracy_vs_time.png", "accuracy_vs_progress.png", "loss_vs_time.png", "throughput_vs_time.png",
+    "time_split.png", "step_time_per_worker.png", "staleness_hist.png",
+)  # fmt: skip
+TIME_PLOTS = (plot_accuracy, plot_loss, plot_throughput, plot_tau)
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +65,16 @@ def test_report_prints_one_table_row_per_run(report, two_runs):
     assert f"report in {out}/" in result.stdout
 
 
+def results_table(text: str) -> list[str]:
+    """The lines of report.md's results table (the first table; a settings table may follow)."""
+    start = text.index("| run | strategy | workers |")
+    return text[start:].split("\n\n")[0].splitlines()
+
+
 def test_report_md_has_the_same_table(report, two_runs):
     _, out = report
     text = (out / "report.md").read_text()
-    lines = [line for line in text.splitlines() if line.startswith("|")]
+    lines = results_table(text)
     assert len(lines) == 2 + 2  # header, alignment, one row per run
     assert lines[0] == "| " + " | ".join(COLUMNS) + " |"
     bsp, ssp = (line.split(" | ") for line in lines[2:])
@@ -80,12 +95,14 @@ def test_plots_are_800x500_pngs_with_content(report):
     assert not (out / "tau_over_time.png").exists()  # no run has a tau column
 
 
-def test_tau_plot_appears_when_a_run_records_tau(two_runs):
+def test_tau_plot_appears_only_when_some_run_changed_tau(two_runs):
     runs = load_runs(two_runs)
-    assert plot_tau(runs) is None
+    assert plot_tau(plot_runs(runs)) is None
     steps = runs[0].metrics["kind"] == "step"
     runs[0].metrics["tau"] = pd.Series(4.0, index=runs[0].metrics.index).where(steps)
-    assert plot_tau(runs) is not None
+    assert plot_tau(plot_runs(runs)) is None  # a τ that never changed is in the legend, not a flat plot
+    runs[0].metrics.loc[steps & (runs[0].metrics["step"] >= 10), "tau"] = 2.0
+    assert plot_tau(plot_runs(runs)) is not None
 
 
 def test_default_out_dir_is_new_and_in_the_cwd(two_runs, tmp_path, monkeypatch):
@@ -139,3 +156,175 @@ def test_non_empty_out_dir_is_refused(two_runs, tmp_path):
     result = runner.invoke(app, ["report", *map(str, two_runs), "--out", str(out)])
     assert_one_line_error(result, "--out", "not empty")
     assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "precious"
+
+
+@pytest.fixture(scope="module")
+def event_runs(tmp_path_factory, ray_cluster) -> list[Path]:
+    """AdaComm losing a worker (a failure, τ changing) and a BSP -> local SGD schedule (a switch)."""
+    root = tmp_path_factory.mktemp("events")
+    small = dict(model="mlp", epochs=2, segment_steps=5)
+    chaos = run_training(
+        RunConfig(
+            strategy="local-sgd", adaptive_tau=True, checkpoint_steps=10, chaos=("kill-worker@25:1",),
+            run_dir=str(root / "adacomm-chaos"), **small,
+        )
+    )  # fmt: skip
+    sched = run_training(RunConfig(schedule="bsp:1,local-sgd", run_dir=str(root / "schedule"), **small))
+    return [chaos.run_dir, sched.run_dir]
+
+
+def drawn_lines(fig):
+    """(axes, x, y) of every line a figure draws, markers and vertical rules included."""
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            yield ax, np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
+
+
+def test_time_plots_draw_every_line_forwards_in_time(two_runs, event_runs):
+    runs = plot_runs(load_runs([*two_runs, *event_runs]))
+    drawn = 0
+    for plot in TIME_PLOTS:
+        fig = plot(runs)
+        assert fig is not None, plot.__name__
+        for _, x, y in drawn_lines(fig):
+            x = x[~np.isnan(y)] if len(y) == len(x) else x
+            assert (np.diff(x) >= 0).all(), (plot.__name__, x)
+            drawn += len(x) > 2
+    assert drawn >= 4 * 3  # a real line per run in the loss, throughput and accuracy plots at least
+
+
+def test_failures_and_switches_are_placed_marked_and_break_the_lines(event_runs):
+    chaos, sched = plot_runs(load_runs(event_runs))
+    (failure,) = chaos.failures
+    (event,) = chaos.summary["failure_events"]
+    assert failure.wall_time == event["wall_time"] and failure.text == "worker 1 lost, restarted from step 20"
+    steps = chaos.metrics[chaos.metrics["kind"] == "step"]
+    assert failure.resumed_at == steps[steps["wall_time"] > failure.wall_time]["wall_time"].min()
+    (switch,) = sched.switches
+    assert switch.step == sched.summary["phases"][1]["start_step"] == 22
+    assert switch.strategy == "local-sgd tau=8"
+    for plot in (plot_loss, plot_accuracy, plot_throughput, plot_tau):
+        fig = plot([chaos, sched])
+        (ax,) = fig.axes
+        notes = [t.get_text() for t in ax.texts]
+        assert "adacomm-chaos: worker 1 lost, restarted from step 20" in notes, notes
+        assert "schedule: to local-sgd tau=8" in notes, notes
+        rules = {(x[0], line.get_linestyle()) for line in ax.get_lines() for x in [line.get_xdata()]
+                 if len(x) == 2 and x[0] == x[1]}  # fmt: skip
+        assert (failure.wall_time, "--") in rules and (switch.wall_time, ":") in rules, plot.__name__
+        labels = fig.legends[0].get_texts()
+        assert {"failure (shaded until training resumed)", "strategy switch"} <= {t.get_text() for t in labels}
+        for line in ax.get_lines():  # no run's line is drawn across its failure or its switch
+            x = np.asarray(line.get_xdata(), dtype=float)
+            if len(x) > 2:
+                for t in (failure.wall_time, switch.wall_time - 1e-9):
+                    assert (x <= t).all() or (x > t).all(), (plot.__name__, t)
+
+
+def test_legends_carry_strategy_and_key_settings(two_runs, event_runs):
+    fig = plot_loss(plot_runs(load_runs([*two_runs, *event_runs])))
+    legend = [t.get_text().replace("\n  ", " ") for t in fig.legends[0].get_texts()]  # unwrapped
+    assert legend[:4] == [
+        "bsp-allreduce: bsp; model cnn; segment-steps 20",
+        "ssp-s1: ssp s=1 (ps); model cnn; segment-steps 20",
+        "adacomm-chaos: local-sgd tau=8 adaptive (10%, max 16); model mlp; segment-steps 5; checkpoint-steps 10; "
+        "chaos kill-worker@25:1",
+        "schedule: schedule bsp:1 -> local-sgd tau=8; model mlp; segment-steps 5",
+    ], legend
+
+
+def test_time_split_has_a_bar_per_run_and_strategy(two_runs, event_runs):
+    fig = plot_time_split(plot_runs(load_runs([*two_runs, *event_runs])))
+    ax = fig.axes[0]
+    names = [t.get_text() for t in ax.get_yticklabels()]
+    assert names == [
+        "bsp-allreduce\nbsp", "ssp-s1\nssp s=1 (ps)", "adacomm-chaos\nlocal-sgd tau=8 adaptive (10%, max 16)",
+        "schedule\nbsp", "schedule\nlocal-sgd tau=8",
+    ]  # fmt: skip
+    widths = {}
+    for bar in ax.patches:  # stacked: compute, communication, wait per row
+        widths.setdefault(round(bar.get_y(), 3), []).append(bar.get_width())
+    assert len(widths) == 5 and all(len(w) == 3 and w[0] > 0 and min(w) >= 0 for w in widths.values())
+
+
+def test_report_md_names_setup_settings_and_events(two_runs, event_runs, tmp_path):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["report", *map(str, [*two_runs, *event_runs]), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = (out / "report.md").read_text()
+    assert "model: differs (see below), data set `digits`, target `test_accuracy>=0.95`" in text
+    settings = text[text.index("## Settings that differ between runs") :].split("\n\n")[1].splitlines()
+    assert settings[0] == "| run | strategy | model | segment_steps | checkpoint_steps | chaos |"
+    assert settings[4] == "| adacomm-chaos | local-sgd tau=8 adaptive (10%, max 16) | mlp | 5 | 10 | kill-worker@25:1 |"
+    assert "- `adacomm-chaos`: at " in text and "worker 1 lost, restarted from step 20; training resumed at" in text
+    assert "- `schedule`: switched to local-sgd tau=8 at step 22" in text
+    assert "mean of the last" in text  # the smoothing window is stated
+    assert (out / "tau_over_time.png").is_file() and "](tau_over_time.png)" in text  # AdaComm changed τ
+    two = runner.invoke(app, ["report", *map(str, two_runs), "--out", str(tmp_path / "two")])
+    text = (tmp_path / "two" / "report.md").read_text()
+    assert "Trained: model `cnn`, data set `digits`, target `test_accuracy>=0.95`." in text
+    assert "None besides the strategy settings" in text and two.exit_code == 0
+
+
+def test_the_same_run_twice_is_one_row_and_a_note(two_runs, tmp_path):
+    base = two_runs[0]
+    spelled_otherwise = base.parent / ".." / base.parent.name / base.name
+    result = runner.invoke(app, ["report", str(base), str(spelled_otherwise), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert len([line for line in result.stdout.splitlines() if line.startswith("│")]) == 1
+    assert f"note: {str(spelled_otherwise)!r} is the same run directory as {str(base)!r}" in result.stderr
+    assert len(results_table((tmp_path / "out" / "report.md").read_text())) == 3
+
+
+def test_out_under_a_regular_file_is_one_line_and_writes_nothing(two_runs, tmp_path):
+    (tmp_path / "file.txt").write_text("x")
+    before = sorted(tmp_path.rglob("*"))
+    result = runner.invoke(app, ["report", *map(str, two_runs), "--out", str(tmp_path / "file.txt" / "out")])
+    assert_one_line_error(result, "cannot write the report", "file.txt/out", "Not a directory")
+    assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "file.txt").read_text() == "x"
+
+
+def test_a_write_that_fails_midway_leaves_nothing(two_runs, tmp_path, monkeypatch):
+    """A read-only file system (or a full disk) seen after some files were written: those files and the
+    directories this report made are removed (tested by failing the third write with EROFS)."""
+    real = report_module.atomic_write
+    calls = []
+
+    def flaky(path, write):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(errno.EROFS, "Read-only file system")
+        real(path, write)
+
+    monkeypatch.setattr(report_module, "atomic_write", flaky)
+    monkeypatch.chdir(tmp_path)
+    for args in (["--out", str(tmp_path / "new" / "deeper")], []):  # given, and the default report-<stamp>/
+        calls.clear()
+        result = runner.invoke(app, ["report", *map(str, two_runs), *args])
+        assert_one_line_error(result, "cannot write the report", "Read-only file system")
+        assert len(calls) == 3 and list(tmp_path.iterdir()) == [], args
+
+
+def test_strategy_text_names_each_strategy_with_its_settings():
+    from distrain.orchestrator.report import strategy_text
+
+    def text(**kw):
+        return strategy_text(RunConfig(**kw).to_dict())
+
+    assert text() == "bsp"
+    assert text(strategy="ssp", staleness=3, ps_shards=2) == "ssp s=3 (ps, 2 shards)"
+    assert text(strategy="async", staleness_lr=True) == "async (ps) staleness-lr"
+    assert text(strategy="bsp", transport="ps", backup_workers=1, workers=3) == "bsp (ps) backup-workers=1"
+    assert text(strategy="local-sgd", tau=4) == "local-sgd tau=4"
+    assert text(strategy="local-sgd", adaptive_tau=True, tau_interval="50") == "local-sgd tau=8 adaptive (50, max 16)"
+    assert text(schedule="ssp:1,local-sgd", epochs=3) == "schedule ssp:1 s=2 (ps) -> local-sgd tau=8"
+
+
+def test_distinct_dirs_keeps_the_first_spelling_of_each_directory(tmp_path):
+    from distrain.orchestrator.report import distinct_dirs
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = tmp_path / "a", tmp_path / "b"
+    kept, repeats = distinct_dirs([a, b, tmp_path / "b" / ".." / "a", a])
+    assert kept == [a, b] and repeats == [(tmp_path / "b" / ".." / "a", a), (a, a)]

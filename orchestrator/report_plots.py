@@ -1,0 +1,344 @@
+"""The PNG plots of `distrain report`: one function per plot, each returning a figure or None (no data).
+
+Every plot against time draws each run's points in wall-time order (never by step: an asynchronous
+run's steps finish out of order, and a run that recovered from a failure redoes steps later), breaks
+its line at each failure and strategy switch, marks both, and shades the time until training
+resumed, so a line never runs backwards in time and nothing that happened to a run is hidden. Figures are Agg
+canvases (`matplotlib.figure.Figure`, never pyplot): no display, no global backend touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+FIGSIZE, DPI = (8.0, 5.0), 100  # every plot is 800 x 500 px
+WALL = "wall time since the run started (s)"
+SPLIT_COLORS = {"compute": "#4c72b0", "communication": "#dd8452", "wait": "#c44e52"}
+
+
+@dataclass
+class Failure:
+    wall_time: float  # when the loss was seen
+    resumed_at: float | None  # the first step row after it (None: the run never trained again)
+    text: str
+
+
+@dataclass
+class Switch:
+    wall_time: float  # the first step row of the new phase
+    step: int
+    strategy: str  # the new phase's strategy, as the report describes it
+
+
+@dataclass
+class PlotRun:
+    """One run as the plots see it: its metrics, colour, legend text and what happened to it."""
+
+    label: str
+    legend: str  # label, strategy and key settings
+    color: str
+    metrics: pd.DataFrame
+    summary: dict[str, Any]
+    phases: list[tuple[int, int, str]] = field(default_factory=list)  # [start, end) steps, strategy text
+    failures: list[Failure] = field(default_factory=list)
+    switches: list[Switch] = field(default_factory=list)
+
+    def steps(self, column: str) -> pd.DataFrame:
+        """Its step rows where `column` is set, in wall-time order."""
+        df = self.metrics
+        if column not in df:
+            return df.iloc[0:0]
+        return df[(df["kind"] == "step") & df[column].notna()].sort_values("wall_time", kind="stable")
+
+    def evals(self) -> pd.DataFrame:
+        df = self.metrics
+        if "test_accuracy" not in df:
+            return df.iloc[0:0]
+        return df[(df["kind"] == "eval") & df["test_accuracy"].notna()].sort_values("wall_time", kind="stable")
+
+
+def smoothing_window(runs: Sequence[PlotRun]) -> int:
+    """One window (in worker steps) for every run, so their curves are smoothed alike: about a
+    twentieth of the shortest run's steps, between 1 and 50."""
+    counts = [len(r.steps("loss")) for r in runs if len(r.steps("loss"))]
+    return max(1, min(50, min(counts) // 20)) if counts else 1
+
+
+def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _figure_pair(title: str) -> tuple[Figure, Axes, Axes]:
+    """Two panels side by side sharing the y axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2, sharey=True)
+    fig.suptitle(title)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    return fig, left, right
+
+
+def _segments(run: PlotRun, rows: pd.DataFrame) -> list[pd.DataFrame]:
+    """`rows` (in time order) cut at each failure and strategy switch: a line is never drawn across a
+    recovery or a hand-over, when nothing trained."""
+    cuts = sorted([f.wall_time for f in run.failures] + [s.wall_time - 1e-9 for s in run.switches])
+    times = rows["wall_time"].to_numpy()
+    bounds = [0, *np.searchsorted(times, cuts, side="right"), len(rows)]
+    return [rows.iloc[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def _mark_events(ax: Axes, runs: Sequence[PlotRun], extra: Sequence[Any] = ()) -> None:
+    """Failures (dashed line, shaded until training resumed) and strategy switches (dotted line); then
+    the legend: the plot's own entries, `extra` ones, and a key to the marks."""
+    from matplotlib.lines import Line2D
+
+    text = {"xycoords": ("data", "axes fraction"), "rotation": 90, "fontsize": 7, "va": "top", "ha": "right"}
+    for run in runs:
+        for f in run.failures:
+            ax.axvline(f.wall_time, color=run.color, ls="--", lw=1.2)
+            if f.resumed_at is not None:
+                ax.axvspan(f.wall_time, f.resumed_at, color=run.color, alpha=0.07, lw=0)
+            ax.annotate(f"{run.label}: {f.text}", (f.wall_time, 0.98), color=run.color, **text)
+        for s in run.switches:
+            ax.axvline(s.wall_time, color=run.color, ls=":", lw=1.5)
+            ax.annotate(f"{run.label}: to {s.strategy}", (s.wall_time, 0.98), color=run.color, **text)
+    proxies = []
+    if any(r.failures for r in runs):
+        proxies.append(Line2D([], [], color="grey", ls="--", label="failure (shaded until training resumed)"))
+    if any(r.switches for r in runs):
+        proxies.append(Line2D([], [], color="grey", ls=":", label="strategy switch"))
+    handles, _ = ax.get_legend_handles_labels()
+    # Below the plot, not over the lines: legends name settings and run long.
+    ax.figure.legend(handles=[*handles, *extra, *proxies], loc="outside lower center", fontsize=8)
+
+
+def plot_accuracy(runs: Sequence[PlotRun]) -> Figure | None:
+    data = [(run, run.evals()) for run in runs]
+    data = [(run, ev) for run, ev in data if not ev.empty]
+    if not data:
+        return None
+    fig, ax = _figure("Test accuracy against time", WALL, "test accuracy")
+    for run, ev in data:
+        for i, seg in enumerate(_segments(run, ev)):
+            ax.plot(
+                seg["wall_time"], seg["test_accuracy"], marker="o", ms=3, color=run.color,
+                label=run.legend if i == 0 else None,
+            )  # fmt: skip
+    _target_line(ax, [run for run, _ in data])
+    _mark_events(ax, [run for run, _ in data])  # only the runs this plot draws
+    return fig
+
+
+def _target_line(ax: Axes, runs: Sequence[PlotRun]) -> None:
+    targets = {run.summary.get("target_accuracy") for run in runs} - {None}
+    if len(targets) == 1:
+        target = targets.pop()
+        ax.axhline(target, ls="--", lw=1, color="grey", label=f"target {target:g}")
+
+
+def plot_accuracy_by_progress(runs: Sequence[PlotRun]) -> Figure | None:
+    """Test accuracy against epochs completed (left) and global steps (right): time-free comparisons."""
+    data = [(run, run.evals()) for run in runs]
+    data = [(run, ev) for run, ev in data if not ev.empty]
+    if not data:
+        return None
+    fig, ax, right = _figure_pair("Test accuracy against training progress")
+    ax.set(xlabel="epochs completed", ylabel="test accuracy")
+    right.set(xlabel="global steps completed")
+    for run, ev in data:
+        ev = ev.sort_values(["epoch", "wall_time"], kind="stable")  # a redone evaluation follows the first
+        ax.plot(ev["epoch"] + 1, ev["test_accuracy"], marker="o", ms=3, color=run.color, label=run.legend)
+        if "step" in ev and ev["step"].notna().all():
+            right.plot(ev["step"], ev["test_accuracy"], marker="o", ms=3, color=run.color)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    _target_line(ax, [run for run, _ in data])
+    _target_line(right, [run for run, _ in data])
+    fig.legend(handles=ax.get_legend_handles_labels()[0], loc="outside lower center", fontsize=8)
+    return fig
+
+
+def plot_loss(runs: Sequence[PlotRun]) -> Figure | None:
+    data = [(run, run.steps("loss")) for run in runs]
+    data = [(run, st) for run, st in data if not st.empty]
+    if not data:
+        return None
+    w = smoothing_window(runs)
+    fig, ax = _figure(f"Training loss (mean of the last {w} worker steps, in time order)", WALL, "training loss")
+    for run, st in data:
+        for i, seg in enumerate(_segments(run, st)):
+            smooth = seg["loss"].rolling(w, min_periods=1).mean()
+            ax.plot(seg["wall_time"], smooth, color=run.color, label=run.legend if i == 0 else None)
+    if all((st["loss"] > 0).all() for _, st in data):
+        ax.set_yscale("log")
+    _mark_events(ax, [run for run, _ in data])  # only the runs this plot draws
+    return fig
+
+
+def plot_throughput(runs: Sequence[PlotRun]) -> Figure | None:
+    """Samples/s over a sliding window of worker steps (gradients dropped by backup workers or tasks
+    left out), with each run's steady-state figure from its summary as a dashed line."""
+    from matplotlib.lines import Line2D
+
+    data = [(run, run.steps("samples")) for run in runs]
+    data = [(run, st) for run, st in data if len(st) > 1]
+    if not data:
+        return None
+    w = smoothing_window(runs)
+    fig, ax = _figure(f"Training throughput (samples/s over the last {w} worker steps)", WALL, "samples/s")
+    for run, st in data:
+        first = True
+        for seg in _segments(run, st):
+            applied = seg["samples"].where(~seg["dropped"].eq(True), 0) if "dropped" in seg else seg["samples"]
+            k = min(w, len(seg) - 1)
+            if k < 1:
+                continue
+            t = seg["wall_time"].to_numpy()
+            cum = np.concatenate([[0.0], np.cumsum(applied.to_numpy(dtype=float))])
+            # The rows (i-k, i] took from row i-k's end to row i's end and trained on their samples.
+            span = t[k:] - t[:-k]
+            rate = np.divide(cum[k + 1 :] - cum[1:-k], span, out=np.full(span.shape, np.nan), where=span > 0)
+            ax.plot(t[k:], rate, color=run.color, label=run.legend if first else None)
+            first = False
+        steady = run.summary.get("steady_state_samples_per_s")
+        if steady:
+            ax.axhline(steady, color=run.color, ls="--", lw=0.8, alpha=0.7)
+    ax.set_ylim(bottom=0)
+    steady = Line2D([], [], color="grey", ls="--", lw=0.8, label="steady state (summary.json)")
+    _mark_events(ax, [run for run, _ in data], [steady])  # only the runs this plot draws
+    return fig
+
+
+def time_split(run: PlotRun) -> list[tuple[str, dict[str, float]]]:
+    """Per phase (strategy): mean ms per worker step computing, communicating and waiting.
+
+    Waiting is the time a parameter-server strategy's consistency rule blocked the worker (`wait_s`,
+    part of the round trip `comm_s`); an all-reduce records no such split, so its wait for the slowest
+    worker is inside its communication time.
+    """
+    st = run.steps("compute_s")
+    out = []
+    for start, end, strategy in run.phases:
+        rows = st[(st["step"] >= start) & (st["step"] < end)]
+        if rows.empty:
+            continue
+        wait = rows["wait_s"].fillna(0.0) if "wait_s" in rows else pd.Series(0.0, index=rows.index)
+        comm = rows["comm_s"].fillna(0.0) if "comm_s" in rows else pd.Series(0.0, index=rows.index)
+        parts = {
+            "compute": 1000 * float(rows["compute_s"].mean()),
+            "communication": 1000 * float((comm - wait).clip(lower=0).mean()),
+            "wait": 1000 * float(wait.mean()),
+        }
+        out.append((strategy, parts))
+    return out
+
+
+def plot_time_split(runs: Sequence[PlotRun]) -> Figure | None:
+    bars = [(f"{run.label}\n{strategy}", parts) for run in runs for strategy, parts in time_split(run)]
+    if not bars:
+        return None
+    fig, ax = _figure(
+        "Where a worker step's time goes, per run and strategy",
+        "mean ms per worker step (an all-reduce's wait for the slowest counts as communication)",
+        "",
+    )
+    y = np.arange(len(bars))[::-1]
+    left = np.zeros(len(bars))
+    for part, color in SPLIT_COLORS.items():
+        values = np.array([parts[part] for _, parts in bars])
+        ax.barh(y, values, left=left, color=color, label=part, height=0.6)
+        left += values
+    for yi, total in zip(y, left, strict=True):
+        ax.annotate(f" {total:.1f}", (total, yi), va="center", fontsize=8)
+    ax.set_yticks(y, [name for name, _ in bars], fontsize=8)
+    ax.set_xlim(right=left.max() * 1.12 if left.max() > 0 else 1)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_step_times(runs: Sequence[PlotRun]) -> Figure | None:
+    boxes, labels, colors = [], [], []
+    for run in runs:
+        st = run.steps("worker")
+        for worker, rows in st.groupby("worker"):
+            boxes.append(1000 * (rows["compute_s"].fillna(0) + rows["comm_s"].fillna(0)).to_numpy())
+            labels.append(f"{run.label}\nw{int(worker)}")
+            colors.append(run.color)
+    if not boxes:
+        return None
+    fig, ax = _figure("Step time per worker (compute + communication)", "", "ms per step")
+    parts = ax.boxplot(boxes, patch_artist=True, flierprops={"markersize": 2, "alpha": 0.4})
+    ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30 if len(labels) > 6 else 0, fontsize=8)
+    for box, color in zip(parts["boxes"], colors, strict=True):
+        box.set(facecolor=color, alpha=0.5)
+    ax.set_ylim(bottom=0)
+    return fig
+
+
+def plot_staleness(runs: Sequence[PlotRun]) -> Figure | None:
+    data = [(run, run.steps("staleness")) for run in runs]
+    data = [(run, st) for run, st in data if not st.empty]
+    if not data:
+        return None
+    values = [st["staleness"].astype(int).to_numpy() for _, st in data]
+    fig, ax = _figure("Staleness of applied gradients", "staleness (versions between read and apply)", "share of steps")
+    ax.hist(
+        values,
+        bins=[b - 0.5 for b in range(max(v.max() for v in values) + 2)],
+        weights=[[1 / len(v)] * len(v) for v in values],
+        color=[run.color for run, _ in data],
+        label=[run.legend for run, _ in data],
+    )
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_tau(runs: Sequence[PlotRun]) -> Figure | None:
+    """τ over time, only when some run's τ changed (a constant τ is in the legend already)."""
+    data = [(run, run.steps("tau")) for run in runs]
+    data = [(run, st) for run, st in data if not st.empty]
+    if not any(st["tau"].nunique() > 1 for _, st in data):
+        return None
+    fig, ax = _figure("Local steps between averaging (tau), as AdaComm chose them", WALL, "tau")
+    for run, st in data:
+        for i, seg in enumerate(_segments(run, st)):
+            ax.step(seg["wall_time"], seg["tau"], where="post", color=run.color, label=run.legend if i == 0 else None)
+            changed = seg[seg["tau"].ne(seg["tau"].shift())]
+            ax.plot(changed["wall_time"], changed["tau"], "o", ms=4, color=run.color)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylim(bottom=0)
+    _mark_events(ax, [run for run, _ in data])  # only the runs this plot draws
+    return fig
+
+
+PLOTS: dict[str, Callable[[Sequence[PlotRun]], Figure | None]] = {
+    "accuracy_vs_time.png": plot_accuracy,
+    "accuracy_vs_progress.png": plot_accuracy_by_progress,
+    "loss_vs_time.png": plot_loss,
+    "throughput_vs_time.png": plot_throughput,
+    "time_split.png": plot_time_split,
+    "step_time_per_worker.png": plot_step_times,
+    "staleness_hist.png": plot_staleness,
+    "tau_over_time.png": plot_tau,
+}
