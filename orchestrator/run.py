@@ -20,7 +20,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
-from distrain.orchestrator import cluster
+from distrain.orchestrator import cluster, interrupts
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.orchestrator.checkpoint import (
@@ -162,6 +162,7 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
     connection = cluster.connect(config)
     placement = None
     actors: list[Any] = []  # everything started here, killed on the way out
+    state: RunState | None = None
     try:
         cluster.check_resources(config)
         plan.run_dir.mkdir(parents=True, exist_ok=True)
@@ -184,11 +185,30 @@ def run_training(config: RunConfig, on_event: EventHandler | None = None, resume
                 cluster.release(placement)
                 placement = None
                 placement = cluster.place(config)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM (orchestrator/interrupts.py), a stopped trial
+        if plan.run_dir.is_dir():  # tells the CLI where what was recorded is
+            interrupt.run_dir = plan.run_dir  # type: ignore[attr-defined]
+            if not plan.resumed and not (plan.run_dir / "summary.json").exists():
+                _record_interrupted(config, plan, state or RunState.create(config, plan))
+        raise
     finally:
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        cluster.release(placement)
-        connection.close()
+        with interrupts.deferred():  # a teardown cut short would leave actors (or all of Ray) running
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            cluster.release(placement)
+            connection.close()
+
+
+def _record_interrupted(config: RunConfig, plan: Plan, state: RunState) -> None:
+    """Interrupted before a driver could record anything (placement, workers starting): the run
+    directory still gets its metrics (none, or those of earlier attempts) and a summary that says so."""
+    epochs_done = state.steps_done // state.steps_per_epoch if state.steps_per_epoch else 0
+    df = state.sink.table().to_pandas()
+    state.sink.write(plan.run_dir / "metrics.parquet")
+    recorded = _recorded(config, plan.run_dir).to_dict()
+    summary = summarize(df, recorded, state.run_start, time.time() - state.run_start, "interrupted", epochs_done)
+    summary.update(state.ledger.summary())
+    atomic_write_text(plan.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
 def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: float) -> list[Any]:
