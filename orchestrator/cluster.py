@@ -96,7 +96,11 @@ def start_local_ray(num_cpus: int) -> None:
 
     First stops what is left of local Rays earlier distrain drivers started and never stopped (a
     driver killed with SIGKILL: orchestrator/leftovers.py); marks this one as this driver's."""
-    leftovers.stop_orphaned()
+    stopped = leftovers.stop_orphaned()
+    if stopped:
+        logging.getLogger("distrain").warning(
+            f"stopped {stopped} Ray process(es) an earlier distrain run left running (its driver was killed)"
+        )
     try:
         with interrupts.deferred():  # a Ray start cut short leaves processes no shutdown knows of
             ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_SYSTEM_CONFIG, **QUIET)

@@ -55,6 +55,8 @@ def orphaned_sessions(temp_dir: Path | None = None) -> list[Path]:
     """Session directories with a marker whose driver is gone."""
     found = []
     for path in sorted((temp_dir or default_temp_dir()).glob(f"session_*/{MARKER}")):
+        if path.parent.is_symlink():  # session_latest: the same session again
+            continue
         try:
             marker = json.loads(path.read_text())
         except (OSError, ValueError):
