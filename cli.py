@@ -679,7 +679,11 @@ def _straggler_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 def main() -> int:
     """Console entry point: like `app()`, but a usage error (e.g. `--workers abc`) is one line too, and
     SIGTERM interrupts a run as Ctrl-C does (the only place that installs signal handlers)."""
-    interrupts.install()
+    with interrupts.installed():
+        return _main()
+
+
+def _main() -> int:
     command = typer.main.get_command(app)
     try:
         return command.main(standalone_mode=False) or 0

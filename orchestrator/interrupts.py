@@ -1,6 +1,6 @@
 """SIGINT (Ctrl-C) and SIGTERM (schedulers, `docker stop`) as one thing: an interruption of the run.
 
-    install()        the CLI's entry point only: Tune trial threads and notebooks run runs too, and
+    installed()      the CLI's entry point only: Tune trial threads and notebooks run runs too, and
                      there `signal.signal` cannot (or must not) be used
     deferred()       a section a signal must not cut in half (starting or stopping Ray): a signal that
                      arrives inside takes effect when it ends
@@ -39,6 +39,21 @@ def install() -> None:
     for sig in SIGNALS:
         signal.signal(sig, _handle)
     _installed = True
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """install() for the length of the block, then the previous handlers back (the CLI's main() is
+    also called in-process, by tests)."""
+    global _installed
+    before = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    install()
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        _installed = False
 
 
 def _handle(signum: int, frame: Any) -> None:

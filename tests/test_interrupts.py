@@ -21,12 +21,10 @@ from distrain.orchestrator import interrupts, leftovers
 def installed():
     """The CLI's handlers in this process for one test; the previous ones (pytest's) back after."""
     before = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
-    interrupts.install()
-    yield
-    for sig, handler in before.items():
-        signal.signal(sig, handler)
+    with interrupts.installed():
+        yield
+    assert {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS} == before
     interrupts._received.clear()
-    interrupts._installed = False
 
 
 def test_sigterm_interrupts_like_ctrl_c_with_its_own_exit_code(installed):
