@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +72,10 @@ def _interrupted_line(run_dir: Path | None) -> str:
     what = f"interrupted ({interrupts.name()})"
     if run_dir is None or not run_dir.is_dir():
         return f"{what} before the run started: nothing was written"
+    summary = run_dir / "summary.json"
+    status = json.loads(summary.read_text()).get("status") if summary.is_file() else None
+    if status == "completed":  # the signal came as the run was being recorded
+        return f"{what} as the run ended: it completed; results in {run_dir}/"
     line = f"{what}: workers stopped; what was recorded so far is in {run_dir}/"
     if (run_dir / "checkpoints" / "latest.json").is_file():
         line += f"; go on with: distrain run --resume {run_dir}"

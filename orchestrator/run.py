@@ -397,13 +397,15 @@ class _Driver:
                 if i == 0:
                     self.state.ledger.resumed(self.state.point, time.time() - self.run_start)
                 self._loop(phase.end_step, phase.start_step)
-            status = "completed"
-            summary = self._finish(status)
-            self._leave_transports()
+            with interrupts.deferred():  # a run that got to its end is recorded whole, as completed
+                status = "completed"
+                summary = self._finish(status)
+                self._leave_transports()
             shard_nodes = self.shards.node_ids() if self.shards else []
             return RunResult(self.run_dir, summary, info, shard_nodes)
         except KeyboardInterrupt:
-            status = "interrupted"
+            if status != "completed":  # a signal held while the completed run was recorded: it stays so
+                status = "interrupted"
             raise
         except RunLost:
             status = "recovering"  # the run goes on in a new attempt; nothing to write yet

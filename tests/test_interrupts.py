@@ -78,6 +78,8 @@ def test_interrupted_line_names_a_run_directory_only_if_it_exists(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "latest.json").write_text("{}")
     assert f"distrain run --resume {tmp_path}" in _interrupted_line(tmp_path)
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed"}))  # the signal came at the end
+    assert "it completed" in _interrupted_line(tmp_path) and "--resume" not in _interrupted_line(tmp_path)
 
 
 # ---------------------------------------------------------------------- leftovers of a dead driver

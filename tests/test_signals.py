@@ -53,7 +53,7 @@ class Command:
     """`distrain ARGS` in its own session; stdout lines collected as they come."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)} | (env or {})
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "PYTHONUNBUFFERED": "1"} | (env or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "distrain.cli", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
@@ -107,7 +107,7 @@ def test_ctrl_c_while_ray_starts_exits_130_naming_no_directory_that_is_not_there
 )
 def test_signal_mid_run_records_an_interrupted_run_and_leaves_nothing(tmp_path, signum, send, code):
     run_dir = tmp_path / "run"
-    cmd = Command("run", *SMALL, f"--run-dir={run_dir}", "--segment-steps=2")
+    cmd = Command("run", *SMALL, f"--run-dir={run_dir}", "--segment-steps=2", "--batch-size=8")  # 180 steps
     cmd.wait_for(lambda: any(line.startswith("run dir") for line in cmd.lines))  # the workers are training
     send(cmd.proc.pid, signum)
     rc, stderr = cmd.finish()
