@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from typer.core import TyperCommand
 
 from distrain.config import SECTIONS, RunConfig, parse_optimizer_args
 from distrain.errors import DistrainError
+from distrain.orchestrator import interrupts
 
 try:  # typer >= 0.24 parses with its own vendored copy of click (and keeps Abort in typer.exceptions)
     from typer._click import exceptions as click_exceptions
@@ -48,7 +50,8 @@ HELP = {name: RunConfig.__dataclass_fields__[name].metadata["help"] for name in 
 
 
 def user_errors(fn: F) -> F:
-    """Turn a DistrainError into one line and exit code 2; Ctrl-C into exit code 130."""
+    """Turn a DistrainError into one line and exit code 2; Ctrl-C or SIGTERM into one line and exit
+    code 130 or 143 (orchestrator/interrupts.py)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -57,11 +60,26 @@ def user_errors(fn: F) -> F:
         except DistrainError as e:
             err.print(Text("error: ", style="bold red") + Text(str(e)), highlight=False)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err.print("interrupted: workers stopped; what was recorded so far is in the run directory")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as e:
+            err.print(_interrupted_line(getattr(e, "run_dir", None)), markup=False, highlight=False)
+            raise typer.Exit(interrupts.exit_code()) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _interrupted_line(run_dir: Path | None) -> str:
+    """What an interruption left: a run directory is named only if there is one."""
+    what = f"interrupted ({interrupts.name()})"
+    if run_dir is None or not run_dir.is_dir():
+        return f"{what} before the run started: nothing was written"
+    summary = run_dir / "summary.json"
+    status = json.loads(summary.read_text()).get("status") if summary.is_file() else None
+    if status == "completed":  # the signal came as the run was being recorded
+        return f"{what} as the run ended: it completed; results in {run_dir}/"
+    line = f"{what}: workers stopped; what was recorded so far is in {run_dir}/"
+    if (run_dir / "checkpoints" / "latest.json").is_file():
+        line += f"; go on with: distrain run --resume {run_dir}"
+    return line
 
 
 def _shown_default(name: str) -> str | bool:
@@ -533,8 +551,15 @@ def tune(
     from distrain.orchestrator.tune import run_sweep  # Ray, Tune and torch load only from here on
     from distrain.sweep_display import SweepDisplay, print_table, results_table
 
-    with SweepDisplay(out, spec.num_trials(), spec.time_budget_s) as display:
-        sweep = run_sweep(spec, where, display.on_event, resume=resume is not None, cluster_cpus=cluster_cpus)
+    try:
+        with SweepDisplay(out, spec.num_trials(), spec.time_budget_s) as display:
+            sweep = run_sweep(spec, where, display.on_event, resume=resume is not None, cluster_cpus=cluster_cpus)
+    except KeyboardInterrupt:  # a second Ctrl-C, or SIGTERM: the trials were killed with Ray
+        err.print(_sweep_interrupted_line(Path(where).absolute(), None), markup=False, highlight=False)
+        raise typer.Exit(interrupts.exit_code()) from None
+    if sweep.interrupted:  # Ctrl-C: Tune stopped the trials and saved its state
+        err.print(_sweep_interrupted_line(sweep.sweep_dir, sweep.results), markup=False, highlight=False)
+        raise typer.Exit(interrupts.exit_code())
     title = f"distrain tune: {len(sweep.results)} trial(s), best first by {spec.objective}"
     print_table(out, results_table(sweep.results, list(spec.dimensions), title))
     out.print(f"sweep took {sweep.wall_time_s:.1f} s", markup=False, highlight=False)
@@ -557,6 +582,17 @@ def tune(
         markup=False,
         highlight=False,
     )
+
+
+def _sweep_interrupted_line(sweep_dir: Path, results: Any) -> str:
+    what = f"interrupted ({interrupts.name()})"
+    if not (sweep_dir / "sweep.json").is_file() or not (sweep_dir / "tune").is_dir():
+        return f"{what} before the sweep started: nothing to go on with"
+    done = ""
+    if results is not None:
+        finished = int((results["status"] == "completed").sum()) if len(results) else 0
+        done = f" {finished} trial(s) finished, results so far in {sweep_dir}/;"
+    return f"{what}:{done} go on with: distrain tune --resume {sweep_dir}"
 
 
 class RunDisplay:
@@ -596,6 +632,7 @@ class RunDisplay:
         from distrain.orchestrator.run import Progress as RunProgress
         from distrain.orchestrator.run import RunStarted, StragglersChanged, WorkersStarting
 
+        interrupts.check()  # a signal whose first raise some library code swallowed still ends the run
         if isinstance(event, WorkersStarting):
             out.print(f"starting workers {event.started}/{event.total}", markup=False, highlight=False)
             return
@@ -794,7 +831,13 @@ def _straggler_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def main() -> int:
-    """Console entry point: like `app()`, but a usage error (e.g. `--workers abc`) is one line too."""
+    """Console entry point: like `app()`, but a usage error (e.g. `--workers abc`) is one line too, and
+    SIGTERM interrupts a run as Ctrl-C does (the only place that installs signal handlers)."""
+    with interrupts.installed():
+        return _main()
+
+
+def _main() -> int:
     command = typer.main.get_command(app)
     try:
         return command.main(standalone_mode=False) or 0
@@ -804,9 +847,9 @@ def main() -> int:
     except click_exceptions.ClickException as e:
         err.print(Text("error: ", style="bold red") + Text(e.format_message()), highlight=False)
         return e.exit_code
-    except Abort:
-        err.print("aborted")
-        return 130
+    except (Abort, KeyboardInterrupt):  # a signal outside a command's own handling (click makes it Abort)
+        err.print(f"interrupted ({interrupts.name()})", markup=False, highlight=False)
+        return interrupts.exit_code()
 
 
 if __name__ == "__main__":

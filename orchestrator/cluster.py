@@ -6,8 +6,10 @@ import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 from ray.util.placement_group import (
     PlacementGroup,
@@ -20,7 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
-from distrain.orchestrator import address, code_shipping, memory, trial_resources
+from distrain.orchestrator import address, code_shipping, interrupts, leftovers, memory, trial_resources
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -34,14 +36,48 @@ class _DropTokenAuthNotice(logging.Filter):
 logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_DropTokenAuthNotice())
 
 
+SHUTDOWN_GRACE_S = 2.0
+
+
 @dataclass
 class RayConnection:
     started_here: bool
     shipped: list[str] = field(default_factory=list)  # the user's code uploaded to the cluster
 
     def close(self) -> None:
-        if self.started_here and ray.is_initialized():
+        if not (self.started_here and ray.is_initialized()):
+            return
+        with interrupts.deferred():  # a Ray stopped half-way leaves its agents and workers running
+            node = _local_node()
+            procs = _node_processes(node)
             ray.shutdown()
+            # ray.shutdown signals the GCS and raylet and returns; what they started goes with them,
+            # mostly: give it a moment, then stop what is left, so nothing outlives the run.
+            _, alive = psutil.wait_procs(procs, timeout=SHUTDOWN_GRACE_S)
+            leftovers.stop(alive)
+            if node is not None:
+                leftovers.forget(Path(node.get_session_dir_path()))
+
+
+def _local_node() -> Any:
+    """The Ray node this process started (ray.init without an address), or None."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    return node if node is not None and node.is_head() else None
+
+
+def _node_processes(node: Any) -> list[psutil.Process]:
+    """The processes `node` started (GCS, raylet, ...) and everything they started (agents, workers)."""
+    if node is None:
+        return []
+    procs = []
+    for infos in node.all_processes.values():
+        for info in infos:
+            try:
+                proc = psutil.Process(info.process.pid)
+                procs += [proc, *proc.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+    return procs
 
 
 def join(ray_address: str, task: str) -> list[str]:
@@ -50,7 +86,8 @@ def join(ray_address: str, task: str) -> list[str]:
     found = address.reachable(ray_address)
     shipment = code_shipping.ship(task)
     try:
-        ray.init(address=found, runtime_env=shipment.runtime_env, **QUIET)
+        with interrupts.deferred():
+            ray.init(address=found, runtime_env=shipment.runtime_env, **QUIET)
     except (ConnectionError, RuntimeError) as e:  # something listens there, but it did not let us in
         # Ray 2.60 sends the cluster's token (~/.ray/auth_token) to an explicit address only in token mode.
         auth = "AuthenticationError" in repr(e.__cause__) or "auth" in str(e.__cause__).lower()
@@ -62,6 +99,9 @@ def join(ray_address: str, task: str) -> list[str]:
             "the address and port (`ray status` on the head node prints it)"
         )
         raise ResourceError(f"--address {ray_address}: {hint}") from None
+    except BaseException:  # interrupted while it connected (raised once it had): leave again
+        RayConnection(started_here=True).close()
+        raise
     finally:
         shipment.close()  # uploaded by ray.init (or not needed any more)
     return shipment.shipped
@@ -80,8 +120,24 @@ QUIET = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driv
 
 
 def start_local_ray(num_cpus: int) -> None:
-    """A fresh local Ray (address="local": never a `ray start` cluster found on this machine)."""
-    ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_SYSTEM_CONFIG, **QUIET)
+    """A fresh local Ray (address="local": never a `ray start` cluster found on this machine).
+
+    First stops what is left of local Rays earlier distrain drivers started and never stopped (a
+    driver killed with SIGKILL: orchestrator/leftovers.py); marks this one as this driver's."""
+    stopped = leftovers.stop_orphaned()
+    if stopped:
+        logging.getLogger("distrain").warning(
+            f"stopped {stopped} Ray process(es) an earlier distrain run left running (its driver was killed)"
+        )
+    try:
+        with interrupts.deferred():  # a Ray start cut short leaves processes no shutdown knows of
+            ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_SYSTEM_CONFIG, **QUIET)
+            node = _local_node()
+            if node is not None:
+                leftovers.record(Path(node.get_session_dir_path()))
+    except BaseException:  # interrupted while it started (raised once it had): stop it again
+        RayConnection(started_here=True).close()
+        raise
 
 
 def connect(config: RunConfig) -> RayConnection:

@@ -20,7 +20,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
-from distrain.orchestrator import cluster, memory
+from distrain.orchestrator import cluster, interrupts, memory
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
@@ -226,7 +226,8 @@ def run_training(
     connection = None
     placement = None
     actors: list[Any] = []  # everything started here, killed on the way out
-    started = False
+    started = False  # the run's actors were placed: from here on an interrupted run is recorded
+    state: RunState | None = None
     try:
         connection = cluster.connect(config)
         cluster.check_resources(config)
@@ -254,14 +255,34 @@ def run_training(
                 cluster.release(placement)
                 placement = None
                 placement = cluster.place(config)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM (orchestrator/interrupts.py), a stopped trial
+        # Before the run started, a new run's claimed directory is given back below (nothing written).
+        if (started or plan.resumed) and plan.run_dir.is_dir():  # tells the CLI where what was recorded is
+            interrupt.run_dir = plan.run_dir  # type: ignore[attr-defined]
+            if started and not plan.resumed and not (plan.run_dir / "summary.json").exists():
+                _record_interrupted(config, plan, state or RunState.create(config, plan))
+        raise
     finally:
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        cluster.release(placement)
-        if connection is not None:
-            connection.close()
-        if not started and plan.claim is not None:  # refused before it began: leave no directory behind
-            plan.claim.release()
+        with interrupts.deferred():  # a teardown cut short would leave actors (or all of Ray) running
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            cluster.release(placement)
+            if connection is not None:
+                connection.close()
+            if not started and plan.claim is not None:  # refused before it began: leave no directory behind
+                plan.claim.release()
+
+
+def _record_interrupted(config: RunConfig, plan: Plan, state: RunState) -> None:
+    """Interrupted before a driver could record anything (placement, workers starting): the run
+    directory still gets its metrics (none, or those of earlier attempts) and a summary that says so."""
+    epochs_done = state.steps_done // state.steps_per_epoch if state.steps_per_epoch else 0
+    df = state.sink.table().to_pandas()
+    state.sink.write(plan.run_dir / "metrics.parquet")
+    recorded = _recorded(config, plan.run_dir).to_dict()
+    summary = summarize(df, recorded, state.run_start, time.time() - state.run_start, "interrupted", epochs_done)
+    summary.update(state.ledger.summary())
+    atomic_write_text(plan.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
 def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: float) -> list[Any]:
@@ -480,9 +501,10 @@ class _Driver:
                 if i == 0:
                     self.state.ledger.resumed(self.state.point, time.time() - self.run_start)
                 self._loop(phase.end_step, phase.start_step)
-            status = STOPPED if self.hooks.stop_requested else "completed"
-            summary = self._finish(status)
-            self._leave_transports()
+            with interrupts.deferred():  # a run that got to its end is recorded whole, as completed
+                status = STOPPED if self.hooks.stop_requested else "completed"
+                summary = self._finish(status)
+                self._leave_transports()
             self.hooks.end(summary)
             shard_nodes = self.shards.node_ids() if self.shards else []
             return RunResult(self.run_dir, summary, info, shard_nodes)
@@ -492,7 +514,8 @@ class _Driver:
             self.hooks.end(summary)
             return RunResult(self.run_dir, summary, info, self.shards.node_ids() if self.shards else [])
         except KeyboardInterrupt:
-            status = "interrupted"
+            if status != "completed":  # a signal held while the completed run was recorded: it stays so
+                status = "interrupted"
             raise
         except RunLost:
             status = "recovering"  # the run goes on in a new attempt; nothing to write yet

@@ -34,7 +34,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from distrain.config import RunConfig, Target
 from distrain.errors import ResourceError
-from distrain.orchestrator import cluster
+from distrain.orchestrator import cluster, interrupts
 from distrain.orchestrator.callbacks import Callback, RunInfo
 from distrain.orchestrator.files import atomic_write, atomic_write_text
 from distrain.orchestrator.sweep_spec import Choice, Range, SweepSpec, flatten, sort_by_objective, trial_config
@@ -44,6 +44,19 @@ from distrain.trainers.schedule import scaled_lr
 FALLBACK_TARGET = Target("test_loss", "<=", 0.0)  # a user task with neither --target nor a default_target
 CONFIG_COLUMNS = ("batch_size", "lr_scaling", "warmup_epochs", "lr", "workers", "strategy")
 RESERVED_KEYS = ("base", "sweep_dir")  # param_space entries that are not swept values
+
+
+class _DropInterruptNotices(logging.Filter):
+    """On Ctrl-C Tune warns that it is stopping, then how to resume in Python; the CLI says both in
+    one line of its own (`distrain tune --resume`)."""
+
+    NOTICES = ("Stop signal received", "Experiment has been interrupted")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOTICES)
+
+
+logging.getLogger("ray.tune.tune").addFilter(_DropInterruptNotices())
 
 
 # ---------------------------------------------------------------------- events for the display
@@ -299,6 +312,7 @@ class Sweep:
     results: pd.DataFrame  # one row per trial, best first
     best: RunConfig | None
     wall_time_s: float
+    interrupted: bool = False  # Ctrl-C: Tune stopped the trials and saved its state (`--resume` goes on)
 
 
 def save_spec(spec: SweepSpec, sweep_dir: Path) -> None:
@@ -366,7 +380,8 @@ def run_sweep(
         previous = os.environ.get("RAY_AIR_NEW_OUTPUT")
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
         try:
-            grid = tuner.fit()
+            with interrupts.sigint_lent() as lent:  # Tune's own Ctrl-C handling: stop, save its state
+                grid = tuner.fit()
         finally:
             if previous is None:
                 os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
@@ -375,7 +390,7 @@ def run_sweep(
         trials = [(Path(r.path).name, r.config, r.error, r.metrics or {}) for r in grid]
         table = results_table(trials, spec, sweep_dir, target)
         best = write_results(table, spec, sweep_dir)
-        return Sweep(sweep_dir, table, best, time.time() - started)
+        return Sweep(sweep_dir, table, best, time.time() - started, interrupted=lent.caught)
     finally:
         _sink = None
         connection.close()

@@ -16,12 +16,12 @@ def ray_cluster():
     Started exactly as `distrain run` starts its own (same system config)."""
     import ray
 
-    from distrain.orchestrator.cluster import start_local_ray
+    from distrain.orchestrator.cluster import RayConnection, start_local_ray
 
     if not ray.is_initialized():
         start_local_ray(num_cpus=8)
     yield ray
-    ray.shutdown()
+    RayConnection(started_here=True).close()  # as a run stops its own: every process, and its marker
 
 
 # Two layers: unit tests (no Ray, no process groups, seconds in all) and integration tests, which start

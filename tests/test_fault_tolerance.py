@@ -186,7 +186,10 @@ def test_kill_ps_prints_one_line_for_the_failure_and_no_ray_unhandled_errors(tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = (proc.stdout + proc.stderr).splitlines()
     about_it = [x for x in lines if any(w in x for w in ("Unhandled error", "ActorDiedError", "died", "lost at step"))]
-    assert about_it == ["failure 1 (of at most 3): a parameter-server shard lost at step 10; restarting from the checkpoint at step 10"]
+    expected = (
+        "failure 1 (of at most 3): a parameter-server shard lost at step 10; restarting from the checkpoint at step 10"
+    )
+    assert about_it == [expected]
     assert proc.stderr.strip() == "", proc.stderr[-3000:]
 
 

@@ -123,7 +123,7 @@ def test_resume_restarts_an_interrupted_sweep(tmp_path):
         "--sweep-dir", str(sweep),
     ])  # fmt: skip
     assert "Traceback" not in first.output, first.output
-    assert "distrain tune --resume" in first.output
+    assert first.exit_code == 130 and f"go on with: distrain tune --resume {sweep}" in first.output, first.output
     before = pd.read_parquet(sweep / "results.parquet")
     assert len(before) == 1 and before["status"][0] != "completed", before
     interrupted = before["trial_id"][0]
