@@ -143,6 +143,8 @@ def start_local_ray(num_cpus: int) -> None:
 def connect(config: RunConfig) -> RayConnection:
     """Reuse an initialised Ray, connect to `--address`, or start a local Ray sized for the run."""
     if ray.is_initialized():
+        if config.address:  # a dead --address is refused as a fresh process would refuse it
+            address.reachable(config.address)
         return RayConnection(started_here=False)
     if config.address:
         # Another node may not have the task's file: ship it (the local Ray below shares this disk).

@@ -34,7 +34,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from distrain.config import RunConfig, Target
 from distrain.errors import ResourceError
-from distrain.orchestrator import cluster, interrupts
+from distrain.orchestrator import address, cluster, interrupts
 from distrain.orchestrator.callbacks import Callback, RunInfo
 from distrain.orchestrator.files import atomic_write, atomic_write_text
 from distrain.orchestrator.sweep_spec import Choice, Range, SweepSpec, flatten, sort_by_objective, trial_config
@@ -281,9 +281,11 @@ def _scheduler(spec: SweepSpec) -> Any:
 def connect(spec: SweepSpec, cluster_cpus: int = 0) -> cluster.RayConnection:
     """Reuse an initialised Ray, join --address, or start a local Ray: --cluster-cpus logical CPUs, by
     default this machine's cores (at least enough for the largest trial)."""
-    if ray.is_initialized():
-        return cluster.RayConnection(started_here=False)
     base = RunConfig.from_mapping(spec.base)
+    if ray.is_initialized():
+        if base.address:  # a dead --address is refused as a fresh process would refuse it
+            address.reachable(base.address)
+        return cluster.RayConnection(started_here=False)
     if base.address:
         return cluster.RayConnection(started_here=True, shipped=cluster.join(base.address, base.task))
     else:
