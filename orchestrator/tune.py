@@ -115,7 +115,7 @@ class _Relay(tune.Callback):
                 int(result["training_iteration"]),
                 int(result["epochs"]),
                 float(result.get("test_accuracy", math.nan)),
-                float(result["test_loss"]),
+                float(result.get("test_loss", math.nan)),
                 float(result["elapsed_s"]),
                 metric,
                 float(result[metric]),
@@ -149,6 +149,9 @@ def tune_mode(target: Target) -> str:
 
 
 # ---------------------------------------------------------------------- one trial
+RUN_ENDED = "_run_ended"  # the trial's queue: the run returned (its summary), after any evaluations
+
+
 class TuneReporter(Callback):
     """The trial's hooks into its run: each evaluation goes to step() (and so to Tune); when Tune ends
     the trial (ASHA, the time budget) `should_stop` asks the run to stop, and it ends "stopped" with
@@ -217,18 +220,40 @@ class DistrainTrial(tune.Trainable):
         from distrain.orchestrator.run import run_training
 
         try:
-            run_training(self.run_config, callbacks=[TuneReporter(self)])
+            result = run_training(self.run_config, callbacks=[TuneReporter(self)])
         except BaseException as e:  # handed to step(), which fails the trial with it
             self.results.put(e)
+            return
+        # A run can end before its last evaluation (diverged at a non-finite step): step() must not wait
+        # for an epoch that never comes.
+        self.results.put({RUN_ENDED: result.summary})
 
     def step(self) -> dict[str, Any]:
         item = self.results.get()
         if isinstance(item, BaseException):
             raise item
+        if RUN_ENDED in item:  # ended before its last evaluation: its final figures, and done
+            summary = item[RUN_ENDED]
+            value = summary.get(f"final_{self.target.metric}")
+            loss = summary.get("final_test_loss")
+            return {
+                "test_loss": math.nan if loss is None else loss,
+                self.target.metric: math.nan if value is None else value,
+                "metric": self.target.metric,
+                "epoch": max(self.last_epoch, 0),
+                "epochs": self.last_epoch + 1,
+                "elapsed_s": time.time() - self.started,
+                "time_to_target_s": math.nan,
+                "run_dir": str(self.run_config.run_dir),
+                "reserved_cpus": self.reserved_cpus,
+                "done": True,
+            }
         if item["epoch"] == self.last_epoch:
             self.thread.join()  # the run writes its final checkpoint, metrics and summary
-            if not self.results.empty():
-                raise self.results.get()  # type: ignore[misc]
+            while not self.results.empty():
+                ended = self.results.get()
+                if isinstance(ended, BaseException):
+                    raise ended
             item["done"] = True
         return item
 
