@@ -16,7 +16,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError
-from distrain.orchestrator import run as run_module
+from distrain.orchestrator import run_checks
 from distrain.orchestrator.recovery import Failure, classify
 from distrain.orchestrator.run import run_training
 from tests.test_datasets_files import write_idx_images, write_idx_labels
@@ -59,7 +59,7 @@ def mnist(root, train_images: int, train_labels: int, cut: int = 0):
 
 @pytest.fixture
 def no_preflight_data_check(monkeypatch):
-    monkeypatch.setattr(run_module, "check_dataset", lambda *args, **kwargs: None)
+    monkeypatch.setattr(run_checks, "check_dataset", lambda *args, **kwargs: None)  # preflight's check
 
 
 def run(tmp_path, data_dir, **overrides):
