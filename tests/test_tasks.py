@@ -23,6 +23,7 @@ from distrain.errors import ConfigError
 from distrain.orchestrator.tasks import build_task, check_task, run_target
 from distrain.plugins import absolute_import_path, load_object
 from distrain.trainers.task import BatchReader, ClassificationTask, Task, reduce_metrics
+from tests.test_cli_errors import no_ray  # noqa: F401 - the fixture: fail if Ray would start
 
 REGRESSION = textwrap.dedent(
     '''
@@ -255,19 +256,6 @@ def test_tensor_dataset_reads_through_the_default_collate():
 runner = CliRunner()
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    import ray
-
-    from distrain.orchestrator import cluster
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("Ray must not start for bad input")
-
-    monkeypatch.setattr(cluster, "connect", refuse)
-    monkeypatch.setattr(ray, "init", refuse)
-
-
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -282,7 +270,8 @@ def no_ray(monkeypatch):
         (["--target", "accuracy>"], "--target"),
     ],
 )
-def test_cli_refuses_bad_tasks_in_one_line(tmp_path, task_file, no_ray, monkeypatch, args, fragment):
+@pytest.mark.usefixtures("no_ray")
+def test_cli_refuses_bad_tasks_in_one_line(tmp_path, task_file, monkeypatch, args, fragment):
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["run", *[a.format(file=task_file) for a in args]])
     assert result.exit_code == 2, result.output
