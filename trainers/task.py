@@ -26,8 +26,8 @@ decay on biases) and `deterministic_loss` (the loss in eval mode, for full-batch
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -185,24 +185,23 @@ class BatchReader:
     def __init__(self, dataset: Dataset, collate: Callable[[list[Any]], Any], prefetch: bool = True) -> None:
         self.dataset = dataset
         self.collate = collate
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distrain-prefetch") if prefetch else None
-        self._ahead: tuple[bytes, Future[Any]] | None = None
+        self.prefetching = prefetch
+        self._ahead: tuple[bytes, _Reading] | None = None
 
     def read(self, indices: np.ndarray | Sequence[int]) -> Any:
         key = np.asarray(indices, dtype=np.int64).tobytes()
         if self._ahead is not None:
-            ahead_key, future = self._ahead
+            ahead_key, reading = self._ahead
             self._ahead = None
             if ahead_key == key:
-                return future.result()
-            future.cancel()
+                return reading.result()
         return self._read(indices)
 
     def prefetch(self, indices: np.ndarray | Sequence[int]) -> None:
-        if self._pool is None:
+        if not self.prefetching:
             return
         key = np.asarray(indices, dtype=np.int64).tobytes()
-        self._ahead = (key, self._pool.submit(self._read, indices))
+        self._ahead = (key, _Reading(self._read, indices))
 
     def _read(self, indices: np.ndarray | Sequence[int]) -> Any:
         get_batch = getattr(self.dataset, "get_batch", None)
@@ -214,8 +213,31 @@ class BatchReader:
         return self.collate(samples)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._ahead = None
+
+
+class _Reading:
+    """One batch read on a daemon thread of its own. A plain thread rather than a ThreadPoolExecutor:
+    the executor's weakref/atexit hooks print "Exception ignored" tracebacks when Ray's SIGTERM handler
+    ends a worker process, and a thread per batch costs tens of microseconds against a step's milliseconds."""
+
+    def __init__(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, arg), name="distrain-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        try:
+            self._value = fn(arg)
+        except BaseException as exc:  # handed to the training thread, which raises it in result()
+            self._error = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
