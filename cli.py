@@ -23,8 +23,9 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand
 
-from distrain.config import SECTIONS, RunConfig, parse_optimizer_args
+from distrain.config import RunConfig, parse_optimizer_args
 from distrain.errors import DistrainError
+from distrain.fields import SECTIONS
 from distrain.orchestrator import interrupts
 
 try:  # typer >= 0.24 parses with its own vendored copy of click (and keeps Abort in typer.exceptions)
@@ -46,7 +47,7 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
-HELP = {name: RunConfig.__dataclass_fields__[name].metadata["help"] for name in RunConfig.field_names()}
+HELP = {name: RunConfig.field_info(name).help for name in RunConfig.field_names()}
 
 
 def user_errors(fn: F) -> F:
@@ -84,15 +85,15 @@ def _interrupted_line(run_dir: Path | None) -> str:
 
 def _shown_default(name: str) -> str | bool:
     """The default `--help` shows for a config field (the flags themselves default to None: not given)."""
-    f = RunConfig.__dataclass_fields__[name]
-    value = f.default
-    if f.metadata.get("shown"):
-        return str(f.metadata["shown"])
+    info = RunConfig.field_info(name)
+    value = info.default
+    if info.shown:
+        return str(info.shown)
     if value is None:  # resolved per strategy: the help text states the effective default
         return False
     if isinstance(value, bool):
         return "on" if value else "off"
-    if value in ("", ()):
+    if value in ("", (), [], {}):
         return "none"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -102,7 +103,7 @@ def _opt(name: str, *decls: str, **kwargs: Any) -> Any:
     text wraps with it, where typer's own default goes on a line of its own)."""
     shown = _shown_default(name)
     text = HELP[name] + (" " + escape(f"[default: {shown}]") if shown else "")
-    section = RunConfig.__dataclass_fields__[name].metadata.get("section")
+    section = RunConfig.field_info(name).section
     return typer.Option(*decls, help=text, show_default=False, rich_help_panel=section, **kwargs)
 
 

@@ -11,30 +11,30 @@ import dataclasses
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from distrain.errors import ConfigError
+from distrain.fields import FieldInfo, coerce, fields_of, setting
+
+if TYPE_CHECKING:
+    from distrain.strategies.base import Strategy
 
 LR_SCALING_RULES = ("linear", "sqrt", "none")
-STRATEGY_DEPENDENT_FIELDS = (
-    "transport", "ps_shards", "staleness", "staleness_lr", "backup_workers", "backup_tasks", "portions",
-    "tau", "adaptive_tau", "tau_interval", "tau_max", "schedule",
-)  # fmt: skip
-DEFAULT_TAU = 8
-# AdaComm defaults: re-choose τ ten times a run whatever its length (a wall-clock interval can outlast a
-# short run), and let τ rise to twice τ_0 (the rule's ratio exceeds 1 when the loss rises or the rate decays).
-DEFAULT_TAU_INTERVAL = "10%"
-DEFAULT_TAU_MAX_FACTOR = 2
+# Set for one strategy: a new --strategy over a config file starts from its own defaults for these and
+# for every strategy's own options (`strategy_dependent_fields`).
+STRATEGY_COMMON_DEPENDENT = ("transport", "ps_shards", "schedule")
 LR_DECAYS = ("none", "cosine", "step")
 # Set for one optimizer (one decay): a new --optimizer (--lr-decay) flag over a config file starts from
 # its own defaults.
 OPTIMIZER_DEPENDENT_FIELDS = ("momentum", "optimizer_args")
 DECAY_DEPENDENT_FIELDS = ("lr_min", "lr_decay_epochs", "lr_decay_gamma")
 ON_NONFINITE = ("stop", "skip")
+# The element-wise torch.optim optimizers (trainers/optim_state.py checks this list against torch's).
+OPTIMIZER_NAMES = ("sgd", "adam", "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam", "adadelta", "asgd", "rprop")
 PLACEMENTS = ("pack", "spread")
 # Before --momentum became the choice of optimizers that read it, every run recorded its 0.9 default;
 # recorded adam/adagrad runs with that value still load (config.yaml starts with RECORDED_HEADER).
@@ -42,63 +42,6 @@ LEGACY_MOMENTUM = (0.9, ("adam", "adagrad"))
 
 # The first line of every config.yaml distrain writes (runs, sweeps' best.yaml).
 RECORDED_HEADER = "# distrain run configuration: `distrain run --config THIS_FILE` repeats the run."
-
-
-SECTIONS = ("resources", "data", "optimizer", "strategy", "checkpointing", "faults", "stragglers", "output")
-
-
-def _f(default: Any, help: str, section: str | None = None, shown: str | None = None, flag: str = "") -> Any:
-    """A config field: its help text, its section (the CLI's help panel), and the default as `--help`
-    shows it when the value itself says little (an empty string); None-valued fields, resolved per
-    strategy, state their effective default in the help text instead."""
-    # `flag`: the CLI's name when it is not --<field-name> (--task-arg, --optimizer-arg: one value per use).
-    return field(default=default, metadata={"help": help, "section": section, "shown": shown, "flag": flag})
-
-
-def _coerce(kind: str, value: Any, flag: str) -> Any:
-    """Check (and gently convert) one value against its field's annotation."""
-    if kind.endswith(" | None"):
-        return None if value is None else _coerce(kind.removesuffix(" | None"), value, flag)
-    if kind == "int":
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{flag} must be an integer, got {value!r}")
-        return value
-    if kind == "float":
-        if isinstance(value, str):  # YAML 1.1 reads `lr: 1e-3` as the string '1e-3'
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{flag} must be a number, got {value!r}")
-        return float(value)
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{flag} must be true or false, got {value!r}")
-        return value
-    if kind == "str":
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            raise ConfigError(f"{flag} must be a string, got {value!r}")
-        return value
-    if kind == "dict[str, Any]":
-        if value is None:
-            return {}
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ConfigError(f"{flag} must be a mapping of names to values, got {value!r}")
-        return dict(value)
-    if kind == "list[str]":
-        if value is None:
-            return []
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{flag} must be a list of strings, got {value!r}")
-        return list(value)
-    raise TypeError(f"unsupported config field type {kind}")
 
 
 def parse_optimizer_args(specs: list[str]) -> dict[str, Any]:
@@ -153,7 +96,7 @@ class Target:
 
 
 def parse_target(text: str) -> Target:
-    """"test_accuracy>=0.95", "loss<=0.3" (metric names get the test_ prefix of the metrics file)."""
+    """ "test_accuracy>=0.95", "loss<=0.3" (metric names get the test_ prefix of the metrics file)."""
     match = TARGET_SYNTAX.match(text)
     value = math.nan
     if match:
@@ -214,7 +157,7 @@ def overlay(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     merged = dict(values)
     given = dict(given)
     if "strategy" in given and given["strategy"] != merged.get("strategy", given["strategy"]):
-        for name in STRATEGY_DEPENDENT_FIELDS:
+        for name in strategy_dependent_fields():
             merged.pop(name, None)
     if "optimizer" in given and str(given["optimizer"]).lower() != str(merged.get("optimizer", "sgd")).lower():
         for name in OPTIMIZER_DEPENDENT_FIELDS:  # momentum and constructor arguments were the old optimizer's
@@ -259,121 +202,88 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-@dataclass
-class RunConfig:
-    # --- what runs where ---
-    strategy: str = _f("bsp", "Consistency strategy (see `distrain strategies`).", "strategy")
-    workers: int = _f(2, "Number of data-parallel worker actors.", "resources")
-    cpus_per_worker: float = _f(1.0, "CPUs reserved for each worker actor (also its torch thread count).", "resources")
-    gpus_per_worker: float = _f(0.0, "GPUs per worker actor; > 0 switches the collective to NCCL.", "resources")
-    address: str = _f(
+@dataclass(frozen=True)
+class Resources:
+    """What runs where: workers, their CPUs and GPUs, the Ray cluster."""
+
+    workers: int = setting(2, "Number of data-parallel worker actors.", "resources")
+    cpus_per_worker: float = setting(
+        1.0, "CPUs reserved for each worker actor (also its torch thread count).", "resources"
+    )
+    gpus_per_worker: float = setting(0.0, "GPUs per worker actor; > 0 switches the collective to NCCL.", "resources")
+    address: str = setting(
         "", "Ray address: empty starts a local Ray; 'auto' or host:port connects to a cluster.", "resources", "local"
     )
-    placement: str = _f(
+    placement: str = setting(
         "pack",
         "Worker placement: pack (fewest nodes) or spread (across nodes); PS shards go where workers are fewest.",
         "resources",
     )
-    transport: str = _f(
-        "",
-        "collective (all-reduce) or ps (parameter server); empty: the strategy's default (ps for async and ssp, "
-        "collective for bsp and local-sgd).",
-        "strategy",
-        "per strategy",
+    cpus_per_shard: float = setting(1.0, "CPUs reserved for each parameter-server shard actor.", "resources")
+    segment_steps: int = setting(
+        20,
+        "Steps a worker runs per remote call (the driver is off the per-step path); rows, and the progress "
+        "display, advance a segment at a time.",
+        "resources",
     )
-    ps_shards: int | None = _f(
-        None, "Parameter-server shards K; default 1 (async, ssp, bsp --transport ps).", "strategy"
-    )
-    cpus_per_shard: float = _f(1.0, "CPUs reserved for each parameter-server shard actor.", "resources")
-    staleness: int | None = _f(
-        None, "SSP staleness bound s: no worker runs more than s clocks ahead; default 2 (ssp).", "strategy"
-    )
-    staleness_lr: bool = _f(
-        False, "Divide the rate by a gradient's staleness (async, ssp; Zhang et al. 2016).", "strategy"
-    )
-    tau: int | None = _f(
-        None, "Local steps between parameter averages (adaptive: tau_0); default 8 (local-sgd).", "strategy"
-    )
-    adaptive_tau: bool = _f(False, "Re-choose tau every --tau-interval from the loss (AdaComm; local-sgd).", "strategy")
-    tau_interval: str | None = _f(
-        None,
-        "AdaComm interval: seconds like 5s, local steps like 200, or a share of the run's steps like 10%; "
-        "default 10% (local-sgd --adaptive-tau).",
-        "strategy",
-    )
-    tau_max: int | None = _f(
-        None, "AdaComm: largest tau it may choose; default 2 x --tau (local-sgd --adaptive-tau).", "strategy"
-    )
-    schedule: str = _f(
-        "", "Strategies in sequence, switching at epoch marks: name[:epochs],... e.g. bsp:2,local-sgd.", "strategy"
-    )
-    comm_delay_ms: float = _f(
-        0.0, "Emulated network delay added to every communication round, ms (experiments).", "strategy"
-    )
-    straggler: list[str] = _f(
-        (), "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments).", "stragglers"
-    )
-    backup_workers: int = _f(
-        0,
-        "k-of-n BSP (bsp over ps): start b extra workers; each round applies the first --workers gradients.",
-        "stragglers",
-    )
-    backup_tasks: bool = _f(
-        False,
-        "BSP over ps: split each round into --portions, re-issue the last outstanding ones to idle workers.",
-        "stragglers",
-    )
-    portions: int | None = _f(
-        None, "Portions per round; default 2 x --workers (bsp --transport ps --backup-tasks).", "stragglers"
-    )
-    straggler_threshold: float = _f(
-        2.0,
-        "Flag a worker as a straggler when its recent median compute time is this many times the others'.",
-        "stragglers",
-    )
-    # --- what is trained ---
-    task: str = _f(
+
+
+@dataclass(frozen=True)
+class Data:
+    """What is trained, on which data, for how long."""
+
+    task: str = setting(
         "",
         "What is trained: the built-in image classification (--model on --dataset), or your own "
         "distrain.Task as module:Name or path/to/file.py:Name.",
         "data",
         "built-in classification",
     )
-    task_args: dict[str, Any] = _f(
+    task_args: dict[str, Any] = setting(
         None,
         "Keyword arguments of the task's constructor, KEY=VALUE with the value in YAML (repeatable).",
         "data",
         "none",
         flag="--task-arg",
     )
-    prefetch: bool = _f(
+    prefetch: bool = setting(
         True, "Read each worker's next batch on a background thread while the current one trains.", "data"
     )
-    model: str = _f("cnn", "Model: mlp, cnn or resnet18 (torchvision, adapted to small images).", "data")
-    dataset: str = _f("digits", "Data set: digits (bundled), mnist, cifar10 (from --data-dir), synthetic.", "data")
-    data_dir: str = _f("", "Directory holding torchvision's MNIST/ or cifar-10-batches-py/ files.", "data")
-    # --- optimisation ---
-    batch_size: int = _f(32, "Per-worker batch size B; the global batch is workers x B.", "optimizer")
-    lr: float = _f(0.05, "Base learning rate, defined for --base-batch-size samples per step.", "optimizer")
-    lr_scaling: str = _f("linear", "Scale lr with the global batch: linear, sqrt or none (Goyal et al.).", "optimizer")
-    base_batch_size: int = _f(64, "Global batch size at which --lr applies unscaled.", "optimizer")
-    warmup_epochs: float = _f(0.0, "Epochs of gradual warmup from --lr to the scaled rate (0: none).", "optimizer")
-    lr_decay: str = _f("none", "After warmup: none (constant), cosine (to --lr-min) or step.", "optimizer")
-    lr_min: float | None = _f(
+    model: str = setting("cnn", "Model: mlp, cnn or resnet18 (torchvision, adapted to small images).", "data")
+    dataset: str = setting("digits", "Data set: digits (bundled), mnist, cifar10 (from --data-dir), synthetic.", "data")
+    data_dir: str = setting("", "Directory holding torchvision's MNIST/ or cifar-10-batches-py/ files.", "data")
+    epochs: int = setting(12, "Passes over the training set.", "data")
+    max_steps: int = setting(0, "Stop after this many global steps (0: no limit beyond --epochs).", "data")
+    seed: int = setting(0, "Seeds model init and data order; equal seeds give equal runs on one transport.", "data")
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """The optimizer, its learning rate, its schedule, and the batch it is scaled for."""
+
+    batch_size: int = setting(32, "Per-worker batch size B; the global batch is workers x B.", "optimizer")
+    lr: float = setting(0.05, "Base learning rate, defined for --base-batch-size samples per step.", "optimizer")
+    lr_scaling: str = setting(
+        "linear", "Scale lr with the global batch: linear, sqrt or none (Goyal et al.).", "optimizer"
+    )
+    base_batch_size: int = setting(64, "Global batch size at which --lr applies unscaled.", "optimizer")
+    warmup_epochs: float = setting(0.0, "Epochs of gradual warmup from --lr to the scaled rate (0: none).", "optimizer")
+    lr_decay: str = setting("none", "After warmup: none (constant), cosine (to --lr-min) or step.", "optimizer")
+    lr_min: float | None = setting(
         None, "Cosine decay: the rate it falls to by the end of the run; default 0 (--lr-decay cosine).", "optimizer"
     )
-    lr_decay_epochs: float | None = _f(
+    lr_decay_epochs: float | None = setting(
         None, "Step decay: epochs between drops, counted from the end of warmup (--lr-decay step).", "optimizer"
     )
-    lr_decay_gamma: float | None = _f(
+    lr_decay_gamma: float | None = setting(
         None, "Step decay: each drop multiplies the rate by this; default 0.1 (--lr-decay step).", "optimizer"
     )
-    optimizer: str = _f(
+    optimizer: str = setting(
         "sgd",
         "Optimizer (any case): sgd, adam, adamw, adagrad, rmsprop, adamax, nadam, radam, adadelta, asgd, rprop.",
         "optimizer",
     )
-    optimizer_args: dict[str, Any] = _f(
+    optimizer_args: dict[str, Any] = setting(
         None,
         "Further arguments of the optimizer's constructor, KEY=VALUE with the value in YAML (repeatable), "
         "e.g. betas=[0.9,0.95] or nesterov=true.",
@@ -381,91 +291,259 @@ class RunConfig:
         "none",
         flag="--optimizer-arg",
     )
-    momentum: float | None = _f(
+    momentum: float | None = setting(
         None, "Momentum (sgd, rmsprop); default 0.9 for sgd, 0 for rmsprop; other optimizers refuse it.", "optimizer"
     )
-    weight_decay: float | None = _f(
+    weight_decay: float | None = setting(
         None,
         "Weight decay (adamw: decoupled); default the optimizer's own: 0, adamw 0.01; rprop refuses it.",
         "optimizer",
     )
-    epochs: int = _f(12, "Passes over the training set.", "data")
-    max_steps: int = _f(0, "Stop after this many global steps (0: no limit beyond --epochs).", "data")
-    seed: int = _f(0, "Seeds model init and data order; equal seeds give equal runs on one transport.", "data")
-    # --- recording ---
-    target: str = _f(
+
+
+@dataclass(frozen=True)
+class StrategySection:
+    """The consistency strategy, its transport, a schedule of strategies, and each strategy's own options."""
+
+    strategy: str = setting("bsp", "Consistency strategy (see `distrain strategies`).", "strategy")
+    transport: str = setting(
         "",
-        "Quality target METRIC>=VALUE or METRIC<=VALUE (e.g. test_loss<=0.5) whose first crossing is reported "
-        "as time to target.",
-        "output",
-        "the task's own (classification: test_accuracy>=--target-accuracy)",
+        "collective (all-reduce) or ps (parameter server); empty: the strategy's default (ps for async and ssp, "
+        "collective for bsp and local-sgd).",
+        "strategy",
+        "per strategy",
     )
-    target_accuracy: float = _f(0.95, "Test accuracy whose first crossing is reported as time-to-accuracy.", "output")
-    run_dir: str = _f("", "Run directory; must be new or empty.", "output", "runs/<timestamp>-<strategy>")
-    eval_every: int = _f(1, "Evaluate on the held-out split every N epochs (0: only at the end).", "output")
-    tensorboard: str = _f(
-        "", "Write TensorBoard event files (training loss, lr, samples/s, test metrics) under DIR/<run id>/.", "output"
+    ps_shards: int | None = setting(
+        None, "Parameter-server shards K; default 1 (async, ssp, bsp --transport ps).", "strategy"
     )
-    checkpoint_every: int = _f(0, "Also checkpoint every N epochs (0: only at the end).", "checkpointing")
-    segment_steps: int = _f(
-        20,
-        "Steps a worker runs per remote call (the driver is off the per-step path); rows, and the progress "
-        "display, advance a segment at a time.",
-        "resources",
+    schedule: str = setting(
+        "", "Strategies in sequence, switching at epoch marks: name[:epochs],... e.g. bsp:2,local-sgd.", "strategy"
     )
-    collective_timeout_s: float = _f(300.0, "Timeout for collective operations and rendezvous, seconds.", "faults")
-    init_from: str = _f(
+    comm_delay_ms: float = setting(
+        0.0, "Emulated network delay added to every communication round, ms (experiments).", "strategy"
+    )
+    options: dict[str, Any] = setting(
+        {}, "Each strategy's own options (its `Options` dataclass), by strategy name; see `distrain strategies`."
+    )
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """When checkpoints are written, and where a run starts from."""
+
+    checkpoint_every: int = setting(0, "Also checkpoint every N epochs (0: only at the end).", "checkpointing")
+    init_from: str = setting(
         "", "Start from this checkpoint (model, optimizer, step), whatever strategy wrote it.", "checkpointing"
     )
-    # --- fault tolerance (orchestrator/recovery.py, orchestrator/chaos.py) ---
-    checkpoint_steps: int = _f(
+    checkpoint_steps: int = setting(
         0, "Also checkpoint every N global steps (0: off); recovery restarts from the latest.", "checkpointing"
     )
-    max_failures: int = _f(
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Timeouts, failures to recover from, fault injection, non-finite values."""
+
+    collective_timeout_s: float = setting(300.0, "Timeout for collective operations and rendezvous, seconds.", "faults")
+    max_failures: int = setting(
         3, "Failures (dead or hung workers/shards) to recover from before giving up (-1: no limit).", "faults"
     )
-    hang_timeout_s: float = _f(
+    hang_timeout_s: float = setting(
         300.0, "A worker or parameter-server wait silent this long is treated as dead, seconds.", "faults"
     )
-    chaos: list[str] = _f(
+    chaos: list[str] = setting(
         (),
         "Fault injection: kill-worker@STEP[:RANK], kill-ps@STEP[:SHARD], hang-worker@STEP[:RANK], kill-node@STEP.",
         "faults",
     )
-    on_nonfinite: str = _f(
+    on_nonfinite: str = setting(
         "stop",
         "A non-finite loss or gradient: stop (status diverged, exit code 3, no checkpoint written) or skip "
         "that update (counted as nonfinite_steps in the summary).",
         "faults",
     )
 
-    def __post_init__(self) -> None:
-        self._coerce_types()
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Injected stragglers and how they are detected (backup workers and tasks: the bsp strategy's options)."""
+
+    straggler: list[str] = setting(
+        (), "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments).", "stragglers"
+    )
+    straggler_threshold: float = setting(
+        2.0,
+        "Flag a worker as a straggler when its recent median compute time is this many times the others'.",
+        "stragglers",
+    )
+
+
+@dataclass(frozen=True)
+class Output:
+    """What is recorded and where: the run directory, evaluations, the quality target, TensorBoard."""
+
+    target: str = setting(
+        "",
+        "Quality target METRIC>=VALUE or METRIC<=VALUE (e.g. test_loss<=0.5) whose first crossing is reported "
+        "as time to target.",
+        "output",
+        "the task's own (classification: test_accuracy>=--target-accuracy)",
+    )
+    target_accuracy: float = setting(
+        0.95, "Test accuracy whose first crossing is reported as time-to-accuracy.", "output"
+    )
+    run_dir: str = setting("", "Run directory; must be new or empty.", "output", "runs/<timestamp>-<strategy>")
+    eval_every: int = setting(1, "Evaluate on the held-out split every N epochs (0: only at the end).", "output")
+    tensorboard: str = setting(
+        "", "Write TensorBoard event files (training loss, lr, samples/s, test metrics) under DIR/<run id>/.", "output"
+    )
+
+
+SECTION_CLASSES: dict[str, type] = {
+    "resources": Resources,
+    "data": Data,
+    "optimizer": Optimization,
+    "strategy": StrategySection,
+    "checkpointing": Checkpointing,
+    "faults": Faults,
+    "stragglers": Stragglers,
+    "output": Output,
+}
+# Every field but the strategies' options, by its flat name (the flag's, and old flat config files' key).
+COMMON_FIELDS: dict[str, FieldInfo] = {
+    info.name: info for cls in SECTION_CLASSES.values() for info in fields_of(cls) if info.name != "options"
+}
+FIELD_SECTION = {info.name: sec for sec, cls in SECTION_CLASSES.items() for info in fields_of(cls)}
+# In nested YAML a section's main choice is called `name` (strategy.name, optimizer.name).
+NESTED_NAME = {"strategy": "strategy", "optimizer": "optimizer"}
+
+
+def strategies_named(strategy: str, schedule: str = "", epochs: int = 0) -> list[type[Strategy]]:
+    """The strategy classes a run uses: its strategy, or every one its --schedule names (in order, once)."""
+    from distrain.strategies.registry import strategy_class
+
+    names = [strategy]
+    if schedule:
+        from distrain.strategies.phases import parse_schedule
+
+        names = [p.strategy for p in parse_schedule(schedule, max(epochs, 1))]
+    return [strategy_class(n) for n in dict.fromkeys(names)]
+
+
+def option_fields(classes: list[type[Strategy]] | None = None) -> dict[str, FieldInfo]:
+    """The strategies' own options by name (the built-in strategies' when `classes` is None)."""
+    if classes is None:
+        from distrain.strategies import STRATEGIES
+
+        classes = [STRATEGIES.get(n) for n in STRATEGIES.names()]
+    found: dict[str, FieldInfo] = {}
+    for cls in classes:
+        for info in fields_of(cls.Options):
+            found.setdefault(info.name, info)
+    return found
+
+
+def strategy_dependent_fields() -> tuple[str, ...]:
+    return STRATEGY_COMMON_DEPENDENT + tuple(option_fields())
+
+
+def flatten(mapping: dict[str, Any]) -> dict[str, Any]:
+    """A config mapping as flat keys: nested sections (what config.yaml holds now) are opened; flat keys
+    (what config files written before the sections held, and what flags give) stay as they are."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if key in SECTION_CLASSES and isinstance(value, dict):
+            for name, inner in value.items():
+                if key == "strategy" and isinstance(inner, dict):  # one strategy's own options
+                    for option, v in inner.items():
+                        if option in flat and flat[option] != v:
+                            raise ConfigError(
+                                f"option {option!r} is given twice with different values ({flat[option]!r}, {v!r}); "
+                                "strategies of one run share an option's value: keep one"
+                            )
+                        flat[option] = v
+                    continue
+                flat[NESTED_NAME.get(key, name) if name == "name" else name] = inner
+        else:
+            flat[key] = value
+    return flat
+
+
+class RunConfig:
+    """A run, described by one frozen spec per concern (`SECTION_CLASSES`) plus the options of each
+    strategy it uses (each strategy's own `Options` dataclass).
+
+    Built from flat keys (flags, old config files) or nested sections (`from_mapping`). Building resolves
+    what depends on other choices (the strategy's default transport, a strategy's default options, the
+    task's absolute path) into new frozen objects, then checks every value; nothing is mutated after, and
+    `replace` builds a new config. Flat reads (`config.workers`, `config.tau`) reach into the sections.
+    """
+
+    def __init__(self, **values: Any) -> None:
+        sections = _resolve_common(values)
+        self.__dict__["_sections"] = sections
+        options = _strategy_options(self, values)  # resolved against the sections above
+        sections["strategy"] = dataclasses.replace(sections["strategy"], options=options)
         self.validate()
 
-    # ------------------------------------------------------------------ validation
-    def _coerce_types(self) -> None:
-        for f in dataclasses.fields(self):
-            kind = f.type if isinstance(f.type, str) else f.type.__name__
-            setattr(self, f.name, _coerce(kind, getattr(self, f.name), "--" + f.name.replace("_", "-")))
+    # ------------------------------------------------------------------ reading
+    def __getattr__(self, name: str) -> Any:
+        sections = self.__dict__.get("_sections")
+        if sections is None or name.startswith("__"):
+            raise AttributeError(name)
+        section = FIELD_SECTION.get(name)
+        if section is not None and name != "options":
+            return getattr(sections[section], name)
+        for options in sections["strategy"].options.values():
+            if hasattr(options, name):
+                return getattr(options, name)
+        known = option_fields()
+        if name in known:  # an option of a strategy this run does not use: its unset value
+            return known[name].default
+        raise AttributeError(f"RunConfig has no field {name!r}")
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"RunConfig is immutable; use config.replace({name}=...)")
+
+    def section(self, name: str) -> Any:
+        """One section's frozen spec, e.g. config.section("resources").workers."""
+        return self._sections[name]
+
+    def options_of(self, strategy: str) -> Any:
+        """The resolved `Options` of one strategy of this run (by its name, e.g. "local-sgd")."""
+        try:
+            return self._sections["strategy"].options[strategy]
+        except KeyError:
+            raise KeyError(f"strategy {strategy!r} is not used by this run") from None
+
+    @property
+    def strategy_classes(self) -> list[type[Strategy]]:
+        return strategies_named(self.strategy, self.schedule, self.epochs)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return RunConfig(**(self.to_dict() | changes))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunConfig) and self.to_nested() == other.to_nested()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RunConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
+
+    def __reduce__(self) -> Any:
+        # Rebuilt from its values in another process (Ray ships configs to workers); a task object handed
+        # to fit() (orchestrator/tasks.py) travels with it.
+        return (_rebuild, (self.to_dict(), self.__dict__.get("_task_object")))
+
+    # ------------------------------------------------------------------ validation (reads only)
     def validate(self) -> None:
         """Check every value; the message of the first problem names the flag and the fix."""
-        from distrain.strategies import STRATEGIES
         from distrain.trainers.datasets import DATASETS
         from distrain.trainers.models import MODELS
 
-        if self.schedule:
-            if self.epochs < 1:
-                raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
-            from distrain.strategies.phases import parse_schedule
-
-            # The first entry is the run's strategy (and names the run directory).
-            self.strategy = parse_schedule(self.schedule, self.epochs)[0].strategy
-        strategy = STRATEGIES.get(self.strategy)
         MODELS.check(self.model)
         DATASETS.check(self.dataset)
-        self._validate_strategy_fields(strategy)
         positive_ints = ("workers", "batch_size", "base_batch_size", "epochs", "segment_steps")
         for name in positive_ints:
             if getattr(self, name) < 1:
@@ -490,7 +568,8 @@ class RunConfig:
             raise ConfigError(f"--momentum must be < 1, got {self.momentum}")
         if self.warmup_epochs > self.epochs:
             raise ConfigError(f"--warmup-epochs ({self.warmup_epochs}) exceeds --epochs ({self.epochs}); lower it")
-        self._validate_backups()
+        for options in self._sections["strategy"].options.values():
+            options.check(self)
         parse_stragglers(self.straggler, self.num_worker_actors)
         if not (self.straggler_threshold > 1 and math.isfinite(self.straggler_threshold)):
             raise ConfigError(f"--straggler-threshold must be a number > 1, got {self.straggler_threshold}")
@@ -510,13 +589,10 @@ class RunConfig:
             raise ConfigError(f"unknown --placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}")
         if self.on_nonfinite not in ON_NONFINITE:
             raise ConfigError(f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of: {', '.join(ON_NONFINITE)}")
-        self._validate_optimizer()
-        self._validate_lr_decay()
-
-    def _validate_optimizer(self) -> None:
         from distrain.trainers.optim_state import check_optimizer  # imports torch: only when validating
 
-        self.optimizer = check_optimizer(self.optimizer, self.optimizer_args, self.momentum, self.weight_decay)
+        check_optimizer(self.optimizer, self.optimizer_args, self.momentum, self.weight_decay)
+        self._validate_lr_decay()
 
     def _validate_lr_decay(self) -> None:
         if self.lr_decay not in LR_DECAYS:
@@ -541,23 +617,13 @@ class RunConfig:
                 raise ConfigError(f"--lr-decay-gamma must be in (0, 1], got {self.lr_decay_gamma}")
 
     def _validate_task(self) -> None:
-        """A task path must look like one; the built-in task's own flags do not apply to another task."""
-        from distrain.plugins import split_import_path
-
+        """The built-in task's own flags do not apply to another task."""
         if not self.task:
             if self.task_args:
                 raise ConfigError("--task-arg applies to a --task of your own; the built-in task takes --model etc.")
             return
-        from distrain.plugins import absolute_import_path
-
-        if self.task.startswith("object:"):  # a task object handed to distrain.fit (orchestrator/tasks.py)
-            return
-        split_import_path(self.task, "--task")
-        # Recorded absolute, so Tune trials (own working directories) and --config repeats load the same file.
-        self.task = absolute_import_path(self.task, "--task")
-        defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
         for name in ("model", "dataset", "data_dir", "target_accuracy"):
-            if getattr(self, name) != defaults[name]:
+            if getattr(self, name) != COMMON_FIELDS[name].default:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(
                     f"{flag} applies to the built-in classification task, not --task {self.task}; "
@@ -576,8 +642,8 @@ class RunConfig:
         return None
 
     def _validate_unused_inputs(self) -> None:
-        """Like a strategy's parameters, --data-dir is refused where nothing reads it (--momentum and the
-        other optimizer flags: `_validate_optimizer`)."""
+        """Like a strategy's options, --data-dir is refused where nothing reads it (--momentum and the
+        other optimizer flags: `check_optimizer`)."""
         from distrain.trainers.datasets import DATASETS
 
         if self.data_dir and not DATASETS.get(self.dataset).reads_files:
@@ -586,102 +652,6 @@ class RunConfig:
                 f"--data-dir is not used by --dataset {self.dataset} (it reads no files); drop it "
                 f"(it applies to: {', '.join(users)})"
             )
-
-    def _validate_strategy_fields(self, strategy: Any) -> None:
-        """Transport and strategy-specific flags must fit the chosen strategy."""
-        from distrain.strategies.base import STRATEGY_FIELDS
-        from distrain.strategies.registry import STRATEGIES
-
-        if not self.transport:
-            self.transport = strategy.transports[0]
-        if self.transport not in ("collective", "ps"):
-            raise ConfigError(f"unknown --transport {self.transport!r}; choose collective or ps")
-        if self.transport not in strategy.transports:
-            raise ConfigError(
-                f"--transport {self.transport} cannot carry --strategy {self.strategy}; "
-                f"it runs on: {', '.join(strategy.transports)}"
-            )
-        phases = [strategy]
-        if self.schedule:
-            from distrain.strategies.phases import parse_schedule
-
-            if self.transport != strategy.transports[0]:
-                raise ConfigError(
-                    f"--transport {self.transport} cannot be combined with --schedule: each phase runs on its "
-                    "strategy's default transport; drop --transport"
-                )
-            phases = [STRATEGIES.get(p.strategy) for p in parse_schedule(self.schedule, self.epochs)]
-        reads = frozenset().union(*(s.reads for s in phases))
-        user = f"--schedule {self.schedule}" if self.schedule else f"--strategy {self.strategy}"
-        for name in STRATEGY_FIELDS:
-            if getattr(self, name) not in (None, False) and name not in reads:
-                users = [n for n in STRATEGIES.names() if name in STRATEGIES.get(n).reads]
-                raise ConfigError(
-                    f"--{name.replace('_', '-')} is not used by {user}; drop it (it applies to: {', '.join(users)})"
-                )
-        if "staleness" in reads and self.staleness is None:
-            self.staleness = 2
-        if self.staleness is not None and self.staleness < 0:
-            raise ConfigError(f"--staleness must be >= 0, got {self.staleness}")
-        if "tau" in reads:
-            self._validate_tau()
-        if self.transport == "ps" or any(s.transports[0] == "ps" for s in phases):
-            if self.ps_shards is None:
-                self.ps_shards = 1
-            if self.ps_shards < 1:
-                raise ConfigError(f"--ps-shards must be >= 1, got {self.ps_shards}")
-        elif self.ps_shards is not None:
-            raise ConfigError("--ps-shards needs the parameter-server transport; add --transport ps or drop it")
-
-    def _validate_backups(self) -> None:
-        """Backup workers and backup tasks are ways of running BSP rounds on the parameter server."""
-        if self.backup_workers < 0:
-            raise ConfigError(f"--backup-workers must be >= 0, got {self.backup_workers}")
-        flags = (("--backup-workers", self.backup_workers), ("--backup-tasks", self.backup_tasks))
-        wanted = [name for name, on in flags if on]
-        if wanted and self.schedule:
-            raise ConfigError(f"{wanted[0]} cannot be combined with --schedule; drop one of them")
-        if wanted and (self.strategy != "bsp" or self.transport != "ps"):
-            raise ConfigError(
-                f"{wanted[0]} needs synchronous rounds on the parameter server: use --strategy bsp --transport ps"
-            )
-        if len(wanted) == 2:
-            raise ConfigError("--backup-workers and --backup-tasks are alternatives; choose one")
-        if self.portions is not None and not self.backup_tasks:
-            raise ConfigError("--portions splits rounds for --backup-tasks; add --backup-tasks or drop it")
-        if self.backup_tasks:
-            if self.portions is None:
-                self.portions = 2 * self.workers
-            if self.portions <= self.workers:
-                raise ConfigError(
-                    f"--portions ({self.portions}) must exceed --workers ({self.workers}) so free workers can take more"
-                )
-            if self.global_batch_size % self.portions:
-                raise ConfigError(
-                    f"--portions {self.portions} does not divide the global batch {self.global_batch_size} "
-                    "(--workers x --batch-size) into equal portions"
-                )
-
-    def _validate_tau(self) -> None:
-        from distrain.strategies.adacomm import TauInterval
-
-        if self.tau is None:
-            self.tau = DEFAULT_TAU
-        if self.tau < 1:
-            raise ConfigError(f"--tau must be >= 1, got {self.tau}")
-        if self.tau_max is not None and self.tau_max < self.tau:
-            raise ConfigError(f"--tau-max ({self.tau_max}) is below --tau ({self.tau}); raise it or drop it")
-        if not self.adaptive_tau:
-            for name in ("tau_interval", "tau_max"):
-                if getattr(self, name) is not None:
-                    flag = "--" + name.replace("_", "-")
-                    raise ConfigError(f"{flag} only applies with --adaptive-tau; add --adaptive-tau or drop {flag}")
-            return
-        if self.tau_interval is None:
-            self.tau_interval = DEFAULT_TAU_INTERVAL
-        TauInterval.parse(self.tau_interval)
-        if self.tau_max is None:
-            self.tau_max = DEFAULT_TAU_MAX_FACTOR * self.tau
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -713,31 +683,82 @@ class RunConfig:
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Flat keys (as flags name them): every section's fields, then the options of the strategies used."""
+        flat = {name: _plain(getattr(self._sections[FIELD_SECTION[name]], name)) for name in COMMON_FIELDS}
+        for options in self._sections["strategy"].options.values():
+            flat |= dataclasses.asdict(options)
+        return flat
+
+    def to_nested(self) -> dict[str, dict[str, Any]]:
+        """Sections as config.yaml holds them; the strategy section nests each strategy's options."""
+        nested: dict[str, dict[str, Any]] = {}
+        for name, section in self._sections.items():
+            values: dict[str, Any] = {}
+            for info in fields_of(type(section)):
+                if info.name == "options":
+                    for strategy, options in section.options.items():
+                        values[strategy] = dataclasses.asdict(options)
+                    continue
+                key = "name" if NESTED_NAME.get(name) == info.name else info.name
+                values[key] = _plain(getattr(section, info.name))
+            nested[name] = values
+        return nested
 
     def to_yaml(self) -> str:
+        """config.yaml: one commented block per section, each field with its help text."""
         lines = [RECORDED_HEADER]
-        for f in dataclasses.fields(self):
-            lines.append(f"# {f.metadata['help']}")
-            lines.append(yaml.safe_dump({f.name: getattr(self, f.name)}, sort_keys=False).rstrip())
+        nested = self.to_nested()
+        for name, section in self._sections.items():
+            lines.append(f"\n# --- {name}: {type(section).__doc__}")
+            lines.append(f"{name}:")
+            for info in fields_of(type(section)):
+                if info.name == "options":
+                    for strategy, options in section.options.items():
+                        lines.append(f"  # options of the {strategy} strategy")
+                        lines.append(f"  {yaml.safe_dump(strategy).strip().removesuffix('...').strip()}:")
+                        for opt in fields_of(type(options)):
+                            lines.append(f"    # {opt.help}")
+                            dumped = yaml.safe_dump({opt.name: getattr(options, opt.name)}, sort_keys=False)
+                            lines.append("    " + dumped.rstrip())
+                    continue
+                key = "name" if NESTED_NAME.get(name) == info.name else info.name
+                lines.append(f"  # {info.help}")
+                dumped = yaml.safe_dump({key: nested[name][key]}, sort_keys=False, default_flow_style=True)
+                lines.append("  " + dumped.strip().removeprefix("{").removesuffix("}"))
         return "\n".join(lines) + "\n"
 
     @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+    def field_names(cls, values: dict[str, Any] | None = None) -> list[str]:
+        """Every flat key a config may hold: the sections' fields and the strategies' options (the
+        built-in strategies', and those of a strategy `values` names by import path)."""
+        names = list(COMMON_FIELDS) + list(option_fields())
+        if values is not None:
+            names += [n for n in _plugin_option_fields(values) if n not in names]
+        return names
+
+    @classmethod
+    def field_info(cls, name: str, values: dict[str, Any] | None = None) -> FieldInfo:
+        """One field's type, default, help and section, for the CLI and for Tune's sweep dimensions."""
+        if name in COMMON_FIELDS:
+            return COMMON_FIELDS[name]
+        known = option_fields() | (_plugin_option_fields(values) if values else {})
+        if name in known:
+            return known[name]
+        raise ConfigError(f"unknown config field {name!r}; valid fields: {', '.join(cls.field_names(values))}")
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], source: str = "configuration") -> RunConfig:
-        unknown = sorted(set(values) - set(cls.field_names()))
+        flat = flatten(values)
+        unknown = sorted(set(flat) - set(cls.field_names(flat)))
         if unknown:
             raise ConfigError(
-                f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names())}"
+                f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names(flat))}"
             )
-        return cls(**values)
+        return cls(**flat)
 
     @classmethod
     def load_yaml(cls, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Read a YAML config file into a plain mapping (validated when merged into a RunConfig)."""
+        """Read a YAML config file into a flat mapping (validated when merged into a RunConfig)."""
         p = Path(path)
         if p.is_dir():
             raise ConfigError(f"config file {str(p)!r} is a directory; pass a YAML file to --config")
@@ -762,6 +783,7 @@ class RunConfig:
             return {}
         if not isinstance(data, dict):
             raise ConfigError(f"{str(p)!r} must hold a mapping of config keys, got {type(data).__name__}")
+        data = flatten(data)
         if text.startswith(RECORDED_HEADER) and data.get("optimizer") in LEGACY_MOMENTUM[1]:
             # Runs recorded before momentum became sgd-only wrote its old default for every optimizer;
             # that value was never read, and must not stop `--config` or `--resume` of such a run.
@@ -777,10 +799,113 @@ class RunConfig:
         if config_file:
             values.update(cls.load_yaml(config_file))
             source = config_file
-        unknown = sorted(set(values) - set(cls.field_names()))
+        unknown = sorted(set(values) - set(cls.field_names(values)))
         if unknown:
             raise ConfigError(
-                f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names())}"
+                f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names(values))}"
             )
         given = {k: v for k, v in overrides.items() if v is not None}
         return cls.from_mapping(overlay(values, given), source)
+
+
+def _rebuild(values: dict[str, Any], task_object: Any) -> RunConfig:
+    config = RunConfig(**values)
+    if task_object is not None:
+        config.__dict__["_task_object"] = task_object
+    return config
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _plugin_option_fields(values: dict[str, Any]) -> dict[str, FieldInfo]:
+    """Options of strategies `values` names by import path (built-in ones are known already)."""
+    from distrain.plugins import is_import_path
+
+    name = str(values.get("strategy") or "")
+    if not is_import_path(name):
+        return {}
+    from distrain.strategies.registry import strategy_class
+
+    return option_fields([strategy_class(name)])
+
+
+def _resolve_common(values: dict[str, Any]) -> dict[str, Any]:
+    """The sections of a config from flat `values`: each value checked against its field's type, and
+    what depends on other choices resolved (the strategy a schedule starts with, the transport, the
+    number of shards, the task's and a strategy plugin's absolute paths)."""
+    from distrain.plugins import absolute_import_path, is_import_path, split_import_path
+
+    v = {name: coerce(info.kind, values.get(name, info.default), info.flag) for name, info in COMMON_FIELDS.items()}
+    if v["schedule"]:
+        if v["epochs"] < 1:
+            raise ConfigError(f"--epochs must be >= 1, got {v['epochs']}")
+        from distrain.strategies.phases import parse_schedule
+
+        # The first entry is the run's strategy (and names the run directory).
+        v["strategy"] = parse_schedule(v["schedule"], v["epochs"])[0].strategy
+    if is_import_path(v["strategy"]):
+        # Recorded absolute, so Tune trials (own working directories) and --config repeats load the same file.
+        v["strategy"] = absolute_import_path(v["strategy"], "--strategy")
+    phases = strategies_named(v["strategy"], v["schedule"], v["epochs"])
+    strategy = phases[0]
+    if not v["transport"]:
+        v["transport"] = strategy.transports[0]
+    if v["transport"] not in ("collective", "ps"):
+        raise ConfigError(f"unknown --transport {v['transport']!r}; choose collective or ps")
+    if v["transport"] not in strategy.transports:
+        raise ConfigError(
+            f"--transport {v['transport']} cannot carry --strategy {v['strategy']}; "
+            f"it runs on: {', '.join(strategy.transports)}"
+        )
+    if v["schedule"] and v["transport"] != strategy.transports[0]:
+        raise ConfigError(
+            f"--transport {v['transport']} cannot be combined with --schedule: each phase runs on its "
+            "strategy's default transport; drop --transport"
+        )
+    if v["transport"] == "ps" or any(s.transports[0] == "ps" for s in phases):
+        if v["ps_shards"] is None:
+            v["ps_shards"] = 1
+        if v["ps_shards"] < 1:
+            raise ConfigError(f"--ps-shards must be >= 1, got {v['ps_shards']}")
+    elif v["ps_shards"] is not None:
+        raise ConfigError("--ps-shards needs the parameter-server transport; add --transport ps or drop it")
+    if v["task"] and not v["task"].startswith("object:"):  # object: a task object handed to distrain.fit
+        split_import_path(v["task"], "--task")
+        v["task"] = absolute_import_path(v["task"], "--task")
+    if v["optimizer"].lower() in OPTIMIZER_NAMES:  # any case; an unknown name is reported as given
+        v["optimizer"] = v["optimizer"].lower()
+    return {
+        section: cls(**{info.name: v[info.name] for info in fields_of(cls) if info.name != "options"})
+        for section, cls in SECTION_CLASSES.items()
+    }
+
+
+def _strategy_options(run: RunConfig, values: dict[str, Any]) -> dict[str, Any]:
+    """Each strategy's own options from the flat `values`, resolved against `run`; an option given for
+    a strategy this run does not use is refused, naming the strategies that use it."""
+    from distrain.fields import build
+
+    phases = run.strategy_classes
+    mine = option_fields(phases)
+    known = option_fields() | mine
+    options = {}
+    for cls in phases:
+        names = {info.name for info in fields_of(cls.Options)}
+        given = {k: v for k, v in values.items() if k in names}
+        options[cls.name] = build(cls.Options, given).resolved(run)
+    user = f"--schedule {run.schedule}" if run.schedule else f"--strategy {run.strategy}"
+    for name, value in values.items():
+        if name in COMMON_FIELDS or name in mine:
+            continue
+        if name not in known:
+            raise ConfigError(f"unknown config field {name!r}; valid fields: {', '.join(RunConfig.field_names())}")
+        if value is not None and coerce(known[name].kind, value, known[name].flag) != known[name].default:
+            from distrain.strategies import STRATEGIES
+
+            users = [n for n in STRATEGIES.names() if name in {i.name for i in fields_of(STRATEGIES.get(n).Options)}]
+            raise ConfigError(
+                f"--{name.replace('_', '-')} is not used by {user}; drop it (it applies to: {', '.join(users)})"
+            )
+    return options

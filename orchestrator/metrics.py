@@ -69,6 +69,14 @@ class MetricsSink:
                 self.schema = self.schema.append(pa.field(name, pa.float64()))
             self._batches = [_conform(b, self.schema) for b in self._batches]
 
+    def declare(self, columns: dict[str, str]) -> None:
+        """Add a strategy's own step columns (`Strategy.metric_columns`: name -> Arrow type name)."""
+        new = [(n, t) for n, t in columns.items() if self.schema.get_field_index(n) < 0]
+        if new:
+            for name, kind in new:
+                self.schema = self.schema.append(pa.field(name, pa.type_for_alias(kind)))
+            self._batches = [_conform(b, self.schema) for b in self._batches]
+
     def _append(self, columns: dict[str, list[Any]], kind: str) -> None:
         n = len(next(iter(columns.values()))) if columns else 0
         if n == 0:

@@ -15,10 +15,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from distrain.config import RunConfig
-from distrain.strategies.base import STRATEGY_FIELDS
+from distrain.config import COMMON_FIELDS, RunConfig
 from distrain.strategies.phases import parse_schedule
-from distrain.strategies.registry import STRATEGIES
+from distrain.strategies.registry import strategy_class
 
 
 @dataclass(frozen=True)
@@ -37,16 +36,14 @@ class PhaseSpan:
 
 
 def phase_config(config: RunConfig, strategy: str) -> RunConfig:
-    """The run's config for one phase: that strategy on its default transport, with only its fields."""
-    cls = STRATEGIES.get(strategy)
-    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
-    changes: dict[str, object] = {"strategy": strategy, "schedule": "", "transport": cls.transports[0]}
-    for name in STRATEGY_FIELDS:
-        if name not in cls.reads:
-            changes[name] = defaults[name]
+    """The run's config for one phase: that strategy on its default transport, with only its options."""
+    cls = strategy_class(strategy)
+    values = {name: value for name, value in config.to_dict().items() if name in COMMON_FIELDS}
+    values |= dataclasses.asdict(config.options_of(cls.name))
+    values |= {"strategy": strategy, "schedule": "", "transport": cls.transports[0]}
     if cls.transports[0] != "ps":
-        changes["ps_shards"] = None
-    return dataclasses.replace(config, **changes)
+        values["ps_shards"] = None
+    return RunConfig(**values)
 
 
 def plan_phases(config: RunConfig, steps_per_epoch: int, start_step: int, total: int) -> list[PhaseSpan]:

@@ -51,7 +51,7 @@ from distrain.orchestrator.tasks import build_task, run_target
 from distrain.orchestrator.throughput import SteadyState
 from distrain.orchestrator.work import WorkPlan
 from distrain.orchestrator.worker import STEP_COLUMNS
-from distrain.strategies import STRATEGIES
+from distrain.strategies.registry import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
 from distrain.trainers.task import reduce_metrics
 
@@ -196,6 +196,8 @@ class RunState:
     @classmethod
     def create(cls, config: RunConfig, plan: Plan) -> RunState:
         sink = MetricsSink(plan.run_dir.name)
+        for strategy in config.strategy_classes:  # their own step columns (a resumed run's rows have them)
+            sink.declare(strategy.metric_columns)
         ledger = FailureLedger(config.max_failures)
         ckpt = plan.checkpoint
         start = int(ckpt["global_step"]) if ckpt else 0
@@ -312,7 +314,12 @@ def _recover(
 
 
 def _recorded(config: RunConfig, run_dir: Path) -> RunConfig:
-    return RunConfig(**(config.to_dict() | {"run_dir": str(run_dir)}))
+    return config.replace(run_dir=str(run_dir))
+
+
+# The driver-side actors a strategy may ask for by name (`Strategy.driver_actors`): the parameter-server
+# shards (strategies/ps_shard.py, grouped by orchestrator/ps.py) and backup tasks' portion scheduler.
+DRIVER_ACTORS = frozenset({"ps_shards", "portion_scheduler"})
 
 
 class _Driver:
@@ -338,7 +345,7 @@ class _Driver:
         self.state = state
         self.run_start = state.run_start
         self.emit = emit
-        self.impl = STRATEGIES.get(config.strategy).implementation(config)
+        self.impl = strategy_class(config.strategy).implementation(config)
         self.sink = state.sink
         # The summary's samples/s, kept up to date for the display (rows of earlier attempts included).
         self.throughput = SteadyState()
@@ -372,7 +379,7 @@ class _Driver:
         self.steps_per_epoch = self.state.steps_per_epoch = info[0]["steps_per_epoch"]
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
-            state = {"model": self.checkpoint["model"], "optimizer": self.checkpoint["optimizer"]}
+            state = {k: self.checkpoint[k] for k in ("model", "optimizer", "strategy_state") if k in self.checkpoint}
             self._get_all([w.load_state.remote(state) for w in self.workers], timeout=timeout)
         return info
 
@@ -393,11 +400,20 @@ class _Driver:
     def _enter(self, phase: PhaseSpan, optimizer: FlatOptimizerState | None) -> None:
         """Set `phase`'s strategy up on every worker; PS shards start from worker 0's θ and `optimizer`."""
         timeout = self.config.collective_timeout_s
-        self.impl = STRATEGIES.get(phase.config.strategy).implementation(phase.config)
+        declared = strategy_class(phase.config.strategy)
+        self.impl = declared.implementation(phase.config)
         self.phase_config = phase.config
+        actors = declared.driver_actors(phase.config)  # what the strategy needs the driver to start
+        unknown = set(actors) - DRIVER_ACTORS
+        if unknown:
+            raise ConfigError(
+                f"--strategy {phase.config.strategy} asks for unknown driver actors {sorted(unknown)}; "
+                f"known: {', '.join(sorted(DRIVER_ACTORS))}"
+            )
         rule = self.impl.ps_rule(phase.config)
         counters = None
-        if rule is not None:
+        if "ps_shards" in actors:
+            assert rule is not None, f"{declared.__name__} asks for ps_shards but has no consistency rule"
             theta = self._get_all([self.workers[0].flat_params.remote()], timeout=timeout)[0]
             where = self.placement.shards(self.config.num_worker_actors, phase.config.ps_shards or 1)
             self.shards = ShardGroup(phase.config, rule, theta, optimizer, where)
@@ -408,16 +424,16 @@ class _Driver:
             if counters is not None:
                 clock = max(counters["clocks"]) if rule.mode == "bounded" else counters["version"]
                 self.shards.set_counters(counters["version"], [clock] * self.config.num_worker_actors)
-        if phase.config.backup_tasks:
-            assert phase.config.portions is not None
+        if "portion_scheduler" in actors:
+            portions = phase.config.options_of("bsp").portions
             first_tag = counters["version"] if counters is not None else 0  # the shards' version right now
             self.portion_scheduler = (
                 ray.remote(PortionScheduler)
                 .options(num_cpus=0, max_concurrency=max(64, 4 * len(self.workers)))
-                .remote(phase.config.portions, self.steps_per_epoch, phase.start_step, first_tag)
+                .remote(portions, self.steps_per_epoch, phase.start_step, first_tag)
             )
             self.actors.append(self.portion_scheduler)
-        rendezvous = "" if rule is not None else _get(self.workers[0].rendezvous_address.remote())
+        rendezvous = "" if "ps_shards" in actors else _get(self.workers[0].rendezvous_address.remote())
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
         self._get_all(
             [w.setup.remote(rendezvous, shards, bounds, self.portion_scheduler, phase.config) for w in self.workers],
@@ -805,8 +821,9 @@ class _Driver:
             extra=extra,
         )
         payload = {"model": state["model"], "optimizer": state["optimizer"], "global_step": steps_done}
-        if "ps" in state:
-            payload["ps"] = state["ps"]
+        for key in ("ps", "strategy_state"):
+            if key in state:
+                payload[key] = state[key]
         self.state.point = RestorePoint(payload, steps_done, now, path)
         self.hooks.call("on_checkpoint", path, steps_done)
         if progress:
@@ -833,6 +850,10 @@ class _Driver:
         except ray.exceptions.RayError:  # a failed run's actors may be gone; the metrics still tell
             pass
         summary.update(self.state.ledger.summary())
+        steps = df[df["kind"] == "step"]
+        for strategy in self.config.strategy_classes:  # the strategies' own figures, from their step rows
+            columns = {c: steps[c].tolist() for c in steps.columns}
+            summary |= strategy.summary_figures(columns)
         info = self.task.describe()
         if info:
             summary["task_info"] = info

@@ -21,12 +21,12 @@ from typing import Any
 
 import pandas as pd
 
-from distrain.config import RunConfig, overlay
+from distrain.config import RunConfig, option_fields, overlay
 from distrain.errors import ConfigError, ResourceError
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.trial_resources import trial_cpus, trial_gpus
 from distrain.strategies import STRATEGIES
-from distrain.strategies.base import STRATEGY_FIELDS
+from distrain.strategies.registry import strategy_class
 
 SEARCHES = ("grid", "random")
 SCHEDULERS = ("none", "asha")
@@ -55,13 +55,11 @@ Dimension = Choice | Range
 
 
 def _field_kind(name: str) -> str:
-    fields = RunConfig.__dataclass_fields__
-    if name not in fields:
+    if name not in RunConfig.field_names():
         raise ConfigError(f"unknown config field {name!r} to sweep; valid fields: {', '.join(RunConfig.field_names())}")
     if name in NOT_SWEEPABLE:
         raise ConfigError(f"{name} is set by the sweep itself and cannot be swept; drop it")
-    kind = fields[name].type
-    return (kind if isinstance(kind, str) else kind.__name__).removesuffix(" | None")
+    return RunConfig.field_info(name).kind.removesuffix(" | None")
 
 
 def _value(kind: str, text: str, flag: str) -> Any:
@@ -189,7 +187,8 @@ class SweepSpec:
         the strategy is swept too (with one strategy, RunConfig refuses a field it does not read)."""
         if not isinstance(self.dimensions.get("strategy"), Choice):
             return []
-        return [name for name in self.dimensions if name in STRATEGY_FIELDS]
+        options = option_fields()
+        return [name for name in self.dimensions if name in options]
 
     def axes(self) -> dict[str, Dimension]:
         """What Tune varies: the dimensions, with the strategy and its fields as one axis of variants
@@ -198,10 +197,10 @@ class SweepSpec:
         if not fields:
             return dict(self.dimensions)
         strategies = self.dimensions["strategy"].values  # type: ignore[union-attr]
-        reads = {name: STRATEGIES.get(name).reads for name in strategies}
+        reads = {name: set(option_fields([strategy_class(name)])) for name in strategies}
         for name in fields:
             if not any(name in r for r in reads.values()):
-                users = [n for n in STRATEGIES.names() if name in STRATEGIES.get(n).reads]
+                users = [n for n in STRATEGIES.names() if name in option_fields([STRATEGIES.get(n)])]
                 raise ConfigError(
                     f"--{name.replace('_', '-')} is not used by any of --strategies {','.join(strategies)}; "
                     f"drop it or add a strategy that reads it ({', '.join(users)})"

@@ -15,9 +15,9 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.orchestrator.tasks import build_task
-from distrain.strategies import STRATEGIES
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
 from distrain.strategies.collective import free_address
+from distrain.strategies.registry import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import seeded
 from distrain.trainers.schedule import LRSchedule
@@ -65,6 +65,7 @@ class TrainWorker:
         self.delay = config.straggler_delays.get(rank, 0.0)
         self.device = "cuda" if config.uses_gpus and torch.cuda.is_available() else "cpu"
         self.strategy: Any = None
+        self.strategy_state: dict[str, Any] | None = None  # a checkpoint's, until the strategy is set up
         # An error while building the replica (the task, its data, its model) is raised by the first
         # call instead (`describe`, or `setup` for a replacement): the driver then gets the exception
         # itself (a ConfigError stays one line, a bug in the user's task keeps its traceback) and never
@@ -130,8 +131,10 @@ class TrainWorker:
         return free_address(ray.util.get_node_ip_address())
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Start from a checkpoint's model and (flat) optimizer state."""
+        """Start from a checkpoint's model and (flat) optimizer state; the strategy's own state, if the
+        checkpoint has some, is handed to the strategy once `setup` has built it."""
         self.trainer.load_state_dict(state)
+        self.strategy_state = state.get("strategy_state")
 
     def setup(
         self,
@@ -154,9 +157,13 @@ class TrainWorker:
             portion_scheduler,
             self.total_steps,
         )
-        impl = STRATEGIES.get(config.strategy).implementation(config)
+        impl = strategy_class(config.strategy).implementation(config)
         self.strategy = impl(config, ctx)
         self.strategy.setup(self.trainer)
+        self.columns = STEP_COLUMNS + tuple(c for c in impl.metric_columns if c not in STEP_COLUMNS)
+        saved, self.strategy_state = self.strategy_state, None
+        if saved is not None and saved.get("strategy") == self.strategy.name:
+            self.strategy.load_extra_state(saved["state"])
 
     # ------------------------------------------------------------------ training
     def run_segment(self, units: list[tuple[int, int, int]]) -> dict[str, list[Any]]:
@@ -165,7 +172,7 @@ class TrainWorker:
         The strategy may skip units or trade them for others (`Strategy.plan`); each computed unit
         gets one row.
         """
-        rows: dict[str, list[Any]] = {c: [] for c in STEP_COLUMNS}
+        rows: dict[str, list[Any]] = {c: [] for c in self.columns}
         diverged: dict[str, Any] | None = None
         # A strategy that computes the units as given (no portions handed out on the way) lets the
         # next unit's batch be read while this one trains.
@@ -219,7 +226,7 @@ class TrainWorker:
                 "tau": comm.tau,
                 "averaging_round": comm.averaging_round,
                 "nonfinite": comm.nonfinite,
-            }
+            } | {c: comm.extra.get(c) for c in type(self.strategy).metric_columns}
             for key, value in values.items():
                 rows[key].append(value)
             if diverged is not None:
@@ -244,7 +251,11 @@ class TrainWorker:
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
         """Model and flat optimizer state, as the strategy defines them (PS: the shards' snapshot)."""
-        return self.strategy.export_state(self.trainer)
+        state = self.strategy.export_state(self.trainer)
+        extra = self.strategy.extra_state()
+        if extra is not None:  # tagged: only the same strategy takes it back (not the next phase's)
+            state["strategy_state"] = {"strategy": self.strategy.name, "state": extra}
+        return state
 
     def flat_params(self) -> np.ndarray:
         return self.trainer.params_flat.detach().cpu().numpy().copy()

@@ -25,8 +25,8 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.strategies.base import CommStats, StrategyContext, all_finite
+from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.ps import PSStrategy
-from distrain.strategies.ps_shard import ConsistencyRule
 from distrain.trainers.local_trainer import LocalTrainer
 
 
@@ -48,13 +48,14 @@ class BSPBackupTasks(PSStrategy):
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
-        assert config.portions is not None
-        return ConsistencyRule.backup_tasks(config.portions)
+        portions = config.options_of("bsp").portions
+        assert portions is not None
+        return ConsistencyRule.backup_tasks(portions)
 
     @property
     def slices_per_step(self) -> int:
-        assert self.config.portions is not None
-        return self.config.portions
+        assert self.options.portions is not None
+        return self.options.portions
 
     def setup(self, trainer: LocalTrainer) -> None:
         self.trainer = trainer

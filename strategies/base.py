@@ -5,29 +5,51 @@ trainer's flat buffer, then calls `Strategy.step`, which communicates (all-reduc
 nothing) and applies the update. The strategy returns what it moved and how long it waited, so every
 metrics row says so.
 
-Class attributes tell the orchestrator and the config what a strategy needs: the transports it can
-run on (the first is its default), the strategy-specific config fields it reads (any other such field
-given is an error), whether its workers run independently of each other (no epoch barrier, work
-handed to whoever is free), and, for parameter-server strategies, the shards' consistency rule.
+A strategy is one module. Its class declares everything the rest of distrain learns from it:
+- `Options`: its own config dataclass (fields made with `distrain.fields.setting`): the CLI makes them
+  flags, YAML nests them under the strategy's name, Tune can sweep them; `resolved` fills defaults that
+  depend on the run, `check` refuses bad values (one line each);
+- `transports` it runs on (the first is its default), `independent_workers` (no epoch barrier);
+- `driver_actors(config)`: the actors the driver starts for it, by name ("ps_shards",
+  "portion_scheduler"; resolved in orchestrator/actors.py, so no import runs upward);
+- `metric_columns`: extra per-step columns it fills through `CommStats.extra`;
+- `summary_figures(steps)`: extra figures for summary.json, computed from its step rows;
+- `extra_state` / `load_extra_state`: state of its own that checkpoints carry and `--resume` restores.
+
+This module imports neither torch nor Ray: `distrain strategies`, `--help` and flag errors need only the
+declarations.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
-from distrain.config import RunConfig
-from distrain.trainers.local_trainer import LocalTrainer
-
 if TYPE_CHECKING:
-    from distrain.strategies.ps_shard import ConsistencyRule
+    import torch
 
-# Config fields only some strategies read; a strategy lists those it reads in `reads`.
-STRATEGY_FIELDS = ("staleness", "staleness_lr", "tau", "adaptive_tau", "tau_interval", "tau_max")
+    from distrain.config import RunConfig
+    from distrain.strategies.ps_shard import ConsistencyRule
+    from distrain.trainers.local_trainer import LocalTrainer
+
+
+class StrategyOptions:
+    """Base of a strategy's own config dataclass (declare it `@dataclass(frozen=True)`)."""
+
+    def resolved(self, run: RunConfig) -> StrategyOptions:
+        """A copy with the defaults that depend on the run filled in (e.g. portions = 2 x workers).
+        `run` is the run's config with every other section resolved."""
+        return self
+
+    def check(self, run: RunConfig) -> None:  # noqa: B027 - optional hook
+        """Raise ConfigError (naming the flag) for a value this run cannot use."""
+
+
+@dataclass(frozen=True)
+class NoOptions(StrategyOptions):
+    """A strategy without flags of its own."""
 
 
 class NonFinite(Exception):
@@ -38,7 +60,7 @@ class NonFinite(Exception):
 def all_finite(t: torch.Tensor) -> bool:
     """One reduction over the flat buffer: a NaN or inf anywhere makes the sum NaN or inf. (A sum that
     overflows float32 from finite values means gradients near 1e38: diverged all the same.)"""
-    return bool(torch.isfinite(t.sum()))
+    return bool(t.sum().isfinite())
 
 
 @dataclass(frozen=True)
@@ -71,17 +93,32 @@ class CommStats:
     tau: int | None = None  # local SGD: the period this step belongs to
     averaging_round: int | None = None  # local SGD: averaging rounds completed after this step
     nonfinite: bool | None = None  # the loss, gradient or average was not finite: skipped (or the run stopped)
+    extra: dict[str, Any] = field(default_factory=dict)  # the strategy's own `metric_columns`, by name
 
 
 class Strategy(ABC):
     name: ClassVar[str]
+    summary: ClassVar[str] = ""  # one line for `distrain strategies`
     transports: ClassVar[tuple[str, ...]] = ("collective",)
-    reads: ClassVar[frozenset[str]] = frozenset()
+    Options: ClassVar[type[StrategyOptions]] = NoOptions
     independent_workers: ClassVar[bool] = False
+    metric_columns: ClassVar[dict[str, str]] = {}  # column -> Arrow type: "float64", "int64", "int32", "bool"
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         self.config = config
         self.ctx = ctx
+        self.options: Any = config.options_of(self.name)
+
+    @classmethod
+    def driver_actors(cls, config: RunConfig) -> tuple[str, ...]:
+        """The driver-side actors this run of the strategy needs, by name (orchestrator/actors.py):
+        "ps_shards" for the parameter-server transport, "portion_scheduler" for backup tasks."""
+        return ("ps_shards",) if cls.implementation(config).ps_rule(config) is not None else ()
+
+    @classmethod
+    def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
+        """Figures for summary.json from the run's step rows (columns, this strategy's included)."""
+        return {}
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
@@ -136,6 +173,14 @@ class Strategy(ABC):
     def export_state(self, trainer: LocalTrainer) -> dict[str, Any]:
         """The state to checkpoint: model state dict and flat optimizer state."""
         return trainer.state_dict()
+
+    def extra_state(self) -> dict[str, Any] | None:
+        """State of the strategy's own that a checkpoint keeps (asked of every worker; None: nothing),
+        beyond the model and optimizer state `export_state` gives."""
+        return None
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Restore what `extra_state` gave, after `setup`, when a run resumes (or recovers) from a checkpoint."""
 
     def teardown(self) -> None:  # noqa: B027 - optional hook
         """Leave transports."""

@@ -6,22 +6,82 @@ every replica) and the parameter server (the shards apply the round's mean and s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from distrain.config import RunConfig
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, all_finite
-from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce, ring_allreduce_bytes
+from distrain.errors import ConfigError
+from distrain.fields import setting
+from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
+from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.ps import PSStrategy
-from distrain.strategies.ps_client import PushPullResult
-from distrain.strategies.ps_shard import ConsistencyRule
 from distrain.strategies.registry import STRATEGIES
-from distrain.trainers.local_trainer import LocalTrainer
+
+if TYPE_CHECKING:
+    from distrain.config import RunConfig
+    from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce
+    from distrain.strategies.ps_client import PushPullResult
+    from distrain.trainers.local_trainer import LocalTrainer
+
+
+@dataclass(frozen=True)
+class BSPOptions(StrategyOptions):
+    """Straggler mitigation of BSP rounds on the parameter server (section "stragglers")."""
+
+    backup_workers: int = setting(
+        0,
+        "k-of-n BSP (bsp over ps): start b extra workers; each round applies the first --workers gradients.",
+        "stragglers",
+    )
+    backup_tasks: bool = setting(
+        False,
+        "bsp over ps: split each round into --portions, re-issue the last outstanding ones to idle workers.",
+        "stragglers",
+    )
+    portions: int | None = setting(
+        None, "Portions per round; default 2 x --workers (bsp --transport ps --backup-tasks).", "stragglers"
+    )
+
+    def resolved(self, run: RunConfig) -> BSPOptions:
+        if self.backup_tasks and self.portions is None:
+            return dataclasses.replace(self, portions=2 * run.workers)
+        return self
+
+    def check(self, run: RunConfig) -> None:
+        """Backup workers and backup tasks are ways of running BSP rounds on the parameter server."""
+        if self.backup_workers < 0:
+            raise ConfigError(f"--backup-workers must be >= 0, got {self.backup_workers}")
+        flags = (("--backup-workers", self.backup_workers), ("--backup-tasks", self.backup_tasks))
+        wanted = [name for name, on in flags if on]
+        if wanted and run.schedule:
+            raise ConfigError(f"{wanted[0]} cannot be combined with --schedule; drop one of them")
+        if wanted and run.transport != "ps":
+            raise ConfigError(
+                f"{wanted[0]} needs synchronous rounds on the parameter server: use --strategy bsp --transport ps"
+            )
+        if len(wanted) == 2:
+            raise ConfigError("--backup-workers and --backup-tasks are alternatives; choose one")
+        if self.portions is not None and not self.backup_tasks:
+            raise ConfigError("--portions splits rounds for --backup-tasks; add --backup-tasks or drop it")
+        if self.backup_tasks:
+            assert self.portions is not None
+            if self.portions <= run.workers:
+                raise ConfigError(
+                    f"--portions ({self.portions}) must exceed --workers ({run.workers}) so free workers can take more"
+                )
+            if run.global_batch_size % self.portions:
+                raise ConfigError(
+                    f"--portions {self.portions} does not divide the global batch {run.global_batch_size} "
+                    "(--workers x --batch-size) into equal portions"
+                )
 
 
 @STRATEGIES.register("bsp", "bulk synchronous: mean gradient every step (all-reduce, or --transport ps)")
 class BSP(Strategy):
     name = "bsp"
     transports = ("collective", "ps")
+    Options = BSPOptions
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
@@ -32,13 +92,21 @@ class BSP(Strategy):
     def implementation(cls, config: RunConfig) -> type[Strategy]:
         if config.transport != "ps":
             return cls
-        if config.backup_tasks:
+        if config.options_of("bsp").backup_tasks:
             from distrain.strategies.backup_tasks import BSPBackupTasks
 
             return BSPBackupTasks
         return BSPOverPS
 
+    @classmethod
+    def driver_actors(cls, config: RunConfig) -> tuple[str, ...]:
+        if config.transport != "ps":
+            return ()
+        return ("ps_shards", "portion_scheduler") if config.options_of("bsp").backup_tasks else ("ps_shards",)
+
     def setup(self, trainer: LocalTrainer) -> None:
+        from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce
+
         backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
         delay_s = self.config.comm_delay_ms / 1000
         self.group = CollectiveGroup(
@@ -50,6 +118,8 @@ class BSP(Strategy):
             self.overlap = OverlappedAllReduce(trainer.params, trainer.grads_flat, self.ctx.world_size, delay_s=delay_s)
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
+        from distrain.strategies.collective import ring_allreduce_bytes
+
         assert self.group is not None, "setup() must run before step()"
         # The buckets' all-reduces were launched during backward; comm_s is what is left to wait for.
         seconds = self.overlap.finish() if self.overlap else self.group.all_reduce_mean_(trainer.grads_flat)
@@ -80,7 +150,7 @@ class BSPOverPS(PSStrategy):
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
-        return ConsistencyRule.bsp(accept=config.workers if config.backup_workers else None)
+        return ConsistencyRule.bsp(accept=config.workers if config.options_of("bsp").backup_workers else None)
 
     def setup(self, trainer: LocalTrainer) -> None:
         super().setup(trainer)

@@ -28,18 +28,77 @@ feeds these identical numbers to the same rule, so all agree on τ without a fur
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from distrain.config import RunConfig
+from distrain.errors import ConfigError
+from distrain.fields import setting
 from distrain.strategies.adacomm import AdaComm, TauInterval
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, all_finite
-from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes
+from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
 from distrain.strategies.registry import STRATEGIES
-from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.schedule import scaled_lr
+
+if TYPE_CHECKING:
+    import torch
+
+    from distrain.config import RunConfig
+    from distrain.strategies.collective import CollectiveGroup
+    from distrain.trainers.local_trainer import LocalTrainer
+
+DEFAULT_TAU = 8
+# AdaComm defaults: re-choose τ ten times a run whatever its length (a wall-clock interval can outlast a
+# short run), and let τ rise to twice τ_0 (the rule's ratio exceeds 1 when the loss rises or the rate decays).
+DEFAULT_TAU_INTERVAL = "10%"
+DEFAULT_TAU_MAX_FACTOR = 2
+
+
+@dataclass(frozen=True)
+class LocalSGDOptions(StrategyOptions):
+    tau: int | None = setting(
+        None, "Local steps between parameter averages (adaptive: tau_0); default 8 (local-sgd).", "strategy"
+    )
+    adaptive_tau: bool = setting(
+        False, "Re-choose tau every --tau-interval from the loss (AdaComm; local-sgd).", "strategy"
+    )
+    tau_interval: str | None = setting(
+        None,
+        "AdaComm interval: seconds like 5s, local steps like 200, or a share of the run's steps like 10%; "
+        "default 10% (local-sgd --adaptive-tau).",
+        "strategy",
+    )
+    tau_max: int | None = setting(
+        None, "AdaComm: largest tau it may choose; default 2 x --tau (local-sgd --adaptive-tau).", "strategy"
+    )
+
+    def resolved(self, run: RunConfig) -> LocalSGDOptions:
+        tau = DEFAULT_TAU if self.tau is None else self.tau
+        if not self.adaptive_tau:
+            return dataclasses.replace(self, tau=tau)
+        return dataclasses.replace(
+            self,
+            tau=tau,
+            tau_interval=DEFAULT_TAU_INTERVAL if self.tau_interval is None else self.tau_interval,
+            tau_max=DEFAULT_TAU_MAX_FACTOR * tau if self.tau_max is None else self.tau_max,
+        )
+
+    def check(self, run: RunConfig) -> None:
+        assert self.tau is not None
+        if self.tau < 1:
+            raise ConfigError(f"--tau must be >= 1, got {self.tau}")
+        if self.tau_max is not None and self.tau_max < self.tau:
+            raise ConfigError(f"--tau-max ({self.tau_max}) is below --tau ({self.tau}); raise it or drop it")
+        if not self.adaptive_tau:
+            for name in ("tau_interval", "tau_max"):
+                if getattr(self, name) is not None:
+                    flag = "--" + name.replace("_", "-")
+                    raise ConfigError(f"{flag} only applies with --adaptive-tau; add --adaptive-tau or drop {flag}")
+            return
+        assert self.tau_interval is not None
+        TauInterval.parse(self.tau_interval)
+
 
 STATS = 3  # loss sum, loss count, interval seconds: appended to the averaged buffer
 
@@ -48,20 +107,21 @@ STATS = 3  # loss sum, loss count, interval seconds: appended to the averaged bu
 class LocalSGD(Strategy):
     name = "local-sgd"
     transports = ("collective",)
-    reads = frozenset({"tau", "adaptive_tau", "tau_interval", "tau_max"})
+    Options = LocalSGDOptions
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        assert config.tau is not None
+        options: LocalSGDOptions = self.options
+        assert options.tau is not None
         self.group: CollectiveGroup | None = None
         self.adacomm: AdaComm | None = None
-        if config.adaptive_tau:
-            assert config.tau_interval is not None and config.tau_max is not None
+        if options.adaptive_tau:
+            assert options.tau_interval is not None and options.tau_max is not None
             # η_0 is the peak rate warmup climbs to, so the rate-decay variant applies after warmup.
             peak = scaled_lr(config.lr, config.global_batch_size, config.base_batch_size, config.lr_scaling)
-            interval = TauInterval.parse(config.tau_interval).for_run(ctx.total_steps)
-            self.adacomm = AdaComm(config.tau, config.tau_max, interval, peak)
-        self.tau = config.tau
+            interval = TauInterval.parse(options.tau_interval).for_run(ctx.total_steps)
+            self.adacomm = AdaComm(options.tau, options.tau_max, interval, peak)
+        self.tau = options.tau
         self.pending = 0  # local steps since the last round
         self.rounds = 0
         self.loss_sum = 0.0
@@ -72,6 +132,8 @@ class LocalSGD(Strategy):
         self.anchor: torch.Tensor | None = None  # θ after the last round (equal on every worker)
 
     def setup(self, trainer: LocalTrainer) -> None:
+        from distrain.strategies.collective import CollectiveGroup
+
         backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
         self.group = CollectiveGroup(
             self.ctx.rank,
@@ -116,6 +178,10 @@ class LocalSGD(Strategy):
 
     def average(self, trainer: LocalTrainer) -> CommStats:
         """One averaging round: θ, the optimizer's state vectors and the AdaComm statistics, in one all-reduce."""
+        import torch
+
+        from distrain.strategies.collective import ring_allreduce_bytes
+
         assert self.group is not None and self.anchor is not None, "setup() must run before step()"
         opt = trainer.flat_optimizer_state()
         n = trainer.numel

@@ -6,17 +6,21 @@ see `PSClient`), count the clock. What differs is the rule the shards enforce (`
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from distrain.config import RunConfig
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, all_finite
-from distrain.strategies.ps_client import PSClient, PushPullResult
-from distrain.strategies.ps_shard import ConsistencyRule
+from distrain.errors import ConfigError
+from distrain.fields import setting
+from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
+from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.registry import STRATEGIES
-from distrain.trainers.local_trainer import LocalTrainer
+
+if TYPE_CHECKING:
+    from distrain.config import RunConfig
+    from distrain.strategies.ps_client import PushPullResult
+    from distrain.trainers.local_trainer import LocalTrainer
 
 # A PS wait gives up after PS_WAIT_FACTOR x --hang-timeout-s + PS_WAIT_MARGIN_S: later than the driver's
 # hang detection (1x) plus the start of a replacement, whose first push releases whoever waits.
@@ -28,6 +32,8 @@ class PSStrategy(Strategy):
     transports = ("ps",)
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        from distrain.strategies.ps_client import PSClient
+
         super().__init__(config, ctx)
         timeout = config.hang_timeout_s * PS_WAIT_FACTOR + PS_WAIT_MARGIN_S
         self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, timeout, config.comm_delay_ms / 1000)
@@ -72,28 +78,54 @@ class PSStrategy(Strategy):
     def export_state(self, trainer: LocalTrainer) -> dict[str, Any]:
         """The shards' snapshot: θ (installed in the replica, so the model state dict carries it)
         and the optimizer state, slice by slice, assembled into flat form."""
+        import torch
+
         theta, optimizer, counters = self.client.snapshot()
         trainer.params_flat.copy_(torch.from_numpy(theta))
         return {"model": trainer.model_state(), "optimizer": optimizer.to_dict(), "ps": counters}
 
 
+STALENESS_LR_HELP = "Divide the rate by a gradient's staleness (async, ssp; Zhang et al. 2016)."
+DEFAULT_STALENESS = 2
+
+
+@dataclass(frozen=True)
+class AsyncOptions(StrategyOptions):
+    staleness_lr: bool = setting(False, STALENESS_LR_HELP, "strategy")
+
+
 @STRATEGIES.register("async", "Downpour async SGD on the parameter server: apply each gradient on arrival")
 class AsyncSGD(PSStrategy):
     name = "async"
-    reads = frozenset({"staleness_lr"})
+    Options = AsyncOptions
     independent_workers = True
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
-        return ConsistencyRule.asynchronous(config.staleness_lr)
+        return ConsistencyRule.asynchronous(config.options_of(cls.name).staleness_lr)
+
+
+@dataclass(frozen=True)
+class SSPOptions(StrategyOptions):
+    staleness: int | None = setting(
+        None, "SSP staleness bound s: no worker runs more than s clocks ahead; default 2 (ssp).", "strategy"
+    )
+    staleness_lr: bool = setting(False, STALENESS_LR_HELP, "strategy")
+
+    def resolved(self, run: RunConfig) -> SSPOptions:
+        return dataclasses.replace(self, staleness=DEFAULT_STALENESS) if self.staleness is None else self
+
+    def check(self, run: RunConfig) -> None:
+        if self.staleness is not None and self.staleness < 0:
+            raise ConfigError(f"--staleness must be >= 0, got {self.staleness}")
 
 
 @STRATEGIES.register("ssp", "stale synchronous parallel: async, but no worker runs > --staleness clocks ahead")
 class SSP(PSStrategy):
     name = "ssp"
-    reads = frozenset({"staleness", "staleness_lr"})
+    Options = SSPOptions
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
-        assert config.staleness is not None
-        return ConsistencyRule.ssp(config.staleness, config.staleness_lr)
+        options = config.options_of(cls.name)
+        return ConsistencyRule.ssp(options.staleness, options.staleness_lr)

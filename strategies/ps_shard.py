@@ -38,37 +38,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from distrain.strategies.consistency import ConsistencyRule  # noqa: F401 - the shards' rules, re-exported
 from distrain.trainers.optim_state import (
     FlatOptimizerState,
     export_flat_state,
     import_flat_state,
     make_optimizer,
 )
-
-
-@dataclass(frozen=True)
-class ConsistencyRule:
-    mode: str  # "rounds" | "bounded" | "portions"
-    staleness: int | None = None  # bounded mode: max clock lead; None = unbounded (async)
-    staleness_lr: bool = False  # bounded mode: divide η by the gradient's staleness
-    accept: int | None = None  # rounds mode: gradients that close a round (k-of-n); None = every worker
-    portions: int = 0  # portions mode: portions per round
-
-    @classmethod
-    def bsp(cls, accept: int | None = None) -> ConsistencyRule:
-        return cls("rounds", accept=accept)
-
-    @classmethod
-    def backup_tasks(cls, portions: int) -> ConsistencyRule:
-        return cls("portions", portions=portions)
-
-    @classmethod
-    def ssp(cls, staleness: int, staleness_lr: bool = False) -> ConsistencyRule:
-        return cls("bounded", staleness, staleness_lr)
-
-    @classmethod
-    def asynchronous(cls, staleness_lr: bool = False) -> ConsistencyRule:
-        return cls("bounded", None, staleness_lr)
 
 
 @dataclass

@@ -202,8 +202,8 @@ BAD_INPUTS = [
     # straggler mitigation (issue 4)
     (["--transport", "ps", "--backup-workers", "-1"], ["--backup-workers must be >= 0"]),
     (["--backup-workers", "1"], ["--backup-workers needs", "--strategy bsp --transport ps"]),
-    (["--strategy", "ssp", "--backup-workers", "1"], ["--backup-workers needs", "--transport ps"]),
-    (["--strategy", "async", "--backup-tasks"], ["--backup-tasks needs", "--strategy bsp --transport ps"]),
+    (["--strategy", "ssp", "--backup-workers", "1"], ["--backup-workers is not used by --strategy ssp", "bsp"]),
+    (["--strategy", "async", "--backup-tasks"], ["--backup-tasks is not used by --strategy async", "bsp"]),
     (["--transport", "ps", "--backup-tasks", "--backup-workers", "1"], ["alternatives; choose one"]),
     (["--transport", "ps", "--portions", "8"], ["--portions", "add --backup-tasks"]),
     (["--transport", "ps", "--backup-tasks", "--portions", "2"], ["--portions (2) must exceed --workers (2)"]),

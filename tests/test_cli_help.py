@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import re
 import sys
@@ -14,7 +13,8 @@ from typer.testing import CliRunner
 
 from distrain import cli
 from distrain.cli import app
-from distrain.config import SECTIONS, RunConfig
+from distrain.config import RunConfig
+from distrain.fields import SECTIONS
 
 runner = CliRunner()
 
@@ -55,21 +55,24 @@ def test_run_help_has_a_panel_per_section_in_order():
             current = m.group(1)
         elif m := re.match(r"│ (--[\w-]+)", line):
             panel[m.group(1)] = current
-    for f in dataclasses.fields(RunConfig):
-        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")  # --task-arg, --optimizer-arg: one per use
-        assert panel[flag] == f.metadata["section"], f.name
+    for f in all_fields():  # --task-arg, --optimizer-arg: one value per use
+        assert panel[f.flag] == f.section, f.name
     assert panel["--resume"] == "checkpointing" and panel["--config"] == "Options"
 
 
+def all_fields():
+    return [RunConfig.field_info(name) for name in RunConfig.field_names()]
+
+
 def test_every_config_field_has_a_section():
-    for f in dataclasses.fields(RunConfig):
-        assert f.metadata.get("section") in SECTIONS, f"{f.name}: give it one of the sections {SECTIONS}"
+    for f in all_fields():
+        assert f.section in SECTIONS, f"{f.name}: give it one of the sections {SECTIONS}"
 
 
 def test_run_help_shows_every_default():
     text = flat(help_text("run"))
     defaults = RunConfig()
-    for f in dataclasses.fields(RunConfig):
+    for f in all_fields():
         if f.default is None:
             continue  # resolved per strategy: checked below
         shown = cli._shown_default(f.name)
@@ -89,15 +92,14 @@ def test_run_help_shows_every_default():
         assert phrase in text, phrase
 
 
-def test_strategy_fields_name_the_strategies_that_read_them():
+def test_strategy_options_name_the_strategies_that_read_them():
+    from distrain.config import option_fields
+    from distrain.fields import fields_of
     from distrain.strategies import STRATEGIES
-    from distrain.strategies.base import STRATEGY_FIELDS
 
-    for name in STRATEGY_FIELDS:
-        help_ = RunConfig.__dataclass_fields__[name].metadata["help"]
-        for strategy in STRATEGIES.names():
-            if name in STRATEGIES.get(strategy).reads:
-                assert strategy in help_, f"--{name} help should say it applies to {strategy}"
+    for strategy in STRATEGIES.names():
+        for info in fields_of(STRATEGIES.get(strategy).Options):
+            assert strategy in option_fields()[info.name].help, f"--{info.name} help should say it applies to {strategy}"
 
 
 def test_version_and_short_help(monkeypatch, capsys):

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from distrain.config import RunConfig
+from distrain.config import RunConfig, flatten
 from distrain.errors import ConfigError, DistrainError
+from distrain.fields import SECTIONS
 
 
 def write(path: Path, text: str) -> Path:
@@ -32,8 +33,8 @@ def test_defaults_are_valid_and_documented():
     assert not cfg.uses_gpus
     assert RunConfig.resolve(None, {}) == cfg
     # every field carries the help text the CLI and the YAML file show
-    for f in dataclasses.fields(RunConfig):
-        assert f.metadata["help"].strip(), f.name
+    for name in RunConfig.field_names():
+        assert RunConfig.field_info(name).help.strip(), name
 
 
 def test_yaml_round_trip(tmp_path):
@@ -61,8 +62,15 @@ def test_yaml_round_trip(tmp_path):
     )
     text = cfg.to_yaml()
     assert text.startswith("#")
-    for name in RunConfig.field_names():
-        assert f"\n{name}:" in text
+    nested = yaml.safe_load(text)  # one mapping per section, in SECTIONS order, each field once
+    assert list(nested) == list(SECTIONS)
+    assert nested["resources"]["workers"] == 3 and nested["optimizer"]["name"] == "adam"
+    assert nested["strategy"]["name"] == "bsp" and nested["strategy"]["bsp"] == {
+        "backup_workers": 0,
+        "backup_tasks": False,
+        "portions": None,
+    }
+    assert sorted(flatten(nested)) == sorted(cfg.to_dict())
     path = write(tmp_path / "config.yaml", text)
     back = RunConfig.resolve(str(path), {})
     assert back == cfg
@@ -188,8 +196,8 @@ def test_momentum_is_for_the_optimizers_that_read_it(tmp_path):
 
 def test_config_recorded_before_momentum_became_sgd_only_still_loads(tmp_path):
     """Older versions wrote `momentum: 0.9` (then the default) into every run's config.yaml."""
-    text = RunConfig(optimizer="adam").to_yaml().replace("\nmomentum: null\n", "\nmomentum: 0.9\n")
-    assert "\nmomentum: 0.9\n" in text
+    text = RunConfig(optimizer="adam").to_yaml().replace("\n  momentum: null\n", "\n  momentum: 0.9\n")
+    assert "\n  momentum: 0.9\n" in text
     path = write(tmp_path / "config.yaml", text)
     assert RunConfig.resolve(str(path), {}) == RunConfig(optimizer="adam")
     # only distrain's own records get this allowance: a hand-written file is taken at its word

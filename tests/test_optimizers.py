@@ -244,7 +244,7 @@ def test_names_are_case_insensitive_and_canonical():
         ({"optimizer_args": {"differentiable": True}}, r"^--optimizer-arg differentiable is not accepted"),
         ({"optimizer": "adam", "optimizer_args": {"betas": [1.5, 0.9]}}, r"refuses its arguments .*beta"),
         ({"optimizer_args": {"nesterov": True}, "momentum": 0.0}, r"refuses its arguments .*Nesterov"),
-        ({"optimizer_args": ["nesterov"]}, r"^--optimizer-args must be a mapping"),
+        ({"optimizer_args": ["nesterov"]}, r"^--optimizer-arg must be a mapping"),
     ],
 )
 def test_bad_optimizer_choices_are_refused_in_one_line(kw, pattern):
