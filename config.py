@@ -34,7 +34,19 @@ OPTIMIZER_DEPENDENT_FIELDS = ("momentum", "optimizer_args")
 DECAY_DEPENDENT_FIELDS = ("lr_min", "lr_decay_epochs", "lr_decay_gamma")
 ON_NONFINITE = ("stop", "skip")
 # The element-wise torch.optim optimizers (trainers/optim_state.py checks this list against torch's).
-OPTIMIZER_NAMES = ("sgd", "adam", "adamw", "adagrad", "rmsprop", "adamax", "nadam", "radam", "adadelta", "asgd", "rprop")
+OPTIMIZER_NAMES = (
+    "sgd",
+    "adam",
+    "adamw",
+    "adagrad",
+    "rmsprop",
+    "adamax",
+    "nadam",
+    "radam",
+    "adadelta",
+    "asgd",
+    "rprop",
+)
 PLACEMENTS = ("pack", "spread")
 # Before --momentum became the choice of optimizers that read it, every run recorded its 0.9 default;
 # recorded adam/adagrad runs with that value still load (config.yaml starts with RECORDED_HEADER).

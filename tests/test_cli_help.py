@@ -99,7 +99,9 @@ def test_strategy_options_name_the_strategies_that_read_them():
 
     for strategy in STRATEGIES.names():
         for info in fields_of(STRATEGIES.get(strategy).Options):
-            assert strategy in option_fields()[info.name].help, f"--{info.name} help should say it applies to {strategy}"
+            assert strategy in option_fields()[info.name].help, (
+                f"--{info.name} help should say it applies to {strategy}"
+            )
 
 
 def test_version_and_short_help(monkeypatch, capsys):
