@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import inspect
 import json
 import sys
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from typer.core import TyperCommand
 
 from distrain.config import RunConfig, parse_optimizer_args
 from distrain.errors import DistrainError
-from distrain.fields import SECTIONS
+from distrain.fields import SECTIONS, FieldInfo
 from distrain.orchestrator import interrupts
 
 try:  # typer >= 0.24 parses with its own vendored copy of click (and keeps Abort in typer.exceptions)
@@ -83,9 +84,9 @@ def _interrupted_line(run_dir: Path | None) -> str:
     return line
 
 
-def _shown_default(name: str) -> str | bool:
+def _shown_default(field: str | FieldInfo) -> str | bool:
     """The default `--help` shows for a config field (the flags themselves default to None: not given)."""
-    info = RunConfig.field_info(name)
+    info = RunConfig.field_info(field) if isinstance(field, str) else field
     value = info.default
     if info.shown:
         return str(info.shown)
@@ -98,12 +99,13 @@ def _shown_default(name: str) -> str | bool:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _opt(name: str, *decls: str, **kwargs: Any) -> Any:
+def _opt(field: str | FieldInfo, *decls: str, **kwargs: Any) -> Any:
     """A config field's flag, in its section's help panel, its default at the end of its help text (the
     text wraps with it, where typer's own default goes on a line of its own)."""
-    shown = _shown_default(name)
-    text = HELP[name] + (" " + escape(f"[default: {shown}]") if shown else "")
-    section = RunConfig.field_info(name).section
+    info = RunConfig.field_info(field) if isinstance(field, str) else field
+    shown = _shown_default(info)
+    text = info.help + (" " + escape(f"[default: {shown}]") if shown else "")
+    section = info.section
     return typer.Option(*decls, help=text, show_default=False, rich_help_panel=section, **kwargs)
 
 
@@ -154,85 +156,76 @@ def _main(
     """Distributed SGD on Ray: BSP, async and SSP parameter servers, local SGD, one flag apart."""
 
 
-@app.command(cls=SectionedCommand)
-@user_errors
-def run(
-    config: Annotated[
-        Path | None, typer.Option("--config", help="YAML file of config keys; flags given here override it.")
-    ] = None,
-    strategy: Annotated[str | None, _opt("strategy")] = None,
-    workers: Annotated[int | None, _opt("workers")] = None,
-    cpus_per_worker: Annotated[float | None, _opt("cpus_per_worker")] = None,
-    gpus_per_worker: Annotated[float | None, _opt("gpus_per_worker")] = None,
-    address: Annotated[str | None, _opt("address")] = None,
-    placement: Annotated[str | None, _opt("placement")] = None,
-    transport: Annotated[str | None, _opt("transport")] = None,
-    ps_shards: Annotated[int | None, _opt("ps_shards")] = None,
-    cpus_per_shard: Annotated[float | None, _opt("cpus_per_shard")] = None,
-    staleness: Annotated[int | None, _opt("staleness")] = None,
-    staleness_lr: Annotated[bool | None, _opt("staleness_lr")] = None,
-    tau: Annotated[int | None, _opt("tau")] = None,
-    adaptive_tau: Annotated[bool | None, _opt("adaptive_tau")] = None,
-    tau_interval: Annotated[str | None, _opt("tau_interval")] = None,
-    tau_max: Annotated[int | None, _opt("tau_max")] = None,
-    schedule: Annotated[str | None, _opt("schedule")] = None,
-    comm_delay_ms: Annotated[float | None, _opt("comm_delay_ms")] = None,
-    straggler: Annotated[list[str] | None, _opt("straggler", metavar="RANK:SECONDS")] = None,
-    backup_workers: Annotated[int | None, _opt("backup_workers")] = None,
-    backup_tasks: Annotated[bool | None, _opt("backup_tasks")] = None,
-    portions: Annotated[int | None, _opt("portions")] = None,
-    straggler_threshold: Annotated[float | None, _opt("straggler_threshold")] = None,
-    task: Annotated[str | None, _opt("task")] = None,
-    task_arg: Annotated[list[str] | None, _opt("task_args", "--task-arg", metavar="KEY=VALUE")] = None,
-    prefetch: Annotated[bool | None, _opt("prefetch")] = None,
-    model: Annotated[str | None, _opt("model")] = None,
-    dataset: Annotated[str | None, _opt("dataset")] = None,
-    data_dir: Annotated[str | None, _opt("data_dir")] = None,
-    batch_size: Annotated[int | None, _opt("batch_size")] = None,
-    lr: Annotated[float | None, _opt("lr")] = None,
-    lr_scaling: Annotated[str | None, _opt("lr_scaling")] = None,
-    base_batch_size: Annotated[int | None, _opt("base_batch_size")] = None,
-    warmup_epochs: Annotated[float | None, _opt("warmup_epochs")] = None,
-    lr_decay: Annotated[str | None, _opt("lr_decay")] = None,
-    lr_min: Annotated[float | None, _opt("lr_min")] = None,
-    lr_decay_epochs: Annotated[float | None, _opt("lr_decay_epochs")] = None,
-    lr_decay_gamma: Annotated[float | None, _opt("lr_decay_gamma")] = None,
-    optimizer: Annotated[str | None, _opt("optimizer")] = None,
-    optimizer_arg: Annotated[list[str] | None, _opt("optimizer_args", "--optimizer-arg", metavar="KEY=VALUE")] = None,
-    momentum: Annotated[float | None, _opt("momentum")] = None,
-    weight_decay: Annotated[float | None, _opt("weight_decay")] = None,
-    epochs: Annotated[int | None, _opt("epochs")] = None,
-    max_steps: Annotated[int | None, _opt("max_steps")] = None,
-    seed: Annotated[int | None, _opt("seed")] = None,
-    target: Annotated[str | None, _opt("target")] = None,
-    target_accuracy: Annotated[float | None, _opt("target_accuracy")] = None,
-    run_dir: Annotated[str | None, _opt("run_dir")] = None,
-    eval_every: Annotated[int | None, _opt("eval_every")] = None,
-    tensorboard: Annotated[str | None, _opt("tensorboard", metavar="DIR")] = None,
-    checkpoint_every: Annotated[int | None, _opt("checkpoint_every")] = None,
-    segment_steps: Annotated[int | None, _opt("segment_steps")] = None,
-    collective_timeout_s: Annotated[float | None, _opt("collective_timeout_s")] = None,
-    init_from: Annotated[str | None, _opt("init_from")] = None,
-    checkpoint_steps: Annotated[int | None, _opt("checkpoint_steps")] = None,
-    max_failures: Annotated[int | None, _opt("max_failures")] = None,
-    hang_timeout_s: Annotated[float | None, _opt("hang_timeout_s")] = None,
-    chaos: Annotated[list[str] | None, _opt("chaos", metavar="KIND@STEP")] = None,
-    on_nonfinite: Annotated[str | None, _opt("on_nonfinite")] = None,
-    resume: Annotated[
-        Path | None,
-        typer.Option(
-            "--resume",
-            help="Continue the run in this directory from its latest checkpoint (e.g. after its driver was killed).",
-            show_default=False,
-            rich_help_panel="checkpointing",
-        ),
-    ] = None,
-) -> None:
-    """Train one model with one strategy; writes runs/<id>/ (config, metrics, summary, checkpoints).
+PY_TYPES: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str, "list[str]": list[str]}
 
-    Every on/off flag also has a --no- form (e.g. --no-staleness-lr) that turns off what --config turns on.
-    """
-    overrides = {k: v for k, v in locals().items() if k not in ("config", "resume", "task_arg", "optimizer_arg")}
+
+def _field_parameter(info: FieldInfo) -> inspect.Parameter:
+    """One config field as a `run` flag: optional (None: not given), in its section's help panel."""
+    kind = info.kind.removesuffix(" | None")
+    py = list[str] if kind == "dict[str, Any]" else PY_TYPES[kind]  # KEY=VALUE, one per use
+    name = info.flag.removeprefix("--").replace("-", "_")
+    decls = (info.flag,) if name != info.name else ()
+    extra = {"metavar": info.metavar} if info.metavar else {}
+    option = _opt(info, *decls, **extra)
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[py | None, option]
+    )
+
+
+def _run_parameters() -> list[inspect.Parameter]:
+    config = typer.Option("--config", help="YAML file of config keys; flags given here override it.")
+    resume = typer.Option(
+        "--resume",
+        help="Continue the run in this directory from its latest checkpoint (e.g. after its driver was killed).",
+        show_default=False,
+        rich_help_panel="checkpointing",
+    )
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return [
+        inspect.Parameter("config", keyword, default=None, annotation=Annotated[Path | None, config]),
+        *(
+            _field_parameter(RunConfig.field_info(name, _PLUGIN_VALUES))
+            for name in RunConfig.field_names(_PLUGIN_VALUES)
+        ),
+        inspect.Parameter("resume", keyword, default=None, annotation=Annotated[Path | None, resume]),
+    ]
+
+
+def _register_run() -> None:
+    """(Re)build the `run` command from the config's fields: every section's, every built-in strategy's
+    options, and the options of a strategy named by import path on the command line (`main`)."""
+
+    def run(**flags: Any) -> None:
+        """Train one model with one strategy; writes runs/<id>/ (config, metrics, summary, checkpoints).
+
+        Every on/off flag also has a --no- form (e.g. --no-staleness-lr) that turns off what --config turns on.
+        """
+        _run(**flags)
+
+    params = _run_parameters()
+    run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    before = list(app.registered_commands)
+    app.command("run", cls=SectionedCommand)(user_errors(run))
+    new = app.registered_commands.pop()
+    at = next((i for i, c in enumerate(before) if c.name == "run"), 0)  # first in `distrain --help`
+    app.registered_commands[:] = [*before[:at], new, *(c for c in before[at:] if c.name != "run")]
+
+
+# A strategy named by import path on the command line (`main` looks before parsing): its options become flags.
+_PLUGIN_VALUES: dict[str, Any] = {}
+
+
+def _run(
+    config: Path | None = None,
+    resume: Path | None = None,
+    task_arg: list[str] | None = None,
+    optimizer_arg: list[str] | None = None,
+    run_dir: str | None = None,
+    **flags: Any,
+) -> None:
+    overrides = dict(flags, run_dir=run_dir)
+
     overrides["task_args"] = parse_task_args(task_arg) if task_arg else None
     overrides["optimizer_args"] = parse_optimizer_args(optimizer_arg) if optimizer_arg else None
     if resume is not None:
@@ -290,7 +283,7 @@ def _exit_if_diverged(summary: dict[str, Any]) -> None:
 
 
 def describe_task(cfg: RunConfig) -> str:
-    """"cnn on digits" for the built-in task, else the task's class name."""
+    """ "cnn on digits" for the built-in task, else the task's class name."""
     if not cfg.task:
         return f"{cfg.model} on {cfg.dataset}"
     return cfg.task.rpartition(":")[2]
@@ -310,6 +303,9 @@ def parse_task_args(items: list[str]) -> dict[str, Any]:
         except yaml.YAMLError:
             args[key] = text
     return args
+
+
+_register_run()
 
 
 @app.command("strategies")
@@ -831,6 +827,32 @@ def _straggler_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def prepare_commands(argv: list[str]) -> None:
+    """Build the commands for these arguments: a `--strategy my.py:Name` (on the command line, or in the
+    --config file) is imported before the command line is parsed, so its own options are flags, in
+    --help too, and are checked like the others."""
+    strategy = None
+    if argv and argv[0] == "run":
+        strategy = _flag_value(argv, "--strategy")
+        config = _flag_value(argv, "--config")
+        if strategy is None and config:
+            strategy = RunConfig.load_yaml(config).get("strategy")
+    wanted = {"strategy": str(strategy)} if strategy and ":" in str(strategy) else {}
+    if wanted != _PLUGIN_VALUES:
+        _PLUGIN_VALUES.clear()
+        _PLUGIN_VALUES.update(wanted)
+        _register_run()
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main() -> int:
     """Console entry point: like `app()`, but a usage error (e.g. `--workers abc`) is one line too, and
     SIGTERM interrupts a run as Ctrl-C does (the only place that installs signal handlers)."""
@@ -839,6 +861,11 @@ def main() -> int:
 
 
 def _main() -> int:
+    try:
+        prepare_commands(sys.argv[1:])
+    except DistrainError as e:
+        err.print(Text("error: ", style="bold red") + Text(str(e)), highlight=False)
+        return 2
     command = typer.main.get_command(app)
     try:
         return command.main(standalone_mode=False) or 0

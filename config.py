@@ -257,6 +257,7 @@ class Data:
         "data",
         "none",
         flag="--task-arg",
+        metavar="KEY=VALUE",
     )
     prefetch: bool = setting(
         True, "Read each worker's next batch on a background thread while the current one trains.", "data"
@@ -302,6 +303,7 @@ class Optimization:
         "optimizer",
         "none",
         flag="--optimizer-arg",
+        metavar="KEY=VALUE",
     )
     momentum: float | None = setting(
         None, "Momentum (sgd, rmsprop); default 0.9 for sgd, 0 for rmsprop; other optimizers refuse it.", "optimizer"
@@ -367,6 +369,7 @@ class Faults:
         (),
         "Fault injection: kill-worker@STEP[:RANK], kill-ps@STEP[:SHARD], hang-worker@STEP[:RANK], kill-node@STEP.",
         "faults",
+        metavar="KIND@STEP",
     )
     on_nonfinite: str = setting(
         "stop",
@@ -381,7 +384,10 @@ class Stragglers:
     """Injected stragglers and how they are detected (backup workers and tasks: the bsp strategy's options)."""
 
     straggler: list[str] = setting(
-        (), "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments).", "stragglers"
+        (),
+        "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments).",
+        "stragglers",
+        metavar="RANK:SECONDS",
     )
     straggler_threshold: float = setting(
         2.0,
@@ -407,7 +413,10 @@ class Output:
     run_dir: str = setting("", "Run directory; must be new or empty.", "output", "runs/<timestamp>-<strategy>")
     eval_every: int = setting(1, "Evaluate on the held-out split every N epochs (0: only at the end).", "output")
     tensorboard: str = setting(
-        "", "Write TensorBoard event files (training loss, lr, samples/s, test metrics) under DIR/<run id>/.", "output"
+        "",
+        "Write TensorBoard event files (training loss, lr, samples/s, test metrics) under DIR/<run id>/.",
+        "output",
+        metavar="DIR",
     )
 
 

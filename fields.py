@@ -18,18 +18,17 @@ from distrain.errors import ConfigError
 SECTIONS = ("resources", "data", "optimizer", "strategy", "checkpointing", "faults", "stragglers", "output")
 
 
-def setting(default: Any, help: str, section: str | None = None, shown: str | None = None, flag: str = "") -> Any:
+def setting(
+    default: Any, help: str, section: str | None = None, shown: str | None = None, flag: str = "", metavar: str = ""
+) -> Any:
     """A config field: its help text, its section (the CLI's help panel), and the default as `--help`
     shows it when the value itself says little (an empty string); None-valued fields, resolved per
     strategy, state their effective default in the help text instead. `flag`: the CLI's name when it is
-    not --<field-name> (--task-arg, --optimizer-arg: one value per use)."""
+    not --<field-name> (--task-arg, --optimizer-arg: one value per use); `metavar`: how --help names its value."""
+    meta = {"help": help, "section": section, "shown": shown, "flag": flag, "metavar": metavar}
     if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata=_meta(help, section, shown, flag))
-    return field(default=default, metadata=_meta(help, section, shown, flag))
-
-
-def _meta(help: str, section: str | None, shown: str | None, flag: str) -> dict[str, Any]:
-    return {"help": help, "section": section, "shown": shown, "flag": flag}
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -43,6 +42,7 @@ class FieldInfo:
     section: str | None
     shown: str | None
     flag: str  # "--tau", "--task-arg"
+    metavar: str = ""
 
     @property
     def is_list(self) -> bool:
@@ -57,9 +57,8 @@ def fields_of(cls: type) -> list[FieldInfo]:
         kind = f.type if isinstance(f.type, str) else f.type.__name__
         meta = f.metadata
         flag = meta.get("flag") or "--" + f.name.replace("_", "-")
-        infos.append(
-            FieldInfo(f.name, kind, default, meta.get("help", ""), meta.get("section"), meta.get("shown"), flag)
-        )
+        help_, section, shown = meta.get("help", ""), meta.get("section"), meta.get("shown")
+        infos.append(FieldInfo(f.name, kind, default, help_, section, shown, flag, meta.get("metavar", "")))
     return infos
 
 

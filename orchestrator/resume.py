@@ -151,9 +151,12 @@ def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, li
     path = Path(config.run_dir) / "metrics.parquet"
     try:
         table = pq.read_table(path)
-        # The base columns, plus the task's own evaluation metrics (test_<name>, orchestrator/metrics.py).
+        # The base columns, the strategies' own step columns, and the task's own evaluation metrics
+        # (test_<name>, orchestrator/metrics.py).
+        declared = {n: t for s in config.strategy_classes for n, t in s.metric_columns.items() if n not in SCHEMA.names}
+        extra = [pa.field(n, pa.type_for_alias(t)) for n, t in declared.items() if n in table.schema.names]
         names = [n for n in table.schema.names if n.startswith("test_") and n not in SCHEMA.names]
-        extra = [pa.field(n, pa.float64()) for n in names]
+        extra += [pa.field(n, pa.float64()) for n in names]
         schema = pa.schema(list(SCHEMA) + extra)
         table = table.select(schema.names).cast(schema)
     except (OSError, KeyError, ValueError, pa.ArrowException):
@@ -162,6 +165,8 @@ def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, li
             "cannot be carried on; start a new run with --init-from the run's checkpoint"
         ) from None
     sink = MetricsSink(Path(config.run_dir).name)
+    for strategy in config.strategy_classes:
+        sink.declare(strategy.metric_columns)
     sink.add_rows(table.to_pydict())
     sink.keep_before(int(checkpoint["global_step"]), steps_per_epoch(config))
     return sink.rows()

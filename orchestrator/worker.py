@@ -199,6 +199,7 @@ class TrainWorker:
                         comm.bytes_received += extra.bytes_received
                         comm.averaging_round = extra.averaging_round
                         comm.nonfinite = comm.nonfinite or extra.nonfinite
+                        comm.extra.update(extra.extra)
             except NonFinite as e:  # --on-nonfinite stop: this step's row, then back to the driver
                 comm = CommStats(nonfinite=True)
                 diverged = {"step": global_step, "worker": self.rank, "what": str(e)}

@@ -11,7 +11,8 @@ import yaml
 from typer.testing import CliRunner
 
 from distrain.cli import app
-from distrain.config import RunConfig
+from distrain.config import RunConfig, flatten
+from distrain.fields import SECTIONS
 from distrain.orchestrator.checkpoint import load_checkpoint
 from distrain.orchestrator.run import Progress, run_training
 from tests.helpers import assert_compact_checkpoint
@@ -72,8 +73,11 @@ def test_config_yaml_and_checkpoint(default_run):
     run_dir, _ = default_run
     text = (run_dir / "config.yaml").read_text()
     data = yaml.safe_load(text)
-    assert set(data) == set(RunConfig.field_names())
-    assert data["strategy"] == "bsp" and data["workers"] == 2 and data["run_dir"] == str(run_dir)
+    assert list(data) == list(SECTIONS)  # nested by section; the bsp strategy's options under its name
+    assert data["strategy"]["name"] == "bsp" and data["strategy"]["bsp"]["backup_workers"] == 0
+    data = flatten(data)
+    assert set(data) == set(RunConfig().to_dict())
+    assert data["workers"] == 2 and data["run_dir"] == str(run_dir)
     ckpt = load_checkpoint(run_dir / "checkpoints" / "final.pt")
     assert ckpt["epoch"] == data["epochs"] and ckpt["global_step"] > 0
     assert ckpt["config"]["model"] == "cnn"

@@ -1,0 +1,110 @@
+"""Elastic averaging SGD (Zhang, Choromanska & LeCun 2015), written outside distrain as a strategy plugin.
+
+    distrain run --strategy examples/strategies/easgd.py:EASGD --elasticity 0.2 --easgd-period 4
+
+Synchronous EASGD: every worker i trains its own replica x_i with the run's optimizer; every `period`
+local steps the workers all-reduce their replicas and each one takes the elastic step towards the
+center variable x~, which moves towards their mean (beta = workers x alpha, the paper's symmetric choice):
+
+    x_i <- x_i - alpha (x_i - x~)        x~ <- x~ + beta (mean_i x_i - x~)
+
+Every worker holds the same x~ (it is computed from the same all-reduce), so it is checkpointed once.
+This file uses only distrain's public strategy contract (distrain.strategies.base) and its collective
+transport: an option dataclass (two flags), one metric column, a summary figure, checkpointed state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distrain.errors import ConfigError
+from distrain.fields import setting
+from distrain.strategies.base import CommStats, Strategy, StrategyOptions
+from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes
+
+
+@dataclass(frozen=True)
+class EASGDOptions(StrategyOptions):
+    elasticity: float = setting(
+        0.1, "EASGD: the elastic force alpha pulling each replica to the center (easgd).", "strategy"
+    )
+    easgd_period: int = setting(4, "EASGD: local steps between elastic averaging rounds (easgd).", "strategy")
+
+    def check(self, run: Any) -> None:
+        if not 0 < self.elasticity * run.workers < 1:
+            raise ConfigError(f"--elasticity x --workers must be in (0, 1), got {self.elasticity} x {run.workers}")
+        if self.easgd_period < 1:
+            raise ConfigError(f"--easgd-period must be >= 1, got {self.easgd_period}")
+
+
+class EASGD(Strategy):
+    name = "easgd"
+    summary = "elastic averaging SGD: replicas pulled towards a moving center every --easgd-period steps"
+    transports = ("collective",)
+    Options = EASGDOptions
+    metric_columns = {"center_distance": "float64", "elastic_round": "int64"}
+
+    def setup(self, trainer: Any) -> None:
+        backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
+        self.group = CollectiveGroup(
+            self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s
+        )
+        self.group.broadcast_(trainer.params_flat, src=0)
+        self.center = trainer.params_flat.detach().clone()
+        self.pending = 0  # local steps since the last elastic round
+        self.rounds = 0  # elastic rounds so far (checkpointed: a resumed run goes on counting)
+
+    def step(self, trainer: Any, lr: float) -> CommStats:
+        trainer.apply_update(lr)
+        self.pending += 1
+        if self.pending < self.options.easgd_period:
+            return CommStats(extra={"elastic_round": self.rounds})
+        return self._elastic_round(trainer)
+
+    def at_epoch_end(self, trainer: Any) -> CommStats | None:
+        return self._elastic_round(trainer) if self.pending else None
+
+    def _elastic_round(self, trainer: Any) -> CommStats:
+        alpha = self.options.elasticity
+        beta = alpha * self.ctx.world_size
+        mean = trainer.params_flat.detach().clone()
+        seconds = self.group.all_reduce_mean_(mean)
+        distance = float(torch.linalg.vector_norm(trainer.params_flat - self.center))
+        with torch.no_grad():
+            trainer.params_flat.sub_(alpha * (trainer.params_flat - self.center))
+            self.center.add_(beta * (mean - self.center))
+        self.pending = 0
+        self.rounds += 1
+        moved = ring_allreduce_bytes(trainer.nbytes, self.ctx.world_size)
+        extra = {"center_distance": distance, "elastic_round": self.rounds}
+        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved, extra=extra)
+
+    def export_state(self, trainer: Any) -> dict[str, Any]:
+        """The checkpointed model is the center variable (EASGD's output), not this worker's replica."""
+        local = trainer.params_flat.detach().clone()
+        with torch.no_grad():
+            trainer.params_flat.copy_(self.center)
+            state = trainer.state_dict()
+            trainer.params_flat.copy_(local)
+        return state
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"center": self.center.cpu().clone(), "rounds": self.rounds}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.center.copy_(state["center"])
+        self.rounds = int(state["rounds"])
+
+    @classmethod
+    def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
+        distances = [d for d in steps.get("center_distance", []) if d is not None and d == d]
+        return {
+            "elastic_rounds": max((r for r in steps.get("elastic_round", []) if r is not None), default=0),
+            "mean_center_distance": sum(distances) / len(distances) if distances else None,
+        }
+
+    def teardown(self) -> None:
+        self.group.destroy()
