@@ -33,7 +33,8 @@ LR_DECAYS = ("none", "cosine", "step")
 OPTIMIZER_DEPENDENT_FIELDS = ("momentum", "optimizer_args")
 DECAY_DEPENDENT_FIELDS = ("lr_min", "lr_decay_epochs", "lr_decay_gamma")
 ON_NONFINITE = ("stop", "skip")
-# The element-wise torch.optim optimizers (trainers/optim_state.py checks this list against torch's).
+# The element-wise torch.optim optimizers, and the other torch.optim optimizers, which are refused with a
+# reason (trainers/optim_state.py; tests hold these names to its lists and to torch's).
 OPTIMIZER_NAMES = (
     "sgd",
     "adam",
@@ -47,6 +48,7 @@ OPTIMIZER_NAMES = (
     "asgd",
     "rprop",
 )
+REFUSED_OPTIMIZER_NAMES = ("lbfgs", "sparseadam", "adafactor", "muon")
 PLACEMENTS = ("pack", "spread")
 # Before --momentum became the choice of optimizers that read it, every run recorded its 0.9 default;
 # recorded adam/adagrad runs with that value still load (config.yaml starts with RECORDED_HEADER).
@@ -560,11 +562,10 @@ class RunConfig:
     # ------------------------------------------------------------------ validation (reads only)
     def validate(self) -> None:
         """Check every value; the message of the first problem names the flag and the fix."""
-        from distrain.trainers.datasets import DATASETS
-        from distrain.trainers.models import MODELS
+        from distrain.trainers.catalog import check_dataset, check_model
 
-        MODELS.check(self.model)
-        DATASETS.check(self.dataset)
+        check_model(self.model)
+        check_dataset(self.dataset)
         positive_ints = ("workers", "batch_size", "base_batch_size", "epochs", "segment_steps")
         for name in positive_ints:
             if getattr(self, name) < 1:
@@ -610,10 +611,14 @@ class RunConfig:
             raise ConfigError(f"unknown --placement {self.placement!r}; choose one of: {', '.join(PLACEMENTS)}")
         if self.on_nonfinite not in ON_NONFINITE:
             raise ConfigError(f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of: {', '.join(ON_NONFINITE)}")
-        from distrain.trainers.optim_state import check_optimizer  # imports torch: only when validating
+        self._validate_lr_decay()
+        # Last: the optimizer's own constructor checks its arguments, which needs torch (every other flag
+        # error is found without it, in well under a second).
+        if self.optimizer.lower() not in OPTIMIZER_NAMES + REFUSED_OPTIMIZER_NAMES:  # torch need not load for this
+            raise ConfigError(f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZER_NAMES)}")
+        from distrain.trainers.optim_state import check_optimizer
 
         check_optimizer(self.optimizer, self.optimizer_args, self.momentum, self.weight_decay)
-        self._validate_lr_decay()
 
     def _validate_lr_decay(self) -> None:
         if self.lr_decay not in LR_DECAYS:
@@ -665,10 +670,10 @@ class RunConfig:
     def _validate_unused_inputs(self) -> None:
         """Like a strategy's options, --data-dir is refused where nothing reads it (--momentum and the
         other optimizer flags: `check_optimizer`)."""
-        from distrain.trainers.datasets import DATASETS
+        from distrain.trainers.catalog import DATASET_READS_FILES
 
-        if self.data_dir and not DATASETS.get(self.dataset).reads_files:
-            users = [n for n in DATASETS.names() if DATASETS.get(n).reads_files]
+        if self.data_dir and not DATASET_READS_FILES[self.dataset]:
+            users = [n for n, reads in DATASET_READS_FILES.items() if reads]
             raise ConfigError(
                 f"--data-dir is not used by --dataset {self.dataset} (it reads no files); drop it "
                 f"(it applies to: {', '.join(users)})"
@@ -856,7 +861,7 @@ def _resolve_common(values: dict[str, Any]) -> dict[str, Any]:
     """The sections of a config from flat `values`: each value checked against its field's type, and
     what depends on other choices resolved (the strategy a schedule starts with, the transport, the
     number of shards, the task's and a strategy plugin's absolute paths)."""
-    from distrain.plugins import absolute_import_path, is_import_path, split_import_path
+    from distrain.plugins import absolute_import_path, check_import_path_exists, is_import_path, split_import_path
 
     v = {name: coerce(info.kind, values.get(name, info.default), info.flag) for name, info in COMMON_FIELDS.items()}
     if v["schedule"]:
@@ -895,6 +900,7 @@ def _resolve_common(values: dict[str, Any]) -> dict[str, Any]:
     if v["task"] and not v["task"].startswith("object:"):  # object: a task object handed to distrain.fit
         split_import_path(v["task"], "--task")
         v["task"] = absolute_import_path(v["task"], "--task")
+        check_import_path_exists(v["task"], "--task")
     if v["optimizer"].lower() in OPTIMIZER_NAMES:  # any case; an unknown name is reported as given
         v["optimizer"] = v["optimizer"].lower()
     return {

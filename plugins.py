@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,9 +45,37 @@ def absolute_import_path(text: str, flag: str) -> str:
     return text
 
 
-def _module_from_file(path: Path, flag: str, text: str) -> Any:
-    from distrain.orchestrator.code_shipping import shipped_copy
+SHIPPED_CODE_ENV = "DISTRAIN_SHIPPED_CODE"  # JSON {driver folder: shipped package name}, set in the workers
 
+
+def shipped_copy(path: Path) -> Path:
+    """Where a worker of a shipped job finds the driver's file `path` (unchanged elsewhere)."""
+    mapping = os.environ.get(SHIPPED_CODE_ENV)
+    if not mapping:
+        return path
+    for folder, name in json.loads(mapping).items():
+        try:
+            rel = path.relative_to(folder)
+        except ValueError:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            return Path(list(spec.submodule_search_locations)[0]) / rel
+    return path
+
+
+def check_import_path_exists(text: str, flag: str) -> None:
+    """A missing file or top-level module, found without importing anything (flag errors stay fast)."""
+    where, _ = split_import_path(text, flag)
+    if where.endswith(".py"):
+        path = Path(where).expanduser()
+        if not shipped_copy(path).is_file():
+            raise ConfigError(f"{flag} {text!r}: no file {str(path)!r}")
+    elif importlib.util.find_spec(where.split(".")[0]) is None:
+        raise ConfigError(f"{flag} {text!r}: no module named {where.split('.')[0]!r}")
+
+
+def _module_from_file(path: Path, flag: str, text: str) -> Any:
     # In a worker on a cluster, the copy of the file that `--address` shipped (the driver's path need
     # not exist on this node); elsewhere the path itself.
     path = shipped_copy(path)

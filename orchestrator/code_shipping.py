@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENV_VAR = "DISTRAIN_SHIPPED_CODE"  # JSON {driver folder: shipped package name}, set in the workers
+from distrain.plugins import SHIPPED_CODE_ENV as ENV_VAR
+from distrain.plugins import shipped_copy as shipped_copy  # where a worker finds a shipped file
+
 PACKAGE_PREFIX = "distrain_code_"
 
 
@@ -102,19 +104,3 @@ def _ship_module(top: str) -> Shipment:
     else:
         return Shipment()  # built-in or compiled: nothing to upload
     return Shipment({"py_modules": [os.fspath(path)]}, [f"{path} (module {top})"])
-
-
-def shipped_copy(path: Path) -> Path:
-    """Where a worker of a shipped job finds the driver's file `path` (unchanged elsewhere)."""
-    mapping = os.environ.get(ENV_VAR)
-    if not mapping:
-        return path
-    for folder, name in json.loads(mapping).items():
-        try:
-            rel = path.relative_to(folder)
-        except ValueError:
-            continue
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations:
-            return Path(list(spec.submodule_search_locations)[0]) / rel
-    return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from distrain.config import RunConfig, flatten
+from distrain.config import RECORDED_HEADER, RunConfig, flatten
 from distrain.errors import ConfigError, DistrainError
 from distrain.fields import SECTIONS
 
@@ -328,3 +329,86 @@ def test_backup_tasks_default_to_two_portions_per_worker_and_a_new_strategy_drop
     path.write_text(cfg.to_yaml())
     again = RunConfig.resolve(str(path), {"strategy": "ssp"})
     assert again.transport == "ps" and not again.backup_tasks and again.portions is None
+
+
+# ---------------------------------------------------------------- specs: frozen, resolved, nested
+def test_flag_errors_need_neither_torch_nor_ray():
+    """`distrain run` with a bad flag answers in well under a second: nothing heavy is imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from distrain.config import RunConfig\n"
+        "from distrain.errors import ConfigError\n"
+        "bad = [dict(workers=0), dict(model='foo'), dict(optimizer='lion'), dict(dataset='digits', data_dir='/tmp'),\n"
+        "       dict(strategy='ssp', tau=3), dict(task='/nope.py:X'), dict(strategy='bsp', backup_tasks=True),\n"
+        "       dict(schedule='bsp:1,nope'), dict(lr_decay='step'), dict(chaos=['boom@1'])]\n"
+        "for kw in bad:\n"
+        "    try:\n"
+        "        RunConfig(**kw)\n"
+        "    except ConfigError:\n"
+        "        pass\n"
+        "    else:\n"
+        "        raise SystemExit(f'{kw} was accepted')\n"
+        "print(sorted(m for m in ('torch', 'ray', 'numpy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_static_name_lists_match_the_registries_and_torch():
+    from distrain.config import OPTIMIZER_NAMES, REFUSED_OPTIMIZER_NAMES
+    from distrain.trainers.catalog import DATASET_READS_FILES, MODEL_NAMES
+    from distrain.trainers.datasets import DATASETS
+    from distrain.trainers.models import MODELS
+    from distrain.trainers.optim_state import OPTIMIZERS, REFUSED, _torch_optimizers
+
+    assert list(MODEL_NAMES) == MODELS.names()
+    assert DATASET_READS_FILES == {n: DATASETS.get(n).reads_files for n in DATASETS.names()}
+    assert OPTIMIZER_NAMES == tuple(OPTIMIZERS) and set(REFUSED_OPTIMIZER_NAMES) == set(REFUSED)
+    assert _torch_optimizers() <= set(OPTIMIZER_NAMES) | set(REFUSED_OPTIMIZER_NAMES)
+
+
+def test_a_config_is_frozen_and_replace_builds_a_new_one():
+    cfg = RunConfig(strategy="local-sgd", adaptive_tau=True)
+    with pytest.raises(AttributeError, match="immutable"):
+        cfg.workers = 3
+    for section in ("resources", "strategy"):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cfg.section(section).workers = 3
+    other = cfg.replace(workers=4)
+    assert (other.workers, cfg.workers) == (4, 2) and other.options_of("local-sgd") == cfg.options_of("local-sgd")
+
+
+def test_building_resolves_defaults_into_new_objects_and_records_them():
+    given = {"strategy": "local-sgd", "adaptive_tau": True}
+    cfg = RunConfig(**given)
+    assert given == {"strategy": "local-sgd", "adaptive_tau": True}  # the caller's mapping is untouched
+    options = cfg.options_of("local-sgd")
+    assert (options.tau, options.tau_interval, options.tau_max) == (8, "10%", 16)
+    assert cfg.transport == "collective" and cfg.ps_shards is None
+    ssp = RunConfig(strategy="ssp")
+    assert (ssp.transport, ssp.ps_shards, ssp.options_of("ssp").staleness) == ("ps", 1, 2)
+    assert RunConfig(strategy="bsp", transport="ps", backup_tasks=True, workers=2).portions == 4
+    assert ssp.tau is None  # an option of a strategy this run does not use: its unset value
+
+
+def test_a_schedule_holds_every_phase_s_options_and_yaml_nests_them(tmp_path):
+    cfg = RunConfig(schedule="ssp:1,local-sgd", epochs=2, staleness=1, tau=4)
+    assert cfg.strategy == "ssp" and cfg.options_of("ssp").staleness == 1 and cfg.options_of("local-sgd").tau == 4
+    nested = yaml.safe_load(cfg.to_yaml())["strategy"]
+    assert nested["ssp"]["staleness"] == 1 and nested["local-sgd"]["tau"] == 4
+    path = write(tmp_path / "c.yaml", cfg.to_yaml())
+    assert RunConfig.resolve(str(path), {}) == cfg
+
+
+def test_a_flat_config_file_of_the_previous_version_still_loads(tmp_path):
+    """config.yaml before the sections: every field at the top level, unused strategy fields null."""
+    old = {name: value for name, value in RunConfig(strategy="ssp", staleness=1).to_dict().items()}
+    old |= {"tau": None, "adaptive_tau": False, "tau_interval": None, "tau_max": None, "backup_workers": 0,
+            "backup_tasks": False, "portions": None}  # fmt: skip
+    path = write(tmp_path / "old.yaml", RECORDED_HEADER + "\n" + yaml.safe_dump(old))
+    assert RunConfig.resolve(str(path), {}) == RunConfig(strategy="ssp", staleness=1)
+    # ... and a new flag for another strategy starts from that strategy's defaults, as before
+    assert RunConfig.resolve(str(path), {"strategy": "local-sgd"}).options_of("local-sgd").tau == 8
