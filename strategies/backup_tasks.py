@@ -19,15 +19,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from distrain.config import RunConfig
 from distrain.strategies.base import CommStats, StrategyContext, all_finite
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.ps import PSStrategy
 from distrain.trainers.local_trainer import LocalTrainer
+
+if TYPE_CHECKING:
+    from distrain.config import RunConfig
 
 
 class BSPBackupTasks(PSStrategy):
