@@ -310,11 +310,17 @@ _register_run()
 
 @app.command("strategies")
 def list_strategies() -> None:
-    """List the registered strategies, one line each."""
+    """List the built-in strategies: what each does, the transports it runs on (its default first) and
+    its own options. Your own: --strategy path/to/file.py:ClassName (a distrain.strategies.base.Strategy)."""
+    from distrain.fields import fields_of
     from distrain.strategies import STRATEGIES
 
     for name, text in STRATEGIES.describe().items():
-        out.print(f"{name:<12} {text}", highlight=False)
+        cls = STRATEGIES.get(name)
+        flags = " ".join(info.flag for info in fields_of(cls.Options))
+        out.print(f"{name:<10} {text}", highlight=False)
+        out.print(f"{'':<10}   transports: {', '.join(cls.transports)}" + (f"; options: {flags}" if flags else ""),
+                  highlight=False)  # fmt: skip
 
 
 @app.command()

@@ -383,8 +383,9 @@ def test_error_text_with_brackets_is_printed_verbatim(workdir):
 def test_strategies_lists_bsp():
     result = runner.invoke(app, ["strategies"])
     assert result.exit_code == 0, result.output
-    names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
-    assert "bsp" in names and "local-sgd" in names
+    names = [line.split()[0] for line in result.stdout.splitlines() if line.strip() and not line.startswith(" ")]
+    assert names == ["async", "bsp", "local-sgd", "ssp"]
+    assert "transports: collective, ps; options: --backup-workers --backup-tasks --portions" in result.stdout
 
 
 def test_help():
