@@ -7,6 +7,7 @@ keeps `distrain --help` fast.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import inspect
@@ -161,6 +162,10 @@ PY_TYPES: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str
 
 def _field_parameter(info: FieldInfo) -> inspect.Parameter:
     """One config field as a `run` flag: optional (None: not given), in its section's help panel."""
+    if info.name == "task_args" and "task" in _PLUGIN_VALUES:
+        from distrain.orchestrator.tasks import describe_task_args
+
+        info = dataclasses.replace(info, help=f"{info.help} {describe_task_args(_PLUGIN_VALUES['task'])}")
     kind = info.kind.removesuffix(" | None")
     py = list[str] if kind == "dict[str, Any]" else PY_TYPES[kind]  # KEY=VALUE, one per use
     name = info.flag.removeprefix("--").replace("-", "_")
@@ -836,14 +841,18 @@ def _straggler_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 def prepare_commands(argv: list[str]) -> None:
     """Build the commands for these arguments: a `--strategy my.py:Name` (on the command line, or in the
     --config file) is imported before the command line is parsed, so its own options are flags, in
-    --help too, and are checked like the others."""
-    strategy = None
+    --help too, and are checked like the others. With --help, a `--task`'s constructor arguments are
+    listed under --task-arg."""
+    strategy = task = None
     if argv and argv[0] == "run":
-        strategy = _flag_value(argv, "--strategy")
+        strategy, task = _flag_value(argv, "--strategy"), _flag_value(argv, "--task")
         config = _flag_value(argv, "--config")
-        if strategy is None and config:
-            strategy = RunConfig.load_yaml(config).get("strategy")
+        if (strategy is None or task is None) and config:
+            recorded = RunConfig.load_yaml(config)
+            strategy, task = strategy or recorded.get("strategy"), task or recorded.get("task")
     wanted = {"strategy": str(strategy)} if strategy and ":" in str(strategy) else {}
+    if task and ":" in str(task) and ("--help" in argv or "-h" in argv):
+        wanted["task"] = str(task)
     if wanted != _PLUGIN_VALUES:
         _PLUGIN_VALUES.clear()
         _PLUGIN_VALUES.update(wanted)

@@ -26,6 +26,18 @@ def task_class(path: str) -> type[Task]:
     return obj
 
 
+def describe_task_args(path: str) -> str:
+    """ "--task my.py:Name takes: n (default 2048), noise (default 0.1)": what `--help` lists under
+    --task-arg for a task named on the command line (its constructor's keyword arguments)."""
+    import inspect
+
+    cls = task_class(path)
+    params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    listed = ", ".join(p.name + ("" if p.default is p.empty else f" (default {p.default!r})") for p in named)
+    return f"{cls.__name__} takes: {listed or 'no arguments'}."
+
+
 OBJECT_PREFIX = "object:"  # config.task of a task object handed to fit() (its class cannot be imported)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -124,3 +125,15 @@ def test_bool_flags_keep_their_no_form():
     assert cfg.staleness_lr is False
     result = runner.invoke(app, ["run", "--no-backup-tasks", "--workers", "0"])
     assert "No such option" not in result.output and result.exit_code == 2
+
+
+def test_run_help_for_a_task_lists_its_constructor_arguments():
+    example = Path(__file__).resolve().parents[1] / "examples" / "diabetes_regression.py"
+    args = ["run", "--task", f"{example}:Diabetes", "--help"]
+    cli.prepare_commands(args)
+    try:
+        text = flat(runner.invoke(app, args, env={"COLUMNS": "200"}).output)
+    finally:
+        cli.prepare_commands([])
+    assert "Diabetes takes: hidden (default 32), seed (default 0)" in text
+    assert "Diabetes takes" not in flat(help_text("run"))
