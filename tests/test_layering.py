@@ -66,3 +66,23 @@ def test_no_import_runs_upward():
 def test_the_checker_sees_an_upward_import(tmp_path):
     tree = ast.parse("import os\nfrom distrain.orchestrator import run\nif TYPE_CHECKING:\n    import distrain.cli\n")
     assert runtime_imports(tree) == [(2, "distrain.orchestrator")]
+
+
+def test_the_cli_starts_without_torch_or_ray():
+    """`distrain --help`, `distrain strategies` and flag errors answer in well under a second here."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from distrain.cli import app\n"
+        "r = CliRunner()\n"
+        "for args in (['--help'], ['run', '--help'], ['strategies'], ['tune', '--help'], ['report', '--help'],\n"
+        "             ['run', '--workers', '0'], ['run', '--strategy', 'nope'], ['run', '--model', 'x']):\n"
+        "    code = r.invoke(app, args).exit_code\n"
+        "    assert code == (2 if len(args) > 2 else 0), (args, code)\n"
+        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
