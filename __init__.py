@@ -7,6 +7,9 @@ The public API (imported lazily, so `distrain --help` starts without loading tor
 - `distrain.ClassificationTask`: the built-in task (a registered model on a registered data set).
 - `distrain.Callback`: hooks into a run (start, rows, evaluations, checkpoints, end) that may stop it.
 - `distrain.ConfigError`: raised by your task for bad settings, it is shown as one line (exit 2).
+- `distrain.Strategy`, `distrain.StrategyOptions`, `distrain.CommStats`, `distrain.setting`: write your own
+  strategy in one file (see examples/strategies/easgd.py) and pass it as `strategy="file.py:Name"`.
+- `distrain.RunConfig`: the run's spec, one frozen section per concern plus each strategy's options.
 """
 
 from __future__ import annotations
@@ -14,12 +17,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Callback", "ClassificationTask", "ConfigError", "FitResult", "Task", "fit", "__version__"]
+__all__ = [
+    "Callback",
+    "ClassificationTask",
+    "CommStats",
+    "ConfigError",
+    "FitResult",
+    "RunConfig",
+    "Strategy",
+    "StrategyOptions",
+    "Task",
+    "fit",
+    "setting",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from distrain.api import FitResult, fit
+    from distrain.config import RunConfig
     from distrain.errors import ConfigError
+    from distrain.fields import setting
     from distrain.orchestrator.callbacks import Callback
+    from distrain.strategies.base import CommStats, Strategy, StrategyOptions
     from distrain.trainers.task import ClassificationTask, Task
 
 _LAZY = {
@@ -29,6 +48,11 @@ _LAZY = {
     "Task": "distrain.trainers.task",
     "ClassificationTask": "distrain.trainers.task",
     "ConfigError": "distrain.errors",  # raise it from a task's constructor for a one-line error
+    "RunConfig": "distrain.config",
+    "Strategy": "distrain.strategies.base",
+    "StrategyOptions": "distrain.strategies.base",
+    "CommStats": "distrain.strategies.base",
+    "setting": "distrain.fields",
 }
 
 

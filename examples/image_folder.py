@@ -69,4 +69,3 @@ def _rgb(path: str):
 
     with open(path, "rb") as f:
         return Image.open(f).convert("RGB")
-

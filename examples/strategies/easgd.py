@@ -9,7 +9,7 @@ center variable x~, which moves towards their mean (beta = workers x alpha, the 
     x_i <- x_i - alpha (x_i - x~)        x~ <- x~ + beta (mean_i x_i - x~)
 
 Every worker holds the same x~ (it is computed from the same all-reduce), so it is checkpointed once.
-This file uses only distrain's public strategy contract (distrain.strategies.base) and its collective
+This file uses only distrain's public strategy contract (`distrain.Strategy` and friends) and its collective
 transport: an option dataclass (two flags), one metric column, a summary figure, checkpointed state.
 """
 
@@ -20,10 +20,8 @@ from typing import Any
 
 import torch
 
-from distrain.errors import ConfigError
-from distrain.fields import setting
-from distrain.strategies.base import CommStats, Strategy, StrategyOptions
-from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes
+from distrain import CommStats, ConfigError, Strategy, StrategyOptions, setting
+from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes  # the collective transport
 
 
 @dataclass(frozen=True)
