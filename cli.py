@@ -488,13 +488,15 @@ def tune(
     ] = False,
 ) -> None:
     """Sweep batch size, LR scaling, warmup, LR (and more) with Ray Tune; each trial is a distributed run."""
-    from distrain.orchestrator.sweep_spec import SweepSpec, parse_dimension, parse_param
+    from distrain.orchestrator.sweep_spec import SweepSpec, parse_dimension, parse_param, plugin_strategies
 
     values = locals()
     dimensions: dict[str, Any] = {}
     for arg, (name, flag) in SWEPT_FLAGS.items():
         if values[arg] is not None:
             dimensions[name] = parse_dimension(name, values[arg], flag)
+    if "strategy" in dimensions:  # strategies named by path: absolute (trials run elsewhere), and loaded, so
+        dimensions["strategy"] = plugin_strategies(dimensions["strategy"])  # their options can be swept
     for spec_text in param or []:
         name, dim = parse_param(spec_text)
         if name in dimensions:
@@ -528,7 +530,7 @@ def tune(
         base = RunConfig.resolve(str(config) if config else None, base_flags)
         for name in ("data_dir", "init_from"):  # trials run in Tune's own working directories
             if getattr(base, name):
-                setattr(base, name, str(Path(getattr(base, name)).absolute()))
+                base = base.replace(**{name: str(Path(getattr(base, name)).absolute())})
         spec = SweepSpec(
             base=base.to_dict(),
             dimensions=dimensions,

@@ -466,8 +466,15 @@ def option_fields(classes: list[type[Strategy]] | None = None) -> dict[str, Fiel
     return found
 
 
+def known_option_fields() -> dict[str, FieldInfo]:
+    """Options of the built-in strategies and of those imported by path so far in this process."""
+    from distrain.strategies.registry import loaded_plugins
+
+    return option_fields() | option_fields(loaded_plugins())
+
+
 def strategy_dependent_fields() -> tuple[str, ...]:
-    return STRATEGY_COMMON_DEPENDENT + tuple(option_fields())
+    return STRATEGY_COMMON_DEPENDENT + tuple(known_option_fields())
 
 
 def flatten(mapping: dict[str, Any]) -> dict[str, Any]:
@@ -767,15 +774,16 @@ class RunConfig:
         """One field's type, default, help and section, for the CLI and for Tune's sweep dimensions."""
         if name in COMMON_FIELDS:
             return COMMON_FIELDS[name]
-        known = option_fields() | (_plugin_option_fields(values) if values else {})
+        known = known_option_fields() | (_plugin_option_fields(values) if values else {})
         if name in known:
             return known[name]
-        raise ConfigError(f"unknown config field {name!r}; valid fields: {', '.join(cls.field_names(values))}")
+        valid = list(COMMON_FIELDS) + list(known)
+        raise ConfigError(f"unknown config field {name!r}; valid fields: {', '.join(valid)}")
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], source: str = "configuration") -> RunConfig:
         flat = flatten(values)
-        unknown = sorted(set(flat) - set(cls.field_names(flat)))
+        unknown = sorted(set(flat) - set(cls.field_names(flat)) - set(known_option_fields()))
         if unknown:
             raise ConfigError(
                 f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names(flat))}"
@@ -916,7 +924,7 @@ def _strategy_options(run: RunConfig, values: dict[str, Any]) -> dict[str, Any]:
 
     phases = run.strategy_classes
     mine = option_fields(phases)
-    known = option_fields() | mine
+    known = known_option_fields() | mine
     options = {}
     for cls in phases:
         names = {info.name for info in fields_of(cls.Options)}
@@ -927,11 +935,14 @@ def _strategy_options(run: RunConfig, values: dict[str, Any]) -> dict[str, Any]:
         if name in COMMON_FIELDS or name in mine:
             continue
         if name not in known:
-            raise ConfigError(f"unknown config field {name!r}; valid fields: {', '.join(RunConfig.field_names())}")
+            valid = list(COMMON_FIELDS) + list(known)
+            raise ConfigError(f"unknown config field {name!r}; valid fields: {', '.join(valid)}")
         if value is not None and coerce(known[name].kind, value, known[name].flag) != known[name].default:
             from distrain.strategies import STRATEGIES
+            from distrain.strategies.registry import loaded_plugins
 
-            users = [n for n in STRATEGIES.names() if name in {i.name for i in fields_of(STRATEGIES.get(n).Options)}]
+            classes = [STRATEGIES.get(n) for n in STRATEGIES.names()] + loaded_plugins()
+            users = [c.name for c in classes if name in {i.name for i in fields_of(c.Options)}]
             raise ConfigError(
                 f"--{name.replace('_', '-')} is not used by {user}; drop it (it applies to: {', '.join(users)})"
             )

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from distrain.config import RunConfig, option_fields, overlay
+from distrain.config import COMMON_FIELDS, RunConfig, known_option_fields, option_fields, overlay
 from distrain.errors import ConfigError, ResourceError
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.trial_resources import trial_cpus, trial_gpus
@@ -55,11 +55,14 @@ Dimension = Choice | Range
 
 
 def _field_kind(name: str) -> str:
-    if name not in RunConfig.field_names():
-        raise ConfigError(f"unknown config field {name!r} to sweep; valid fields: {', '.join(RunConfig.field_names())}")
+    try:
+        info = RunConfig.field_info(name)
+    except ConfigError:
+        valid = ", ".join([*COMMON_FIELDS, *known_option_fields()])
+        raise ConfigError(f"unknown config field {name!r} to sweep; valid fields: {valid}") from None
     if name in NOT_SWEEPABLE:
         raise ConfigError(f"{name} is set by the sweep itself and cannot be swept; drop it")
-    return RunConfig.field_info(name).kind.removesuffix(" | None")
+    return info.kind.removesuffix(" | None")
 
 
 def _value(kind: str, text: str, flag: str) -> Any:
@@ -119,6 +122,19 @@ def parse_param(spec: str) -> tuple[str, Dimension]:
     if not sep or not name:
         raise ConfigError(f"--param {spec!r} must be NAME=VALUES, e.g. momentum=0.8,0.9")
     return name, parse_dimension(name, text, f"--param {name}")
+
+
+def plugin_strategies(dimension: Dimension) -> Dimension:
+    """A --strategies list with strategies named by import path made absolute and imported, so that
+    their options are fields `--param` can sweep."""
+    from distrain.plugins import absolute_import_path, is_import_path
+
+    if not isinstance(dimension, Choice):
+        return dimension
+    values = tuple(absolute_import_path(v, "--strategies") if is_import_path(str(v)) else v for v in dimension.values)
+    for value in values:
+        strategy_class(str(value))
+    return Choice(values)
 
 
 def flatten(point: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +203,7 @@ class SweepSpec:
         the strategy is swept too (with one strategy, RunConfig refuses a field it does not read)."""
         if not isinstance(self.dimensions.get("strategy"), Choice):
             return []
-        options = option_fields()
+        options = known_option_fields()
         return [name for name in self.dimensions if name in options]
 
     def axes(self) -> dict[str, Dimension]:

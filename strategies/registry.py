@@ -33,3 +33,8 @@ def strategy_class(name: str) -> type[Strategy]:
             raise ConfigError(f"--strategy {name!r}: {obj.__name__} must set a class attribute `name`")
         _PLUGINS[name] = obj
     return _PLUGINS[name]
+
+
+def loaded_plugins() -> list[type[Strategy]]:
+    """The strategies imported by path so far in this process (their options are known fields)."""
+    return list(_PLUGINS.values())

@@ -53,7 +53,7 @@ def test_the_plugin_s_options_nest_in_config_yaml_and_load_back(plugin, tmp_path
     path = tmp_path / "config.yaml"
     path.write_text(cfg.to_yaml())
     assert RunConfig.resolve(str(path), {}) == cfg
-    with pytest.raises(ConfigError, match="unknown config field .elasticity."):  # no strategy it knows has it
+    with pytest.raises(ConfigError, match=r"--elasticity is not used by --strategy bsp; .*applies to: easgd"):
         RunConfig(strategy="bsp", elasticity=0.2)
     not_a_strategy = tmp_path / "nope.py"
     not_a_strategy.write_text("class EASGD:\n    pass\n")
@@ -85,3 +85,18 @@ def test_a_plugin_strategy_trains_records_its_columns_and_resumes_its_state(plug
     assert int(second["elastic_round"].min()) == rounds_after_one_epoch  # not restarted at 0
     assert int(steps["elastic_round"].max()) == 2 * rounds_after_one_epoch
     assert steps[steps["epoch"] == 0]["elastic_round"].notna().all()  # the first epoch's rows kept their columns
+
+
+def test_tune_sweeps_a_plugin_s_option_for_the_trials_that_run_it(plugin, tmp_path, monkeypatch):
+    from distrain.orchestrator.sweep_spec import VARIANTS, Choice, SweepSpec, parse_param, plugin_strategies
+
+    monkeypatch.chdir(Path(plugin.rpartition(":")[0]).parent)
+    strategies = plugin_strategies(Choice(("easgd.py:EASGD", "bsp")))  # relative: made absolute for the trials
+    assert strategies.values == (plugin, "bsp")
+    spec = SweepSpec(
+        base=RunConfig(model="mlp", epochs=1).to_dict(),
+        dimensions={"strategy": strategies, "elasticity": parse_param("elasticity=0.1,0.2")[1]},
+    )
+    spec.validate()  # builds (and so checks) every trial's config
+    variants = spec.axes()[VARIANTS].values
+    assert {"strategy": plugin, "elasticity": 0.2} in variants and {"strategy": "bsp"} in variants
