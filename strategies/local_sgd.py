@@ -32,7 +32,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
@@ -215,6 +215,22 @@ class LocalSGD(Strategy):
                 self.interval_steps = 0
         moved = ring_allreduce_bytes(buffer.numel() * buffer.element_size(), self.ctx.world_size)
         return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved, nonfinite=None if finite else True)
+
+    def extra_state(self) -> dict[str, Any]:
+        """τ in force, rounds so far and AdaComm's F_0, η_0 and highest rate: the same on every worker (they
+        follow from the all-reduced statistics), so a resumed or recovered run goes on choosing τ as before."""
+        state: dict[str, Any] = {"tau": self.tau, "rounds": self.rounds}
+        if self.adacomm is not None:
+            a = self.adacomm
+            state["adacomm"] = {"tau": a.tau, "loss0": a.loss0, "lr0": a.lr0, "highest": a.highest}
+        return state
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.tau, self.rounds = int(state["tau"]), int(state["rounds"])
+        if self.adacomm is not None and state.get("adacomm"):
+            saved = state["adacomm"]
+            self.adacomm.tau, self.adacomm.loss0 = int(saved["tau"]), saved["loss0"]
+            self.adacomm.lr0, self.adacomm.highest = saved["lr0"], float(saved["highest"])
 
     def teardown(self) -> None:
         if self.group is not None:

@@ -99,3 +99,23 @@ def test_comm_delay_is_added_to_every_communication_round(tmp_path):
         rounds = rows[rows["bytes_sent"] > 0]
         assert len(rounds) == (4 if name == "local" else 12), name
         assert (rounds["comm_s"] >= delay).all(), (name, rounds["comm_s"].min())
+
+
+def test_a_resumed_adacomm_run_goes_on_with_its_tau_and_rounds(tmp_path):
+    """Local SGD checkpoints its own state (τ in force, rounds, AdaComm's F_0 and η_0: `extra_state`), so
+    --resume neither restarts τ at τ_0 nor the round count at 0."""
+    import torch
+
+    from distrain.orchestrator.resume import resume_config
+
+    first = cfg(tmp_path, "ada", strategy="local-sgd", tau=2, adaptive_tau=True, tau_interval="5", max_steps=0)
+    run_training(first)
+    saved = torch.load(tmp_path / "ada" / "checkpoints" / "final.pt", weights_only=False)["strategy_state"]
+    assert saved["strategy"] == "local-sgd" and saved["state"]["adacomm"]["loss0"] is not None
+    assert saved["state"]["tau"] != 2  # AdaComm moved off tau_0, so a restart at tau_0 would show
+    before = steps_of(tmp_path / "ada")
+    run_training(resume_config(tmp_path / "ada", {"epochs": 3}), resume=True)
+    rows = steps_of(tmp_path / "ada")
+    resumed = rows[rows["step"] >= before["step"].max() + 1].sort_values("step")
+    assert int(resumed["tau"].iloc[0]) == saved["state"]["tau"]  # the τ in force, not --tau
+    assert resumed["averaging_round"].min() > before["averaging_round"].max()  # rounds go on counting
