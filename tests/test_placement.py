@@ -11,6 +11,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.integration  # a two-node Ray in a subprocess: tens of seconds
+
 SCRIPT = textwrap.dedent(
     """
     import json, sys, tempfile
