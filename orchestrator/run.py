@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -756,20 +756,13 @@ class _Driver:
                 self.portion_scheduler.mark_slow.remote(list(slow))
 
     def _mitigation_figures(self) -> dict[str, Any]:
-        """Summary figures of straggler handling: who was flagged, what was dropped or re-executed."""
+        """Summary figures of straggler handling: who was flagged (the driver's detector), and what the
+        strategy's own driver-side actors saw (`Strategy.actor_figures`: e.g. gradients dropped)."""
         figures: dict[str, Any] = {"stragglers": self.detector.summary()}
-        if self.config.backup_workers or self.config.backup_tasks:
-            assert self.shards is not None
-            stats = self.shards.stats()
-            # Shards decide independently; shard 0's count is each worker's (they see the same pushes).
-            figures["dropped_gradients"] = {str(w): n for w, n in enumerate(stats[0]["dropped"])}
-            members = stats[0]["round_members"]
-            figures["rounds_applied"] = len(members)
-            # How many gradients (k-of-n) or portions (backup tasks) each applied update averaged.
-            sizes = Counter(len(m) for m in members)
-            figures["gradients_per_update"] = {str(k): v for k, v in sorted(sizes.items())}
-        if self.portion_scheduler is not None:
-            figures |= {f"backup_{k}": v for k, v in ray.get(self.portion_scheduler.stats.remote()).items()}
+        actors = {"ps_shards": self.shards, "portion_scheduler": self.portion_scheduler}
+        figures |= strategy_class(self.config.strategy).actor_figures(
+            self.config, {name: actor for name, actor in actors.items() if actor is not None}
+        )
         return figures
 
     def _leave_transports(self) -> None:

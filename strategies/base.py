@@ -13,7 +13,8 @@ A strategy is one module. Its class declares everything the rest of distrain lea
 - `driver_actors(config)`: the actors the driver starts for it, by name ("ps_shards",
   "portion_scheduler"; resolved in orchestrator/actors.py, so no import runs upward);
 - `metric_columns`: extra per-step columns it fills through `CommStats.extra`;
-- `summary_figures(steps)`: extra figures for summary.json, computed from its step rows;
+- `summary_figures(steps)` and `actor_figures(config, actors)`: extra figures for summary.json, from its
+  step rows and from its driver-side actors;
 - `extra_state` / `load_extra_state`: state of its own that checkpoints carry and `--resume` restores.
 
 This module imports neither torch nor Ray: `distrain strategies`, `--help` and flag errors need only the
@@ -118,6 +119,12 @@ class Strategy(ABC):
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
         """Figures for summary.json from the run's step rows (columns, this strategy's included)."""
+        return {}
+
+    @classmethod
+    def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
+        """Figures for summary.json that its driver-side actors hold, asked once the run is over
+        (`actors`: the declared names, e.g. "ps_shards" (orchestrator/ps.py's ShardGroup))."""
         return {}
 
     @classmethod

@@ -7,9 +7,10 @@ every replica) and the parameter server (the shards apply the round's mean and s
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
@@ -103,6 +104,27 @@ class BSP(Strategy):
         if config.transport != "ps":
             return ()
         return ("ps_shards", "portion_scheduler") if config.options_of("bsp").backup_tasks else ("ps_shards",)
+
+    @classmethod
+    def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
+        """Backup workers and backup tasks: gradients dropped per worker, rounds applied, how many
+        gradients (k-of-n) or portions (backup tasks) each update averaged, copies issued."""
+        options = config.options_of("bsp")
+        figures: dict[str, Any] = {}
+        if (options.backup_workers or options.backup_tasks) and "ps_shards" in actors:
+            stats = actors["ps_shards"].stats()
+            # Shards decide independently; shard 0's count is each worker's (they see the same pushes).
+            figures["dropped_gradients"] = {str(w): n for w, n in enumerate(stats[0]["dropped"])}
+            members = stats[0]["round_members"]
+            figures["rounds_applied"] = len(members)
+            sizes = Counter(len(m) for m in members)
+            figures["gradients_per_update"] = {str(k): v for k, v in sorted(sizes.items())}
+        if "portion_scheduler" in actors:
+            import ray
+
+            stats = ray.get(actors["portion_scheduler"].stats.remote())
+            figures |= {f"backup_{k}": v for k, v in stats.items()}
+        return figures
 
     def setup(self, trainer: LocalTrainer) -> None:
         from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce
