@@ -2,7 +2,8 @@
 
 A dead or hung *worker* under the parameter-server transport is replaced in place, and the group
 goes on (orchestrator/replacement.py). Every other loss (a worker of a collective group, a
-parameter-server shard, a worker whose node is gone) takes the restart path below.
+parameter-server shard, a worker whose node is gone) takes the restart path below. Which one, and
+when the run fails instead, is decided by orchestrator/failure_policy.py alone.
 
 The restart path serves every transport and every kind of loss: kill what is left of the attempt,
 start fresh actors (same ranks, same shard bounds), restore all of them from the latest checkpoint,
@@ -24,18 +25,10 @@ from typing import Any
 
 import ray
 
-from distrain.errors import DistrainError
+from distrain.orchestrator.failure_policy import LedgerView, Loss, describe_loss
 
 # Words in a worker's error that mean a peer of its collective group went away (gloo / NCCL / TCP store).
 PEER_LOST_MARKERS = ("gloo", "nccl", "connection", "timed out", "timeout", "closed", "broken pipe", "reset by peer")
-
-
-def describe_loss(kind: str, target: int | None) -> str:
-    """What was lost, in words: "worker 1 lost", "worker 1 hung", "a parameter-server shard lost"."""
-    if kind == "hang":
-        return "a parameter-server wait hung" if target is None else f"worker {target} hung"
-    noun = {"shard": "parameter-server shard"}.get(kind, kind)
-    return f"a {noun} lost" if target is None else f"{noun} {target} lost"
 
 
 class RunLost(Exception):
@@ -46,6 +39,11 @@ class RunLost(Exception):
         self.kind = kind  # "worker", "shard", "hang", "node"
         self.target = target  # worker rank or shard index, when known
         self.detail = detail
+
+    @property
+    def loss(self) -> Loss:
+        """What was lost, as the failure policy (orchestrator/failure_policy.py) takes it."""
+        return Loss(self.kind, self.target, self.detail)
 
 
 @dataclass
@@ -70,7 +68,7 @@ def classify(error: BaseException, rank: int, transport: str) -> RunLost | None:
 
     None means the worker's own code raised (reading data, a model, a bug): that error is
     deterministic, so retrying it would only fail again (--max-failures times, or forever with -1);
-    the run ends as failed with that first error."""
+    the failure policy (USER_CODE) ends the run as failed with that first error."""
     if isinstance(error, ray.exceptions.GetTimeoutError):
         return RunLost("hang", rank, "no answer within --hang-timeout-s")
     # First: a worker's task that failed on a dead shard is a RayTaskError that is *also* an instance
@@ -112,8 +110,12 @@ class FailureLedger:
     max_failures: int
     events: list[dict[str, Any]] = field(default_factory=list)
 
+    def view(self, point: RestorePoint) -> LedgerView:
+        """What the failure policy decides on: the count so far, the bound, the checkpoint to name."""
+        return LedgerView(len(self.events), self.max_failures, str(point.path) if point.path else None)
+
     def record(self, lost: RunLost, at_step: int, point: RestorePoint, now: float) -> dict[str, Any]:
-        """Count `lost`; past the bound, stop the run with one line that names the checkpoint to resume."""
+        """Count `lost`, restarted from `point` (or, past --max-failures, recorded as the run stops)."""
         event = {
             "action": "restarted",
             "kind": lost.kind,
@@ -126,10 +128,9 @@ class FailureLedger:
             "time_lost_s": None,  # filled in once the run is going again (see `resumed`)
         }
         self.events.append(event)
-        self._check_bound(lost, point)
         return event
 
-    def record_replacement(self, lost: RunLost, at_step: int, point: RestorePoint, now: float) -> dict[str, Any]:
+    def record_replacement(self, lost: RunLost, at_step: int, now: float) -> dict[str, Any]:
         """Count a worker replaced in place (PS transport): nothing is rolled back, so nothing is lost
         but the dead worker's rows (`rows_lost`) and the pushes the replacement redoes (`updates_repeated`),
         filled in by the replacement; `time_lost_s` once the replacement is set up."""
@@ -147,16 +148,7 @@ class FailureLedger:
             "time_lost_s": None,
         }
         self.events.append(event)
-        self._check_bound(lost, point)
         return event
-
-    def _check_bound(self, lost: RunLost, point: RestorePoint) -> None:
-        if self.max_failures != -1 and len(self.events) > self.max_failures:
-            where = f"{point.path}" if point.path else "none yet (no checkpoint was taken)"
-            raise DistrainError(
-                f"{lost} (failure {len(self.events)}; --max-failures {self.max_failures} reached): the run stops; "
-                f"last good checkpoint: {where}; continue with `distrain run --resume <run dir>`"
-            )
 
     def resumed(self, point: RestorePoint, now: float) -> None:
         """The run is going again: the failure cost the time since its checkpoint's step, restart included."""

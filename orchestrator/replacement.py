@@ -22,8 +22,9 @@ whose rows reached the driver):
   of the uninterrupted run. The units of rounds the dead worker completed whose rows never reached
   the driver are done but have no row: counted as `rows_lost`, never invented.
 
-A worker whose bundle's node is gone is not replaced here (its bundle may be unplaceable): that
-loss takes the restart path, which reserves a new placement group (orchestrator/recovery.py).
+Which losses are replaced is the failure policy's rule (orchestrator/failure_policy.py); this module
+answers the one question of it that needs Ray (`bundle_alive`: a worker whose bundle's node is gone
+takes the restart path, which reserves a new placement group) and carries the replacement out.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from distrain.config import RunConfig
+from distrain.errors import DistrainError
 from distrain.orchestrator.cluster import Placement, bundle_nodes
+from distrain.orchestrator.failure_policy import FAIL, Decision
 from distrain.orchestrator.recovery import Failure, RunLost, discard
 from distrain.orchestrator.worker import TrainWorker
 
 if TYPE_CHECKING:
-    from distrain.orchestrator.work import WorkPlan
+    from distrain.orchestrator.dispatcher import Dispatcher
 
 
 def start_worker(config: RunConfig, placement: Placement, rank: int, run_start: float) -> Any:
@@ -55,31 +58,30 @@ def start_worker(config: RunConfig, placement: Placement, rank: int, run_start: 
     )
 
 
-def replaceable(config: RunConfig, lost: RunLost, placement: Placement) -> bool:
-    """Whether `lost` is a worker this run replaces in place (else: restart from the checkpoint)."""
-    if config.transport != "ps" or config.backup_workers or config.backup_tasks:  # (config: the phase's)
-        return False  # collective groups cannot take a new member; k-of-n/portions keep their own books
-    if lost.kind not in ("worker", "hang") or lost.target is None or lost.target >= config.workers:
+def bundle_alive(placement: Placement, rank: int | None) -> bool:
+    """Whether worker `rank`'s placement-group bundle is on a live node (a replacement can start there)."""
+    if rank is None:
         return False
     try:
-        node = bundle_nodes(placement.group)[placement.first_worker + lost.target]
-    except Exception:  # noqa: BLE001 - a placement group being rescheduled: take the restart path
+        node = bundle_nodes(placement.group)[placement.first_worker + rank]
+        return any(n["NodeID"] == node and n["Alive"] for n in ray.nodes())
+    except Exception:  # noqa: BLE001 - a placement group being rescheduled, a rank it has no bundle for: restart
         return False
-    return any(n["NodeID"] == node and n["Alive"] for n in ray.nodes())
 
 
-def replace_worker(driver: Any, lost: RunLost, pending: dict[Any, tuple[str, int, Any]], in_flight: list[int],
-                   work: WorkPlan) -> None:  # fmt: skip
-    """Replace worker `lost.target` of `driver` (a `_Driver`) and re-issue its queued calls into `pending`."""
+def replace_worker(driver: Any, lost: RunLost, decision: Decision, dispatch: Dispatcher) -> None:
+    """Replace worker `lost.target` of `driver` (a `_Driver`) and re-issue its queued calls through
+    `dispatch`; or, where the failure policy's `decision` is to fail (past --max-failures), count the
+    loss as a replacement and stop the run with the decision's line."""
     rank = lost.target
     assert rank is not None and driver.shards is not None
-    state, config = driver.state, driver.config
+    state, config, work = driver.state, driver.config, dispatch.work
     now = time.time() - driver.run_start
-    event = state.ledger.record_replacement(lost, driver.steps_done, state.point, now)  # past the bound: raises
+    event = state.ledger.record_replacement(lost, driver.steps_done, now)
+    if decision.action == FAIL:
+        raise DistrainError(decision.reason)
     ray.kill(driver.workers[rank], no_restart=True)  # a hung worker must not push again
-    lost_calls = [(ref, entry) for ref, entry in pending.items() if entry[1] == rank]
-    for ref, _ in lost_calls:
-        del pending[ref]
+    lost_calls = dispatch.take(rank)
     # ray.kill returns before the process is gone, and a dying worker may still push a round or two:
     # read the shards' clocks only once its calls have all ended (they fail once it is dead).
     discard([ref for ref, _ in lost_calls], config.collective_timeout_s)  # (read: no "Unhandled error" each)
@@ -106,25 +108,19 @@ def replace_worker(driver: Any, lost: RunLost, pending: dict[Any, tuple[str, int
     driver.workers[rank] = worker
     driver.actors.append(worker)
     bounds = driver.shards.bounds
-    pending[worker.setup.remote("", shards, bounds, None, driver.phase_config)] = ("setup", rank, event)
-    n = len(driver.workers)
-    for _, (kind, _, payload) in lost_calls:
+    dispatch.track(worker.setup.remote("", shards, bounds, None, driver.phase_config), ("setup", rank, event))
+    for _, (kind, _, payload) in lost_calls:  # made on the replacement, now `driver.workers[rank]`
         if kind == "segment":
             if driver.impl.independent_workers:  # shared plan: back to the queue, for whoever is free
                 work.requeue(payload)
-                in_flight[rank] -= 1
                 continue
             units = payload
             if driver.ps_mode == "rounds":
                 units = [u for u in payload if u[0] * driver.steps_per_epoch + u[1] >= first_step]
             if units:
-                pending[worker.run_segment.remote(units)] = ("segment", rank, units)
-            else:
-                in_flight[rank] -= 1
-        elif kind == "eval":
-            pending[worker.evaluate.remote(rank, n)] = ("eval", rank, payload)
-        elif kind == "state":
-            pending[worker.state.remote()] = ("state", rank, payload)
+                dispatch.call("segment", rank, units)
+        elif kind in ("eval", "state"):
+            dispatch.call(kind, rank, payload)
         # "setup": an earlier replacement that died before it was set up; the new one has its own
     driver.emit(
         Failure(len(state.ledger.events), lost.kind, rank, driver.steps_done, driver.steps_done,

@@ -24,11 +24,9 @@ from distrain.orchestrator import cluster, interrupts, memory
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
-from distrain.orchestrator.checkpoint import (
-    checkpoint_name,
-    save_checkpoint,
-    step_checkpoint_name,
-)
+from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint
+from distrain.orchestrator.dispatcher import Dispatcher, evaluates  # noqa: F401 - evaluates: the CLI's, from here
+from distrain.orchestrator.failure_policy import FAIL, REPLACE, USER_CODE, Decision, Situation, decide
 from distrain.orchestrator.files import Claim, atomic_write_text, claim_run_dir
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
@@ -42,7 +40,7 @@ from distrain.orchestrator.recovery import (
     discard,
     kill_all,
 )
-from distrain.orchestrator.replacement import replace_worker, replaceable, replacement_ready, start_worker
+from distrain.orchestrator.replacement import bundle_alive, replace_worker, replacement_ready, start_worker
 from distrain.orchestrator.resume import recorded_rows, resume_checkpoint, total_steps
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.stragglers import StragglerDetector
@@ -79,11 +77,6 @@ class Progress:
     test_loss: float | None = None  # set on evaluated events
     elapsed_s: float = 0.0  # run time so far (a resumed run's goes on from where it stopped)
     test_metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's figures, by name
-
-
-def evaluates(epoch: int, last_epoch: int, eval_every: int) -> bool:
-    """Whether `epoch` gets an evaluation: every --eval-every epochs, and the last one always."""
-    return epoch == last_epoch or bool(eval_every and (epoch + 1) % eval_every == 0)
 
 
 @dataclass
@@ -296,11 +289,15 @@ def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: f
 def _recover(
     lost: RunLost, config: RunConfig, plan: Plan, state: RunState, actors: list[Any], emit: Any, dropped: list[Any]
 ) -> None:
-    """Count the failure (past --max-failures this raises), end the attempt, restart from the checkpoint."""
+    """End the attempt `lost` ended and count the failure; then, as the failure policy decides, restart
+    from the restore point or (past --max-failures) stop the run with its one line."""
+    decision = decide(lost.loss, state.ledger.view(state.point), Situation())  # outside the loop: restart or fail
     steps_per_epoch, at_step = state.steps_per_epoch, state.steps_done
     kill_all(actors)
     discard(dropped, min(10.0, config.collective_timeout_s))  # the attempt's calls in flight: one line per failure
     event = state.ledger.record(lost, at_step, state.point, time.time() - state.run_start)
+    if decision.action == FAIL:
+        raise DistrainError(decision.reason)
     state.sink.keep_before(state.point.global_step, steps_per_epoch)
     plan.checkpoint = state.point.payload
     emit(
@@ -485,8 +482,10 @@ class _Driver:
             return _get(ref, timeout=timeout)
         except ray.exceptions.RayError as e:
             lost = classify(e, rank, self.config.transport)
-            if lost is None:
-                raise
+            if lost is None:  # the worker's own code raised: the failure policy never retries that
+                lost = RunLost(USER_CODE, rank, type(e).__name__)
+                if self._decide(lost).action == FAIL:
+                    raise  # that error as it is: its traceback is the user's to read
             raise lost from e
 
     def train(self) -> RunResult:
@@ -546,102 +545,55 @@ class _Driver:
 
     # ------------------------------------------------------------------ the event loop
     def _loop(self, total: int, start_step: int) -> None:
-        """Keep every worker fed with segments; evaluate (and checkpoint) each epoch as it completes.
-
-        Static plans queue an epoch's evaluation on each worker right behind its last step of that
-        epoch, and a second segment behind the first, so no worker ever waits for the driver; an
-        actor runs its calls in order, so the evaluation sees the end-of-epoch parameters. Shared
-        plans (independent workers) evaluate an epoch once its last unit is done.
-        """
+        """React to the results of the calls the dispatcher keeps in flight (orchestrator/dispatcher.py):
+        record rows, evaluations and checkpoints, inject --chaos faults at their hold, and carry out
+        the failure policy's decision on a lost worker (orchestrator/failure_policy.py)."""
         n = len(self.workers)
         shared = self.impl.independent_workers
         every = self.config.checkpoint_steps
         work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, start_step, every)
         chaos = self.state.chaos
         work.hold = chaos.next_step()  # work stops at the next --chaos step until the fault is injected
-        depth = 1 if shared else 2  # queued segments per worker (shared: keep units for whoever is free)
-        pending = self.pending = {}  # a failed attempt's are read and dropped (recovery.discard)
-        in_flight = [0] * n
-        open_epoch: list[int | None] = [None] * n  # static: epoch of the last segment given to each worker
+        dispatch = Dispatcher(
+            work,
+            self._submit,
+            eval_every=self.config.eval_every,
+            checkpoint_every=self.config.checkpoint_every,
+            checkpoint_steps=every,
+        )
+        pending = self.pending = dispatch.pending  # a failed attempt's are read and dropped (recovery.discard)
         eval_parts: dict[int, list[tuple[dict[str, tuple[float, float]], float]]] = defaultdict(list)
         last_metrics: dict[str, float] = {}
         last_loss = float("nan")
 
-        last_epoch = (total - 1) // self.steps_per_epoch
-
-        def queue_eval(rank: int, epoch: int) -> None:
-            if evaluates(epoch, last_epoch, self.config.eval_every):
-                pending[self.workers[rank].evaluate.remote(rank, n)] = ("eval", rank, epoch)
-            if rank == 0 and self._checkpoint_due(epoch, total):
-                epochs_done = epoch + 1
-                where = (checkpoint_name(epochs_done), epochs_done * self.steps_per_epoch)
-                pending[self.workers[0].state.remote()] = ("state", 0, where)
-
-        def queue_step_checkpoint(rank: int, step: int) -> None:
-            """A --checkpoint-steps checkpoint of the state after `step` steps, behind `rank`'s queue."""
-            if every and step % every == 0 and step < total:
-                pending[self.workers[rank].state.remote()] = ("state", rank, (step_checkpoint_name(step), step))
-
-        def feed(rank: int) -> None:
-            while in_flight[rank] < depth:
-                if work.held(rank):  # waits for a --chaos fault; an epoch it has finished is evaluated now
-                    epoch = open_epoch[rank]
-                    if not shared and epoch is not None and work.cursor[rank] // self.steps_per_epoch != epoch:
-                        queue_eval(rank, epoch)
-                        open_epoch[rank] = None
-                    return
-                units = work.next_segment(rank)
-                epoch = open_epoch[rank]
-                if not shared and epoch is not None and (not units or units[0][0] != epoch):
-                    queue_eval(rank, epoch)  # this worker is through with `epoch`
-                    open_epoch[rank] = None
-                if not units:
-                    return
-                open_epoch[rank] = units[-1][0]
-                pending[self.workers[rank].run_segment.remote(units)] = ("segment", rank, units)
-                in_flight[rank] += 1
-                if not shared and rank == 0:  # segments end at checkpoint steps (WorkPlan)
-                    last = units[-1]
-                    queue_step_checkpoint(0, last[0] * self.steps_per_epoch + last[1] + 1)
-
         def lose(lost: RunLost) -> None:
-            """A worker is gone: replace it in place (PS transport) or end the attempt (restart)."""
-            if self.phase_config is None or not replaceable(self.phase_config, lost, self.placement):
+            """A worker is gone: replace it in place if the failure policy says so, else end the attempt
+            (run_training restarts it, or stops the run past --max-failures)."""
+            decision = self._decide(lost, training=True)
+            if decision.remedy != REPLACE:
                 raise lost
-            replace_worker(self, lost, pending, in_flight, work)
+            replace_worker(self, lost, decision, dispatch)  # past --max-failures: counted, then it raises
             heard[lost.target] = time.monotonic()
             go_on(lost.target)  # the units it completes may be the last before a --chaos hold
 
         def go_on(rank: int) -> None:
-            """Once the step count is at the hold (every worker waits there) and the checkpoints of steps
-            up to it are taken, inject the faults due, move the hold to the next one and feed everyone;
-            else feed `rank`."""
-            hold = work.hold
-            taking = hold is not None and any(k == "state" and p[1] <= hold for k, _, p in pending.values())
-            if hold is None or self.steps_done < hold or taking:
-                feed(rank)
+            """At the hold (every worker waits there, the checkpoints up to it taken): inject the faults
+            due, hold at the next one and feed everyone; else feed `rank`."""
+            if not dispatch.reached_hold():
+                dispatch.feed(rank)
                 return
             chaos.strike(self.steps_done, self.workers, self.shards.shards if self.shards else [])
-            work.hold = chaos.next_step()
-            for r in range(n):
-                feed(r)
+            dispatch.lift_hold(chaos.next_step())
 
         heard = [time.monotonic()] * n  # when each worker last answered (idle workers count as heard)
         stopping = False
-        for rank in range(n):
-            feed(rank)
+        dispatch.feed_all()
         while pending:
             if not stopping and self.hooks.poll():
                 # A callback asked to stop: end the plan at the last step already handed out (every worker
                 # gets there, so the transports end as at a normal end), evaluate the last partial epoch.
                 stopping = True
-                total = work.stop()
-                last_epoch = (total - 1) // self.steps_per_epoch
-                for epoch in work.completed_by_stop:
-                    for r in range(n):
-                        queue_eval(r, epoch)
-                for rank in range(n):
-                    feed(rank)
+                total = dispatch.stop()
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(1.0, self.config.hang_timeout_s))
             silent = self._silent_worker(pending, heard)
             if silent is not None:
@@ -656,12 +608,11 @@ class _Driver:
             except RunLost as lost:
                 lose(lost)
                 continue
-            del pending[ref]
+            dispatch.done(ref)
             heard[rank] = time.monotonic()
             if kind == "setup":  # a replacement worker is ready (its queued calls run next)
                 replacement_ready(self, payload)
             elif kind == "segment":
-                in_flight[rank] -= 1
                 diverged = result.pop("diverged", None)
                 if diverged:  # --on-nonfinite stop: keep the rows up to that step, then end the run
                     self.sink.add_steps(result)
@@ -673,15 +624,8 @@ class _Driver:
                     self.hooks.call("on_rows", {k: v for k, v in result.items() if k in STEP_COLUMNS})
                 self.throughput.add_steps(result["step"], result["samples"], result["wall_time"], result.get("dropped"))
                 self._watch_stragglers(result)
-                finished_epochs = work.complete(payload)
-                if shared:
-                    for epoch in finished_epochs:
-                        for r in range(n):
-                            queue_eval(r, epoch)
-                before = self.steps_done
+                dispatch.completed(rank, payload)  # shared plans: the evaluations and checkpoints this makes due
                 self.steps_done = self.state.steps_done = work.steps_done
-                if shared and every and self.steps_done // every > before // every:
-                    queue_step_checkpoint(rank, self.steps_done // every * every)
                 if result["loss"]:  # empty when every unit was skipped (k-of-n) or taken by others (backup tasks)
                     last_loss = result["loss"][-1]
                 self._progress(payload[-1][0], total, last_loss, last_metrics)
@@ -702,9 +646,33 @@ class _Driver:
                 name, step = payload
                 self.saves[step] = (name, result)
                 go_on(rank)  # a --chaos fault at this step waited for its checkpoint
-            self._save_complete(outstanding_evals=set(eval_parts) | {p for k, _, p in pending.values() if k == "eval"})
+            self._save_complete(outstanding_evals=set(eval_parts) | dispatch.evals_outstanding())
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
+
+    def _submit(self, kind: str, rank: int, payload: Any) -> Any:
+        """The dispatcher's calls, made on the worker now holding `rank`."""
+        worker = self.workers[rank]
+        if kind == "segment":
+            return worker.run_segment.remote(payload)
+        if kind == "eval":
+            return worker.evaluate.remote(rank, len(self.workers))
+        assert kind == "state", kind
+        return worker.state.remote()
+
+    def _decide(self, lost: RunLost, training: bool = False) -> Decision:
+        """The failure policy's decision on `lost`; `training`: seen by the controller loop (`_loop`)."""
+        situation = Situation()  # outside the loop: nothing to replace into
+        if training:
+            config = self.phase_config or self.config  # the running phase's
+            situation = Situation(
+                training=True,
+                transport=config.transport,
+                own_books=bool(config.backup_workers or config.backup_tasks),
+                workers=config.workers,
+                host_alive=bundle_alive(self.placement, lost.target),
+            )
+        return decide(lost.loss, self.state.ledger.view(self.state.point), situation)
 
     def _progress(
         self, epoch: int, total: int, loss: float, metrics: dict[str, float], evaluated: bool = False
@@ -771,10 +739,6 @@ class _Driver:
             ray.get([w.shutdown.remote() for w in self.workers], timeout=10)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
             pass
-
-    def _checkpoint_due(self, epoch: int, total: int) -> bool:
-        every = self.config.checkpoint_every
-        return bool(every) and (epoch + 1) % every == 0 and (epoch + 1) * self.steps_per_epoch <= total
 
     def _record_eval(self, epoch: int, parts: list[tuple[dict[str, tuple[float, float]], float]]) -> dict[str, float]:
         """Workers scored disjoint shares of the test set; add up their (sum, count) pairs."""

@@ -1,0 +1,114 @@
+"""What the run does about a lost actor: replace it in place, restart from the restore point, or fail.
+
+    decide(loss, ledger, situation) -> Decision
+
+One pure function over plain data (no Ray, no actors), so every rule is tested on its own
+(tests/test_failure_policy.py). The driver (orchestrator/run.py) gathers the inputs and carries the
+decision out: `replacement.replace_worker` (replace), `run._recover` (restart), or raising (fail).
+
+The rules, in order:
+- The worker's own code raised (reading data, building the model, a bug): it would raise again, so it
+  is never retried; the run fails with that error as it is (its traceback is the user's to read).
+- A loss is *replaced* in place only while the controller loop is training, under the parameter-server
+  transport (the shards hold everything a PS worker has; a collective group cannot take in a new member),
+  without backup workers or tasks (their k-of-n rounds and portions keep their own books), for one known
+  training worker (dead or hung) whose placement bundle is on a live node (a dead node's bundle may be
+  unplaceable). Every other loss *restarts* every actor from the restore point (orchestrator/recovery.py).
+- Either way it counts against --max-failures (-1: no bound); past the bound the run fails with one line
+  that names the last good checkpoint to resume from. The ledger still records the loss as what it
+  called for (`remedy`), so summary.json shows every failure seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REPLACE, RESTART, FAIL = "replace", "restart", "fail"
+
+# A kind of loss besides those of `RunLost` ("worker", "shard", "hang", "node"): a worker's call
+# raised an error of the worker's own code.
+USER_CODE = "user_code"
+
+
+def describe_loss(kind: str, target: int | None) -> str:
+    """What was lost, in words: "worker 1 lost", "worker 1 hung", "a parameter-server shard lost"."""
+    if kind == "hang":
+        return "a parameter-server wait hung" if target is None else f"worker {target} hung"
+    if kind == USER_CODE:
+        return "the worker's own code raised" if target is None else f"worker {target}'s own code raised"
+    noun = {"shard": "parameter-server shard"}.get(kind, kind)
+    return f"a {noun} lost" if target is None else f"{noun} {target} lost"
+
+
+@dataclass(frozen=True)
+class Loss:
+    """What was lost: its kind, and the worker rank or shard index when known."""
+
+    kind: str  # "worker", "shard", "hang", "node", or USER_CODE
+    target: int | None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{describe_loss(self.kind, self.target)}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """The failure ledger as the policy needs it."""
+
+    failures: int  # failures counted so far (restarts and replacements), this one not included
+    max_failures: int  # --max-failures; -1: no bound
+    checkpoint: str | None = None  # the restore point's checkpoint file; None before the first
+
+
+@dataclass(frozen=True)
+class Situation:
+    """Where the run is when the loss is seen. The defaults describe anywhere outside the controller
+    loop (workers starting, a phase switch, the final checkpoint, an attempt already ended)."""
+
+    training: bool = False  # the controller loop is handing out work (a replacement's calls join it)
+    transport: str = "collective"  # the running phase's
+    own_books: bool = False  # backup workers or backup tasks
+    workers: int = 0  # training workers: ranks 0 .. workers-1
+    host_alive: bool = False  # the lost worker's placement bundle is on a live node
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # REPLACE, RESTART or FAIL
+    reason: str  # one line: why; for FAIL, what the run stops with
+    remedy: str | None = None  # REPLACE or RESTART: what the loss called for, also when the bound stops
+    # the run (the ledger records it as that); None for the worker's own error, which is no loss
+
+
+def decide(loss: Loss, ledger: LedgerView, situation: Situation) -> Decision:
+    if loss.kind == USER_CODE:
+        return Decision(FAIL, f"{loss}; it would again, so it is never retried")
+    remedy, why = _remedy(loss, situation)
+    number = ledger.failures + 1
+    if ledger.max_failures != -1 and number > ledger.max_failures:
+        where = ledger.checkpoint or "none yet (no checkpoint was taken)"
+        return Decision(
+            FAIL,
+            f"{loss} (failure {number}; --max-failures {ledger.max_failures} reached): the run stops; "
+            f"last good checkpoint: {where}; continue with `distrain run --resume <run dir>`",
+            remedy,
+        )
+    return Decision(remedy, why, remedy)
+
+
+def _remedy(loss: Loss, s: Situation) -> tuple[str, str]:
+    """Replace in place or restart from the restore point, with the reason."""
+    if not s.training:
+        return RESTART, "lost outside the training loop: every actor restarts from the restore point"
+    if s.transport != "ps":
+        return RESTART, "a collective group cannot take in a new member"
+    if s.own_books:
+        return RESTART, "backup workers and tasks keep their own books of each round"
+    if loss.kind not in ("worker", "hang") or loss.target is None:
+        return RESTART, "not one known worker (a shard, a node, a wait on the shards)"
+    if loss.target >= s.workers:
+        return RESTART, f"rank {loss.target} is not a training worker"
+    if not s.host_alive:
+        return RESTART, "its placement bundle's node is gone"
+    return REPLACE, "the shards hold everything a parameter-server worker has"
