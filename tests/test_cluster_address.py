@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from distrain.config import RunConfig
+
 pytestmark = pytest.mark.integration
 
 RAY = Path(sys.executable).parent / "ray"
@@ -108,5 +110,5 @@ def test_run_on_a_started_cluster_ships_the_task_file(ray_head, tmp_path):
     shipped = [p.name for p in ray_tmp.rglob("runtime_resources/py_modules_files/*/*/*") if p.is_file()]
     assert sorted(shipped) == ["__init__.py", "helper.py", "shipped_task.py"]  # no data/samples.bin
     # config.yaml records what a repeat needs: the task's absolute path (on this machine) and the address.
-    recorded = (cwd / "run" / "config.yaml").read_text()
-    assert f"task: {code / 'shipped_task.py'}:Shipped" in recorded and f"address: {address}" in recorded
+    recorded = RunConfig.load_yaml(cwd / "run" / "config.yaml")
+    assert recorded["task"] == f"{code / 'shipped_task.py'}:Shipped" and recorded["address"] == address

@@ -225,11 +225,11 @@ def test_legends_carry_strategy_and_key_settings(two_runs, event_runs):
     fig = plot_loss(plot_runs(load_runs([*two_runs, *event_runs])))
     legend = [t.get_text().replace("\n  ", " ") for t in fig.legends[0].get_texts()]  # unwrapped
     assert legend[:4] == [
-        "bsp-allreduce: bsp; model cnn; segment-steps 20",
-        "ssp-s1: ssp s=1 (ps); model cnn; segment-steps 20",
-        "adacomm-chaos: local-sgd tau=8 adaptive (10%, max 16); model mlp; segment-steps 5; checkpoint-steps 10; "
+        "bsp-allreduce: bsp; segment-steps 20; model cnn",  # settings in config.yaml's order: by section
+        "ssp-s1: ssp s=1 (ps); segment-steps 20; model cnn",
+        "adacomm-chaos: local-sgd tau=8 adaptive (10%, max 16); segment-steps 5; model mlp; checkpoint-steps 10; "
         "chaos kill-worker@25:1",
-        "schedule: schedule bsp:1 -> local-sgd tau=8; model mlp; segment-steps 5",
+        "schedule: schedule bsp:1 -> local-sgd tau=8; segment-steps 5; model mlp",
     ], legend
 
 
@@ -254,8 +254,8 @@ def test_report_md_names_setup_settings_and_events(two_runs, event_runs, tmp_pat
     text = (out / "report.md").read_text()
     assert "model: differs (see below), data set `digits`, target `test_accuracy>=0.95`" in text
     settings = text[text.index("## Settings that differ between runs") :].split("\n\n")[1].splitlines()
-    assert settings[0] == "| run | strategy | model | segment_steps | checkpoint_steps | chaos |"
-    assert settings[4] == "| adacomm-chaos | local-sgd tau=8 adaptive (10%, max 16) | mlp | 5 | 10 | kill-worker@25:1 |"
+    assert settings[0] == "| run | strategy | segment_steps | model | checkpoint_steps | chaos |"
+    assert settings[4] == "| adacomm-chaos | local-sgd tau=8 adaptive (10%, max 16) | 5 | mlp | 10 | kill-worker@25:1 |"
     assert "- `adacomm-chaos`: at " in text and "worker 1 lost, restarted from step 20; training resumed at" in text
     assert "- `schedule`: switched to local-sgd tau=8 at step 22" in text
     assert "mean of the last" in text  # the smoothing window is stated
