@@ -99,9 +99,7 @@ class MetricsSink:
         """One evaluation: `metrics` maps metric names ("loss", "accuracy", ...) to test-set values."""
         columns = {f"test_{name}": [value] for name, value in metrics.items()}
         self._widen(list(columns))
-        self._append(
-            {"epoch": [epoch], "step": [step], "wall_time": [wall_time], "eval_s": [eval_s]} | columns, "eval"
-        )
+        self._append({"epoch": [epoch], "step": [step], "wall_time": [wall_time], "eval_s": [eval_s]} | columns, "eval")
 
     def keep_before(self, step: int, steps_per_epoch: int) -> None:
         """Forget what was recorded after global step `step` (a recovery redoes it): step rows of later

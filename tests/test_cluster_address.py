@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 RAY = Path(sys.executable).parent / "ray"
 
-TASK = '''
+TASK = """
 import torch
 from torch.utils.data import TensorDataset
 
@@ -49,7 +49,7 @@ class Shipped(distrain.Task):
         # Evaluated in the workers: 1 when this module and its sibling came from Ray's runtime_env copy.
         return {"from_runtime_env": float("runtime_resources" in __file__ and "runtime_resources" in helper.WHERE),
                 "from_original": float(__file__.startswith(ORIGINAL))}
-'''
+"""
 
 
 def _free_port() -> int:
