@@ -287,6 +287,11 @@ def _exit_if_diverged(summary: dict[str, Any]) -> None:
     raise typer.Exit(DIVERGED_EXIT_CODE)
 
 
+def _short(strategy: str) -> str:
+    """A strategy as tables show it: its name, or a plugin's file and class (not the whole path)."""
+    return strategy.rpartition("/")[2]
+
+
 def describe_task(cfg: RunConfig) -> str:
     """ "cnn on digits" for the built-in task, else the task's class name."""
     if not cfg.task:
@@ -667,7 +672,7 @@ class RunDisplay:
                 self.next_line = min(self.next_line, event.restored_step // self.started.steps_per_epoch)
         elif isinstance(event, RunStarted):
             out.print(
-                f"run dir {event.run_dir}  |  {self.cfg.strategy} x {self.cfg.workers} workers on "
+                f"run dir {event.run_dir}  |  {_short(self.cfg.strategy)} x {self.cfg.workers} workers on "
                 f"{event.nodes} node(s)  |  {describe_task(self.cfg)} ({event.num_params:,} params)"
                 f"  |  {event.total_steps} steps",
                 markup=False,
@@ -751,7 +756,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     table.add_column("value", justify="right")
     rows = [] if summary.get("status") == "completed" else [("status", str(summary.get("status")))]
     rows += [
-        ("strategy", f"{summary['strategy']} x {summary['workers']} workers"),
+        ("strategy", f"{_short(summary['strategy'])} x {summary['workers']} workers"),
         (
             ("model / data", f"{summary['model']} / {summary['dataset']}")
             if summary.get("task") in (None, "classification")

@@ -547,6 +547,11 @@ class RunConfig:
             raise KeyError(f"strategy {strategy!r} is not used by this run") from None
 
     @property
+    def strategy_name(self) -> str:
+        """The run's (first) strategy's own name: "bsp", or a plugin's `name` ("easgd"), for labels."""
+        return self.strategy_classes[0].name
+
+    @property
     def strategy_classes(self) -> list[type[Strategy]]:
         return strategies_named(self.strategy, self.schedule, self.epochs)
 

@@ -172,7 +172,7 @@ def preflight(config: RunConfig, resume: bool = False) -> Plan:
     if checkpoint is not None:  # --init-from takes model, optimizer and step; a strategy's own state (local
         checkpoint.pop("strategy_state", None)  # SGD's τ, say) belongs to the run that wrote it
     refuse_unreachable(config.chaos_events, total, int(checkpoint["global_step"]) if checkpoint else 0)
-    claim = claim_run_dir(config.run_dir, config.strategy, lambda path: _recorded(config, path).to_yaml())
+    claim = claim_run_dir(config.run_dir, config.strategy_name, lambda path: _recorded(config, path).to_yaml())
     return Plan(claim.path, num_params, checkpoint, claim=claim, memory=needs)
 
 

@@ -50,6 +50,7 @@ def test_the_plugin_s_options_are_flags_in_help_and_checked(plugin):
 def test_the_plugin_s_options_nest_in_config_yaml_and_load_back(plugin, tmp_path):
     cfg = RunConfig(strategy=plugin, elasticity=0.2, easgd_period=3)
     assert cfg.options_of("easgd").elasticity == 0.2 and cfg.elasticity == 0.2
+    assert cfg.strategy_name == "easgd"  # what names a default run directory (runs/<time>-easgd), not the path
     path = tmp_path / "config.yaml"
     path.write_text(cfg.to_yaml())
     assert RunConfig.resolve(str(path), {}) == cfg
