@@ -182,9 +182,9 @@ def overlay(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
         for name in DECAY_DEPENDENT_FIELDS:
             merged.pop(name, None)
     if given.get("dataset", merged.get("dataset")) != merged.get("dataset"):
-        from distrain.trainers.datasets import DATASETS
+        from distrain.trainers.catalog import DATASET_READS_FILES
 
-        if given["dataset"] in DATASETS and not DATASETS.get(given["dataset"]).reads_files:
+        if DATASET_READS_FILES.get(given["dataset"]) is False:
             merged.pop("data_dir", None)
     merged.update(given)
     return merged
