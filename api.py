@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distrain.config import RunConfig
+from distrain.config import RunConfig, known_option_fields
 from distrain.errors import ConfigError
 
 
@@ -42,6 +42,7 @@ def fit(
     task: Any = None,
     *,
     config: str | Path | None = None,
+    resume: str | Path | None = None,
     on_event: Callable[[Any], None] | None = None,
     callbacks: list[Any] | None = None,
     progress: bool = True,
@@ -53,13 +54,24 @@ def fit(
     `on_event` receives the run's events (RunStarted, Progress, Failure, ...); with `progress` (and no
     `on_event`) one line is printed per evaluation. `callbacks`: `distrain.Callback` objects whose hooks
     the run calls (and which may stop it: status "stopped"); `tensorboard="DIR"` adds the TensorBoard one.
+    `resume`: continue the run in that directory from its latest checkpoint (`distrain run --resume`);
+    `options` may then change only what a resume may change (e.g. `epochs`).
     """
     from distrain.orchestrator.run import run_training
     from distrain.orchestrator.tasks import attach_task_object
 
-    unknown = sorted(set(options) - set(RunConfig.field_names()))
+    valid = RunConfig.field_names(options) + [n for n in known_option_fields() if n not in RunConfig.field_names()]
+    unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(RunConfig.field_names())}")
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+    handler = on_event or (_print_progress if progress else None)
+    if resume is not None:
+        if task is not None or config is not None:
+            raise ConfigError("resume continues a run with its own task and config.yaml; drop task= and config=")
+        from distrain.orchestrator.resume import resume_config
+
+        result = run_training(resume_config(resume, options), handler, resume=True, callbacks=callbacks)
+        return FitResult(result.run_dir, result.summary)
     if "task" in options:
         raise ConfigError("pass the task as fit(task=...), not as an option")
     task_path, task_object = _task_reference(task)
@@ -69,7 +81,6 @@ def fit(
     cfg = RunConfig.resolve(str(config) if config else None, overrides)
     if task_object is not None:
         attach_task_object(cfg, task_object)
-    handler = on_event or (_print_progress if progress else None)
     result = run_training(cfg, handler, callbacks=callbacks)
     return FitResult(result.run_dir, result.summary)
 

@@ -1,0 +1,166 @@
+"""Issue 14's acceptance: a user's own task, in a file outside the package (a small regression with its
+own metric `mae` and target), trains under every strategy family, a schedule, backup workers, a
+`--chaos` kill and `--resume`, through the CLI and through `distrain.fit`, on the session's real Ray.
+
+Which path covers which mode:
+- CLI (`distrain run`, in-process through typer's runner): bsp all-reduce to the task's own target; bsp
+  over the parameter server with backup workers; a `--chaos` worker kill recovered from a step
+  checkpoint, then `--resume` to a later end. (The `distrain tune` sweep of a user task ranked by its
+  own target metric is tests/test_callbacks.py::test_tune_ranks_a_user_task_by_its_target_metric.)
+- `distrain.fit`: ssp, async, local SGD with adaptive τ, a schedule (bsp then local-sgd), bsp over the
+  PS, a chaos kill under ssp (the worker replaced in place), `fit(resume=...)`, and a class and an
+  instance twice in one process.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import distrain
+from distrain.cli import app
+from distrain.config import RunConfig
+from tests.test_tasks import REGRESSION
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+runner = CliRunner()
+SMALL = {"task_args": {"n": 2048}, "segment_steps": 8}  # 1536 training samples: 24 steps an epoch at 2 x 32
+
+
+@pytest.fixture(scope="module")
+def task_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("user") / "my_task.py"
+    path.write_text(REGRESSION)
+    return f"{path}:Regression"
+
+
+def cli(*args: str) -> str:
+    result = runner.invoke(app, ["run", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def read(run_dir) -> tuple[dict, pd.DataFrame]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary, pd.read_parquet(run_dir / "metrics.parquet")
+
+
+def assert_trained(summary: dict, metrics: pd.DataFrame, loss_below: float = 0.1) -> None:
+    """Completed, its own metric recorded every evaluation, and the loss down to what a linear fit reaches."""
+    assert summary["status"] == "completed", summary
+    assert summary["final_test_loss"] <= loss_below and summary["final_test_mae"] < 0.5, summary
+    evals = metrics[metrics["kind"] == "eval"]
+    assert len(evals) >= 1 and evals["test_mae"].notna().all()
+    assert "final_test_accuracy" not in summary
+
+
+# ---------------------------------------------------------------- the CLI
+def test_cli_bsp_reaches_the_task_s_own_target(task_path, tmp_path):
+    run_dir = tmp_path / "run"
+    output = cli("--task", task_path, "--task-arg", "n=2048", "--epochs", "3", "--run-dir", str(run_dir))
+    summary, metrics = read(run_dir)
+    assert_trained(summary, metrics, loss_below=0.05)
+    assert summary["task"] == task_path and summary["target"] == "test_loss<=0.05"
+    assert summary["time_to_target_s"] is not None
+    assert list(metrics.query("kind == 'eval'")["epoch"]) == [0, 1, 2]
+    assert "final test mae" in output and "time to test_loss<=0.05" in output
+    recorded = RunConfig.resolve(str(run_dir / "config.yaml"), {})
+    assert (recorded.task, recorded.task_args) == (task_path, {"n": 2048})
+
+
+def test_cli_backup_workers_over_the_parameter_server(task_path, tmp_path):
+    run_dir = tmp_path / "run"
+    cli("--task", task_path, "--task-arg", "n=2048", "--strategy", "bsp", "--transport", "ps",
+        "--backup-workers", "1", "--epochs", "3", "--run-dir", str(run_dir))  # fmt: skip
+    summary, metrics = read(run_dir)
+    assert_trained(summary, metrics)
+    steps = metrics[metrics["kind"] == "step"]
+    assert set(steps["worker"].astype(int)) == {0, 1, 2}  # 2 workers + 1 backup
+    assert summary["rounds_applied"] == 3 * 16 and summary["gradients_per_update"] == {"2": 48}  # k-of-n: 2 of 3
+
+
+def test_cli_chaos_kill_recovers_then_resume_goes_on(task_path, tmp_path):
+    run_dir = tmp_path / "run"
+    cli("--task", task_path, "--task-arg", "n=1024", "--epochs", "2", "--checkpoint-steps", "8",
+        "--chaos", "kill-worker@14:1", "--segment-steps", "4", "--run-dir", str(run_dir))  # fmt: skip
+    summary, metrics = read(run_dir)
+    assert_trained(summary, metrics, loss_below=0.5)
+    assert summary["failures"] == 1 and summary["failure_events"][0]["action"] == "restarted"
+    assert summary["chaos"][0]["fired"] is True
+    cli("--resume", str(run_dir), "--epochs", "4")  # the finished run, trained further from its checkpoint
+    summary, metrics = read(run_dir)
+    assert_trained(summary, metrics)
+    steps = metrics[metrics["kind"] == "step"]
+    assert sorted(set(steps["step"])) == list(range(4 * 12))  # every step once, before and after
+    assert summary["failures"] == 1  # the recovered failure is still on record
+
+
+# ---------------------------------------------------------------- distrain.fit
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"strategy": "ssp", "staleness": 1},
+        {"strategy": "async", "lr": 0.02},
+        {"strategy": "local-sgd", "adaptive_tau": True, "tau": 4},
+        {"schedule": "bsp:1,local-sgd", "tau": 2},
+        {"strategy": "bsp", "transport": "ps"},
+    ],
+    ids=["ssp", "async", "local-sgd-adacomm", "schedule", "bsp-ps"],
+)
+def test_fit_trains_a_user_task_under_every_strategy_family(task_path, tmp_path, options):
+    result = distrain.fit(task=task_path, epochs=3, run_dir=str(tmp_path / "run"), progress=False, **SMALL, **options)
+    summary, metrics = read(tmp_path / "run")
+    assert_trained(summary, metrics)
+    assert result.metrics["test_mae"] == summary["final_test_mae"]
+    if "schedule" in options:
+        assert [p["strategy"] for p in summary["phases"]] == ["bsp", "local-sgd"]
+    if options.get("adaptive_tau"):
+        assert metrics.query("kind == 'step'")["tau"].notna().all()
+
+
+def test_fit_chaos_under_ssp_replaces_the_worker_and_fit_resume_goes_on(task_path, tmp_path):
+    run_dir = str(tmp_path / "run")
+    first = distrain.fit(task=task_path, strategy="ssp", epochs=2, chaos=["kill-worker@10:1"], run_dir=run_dir,
+                         progress=False, **SMALL)  # fmt: skip
+    assert first.summary["replacements"] == 1 and first.summary["failure_events"][0]["action"] == "replaced"
+    again = distrain.fit(resume=run_dir, epochs=3, progress=False)
+    summary, metrics = read(tmp_path / "run")
+    assert_trained(summary, metrics)
+    assert again.summary["epochs_completed"] == 3 and summary["replacements"] == 1
+    assert metrics.query("kind == 'eval'")["epoch"].tolist() == [0, 1, 2]
+
+
+class InlineQuadratic(distrain.Task):
+    """Defined in a test module that workers can import: recorded by its import path."""
+
+    def build_model(self):
+        import torch
+
+        return torch.nn.Linear(2, 1)
+
+    def datasets(self):
+        import torch
+        from torch.utils.data import TensorDataset
+
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(640, 2, generator=g)
+        y = x.sum(1, keepdim=True)
+        return TensorDataset(x[:512], y[:512]), TensorDataset(x[512:], y[512:])
+
+    def loss(self, model, batch):
+        import torch
+
+        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
+def test_fit_twice_in_one_process_with_a_class_and_an_instance(tmp_path):
+    first = distrain.fit(task=InlineQuadratic, epochs=4, lr=0.1, run_dir=str(tmp_path / "a"), progress=False)
+    second = distrain.fit(task=InlineQuadratic(), epochs=4, lr=0.1, run_dir=str(tmp_path / "b"), progress=False)
+    for result in (first, second):
+        assert result.status == "completed" and result.metrics["test_loss"] < 0.05, result.summary
+    assert RunConfig.resolve(str(tmp_path / "a" / "config.yaml"), {}).task.endswith(":InlineQuadratic")
+    # An instance is shipped to the workers as an object: recorded, but not repeatable from the file.
+    assert RunConfig.resolve(str(tmp_path / "b" / "config.yaml"), {}).task == "object:InlineQuadratic"
