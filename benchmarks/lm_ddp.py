@@ -32,6 +32,7 @@ TASK = f"{ROOT / 'examples' / 'char_lm.py'}:CharLM"
 TASK_ARGS = {"max_bytes": 300_000}
 LR = 0.003
 WARMUP = 0.1  # share of the steps left out of samples/s (as distrain's steady-state figure does)
+BREAKDOWN: dict[str, list[str]] = {}  # contender -> per-round medians of its step's phases
 
 
 def ddp_worker(args: argparse.Namespace) -> None:
@@ -54,21 +55,27 @@ def ddp_worker(args: argparse.Namespace) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     sharder = EpochSharder(len(train), args.global_batch, args.seed)
     reader = BatchReader(train, task.collate, prefetch=True)
-    ends = []
+    ends, phases = [], []
     for g in range(args.steps):
+        t0 = time.perf_counter()
         epoch, step = divmod(g, sharder.steps_per_epoch)
         batch = reader.read(sharder.worker_indices(epoch, step, rank, world))
         if g + 1 < args.steps:
             nxt = divmod(g + 1, sharder.steps_per_epoch)
             reader.prefetch(sharder.worker_indices(nxt[0], nxt[1], rank, world))
+        t1 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        task.loss(model, batch).backward()
+        task.loss(model, batch).backward()  # DDP's all-reduce runs inside, overlapped with backward
+        t2 = time.perf_counter()
         optimizer.step()
         ends.append(time.perf_counter())
+        phases.append((t1 - t0, t2 - t1, ends[-1] - t2))
     first = int(args.steps * WARMUP)
     rate = (args.steps - 1 - first) * args.global_batch / (ends[-1] - ends[first])
     if rank == 0:
-        Path(args.out).write_text(json.dumps({"samples_per_s": rate}))
+        medians = [statistics.median(p[i] for p in phases[first:]) * 1000 for i in range(3)]
+        Path(args.out).write_text(json.dumps({"samples_per_s": rate, "data_ms": medians[0],
+                                              "fwd_bwd_comm_ms": medians[1], "opt_ms": medians[2]}))  # fmt: skip
     dist.destroy_process_group()
 
 
@@ -78,7 +85,12 @@ def run_torchrun(args: argparse.Namespace, out: Path) -> float:
            "--global-batch", str(args.global_batch), "--seed", str(args.seed)]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT.parent)}
     subprocess.run(cmd, check=True, env=env, capture_output=True)
-    return json.loads(out.read_text())["samples_per_s"]
+    result = json.loads(out.read_text())
+    BREAKDOWN.setdefault("torchrun DDP", []).append(
+        f"data {result['data_ms']:.2f} ms, forward+backward (all-reduce inside) {result['fwd_bwd_comm_ms']:.2f} ms, "
+        f"optimizer {result['opt_ms']:.2f} ms"
+    )
+    return result["samples_per_s"]
 
 
 def run_distrain(args: argparse.Namespace, run_dir: Path) -> float:
@@ -90,7 +102,17 @@ def run_distrain(args: argparse.Namespace, run_dir: Path) -> float:
         batch_size=args.global_batch // args.workers, optimizer="adam", lr=LR, lr_scaling="none", epochs=100,
         max_steps=args.steps, eval_every=0, seed=args.seed, segment_steps=20, run_dir=str(run_dir),
     )  # fmt: skip
-    return float(run_training(cfg).summary["steady_state_samples_per_s"])
+    import pandas as pd
+
+    summary = run_training(cfg).summary
+    steps = pd.read_parquet(run_dir / "metrics.parquet").query("kind == 'step'")
+    steps = steps[steps["step"] >= int(args.steps * WARMUP)]
+    gap = steps.sort_values("wall_time").groupby("worker")["wall_time"].diff().median() * 1000
+    BREAKDOWN.setdefault("distrain BSP", []).append(
+        f"compute (data+forward+backward+optimizer) {steps['compute_s'].median() * 1000:.2f} ms, "
+        f"all-reduce wait after backward {steps['comm_s'].median() * 1000:.2f} ms, step-to-step {gap:.2f} ms"
+    )
+    return float(summary["steady_state_samples_per_s"])
 
 
 def main() -> None:
@@ -126,6 +148,8 @@ def main() -> None:
     for name, values in rates.items():
         med = statistics.median(values)
         print(f"| {name} | {med:,.0f} | {min(values):,.0f}–{max(values):,.0f} | {med / ddp:.2f}× |")
+    for name, lines in BREAKDOWN.items():
+        print(f"\n{name}, per-step medians by round:\n" + "\n".join(f"- {line}" for line in lines))
     print("\nper round (distrain / DDP): " + ", ".join(
         f"{a / b:.2f}" for a, b in zip(rates["distrain BSP"], rates["torchrun DDP"], strict=True)))  # fmt: skip
 

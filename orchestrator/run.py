@@ -633,12 +633,17 @@ class _Driver:
             elif kind == "eval":
                 eval_parts[payload].append(result)
                 if len(eval_parts[payload]) == n:
-                    last_metrics = self._record_eval(payload, eval_parts.pop(payload))
+                    # The model evaluated is the one after the epoch's last step (static plans queue each
+                    # worker's evaluation behind that step), whatever rows have come back by now; a shared
+                    # plan's workers go on, so its evaluation is of the steps done so far.
+                    epoch_end = min((payload + 1) * self.steps_per_epoch, work.total_steps)
+                    evaluated = self.steps_done if work.shared else epoch_end
+                    last_metrics = self._record_eval(payload, eval_parts.pop(payload), evaluated)
                     self._progress(payload, total, last_loss, last_metrics, evaluated=True)
                     if self.hooks:
                         figures = {f"test_{k}": v for k, v in last_metrics.items()} | {
                             "train_loss": last_loss,
-                            "steps_done": self.steps_done,
+                            "steps_done": evaluated,
                             "elapsed_s": time.time() - self.run_start,
                         }
                         self.hooks.call("on_epoch_end", payload, figures)
@@ -740,12 +745,15 @@ class _Driver:
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
             pass
 
-    def _record_eval(self, epoch: int, parts: list[tuple[dict[str, tuple[float, float]], float]]) -> dict[str, float]:
-        """Workers scored disjoint shares of the test set; add up their (sum, count) pairs."""
+    def _record_eval(
+        self, epoch: int, parts: list[tuple[dict[str, tuple[float, float]], float]], step: int
+    ) -> dict[str, float]:
+        """Workers scored disjoint shares of the test set (of the model after `step` steps); add up their
+        (sum, count) pairs."""
         metrics = reduce_metrics(self.task, [p[0] for p in parts])
         now = time.time() - self.run_start
         eval_s = max(p[1] for p in parts)
-        self.sink.add_eval(epoch, self.steps_done, metrics, now, eval_s)
+        self.sink.add_eval(epoch, step, metrics, now, eval_s)
         self.throughput.add_eval(now, eval_s)
         return metrics
 
