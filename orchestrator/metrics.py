@@ -22,7 +22,7 @@ SCHEMA = pa.schema(
         ("run_id", pa.string()),
         ("kind", pa.string()),  # "step" or "eval"
         ("worker", pa.int32()),  # rank; null on eval rows
-        ("step", pa.int64()),  # global step (0-based); on eval rows: steps completed
+        ("step", pa.int64()),  # global step (0-based); on eval rows: the steps the evaluated model had taken
         ("slice", pa.int32()),  # which of the N slices of the global batch this row trained on
         ("epoch", pa.int32()),
         ("loss", pa.float64()),
