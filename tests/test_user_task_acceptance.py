@@ -76,8 +76,11 @@ def test_cli_backup_workers_over_the_parameter_server(task_path, tmp_path):
     cli("--task", task_path, "--task-arg", "n=2048", "--strategy", "bsp", "--transport", "ps",
         "--backup-workers", "1", "--epochs", "3", "--run-dir", str(run_dir))  # fmt: skip
     summary, metrics = read(run_dir)
-    assert_trained(summary, metrics)
+    # Which 2 of the 3 gradients a round takes depends on timing, so the loss varies from run to run
+    # (0.08-0.12 seen at this point): a looser bound, and the loss fell 20-fold from the first step's.
+    assert_trained(summary, metrics, loss_below=0.25)
     steps = metrics[metrics["kind"] == "step"]
+    assert steps.sort_values("step")["loss"].iloc[0] > 20 * summary["final_test_loss"]
     assert set(steps["worker"].astype(int)) == {0, 1, 2}  # 2 workers + 1 backup
     assert summary["rounds_applied"] == 3 * 16 and summary["gradients_per_update"] == {"2": 48}  # k-of-n: 2 of 3
 
