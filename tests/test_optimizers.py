@@ -180,6 +180,40 @@ def test_flat_state_round_trip_through_a_checkpoint_continues_identically(case):
     assert same(straight.theta(), back.theta())
 
 
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_replica_stepping_its_flat_buffer_equals_a_per_tensor_torch_optimizer(case):
+    """LocalTrainer steps one flat tensor (all parameters at once); a plain torch loop steps the model's
+    tensors one by one. Same gradients, same rates: the same parameters, value for value."""
+    from distrain.trainers.local_trainer import LocalTrainer
+
+    name, momentum, wd, args = case
+    build = lambda: nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))  # noqa: E731 - 4 tensors, 26 values
+    torch.manual_seed(0)
+    trainer = LocalTrainer(build(), None, name, 0.0, momentum, wd, "cpu", args)
+    torch.manual_seed(0)
+    plain = build()
+    reference = make_optimizer(name, list(plain.parameters()), 0.0, momentum, wd, args)
+    for step in range(STEPS):
+        g = grads(step, trainer.numel)
+        trainer.grads_flat.copy_(g)
+        trainer.apply_update(rate(step))
+        offset = 0
+        for p in plain.parameters():
+            p.grad = g[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        for group in reference.param_groups:
+            group["lr"] = rate(step)
+        reference.step()
+    flat_plain = torch.cat([p.detach().reshape(-1) for p in plain.parameters()])
+    torch.manual_seed(0)
+    start = torch.cat([p.detach().reshape(-1) for p in build().parameters()])
+    assert not torch.allclose(trainer.params_flat, start)  # it moved
+    assert comparison(case)(trainer.params_flat, flat_plain)
+    assert comparison(case)(torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]), flat_plain)
+    mine, theirs = trainer.flat_optimizer_state(), export_flat_state(reference, list(plain.parameters()))
+    assert mine.vectors.keys() == theirs.vectors.keys() and mine.scalars == theirs.scalars
+
+
 def test_scalar_parameter_keeps_its_state_per_value():
     """A 0-d parameter's state looks like a scalar; it is still one value per parameter value."""
     params = [nn.Parameter(torch.tensor(1.0)), nn.Parameter(torch.ones(3))]

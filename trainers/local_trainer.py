@@ -52,7 +52,13 @@ class LocalTrainer:
             offset += n
         self._grads_are_views: bool | None = None
         self.last_loss = float("nan")  # the last batch's loss (local SGD's AdaComm reads it)
-        self.optimizer = make_optimizer(optimizer, self.params, lr, momentum, weight_decay, optimizer_args)
+        # The optimizer steps one flat tensor (θ in `params_flat`, its gradient `grads_flat`), as a PS
+        # shard steps its slice. Every optimizer distrain runs is element-wise, so each value gets the
+        # same update as under a per-tensor step, while a step costs one pass of ~10 kernels instead of
+        # ~10 per parameter tensor (the char LM's 30 tensors under Adam: 0.92 ms -> 0.32 ms a step).
+        self.flat_param = nn.Parameter(self.params_flat)  # shares params_flat's storage: the views see it
+        self.flat_param.grad = self.grads_flat
+        self.optimizer = make_optimizer(optimizer, [self.flat_param], lr, momentum, weight_decay, optimizer_args)
 
     @property
     def nbytes(self) -> int:
@@ -120,7 +126,7 @@ class LocalTrainer:
         self.load_flat_optimizer_state(FlatOptimizerState.from_dict(state["optimizer"]))
 
     def flat_optimizer_state(self) -> FlatOptimizerState:
-        return export_flat_state(self.optimizer, self.params)
+        return export_flat_state(self.optimizer, [self.flat_param])
 
     def load_flat_optimizer_state(self, flat: FlatOptimizerState) -> None:
-        import_flat_state(self.optimizer, self.params, flat)
+        import_flat_state(self.optimizer, [self.flat_param], flat)
