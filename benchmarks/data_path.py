@@ -5,7 +5,9 @@ what the background prefetch thread does to throughput on this machine.
    rows a step needs are touched; the pages read are released again with madvise(MADV_DONTNEED), so
    the mapping never becomes resident). Two workers train a linear classifier on it for --steps
    steps; each reports its own peak RSS (VmHWM from /proc/self/status) through the task's metrics.
-   Target: per-worker peak RSS < 600 MB.
+   Target: per-worker peak RSS < 600 MB. For scale, the same run measures the floor: a Ray actor
+   that imports torch and builds one torch optimizer (which imports torch._dynamo, and with it
+   triton, on this CUDA build), with no distrain and no data in it.
 2. Prefetch: the default task (cnn on digits, 2 workers) with --prefetch and --no-prefetch,
    interleaved over --rounds rounds, steady-state samples/s from summary.json; median and spread.
 
@@ -91,6 +93,19 @@ def _status_mb(key: str) -> float:
     return float("nan")
 
 
+def torch_floor_mb() -> dict[str, float]:
+    """Peak and private RSS of a Ray actor that only imports torch and builds an optimizer: what any
+    torch training process on this machine holds before it has a model of note or a sample."""
+    import ray
+
+    @ray.remote(num_cpus=1)
+    def floor() -> dict[str, float]:
+        torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)  # first optimizer: imports torch._dynamo
+        return {"peak": _status_mb("VmHWM"), "anon": _status_mb("RssAnon")}
+
+    return ray.get(floor.remote())
+
+
 def write_file(path: Path, gb: float) -> int:
     rows = int(gb * 2**30 / ((DIM + 1) * 4))
     w = np.random.default_rng(0).normal(size=DIM).astype(np.float32)
@@ -121,6 +136,9 @@ def main() -> None:
         # The same task on a 2 GB file and on a 16 MB one: what the size of the data set adds.
         print("| training set | per-worker peak RSS (VmHWM) | private (RssAnon) at the end | test accuracy |")
         print("|---|---|---|---|")
+        base = torch_floor_mb()
+        print(f"| none: a Ray actor that imported torch and built an optimizer | {base['peak']:.0f} MB "
+              f"| {base['anon']:.0f} MB | |")  # fmt: skip
         for gb in (a.gb, 1 / 64):
             path = Path(tmp) / f"train-{gb:g}.f32"
             t0 = time.perf_counter()

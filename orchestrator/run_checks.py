@@ -24,7 +24,10 @@ def check_runnable(config: RunConfig) -> int:
 
         _, _, num_params = check_task(config, config.samples_per_step)
     else:
+        from distrain.orchestrator.tasks import check_target
+
         check_dataset(config.dataset, config.data_dir, config.samples_per_step)
+        check_target(config, {"test_loss", "test_accuracy"})  # what ClassificationTask.evaluate_batch reports
         num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
         raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")

@@ -118,7 +118,36 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, int]:
         raise ConfigError(f"--task {name}: loss() must return a scalar tensor (mean over the batch), got {got}")
     if not loss.requires_grad:
         raise ConfigError(f"--task {name}: loss() returned a tensor that does not depend on the model's parameters")
+    check_target(config, _reported_metrics(name, task, model, test), task)
     return task, len(train), params
+
+
+def _reported_metrics(name: str, task: Task, model: Any, test: Any) -> set[str]:
+    """The metric columns an evaluation of `task` writes (test_loss, test_<metric>, derived figures),
+    from its evaluation of a few test samples (the model in eval mode, as the workers evaluate)."""
+    import torch
+
+    from distrain.trainers.task import BatchReader, reduce_metrics
+
+    reader = BatchReader(test, task.collate, prefetch=False)
+    batch = _call(name, "collate (reading a test batch)", lambda: reader.read(list(range(min(8, len(test))))))
+    model.eval()
+    with torch.no_grad():
+        parts = _call(name, "metrics", lambda: task.evaluate_batch(model, batch))
+        means = _call(name, "derived_metrics", lambda: reduce_metrics(task, [parts]))
+    return {f"test_{k}" for k in means}
+
+
+def check_target(config: RunConfig, reported: set[str], task: Task | None = None) -> None:
+    """A target on a metric the task never reports would silently never be reached (and leave Tune's
+    schedulers without their metric): one line naming the metrics it does report."""
+    target = run_target(config, task)
+    if target is not None and target.metric not in reported:
+        source = "--target" if config.target_spec is not None else "the task's default_target"
+        raise ConfigError(
+            f"{source} {target} names {target.metric}, which the task does not report; "
+            f"it reports {', '.join(sorted(reported))}"
+        )
 
 
 def _call(name: str, what: str, fn: Any) -> Any:

@@ -1,5 +1,6 @@
 """distrain.Callback: hooks into a run, a stop request that ends it cleanly, the TensorBoard writer (its
-event files read back), and a Tune sweep of a user task ranked by the task's target metric."""
+event files read back). A Tune sweep of a user task ranked by the task's own target metric (Tune's
+reporter is a callback) is in tests/test_user_task_acceptance.py."""
 
 from __future__ import annotations
 
@@ -10,14 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 import distrain
-from distrain.cli import app
 from distrain.orchestrator.callbacks import Callbacks
 from distrain.orchestrator.sweep_spec import sort_by_objective
 from distrain.orchestrator.work import WorkPlan
-from tests.test_tasks import REGRESSION
 
 
 # ---------------------------------------------------------------- no Ray
@@ -169,30 +167,3 @@ def test_a_raising_callback_fails_the_run_with_its_traceback(tmp_path, ray_clust
     assert any("Broken.on_epoch_end" in note for note in info.value.__notes__)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
     assert cb.ended == "failed"  # on_run_end still ran (to close its files)
-
-
-def test_tune_ranks_a_user_task_by_its_target_metric(tmp_path, ray_cluster):
-    """Two trials of a regression task (no accuracy): ASHA and the objective use test_loss, lowest first."""
-    task = tmp_path / "my_task.py"
-    task.write_text(REGRESSION)
-    sweep = tmp_path / "sweep"
-    result = CliRunner().invoke(
-        app,
-        [
-            "tune", "--task", f"{task}:Regression", "--task-arg", "n=128", "--target", "test_loss<=0.5",
-            "--lr", "0.001,0.2", "--epochs", "2", "--workers", "1", "--batch-sizes", "16",
-            "--scheduler", "asha", "--grace-period", "2", "--objective", "final_metric",
-            "--max-concurrent-trials", "1", "--sweep-dir", str(sweep),
-        ],  # fmt: skip
-    )
-    assert result.exit_code == 0, result.output
-    assert "Regression" in result.output and "final test loss" in result.output
-    results = pd.read_csv(sweep / "results.csv")
-    assert len(results) == 2 and (results["status"] == "completed").all()
-    assert (results["metric"] == "test_loss").all()
-    assert results["final_metric"].tolist() == sorted(results["final_metric"])  # lowest loss first
-    assert results["lr"].iloc[0] == 0.2  # the faster rate fits the linear model better in 2 epochs
-    for _, row in results.iterrows():
-        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
-        assert summary["final_test_loss"] == pytest.approx(row["final_metric"])
-        assert summary["target"] == "test_loss<=0.5"

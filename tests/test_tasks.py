@@ -157,6 +157,14 @@ def test_check_task_reports_size_and_parameters(task_file):
     assert str(run_target(RunConfig())) == "test_accuracy>=0.95"
 
 
+def test_a_target_on_a_metric_the_task_does_not_report_is_refused(task_file):
+    """Else it is never reached, silently (and a sweep's scheduler has no metric to compare)."""
+    for target in ("mae<=0.1", "test_loss<=0.5"):
+        check_task(RunConfig(task=f"{task_file}:Regression", target=target), 8)
+    with pytest.raises(ConfigError, match=r"--target test_mea<=0.1 names .* it reports test_loss, test_mae$"):
+        check_task(RunConfig(task=f"{task_file}:Regression", target="mea<=0.1"), 8)
+
+
 def test_unknown_task_arguments_are_one_line(task_file):
     with pytest.raises(ConfigError, match=r"Regression\(width=3\) failed"):
         build_task(RunConfig(task=f"{task_file}:Regression", task_args={"width": 3}))
@@ -268,6 +276,8 @@ runner = CliRunner()
         (["--task", "{file}:Regression", "--task-arg", "width=3"], "failed"),
         (["--task-arg", "n=3"], "--task-arg applies to a --task"),
         (["--target", "accuracy>"], "--target"),
+        (["--task", "{file}:Regression", "--target", "rmse<=0.1"], "names test_rmse, which the task does not"),
+        (["--target", "test_f1>=0.9"], "it reports test_accuracy, test_loss"),  # the built-in task too
     ],
 )
 @pytest.mark.usefixtures("no_ray")

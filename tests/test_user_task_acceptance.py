@@ -1,20 +1,25 @@
 """Issue 14's acceptance: a user's own task, in a file outside the package (a small regression with its
-own metric `mae` and target), trains under every strategy family, a schedule, backup workers, a
-`--chaos` kill and `--resume`, through the CLI and through `distrain.fit`, on the session's real Ray.
+own metric `mae` and a default target on it, `test_mae<=0.25`), trains under every strategy family, a
+schedule, backup workers, a `--chaos` kill and `--resume`, and in a `distrain tune` sweep ranked by that
+target, through the CLI and through `distrain.fit`, on the session's real Ray.
 
 Which path covers which mode:
-- CLI (`distrain run`, in-process through typer's runner): bsp all-reduce to the task's own target; bsp
-  over the parameter server with backup workers; a `--chaos` worker kill recovered from a step
-  checkpoint, then `--resume` to a later end. (The `distrain tune` sweep of a user task ranked by its
-  own target metric is tests/test_callbacks.py::test_tune_ranks_a_user_task_by_its_target_metric.)
-- `distrain.fit`: ssp, async, local SGD with adaptive τ, a schedule (bsp then local-sgd), bsp over the
-  PS, a chaos kill under ssp (the worker replaced in place), `fit(resume=...)`, and a class and an
-  instance twice in one process.
+- CLI (`distrain run` / `distrain tune`, in-process through typer's runner): bsp all-reduce to the task's
+  own target; bsp over the parameter server with backup workers; a `--chaos` worker kill recovered from
+  a step checkpoint, then `--resume` to a later end; a `distrain tune` sweep whose ASHA scheduler and
+  objective use the task's own target metric (test_mae, lowest first).
+- `distrain.fit`: async; a schedule (bsp then local SGD with adaptive τ); a chaos kill under ssp (the
+  worker replaced in place), then `fit(resume=...)` trains it further; a class and an instance twice
+  in one process.
+Every run is asserted to complete, to record the task's own metric in metrics.parquet and summary.json
+(and no accuracy), and to bring the loss down from its first steps.
 """
 
 from __future__ import annotations
 
 import json
+import textwrap
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -28,52 +33,63 @@ from tests.test_tasks import REGRESSION
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 runner = CliRunner()
 SMALL = {"task_args": {"n": 2048}, "segment_steps": 8}  # 1536 training samples: 24 steps an epoch at 2 x 32
+TARGET = "test_mae<=0.25"
+USER_TASK = REGRESSION + textwrap.dedent(
+    f"""
+    class MaeRegression(Regression):
+        default_target = "{TARGET}"  # on its own metric
+    """
+)
 
 
 @pytest.fixture(scope="module")
 def task_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("user") / "my_task.py"
-    path.write_text(REGRESSION)
-    return f"{path}:Regression"
+    path.write_text(USER_TASK)
+    return f"{path}:MaeRegression"
 
 
 def cli(*args: str) -> str:
-    result = runner.invoke(app, ["run", *args])
+    result = runner.invoke(app, list(args))
     assert result.exit_code == 0, result.output
     return result.output
 
 
 def read(run_dir) -> tuple[dict, pd.DataFrame]:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return summary, pd.read_parquet(run_dir / "metrics.parquet")
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    return summary, pd.read_parquet(Path(run_dir) / "metrics.parquet")
 
 
-def assert_trained(summary: dict, metrics: pd.DataFrame, loss_below: float = 0.1) -> None:
-    """Completed, its own metric recorded every evaluation, and the loss down to what a linear fit reaches."""
+def assert_trained(summary: dict, metrics: pd.DataFrame, loss_below: float = 0.2) -> None:
+    """Completed, its own metric recorded every evaluation, and the loss down from its first steps
+    (about 15: the targets' variance) to near what a linear fit reaches (0.0025, the noise)."""
     assert summary["status"] == "completed", summary
-    assert summary["final_test_loss"] <= loss_below and summary["final_test_mae"] < 0.5, summary
+    assert summary["target"] == TARGET
+    assert summary["final_test_loss"] <= loss_below and summary["final_test_mae"] < 0.4, summary
     evals = metrics[metrics["kind"] == "eval"]
     assert len(evals) >= 1 and evals["test_mae"].notna().all()
+    assert evals["test_mae"].iloc[-1] == pytest.approx(summary["final_test_mae"])
+    first_loss = metrics[metrics["kind"] == "step"].sort_values("step")["loss"].iloc[0]
+    assert first_loss > 20 * summary["final_test_loss"], (first_loss, summary["final_test_loss"])
     assert "final_test_accuracy" not in summary
 
 
 # ---------------------------------------------------------------- the CLI
 def test_cli_bsp_reaches_the_task_s_own_target(task_path, tmp_path):
     run_dir = tmp_path / "run"
-    output = cli("--task", task_path, "--task-arg", "n=2048", "--epochs", "3", "--run-dir", str(run_dir))
+    output = cli("run", "--task", task_path, "--task-arg", "n=2048", "--epochs", "3", "--run-dir", str(run_dir))
     summary, metrics = read(run_dir)
     assert_trained(summary, metrics, loss_below=0.05)
-    assert summary["task"] == task_path and summary["target"] == "test_loss<=0.05"
-    assert summary["time_to_target_s"] is not None
+    assert summary["task"] == task_path and summary["time_to_target_s"] is not None
     assert list(metrics.query("kind == 'eval'")["epoch"]) == [0, 1, 2]
-    assert "final test mae" in output and "time to test_loss<=0.05" in output
+    assert "final test mae" in output and f"time to {TARGET}" in output
     recorded = RunConfig.resolve(str(run_dir / "config.yaml"), {})
     assert (recorded.task, recorded.task_args) == (task_path, {"n": 2048})
 
 
 def test_cli_backup_workers_over_the_parameter_server(task_path, tmp_path):
     run_dir = tmp_path / "run"
-    cli("--task", task_path, "--task-arg", "n=2048", "--strategy", "bsp", "--transport", "ps",
+    cli("run", "--task", task_path, "--task-arg", "n=2048", "--strategy", "bsp", "--transport", "ps",
         "--backup-workers", "1", "--epochs", "3", "--run-dir", str(run_dir))  # fmt: skip
     summary, metrics = read(run_dir)
     # Which 2 of the 3 gradients a round takes depends on timing, so the loss varies from run to run
@@ -87,13 +103,13 @@ def test_cli_backup_workers_over_the_parameter_server(task_path, tmp_path):
 
 def test_cli_chaos_kill_recovers_then_resume_goes_on(task_path, tmp_path):
     run_dir = tmp_path / "run"
-    cli("--task", task_path, "--task-arg", "n=1024", "--epochs", "2", "--checkpoint-steps", "8",
+    cli("run", "--task", task_path, "--task-arg", "n=1024", "--epochs", "2", "--checkpoint-steps", "8",
         "--chaos", "kill-worker@14:1", "--segment-steps", "4", "--run-dir", str(run_dir))  # fmt: skip
     summary, metrics = read(run_dir)
     assert_trained(summary, metrics, loss_below=0.5)
     assert summary["failures"] == 1 and summary["failure_events"][0]["action"] == "restarted"
     assert summary["chaos"][0]["fired"] is True
-    cli("--resume", str(run_dir), "--epochs", "4")  # the finished run, trained further from its checkpoint
+    cli("run", "--resume", str(run_dir), "--epochs", "4")  # the finished run, trained further from its checkpoint
     summary, metrics = read(run_dir)
     assert_trained(summary, metrics)
     steps = metrics[metrics["kind"] == "step"]
@@ -101,27 +117,46 @@ def test_cli_chaos_kill_recovers_then_resume_goes_on(task_path, tmp_path):
     assert summary["failures"] == 1  # the recovered failure is still on record
 
 
+def test_cli_tune_ranks_trials_by_the_task_s_own_target_metric(task_path, tmp_path):
+    """No --target: ASHA and the objective use the task's default one, on its own metric (lowest first)."""
+    sweep = tmp_path / "sweep"
+    output = cli(
+        "tune", "--task", task_path, "--task-arg", "n=128", "--lr", "0.001,0.2", "--epochs", "2",
+        "--workers", "1", "--batch-sizes", "16", "--scheduler", "asha", "--grace-period", "2",
+        "--objective", "final_metric", "--max-concurrent-trials", "1", "--sweep-dir", str(sweep),
+    )  # fmt: skip
+    assert "MaeRegression" in output and "final test mae" in output
+    results = pd.read_csv(sweep / "results.csv")
+    assert len(results) == 2 and (results["status"] == "completed").all()
+    assert (results["metric"] == "test_mae").all()
+    assert results["final_metric"].tolist() == sorted(results["final_metric"])  # lowest error first
+    assert results["lr"].iloc[0] == 0.2  # the faster rate fits the linear model better in 2 epochs
+    for _, row in results.iterrows():
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        assert summary["final_test_mae"] == pytest.approx(row["final_metric"])
+        assert summary["target"] == TARGET
+
+
 # ---------------------------------------------------------------- distrain.fit
 @pytest.mark.parametrize(
     "options",
     [
-        {"strategy": "ssp", "staleness": 1},
         {"strategy": "async", "lr": 0.02},
-        {"strategy": "local-sgd", "adaptive_tau": True, "tau": 4},
-        {"schedule": "bsp:1,local-sgd", "tau": 2},
-        {"strategy": "bsp", "transport": "ps"},
+        {"schedule": "bsp:1,local-sgd", "adaptive_tau": True, "tau": 4},
     ],
-    ids=["ssp", "async", "local-sgd-adacomm", "schedule", "bsp-ps"],
+    ids=["async", "schedule-bsp-then-local-sgd-adacomm"],
 )
-def test_fit_trains_a_user_task_under_every_strategy_family(task_path, tmp_path, options):
+def test_fit_trains_a_user_task_under_async_and_a_schedule(task_path, tmp_path, options):
     result = distrain.fit(task=task_path, epochs=3, run_dir=str(tmp_path / "run"), progress=False, **SMALL, **options)
     summary, metrics = read(tmp_path / "run")
     assert_trained(summary, metrics)
     assert result.metrics["test_mae"] == summary["final_test_mae"]
     if "schedule" in options:
         assert [p["strategy"] for p in summary["phases"]] == ["bsp", "local-sgd"]
-    if options.get("adaptive_tau"):
-        assert metrics.query("kind == 'step'")["tau"].notna().all()
+        local = metrics.query("kind == 'step' and epoch >= 1")
+        assert len(local) and local["tau"].notna().all()  # τ, recorded on the local-SGD steps
+        # AdaComm re-chose τ from the loss after the phase began at τ₀ = 4 (a fixed τ never changes).
+        assert summary["tau_changes"][0] == [24, 4] and len(summary["tau_changes"]) > 1, summary["tau_changes"]
 
 
 def test_fit_chaos_under_ssp_replaces_the_worker_and_fit_resume_goes_on(task_path, tmp_path):
@@ -129,6 +164,7 @@ def test_fit_chaos_under_ssp_replaces_the_worker_and_fit_resume_goes_on(task_pat
     first = distrain.fit(task=task_path, strategy="ssp", epochs=2, chaos=["kill-worker@10:1"], run_dir=run_dir,
                          progress=False, **SMALL)  # fmt: skip
     assert first.summary["replacements"] == 1 and first.summary["failure_events"][0]["action"] == "replaced"
+    assert first.summary["strategy"] == "ssp" and first.summary["epochs_completed"] == 2
     again = distrain.fit(resume=run_dir, epochs=3, progress=False)
     summary, metrics = read(tmp_path / "run")
     assert_trained(summary, metrics)
