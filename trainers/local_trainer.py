@@ -3,7 +3,8 @@
 Parameters and gradients are views into two contiguous buffers (`params_flat`, `grads_flat`), so a
 strategy communicates one buffer per step (all-reduce, push/pull) with no per-tensor calls and no
 copies. Autograd accumulates into an existing `.grad` in place, which keeps the views attached; the
-first backward pass verifies that and the trainer falls back to copying if it ever is not so.
+first backward pass verifies that and the trainer falls back to copying if it ever is not so. The
+optimizer steps `params_flat` as one tensor (see `__init__`).
 """
 
 from __future__ import annotations
