@@ -277,7 +277,11 @@ class Optimization:
     """The optimizer, its learning rate, its schedule, and the batch it is scaled for."""
 
     batch_size: int = setting(32, "Per-worker batch size B; the global batch is workers x B.", "optimizer")
-    lr: float = setting(0.05, "Base learning rate, defined for --base-batch-size samples per step.", "optimizer")
+    lr: float = setting(
+        0.05,
+        "Base learning rate, defined for --base-batch-size samples per step (diloco: the inner rate, default 0.01).",
+        "optimizer",
+    )
     lr_scaling: str = setting(
         "linear", "Scale lr with the global batch: linear, sqrt or none (Goyal et al.).", "optimizer"
     )
@@ -889,6 +893,9 @@ def _resolve_common(values: dict[str, Any]) -> dict[str, Any]:
         v["strategy"] = absolute_import_path(v["strategy"], "--strategy")
     phases = strategies_named(v["strategy"], v["schedule"], v["epochs"])
     strategy = phases[0]
+    for name, default in strategy.run_defaults.items():
+        if values.get(name) is None:
+            v[name] = coerce(COMMON_FIELDS[name].kind, default, COMMON_FIELDS[name].flag)
     if not v["transport"]:
         v["transport"] = strategy.transports[0]
     if v["transport"] not in ("collective", "ps"):

@@ -147,6 +147,10 @@ def strategy_text(config: dict[str, Any], strategy: str | None = None) -> str:
         text += f" tau={c['tau']}"
         if c.get("adaptive_tau"):
             text += f" adaptive ({c.get('tau_interval')}, max {c.get('tau_max')})"
+    if name == "diloco" and c.get("sync_every") is not None:
+        outer = c.get("outer_optimizer") or "sgd"
+        momentum = f" nesterov {c['outer_momentum']:g}" if outer == "sgd" and c.get("outer_momentum") else ""
+        text += f" H={c['sync_every']} outer {outer} lr {c.get('outer_lr'):g}{momentum}"
     transport = c.get("transport") if strategy is None else ("ps" if name in ("async", "ssp") else None)
     if transport == "ps":
         shards = c.get("ps_shards") or 1

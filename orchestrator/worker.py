@@ -191,7 +191,7 @@ class TrainWorker:
             compute_s = time.perf_counter() - t0
             try:
                 comm = self.strategy.step(self.trainer, lr)
-                if step == self.sharder.steps_per_epoch - 1 or global_step == self.total_steps - 1:
+                if self._closes_period(step, global_step):
                     extra = self.strategy.at_epoch_end(self.trainer)
                     if extra is not None:  # e.g. local SGD's closing average: counted in this step's row
                         comm.seconds += extra.seconds
@@ -236,6 +236,17 @@ class TrainWorker:
         if diverged is not None:
             rows["diverged"] = [diverged]  # not a metrics column: the driver takes it out
         return rows
+
+    def _closes_period(self, step: int, global_step: int) -> bool:
+        """Whether the replica must be one well-defined model after this step: it ends an epoch or the
+        run (an evaluation or a switch reads it next), or a step checkpoint (--checkpoint-steps) is
+        taken here. Strategies with local periods (local SGD, DiLoCo) average there."""
+        every = self.config.checkpoint_steps
+        return (
+            step == self.sharder.steps_per_epoch - 1
+            or global_step == self.total_steps - 1
+            or bool(every and (global_step + 1) % every == 0)
+        )
 
     def _indices(self, epoch: int, step: int, slice_: int) -> np.ndarray:
         return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step)

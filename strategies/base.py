@@ -103,6 +103,9 @@ class Strategy(ABC):
     transports: ClassVar[tuple[str, ...]] = ("collective",)
     Options: ClassVar[type[StrategyOptions]] = NoOptions
     independent_workers: ClassVar[bool] = False
+    # Run settings whose default differs under this strategy (DiLoCo's smaller inner --lr), applied only
+    # where the user set none; a schedule's phases share the run's settings, set by its first strategy.
+    run_defaults: ClassVar[dict[str, Any]] = {}
     metric_columns: ClassVar[dict[str, str]] = {}  # column -> Arrow type: "float64", "int64", "int32", "bool"
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
@@ -170,8 +173,9 @@ class Strategy(ABC):
         rows are columns, one entry per computed unit, in order)."""
 
     def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
-        """Called on every worker right after its last step of an epoch (and of the run), before any
-        evaluation, checkpoint or strategy switch reads the replica; returns what it communicated."""
+        """Called on every worker right after its last step of an epoch (and of the run), and of a span
+        ending in a step checkpoint (--checkpoint-steps), before any evaluation, checkpoint or strategy
+        switch reads the replica; returns what it communicated."""
         return None
 
     def prepare_eval(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook

@@ -16,9 +16,9 @@ step count) is equal on every worker already. The price is that a round moves (1
 k state vectors instead of n.
 
 Periods are cut at epoch ends: a round also happens after a worker's last step of an epoch (or of
-the run) if any local step is pending, and the next period starts afresh. So every evaluation,
-checkpoint and strategy switch sees the one averaged model. The step rows record the τ in force and
-the number of rounds completed.
+the run, or before a step checkpoint of --checkpoint-steps) if any local step is pending, and the next
+period starts afresh. So every evaluation, checkpoint and strategy switch sees the one averaged model.
+The step rows record the τ in force and the number of rounds completed.
 
 Adaptive τ (`--adaptive-tau`, see `adacomm.py`): each round's all-reduce carries, beside θ and the
 optimizer state, each worker's [loss sum, loss count, seconds since the interval began]; summed,

@@ -239,6 +239,13 @@ BAD_INPUTS = [
     (["--resume", "{in}/run_no_metrics"], ["metrics.parquet", "missing", "--init-from"]),
     # local SGD, AdaComm, schedules, emulated delay (issue 5)
     (["--strategy", "local-sgd", "--tau", "0"], ["--tau must be >= 1"]),
+    (["--strategy", "diloco", "--sync-every", "0"], ["--sync-every must be >= 1"]),
+    (["--strategy", "diloco", "--outer-lr", "0"], ["--outer-lr must be a positive number"]),
+    (["--strategy", "diloco", "--outer-optimizer", "lbfgs"], ["unknown --outer-optimizer 'lbfgs'", "adamw"]),
+    (["--strategy", "diloco", "--outer-optimizer", "adam", "--outer-momentum", "0.5"], ["--outer-momentum applies to"]),
+    (["--strategy", "diloco", "--outer-momentum", "1"], ["--outer-momentum must be in [0, 1)"]),
+    (["--strategy", "bsp", "--sync-every", "4"], ["--sync-every is not used by --strategy bsp", "diloco"]),
+    (["--strategy", "diloco", "--transport", "ps"], ["--transport ps cannot carry --strategy diloco"]),
     (["--strategy", "local-sgd", "--adaptive-tau", "--tau", "8", "--tau-max", "4"], ["--tau-max (4) is below --tau"]),
     (["--adaptive-tau"], ["--adaptive-tau is not used by --strategy bsp", "local-sgd"]),
     (["--strategy", "ssp", "--tau", "4"], ["--tau is not used by --strategy ssp", "local-sgd"]),
@@ -384,7 +391,7 @@ def test_strategies_lists_bsp():
     result = runner.invoke(app, ["strategies"])
     assert result.exit_code == 0, result.output
     names = [line.split()[0] for line in result.stdout.splitlines() if line.strip() and not line.startswith(" ")]
-    assert names == ["async", "bsp", "local-sgd", "ssp"]
+    assert names == ["async", "bsp", "diloco", "local-sgd", "ssp"]
     assert "transports: collective, ps; options: --backup-workers --backup-tasks --portions" in result.stdout
 
 
