@@ -113,3 +113,16 @@ def test_schedules_hand_over_to_and_from_diloco(tmp_path):
     last = rows[rows["step"] == out.summary["phases"][0]["end_step"] - 1]
     assert (last["bytes_sent"] > 0).all()  # the period closed at the switch: BSP starts from θ_g
     assert out.summary["status"] == "completed"
+
+
+def test_a_worker_lost_mid_round_discards_the_round_and_ends_equal_to_the_uninterrupted_run(tmp_path):
+    """torchft's choice: a round a worker dies in is discarded and every replica goes back to the last
+    synchronised θ_g. Here that is the latest step checkpoint, which closes a period (an outer step), so
+    with a stateless inner optimizer the recovered run ends exactly where the uninterrupted one does."""
+    kw = dict(strategy="diloco", sync_every=4, checkpoint_steps=8, max_steps=24)
+    clean = run_training(cfg(tmp_path, "clean", **kw))
+    hit = run_training(cfg(tmp_path, "hit", chaos=("kill-worker@10:1",), **kw))
+    (event,) = hit.summary["failure_events"]
+    assert hit.summary["status"] == "completed" and (event["action"], event["restored_step"]) == ("restarted", 8), event
+    assert (final_params(hit.run_dir) - final_params(clean.run_dir)).abs().max().item() <= 1e-6
+    assert hit.summary["outer_steps"] == clean.summary["outer_steps"]
