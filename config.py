@@ -340,7 +340,14 @@ class StrategySection:
         "", "Strategies in sequence, switching at epoch marks: name[:epochs],... e.g. bsp:2,local-sgd.", "strategy"
     )
     comm_delay_ms: float = setting(
-        0.0, "Emulated network delay added to every communication round, ms (experiments).", "strategy"
+        0.0, "Emulated network latency: every transfer takes at least this long, ms (experiments).", "strategy"
+    )
+    comm_bandwidth: str | None = setting(
+        None,
+        "Emulated link bandwidth per worker, e.g. 100mbit, 25gbit, 12.5MB/s: every transfer takes at least "
+        "--comm-delay-ms + bytes / RATE (experiments).",
+        "strategy",
+        metavar="RATE",
     )
     options: dict[str, Any] = setting(
         {}, "Each strategy's own options (its `Options` dataclass), by strategy name; see `distrain strategies`."
@@ -594,6 +601,10 @@ class RunConfig:
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
         self._validate_unused_inputs()
+        if self.comm_bandwidth is not None:
+            from distrain.units import parse_rate
+
+            parse_rate(self.comm_bandwidth)
         for name in ("gpus_per_worker", "momentum", "weight_decay", "warmup_epochs", "comm_delay_ms"):
             value = getattr(self, name)
             if value is None:  # momentum of an optimizer without one

@@ -16,6 +16,7 @@ from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
 from distrain.strategies.consistency import ConsistencyRule
+from distrain.strategies.network import Link
 from distrain.strategies.ps import PSStrategy
 from distrain.strategies.registry import STRATEGIES
 
@@ -130,14 +131,14 @@ class BSP(Strategy):
         from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce
 
         backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
-        delay_s = self.config.comm_delay_ms / 1000
+        link = Link.of(self.config)  # one emulated link per worker, shared by its transfers
         self.group = CollectiveGroup(
-            self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s, delay_s
+            self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s, link
         )
         # Replicas start equal because the seed fixes the init; the broadcast makes it a fact.
         self.group.broadcast_(trainer.params_flat, src=0)
         if self.ctx.world_size > 1:
-            self.overlap = OverlappedAllReduce(trainer.params, trainer.grads_flat, self.ctx.world_size, delay_s=delay_s)
+            self.overlap = OverlappedAllReduce(trainer.params, trainer.grads_flat, self.ctx.world_size, link=link)
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         from distrain.strategies.collective import ring_allreduce_bytes

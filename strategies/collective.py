@@ -14,6 +14,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from distrain.strategies.network import Link
+
 
 def free_address(host: str) -> str:
     """A "host:port" on this node that was free a moment ago, for rank 0 to host the rendezvous."""
@@ -27,22 +29,14 @@ def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
     return 2 * (world_size - 1) * nbytes // world_size
 
 
-def emulate_delay(delay_s: float) -> None:
-    """--comm-delay-ms: a fixed sleep per communication round, emulating a slower network (latency),
-    so communication-bound behaviour can be studied on one machine. Every rank sleeps before the
-    round's exchange, inside the timed region, so the metrics' comm_s include it."""
-    if delay_s > 0:
-        time.sleep(delay_s)
-
-
 class CollectiveGroup:
     def __init__(
-        self, rank: int, world_size: int, rendezvous: str, backend: str, timeout_s: float, delay_s: float = 0.0
+        self, rank: int, world_size: int, rendezvous: str, backend: str, timeout_s: float, link: Link | None = None
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
-        self.delay_s = delay_s  # emulated network delay added to every all-reduce (see emulate_delay)
+        self.link = link or Link()  # the emulated network (--comm-delay-ms, --comm-bandwidth), see network.py
         dist.init_process_group(
             backend=backend,
             init_method=f"tcp://{rendezvous}",
@@ -54,10 +48,11 @@ class CollectiveGroup:
     def all_reduce_mean_(self, tensor: torch.Tensor) -> float:
         """Average `tensor` across workers in place; returns the seconds it took."""
         t0 = time.perf_counter()
-        emulate_delay(self.delay_s)
         if self.world_size > 1:
+            done = self.link.reserve(ring_allreduce_bytes(tensor.numel() * tensor.element_size(), self.world_size), t0)
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
             tensor.div_(self.world_size)
+            self.link.hold_until(done)
         return time.perf_counter() - t0
 
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
@@ -94,10 +89,11 @@ class OverlappedAllReduce:
         world_size: int,
         first_bucket_bytes: int = FIRST_BUCKET_BYTES,
         bucket_bytes: int = BUCKET_BYTES,
-        delay_s: float = 0.0,
+        link: Link | None = None,
     ) -> None:
         self.grads_flat = grads_flat
-        self.delay_s = delay_s
+        self.link = link or Link()  # each bucket is one emulated transfer, launched when the bucket is
+        self.done = 0.0  # and the step's emulated transfers all complete by this time (perf_counter)
         self.world_size = world_size
         spans, offset = [], 0
         for p in params:
@@ -138,16 +134,19 @@ class OverlappedAllReduce:
     def _launch_next(self) -> None:
         lo, hi = self.buckets[self.next]
         self.works.append(dist.all_reduce(self.grads_flat[lo:hi], op=dist.ReduceOp.SUM, async_op=True))
+        if self.link.emulated:
+            nbytes = ring_allreduce_bytes((hi - lo) * self.grads_flat.element_size(), self.world_size)
+            self.done = self.link.reserve(nbytes)
         self.next += 1
 
     def finish(self) -> float:
         """Complete this step's all-reduce (mean in place); returns the seconds spent waiting here."""
         t0 = time.perf_counter()
-        emulate_delay(self.delay_s)
         while self.next < len(self.buckets):  # buckets with an unused parameter, after backward
             self._launch_next()
         for work in self.works:
             work.wait()
+        self.link.hold_until(self.done)  # what the emulated link has not delivered yet
         self.works.clear()
         self.ready = [0] * len(self.buckets)
         self.next = 0

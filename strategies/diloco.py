@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
+from distrain.strategies.network import Link
 from distrain.strategies.registry import STRATEGIES
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ class DiLoCo(Strategy):
             self.ctx.rendezvous,
             backend,
             self.config.collective_timeout_s,
-            self.config.comm_delay_ms / 1000,
+            Link.of(self.config),
         )
         self.group.broadcast_(trainer.params_flat, src=0)  # replicas start from one θ_g
         self.global_param = torch.nn.Parameter(trainer.params_flat.detach().clone())

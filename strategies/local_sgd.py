@@ -38,6 +38,7 @@ from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.adacomm import AdaComm, TauInterval
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
+from distrain.strategies.network import Link
 from distrain.strategies.registry import STRATEGIES
 from distrain.trainers.schedule import scaled_lr
 
@@ -141,7 +142,7 @@ class LocalSGD(Strategy):
             self.ctx.rendezvous,
             backend,
             self.config.collective_timeout_s,
-            self.config.comm_delay_ms / 1000,
+            Link.of(self.config),
         )
         # Replicas start equal (same seed, or the same loaded state); the broadcast makes it a fact.
         self.group.broadcast_(trainer.params_flat, src=0)

@@ -15,6 +15,7 @@ from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
 from distrain.strategies.consistency import ConsistencyRule
+from distrain.strategies.network import Link
 from distrain.strategies.registry import STRATEGIES
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class PSStrategy(Strategy):
 
         super().__init__(config, ctx)
         timeout = config.hang_timeout_s * PS_WAIT_FACTOR + PS_WAIT_MARGIN_S
-        self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, timeout, config.comm_delay_ms / 1000)
+        self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, timeout, Link.of(config))
         self.clock = 0  # iterations this worker has pushed
         self.rounds = self.ps_rule(config).mode == "rounds"  # only rounds drop gradients (k-of-n)
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from distrain.strategies.collective import emulate_delay
+from distrain.strategies.network import Link
 from distrain.strategies.ps_shard import Reply
 from distrain.trainers.optim_state import FlatOptimizerState
 
@@ -39,9 +39,9 @@ class PSClient:
         bounds: list[tuple[int, int]],
         worker: int,
         timeout_s: float | None = None,
-        delay_s: float = 0.0,
+        link: Link | None = None,
     ) -> None:
-        self.delay_s = delay_s  # --comm-delay-ms, added to every push-pull
+        self.link = link or Link()  # the emulated network: a push-pull is one transfer (network.py)
         self.shards = shards
         self.timeout_s = timeout_s  # a shard silent this long counts as hung (GetTimeoutError)
         self.bounds = bounds
@@ -62,7 +62,9 @@ class PSClient:
     def push_pull(self, clock: int, grads: np.ndarray | None, lr: float, params: np.ndarray) -> PushPullResult:
         """Push `grads` (None: a skipped step, the clock only), then install θ."""
         t0 = time.perf_counter()
-        emulate_delay(self.delay_s)
+        if self.link.emulated:  # the push (None: a clock-only message) and the pull of θ, 4 bytes a value
+            pushed = 0 if grads is None else grads.nbytes
+            done = self.link.reserve(pushed + params.nbytes, t0)
         read = self.read_versions
         refs = [
             shard.push_pull.remote(self.worker, clock, None if grads is None else grads[start:stop], lr, read[i])
@@ -70,6 +72,8 @@ class PSClient:
         ]
         replies: list[Reply] = ray.get(refs, timeout=self.timeout_s)
         self._install(replies, params)
+        if self.link.emulated:
+            self.link.hold_until(done)
         return PushPullResult(
             seconds=time.perf_counter() - t0,
             wait_s=max(r.wait_s for r in replies),

@@ -240,6 +240,8 @@ BAD_INPUTS = [
     # local SGD, AdaComm, schedules, emulated delay (issue 5)
     (["--strategy", "local-sgd", "--tau", "0"], ["--tau must be >= 1"]),
     (["--strategy", "diloco", "--sync-every", "0"], ["--sync-every must be >= 1"]),
+    (["--comm-bandwidth", "fast"], ["--comm-bandwidth 'fast' is not a rate", "100mbit"]),
+    (["--comm-bandwidth", "-5mbit"], ["--comm-bandwidth must be a positive rate"]),
     (["--strategy", "diloco", "--outer-lr", "0"], ["--outer-lr must be a positive number"]),
     (["--strategy", "diloco", "--outer-optimizer", "lbfgs"], ["unknown --outer-optimizer 'lbfgs'", "adamw"]),
     (["--strategy", "diloco", "--outer-optimizer", "adam", "--outer-momentum", "0.5"], ["--outer-momentum applies to"]),

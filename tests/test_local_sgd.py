@@ -87,7 +87,7 @@ def test_default_adacomm_run_changes_tau_on_the_bundled_data(tmp_path):
     assert changes[1][0] >= math.ceil(0.1 * run.summary["steps_completed"]), changes
 
 
-def test_comm_delay_is_added_to_every_communication_round(tmp_path):
+def test_every_communication_round_lasts_at_least_the_comm_delay(tmp_path):
     delay = 0.04
     for name, kw in [
         ("bsp", {}),
@@ -99,6 +99,32 @@ def test_comm_delay_is_added_to_every_communication_round(tmp_path):
         rounds = rows[rows["bytes_sent"] > 0]
         assert len(rounds) == (4 if name == "local" else 12), name
         assert (rounds["comm_s"] >= delay).all(), (name, rounds["comm_s"].min())
+
+
+def test_comm_bandwidth_makes_every_transfer_last_latency_plus_bytes_over_rate(tmp_path):
+    """--comm-bandwidth 80mbit (10 MB/s) with --comm-delay-ms 5: a transfer of b bytes lasts at least
+    5 ms + b / 10 MB/s, counted from its launch. BSP launches its bucket during backward (inside
+    compute_s), so only compute + comm bounds it; a local-SGD round and a PS push-pull wait it out."""
+    rate, latency = 10e6, 0.005
+    for name, kw in [
+        ("bsp", {}),
+        ("local", dict(strategy="local-sgd", tau=3)),
+        ("ssp", dict(strategy="ssp", staleness=1)),
+    ]:
+        run = run_training(
+            cfg(tmp_path, f"bw-{name}", max_steps=6, comm_delay_ms=latency * 1000, comm_bandwidth="80mbit", **kw)
+        )
+        rows = steps_of(run.run_dir)
+        rounds = rows[rows["bytes_sent"] > 0]
+        assert len(rounds) == (4 if name == "local" else 12), name
+        if name == "ssp":  # the push and the pull of θ: one request and its reply
+            wire = rounds["bytes_sent"] + rounds["bytes_received"]
+        else:  # a ring all-reduce: bytes_sent is what each worker puts on the wire (and receives)
+            wire = rounds["bytes_sent"]
+        bound = latency + wire / rate
+        spent = rounds["comm_s"] + (rounds["compute_s"] if name == "bsp" else 0)
+        assert (spent >= bound * 0.999).all(), (name, (spent - bound).min())
+        assert bound.min() > 0.05, name  # the rate, not the latency, dominates: the bound means something
 
 
 def test_a_resumed_adacomm_run_goes_on_with_its_tau_and_rounds(tmp_path):

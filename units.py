@@ -1,0 +1,43 @@
+"""Quantities written with units on the command line: data rates (`--comm-bandwidth`, and the planner's
+`--bandwidth`). No torch, no Ray: the CLI validates with it before anything starts."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from distrain.errors import ConfigError
+
+# unit (lower case) -> bytes per second. Network rates in bits (decimal, as links are sold), storage-style
+# rates in bytes (decimal, or binary with "i").
+RATE_UNITS = {
+    "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
+    "bps": 1 / 8, "kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8,
+    "b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9,
+    "kib/s": 2**10, "mib/s": 2**20, "gib/s": 2**30,
+}  # fmt: skip
+_RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z/]+)\s*", re.IGNORECASE)
+
+
+def parse_rate(text: str, flag: str = "--comm-bandwidth") -> float:
+    """"100mbit", "25gbit", "12.5MB/s", "1GiB/s" -> bytes per second (> 0). "MB/s" means bytes and "mbit"
+    bits, whatever the case; a bare number is refused (bits or bytes?)."""
+    if str(text).strip().startswith("-"):
+        raise ConfigError(f"{flag} must be a positive rate, got {text!r}")
+    match = _RATE.fullmatch(str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in RATE_UNITS:
+        raise ConfigError(f"{flag} {text!r} is not a rate: write a number and a unit, e.g. 100mbit, 25gbit or 12.5MB/s")
+    rate = float(match.group(1)) * RATE_UNITS[unit]
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ConfigError(f"{flag} must be a positive rate, got {text!r}")
+    return rate
+
+
+def rate_text(bytes_per_s: float) -> str:
+    """A rate as people write link speeds: 12.5 MB/s -> "100 Mbit/s"."""
+    bits = bytes_per_s * 8
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:g} {unit}"
+    return f"{bits:g} bit/s"
