@@ -11,7 +11,7 @@ from typing import Any
 from distrain.config import RunConfig
 from distrain.errors import ConfigError
 from distrain.trainers.datasets import DATASETS, check_dataset
-from distrain.trainers.models import count_parameters
+from distrain.trainers.models import parameter_sizes
 
 
 def check_runnable(config: RunConfig) -> int:
@@ -22,13 +22,16 @@ def check_runnable(config: RunConfig) -> int:
     if config.task:
         from distrain.orchestrator.tasks import check_task
 
-        _, _, num_params = check_task(config, config.samples_per_step)
+        _, _, sizes = check_task(config, config.samples_per_step)
     else:
         from distrain.orchestrator.tasks import check_target
 
         check_dataset(config.dataset, config.data_dir, config.samples_per_step)
         check_target(config, {"test_loss", "test_accuracy"})  # what ClassificationTask.evaluate_batch reports
-        num_params = count_parameters(config.model, DATASETS.get(config.dataset).info)
+        sizes = parameter_sizes(config.model, DATASETS.get(config.dataset).info)
+    num_params = sum(sizes)
+    for strategy in config.strategy_classes:
+        strategy.check_model(config, sizes)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
         raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
     return num_params

@@ -82,9 +82,9 @@ def train_size(config: RunConfig) -> int:
     return len(build_task(config).datasets()[0])
 
 
-def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, int]:
+def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]]:
     """Build a user task once in the driver: its data sets are not empty, its model builds, its loss is
-    a scalar on a batch of `batch_size`. Returns (task, training samples, trainable parameters)."""
+    a scalar on a batch of `batch_size`. Returns (task, training samples, values of each trainable tensor)."""
     import torch
 
     from distrain.trainers.task import BatchReader
@@ -107,8 +107,8 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, int]:
     model = _call(name, "build_model", task.build_model)
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"--task {name}: build_model() returned {type(model).__name__}, not a torch.nn.Module")
-    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if params == 0:
+    sizes = [p.numel() for p in model.parameters() if p.requires_grad]
+    if sum(sizes) == 0:
         raise ConfigError(f"--task {name}: the model has no trainable parameters")
     reader = BatchReader(train, task.collate, prefetch=False)
     batch = _call(name, "collate (reading a batch)", lambda: reader.read(list(range(min(batch_size, len(train))))))
@@ -119,7 +119,7 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, int]:
     if not loss.requires_grad:
         raise ConfigError(f"--task {name}: loss() returned a tensor that does not depend on the model's parameters")
     check_target(config, _reported_metrics(name, task, model, test), task)
-    return task, len(train), params
+    return task, len(train), sizes
 
 
 def _reported_metrics(name: str, task: Task, model: Any, test: Any) -> set[str]:

@@ -140,6 +140,11 @@ class Strategy(ABC):
         """The shards' rule, for strategies on the parameter-server transport; None otherwise."""
         return None
 
+    @classmethod  # noqa: B027 - optional hook
+    def check_model(cls, config: RunConfig, tensor_sizes: list[int]) -> None:
+        """Refuse (ConfigError) a config this strategy cannot run on the model, whose trainable tensors
+        have `tensor_sizes` values each; called before anything starts (`distrain run`, each trial)."""
+
     def setup(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook
         """Join transports; every worker calls this at the same time."""
 

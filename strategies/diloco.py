@@ -23,12 +23,23 @@ optimizer when it is stateless (SGD without momentum); a stateful inner optimize
 moments) restarts every replica from worker 0's inner state, which is what a schedule hands to
 DiLoCo too (the previous phase's optimizer state becomes every replica's inner state; the outer
 optimizer starts afresh at a switch).
+
+Streaming DiLoCo (Douillard et al. 2025): `--fragments P` cuts θ into P groups of whole tensors of
+about equal size (`fragment_spans`), each with its own θ_g copy and outer optimizer; fragment p
+synchronises at the inner steps t with t mod H = p·H/P, so one fragment at a time is on the wire.
+Its all-reduce starts in the background; `--overlap-steps τ` inner steps later it is waited for, its
+outer step taken and the result mixed in: θ_i ← α·θ_i + (1 − α)·θ_g (`--mix-alpha`, 0: take θ_g). A
+closed period (epoch end, step checkpoint, switch) lets every fragment in flight arrive and syncs every
+fragment changed since its last sync, with α = 0. One fragment, τ = 0, α = 0 is DiLoCo itself, the
+same code path; outer_steps counts fragment outer steps. Each fragment's all-reduce is one transfer
+on the emulated link (`--comm-bandwidth`), so its overlap with the inner steps is modelled.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +78,25 @@ class DiLoCoOptions(StrategyOptions):
         "strategy",
     )
 
+    fragments: int = setting(
+        1,
+        "Streaming DiLoCo: cut the parameters into P fragments of whole tensors, synchronised in turn, "
+        "fragment p at the inner steps t with t mod H = p*H/P (diloco).",
+        "strategy",
+    )
+    overlap_steps: int = setting(
+        0,
+        "Streaming DiLoCo: inner steps a fragment's all-reduce runs in the background before it is mixed "
+        "in, below --sync-every (diloco).",
+        "strategy",
+    )
+    mix_alpha: float = setting(
+        0.0,
+        "Streaming DiLoCo: a fragment arriving is mixed in as alpha*local + (1-alpha)*global; 0 takes the "
+        "global value (diloco).",
+        "strategy",
+    )
+
     def resolved(self, run: RunConfig) -> DiLoCoOptions:
         if self.outer_optimizer == "sgd" and self.outer_momentum is None:
             return dataclasses.replace(self, outer_momentum=DEFAULT_OUTER_MOMENTUM)
@@ -82,6 +112,19 @@ class DiLoCoOptions(StrategyOptions):
         if self.outer_optimizer not in OPTIMIZERS:
             valid = ", ".join(OPTIMIZERS)
             raise ConfigError(f"unknown --outer-optimizer {self.outer_optimizer!r}; choose one of: {valid}")
+        if self.fragments < 1:
+            raise ConfigError(f"--fragments must be >= 1, got {self.fragments}")
+        if self.fragments > self.sync_every:
+            raise ConfigError(
+                f"--fragments ({self.fragments}) exceeds --sync-every ({self.sync_every}): each fragment needs "
+                "its own inner step of the period; lower --fragments or raise --sync-every"
+            )
+        if not 0 <= self.overlap_steps < self.sync_every:
+            raise ConfigError(
+                f"--overlap-steps must be in [0, --sync-every) = [0, {self.sync_every}), got {self.overlap_steps}"
+            )
+        if not 0 <= self.mix_alpha <= 1:
+            raise ConfigError(f"--mix-alpha must be in [0, 1], got {self.mix_alpha}")
         if self.outer_optimizer != "sgd" and self.outer_momentum is not None:
             raise ConfigError(f"--outer-momentum applies to --outer-optimizer sgd, not {self.outer_optimizer}; drop it")
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
@@ -108,14 +151,20 @@ class DiLoCo(Strategy):
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
         self.group: CollectiveGroup | None = None
-        self.global_param: torch.nn.Parameter | None = None  # θ_g: equal on every replica
-        self.outer: torch.optim.Optimizer | None = None
-        self.pending = 0  # inner steps since the last outer step
-        self.outer_steps = 0
+        self.fragments: list[Fragment] = []  # θ_g fragment by fragment (one fragment: DiLoCo itself)
+        self.t = 0  # inner steps since the period began (fragment p syncs when t % H == its offset)
+        self.outer_steps = 0  # fragment outer steps completed (one fragment: DiLoCo's outer steps)
+
+    @classmethod
+    def check_model(cls, config: RunConfig, tensor_sizes: list[int]) -> None:
+        fragments = config.options_of(cls.name).fragments
+        if fragments > len(tensor_sizes):
+            raise ConfigError(
+                f"--fragments {fragments} exceeds the model's {len(tensor_sizes)} parameter tensors "
+                "(a fragment is a group of whole tensors)"
+            )
 
     def setup(self, trainer: LocalTrainer) -> None:
-        import torch
-
         from distrain.strategies.collective import CollectiveGroup
 
         backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
@@ -128,49 +177,96 @@ class DiLoCo(Strategy):
             Link.of(self.config),
         )
         self.group.broadcast_(trainer.params_flat, src=0)  # replicas start from one θ_g
-        self.global_param = torch.nn.Parameter(trainer.params_flat.detach().clone())
-        self.outer = self.options.make_outer_optimizer(self.global_param)
+        o: DiLoCoOptions = self.options
+        spans = fragment_spans([p.numel() for p in trainer.params], o.fragments)
+        self.fragments = [
+            Fragment.create(lo, hi, (i * o.sync_every) // o.fragments, trainer.params_flat, o)
+            for i, (lo, hi) in enumerate(spans)
+        ]
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         # An inner step is the replica's own: decided on its own loss and gradient (skipped: no update).
         ok = self.finite(math.isfinite(trainer.last_loss) and all_finite(trainer.grads_flat), "loss or gradient")
         if ok:
             trainer.apply_update(lr)
-        self.pending += 1
-        stats = self.outer_step(trainer) if self.pending >= self.options.sync_every else CommStats()
-        stats.tau = self.options.sync_every  # the step rows' tau and averaging_round: H and outer steps so far
+        self.t += 1
+        stats = CommStats()
+        h, overlap = self.options.sync_every, self.options.overlap_steps
+        for f in self.fragments:
+            f.since += 1
+            if f.work is not None and self.t >= f.due:  # launched `overlap` steps ago: mix it in now
+                self._arrive(f, trainer, stats, self.options.mix_alpha)
+            if self.t % h == f.offset:
+                self._launch(f, trainer, stats, due=self.t + overlap)
+                if overlap == 0:
+                    self._arrive(f, trainer, stats, self.options.mix_alpha)
+        stats.tau = h  # the step rows' tau and averaging_round: H and outer steps so far
         stats.averaging_round = self.outer_steps
         if not ok:
             stats.nonfinite = True
         return stats
 
     def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
-        if self.pending == 0:
+        """Close the period: fragments in flight arrive, every fragment changed since its last sync
+        takes its outer step now, and every replica takes θ_g whole (α does not apply: the replicas
+        must be one model for what reads them next)."""
+        stats, closed = CommStats(), False
+        for f in self.fragments:
+            if f.work is not None:
+                self._arrive(f, trainer, stats, 0.0)
+                closed = True
+            if f.since > 0:
+                self._launch(f, trainer, stats, due=self.t)
+                self._arrive(f, trainer, stats, 0.0)
+                closed = True
+        self.t = 0
+        if not closed:
             return None
-        stats = self.outer_step(trainer)
         stats.averaging_round = self.outer_steps
         return stats
 
-    def outer_step(self, trainer: LocalTrainer) -> CommStats:
-        """All-reduce the pseudo-gradients θ_g − θ_i, step the outer optimizer on θ_g, restart from it."""
+    def _launch(self, f: Fragment, trainer: LocalTrainer, stats: CommStats, due: int) -> None:
+        """Start the all-reduce of this fragment's pseudo-gradient θ_g − θ_i (in the background)."""
+        import torch.distributed as dist
+
         from distrain.strategies.collective import ring_allreduce_bytes
 
-        assert self.group is not None and self.global_param is not None and self.outer is not None
-        theta_g = self.global_param.data
-        delta = theta_g - trainer.params_flat
-        seconds = self.group.all_reduce_mean_(delta)
-        # Every replica holds the same mean, so all agree. Skipped, the round is discarded: every
-        # replica goes back to θ_g (its inner optimizer state stays as it is).
-        finite = self.finite(all_finite(delta), "averaged pseudo-gradient")
-        if finite:
-            self.global_param.grad = delta
-            self.outer.step()
-            self.global_param.grad = None
-        trainer.params_flat.copy_(theta_g)
+        assert self.group is not None
+        f.delta = f.param.data - trainer.params_flat[f.lo : f.hi]
+        nbytes = ring_allreduce_bytes(f.delta.numel() * f.delta.element_size(), self.ctx.world_size)
+        if self.ctx.world_size > 1:
+            f.deadline = self.group.link.reserve(nbytes)  # the emulated link carries it from now on
+            f.work = dist.all_reduce(f.delta, op=dist.ReduceOp.SUM, async_op=True)
+        else:
+            f.work = _Done()
+        f.due, f.since = due, 0
+        stats.bytes_sent += nbytes
+        stats.bytes_received += nbytes
+
+    def _arrive(self, f: Fragment, trainer: LocalTrainer, stats: CommStats, alpha: float) -> None:
+        """Wait for the fragment's mean pseudo-gradient, step its outer optimizer, mix θ_g into the replica:
+        θ_i ← α·θ_i + (1 − α)·θ_g (α = 0: the replica takes θ_g)."""
+        assert self.group is not None and f.work is not None and f.delta is not None
+        t0 = time.perf_counter()
+        f.work.wait()
+        self.group.link.hold_until(f.deadline)
+        stats.seconds += time.perf_counter() - t0
+        delta = f.delta.div_(self.ctx.world_size)
+        # Every replica holds the same mean, so all agree. Skipped, the round is discarded: the replica's
+        # fragment goes back to θ_g (its inner optimizer state stays as it is).
+        if self.finite(all_finite(delta), "averaged pseudo-gradient"):
+            f.param.grad = delta
+            f.outer.step()
+            f.param.grad = None
+        else:
+            stats.nonfinite = True
+        local = trainer.params_flat[f.lo : f.hi]
+        if alpha == 0:
+            local.copy_(f.param.data)
+        else:
+            local.mul_(alpha).add_(f.param.data, alpha=1 - alpha)
+        f.work, f.delta = None, None
         self.outer_steps += 1
-        self.pending = 0
-        moved = ring_allreduce_bytes(delta.numel() * delta.element_size(), self.ctx.world_size)
-        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved, nonfinite=None if finite else True)
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -179,23 +275,71 @@ class DiLoCo(Strategy):
         return {"outer_steps": int(max(rounds)) if rounds else 0}
 
     def extra_state(self) -> dict[str, Any]:
-        """The outer optimizer's state (flat) and the outer steps so far: equal on every replica."""
-        from distrain.trainers.optim_state import export_flat_state
+        """The outer optimizers' state (one flat form over all fragments, as for a single one) and the
+        outer steps so far: equal on every replica. Read at closed periods, when nothing is in flight."""
+        from distrain.trainers.optim_state import FlatOptimizerState, export_flat_state
 
-        assert self.outer is not None and self.global_param is not None
-        return {
-            "outer_steps": self.outer_steps,
-            "outer_optimizer": export_flat_state(self.outer, [self.global_param]).to_dict(),
-        }
+        parts = [export_flat_state(f.outer, [f.param]) for f in self.fragments]
+        return {"outer_steps": self.outer_steps, "outer_optimizer": FlatOptimizerState.concat(parts).to_dict()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         from distrain.trainers.optim_state import FlatOptimizerState, import_flat_state
 
-        assert self.outer is not None and self.global_param is not None
         self.outer_steps = int(state["outer_steps"])
-        import_flat_state(self.outer, [self.global_param], FlatOptimizerState.from_dict(state["outer_optimizer"]))
+        flat = FlatOptimizerState.from_dict(state["outer_optimizer"])
+        for f in self.fragments:
+            import_flat_state(f.outer, [f.param], flat.slice(f.lo, f.hi) if flat.vectors else flat)
 
     def teardown(self) -> None:
         if self.group is not None:
             self.group.destroy()
             self.group = None
+
+
+@dataclass
+class Fragment:
+    """One fragment of θ: a contiguous span [lo, hi) of whole tensors of the flat buffer, its global copy
+    θ_g (a parameter of its own) with its outer optimizer, and its all-reduce while in flight."""
+
+    lo: int
+    hi: int
+    offset: int  # the fragment syncs at the inner steps t > 0 with t % H == offset
+    param: torch.nn.Parameter
+    outer: torch.optim.Optimizer
+    since: int = 0  # inner steps since its last sync was launched
+    work: Any = None  # the all-reduce in flight
+    delta: torch.Tensor | None = None
+    due: int = 0  # the inner step at which it is mixed in
+    deadline: float = 0.0  # the emulated link's completion time
+
+    @classmethod
+    def create(cls, lo: int, hi: int, offset: int, params_flat: torch.Tensor, options: DiLoCoOptions) -> Fragment:
+        import torch
+
+        param = torch.nn.Parameter(params_flat[lo:hi].detach().clone())
+        return cls(lo, hi, offset, param, options.make_outer_optimizer(param))
+
+
+class _Done:
+    """The all-reduce of a single worker: nothing to wait for."""
+
+    def wait(self) -> None:
+        return None
+
+
+def fragment_spans(sizes: list[int], fragments: int) -> list[tuple[int, int]]:
+    """Cut tensors of `sizes` (in flat-buffer order) into `fragments` contiguous groups of whole tensors,
+    of about equal numbers of values: a group ends at the first tensor that takes it to its share."""
+    if not 1 <= fragments <= len(sizes):
+        raise ValueError(f"{fragments} fragments of {len(sizes)} tensors")
+    total, spans, lo, acc = sum(sizes), [], 0, 0
+    for i, n in enumerate(sizes):
+        acc += n
+        left_tensors, left_groups = len(sizes) - i - 1, fragments - len(spans) - 1
+        if left_groups == 0:
+            continue
+        if acc >= total * (len(spans) + 1) / fragments or left_tensors == left_groups:
+            spans.append((lo, acc))
+            lo = acc
+    spans.append((lo, total))
+    return spans

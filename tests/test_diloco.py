@@ -126,3 +126,36 @@ def test_a_worker_lost_mid_round_discards_the_round_and_ends_equal_to_the_uninte
     assert hit.summary["status"] == "completed" and (event["action"], event["restored_step"]) == ("restarted", 8), event
     assert (final_params(hit.run_dir) - final_params(clean.run_dir)).abs().max().item() <= 1e-6
     assert hit.summary["outer_steps"] == clean.summary["outer_steps"]
+
+
+# ---------------------------------------------------------------- Streaming DiLoCo
+def test_fragment_spans_cut_whole_tensors_into_balanced_groups():
+    from distrain.strategies.diloco import fragment_spans
+
+    assert fragment_spans([10, 10, 10, 10], 2) == [(0, 20), (20, 40)]
+    assert fragment_spans([100, 1, 1, 1], 3) == [(0, 100), (100, 101), (101, 103)]  # each group gets a tensor
+    assert fragment_spans([5, 5, 90], 1) == [(0, 100)]
+    assert fragment_spans([1, 1, 98], 3) == [(0, 1), (1, 2), (2, 100)]
+
+
+def test_fragments_sync_in_turn_and_overlap_with_inner_steps(tmp_path):
+    """P = 2, H = 4: fragment 0 goes on the wire at inner steps 4, 8, ... and fragment 1 at 2, 6, ...; each
+    carries its own part of θ, so a period moves what DiLoCo's one round moves. With τ = 1 each arrives
+    one inner step after it left and is mixed in at α = 0.5; the run still trains."""
+    kw = dict(strategy="diloco", sync_every=4, max_steps=0, epochs=2)
+    whole = run_training(cfg(tmp_path, "whole", **kw))
+    stream = run_training(cfg(tmp_path, "stream", fragments=2, overlap_steps=1, mix_alpha=0.5, **kw))
+    rows = steps_of(stream.run_dir)
+    first = rows[(rows["worker"] == 0) & (rows["epoch"] == 0)].sort_values("step")
+    spe = len(first)
+    sent = first["bytes_sent"].tolist()
+    # inner step t = row index + 1: fragment 1 at t = 2, 6, ..., fragment 0 at t = 4, 8, ...; the epoch's
+    # last step closes the period (both fragments, whatever is pending)
+    on_wire = [t for t in range(1, spe) if sent[t - 1] > 0]
+    assert on_wire == [t for t in range(1, spe) if t % 2 == 0], on_wire
+    frag1 = {sent[t - 1] for t in range(2, spe, 4)}
+    frag0 = {sent[t - 1] for t in range(4, spe, 4)}
+    assert len(frag0) == len(frag1) == 1 and frag0 != frag1  # each fragment has its own size
+    n = final_params(whole.run_dir).numel()
+    assert frag0.pop() + frag1.pop() == 4 * n  # together one DiLoCo round's bytes (ring, P = 2, float32)
+    assert stream.summary["status"] == "completed" and stream.summary["final_test_loss"] < 1.0, stream.summary

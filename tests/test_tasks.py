@@ -150,8 +150,8 @@ def test_an_exception_in_the_users_code_keeps_its_traceback(task_file):
 
 
 def test_check_task_reports_size_and_parameters(task_file):
-    task, n_train, params = check_task(RunConfig(task=f"{task_file}:Regression", task_args={"n": 100}), 8)
-    assert (n_train, params) == (75, 5)
+    task, n_train, sizes = check_task(RunConfig(task=f"{task_file}:Regression", task_args={"n": 100}), 8)
+    assert (n_train, sizes) == (75, [4, 1])
     assert str(run_target(RunConfig(task=f"{task_file}:Regression"), task)) == "test_loss<=0.05"
     assert str(run_target(RunConfig(task=f"{task_file}:Regression", target="mae<=0.1"), task)) == "test_mae<=0.1"
     assert str(run_target(RunConfig())) == "test_accuracy>=0.95"

@@ -66,8 +66,9 @@ def build_model(name: str, info: DatasetInfo, seed: int) -> nn.Module:
     return seeded(lambda: builder(info), seed)
 
 
-def count_parameters(name: str, info: DatasetInfo) -> int:
-    """Trainable parameters of `name` for `info`, built on the meta device (no memory, no init)."""
+def parameter_sizes(name: str, info: DatasetInfo) -> list[int]:
+    """Values of each trainable tensor of `name` for `info`, built on the meta device (no memory, no init)."""
     with torch.device("meta"):
         model = MODELS.get(name)(info)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return [p.numel() for p in model.parameters() if p.requires_grad]
+
