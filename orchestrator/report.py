@@ -310,6 +310,8 @@ CAPTIONS = {
     "accuracy_vs_time.png": "Test accuracy at each evaluation against wall time.",
     "accuracy_vs_progress.png": "Test accuracy against epochs completed and global steps completed.",
     "loss_vs_time.png": "Training loss, each worker step in wall-time order, mean of the last {w} worker steps.",
+    "loss_vs_bytes.png": "Training loss against megabytes sent per worker so far (the traffic each strategy paid).",
+    "bytes_vs_time.png": "Megabytes sent per worker so far, against wall time.",
     "throughput_vs_time.png": "Samples/s over the last {w} worker steps (dropped gradients left out); dashed: "
     "summary.json's steady-state figure.",
     "time_split.png": "Mean time of a worker step computing, communicating and blocked by the consistency rule "

@@ -332,10 +332,60 @@ def plot_tau(runs: Sequence[PlotRun]) -> Figure | None:
     return fig
 
 
+def bytes_per_worker(run: PlotRun) -> pd.DataFrame:
+    """Its step rows in wall-time order with `sent_mb`: megabytes each worker has sent so far (all
+    workers' bytes_sent summed, divided by the number of workers that sent; steps redone after a
+    failure count again, they went on the wire again)."""
+    st = run.steps("bytes_sent")
+    if st.empty:
+        return st
+    workers = max(1, st["worker"].nunique())
+    return st.assign(sent_mb=st["bytes_sent"].astype(float).cumsum() / workers / 1e6)
+
+
+def plot_loss_vs_bytes(runs: Sequence[PlotRun]) -> Figure | None:
+    """Training loss against the bytes a worker has sent: what each strategy pays in traffic for its
+    progress (DiLoCo's and local SGD's curves reach a loss at a fraction of BSP's bytes)."""
+    data = [(run, bytes_per_worker(run)) for run in runs]
+    data = [(run, st) for run, st in data if not st.empty and st["sent_mb"].iloc[-1] > 0]
+    if not data:
+        return None
+    w = smoothing_window(runs)
+    fig, ax = _figure(
+        f"Training loss (mean of the last {w} worker steps) against traffic", "MB sent per worker", "training loss"
+    )
+    for run, st in data:
+        ax.plot(st["sent_mb"], st["loss"].rolling(w, min_periods=1).mean(), color=run.color, label=run.legend)
+    totals = [st["sent_mb"].iloc[-1] for _, st in data]
+    if max(totals) > 30 * min(totals):  # strategies a decade or more apart: each visible on its own scale
+        ax.set_xscale("symlog", linthresh=max(min(totals) / 10, 1e-3))
+    if all((st["loss"] > 0).all() for _, st in data):
+        ax.set_yscale("log")
+    fig.legend(handles=ax.get_legend_handles_labels()[0], loc="outside lower center", fontsize=8)
+    return fig
+
+
+def plot_bytes(runs: Sequence[PlotRun]) -> Figure | None:
+    """Megabytes sent per worker so far, against wall time."""
+    data = [(run, bytes_per_worker(run)) for run in runs]
+    data = [(run, st) for run, st in data if not st.empty and st["sent_mb"].iloc[-1] > 0]
+    if not data:
+        return None
+    fig, ax = _figure("Traffic: megabytes sent per worker so far", WALL, "MB sent per worker")
+    for run, st in data:
+        for i, seg in enumerate(_segments(run, st)):
+            ax.plot(seg["wall_time"], seg["sent_mb"], color=run.color, label=run.legend if i == 0 else None)
+    ax.set_ylim(bottom=0)
+    _mark_events(ax, [run for run, _ in data])
+    return fig
+
+
 PLOTS: dict[str, Callable[[Sequence[PlotRun]], Figure | None]] = {
     "accuracy_vs_time.png": plot_accuracy,
     "accuracy_vs_progress.png": plot_accuracy_by_progress,
     "loss_vs_time.png": plot_loss,
+    "loss_vs_bytes.png": plot_loss_vs_bytes,
+    "bytes_vs_time.png": plot_bytes,
     "throughput_vs_time.png": plot_throughput,
     "time_split.png": plot_time_split,
     "step_time_per_worker.png": plot_step_times,

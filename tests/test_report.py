@@ -17,15 +17,24 @@ from distrain.cli import app
 from distrain.config import RunConfig
 from distrain.orchestrator import report as report_module
 from distrain.orchestrator.report import COLUMNS, load_runs, plot_runs
-from distrain.orchestrator.report_plots import plot_accuracy, plot_loss, plot_tau, plot_throughput, plot_time_split
+from distrain.orchestrator.report_plots import (
+    plot_accuracy,
+    plot_bytes,
+    plot_loss,
+    plot_loss_vs_bytes,
+    plot_tau,
+    plot_throughput,
+    plot_time_split,
+)
 from distrain.orchestrator.run import run_training
 
 runner = CliRunner()
 PLOTS = (
-    "accuracy_vs_time.png", "accuracy_vs_progress.png", "loss_vs_time.png", "throughput_vs_time.png",
-    "time_split.png", "step_time_per_worker.png", "staleness_hist.png",
+    "accuracy_vs_time.png", "accuracy_vs_progress.png", "loss_vs_time.png", "loss_vs_bytes.png",
+    "bytes_vs_time.png", "throughput_vs_time.png", "time_split.png", "step_time_per_worker.png",
+    "staleness_hist.png",
 )  # fmt: skip
-TIME_PLOTS = (plot_accuracy, plot_loss, plot_throughput, plot_tau)
+TIME_PLOTS = (plot_accuracy, plot_loss, plot_throughput, plot_tau, plot_bytes)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +102,23 @@ def test_plots_are_800x500_pngs_with_content(report):
         assert png_size(out / name) == (800, 500), name
         assert (out / name).stat().st_size > 5_000, name  # a flat image compresses to well under 5 KB
     assert not (out / "tau_over_time.png").exists()  # no run has a tau column
+
+
+def test_traffic_plots_end_at_each_run_s_bytes_per_worker(two_runs):
+    """loss_vs_bytes and bytes_vs_time: a run's line ends at the bytes its workers sent, summed from
+    metrics.parquet and divided by the workers; the x axis of the first, the y axis of the second."""
+    runs = plot_runs(load_runs(two_runs))
+    for plot, axis in ((plot_loss_vs_bytes, 0), (plot_bytes, 1)):
+        fig = plot(runs)
+        (ax,) = fig.axes
+        lines = {line.get_color(): line for line in ax.get_lines() if len(line.get_xdata()) > 2}
+        for run in runs:
+            steps = run.metrics[run.metrics["kind"] == "step"]
+            sent_mb = steps["bytes_sent"].sum() / steps["worker"].nunique() / 1e6
+            data = np.asarray(lines[run.color].get_data()[axis], dtype=float)
+            assert data[-1] == pytest.approx(sent_mb) and sent_mb > 0, plot.__name__
+            assert (np.diff(data) >= 0).all()  # traffic only grows (on either axis)
+        assert len(lines) == 2
 
 
 def test_tau_plot_appears_only_when_some_run_changed_tau(two_runs):
