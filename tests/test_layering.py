@@ -1,4 +1,5 @@
-"""The package's layering: cli -> api -> orchestrator (and config) -> strategies -> trainers -> foundation.
+"""The package's layering: cli -> api -> orchestrator (and config) -> strategies -> compression -> trainers ->
+foundation.
 
 A module may import its own layer and the layers below it, never one above, anywhere in the module
 (function-level imports included; `if TYPE_CHECKING:` blocks, which never run, excepted). So a strategy
@@ -16,6 +17,7 @@ LAYERS = [
     ("api", {"api"}),
     ("orchestrator", {"orchestrator", "config"}),
     ("strategies", {"strategies"}),
+    ("compression", {"compression"}),
     ("trainers", {"trainers"}),
     ("foundation", {"errors", "registry", "plugins", "fields"}),
 ]
