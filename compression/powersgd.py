@@ -1,18 +1,21 @@
 """PowerSGD rank r (Vogels et al. 2019), step for step as PyTorch's DDP hook
 `torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook.powerSGD_hook` (warm start on).
 
-The flat buffer is cut by `shapes` into tensors. Each tensor of two or more dimensions is a matrix M
-(viewed as shape[0] x the rest) of rank r' = min(r, rows, cols):
+The flat buffer is cut by `shapes` into tensors. A tensor of two or more dimensions is a matrix M
+(viewed as shape[0] x the rest), given rank r' = min(r, rows, cols), and compressed when that saves
+bytes, as the hook decides with `min_compression_rate` (here 1 by default): r'(rows + cols) * rate <
+rows * cols. Then
     P = M·Q; all-reduce P; orthonormalise P; Q = Mᵀ·P; all-reduce Q; M̂ = P·Qᵀ / world.
-One-dimensional tensors (biases, norms' scales) are concatenated and all-reduced uncompressed (fp32).
+One-dimensional tensors (biases, norms' scales) and the matrices not worth compressing (any matrix at
+r' = min(rows, cols)) are concatenated and all-reduced uncompressed (fp32), in the order they come.
 Q warm-starts from the last call; the first call draws it as the hook does: a NumPy RandomState(seed)
 gives a torch seed, and the Qs are drawn N(0, 1) in the hook's order (matrices grouped by shape, in the
 order each shape first appears), each then orthonormalised. Orthonormalisation is the hook's too:
 Gram-Schmidt for r' <= 2, QR above.
 
-Where it departs from the hook: the hook's choice of which matrices to compress (`min_compression_rate`)
-is replaced by "every tensor of two or more dimensions" (the hook with min_compression_rate=1 makes the
-same choice for any r below the smaller side of each matrix); and where the hook would produce NaN (a
+Where it departs from the hook: one-dimensional tensors are never compressed (with a rate below
+n / (n + 1) the hook would compress an n-vector as an n x 1 matrix; at the default rate 1 it does not
+either); and where the hook would produce NaN (a
 column of zeros in Gram-Schmidt, with its default epsilon 0) the column stays zero, and a warm-start Q
 with a zero column is drawn again, so a matrix whose gradient was zero for one step is not stuck at
 zero afterwards.
@@ -53,9 +56,16 @@ def orthogonalize_(matrices: torch.Tensor) -> None:
 
 
 class PowerSGDCodec(Codec):
-    def __init__(self, spec: CodecSpec, shapes: Sequence[Sequence[int]] | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        spec: CodecSpec,
+        shapes: Sequence[Sequence[int]] | None = None,
+        seed: int = 0,
+        min_compression_rate: float = 1.0,
+    ) -> None:
         super().__init__(spec)
         self.seed = seed
+        self.min_compression_rate = min_compression_rate
         self.rng = np.random.RandomState(seed)
         self.qs: list[torch.Tensor] | None = None  # warm start: one (1, cols, r') per matrix, in `order`
         self.shapes = None if shapes is None else [tuple(int(d) for d in s) for s in shapes]
@@ -68,9 +78,11 @@ class PowerSGDCodec(Codec):
         offset = 0
         for shape in shapes:
             numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            if len(shape) >= 2 and numel > 0:
-                rows, cols = shape[0], numel // shape[0]
-                found.setdefault((rows, cols), []).append((offset, rows, cols, min(self.spec.rank, rows, cols)))
+            rows = shape[0] if len(shape) >= 2 else 0
+            cols = numel // rows if rows else 0
+            r = min(self.spec.rank, rows, cols)
+            if rows and cols and r * (rows + cols) * self.min_compression_rate < rows * cols:  # the hook's test
+                found.setdefault((rows, cols), []).append((offset, rows, cols, r))
             else:
                 self.vectors.append((offset, numel))
             offset += numel

@@ -13,6 +13,7 @@ import torch
 from distrain.compression import CODECS, CodecSpec, parse_codec
 from distrain.compression.base import Encoded, ErrorFeedback
 from distrain.compression.int8 import CHUNK
+from distrain.compression.powersgd import PowerSGDCodec
 from distrain.errors import ConfigError
 from distrain.strategies.compressed_collective import CompressedAllReduce
 
@@ -137,15 +138,29 @@ def test_powersgd_error_feedback_loses_nothing():
 
 
 def test_powersgd_rank_clamps_to_the_smaller_side_and_is_then_exact():
+    """Compressed at any cost (min_compression_rate 0), the rank is min(50, rows, cols) and P·Qᵀ is exact."""
     spec = CodecSpec("powersgd", rank=50)
-    codec = spec.build(SHAPES)
-    assert [r for *_, r in codec.matrices] == [16, 4, 3]  # min(50, rows, cols) for 16x20, 4x16, 3x10
+    codec = PowerSGDCodec(spec, SHAPES, min_compression_rate=0)
+    assert [r for *_, r in codec.matrices] == [16, 4, 3]  # 16x20, 4x16, 3x10 (3x2x5 viewed as 3 x 10)
     for step in range(3):  # the first draw and two warm starts
         x = vector(300 + step, NUMEL)
         enc = codec.encode(x)
         assert torch.allclose(codec.decode(enc), x, rtol=1e-4, atol=1e-4)
         assert enc.parts["p"].numel() == 16 * 16 + 4 * 4 + 3 * 3 and enc.parts["q"].numel() == 20 * 16 + 16 * 4 + 10 * 3
         assert enc.parts["vectors"].numel() == 20  # the two biases travel uncompressed
+
+
+def test_powersgd_sends_matrices_uncompressed_where_p_and_q_would_not_save_bytes():
+    """By default (as the hook with min_compression_rate=1) a matrix goes as P and Q only when
+    r'(m + n) < m·n: at full rank everything travels as fp32, exactly."""
+    full = CodecSpec("powersgd", rank=50).build(SHAPES)
+    assert full.matrices == [] and sum(n for _, n in full.vectors) == NUMEL
+    x = vector(11, NUMEL)
+    enc = full.encode(x)
+    assert torch.equal(full.decode(enc), x) and enc.nbytes == 4 * NUMEL
+    codec = CodecSpec("powersgd", rank=3).build(SHAPES)  # 3·(4+16) = 60 < 64, but 3·(3+10) = 39 >= 30
+    assert [(rows, cols, r) for _, rows, cols, r in codec.matrices] == [(16, 20, 3), (4, 16, 3)]
+    assert enc.nbytes > codec.encode(x).nbytes
 
 
 def test_powersgd_low_rank_bytes_and_warm_start():

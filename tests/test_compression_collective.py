@@ -22,6 +22,7 @@ CODECS_SCRIPT = textwrap.dedent(
     import torch.multiprocessing as mp
 
     from distrain.compression import parse_codec
+    from distrain.compression.powersgd import PowerSGDCodec
     from distrain.strategies.compressed_collective import CompressedAllReduce
     from distrain.strategies.network import Link
 
@@ -81,13 +82,24 @@ CODECS_SCRIPT = textwrap.dedent(
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
         k = math.ceil(0.05 * N)
         matrices = 2 * (16 + 20) + 2 * (4 + 16) + 2 * (3 + 10)  # r(m + n), r = 2
-        full = 16 * (16 + 20) + 4 * (4 + 16) + 3 * (3 + 10)  # r = min(m, n)
         # P = 2: a ring all-reduce sends 2(P-1)/P = 1 x its payload; an all-gather (P-1) = 1 x.
         check(rank, "fp16", N * 2, "cast")
         check(rank, "bf16", N * 2, "cast")
         check(rank, "int8", N + 4 * math.ceil(N / 1024), "decoded")
         check(rank, "topk:0.05", 8 * k, "decoded")
-        check(rank, "powersgd:64", 4 * (full + 20), "mean")  # rank clamped to min(m, n): the exact mean
+        # At rank >= min(m, n), P and Q would take more bytes than M: everything goes as fp32, exactly.
+        check(rank, "powersgd:64", 4 * N, "mean")
+        # Compressed at any cost (min_compression_rate 0), P·Qᵀ at rank min(m, n) is the exact mean too.
+        spec = parse_codec("powersgd:64")
+        reducer = CompressedAllReduce(spec, 2, N, shapes=SHAPES)
+        reducer.codec = PowerSGDCodec(spec, SHAPES, min_compression_rate=0)
+        full = 16 * (16 + 20) + 4 * (4 + 16) + 3 * (3 + 10)  # r'(m + n), r' = min(m, n)
+        for step in range(3):
+            x = data(rank, step)
+            buffer = x.clone()
+            assert reducer.all_reduce_mean_(buffer) == 4 * (full + 20)
+            xs = gathered(x)
+            assert torch.allclose(buffer, (xs[0] + xs[1]) / 2, rtol=1e-4, atol=1e-4)
         check(rank, "powersgd:2", 4 * (matrices + 20), "lowrank")
 
         # The link: every transfer waits latency + bytes / rate; PowerSGD makes three (vectors, P, Q).
