@@ -57,6 +57,7 @@ class CompressedAllReduce:
         self.feedback = ErrorFeedback(self.codec, numel)
         self.last_raw_bytes = 0  # an uncompressed fp32 ring all-reduce of the same buffer, last call
         self.last_bytes = 0  # what the last call put on the wire (its return value)
+        self.sent = 0  # bytes counted so far in the call under way
 
     @property
     def residual(self) -> torch.Tensor:

@@ -17,7 +17,6 @@ from distrain.compression.powersgd import PowerSGDCodec
 from distrain.errors import ConfigError
 from distrain.strategies.compressed_collective import CompressedAllReduce
 
-torch.set_num_threads(1)
 N = 10_000  # not a multiple of int8's chunk: the last chunk is partial
 
 
