@@ -331,6 +331,8 @@ def list_strategies() -> None:
         out.print(f"{name:<10} {text}", highlight=False)
         out.print(f"{'':<10}   transports: {', '.join(cls.transports)}" + (f"; options: {flags}" if flags else ""),
                   highlight=False)  # fmt: skip
+        if cls.compresses:
+            out.print(f"{'':<10}   --compress applies to: {cls.compresses}", highlight=False)
 
 
 @app.command()

@@ -349,6 +349,14 @@ class StrategySection:
         "strategy",
         metavar="RATE",
     )
+    compress: str | None = setting(
+        None,
+        "Compress the strategy's traffic: fp16, bf16, int8, topk:FRACTION or powersgd:RANK (the last three with "
+        "error feedback); gradients under bsp, pushes on the parameter server, theta's change under local-sgd, "
+        "pseudo-gradients under diloco.",
+        "strategy",
+        metavar="CODEC",
+    )
     options: dict[str, Any] = setting(
         {}, "Each strategy's own options (its `Options` dataclass), by strategy name; see `distrain strategies`."
     )
@@ -605,6 +613,13 @@ class RunConfig:
             from distrain.units import parse_rate
 
             parse_rate(self.comm_bandwidth)
+        if self.compress is not None:
+            from distrain.compression import parse_codec
+
+            codec = parse_codec(self.compress)
+            if codec is not None:
+                for cls in self.strategy_classes:
+                    cls.implementation(self).check_codec(self, codec)
         for name in ("gpus_per_worker", "momentum", "weight_decay", "warmup_epochs", "comm_delay_ms"):
             value = getattr(self, name)
             if value is None:  # momentum of an optimizer without one

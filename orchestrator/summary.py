@@ -77,6 +77,7 @@ def summarize(
         "nonfinite_steps": int(steps.loc[steps["nonfinite"].eq(True), "step"].nunique()) if "nonfinite" in steps else 0,
         **parameter_server_figures(steps),
         **local_sgd_figures(steps),
+        **compression_figures(steps, config.get("compress")),
     }
 
 
@@ -97,6 +98,15 @@ def local_sgd_figures(steps: pd.DataFrame) -> dict[str, Any]:
         "tau_final": int(per_step.iloc[-1]),
         "tau_changes": [[int(step), int(tau)] for step, tau in changed.items()],  # [first step, τ]
     }
+
+
+def compression_figures(steps: pd.DataFrame, codec: str | None) -> dict[str, Any]:
+    """--compress: the codec and its ratio, uncompressed over sent bytes of the compressed transfers."""
+    if not codec or "bytes_uncompressed" not in steps:
+        return {"compress": None, "codec_ratio": None}
+    rows = steps.dropna(subset=["bytes_uncompressed"])
+    sent = rows["bytes_sent"].sum()
+    return {"compress": codec, "codec_ratio": float(rows["bytes_uncompressed"].sum() / sent) if sent else None}
 
 
 def parameter_server_figures(steps: pd.DataFrame) -> dict[str, Any]:

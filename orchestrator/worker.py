@@ -50,6 +50,7 @@ STEP_COLUMNS = (
     "tau",
     "averaging_round",
     "nonfinite",
+    "bytes_uncompressed",
 )
 
 
@@ -197,6 +198,8 @@ class TrainWorker:
                         comm.seconds += extra.seconds
                         comm.bytes_sent += extra.bytes_sent
                         comm.bytes_received += extra.bytes_received
+                        if extra.bytes_uncompressed is not None:
+                            comm.bytes_uncompressed = (comm.bytes_uncompressed or 0) + extra.bytes_uncompressed
                         comm.averaging_round = extra.averaging_round
                         comm.nonfinite = comm.nonfinite or extra.nonfinite
                         comm.extra.update(extra.extra)
@@ -227,6 +230,7 @@ class TrainWorker:
                 "tau": comm.tau,
                 "averaging_round": comm.averaging_round,
                 "nonfinite": comm.nonfinite,
+                "bytes_uncompressed": comm.bytes_uncompressed,
             } | {c: comm.extra.get(c) for c in type(self.strategy).metric_columns}
             for key, value in values.items():
                 rows[key].append(value)

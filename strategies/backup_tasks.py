@@ -23,16 +23,26 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from distrain.errors import ConfigError
 from distrain.strategies.base import CommStats, StrategyContext, all_finite
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.ps import PSStrategy
 from distrain.trainers.local_trainer import LocalTrainer
 
 if TYPE_CHECKING:
+    from distrain.compression import CodecSpec
     from distrain.config import RunConfig
 
 
 class BSPBackupTasks(PSStrategy):
+    compresses = ""  # a portion's gradient goes out whole
+
+    @classmethod
+    def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
+        raise ConfigError(
+            f"--compress does not apply to --backup-tasks portions; drop --compress {codec} or the backup tasks"
+        )
+
     name = "bsp"
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:

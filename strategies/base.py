@@ -28,9 +28,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from distrain.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
+    from distrain.compression import CodecSpec
     from distrain.config import RunConfig
     from distrain.strategies.ps_shard import ConsistencyRule
     from distrain.trainers.local_trainer import LocalTrainer
@@ -94,6 +97,7 @@ class CommStats:
     tau: int | None = None  # local SGD: the period this step belongs to
     averaging_round: int | None = None  # local SGD: averaging rounds completed after this step
     nonfinite: bool | None = None  # the loss, gradient or average was not finite: skipped (or the run stopped)
+    bytes_uncompressed: int | None = None  # --compress: what bytes_sent would have been in float32
     extra: dict[str, Any] = field(default_factory=dict)  # the strategy's own `metric_columns`, by name
 
 
@@ -107,6 +111,8 @@ class Strategy(ABC):
     # where the user set none; a schedule's phases share the run's settings, set by its first strategy.
     run_defaults: ClassVar[dict[str, Any]] = {}
     metric_columns: ClassVar[dict[str, str]] = {}  # column -> Arrow type: "float64", "int64", "int32", "bool"
+    # What `--compress` compresses under this strategy, for `distrain strategies` ("": it cannot apply one).
+    compresses: ClassVar[str] = ""
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         self.config = config
@@ -144,6 +150,12 @@ class Strategy(ABC):
     def check_model(cls, config: RunConfig, tensor_sizes: list[int]) -> None:
         """Refuse (ConfigError) a config this strategy cannot run on the model, whose trainable tensors
         have `tensor_sizes` values each; called before anything starts (`distrain run`, each trial)."""
+
+    @classmethod
+    def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
+        """Refuse (ConfigError, one line) a `--compress` codec this strategy's traffic cannot carry."""
+        if not cls.compresses:
+            raise ConfigError(f"--strategy {cls.name} does not apply --compress; drop --compress {codec}")
 
     def setup(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook
         """Join transports; every worker calls this at the same time."""

@@ -24,6 +24,10 @@ Adaptive τ (`--adaptive-tau`, see `adacomm.py`): each round's all-reduce carrie
 optimizer state, each worker's [loss sum, loss count, seconds since the interval began]; summed,
 they give the worker-averaged loss of the period and the workers' mean interval time. Every worker
 feeds these identical numbers to the same rule, so all agree on τ without a further message.
+
+`--compress CODEC`: θ's change goes through the codec (its own all-reduce, error feedback kept per
+worker); the optimizer state and the statistics follow in a second, float32 all-reduce, since a lossy
+code of the state or of AdaComm's inputs would make the replicas disagree on what they hold or on τ.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.adacomm import AdaComm, TauInterval
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
+from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.network import Link
 from distrain.strategies.registry import STRATEGIES
 from distrain.trainers.schedule import scaled_lr
@@ -47,6 +52,7 @@ if TYPE_CHECKING:
 
     from distrain.config import RunConfig
     from distrain.strategies.collective import CollectiveGroup
+    from distrain.strategies.compressed_collective import CompressedAllReduce
     from distrain.trainers.local_trainer import LocalTrainer
 
 DEFAULT_TAU = 8
@@ -109,6 +115,7 @@ class LocalSGD(Strategy):
     name = "local-sgd"
     transports = ("collective",)
     Options = LocalSGDOptions
+    compresses = "theta's change at a round (optimizer state and AdaComm's statistics travel in float32)"
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
@@ -131,6 +138,7 @@ class LocalSGD(Strategy):
         self.interval_steps = 0
         self.lr = 0.0
         self.anchor: torch.Tensor | None = None  # θ after the last round (equal on every worker)
+        self.compressed: CompressedAllReduce | None = None  # --compress: θ's change goes through it
 
     def setup(self, trainer: LocalTrainer) -> None:
         from distrain.strategies.collective import CollectiveGroup
@@ -147,6 +155,9 @@ class LocalSGD(Strategy):
         # Replicas start equal (same seed, or the same loaded state); the broadcast makes it a fact.
         self.group.broadcast_(trainer.params_flat, src=0)
         self.anchor = trainer.params_flat.clone()
+        self.compressed = compressed_stream(
+            self.config, self.ctx.world_size, [p.shape for p in trainer.params], self.group.link
+        )
         self.interval_start = time.perf_counter()
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
@@ -192,8 +203,19 @@ class LocalSGD(Strategy):
         # θ travels as its change since the last round: mean(θ_i) = θ_anchor + mean(θ_i - θ_anchor) exactly,
         # but small deltas average with far less float32 rounding than whole parameters do.
         delta = trainer.params_flat - self.anchor
-        buffer = torch.cat([delta, *vectors, stats.to(trainer.params_flat.device)])
-        seconds = self.group.all_reduce_mean_(buffer)
+        rest = torch.cat([*vectors, stats.to(trainer.params_flat.device)])
+        if self.compressed is None:
+            buffer = torch.cat([delta, rest])
+            seconds = self.group.all_reduce_mean_(buffer)
+            moved = ring_allreduce_bytes(buffer.numel() * buffer.element_size(), self.ctx.world_size)
+            raw = None
+        else:  # --compress: θ's change through the codec; optimizer state and statistics as they are
+            t0 = time.perf_counter()
+            sent = self.compressed.all_reduce_mean_(delta)
+            seconds = time.perf_counter() - t0 + self.group.all_reduce_mean_(rest)
+            buffer = torch.cat([delta, rest])
+            exact = ring_allreduce_bytes(rest.numel() * rest.element_size(), self.ctx.world_size)
+            moved, raw = sent + exact, self.compressed.last_raw_bytes + exact
         # Every worker holds the same averaged buffer, so all agree. Skipped, the round is discarded:
         # each replica goes back to the last average (its local optimizer state stays as it is).
         finite = self.finite(all_finite(buffer), "averaged parameters")
@@ -214,8 +236,13 @@ class LocalSGD(Strategy):
                 self.tau = self.adacomm.tau
                 self.interval_start = time.perf_counter()
                 self.interval_steps = 0
-        moved = ring_allreduce_bytes(buffer.numel() * buffer.element_size(), self.ctx.world_size)
-        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved, nonfinite=None if finite else True)
+        return CommStats(
+            seconds=seconds,
+            bytes_sent=moved,
+            bytes_received=moved,
+            bytes_uncompressed=raw,
+            nonfinite=None if finite else True,
+        )
 
     def extra_state(self) -> dict[str, Any]:
         """τ in force, rounds so far and AdaComm's F_0, η_0 and highest rate: the same on every worker (they

@@ -19,6 +19,7 @@ from distrain.strategies.network import Link
 from distrain.strategies.registry import STRATEGIES
 
 if TYPE_CHECKING:
+    from distrain.compression import CodecSpec
     from distrain.config import RunConfig
     from distrain.strategies.ps_client import PushPullResult
     from distrain.trainers.local_trainer import LocalTrainer
@@ -31,6 +32,7 @@ PS_WAIT_MARGIN_S = 30.0
 
 class PSStrategy(Strategy):
     transports = ("ps",)
+    compresses = "gradient pushes, the residual kept on the worker (pulls stay float32)"
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         from distrain.strategies.ps_client import PSClient
@@ -40,6 +42,16 @@ class PSStrategy(Strategy):
         self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, timeout, Link.of(config))
         self.clock = 0  # iterations this worker has pushed
         self.rounds = self.ps_rule(config).mode == "rounds"  # only rounds drop gradients (k-of-n)
+        self.encoders: list[Any] = []  # --compress: one error-feedback encoder per shard's slice
+
+    @classmethod
+    def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
+        super().check_codec(config, codec)
+        if codec.needs_shapes:
+            raise ConfigError(
+                f"--compress {codec} needs whole matrices, but a parameter-server shard holds a flat slice of "
+                "the parameters; use fp16, bf16, int8 or topk:FRACTION there, or --transport collective"
+            )
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
@@ -48,17 +60,34 @@ class PSStrategy(Strategy):
     def setup(self, trainer: LocalTrainer) -> None:
         # The shards hold this worker's clock: a worker started after a restore continues from it.
         self.clock = self.client.pull(trainer.params_flat.numpy())
+        if self.config.compress:
+            from distrain.compression import parse_codec
+            from distrain.compression.base import ErrorFeedback
+
+            codec = parse_codec(self.config.compress)
+            if codec is not None:
+                built = codec.build()
+                self.encoders = [ErrorFeedback(built, stop - start) for start, stop in self.ctx.ps_bounds]
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         # A non-finite gradient never reaches the shards. Skipped, the push still carries the clock
         # (None for the gradient): the worker takes part in its round, contributing nothing.
         ok = self.finite(math.isfinite(trainer.last_loss) and all_finite(trainer.grads_flat), "loss or gradient")
-        grads = trainer.grads_flat.numpy() if ok else None
+        grads: Any = trainer.grads_flat.numpy() if ok else None
+        sent, raw = trainer.nbytes, None
+        if ok and self.encoders:  # each shard's slice encoded, its residual kept here for the next push
+            g = trainer.grads_flat
+            grads = [
+                (self.config.compress, ef.encode(g[start:stop]))
+                for ef, (start, stop) in zip(self.encoders, self.ctx.ps_bounds, strict=True)
+            ]
+            sent, raw = sum(e.nbytes for _, e in grads), trainer.nbytes
         result = self.client.push_pull(self.clock, grads, lr, trainer.params_flat.numpy())
         self._advance(result)
         return CommStats(
             seconds=result.seconds,
-            bytes_sent=trainer.nbytes,
+            bytes_sent=sent,
+            bytes_uncompressed=raw,
             bytes_received=trainer.nbytes,
             wait_s=result.wait_s,
             read_version=result.read_version,

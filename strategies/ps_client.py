@@ -59,16 +59,23 @@ class PSClient:
         self._install(replies, params)
         return replies[0].clock
 
-    def push_pull(self, clock: int, grads: np.ndarray | None, lr: float, params: np.ndarray) -> PushPullResult:
-        """Push `grads` (None: a skipped step, the clock only), then install θ."""
+    def push_pull(
+        self, clock: int, grads: np.ndarray | list[Any] | None, lr: float, params: np.ndarray
+    ) -> PushPullResult:
+        """Push `grads` (None: a skipped step, the clock only; a list: each shard's slice already encoded,
+        (codec, Encoded) pairs, under --compress), then install θ."""
         t0 = time.perf_counter()
-        if self.link.emulated:  # the push (None: a clock-only message) and the pull of θ, 4 bytes a value
+        if isinstance(grads, list):
+            pushes, pushed = grads, sum(encoded.nbytes for _, encoded in grads)
+        else:
+            pushes = [None if grads is None else grads[start:stop] for start, stop in self.bounds]
             pushed = 0 if grads is None else grads.nbytes
+        if self.link.emulated:  # the push (None: a clock-only message) and the pull of θ, 4 bytes a value
             done = self.link.reserve(pushed + params.nbytes, t0)
         read = self.read_versions
         refs = [
-            shard.push_pull.remote(self.worker, clock, None if grads is None else grads[start:stop], lr, read[i])
-            for i, (shard, (start, stop)) in enumerate(zip(self.shards, self.bounds, strict=True))
+            shard.push_pull.remote(self.worker, clock, push, lr, read[i])
+            for i, (shard, push) in enumerate(zip(self.shards, pushes, strict=True))
         ]
         replies: list[Reply] = ray.get(refs, timeout=self.timeout_s)
         self._install(replies, params)

@@ -29,6 +29,7 @@ nothing: a round applies the mean of the gradients it did get, and none at all m
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -45,6 +46,23 @@ from distrain.trainers.optim_state import (
     import_flat_state,
     make_optimizer,
 )
+
+
+def decoded(grad: Any) -> np.ndarray | None:
+    """A pushed gradient slice: as sent, or, under --compress, a (codec, Encoded) pair decoded here."""
+    if grad is None or isinstance(grad, np.ndarray):
+        return grad
+    codec, encoded = grad
+    return _codec(codec).decode(encoded).numpy()
+
+
+@functools.cache
+def _codec(text: str) -> Any:
+    from distrain.compression import parse_codec
+
+    spec = parse_codec(text)
+    assert spec is not None
+    return spec.build()
 
 
 @dataclass
@@ -102,7 +120,8 @@ class ParameterShard:
         self.round_members: list[list[int]] = []  # rounds/portions: whose gradients each update averaged
 
     # ------------------------------------------------------------------ the one hot path
-    async def push_pull(self, worker: int, clock: int, grad: np.ndarray | None, lr: float, read_version: int) -> Reply:
+    async def push_pull(self, worker: int, clock: int, grad: Any, lr: float, read_version: int) -> Reply:
+        grad = decoded(grad)
         async with self.changed:
             dropped = False
             if self.rule.mode == "rounds":

@@ -264,6 +264,15 @@ BAD_INPUTS = [
     (["--schedule", "bsp:1,ssp", "--tau", "4"], ["--tau is not used by --schedule bsp:1,ssp"]),
     (["--schedule", "ssp:1,bsp", "--transport", "collective"], ["cannot carry --strategy ssp"]),
     (["--comm-delay-ms", "-5"], ["--comm-delay-ms must be >= 0"]),
+    # compression (issue 15)
+    (["--compress", "zip"], ["--compress", "unknown codec 'zip'", "powersgd:RANK"]),
+    (["--compress", "topk:1.5"], ["--compress", "(0, 1]"]),
+    (["--compress", "topk:0"], ["--compress", "(0, 1]"]),
+    (["--compress", "powersgd:0"], ["--compress", "rank"]),
+    (["--compress", "powersgd"], ["--compress", "powersgd:RANK"]),
+    (["--strategy", "async", "--compress", "powersgd:2"], ["needs whole matrices", "flat slice", "topk:FRACTION"]),
+    (["--strategy", "bsp", "--transport", "ps", "--compress", "powersgd:2"], ["needs whole matrices"]),
+    (["--strategy", "bsp", "--transport", "ps", "--backup-tasks", "--compress", "int8"], ["--backup-tasks portions"]),
     # optimizers and LR decay (issue 14)
     (["--optimizer", "lion"], ["unknown --optimizer 'lion'", "sgd, adam, adamw"]),
     (["--optimizer", "LBFGS"], ["--optimizer LBFGS is not supported", "closure", "element-wise"]),

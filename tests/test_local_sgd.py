@@ -98,7 +98,10 @@ def test_every_communication_round_lasts_at_least_the_comm_delay(tmp_path):
         rows = steps_of(run.run_dir)
         rounds = rows[rows["bytes_sent"] > 0]
         assert len(rounds) == (4 if name == "local" else 12), name
-        assert (rounds["comm_s"] >= delay).all(), (name, rounds["comm_s"].min())
+        # BSP launches its buckets during backward, so the delay runs partly inside compute_s (a loaded
+        # machine's slow backward can hide all of it); a local SGD round and a PS push-pull wait it out.
+        spent = rounds["comm_s"] + (rounds["compute_s"] if name == "bsp" else 0)
+        assert (spent >= delay).all(), (name, spent.min())
 
 
 def test_comm_bandwidth_makes_every_transfer_last_latency_plus_bytes_over_rate(tmp_path):

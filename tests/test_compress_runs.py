@@ -1,0 +1,144 @@
+"""--compress on real runs (real Ray, real gloo groups): every place that moves tensors between workers
+applies the codec, counts the bytes it put on the wire, and still trains.
+
+The wiring is pinned by a codec that loses nothing: topk:1 sends every entry (the largest n of n), so a
+run under it must equal the uncompressed run (to float tolerance: decode-then-average sums in another
+order than a ring all-reduce). The codecs' own arithmetic is tested in test_compression*.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from distrain.config import RunConfig
+from distrain.orchestrator.checkpoint import load_checkpoint
+from distrain.orchestrator.run import run_training
+from tests.helpers import final_params
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def cfg(tmp_path, name: str, **kw) -> RunConfig:
+    base = dict(
+        model="mlp", optimizer="sgd", momentum=0.0, lr=0.1, lr_scaling="none", epochs=2, max_steps=24, seed=5,
+        workers=2, batch_size=16, segment_steps=8, eval_every=0, run_dir=str(tmp_path / name),
+    )  # fmt: skip
+    return RunConfig(**(base | kw))
+
+
+def steps_of(run_dir) -> pd.DataFrame:
+    df = pd.read_parquet(run_dir / "metrics.parquet")
+    return df[df["kind"] == "step"].sort_values(["worker", "step"])
+
+
+def shapes_of(run_dir) -> list[torch.Size]:
+    return [t.shape for t in load_checkpoint(run_dir / "checkpoints" / "final.pt")["model"].values()]
+
+
+LOSSLESS = [
+    ("bsp", {}),
+    ("bsp-over-ps", dict(strategy="bsp", transport="ps", ps_shards=2)),
+    ("local-sgd", dict(strategy="local-sgd", tau=4)),
+    ("diloco", dict(strategy="diloco", sync_every=4)),
+]
+
+
+@pytest.mark.parametrize("name,kw", LOSSLESS, ids=[n for n, _ in LOSSLESS])
+def test_a_codec_that_loses_nothing_gives_the_uncompressed_run(tmp_path, name, kw):
+    plain = run_training(cfg(tmp_path, f"{name}-plain", **kw))
+    coded = run_training(cfg(tmp_path, f"{name}-topk1", compress="topk:1", **kw))
+    diff = (final_params(coded.run_dir) - final_params(plain.run_dir)).abs()
+    assert diff.max().item() <= 1e-4 and diff.mean().item() <= 1e-6, (diff.max(), diff.mean())
+    # ... while the wire carried values and their indices: twice the bytes, and it says so.
+    rows = steps_of(coded.run_dir)
+    sent = rows[rows["bytes_sent"] > 0]
+    assert len(sent) > 0 and sent["bytes_uncompressed"].notna().all()
+    assert coded.summary["compress"] == "topk:1" and coded.summary["codec_ratio"] < 1
+    assert steps_of(plain.run_dir)["bytes_uncompressed"].isna().all() and plain.summary["codec_ratio"] is None
+
+
+def codec_bytes(codec: str, shapes: list[torch.Size]) -> int:
+    """What one worker of two puts on the wire for one compressed all-reduce of tensors of `shapes`."""
+    n = sum(s.numel() for s in shapes)
+    if codec in ("fp16", "bf16"):
+        return 2 * n  # a ring all-reduce of 2n bytes: 2(P-1)/P x 2n with P = 2
+    if codec == "int8":
+        return n + 4 * math.ceil(n / 1024)  # all-gathered, (P-1) x payload: values and one scale a chunk
+    if codec.startswith("topk:"):
+        k = max(1, math.ceil(float(codec.split(":")[1]) * n))
+        return 8 * k  # float32 values and int32 indices, all-gathered
+    rank = int(codec.split(":")[1])
+    values = 0
+    for s in shapes:
+        if len(s) < 2:
+            values += s.numel()  # vectors travel as they are
+        else:
+            m, rest = s[0], s.numel() // s[0]
+            r = min(rank, m, rest)
+            # P and Q where they are smaller than the matrix (PyTorch's hook's rule), else the matrix
+            values += r * (m + rest) if r * (m + rest) < m * rest else m * rest
+    return 4 * values
+
+
+CODECS = ["fp16", "bf16", "int8", "topk:0.1", "powersgd:4"]
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_codec_with_bsp_trains_digits_and_counts_its_bytes(tmp_path, codec):
+    config = RunConfig(
+        model="mlp", epochs=4, workers=2, compress=codec, eval_every=1, run_dir=str(tmp_path / codec.replace(":", "-"))
+    )
+    run = run_training(config)
+    assert run.summary["final_test_accuracy"] >= 0.95, run.summary
+    shapes = shapes_of(run.run_dir)
+    n = sum(s.numel() for s in shapes)
+    rows = steps_of(run.run_dir)
+    assert (rows["bytes_uncompressed"] == 4 * n).all()  # float32 ring all-reduce, P = 2
+    assert (rows["bytes_sent"] == codec_bytes(codec, shapes)).all(), (rows["bytes_sent"].iloc[0], codec)
+    assert run.summary["codec_ratio"] == pytest.approx(4 * n / codec_bytes(codec, shapes))
+
+
+def test_diloco_with_int8_pseudo_gradients_reaches_the_usual_accuracy(tmp_path):
+    """DiLoCo's defaults (H = 8, outer Nesterov SGD lr 0.7 momentum 0.9, inner SGD lr 0.01) on the mlp, with
+    its pseudo-gradients in int8; uncompressed, the same run is test_diloco's default-run test."""
+    config = RunConfig(strategy="diloco", model="mlp", epochs=6, compress="int8", run_dir=str(tmp_path / "dl-int8"))
+    run = run_training(config)
+    assert run.summary["final_test_accuracy"] >= 0.95, run.summary
+    shapes = shapes_of(run.run_dir)
+    rows = steps_of(run.run_dir)
+    synced = rows[rows["bytes_sent"] > 0]
+    assert len(synced) == 2 * run.summary["outer_steps"]  # one compressed all-reduce per outer step and worker
+    assert (synced["bytes_sent"] == codec_bytes("int8", shapes)).all()
+    assert run.summary["codec_ratio"] == pytest.approx(4 * sum(s.numel() for s in shapes) / codec_bytes("int8", shapes))
+
+
+def test_local_sgd_compresses_theta_s_change_but_not_the_optimizer_state(tmp_path):
+    """Momentum SGD: a round moves θ's change in int8 and the momentum buffer and AdaComm's three
+    statistics in float32 (a ring all-reduce each)."""
+    run = run_training(cfg(tmp_path, "local-int8", strategy="local-sgd", tau=4, momentum=0.9, compress="int8"))
+    shapes = shapes_of(run.run_dir)
+    n = sum(s.numel() for s in shapes)
+    rows = steps_of(run.run_dir)
+    rounds = rows[rows["bytes_sent"] > 0]
+    assert len(rounds) == 2 * run.summary["averaging_rounds"]
+    assert (rounds["bytes_sent"] == codec_bytes("int8", shapes) + 4 * (n + 3)).all()
+    assert (rounds["bytes_uncompressed"] == 4 * n + 4 * (n + 3)).all()
+
+
+def test_parameter_server_pushes_are_compressed_per_shard_and_pulls_are_not(tmp_path):
+    run = run_training(
+        cfg(tmp_path, "async-int8", strategy="async", ps_shards=2, compress="int8", max_steps=0, epochs=3, eval_every=1)
+    )
+    assert run.summary["final_test_accuracy"] >= 0.9, run.summary
+    n = sum(s.numel() for s in shapes_of(run.run_dir))
+    rows = steps_of(run.run_dir)
+    config = RunConfig.resolve(str(run.run_dir / "config.yaml"), {})
+    assert config.ps_shards == 2
+    assert (rows["bytes_received"] == 4 * n).all() and (rows["bytes_uncompressed"] == 4 * n).all()
+    # Each shard's slice is its own int8 payload: n values and one scale per chunk of each slice.
+    assert (rows["bytes_sent"] < n + 4 * (math.ceil(n / 1024) + 2)).all()
+    assert (rows["bytes_sent"] >= n + 4 * math.ceil(n / 1024)).all()
