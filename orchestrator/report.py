@@ -45,7 +45,8 @@ FIGURES = {  # summary.json key -> format, for the columns between "workers" and
 # where a run was written or ran rather than what it did: left out of "settings that differ".
 SHOWN_WITH_STRATEGY = (
     "strategy", "schedule", "transport", "ps_shards", "staleness", "staleness_lr", "backup_workers",
-    "backup_tasks", "portions", "tau", "adaptive_tau", "tau_interval", "tau_max",
+    "backup_tasks", "portions", "tau", "adaptive_tau", "tau_interval", "tau_max", "sync_every",
+    "outer_optimizer", "outer_lr", "outer_momentum", "fragments", "overlap_steps", "mix_alpha", "compress",
 )  # fmt: skip
 NOT_SETTINGS = ("run_dir", "address", "data_dir", "resume")
 
@@ -151,11 +152,15 @@ def strategy_text(config: dict[str, Any], strategy: str | None = None) -> str:
         outer = c.get("outer_optimizer") or "sgd"
         momentum = f" nesterov {c['outer_momentum']:g}" if outer == "sgd" and c.get("outer_momentum") else ""
         text += f" H={c['sync_every']} outer {outer} lr {c.get('outer_lr'):g}{momentum}"
+        if (c.get("fragments") or 1) > 1:
+            text += f" fragments={c['fragments']} overlap={c.get('overlap_steps', 0)} alpha={c.get('mix_alpha', 0):g}"
     transport = c.get("transport") if strategy is None else ("ps" if name in ("async", "ssp") else None)
     if transport == "ps":
         shards = c.get("ps_shards") or 1
         text += " (ps)" if shards == 1 else f" (ps, {shards} shards)"
     if strategy is None:
+        if c.get("compress"):
+            text += f" + {c['compress']}"
         if c.get("staleness_lr"):
             text += " staleness-lr"
         if c.get("backup_workers"):

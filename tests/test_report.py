@@ -349,6 +349,10 @@ def test_strategy_text_names_each_strategy_with_its_settings():
     assert text(strategy="local-sgd", tau=4) == "local-sgd tau=4"
     assert text(strategy="local-sgd", adaptive_tau=True, tau_interval="50") == "local-sgd tau=8 adaptive (50, max 16)"
     assert text(schedule="ssp:1,local-sgd", epochs=3) == "schedule ssp:1 s=2 (ps) -> local-sgd tau=8"
+    assert text(strategy="diloco", sync_every=50) == "diloco H=50 outer sgd lr 0.7 nesterov 0.9"
+    streaming = text(strategy="diloco", fragments=4, overlap_steps=2, mix_alpha=0.5, compress="int8")
+    assert streaming == "diloco H=8 outer sgd lr 0.7 nesterov 0.9 fragments=4 overlap=2 alpha=0.5 + int8"
+    assert text(compress="powersgd:4") == "bsp + powersgd:4"
 
 
 def test_distinct_dirs_keeps_the_first_spelling_of_each_directory(tmp_path):
