@@ -646,10 +646,13 @@ class RunDisplay:
 
     def on_event(self, event: Any) -> None:
         from distrain.orchestrator.recovery import Failure
+        from distrain.orchestrator.run import Notice, RunStarted, StragglersChanged, WorkersStarting
         from distrain.orchestrator.run import Progress as RunProgress
-        from distrain.orchestrator.run import RunStarted, StragglersChanged, WorkersStarting
 
         interrupts.check()  # a signal whose first raise some library code swallowed still ends the run
+        if isinstance(event, Notice):
+            out.print(f"note: {event.text}", markup=False, highlight=False)
+            return
         if isinstance(event, WorkersStarting):
             out.print(f"starting workers {event.started}/{event.total}", markup=False, highlight=False)
             return

@@ -33,6 +33,8 @@ LR_DECAYS = ("none", "cosine", "step")
 OPTIMIZER_DEPENDENT_FIELDS = ("momentum", "optimizer_args")
 DECAY_DEPENDENT_FIELDS = ("lr_min", "lr_decay_epochs", "lr_decay_gamma")
 ON_NONFINITE = ("stop", "skip")
+# --precision: the forward pass under torch.autocast (trainers/precision.py); fp16 adds a loss scale.
+PRECISIONS = ("fp32", "bf16", "fp16")
 # The element-wise torch.optim optimizers, and the other torch.optim optimizers, which are refused with a
 # reason (trainers/optim_state.py; tests hold these names to its lists and to torch's).
 OPTIMIZER_NAMES = (
@@ -317,6 +319,13 @@ class Optimization:
     weight_decay: float | None = setting(
         None,
         "Weight decay (adamw: decoupled); default the optimizer's own: 0, adamw 0.01; rprop refuses it.",
+        "optimizer",
+    )
+    precision: str = setting(
+        "fp32",
+        "Forward pass dtype: fp32, bf16 or fp16 (torch.autocast; parameters, gradients, optimizer state and "
+        "traffic stay float32; fp16 adds a dynamic loss scale, checkpointed). Not --compress bf16, which "
+        "changes only what travels.",
         "optimizer",
     )
 
@@ -613,13 +622,18 @@ class RunConfig:
             from distrain.units import parse_rate
 
             parse_rate(self.comm_bandwidth)
-        if self.compress is not None:
-            from distrain.compression import parse_codec
+        from distrain.compression import parse_codec
 
+        if self.compress is not None:
             codec = parse_codec(self.compress)
             if codec is not None:
                 for cls in self.strategy_classes:
                     cls.implementation(self).check_codec(self, codec)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown --precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}")
+        if self.precision == "fp16" and self.compress is not None and parse_codec(self.compress) is not None:
+            # An overflow step's inf would enter the codec's error-feedback residual and stay there.
+            raise ConfigError("--precision fp16 cannot be combined with --compress; use --precision bf16 instead")
         for name in ("gpus_per_worker", "momentum", "weight_decay", "warmup_epochs", "comm_delay_ms"):
             value = getattr(self, name)
             if value is None:  # momentum of an optimizer without one

@@ -176,6 +176,11 @@ def check_resources(config: RunConfig) -> None:
         )
 
 
+def unused_gpus(config: RunConfig) -> float:
+    """The cluster's GPUs when the run asks for none (0 otherwise): worth one line before it starts."""
+    return 0.0 if config.uses_gpus else float(ray.cluster_resources().get("GPU", 0.0))
+
+
 def check_memory(needs: memory.MemoryEstimate) -> None:
     """On a cluster distrain did not start, the estimate against Ray's `memory` resource (what its
     nodes can give tasks and actors). Inside a Tune trial the sweep's sizing stands instead."""

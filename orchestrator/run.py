@@ -89,6 +89,13 @@ class WorkersStarting:
 
 
 @dataclass
+class Notice:
+    """One line the user should read before the run starts (e.g. GPUs present but not asked for)."""
+
+    text: str
+
+
+@dataclass
 class StragglersChanged:
     """The straggler detector's verdict changed: `slow` maps each flagged worker to its pace ratio."""
 
@@ -104,7 +111,7 @@ class RunResult:
     shard_nodes: list[str] = field(default_factory=list)  # node id of each PS shard (PS runs)
 
 
-Event = RunStarted | Progress | StragglersChanged | Failure | WorkersStarting
+Event = RunStarted | Progress | StragglersChanged | Failure | WorkersStarting | Notice
 
 
 class Diverged(Exception):
@@ -228,6 +235,9 @@ def run_training(
     try:
         connection = cluster.connect(config)
         cluster.check_resources(config)
+        unused = cluster.unused_gpus(config)
+        if unused:
+            emit(Notice(f"the cluster has {unused:g} GPU(s) and this run uses none; --gpus-per-worker 1 uses them"))
         if not connection.started_here and plan.memory is not None:
             cluster.check_memory(plan.memory)
         refuse_on_cluster(config.chaos_events)
@@ -378,7 +388,8 @@ class _Driver:
         self.steps_per_epoch = self.state.steps_per_epoch = info[0]["steps_per_epoch"]
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
-            state = {k: self.checkpoint[k] for k in ("model", "optimizer", "strategy_state") if k in self.checkpoint}
+            keys = ("model", "optimizer", "strategy_state", "scaler")
+            state = {k: self.checkpoint[k] for k in keys if k in self.checkpoint}
             self._get_all([w.load_state.remote(state) for w in self.workers], timeout=timeout)
         return info
 
@@ -788,7 +799,7 @@ class _Driver:
             extra=extra,
         )
         payload = {"model": state["model"], "optimizer": state["optimizer"], "global_step": steps_done}
-        for key in ("ps", "strategy_state"):
+        for key in ("ps", "strategy_state", "scaler"):
             if key in state:
                 payload[key] = state[key]
         self.state.point = RestorePoint(payload, steps_done, now, path)

@@ -6,6 +6,7 @@ segment's metrics rows as columns, so it is off the per-step path and gathers me
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ import ray
 import torch
 
 from distrain.config import RunConfig
+from distrain.errors import ResourceError
 from distrain.orchestrator.tasks import build_task
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
 from distrain.strategies.collective import free_address
@@ -64,7 +66,7 @@ class TrainWorker:
         self.world_size = config.num_worker_actors
         self.run_start = run_start
         self.delay = config.straggler_delays.get(rank, 0.0)
-        self.device = "cuda" if config.uses_gpus and torch.cuda.is_available() else "cpu"
+        self.device = "cuda" if config.uses_gpus else "cpu"
         self.strategy: Any = None
         self.strategy_state: dict[str, Any] | None = None  # a checkpoint's, until the strategy is set up
         # An error while building the replica (the task, its data, its model) is raised by the first
@@ -78,6 +80,14 @@ class TrainWorker:
             self.init_error = e
 
     def _build(self, config: RunConfig) -> None:
+        if config.uses_gpus and not torch.cuda.is_available():
+            # Ray gave this actor a GPU, but torch cannot use one (a CPU build of torch, a driver that does
+            # not match, CUDA_VISIBLE_DEVICES empty): training on the CPU instead would be silently slow.
+            raise ResourceError(
+                f"worker {self.rank} was given {config.gpus_per_worker:g} GPU(s) but torch {torch.__version__} "
+                f"sees no CUDA device (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                "install a CUDA build of torch on the workers, or drop --gpus-per-worker"
+            )
         # The task's data is built here, in the worker's own process: nothing passes through the driver.
         self.task = build_task(config)
         train, self.test_set = self.task.datasets()
@@ -93,6 +103,7 @@ class TrainWorker:
             config.weight_decay,
             self.device,
             config.optimizer_args,
+            config.precision,
         )
         self.sharder = EpochSharder(len(train), config.samples_per_step, config.seed)
         total = config.epochs * self.sharder.steps_per_epoch
@@ -267,7 +278,7 @@ class TrainWorker:
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
         """Model and flat optimizer state, as the strategy defines them (PS: the shards' snapshot)."""
-        state = self.strategy.export_state(self.trainer)
+        state = self.strategy.export_state(self.trainer) | self.trainer.scaler_state()
         extra = self.strategy.extra_state()
         if extra is not None:  # tagged: only the same strategy takes it back (not the next phase's)
             state["strategy_state"] = {"strategy": self.strategy.name, "state": extra}

@@ -16,7 +16,6 @@ pushed copy was the one the shards kept is learned at the end of the segment (`s
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from distrain.errors import ConfigError
-from distrain.strategies.base import CommStats, StrategyContext, all_finite
+from distrain.strategies.base import CommStats, StrategyContext
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.ps import PSStrategy
 from distrain.trainers.local_trainer import LocalTrainer
@@ -109,7 +108,7 @@ class BSPBackupTasks(PSStrategy):
         a = self.current
         t0 = time.perf_counter()
         # A non-finite portion gradient is never pushed; skipped, the portion counts as done with nothing.
-        ok = self.finite(math.isfinite(trainer.last_loss) and all_finite(trainer.grads_flat), "loss or gradient")
+        ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
         grads = trainer.grads_flat.numpy() if ok else None
         pushes = self.client.push_portion_async(a.tag, a.portion, grads, lr)
         self.next_request = self._request((a.tag, a.portion, pushes))

@@ -181,6 +181,25 @@ class Strategy(ABC):
             raise NonFinite(what)
         return False
 
+    def usable_gradient(self, trainer: LocalTrainer, what: str, check_loss: bool = False) -> bool:
+        """Whether this step's update goes ahead with the gradient in `trainer.grads_flat` (unscaled here
+        under --precision fp16). Call it on the gradient the update uses: the all-reduced one (every replica
+        decides alike), or the local one before a push or local step (`check_loss`: this replica's loss too).
+
+        Under fp16 a non-finite gradient is the loss scale's overflow: the update is skipped and the scale
+        halved, as torch.amp.GradScaler does, whatever --on-nonfinite says, until the scale has fallen below
+        1 (no scale helps: divergence, handled by --on-nonfinite)."""
+        import math
+
+        trainer.unscale_grads_()
+        ok = all_finite(trainer.grads_flat) and (not check_loss or math.isfinite(trainer.last_loss))
+        scaler = trainer.scaler
+        if scaler is not None:
+            scaler.update(overflow=not ok)
+            if not ok and not scaler.exhausted:
+                return False
+        return self.finite(ok, what)
+
     @abstractmethod
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         """Communicate the gradient in `trainer.grads_flat` and update the parameters."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
+from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.network import Link
@@ -158,7 +158,7 @@ class BSP(Strategy):
         # The buckets' all-reduces were launched during backward; comm_s is what is left to wait for.
         seconds = self.overlap.finish() if self.overlap else self.group.all_reduce_mean_(trainer.grads_flat)
         # Decided on the all-reduced gradient, which every replica holds: all skip (or stop) together.
-        applied = self.finite(all_finite(trainer.grads_flat), "all-reduced gradient")
+        applied = self.usable_gradient(trainer, "all-reduced gradient")
         if applied:
             trainer.apply_update(lr)
         moved = ring_allreduce_bytes(trainer.nbytes, self.ctx.world_size)
@@ -167,9 +167,10 @@ class BSP(Strategy):
     def _compressed_step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         assert self.compressed is not None
         t0 = time.perf_counter()
+        trainer.unscale_grads_()  # no-op: --precision fp16 and --compress are refused together (config.py)
         sent = self.compressed.all_reduce_mean_(trainer.grads_flat)
         seconds = time.perf_counter() - t0
-        applied = self.finite(all_finite(trainer.grads_flat), "all-reduced gradient")
+        applied = self.usable_gradient(trainer, "all-reduced gradient")
         if applied:
             trainer.apply_update(lr)
         return CommStats(

@@ -201,7 +201,7 @@ class DiLoCo(Strategy):
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         # An inner step is the replica's own: decided on its own loss and gradient (skipped: no update).
-        ok = self.finite(math.isfinite(trainer.last_loss) and all_finite(trainer.grads_flat), "loss or gradient")
+        ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
         if ok:
             trainer.apply_update(lr)
         self.t += 1

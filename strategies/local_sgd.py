@@ -33,7 +33,6 @@ code of the state or of AdaComm's inputs would make the replicas disagree on wha
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -162,7 +161,7 @@ class LocalSGD(Strategy):
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         # A local step is this worker's own: decided on its own loss and gradient (skipped: no update).
-        ok = self.finite(math.isfinite(trainer.last_loss) and all_finite(trainer.grads_flat), "loss or gradient")
+        ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
         if ok:
             trainer.apply_update(lr)
         if self.adacomm is not None:

@@ -7,13 +7,12 @@ see `PSClient`), count the clock. What differs is the rule the shards enforce (`
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
+from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.network import Link
 from distrain.strategies.registry import STRATEGIES
@@ -72,7 +71,7 @@ class PSStrategy(Strategy):
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         # A non-finite gradient never reaches the shards. Skipped, the push still carries the clock
         # (None for the gradient): the worker takes part in its round, contributing nothing.
-        ok = self.finite(math.isfinite(trainer.last_loss) and all_finite(trainer.grads_flat), "loss or gradient")
+        ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
         grads: Any = trainer.grads_flat.numpy() if ok else None
         sent, raw = trainer.nbytes, None
         if ok and self.encoders:  # each shard's slice encoded, its residual kept here for the next push

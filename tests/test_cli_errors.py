@@ -269,6 +269,9 @@ BAD_INPUTS = [
     (["--compress", "topk:1.5"], ["--compress", "(0, 1]"]),
     (["--compress", "topk:0"], ["--compress", "(0, 1]"]),
     (["--compress", "powersgd:0"], ["--compress", "rank"]),
+    # mixed precision
+    (["--precision", "fp8"], ["unknown --precision 'fp8'", "fp32, bf16, fp16"]),
+    (["--precision", "fp16", "--compress", "int8"], ["--precision fp16 cannot be combined with --compress"]),
     (["--compress", "powersgd"], ["--compress", "powersgd:RANK"]),
     (["--strategy", "async", "--compress", "powersgd:2"], ["needs whole matrices", "flat slice", "topk:FRACTION"]),
     (["--strategy", "bsp", "--transport", "ps", "--compress", "powersgd:2"], ["needs whole matrices"]),

@@ -21,6 +21,7 @@ from distrain.trainers.optim_state import (
     import_flat_state,
     make_optimizer,
 )
+from distrain.trainers.precision import LossScaler, autocast
 from distrain.trainers.task import Task, to_device
 
 
@@ -35,8 +36,14 @@ class LocalTrainer:
         weight_decay: float | None,
         device: torch.device | str = "cpu",
         optimizer_args: dict[str, Any] | None = None,
+        precision: str = "fp32",
     ) -> None:
         self.device = torch.device(device)
+        # --precision: the forward pass's dtype (trainers/precision.py); parameters, gradients and the
+        # optimizer stay float32. fp16 scales the loss; the strategy unscales before it uses the gradient.
+        self.precision = precision
+        self.scaler = LossScaler() if precision == "fp16" else None
+        self._grads_scaled = False
         self.model = model.to(self.device)
         self.task = task
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -70,11 +77,17 @@ class LocalTrainer:
         """Forward and backward of the task's loss on one batch; leaves the gradient in `grads_flat`."""
         self.model.train()
         self.grads_flat.zero_()
-        loss = self.task.loss(self.model, to_device(batch, self.device))
+        with autocast(self.precision, self.device):
+            loss = self.task.loss(self.model, to_device(batch, self.device))
         if not (torch.is_tensor(loss) and loss.dim() == 0):
             shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
             raise TypeError(f"{type(self.task).__name__}.loss must return a scalar tensor, got {shape}")
-        loss.backward()
+        loss = loss.float()
+        if self.scaler is not None:
+            (loss * self.scaler.scale).backward()
+            self._grads_scaled = True
+        else:
+            loss.backward()
         self._ensure_grads_in_flat_buffer()
         self.last_loss = float(loss.detach())
         return self.last_loss
@@ -93,8 +106,18 @@ class LocalTrainer:
                 offset += n
             self._grads_are_views = None  # re-check next step
 
+    def unscale_grads_(self) -> None:
+        """fp16: divide `grads_flat` by the loss scale, once per backward (a no-op otherwise). Strategies
+        call it where they take the gradient into use: after the all-reduce under BSP (the buckets were
+        all-reduced scaled, during backward), before the push or local step elsewhere."""
+        if self._grads_scaled:
+            assert self.scaler is not None
+            self.grads_flat.mul_(1.0 / self.scaler.scale)
+            self._grads_scaled = False
+
     def apply_update(self, lr: float) -> None:
         """One optimizer step with `grads_flat` (already averaged by the strategy) at rate `lr`."""
+        self.unscale_grads_()  # a strategy that never unscaled (a plugin's) still steps with the true gradient
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
@@ -106,15 +129,22 @@ class LocalTrainer:
         self.model.eval()
         totals: dict[str, tuple[float, float]] = {}
         for batch in batches:
-            for name, (s, c) in self.task.evaluate_batch(self.model, to_device(batch, self.device)).items():
+            with autocast(self.precision, self.device):
+                scores = self.task.evaluate_batch(self.model, to_device(batch, self.device))
+            for name, (s, c) in scores.items():
                 before = totals.get(name, (0.0, 0.0))
                 totals[name] = (before[0] + s, before[1] + c)
         return totals
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Model state and the optimizer's state in flat form (transport-independent)."""
-        return {"model": self.model_state(), "optimizer": self.flat_optimizer_state().to_dict()}
+        """Model state and the optimizer's state in flat form (transport-independent); fp16's loss scale."""
+        state = {"model": self.model_state(), "optimizer": self.flat_optimizer_state().to_dict()}
+        return state | self.scaler_state()
+
+    def scaler_state(self) -> dict[str, Any]:
+        """{"scaler": ...} under fp16 (part of every checkpoint), else nothing."""
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The model's state dict as compact copies. The parameters are views of `params_flat`, and a
@@ -125,6 +155,8 @@ class LocalTrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])  # copies in place: the flat views stay attached
         self.load_flat_optimizer_state(FlatOptimizerState.from_dict(state["optimizer"]))
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
     def flat_optimizer_state(self) -> FlatOptimizerState:
         return export_flat_state(self.optimizer, [self.flat_param])
