@@ -133,9 +133,9 @@ class BSP(Strategy):
         return figures
 
     def setup(self, trainer: LocalTrainer) -> None:
-        from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce
+        from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce, backend_for
 
-        backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
+        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
         link = Link.of(self.config)  # one emulated link per worker, shared by its transfers
         self.group = CollectiveGroup(
             self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s, link

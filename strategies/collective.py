@@ -1,6 +1,7 @@
 """Collective transport: a torch.distributed process group across the worker actors.
 
-gloo on CPU, NCCL when the workers hold GPUs. Rank 0 publishes "host:port" (see `free_address`) and
+gloo on CPU, NCCL when each worker holds a GPU of its own, gloo over CUDA tensors when workers share
+GPUs (see `backend_for`). Rank 0 publishes "host:port" (see `free_address`) and
 every rank joins through a TCP rendezvous. Each worker actor is its own process, so the default
 process group is the group.
 """
@@ -22,6 +23,15 @@ def free_address(host: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return f"{host}:{s.getsockname()[1]}"
+
+
+def backend_for(device: str, gpus_per_worker: float) -> str:
+    """The process group's backend. NCCL needs one GPU per rank: ranks on a shared GPU (a fractional
+    --gpus-per-worker, the only way to run N > 1 on a one-GPU machine) fail its init with "Duplicate GPU
+    detected". gloo all-reduces CUDA tensors too (through host memory, slower), so shared GPUs use gloo."""
+    if not device.startswith("cuda"):
+        return "gloo"
+    return "nccl" if gpus_per_worker >= 1 else "gloo"
 
 
 def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:

@@ -173,9 +173,9 @@ class DiLoCo(Strategy):
             )
 
     def setup(self, trainer: LocalTrainer) -> None:
-        from distrain.strategies.collective import CollectiveGroup
+        from distrain.strategies.collective import CollectiveGroup, backend_for
 
-        backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
+        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
         self.group = CollectiveGroup(
             self.ctx.rank,
             self.ctx.world_size,

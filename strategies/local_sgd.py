@@ -140,9 +140,9 @@ class LocalSGD(Strategy):
         self.compressed: CompressedAllReduce | None = None  # --compress: θ's change goes through it
 
     def setup(self, trainer: LocalTrainer) -> None:
-        from distrain.strategies.collective import CollectiveGroup
+        from distrain.strategies.collective import CollectiveGroup, backend_for
 
-        backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
+        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
         self.group = CollectiveGroup(
             self.ctx.rank,
             self.ctx.world_size,

@@ -187,6 +187,13 @@ def test_bad_precision_is_one_line(kw, message):
     RunConfig(precision="bf16", compress="int8").validate()  # bf16 has no scale: it composes
 
 
+def test_workers_with_a_gpu_each_use_nccl_and_workers_sharing_one_use_gloo():
+    from distrain.strategies.collective import backend_for
+
+    assert [backend_for("cuda", g) for g in (1.0, 2.0, 0.5, 0.25)] == ["nccl", "nccl", "gloo", "gloo"]
+    assert backend_for("cpu", 0.0) == "gloo"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_a_worker_given_a_gpu_that_torch_cannot_see_fails_in_one_line():
     from distrain.orchestrator.worker import TrainWorker
