@@ -250,3 +250,18 @@ def test_bf16_trains_the_bundled_digits_like_fp32(tmp_path):
     )  # fmt: skip
     assert result.status == "completed" and result.metrics["test_accuracy"] >= 0.93, result.metrics
     assert not steps(result.run_dir)["nonfinite"].fillna(False).any()
+
+
+def test_a_cluster_with_gpus_the_run_does_not_ask_for_gets_one_line(monkeypatch, capsys):
+    from distrain.cli import RunDisplay
+    from distrain.orchestrator import cluster
+    from distrain.orchestrator.run import Notice
+
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 16.0, "GPU": 1.0})
+    assert cluster.unused_gpus(RunConfig()) == 1.0
+    assert cluster.unused_gpus(RunConfig(gpus_per_worker=1.0)) == 0.0  # asked for: nothing to say
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 16.0})
+    assert cluster.unused_gpus(RunConfig()) == 0.0
+    text = "the cluster has 1 GPU(s) and this run uses none; --gpus-per-worker 1 uses them"
+    RunDisplay(RunConfig()).on_event(Notice(text))
+    assert capsys.readouterr().out.strip() == f"note: {text}"
