@@ -118,9 +118,11 @@ def importable_path(cls: type) -> str | None:
 
 
 def _print_progress(event: Any) -> None:
-    from distrain.orchestrator.run import Progress, RunStarted
+    from distrain.orchestrator.run import Notice, Progress, RunStarted
 
-    if isinstance(event, RunStarted):
+    if isinstance(event, Notice):
+        print(f"distrain: note: {event.text}")
+    elif isinstance(event, RunStarted):
         print(f"distrain: run {event.run_dir} ({event.total_steps} steps, {event.num_params:,} parameters)")
     elif isinstance(event, Progress) and event.evaluated:
         figures = "  ".join(f"test_{k} {v:.4g}" for k, v in event.test_metrics.items())
