@@ -686,7 +686,9 @@ class _Driver:
             situation = Situation(
                 training=True,
                 transport=config.transport,
-                own_books=bool(config.backup_workers or config.backup_tasks),
+                # Backup workers/tasks keep books a replacement would upset; Sandblaster's coordinator
+                # hands a lost worker's portions out again (`Strategy.reissues_lost_work`).
+                own_books=bool(config.backup_workers or config.backup_tasks) and not self.impl.reissues_lost_work,
                 workers=config.workers,
                 host_alive=bundle_alive(self.placement, lost.target),
             )

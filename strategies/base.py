@@ -109,6 +109,9 @@ class Strategy(ABC):
     independent_workers: ClassVar[bool] = False
     # A step is one pass over the whole training set (Sandblaster): one step per epoch, units run by `run_unit`.
     full_batch: ClassVar[bool] = False
+    # Its driver-side actor hands a lost worker's outstanding work out again (`worker_lost(rank)`), so a
+    # dead worker is replaced in place even with --backup-tasks (orchestrator/replacement.py).
+    reissues_lost_work: ClassVar[bool] = False
     # Run settings whose default differs under this strategy (DiLoCo's smaller inner --lr), applied only
     # where the user set none; a schedule's phases share the run's settings, set by its first strategy.
     run_defaults: ClassVar[dict[str, Any]] = {}

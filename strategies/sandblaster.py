@@ -100,6 +100,7 @@ class Sandblaster(PSStrategy):
     name = "sandblaster"
     Options = SandblasterOptions
     full_batch = True
+    reissues_lost_work = True
     compresses = ""
     metric_columns = {
         "grad_norm": "float64",
@@ -239,7 +240,8 @@ class Sandblaster(PSStrategy):
         import ray
 
         shards = ray.get([s.sb_call.remote("state") for s in self.ctx.ps_shards])
-        return {"shards": shards, "coordinator": ray.get(self.coordinator.state.remote())}
+        # As tensors: checkpoints are read back with torch.load(weights_only=True), which takes no numpy.
+        return {"shards": _convert(shards, "torch"), "coordinator": ray.get(self.coordinator.state.remote())}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         import ray
@@ -251,5 +253,21 @@ class Sandblaster(PSStrategy):
                 f"the checkpoint's Sandblaster state has {len(state['shards'])} shards, this run "
                 f"{len(self.ctx.ps_shards)}; resume with the same --ps-shards"
             )
-        ray.get([s.sb_call.remote("load", part) for s, part in zip(self.ctx.ps_shards, state["shards"], strict=True)])
+        parts = _convert(state["shards"], "numpy")
+        ray.get([s.sb_call.remote("load", part) for s, part in zip(self.ctx.ps_shards, parts, strict=True)])
         ray.get(self.coordinator.load_state.remote(state["coordinator"]))
+
+
+def _convert(obj: Any, to: str) -> Any:
+    """numpy arrays to torch tensors (to="torch") or back (to="numpy"), through dicts and lists."""
+    import torch
+
+    if isinstance(obj, dict):
+        return {k: _convert(v, to) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_convert(v, to) for v in obj]
+    if to == "torch" and isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    if to == "numpy" and isinstance(obj, torch.Tensor):
+        return obj.numpy()
+    return obj
