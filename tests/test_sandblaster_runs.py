@@ -63,8 +63,8 @@ def test_lbfgs_reaches_the_scipy_optimum_of_regularised_logistic_regression(tmp_
     optimum = minimize(f_and_grad, np.zeros(650), jac=True, method="L-BFGS-B",
                        options={"gtol": 1e-10, "ftol": 1e-15, "maxiter": 3000}).fun  # fmt: skip
     cfg = RunConfig(
-        strategy="sandblaster", model="linear", workers=2, ps_shards=2, weight_decay=LAMBDA, epochs=40,
-        eval_every=40, run_dir=str(tmp_path / "lbfgs"),
+        strategy="sandblaster", model="linear", workers=2, ps_shards=2, weight_decay=LAMBDA, epochs=36,
+        eval_every=36, run_dir=str(tmp_path / "lbfgs"),
     )  # fmt: skip
     result = run_training(cfg)
     it = per_iteration(result.run_dir)
@@ -74,7 +74,7 @@ def test_lbfgs_reaches_the_scipy_optimum_of_regularised_logistic_regression(tmp_
     assert reached["data_passes"].iloc[0] <= 2.5 * (reached.index[0] + 1)
     assert (it["loss"].diff().dropna() <= 1e-9).all()  # a line search never accepts an increase
     summary = json.loads((result.run_dir / "summary.json").read_text())
-    assert summary["outer_iterations"] == 40 and summary["sandblaster_iterations"] == 40
+    assert summary["outer_iterations"] == 36 and summary["sandblaster_iterations"] == 36
     assert summary["data_passes"] == summary["sandblaster_data_passes"] == it["data_passes"].iloc[-1]
     assert summary["sandblaster_loss_passes"] == summary["line_search_evals"]
 
@@ -108,6 +108,22 @@ def test_gd_is_plain_full_batch_gd_with_backup_copies_and_a_killed_worker(tmp_pa
         theta = theta - lr * t.grad
     np.testing.assert_allclose(final_params(result.run_dir).numpy(), theta.numpy(), rtol=1e-4, atol=1e-6)
     assert list(it["data_passes"]) == list(range(1, epochs + 1))
+
+
+def test_resume_continues_exactly_with_the_lbfgs_history(tmp_path):
+    """A run resumed from its iteration-3 checkpoint ends where the straight run ends: the checkpoint
+    carries the shards' history pairs, the pending step and gradient, and the float64 θ."""
+    from distrain.orchestrator.resume import resume_config
+
+    kw = dict(strategy="sandblaster", model="linear", workers=2, ps_shards=2, weight_decay=LAMBDA, history=3)
+    straight = run_training(RunConfig(epochs=6, run_dir=str(tmp_path / "straight"), **kw))
+    run_training(RunConfig(epochs=3, run_dir=str(tmp_path / "parts"), **kw))
+    resumed = run_training(resume_config(tmp_path / "parts", {"epochs": 6}), resume=True)
+    assert (final_params(resumed.run_dir) - final_params(straight.run_dir)).abs().max().item() <= 1e-6
+    a, b = per_iteration(straight.run_dir), per_iteration(resumed.run_dir)
+    np.testing.assert_allclose(b["loss"].to_numpy(), a["loss"].to_numpy(), rtol=1e-7)
+    np.testing.assert_allclose(b["step_length"].to_numpy(), a["step_length"].to_numpy())
+    assert resumed.summary["data_passes"] == straight.summary["data_passes"]
 
 
 def test_a_user_task_trains_with_sandblaster(tmp_path):
