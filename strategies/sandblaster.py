@@ -25,11 +25,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions
+from distrain.strategies.bsp import BACKUP_TASKS_HELP
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.ps import PSStrategy
 from distrain.strategies.registry import STRATEGIES
@@ -47,7 +46,7 @@ DEFAULT_TASKS_PER_WORKER = 4
 @dataclass(frozen=True)
 class SandblasterOptions(StrategyOptions):
     batch_optimizer: str = setting(
-        "lbfgs", "Sandblaster's batch optimiser: lbfgs or gd (full-batch --lr steps).", "strategy"
+        "lbfgs", "Batch optimiser of sandblaster: lbfgs or gd (full-batch --lr steps).", "strategy"
     )
     history: int = setting(
         10, "L-BFGS memory m: (s, y) pairs kept, sliced across the shards (sandblaster).", "strategy"
@@ -55,11 +54,7 @@ class SandblasterOptions(StrategyOptions):
     tasks_per_pass: int | None = setting(
         None, "Portions each data pass is cut into; default 4 x --workers (sandblaster).", "strategy"
     )
-    backup_tasks: bool = setting(
-        False,
-        "bsp over ps: split each round into --portions, re-issue the last outstanding ones to idle workers.",
-        "stragglers",
-    )
+    backup_tasks: bool = setting(False, BACKUP_TASKS_HELP, "stragglers")
 
     def resolved(self, run: RunConfig) -> SandblasterOptions:
         if self.tasks_per_pass is None:
@@ -184,6 +179,7 @@ class Sandblaster(PSStrategy):
     # ------------------------------------------------------------------ one outer iteration
     def run_unit(self, trainer: LocalTrainer, reader: Any, global_step: int) -> tuple[float, int]:
         """Take portions of iteration `global_step`'s passes until the coordinator has finished it."""
+        import numpy as np
         import ray
 
         n = len(reader.dataset)
@@ -260,6 +256,7 @@ class Sandblaster(PSStrategy):
 
 def _convert(obj: Any, to: str) -> Any:
     """numpy arrays to torch tensors (to="torch") or back (to="numpy"), through dicts and lists."""
+    import numpy as np
     import torch
 
     if isinstance(obj, dict):

@@ -148,7 +148,7 @@ def assert_one_line_error(result, *fragments: str) -> str:
 # (arguments, fragments the one-line message must contain); "{in}" is the inputs directory
 BAD_INPUTS = [
     (["--strategy", "nope"], ["unknown strategy 'nope'", "bsp"]),
-    (["--model", "vgg"], ["unknown model 'vgg'", "cnn, mlp, resnet18"]),
+    (["--model", "vgg"], ["unknown model 'vgg'", "cnn, linear, mlp, resnet18"]),
     (["--dataset", "imagenet"], ["unknown dataset 'imagenet'", "digits"]),
     (["--workers", "0"], ["--workers must be >= 1"]),
     (["--batch-size", "0"], ["--batch-size must be >= 1"]),
@@ -420,7 +420,7 @@ def test_strategies_lists_bsp():
     result = runner.invoke(app, ["strategies"])
     assert result.exit_code == 0, result.output
     names = [line.split()[0] for line in result.stdout.splitlines() if line.strip() and not line.startswith(" ")]
-    assert names == ["async", "bsp", "diloco", "local-sgd", "ssp"]
+    assert names == ["async", "bsp", "diloco", "local-sgd", "sandblaster", "ssp"]
     assert "transports: collective, ps; options: --backup-workers --backup-tasks --portions" in result.stdout
 
 
