@@ -195,7 +195,7 @@ class TrainWorker:
                 samples = len(idx)
             else:
                 loss, samples = own
-            if self.delay:
+            if self.delay and own is None:  # (a strategy running its own units applies it per its own unit)
                 time.sleep(self.delay)  # injected straggler: counted as compute
             compute_s = time.perf_counter() - t0
             try:

@@ -115,6 +115,8 @@ class Sandblaster(PSStrategy):
         self.record: dict[str, Any] = {}
         self.comm_s = 0.0
         self.portions_done = 0
+        # An injected straggler's delay applies per portion here (the unit of work), not per iteration.
+        self.delay = config.straggler_delays.get(ctx.rank, 0.0)
 
     @classmethod
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
@@ -205,6 +207,8 @@ class Sandblaster(PSStrategy):
             batch = reader.read(np.arange(lo, hi))
             grad = task.kind == "grad"
             loss_sum, count = trainer.portion_sums(batch, with_gradient=grad)
+            if self.delay:
+                time.sleep(self.delay)  # --straggler: this worker is slow at every portion it computes
             g = trainer.grads_flat.numpy() if grad else None
             pushes = [
                 shard.sb_add.remote(
