@@ -115,6 +115,7 @@ class Sandblaster(PSStrategy):
         self.record: dict[str, Any] = {}
         self.comm_s = 0.0
         self.portions_done = 0
+        self.sent = self.received = 0  # bytes of gradients pushed, of θ pulled, in the last iteration
         # An injected straggler's delay applies per portion here (the unit of work), not per iteration.
         self.delay = config.straggler_delays.get(ctx.rank, 0.0)
 
@@ -186,7 +187,7 @@ class Sandblaster(PSStrategy):
 
         n = len(reader.dataset)
         samples, finished, comm = 0, None, 0.0
-        self.portions_done = 0
+        self.portions_done, self.sent, self.received = 0, 0, 0
         while True:
             t0 = time.perf_counter()
             task = ray.get(self.coordinator.acquire.remote(self.ctx.rank, finished, global_step))
@@ -202,6 +203,7 @@ class Sandblaster(PSStrategy):
                 for (start, stop), p in zip(self.ctx.ps_bounds, points, strict=True):
                     params[start:stop] = p
                 self.held_pass = task.pass_id
+                self.received += trainer.nbytes
             comm += time.perf_counter() - t0
             lo, hi = task.portion * n // task.portions, (task.portion + 1) * n // task.portions
             batch = reader.read(np.arange(lo, hi))
@@ -217,6 +219,7 @@ class Sandblaster(PSStrategy):
                 for shard, (a, b) in zip(self.ctx.ps_shards, self.ctx.ps_bounds, strict=True)
             ]
             finished = (task.pass_id, task.portion, task.copy, pushes)
+            self.sent += trainer.nbytes if grad else 0  # a loss pass sends two numbers
             samples += count
             self.portions_done += 1
         t0 = time.perf_counter()
@@ -228,8 +231,8 @@ class Sandblaster(PSStrategy):
         r = self.record
         return CommStats(
             seconds=self.comm_s,
-            bytes_sent=self.portions_done * trainer.nbytes,
-            bytes_received=trainer.nbytes,
+            bytes_sent=self.sent,
+            bytes_received=self.received,
             extra={k: r.get(k) for k in self.metric_columns if k in r} | {"portions_done": self.portions_done},
         )
 
