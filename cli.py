@@ -328,11 +328,11 @@ def list_strategies() -> None:
     for name, text in STRATEGIES.describe().items():
         cls = STRATEGIES.get(name)
         flags = " ".join(info.flag for info in fields_of(cls.Options))
-        out.print(f"{name:<10} {text}", highlight=False)
-        out.print(f"{'':<10}   transports: {', '.join(cls.transports)}" + (f"; options: {flags}" if flags else ""),
+        out.print(f"{name:<11} {text}", highlight=False)
+        out.print(f"{'':<11}   transports: {', '.join(cls.transports)}" + (f"; options: {flags}" if flags else ""),
                   highlight=False)  # fmt: skip
         if cls.compresses:
-            out.print(f"{'':<10}   --compress applies to: {cls.compresses}", highlight=False)
+            out.print(f"{'':<11}   --compress applies to: {cls.compresses}", highlight=False)
 
 
 @app.command()

@@ -10,6 +10,7 @@ import ray
 from distrain.config import RunConfig
 from distrain.strategies.partition import partition
 from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
+from distrain.strategies.sandblaster_shard import SandblasterShard
 from distrain.trainers.optim_state import FlatOptimizerState
 
 
@@ -28,7 +29,8 @@ class ShardGroup:
         assert config.ps_shards is not None
         self.bounds = partition(len(theta), config.ps_shards)
         spec = OptimizerSpec(config.optimizer, config.momentum, config.weight_decay, dict(config.optimizer_args))
-        actor = ray.remote(ParameterShard)
+        # Sandblaster's shards also hold its accumulators and L-BFGS history (strategies/sandblaster_shard.py).
+        actor = ray.remote(SandblasterShard if rule.mode == "sandblaster" else ParameterShard)
         self.shards = [
             actor.options(
                 num_cpus=config.cpus_per_shard,

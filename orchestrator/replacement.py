@@ -16,6 +16,8 @@ whose rows reached the driver):
   exactly one metrics row.
 - bounded, shared plan (async): the same clock repair; the lost units go back to the work queue
   and whoever is free redoes them.
+- sandblaster: no clock; the coordinator re-issues the dead worker's outstanding portions
+  (`worker_lost`), and a copy it pushed before dying counts at most once (the shards' record).
 - rounds (BSP over the PS): a round cannot be undone, and a round the dead worker pushed to is
   exact. The replacement continues from the dead worker's clock on the shards (the least over the
   shards), with the lost segments' units from that round on, so the parameters stay exactly those
@@ -99,16 +101,24 @@ def replace_worker(driver: Any, lost: RunLost, decision: Decision, dispatch: Dis
             work.complete(done)
             driver.steps_done = state.steps_done = work.steps_done
         driver.confirmed_clock[rank] = dead_clock
+    elif driver.ps_mode == "sandblaster":
+        # Nothing to repair on the shards: each portion counts once whoever pushes it, the coordinator
+        # hands the dead worker's outstanding ones out again (below), and the replacement redoes its
+        # lost iterations (a finished one returns its record at once).
+        event["updates_repeated"] = 0
     else:
         confirmed = driver.confirmed_clock[rank]
         driver._shard_call([s.rebase_clock.remote(rank, confirmed) for s in shards])
         event["updates_repeated"] = max(c["clocks"][rank] for c in counters) - confirmed
 
+    if driver.impl.reissues_lost_work:  # Sandblaster: the dead worker's outstanding portions go out again
+        ray.get(driver.portion_scheduler.worker_lost.remote(rank), timeout=config.hang_timeout_s)
     worker = start_worker(config, driver.placement, rank, driver.run_start)
     driver.workers[rank] = worker
     driver.actors.append(worker)
     bounds = driver.shards.bounds
-    dispatch.track(worker.setup.remote("", shards, bounds, None, driver.phase_config), ("setup", rank, event))
+    setup = worker.setup.remote("", shards, bounds, driver.portion_scheduler, driver.phase_config)
+    dispatch.track(setup, ("setup", rank, event))
     for _, (kind, _, payload) in lost_calls:  # made on the replacement, now `driver.workers[rank]`
         if kind == "segment":
             if driver.impl.independent_workers:  # shared plan: back to the queue, for whoever is free

@@ -365,6 +365,42 @@ def plot_loss_vs_bytes(runs: Sequence[PlotRun]) -> Figure | None:
     return fig
 
 
+def passes_over_data(run: PlotRun) -> pd.DataFrame:
+    """Its step rows in wall-time order with `passes`: passes over the training set so far. A full-batch
+    run (Sandblaster) counts its own (`data_passes`: gradient and line-search passes, one row per
+    iteration); a minibatch run's step k of an epoch of S steps has made (k + 1) / S passes."""
+    st = run.steps("loss")
+    if st.empty:
+        return st
+    if "data_passes" in st and st["data_passes"].notna().any():
+        st = st[st["data_passes"].notna()].drop_duplicates("step")
+        return st.assign(passes=st["data_passes"].astype(float))
+    epochs, steps = run.summary.get("epochs_completed"), run.summary.get("steps_completed")
+    if not epochs or not steps:
+        return st.iloc[0:0]
+    return st.assign(passes=(st["step"].astype(float) + 1) / (steps / epochs))
+
+
+def plot_loss_vs_passes(runs: Sequence[PlotRun]) -> Figure | None:
+    """Training loss against passes over the training set: what a batch method (Sandblaster's L-BFGS or
+    GD, whose loss is the full-batch objective) pays in data passes beside SGD (minibatch losses,
+    smoothed over the workers' last steps)."""
+    data = [(run, passes_over_data(run)) for run in runs]
+    data = [(run, st) for run, st in data if not st.empty]
+    if not data or not any("data_passes" in st and st["data_passes"].notna().any() for _, st in data):
+        return None  # only drawn when some run is a full-batch one
+    w = smoothing_window(runs)
+    fig, ax = _figure("Training loss against passes over the training set", "passes over the data", "training loss")
+    for run, st in data:
+        full = "data_passes" in st and st["data_passes"].notna().any()
+        loss = st["loss"] if full else st["loss"].rolling(w, min_periods=1).mean()
+        ax.plot(st["passes"], loss, color=run.color, label=run.legend, marker="." if full else None)
+    if all((st["loss"] > 0).all() for _, st in data):
+        ax.set_yscale("log")
+    fig.legend(handles=ax.get_legend_handles_labels()[0], loc="outside lower center", fontsize=8)
+    return fig
+
+
 def plot_bytes(runs: Sequence[PlotRun]) -> Figure | None:
     """Megabytes sent per worker so far, against wall time."""
     data = [(run, bytes_per_worker(run)) for run in runs]
@@ -385,6 +421,7 @@ PLOTS: dict[str, Callable[[Sequence[PlotRun]], Figure | None]] = {
     "accuracy_vs_progress.png": plot_accuracy_by_progress,
     "loss_vs_time.png": plot_loss,
     "loss_vs_bytes.png": plot_loss_vs_bytes,
+    "loss_vs_passes.png": plot_loss_vs_passes,
     "bytes_vs_time.png": plot_bytes,
     "throughput_vs_time.png": plot_throughput,
     "time_split.png": plot_time_split,

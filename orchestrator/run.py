@@ -328,7 +328,9 @@ def _recorded(config: RunConfig, run_dir: Path) -> RunConfig:
 
 # The driver-side actors a strategy may ask for by name (`Strategy.driver_actors`): the parameter-server
 # shards (strategies/ps_shard.py, grouped by orchestrator/ps.py) and backup tasks' portion scheduler.
-DRIVER_ACTORS = frozenset({"ps_shards", "portion_scheduler"})
+# Sandblaster's coordinator (strategies/sandblaster_coordinator.py) reaches the workers in the same slot
+# as the portion scheduler: it is the one that hands out their portions.
+DRIVER_ACTORS = frozenset({"ps_shards", "portion_scheduler", "sandblaster_coordinator"})
 
 
 class _Driver:
@@ -442,6 +444,17 @@ class _Driver:
                 .options(num_cpus=0, max_concurrency=max(64, 4 * len(self.workers)))
                 .remote(portions, self.steps_per_epoch, phase.start_step, first_tag)
             )
+            self.actors.append(self.portion_scheduler)
+        if "sandblaster_coordinator" in actors:
+            from distrain.strategies.sandblaster_coordinator import SandblasterCoordinator
+
+            assert self.shards is not None, "the coordinator drives the parameter-server shards"
+            self.portion_scheduler = (
+                ray.remote(SandblasterCoordinator)
+                .options(num_cpus=0, max_concurrency=max(64, 4 * len(self.workers)))
+                .remote(self.shards.shards, start_iteration=phase.start_step, **declared.coordinator_args(phase.config))
+            )
+            self._shard_call([self.portion_scheduler.start.remote()])
             self.actors.append(self.portion_scheduler)
         rendezvous = "" if "ps_shards" in actors else _get(self.workers[0].rendezvous_address.remote())
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
@@ -684,7 +697,9 @@ class _Driver:
             situation = Situation(
                 training=True,
                 transport=config.transport,
-                own_books=bool(config.backup_workers or config.backup_tasks),
+                # Backup workers/tasks keep books a replacement would upset; Sandblaster's coordinator
+                # hands a lost worker's portions out again (`Strategy.reissues_lost_work`).
+                own_books=bool(config.backup_workers or config.backup_tasks) and not self.impl.reissues_lost_work,
                 workers=config.workers,
                 host_alive=bundle_alive(self.placement, lost.target),
             )
@@ -743,7 +758,8 @@ class _Driver:
         """Summary figures of straggler handling: who was flagged (the driver's detector), and what the
         strategy's own driver-side actors saw (`Strategy.actor_figures`: e.g. gradients dropped)."""
         figures: dict[str, Any] = {"stragglers": self.detector.summary()}
-        actors = {"ps_shards": self.shards, "portion_scheduler": self.portion_scheduler}
+        actors = {"ps_shards": self.shards, "portion_scheduler": self.portion_scheduler,
+                  "sandblaster_coordinator": self.portion_scheduler}
         figures |= strategy_class(self.config.strategy).actor_figures(
             self.config, {name: actor for name, actor in actors.items() if actor is not None}
         )

@@ -22,16 +22,18 @@ def check_runnable(config: RunConfig) -> int:
     if config.task:
         from distrain.orchestrator.tasks import check_task
 
-        _, _, sizes = check_task(config, config.samples_per_step)
+        _, num_samples, sizes = check_task(config, config.samples_per_step)
     else:
         from distrain.orchestrator.tasks import check_target
 
         check_dataset(config.dataset, config.data_dir, config.samples_per_step)
         check_target(config, {"test_loss", "test_accuracy"})  # what ClassificationTask.evaluate_batch reports
         sizes = parameter_sizes(config.model, DATASETS.get(config.dataset).info)
+        num_samples = DATASETS.get(config.dataset).train_size
     num_params = sum(sizes)
     for strategy in config.strategy_classes:
         strategy.check_model(config, sizes)
+        strategy.check_data(config, num_samples)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
         raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
     return num_params

@@ -105,7 +105,9 @@ class TrainWorker:
             config.optimizer_args,
             config.precision,
         )
-        self.sharder = EpochSharder(len(train), config.samples_per_step, config.seed)
+        # A full-batch strategy's step is one pass over the whole training set: one step per epoch.
+        full_batch = strategy_class(config.strategy).full_batch
+        self.sharder = EpochSharder(len(train), len(train) if full_batch else config.samples_per_step, config.seed)
         total = config.epochs * self.sharder.steps_per_epoch
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
         self.schedule = LRSchedule.create(
@@ -193,12 +195,18 @@ class TrainWorker:
             global_step = epoch * self.sharder.steps_per_epoch + step
             lr = self.schedule.lr_at(global_step)
             t0 = time.perf_counter()
-            idx = self._indices(epoch, step, slice_)
-            batch = self.train_reader.read(idx)
-            if i + 1 < len(ahead):
-                self.train_reader.prefetch(self._indices(*ahead[i + 1]))
-            loss = self.trainer.compute_gradients(batch)
-            if self.delay:
+            # A strategy may compute a unit its own way (Sandblaster: the portions of an outer iteration).
+            own = self.strategy.run_unit(self.trainer, self.train_reader, global_step)
+            if own is None:
+                idx = self._indices(epoch, step, slice_)
+                batch = self.train_reader.read(idx)
+                if i + 1 < len(ahead):
+                    self.train_reader.prefetch(self._indices(*ahead[i + 1]))
+                loss = self.trainer.compute_gradients(batch)
+                samples = len(idx)
+            else:
+                loss, samples = own
+            if self.delay and own is None:  # (a strategy running its own units applies it per its own unit)
                 time.sleep(self.delay)  # injected straggler: counted as compute
             compute_s = time.perf_counter() - t0
             try:
@@ -224,7 +232,7 @@ class TrainWorker:
                 "epoch": epoch,
                 "loss": loss,
                 "lr": lr,
-                "samples": len(idx),
+                "samples": samples,
                 "compute_s": compute_s,
                 "comm_s": comm.seconds,
                 "bytes_sent": comm.bytes_sent,

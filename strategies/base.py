@@ -107,6 +107,11 @@ class Strategy(ABC):
     transports: ClassVar[tuple[str, ...]] = ("collective",)
     Options: ClassVar[type[StrategyOptions]] = NoOptions
     independent_workers: ClassVar[bool] = False
+    # A step is one pass over the whole training set (Sandblaster): one step per epoch, units run by `run_unit`.
+    full_batch: ClassVar[bool] = False
+    # Its driver-side actor hands a lost worker's outstanding work out again (`worker_lost(rank)`), so a
+    # dead worker is replaced in place even with --backup-tasks (orchestrator/replacement.py).
+    reissues_lost_work: ClassVar[bool] = False
     # Run settings whose default differs under this strategy (DiLoCo's smaller inner --lr), applied only
     # where the user set none; a schedule's phases share the run's settings, set by its first strategy.
     run_defaults: ClassVar[dict[str, Any]] = {}
@@ -151,6 +156,11 @@ class Strategy(ABC):
         """Refuse (ConfigError) a config this strategy cannot run on the model, whose trainable tensors
         have `tensor_sizes` values each; called before anything starts (`distrain run`, each trial)."""
 
+    @classmethod  # noqa: B027 - optional hook
+    def check_data(cls, config: RunConfig, num_samples: int) -> None:
+        """Refuse (ConfigError) a config this strategy cannot run on `num_samples` training samples
+        (sandblaster: more portions per pass than samples); called with `check_model`."""
+
     @classmethod
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
         """Refuse (ConfigError, one line) a `--compress` codec this strategy's traffic cannot carry."""
@@ -172,6 +182,12 @@ class Strategy(ABC):
         backup tasks replace them with the portions a scheduler hands out.
         """
         yield from units
+
+    def run_unit(self, trainer: LocalTrainer, reader: Any, global_step: int) -> tuple[float, int] | None:
+        """Compute global step `global_step`'s unit this strategy's own way, returning (the loss to
+        record, samples this worker read); None (the default): the worker computes the unit's batch
+        gradient itself. `reader` reads training samples by index (`trainers.task.BatchReader`)."""
+        return None
 
     def finite(self, ok: bool, what: str) -> bool:
         """--on-nonfinite: True to go on with the update; False to skip it (skip); raises NonFinite (stop)."""

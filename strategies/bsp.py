@@ -30,6 +30,13 @@ if TYPE_CHECKING:
     from distrain.trainers.local_trainer import LocalTrainer
 
 
+# One flag, two strategies (an option name means one thing across strategies): both hand out portions.
+BACKUP_TASKS_HELP = (
+    "bsp over ps: split each round into --portions, re-issue the last outstanding ones to idle workers; "
+    "sandblaster: copy a pass's outstanding portions to idle workers."
+)
+
+
 @dataclass(frozen=True)
 class BSPOptions(StrategyOptions):
     """Straggler mitigation of BSP rounds on the parameter server (section "stragglers")."""
@@ -39,11 +46,7 @@ class BSPOptions(StrategyOptions):
         "k-of-n BSP (bsp over ps): start b extra workers; each round applies the first --workers gradients.",
         "stragglers",
     )
-    backup_tasks: bool = setting(
-        False,
-        "bsp over ps: split each round into --portions, re-issue the last outstanding ones to idle workers.",
-        "stragglers",
-    )
+    backup_tasks: bool = setting(False, BACKUP_TASKS_HELP, "stragglers")
     portions: int | None = setting(
         None, "Portions per round; default 2 x --workers (bsp --transport ps --backup-tasks).", "stragglers"
     )

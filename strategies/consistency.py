@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ConsistencyRule:
-    mode: str  # "rounds" | "bounded" | "portions"
+    mode: str  # "rounds" | "bounded" | "portions" | "sandblaster"
     staleness: int | None = None  # bounded mode: max clock lead; None = unbounded (async)
     staleness_lr: bool = False  # bounded mode: divide η by the gradient's staleness
     accept: int | None = None  # rounds mode: gradients that close a round (k-of-n); None = every worker
     portions: int = 0  # portions mode: portions per round
+    history: int = 0  # sandblaster mode: L-BFGS memory m (pairs each shard keeps slices of)
 
     @classmethod
     def bsp(cls, accept: int | None = None) -> ConsistencyRule:
@@ -21,6 +22,10 @@ class ConsistencyRule:
     @classmethod
     def backup_tasks(cls, portions: int) -> ConsistencyRule:
         return cls("portions", portions=portions)
+
+    @classmethod
+    def sandblaster(cls, history: int) -> ConsistencyRule:
+        return cls("sandblaster", history=history)
 
     @classmethod
     def ssp(cls, staleness: int, staleness_lr: bool = False) -> ConsistencyRule:

@@ -148,7 +148,7 @@ def assert_one_line_error(result, *fragments: str) -> str:
 # (arguments, fragments the one-line message must contain); "{in}" is the inputs directory
 BAD_INPUTS = [
     (["--strategy", "nope"], ["unknown strategy 'nope'", "bsp"]),
-    (["--model", "vgg"], ["unknown model 'vgg'", "cnn, mlp, resnet18"]),
+    (["--model", "vgg"], ["unknown model 'vgg'", "cnn, linear, mlp, resnet18"]),
     (["--dataset", "imagenet"], ["unknown dataset 'imagenet'", "digits"]),
     (["--workers", "0"], ["--workers must be >= 1"]),
     (["--batch-size", "0"], ["--batch-size must be >= 1"]),
@@ -286,6 +286,19 @@ BAD_INPUTS = [
     (["--optimizer-arg", "nesterov"], ["--optimizer-arg 'nesterov' must be KEY=VALUE"]),
     (["--lr-decay", "exp"], ["unknown --lr-decay 'exp'", "none, cosine, step"]),
     (["--lr-decay-gamma", "0.5"], ["--lr-decay-gamma applies to --lr-decay step"]),
+    # Sandblaster (issue 20)
+    (["--strategy", "sandblaster", "--history", "0"], ["--history must be >= 1"]),
+    (["--strategy", "sandblaster", "--tasks-per-pass", "1"], ["--tasks-per-pass (1) must be at least --workers (2)"]),
+    (["--strategy", "sandblaster", "--tasks-per-pass", "5000"], ["--tasks-per-pass (5000) exceeds the 1438 training"]),
+    (["--strategy", "sandblaster", "--batch-optimizer", "newton"], ["unknown --batch-optimizer 'newton'", "lbfgs, gd"]),
+    (["--strategy", "sandblaster", "--momentum", "0.5"], ["--strategy sandblaster ignores --momentum"]),
+    (["--strategy", "sandblaster", "--lr", "0.3"], ["ignores --lr", "L-BFGS takes no learning rate"]),
+    (["--strategy", "sandblaster", "--optimizer", "adam"], ["--strategy sandblaster ignores --optimizer"]),
+    (["--strategy", "sandblaster", "--lr-decay", "cosine"], ["--strategy sandblaster ignores --lr-decay"]),
+    (["--strategy", "sandblaster", "--compress", "int8"], ["--strategy sandblaster does not apply --compress"]),
+    (["--strategy", "sandblaster", "--portions", "8"], ["--portions is not used by --strategy sandblaster"]),
+    (["--schedule", "bsp:1,sandblaster"], ["--strategy sandblaster ignores --schedule"]),
+    (["--history", "3"], ["--history is not used by --strategy bsp", "sandblaster"]),
 ]
 
 
@@ -410,7 +423,7 @@ def test_strategies_lists_bsp():
     result = runner.invoke(app, ["strategies"])
     assert result.exit_code == 0, result.output
     names = [line.split()[0] for line in result.stdout.splitlines() if line.strip() and not line.startswith(" ")]
-    assert names == ["async", "bsp", "diloco", "local-sgd", "ssp"]
+    assert names == ["async", "bsp", "diloco", "local-sgd", "sandblaster", "ssp"]
     assert "transports: collective, ps; options: --backup-workers --backup-tasks --portions" in result.stdout
 
 

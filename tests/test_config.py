@@ -260,7 +260,7 @@ BAD_VALUES = [
     ({"lr_min": 0.0}, r"--lr-min applies to --lr-decay cosine"),
     ({"lr_decay": "cosine", "lr_min": 0.5}, r"--lr-min must be >= 0 and below the peak rate 0.05"),
     ({"strategy": "nope"}, r"unknown strategy 'nope'; choose one of: .*bsp"),
-    ({"model": "vgg"}, r"unknown model 'vgg'; choose one of: cnn, mlp, resnet18"),
+    ({"model": "vgg"}, r"unknown model 'vgg'; choose one of: cnn, linear, mlp, resnet18"),
     (
         {"dataset": "imagenet"},
         r"unknown dataset 'imagenet'; choose one of: cifar10, digits, mnist, synthetic",

@@ -22,6 +22,7 @@ from distrain.orchestrator.report_plots import (
     plot_bytes,
     plot_loss,
     plot_loss_vs_bytes,
+    plot_loss_vs_passes,
     plot_tau,
     plot_throughput,
     plot_time_split,
@@ -129,6 +130,22 @@ def test_tau_plot_appears_only_when_some_run_changed_tau(two_runs):
     assert plot_tau(plot_runs(runs)) is None  # a τ that never changed is in the legend, not a flat plot
     runs[0].metrics.loc[steps & (runs[0].metrics["step"] >= 10), "tau"] = 2.0
     assert plot_tau(plot_runs(runs)) is not None
+
+
+def test_loss_vs_passes_appears_beside_sgd_runs_when_some_run_is_full_batch(two_runs):
+    """Sandblaster's rows count their own data passes (one row per iteration); an SGD run's step k of
+    an epoch of S steps stands at (k + 1) / S passes, so its line ends at its epoch count."""
+    runs = load_runs(two_runs)
+    assert plot_loss_vs_passes(plot_runs(runs)) is None  # no full-batch run: nothing new to show
+    m = runs[0].metrics
+    steps = m["kind"] == "step"
+    m["data_passes"] = (2.0 * (m["step"] + 1)).where(steps)  # as if two passes an iteration (L-BFGS, t = 1)
+    plotted = plot_runs(runs)
+    (ax,) = plot_loss_vs_passes(plotted).axes
+    lines = {line.get_color(): np.asarray(line.get_xdata(), dtype=float) for line in ax.get_lines()}
+    full, sgd = lines[plotted[0].color], lines[plotted[1].color]
+    assert list(full) == [2.0 * (k + 1) for k in sorted(m[steps]["step"].unique())]  # one point per iteration
+    assert sgd[-1] == pytest.approx(runs[1].summary["epochs_completed"]) and (np.diff(sgd) >= 0).all()
 
 
 def test_default_out_dir_is_new_and_in_the_cwd(two_runs, tmp_path, monkeypatch):

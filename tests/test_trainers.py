@@ -56,7 +56,7 @@ def test_registry_refuses_duplicates_and_answers_unknown_names_with_the_list():
 
 
 def test_builtin_registries():
-    assert MODELS.names() == ["cnn", "mlp", "resnet18"]
+    assert MODELS.names() == ["cnn", "linear", "mlp", "resnet18"]
     assert DATASETS.names() == ["cifar10", "digits", "mnist", "synthetic"]
     assert "bsp" in STRATEGIES
     for reg in (MODELS, DATASETS, STRATEGIES):

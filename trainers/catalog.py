@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from distrain.errors import ConfigError
 
-MODEL_NAMES = ("cnn", "mlp", "resnet18")
+MODEL_NAMES = ("cnn", "linear", "mlp", "resnet18")
 # Each built-in data set, and whether it reads files from --data-dir (False: bundled or generated).
 DATASET_READS_FILES = {"cifar10": True, "digits": False, "mnist": True, "synthetic": False}
 

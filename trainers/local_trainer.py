@@ -92,6 +92,22 @@ class LocalTrainer:
         self.last_loss = float(loss.detach())
         return self.last_loss
 
+    def portion_sums(self, batch: Any, with_gradient: bool) -> tuple[float, int]:
+        """Full-batch methods (Sandblaster): the loss *summed* over `batch` with the model in eval mode
+        (`Task.deterministic_loss`: no dropout, batch-norm running statistics, so every pass over the
+        same θ gives the same value) and its sample count; with `with_gradient`, the summed gradient is
+        left in `grads_flat`."""
+        batch = to_device(batch, self.device)
+        n = self.task.batch_size(batch)
+        if not with_gradient:
+            with torch.no_grad():
+                return float(self.task.deterministic_loss(self.model, batch)) * n, n
+        self.grads_flat.zero_()
+        loss = self.task.deterministic_loss(self.model, batch)
+        (loss * n).backward()
+        self._ensure_grads_in_flat_buffer()
+        return float(loss.detach()) * n, n
+
     def _ensure_grads_in_flat_buffer(self) -> None:
         if self._grads_are_views is None:
             base = self.grads_flat.data_ptr()

@@ -13,6 +13,11 @@ from distrain.trainers.datasets import DatasetInfo
 MODELS: Registry[Callable[[DatasetInfo], nn.Module]] = Registry("model")
 
 
+@MODELS.register("linear", "one dense layer on the flattened image: multinomial logistic regression (convex)")
+def linear(info: DatasetInfo) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(info.channels * info.height * info.width, info.num_classes))
+
+
 @MODELS.register("mlp", "two hidden layers of 256 units")
 def mlp(info: DatasetInfo) -> nn.Module:
     return nn.Sequential(

@@ -1,0 +1,277 @@
+"""Sandblaster (DistBelief, Dean et al. NIPS'12): a batch optimiser over the parameter-server shards.
+
+`--strategy sandblaster --batch-optimizer lbfgs|gd`. One step of the run is one outer iteration of the
+optimiser over the *whole* training set (`full_batch`: one step per epoch, so `--epochs` counts outer
+iterations). Three kinds of actor take part:
+- the shards (strategies/sandblaster_shard.py): θ, the open pass's accumulators with the record of the
+  portions counted, and their slices of the L-BFGS history (strategies/lbfgs.py `ShardState`);
+- the coordinator (strategies/sandblaster_coordinator.py, on the driver's side): cuts every data pass
+  into --tasks-per-pass portions, hands them out as workers free up, re-issues outstanding ones
+  (--backup-tasks; a lost worker's), and drives the optimiser with scalar rounds to the shards;
+- the workers (this file): take a portion, read θ of its pass from the shards when they do not hold it
+  yet, compute the *summed* loss (and gradient, in a gradient pass) over the portion with the model in
+  eval mode (`Task.deterministic_loss`), and add it into the shards; the push goes out with the request
+  for the next portion, as under backup tasks.
+
+The line search is backtracking Armijo (t = 1 first, halved, at most 20 trials): each trial costs one
+loss pass (forward only), where strong Wolfe would need a gradient pass at every trial point, about
+three times the cost, for a curvature condition L-BFGS rarely needs on the smooth problems this serves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from distrain.errors import ConfigError
+from distrain.fields import setting
+from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions
+from distrain.strategies.bsp import BACKUP_TASKS_HELP
+from distrain.strategies.consistency import ConsistencyRule
+from distrain.strategies.ps import PSStrategy
+from distrain.strategies.registry import STRATEGIES
+
+if TYPE_CHECKING:
+    from distrain.compression import CodecSpec
+    from distrain.config import RunConfig
+    from distrain.trainers.local_trainer import LocalTrainer
+
+BATCH_OPTIMIZERS = ("lbfgs", "gd")
+LINE_SEARCH_TRIALS = 20
+DEFAULT_TASKS_PER_WORKER = 4
+
+
+@dataclass(frozen=True)
+class SandblasterOptions(StrategyOptions):
+    batch_optimizer: str = setting(
+        "lbfgs", "Batch optimiser of sandblaster: lbfgs or gd (full-batch --lr steps).", "strategy"
+    )
+    history: int = setting(
+        10, "L-BFGS memory m: (s, y) pairs kept, sliced across the shards (sandblaster).", "strategy"
+    )
+    tasks_per_pass: int | None = setting(
+        None, "Portions each data pass is cut into; default 4 x --workers (sandblaster).", "strategy"
+    )
+    backup_tasks: bool = setting(False, BACKUP_TASKS_HELP, "stragglers")
+
+    def resolved(self, run: RunConfig) -> SandblasterOptions:
+        if self.tasks_per_pass is None:
+            return dataclasses.replace(self, tasks_per_pass=DEFAULT_TASKS_PER_WORKER * run.workers)
+        return self
+
+    def check(self, run: RunConfig) -> None:
+        if self.batch_optimizer not in BATCH_OPTIMIZERS:
+            raise ConfigError(
+                f"unknown --batch-optimizer {self.batch_optimizer!r}; choose one of: {', '.join(BATCH_OPTIMIZERS)}"
+            )
+        if self.history < 1:
+            raise ConfigError(f"--history must be >= 1 (the L-BFGS memory), got {self.history}")
+        assert self.tasks_per_pass is not None
+        if self.tasks_per_pass < run.workers:
+            raise ConfigError(
+                f"--tasks-per-pass ({self.tasks_per_pass}) must be at least --workers ({run.workers}) so every "
+                "worker gets a portion"
+            )
+        # Settings of minibatch training that a full-batch method would silently ignore.
+        ignored = [
+            ("--schedule", bool(run.schedule)),
+            ("--momentum", run.momentum is not None),
+            ("--optimizer", run.optimizer != "sgd"),
+            ("--optimizer-arg", bool(run.optimizer_args)),
+            ("--warmup-epochs", run.warmup_epochs != 0),
+            ("--lr-decay", run.lr_decay != "none"),
+            ("--lr", self.batch_optimizer == "lbfgs" and run.lr != 0.05),
+        ]
+        for flag, given in ignored:
+            if given:
+                why = " (L-BFGS takes no learning rate)" if flag == "--lr" else ""
+                raise ConfigError(f"--strategy sandblaster ignores {flag}{why}; drop it")
+
+
+@STRATEGIES.register("sandblaster", "DistBelief Sandblaster: full-batch L-BFGS or GD over the PS shards, tiny tasks")
+class Sandblaster(PSStrategy):
+    name = "sandblaster"
+    Options = SandblasterOptions
+    full_batch = True
+    reissues_lost_work = True
+    compresses = ""
+    metric_columns = {
+        "grad_norm": "float64",
+        "step_length": "float64",
+        "line_search_evals": "int64",
+        "data_passes": "int64",
+        "portions_reissued": "int64",
+        "backups_used": "int64",
+        "portions_done": "int64",
+    }
+
+    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        super().__init__(config, ctx)
+        assert ctx.portion_scheduler is not None, "sandblaster needs the driver's coordinator"
+        self.coordinator = ctx.portion_scheduler
+        self.held_pass = -1  # the pass whose θ params_flat holds
+        self.record: dict[str, Any] = {}
+        self.comm_s = 0.0
+        self.portions_done = 0
+        self.sent = self.received = 0  # bytes of gradients pushed, of θ pulled, in the last iteration
+        # An injected straggler's delay applies per portion here (the unit of work), not per iteration.
+        self.delay = config.straggler_delays.get(ctx.rank, 0.0)
+
+    @classmethod
+    def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
+        Strategy.check_codec.__func__(cls, config, codec)  # type: ignore[attr-defined]
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
+        return ConsistencyRule.sandblaster(config.options_of(cls.name).history)
+
+    @classmethod
+    def driver_actors(cls, config: RunConfig) -> tuple[str, ...]:
+        return ("ps_shards", "sandblaster_coordinator")
+
+    @classmethod
+    def check_data(cls, config: RunConfig, num_samples: int) -> None:
+        portions = config.options_of(cls.name).tasks_per_pass
+        if portions > num_samples:
+            raise ConfigError(f"--tasks-per-pass ({portions}) exceeds the {num_samples} training samples; lower it")
+
+    @classmethod
+    def coordinator_args(cls, config: RunConfig) -> dict[str, Any]:
+        """What the driver builds the coordinator with (besides the shards and the first iteration)."""
+        options = config.options_of(cls.name)
+        return {
+            "batch_optimizer": options.batch_optimizer,
+            "tasks_per_pass": options.tasks_per_pass,
+            "backup_tasks": options.backup_tasks,
+            "lr": config.lr,
+            "line_search_trials": LINE_SEARCH_TRIALS,
+        }
+
+    @classmethod
+    def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
+        import ray
+
+        coordinator = actors.get("sandblaster_coordinator")
+        return {f"sandblaster_{k}": v for k, v in ray.get(coordinator.stats.remote()).items()} if coordinator else {}
+
+    @classmethod
+    def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
+        """Per outer iteration every worker's row carries the same figures: read one row per step."""
+        if not steps.get("step"):
+            return {}
+        first: dict[int, int] = {}
+        for i, step in enumerate(steps["step"]):
+            first.setdefault(step, i)
+        rows = [first[s] for s in sorted(first)]
+
+        def col(name: str) -> list[Any]:
+            return [steps[name][i] for i in rows if steps[name][i] is not None]
+
+        losses = col("loss")
+        return {
+            "outer_iterations": len(rows),
+            "final_full_batch_loss": losses[-1] if losses else None,
+            "data_passes": max(col("data_passes"), default=0),
+            "line_search_evals": sum(col("line_search_evals")),
+            "portions_reissued": sum(col("portions_reissued")),
+            "backups_used": sum(col("backups_used")),
+        }
+
+    # ------------------------------------------------------------------ one outer iteration
+    def run_unit(self, trainer: LocalTrainer, reader: Any, global_step: int) -> tuple[float, int]:
+        """Take portions of iteration `global_step`'s passes until the coordinator has finished it."""
+        import numpy as np
+        import ray
+
+        n = len(reader.dataset)
+        samples, finished, comm = 0, None, 0.0
+        self.portions_done, self.sent, self.received = 0, 0, 0
+        while True:
+            t0 = time.perf_counter()
+            task = ray.get(self.coordinator.acquire.remote(self.ctx.rank, finished, global_step))
+            finished = None
+            if task is None:
+                break
+            if task.pass_id != self.held_pass:
+                points = ray.get([s.sb_point.remote(task.pass_id) for s in self.ctx.ps_shards])
+                if any(p is None for p in points):
+                    comm += time.perf_counter() - t0
+                    continue  # that pass closed while we asked (a copy no longer needed)
+                params = trainer.params_flat.numpy()
+                for (start, stop), p in zip(self.ctx.ps_bounds, points, strict=True):
+                    params[start:stop] = p
+                self.held_pass = task.pass_id
+                self.received += trainer.nbytes
+            comm += time.perf_counter() - t0
+            lo, hi = task.portion * n // task.portions, (task.portion + 1) * n // task.portions
+            batch = reader.read(np.arange(lo, hi))
+            grad = task.kind == "grad"
+            loss_sum, count = trainer.portion_sums(batch, with_gradient=grad)
+            if self.delay:
+                time.sleep(self.delay)  # --straggler: this worker is slow at every portion it computes
+            g = trainer.grads_flat.numpy() if grad else None
+            pushes = [
+                shard.sb_add.remote(
+                    self.ctx.rank, task.pass_id, task.portion, None if g is None else g[a:b], loss_sum, count
+                )
+                for shard, (a, b) in zip(self.ctx.ps_shards, self.ctx.ps_bounds, strict=True)
+            ]
+            finished = (task.pass_id, task.portion, task.copy, pushes)
+            self.sent += trainer.nbytes if grad else 0  # a loss pass sends two numbers
+            samples += count
+            self.portions_done += 1
+        t0 = time.perf_counter()
+        self.record = ray.get(self.coordinator.record.remote(global_step))
+        self.comm_s = comm + time.perf_counter() - t0
+        return float(self.record["loss"]), samples
+
+    def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
+        r = self.record
+        return CommStats(
+            seconds=self.comm_s,
+            bytes_sent=self.sent,
+            bytes_received=self.received,
+            extra={k: r.get(k) for k in self.metric_columns if k in r} | {"portions_done": self.portions_done},
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    def extra_state(self) -> dict[str, Any] | None:
+        """The shards' L-BFGS history (with the float64 θ and the pending step) and the coordinator's
+        counters: what makes --resume and recovery go on exactly."""
+        import ray
+
+        shards = ray.get([s.sb_call.remote("state") for s in self.ctx.ps_shards])
+        # As tensors: checkpoints are read back with torch.load(weights_only=True), which takes no numpy.
+        return {"shards": _convert(shards, "torch"), "coordinator": ray.get(self.coordinator.state.remote())}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        import ray
+
+        if self.ctx.rank != 0:  # one worker restores the shared state
+            return
+        if len(state["shards"]) != len(self.ctx.ps_shards):
+            raise ConfigError(
+                f"the checkpoint's Sandblaster state has {len(state['shards'])} shards, this run "
+                f"{len(self.ctx.ps_shards)}; resume with the same --ps-shards"
+            )
+        parts = _convert(state["shards"], "numpy")
+        ray.get([s.sb_call.remote("load", part) for s, part in zip(self.ctx.ps_shards, parts, strict=True)])
+        ray.get(self.coordinator.load_state.remote(state["coordinator"]))
+
+
+def _convert(obj: Any, to: str) -> Any:
+    """numpy arrays to torch tensors (to="torch") or back (to="numpy"), through dicts and lists."""
+    import numpy as np
+    import torch
+
+    if isinstance(obj, dict):
+        return {k: _convert(v, to) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_convert(v, to) for v in obj]
+    if to == "torch" and isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    if to == "numpy" and isinstance(obj, torch.Tensor):
+        return obj.numpy()
+    return obj

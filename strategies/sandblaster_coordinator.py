@@ -1,0 +1,298 @@
+"""Sandblaster's coordinator: cuts every data pass into portions, and drives the batch optimiser.
+
+Hosted by the driver as a Ray async actor (`Sandblaster.driver_actors` declares it; orchestrator/run.py
+starts it next to the shards and hands it to the workers in the context's `portion_scheduler` slot).
+It never holds a vector: the shards hold θ, the accumulators and the L-BFGS history
+(`lbfgs.ShardState`), and the coordinator only sends them commands and adds up the scalars they return
+(loss sums, squared norms, their slices' Gram matrices).
+
+A pass is either a gradient pass (summed loss and gradient at θ) or a loss pass (summed loss at a line
+search's trial point). Its P = --tasks-per-pass portions go to workers as they ask (fast workers take
+more); with --backup-tasks, once none is left to hand out, an idle worker gets a copy of an outstanding
+portion (MapReduce's rule, as in orchestrator/backup_tasks.py). A worker reported lost (`worker_lost`)
+gives its outstanding portions back to the front of the queue. The shards count each portion once,
+whichever copy arrives first; the pass closes when every portion has been taken by every shard.
+
+One outer iteration (= one global step of the run):
+- gd: a gradient pass, then θ ← θ − η·g.
+- lbfgs: a gradient pass (which also forms the newest pair (s, y) from the last step, or skips it),
+  the direction from one round of Gram matrices, then loss passes for backtracking Armijo from t = 1
+  (the first iteration, with no history, from t = min(1, 1/‖g‖)), then θ ← θ + t·d.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from distrain.strategies.lbfgs import Armijo, direction_coefficients, keep_pair
+
+
+@dataclass(frozen=True)
+class PortionTask:
+    pass_id: int
+    kind: str  # "grad" | "loss"
+    portion: int
+    portions: int
+    iteration: int
+    copy: bool  # a backup copy of a portion another worker holds
+
+
+class ShardCalls:
+    """The shards as the coordinator reaches them: `call(method, *args)` runs one `ShardState` method on
+    every shard (Ray actors through `sb_call`), results in shard order."""
+
+    def __init__(self, shards: list[Any]) -> None:
+        self.shards = shards
+
+    async def call(self, method: str, *args: Any) -> list[Any]:
+        return list(await asyncio.gather(*(s.sb_call.remote(method, *args) for s in self.shards)))
+
+
+class LocalShards(ShardCalls):
+    """`lbfgs.ShardState` objects in this process (tests, and one-process runs of the algorithm)."""
+
+    async def call(self, method: str, *args: Any) -> list[Any]:
+        return [getattr(s, method)(*args) for s in self.shards]
+
+
+class SandblasterCoordinator:
+    def __init__(
+        self,
+        shards: Any,
+        batch_optimizer: str,
+        tasks_per_pass: int,
+        backup_tasks: bool,
+        lr: float,
+        start_iteration: int = 0,
+        line_search_trials: int = 20,
+    ) -> None:
+        # Ray actor handles arrive as a list; tests hand a ShardCalls (e.g. LocalShards) directly.
+        self.shards = shards if isinstance(shards, ShardCalls) else ShardCalls(list(shards))
+        self.method = batch_optimizer
+        self.portions = tasks_per_pass
+        self.backup_tasks = backup_tasks
+        self.lr = lr
+        self.trials = line_search_trials
+        self.iteration = start_iteration
+        self.changed = asyncio.Condition()
+        self.slow: set[int] = set()
+        self.records: dict[int, dict[str, Any]] = {}
+        self.totals = {
+            "data_passes": 0,
+            "grad_passes": 0,
+            "loss_passes": 0,
+            "portions_issued": 0,
+            "portions_reissued": 0,
+            "backups_used": 0,
+        }
+        self.pass_id = 0
+        self.tasks: set[asyncio.Task[None]] = set()  # background completions and closings
+        self._new_iteration()
+        self._open("grad")
+
+    # ------------------------------------------------------------------ passes and portions
+    def _new_iteration(self) -> None:
+        self.it = {"reissued": 0, "backups_used": 0, "passes": 0, "evals": 0}
+        self.search: Armijo | None = None
+
+    def _open(self, kind: str) -> None:
+        """Hand out the portions of a new pass (the shards have already opened it)."""
+        self.kind = kind
+        self.unassigned: deque[int] = deque(range(self.portions))
+        self.running: dict[int, list[tuple[int, float]]] = {}  # portion -> [(worker, start time)]
+        self.done: set[int] = set()
+        self.closing = False
+
+    async def start(self) -> None:
+        """Open the first pass on the shards (the actor's creator calls this once)."""
+        await self.shards.call("open_pass", self.pass_id, self.kind)
+
+    async def acquire(self, worker: int, finished: tuple[Any, ...] | None, upto: int) -> PortionTask | None:
+        """The next portion for `worker`, or None once iterations up to `upto` are complete.
+
+        `finished` = (pass_id, portion, copy, refs of its pushes to the shards) reports the portion the
+        worker just pushed; it is done once every shard has taken it (meanwhile the worker goes on).
+        """
+        if finished is not None:
+            pass_id, portion, copy, pushes = finished
+            self._background(self._complete_when_pushed(pass_id, portion, copy, pushes))
+        async with self.changed:
+            while self.iteration <= upto:
+                task = self._next_for(worker)
+                if task is not None:
+                    return task
+                await self.changed.wait()
+            return None
+
+    def _next_for(self, worker: int) -> PortionTask | None:
+        if self.closing:
+            return None
+        if self.unassigned:
+            return self._assign(worker, self.unassigned.popleft(), copy=False)
+        if self.backup_tasks and worker not in self.slow:
+            candidates = [
+                (holders[0][0] not in self.slow, holders[0][1], portion)
+                for portion, holders in self.running.items()
+                if len(holders) == 1 and holders[0][0] != worker
+            ]
+            if candidates:
+                self.it["reissued"] += 1
+                return self._assign(worker, min(candidates)[2], copy=True)
+        return None
+
+    def _assign(self, worker: int, portion: int, copy: bool) -> PortionTask:
+        self.running.setdefault(portion, []).append((worker, time.monotonic()))
+        self.totals["portions_issued"] += 1
+        return PortionTask(self.pass_id, self.kind, portion, self.portions, self.iteration, copy)
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _complete_when_pushed(self, pass_id: int, portion: int, copy: bool, pushes: list[Any]) -> None:
+        verdicts = await asyncio.gather(*pushes) if pushes else [True]
+        await self.complete(pass_id, portion, copy, bool(verdicts[0]))
+
+    async def complete(self, pass_id: int, portion: int, copy: bool, counted: bool) -> None:
+        """Portion `portion` of pass `pass_id` is in every shard (`counted`: this copy was the one kept)."""
+        async with self.changed:
+            if pass_id != self.pass_id or portion in self.done:
+                return  # a copy whose twin was first, or a pass already closed
+            self.done.add(portion)
+            self.running.pop(portion, None)
+            if counted and copy:
+                self.it["backups_used"] += 1
+            if len(self.done) == self.portions and not self.closing:
+                self.closing = True
+                self._background(self._close())
+
+    async def worker_lost(self, worker: int) -> int:
+        """Give `worker`'s outstanding portions back (front of the queue); returns how many."""
+        async with self.changed:
+            back = 0
+            for portion, holders in list(self.running.items()):
+                rest = [h for h in holders if h[0] != worker]
+                if len(rest) == len(holders):
+                    continue
+                if rest:
+                    self.running[portion] = rest
+                else:
+                    del self.running[portion]
+                    self.unassigned.appendleft(portion)
+                    back += 1
+            self.it["reissued"] += back
+            self.changed.notify_all()
+            return back
+
+    async def mark_slow(self, workers: list[int]) -> None:
+        """The straggler detector's verdict (the driver forwards it): slow workers get no copies, and
+        their portions are copied first."""
+        async with self.changed:
+            self.slow = set(workers)
+            self.changed.notify_all()
+
+    # ------------------------------------------------------------------ the optimiser
+    async def _close(self) -> None:
+        """Every portion of the pass is in: take the optimiser's next move, then open the next pass."""
+        self.it["passes"] += 1
+        self.totals["data_passes"] += 1
+        self.totals[f"{self.kind}_passes"] += 1
+        if self.kind == "grad":
+            next_kind = await self._after_gradient()
+        else:
+            next_kind = await self._after_loss()
+        self.pass_id += 1
+        await self.shards.call("open_pass", self.pass_id, next_kind)
+        async with self.changed:
+            self._open(next_kind)
+            self.changed.notify_all()
+
+    def _finish_iteration(self, step_length: float) -> None:
+        record = dict(self.current)
+        record |= {
+            "step_length": step_length,
+            "line_search_evals": self.it["evals"],
+            "iteration_passes": self.it["passes"],
+            "data_passes": self.totals["data_passes"],
+            "portions_reissued": self.it["reissued"],
+            "backups_used": self.it["backups_used"],
+        }
+        self.totals["portions_reissued"] += self.it["reissued"]
+        self.totals["backups_used"] += self.it["backups_used"]
+        self.records[self.iteration] = record
+        self.iteration += 1
+        self._new_iteration()
+
+    async def _after_gradient(self) -> str:
+        # Every shard sums the same portions' losses (each counts a portion once): shard 0's is the loss.
+        parts = await self.shards.call("close_grad")
+        f = parts[0]["loss_sum"] / parts[0]["count"] + sum(p["reg"] for p in parts)
+        gnorm = math.sqrt(sum(p["gg"] for p in parts))
+        self.current = {"loss": f, "grad_norm": gnorm}
+        if self.method == "gd":
+            await self.shards.call("gd_step", self.lr)
+            self._finish_iteration(self.lr)
+            return "grad"
+        pair = await self.shards.call("form_pair")
+        if pair[0]:
+            ys, yy, ss = (sum(p[k] for p in pair) for k in ("ys", "yy", "ss"))
+            await self.shards.call("keep_pair", keep_pair(ys, yy, ss))
+        m = (await self.shards.call("history_length"))[0]
+        gram = sum(await self.shards.call("gram"))
+        delta = direction_coefficients(gram, m)
+        slope = float(delta @ gram[:, 2 * m])  # gᵀd
+        if not slope < 0:  # round-off made H indefinite: start the history over, steepest descent
+            await self.shards.call("clear_history")
+            m, gram = 0, np.array([[gnorm * gnorm]])
+            delta = direction_coefficients(gram, 0)
+            slope = -gnorm * gnorm
+        await self.shards.call("set_direction", delta)
+        t0 = 1.0 if m else min(1.0, 1.0 / gnorm) if gnorm > 0 else 1.0
+        self.search = Armijo(f, slope, t0, self.trials)
+        await self.shards.call("set_trial", t0)
+        return "loss"
+
+    async def _after_loss(self) -> str:
+        assert self.search is not None
+        parts = await self.shards.call("close_loss")
+        f_t = parts[0]["loss_sum"] / parts[0]["count"] + sum(p["reg"] for p in parts)
+        self.it["evals"] += 1
+        verdict = self.search.judge(f_t)
+        if verdict == "accept":
+            await self.shards.call("accept", self.search.t)
+            self._finish_iteration(self.search.t)
+            return "grad"
+        if verdict == "give_up":
+            await self.shards.call("reject")
+            self._finish_iteration(0.0)
+            return "grad"
+        await self.shards.call("set_trial", self.search.t)
+        return "loss"
+
+    # ------------------------------------------------------------------ reading and checkpoints
+    async def record(self, iteration: int) -> dict[str, Any]:
+        """The figures of a finished iteration (waits for it)."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: iteration in self.records)
+            return dict(self.records[iteration])
+
+    async def wait_iteration(self, iteration: int) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.iteration > iteration)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.totals) | {"iterations": len(self.records)}
+
+    def state(self) -> dict[str, Any]:
+        return {"totals": dict(self.totals)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.totals.update(state.get("totals", {}))
