@@ -83,6 +83,8 @@ class SandblasterOptions(StrategyOptions):
             ("--warmup-epochs", run.warmup_epochs != 0),
             ("--lr-decay", run.lr_decay != "none"),
             ("--lr", self.batch_optimizer == "lbfgs" and run.lr != 0.05),
+            # Its passes compute exact float32 sums in eval mode (LocalTrainer.portion_sums), no autocast.
+            ("--precision", run.precision != "fp32"),
         ]
         for flag, given in ignored:
             if given:

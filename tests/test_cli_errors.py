@@ -295,6 +295,7 @@ BAD_INPUTS = [
     (["--strategy", "sandblaster", "--lr", "0.3"], ["ignores --lr", "L-BFGS takes no learning rate"]),
     (["--strategy", "sandblaster", "--optimizer", "adam"], ["--strategy sandblaster ignores --optimizer"]),
     (["--strategy", "sandblaster", "--lr-decay", "cosine"], ["--strategy sandblaster ignores --lr-decay"]),
+    (["--strategy", "sandblaster", "--precision", "bf16"], ["--strategy sandblaster ignores --precision"]),
     (["--strategy", "sandblaster", "--compress", "int8"], ["--strategy sandblaster does not apply --compress"]),
     (["--strategy", "sandblaster", "--portions", "8"], ["--portions is not used by --strategy sandblaster"]),
     (["--schedule", "bsp:1,sandblaster"], ["--strategy sandblaster ignores --schedule"]),
