@@ -110,6 +110,74 @@ def test_gd_is_plain_full_batch_gd_with_backup_copies_and_a_killed_worker(tmp_pa
     assert list(it["data_passes"]) == list(range(1, epochs + 1))
 
 
+def plain_gd(seed: int, lr: float, iterations: int) -> tuple[list[float], torch.Tensor]:
+    """Full-batch gradient descent on the same objective in this process (float64): losses and θ."""
+    from distrain.trainers.datasets import DATASETS
+    from distrain.trainers.models import build_model
+
+    model = build_model("linear", DATASETS.get("digits").info, seed)
+    theta = torch.cat([model[1].weight.detach().reshape(-1), model[1].bias.detach()]).double()
+    x, y = training_set()
+    losses = []
+    for _ in range(iterations):
+        t = theta.clone().requires_grad_(True)
+        f = objective(t, x.double(), y)
+        f.backward()
+        losses.append(float(f.detach()))
+        theta = theta - lr * t.grad
+    return losses, theta
+
+
+def kill_a_worker_mid_pass(after_s: float, found: list[int]) -> None:
+    """SIGKILL one worker process `after_s` seconds into its training segment: under Sandblaster a
+    segment is a run of passes, each cut into portions, so the worker dies holding a portion."""
+    import os
+    import signal
+    import time
+
+    import psutil
+    import ray
+
+    # This session's Ray only (the raylet starts its workers): another Ray on the machine is not ours.
+    raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for proc in psutil.process_iter(["cmdline", "ppid"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if proc.info["ppid"] == raylet and cmdline.startswith("ray::TrainWorker.run_segment"):
+                time.sleep(after_s)
+                os.kill(proc.pid, signal.SIGKILL)
+                found.append(proc.pid)
+                return
+        time.sleep(0.05)
+
+
+def test_a_worker_killed_in_the_middle_of_a_pass_has_its_portions_handed_out_again(tmp_path):
+    """The pass completes without it: its outstanding portion is re-issued (nothing missed) and a push
+    it made before dying counts once (nothing twice), so every iteration is still plain GD's."""
+    import threading
+
+    lr, epochs = 0.5, 6
+    cfg = RunConfig(
+        strategy="sandblaster", batch_optimizer="gd", lr=lr, model="linear", workers=2, ps_shards=1,
+        tasks_per_pass=16, straggler=["0:0.04", "1:0.04"], weight_decay=LAMBDA, epochs=epochs,
+        eval_every=epochs, run_dir=str(tmp_path / "mid-pass"),
+    )  # fmt: skip
+    killed: list[int] = []
+    killer = threading.Thread(target=kill_a_worker_mid_pass, args=(1.0, killed), daemon=True)
+    killer.start()
+    result = run_training(cfg)
+    killer.join(timeout=5)
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert killed and summary["status"] == "completed" and summary["replacements"] == 1, summary.get("failures")
+    # Without --backup-tasks a portion goes out again only because its worker died holding it.
+    assert summary["sandblaster_portions_reissued"] >= 1, summary
+    losses, theta = plain_gd(cfg.seed, lr, epochs)
+    it = per_iteration(result.run_dir)
+    np.testing.assert_allclose(it["loss"].to_numpy(), losses, rtol=1e-5)
+    np.testing.assert_allclose(final_params(result.run_dir).numpy(), theta.numpy(), rtol=1e-4, atol=1e-6)
+
+
 def test_resume_continues_exactly_with_the_lbfgs_history(tmp_path):
     """A run resumed from its iteration-3 checkpoint ends where the straight run ends: the checkpoint
     carries the shards' history pairs, the pending step and gradient, and the float64 θ."""
