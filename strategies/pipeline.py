@@ -207,6 +207,12 @@ class PipelineBSP(Strategy):
         self.bytes_p2p = (0, 0)  # this step's activations/gradients (sent, received)
         self.stats: dict[str, Any] = {}
 
+    @classmethod
+    def check_codec(cls, config: RunConfig, codec: Any) -> None:
+        from distrain.errors import ConfigError
+
+        raise ConfigError(f"--compress does not compose with --pipeline-stages; drop one of them (--compress {codec})")
+
     @property
     def counts_samples(self) -> bool:
         """Only the last stage counts a replica's samples (all S stages write a row per step)."""
@@ -253,9 +259,7 @@ class PipelineBSP(Strategy):
         self.trainer = trainer
         self.pp_stage = PipelineStage(trainer.model, self.stage, S, trainer.device, group=self.pipe_group)
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
-        self.schedule = schedule(
-            self.pp_stage, self.config.microbatches, loss_fn=self._loss, scale_grads=True
-        )
+        self.schedule = schedule(self.pp_stage, self.config.microbatches, loss_fn=self._loss, scale_grads=True)
         self._mbs: list[Any] = []
         _install_wait_timer()
         self._time_stage_calls()

@@ -273,6 +273,18 @@ BAD_INPUTS = [
     (["--strategy", "async", "--compress", "powersgd:2"], ["needs whole matrices", "flat slice", "topk:FRACTION"]),
     (["--strategy", "bsp", "--transport", "ps", "--compress", "powersgd:2"], ["needs whole matrices"]),
     (["--strategy", "bsp", "--transport", "ps", "--backup-tasks", "--compress", "int8"], ["--backup-tasks portions"]),
+    # pipelines (issue 16)
+    (["--pipeline-stages", "9", "--model", "mlp"], ["--pipeline-stages 9 needs 8 cuts", "5 places to cut"]),
+    (["--pipeline-stages", "2", "--model", "resnet18"], ["--pipeline-stages needs", "nn.Sequential", "ResNet"]),
+    (["--pipeline-stages", "0"], ["--pipeline-stages must be >= 1, got 0"]),
+    (["--pipeline-stages", "2", "--microbatches", "0"], ["--microbatches must be >= 1, got 0"]),
+    (["--pipeline-stages", "2", "--microbatches", "5"], ["--microbatches 5 does not divide", "--batch-size 32"]),
+    (["--microbatches", "4"], ["--microbatches cuts a pipeline's batch", "--pipeline-stages"]),
+    (["--pipeline-stages", "2", "--pipeline-schedule", "zb"], ["unknown --pipeline-schedule 'zb'", "gpipe, 1f1b"]),
+    (["--pipeline-stages", "2", "--strategy", "local-sgd"], ["--pipeline-stages runs with --strategy bsp"]),
+    (["--pipeline-stages", "2", "--strategy", "async"], ["--pipeline-stages runs with --strategy bsp"]),
+    (["--pipeline-stages", "2", "--transport", "ps"], ["--pipeline-stages runs with --strategy bsp"]),
+    (["--pipeline-stages", "2", "--compress", "int8"], ["--compress does not compose with --pipeline-stages"]),
     # optimizers and LR decay (issue 14)
     (["--optimizer", "lion"], ["unknown --optimizer 'lion'", "sgd, adam, adamw"]),
     (["--optimizer", "LBFGS"], ["--optimizer LBFGS is not supported", "closure", "element-wise"]),
