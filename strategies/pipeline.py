@@ -346,13 +346,16 @@ class PipelineBSP(Strategy):
                 self.schedule.step(**kwargs, return_outputs=False)
         finally:
             _ACTIVE_TIMER = None
-        step_s = time.perf_counter() - self.timer.origin
         trainer._ensure_grads_in_flat_buffer()
         # The loss is known on the last stage; every stage's row carries it (one scalar over the pipeline).
         loss = torch.stack([t.detach() for t in losses]).mean().reshape(1) if self.last else torch.zeros(1)
         loss = loss.to(torch.float64)
         if self.stages > 1:
             dist.broadcast(loss, src=self.pipeline_ranks()[-1], group=self.pipe_group)
+        # The step ends for every stage at this broadcast (stage 0's last backward ends it), so each
+        # stage's step time covers the same span: the last stage's wait for stage 0 to finish counts as
+        # its idle time, as the bubble formula counts it.
+        step_s = time.perf_counter() - self.timer.origin
         trainer.last_loss = float(loss)
         self.stats = {
             "stage": self.stage,
