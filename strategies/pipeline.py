@@ -257,6 +257,8 @@ class PipelineBSP(Strategy):
             # Replicas start equal because the seed fixes the init; the broadcast makes it a fact.
             dist.broadcast(trainer.params_flat, src=self.stage, group=self.dp_group)
         self.trainer = trainer
+        if not self.last:  # gloo sends and receives only contiguous tensors (a pooling layer's output may not be)
+            trainer.model.register_forward_hook(lambda module, args, out: out.contiguous())
         self.pp_stage = PipelineStage(trainer.model, self.stage, S, trainer.device, group=self.pipe_group)
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
         self.schedule = schedule(self.pp_stage, self.config.microbatches, loss_fn=self._loss, scale_grads=True)
