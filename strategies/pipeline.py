@@ -208,6 +208,31 @@ class PipelineBSP(Strategy):
         self.stats: dict[str, Any] = {}
 
     @classmethod
+    def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
+        """Per stage: median idle fraction, compute and wait per step (steps after the first, which holds
+        torch's shape inference), and the most bytes held (parameters, gradients, optimizer state, saved
+        activations)."""
+        import pandas as pd
+
+        df = pd.DataFrame({k: steps[k] for k in ("step", "stage", *PIPELINE_COLUMNS) if k in steps})
+        if df.empty or "stage" not in df or df["stage"].isna().all():
+            return {}
+        later = df[df["step"] > df["step"].min()] if df["step"].nunique() > 1 else df
+        stages: dict[str, Any] = {}
+        for stage, rows in later.groupby("stage"):
+            held = df[df["stage"] == stage]
+            stages[str(int(stage))] = {
+                "idle_frac": float(rows["pipe_idle_frac"].median()),
+                "compute_s": float(rows["pipe_compute_s"].median()),
+                "wait_s": float(rows["pipe_wait_s"].median()),
+                "param_bytes": int(held["mem_param_bytes"].max()),
+                "grad_bytes": int(held["mem_grad_bytes"].max()),
+                "optim_bytes": int(held["mem_optim_bytes"].max()),
+                "activation_peak_bytes": int(rows["mem_activation_peak_bytes"].max()),
+            }
+        return {"pipeline_stages_figures": stages}
+
+    @classmethod
     def check_codec(cls, config: RunConfig, codec: Any) -> None:
         from distrain.errors import ConfigError
 

@@ -58,6 +58,9 @@ def test_two_stages_four_microbatches_equal_one_process(tmp_path, one_process, s
     held = rows.groupby("stage")["mem_param_bytes"].first()
     assert held.sum() == one_process[32].numel() * 4 and held.min() > 0
     assert (rows["mem_grad_bytes"] == rows["mem_param_bytes"]).all()
+    figures = run.summary["pipeline_stages_figures"]
+    assert sorted(figures) == ["0", "1"] and [figures[s]["param_bytes"] for s in "01"] == held.tolist()
+    assert all(0 <= figures[s]["idle_frac"] < 1 and figures[s]["compute_s"] > 0 for s in "01")
 
 
 def test_two_stages_times_two_replicas_equal_one_process_on_the_global_batch(tmp_path, one_process):
