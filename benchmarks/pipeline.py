@@ -6,7 +6,7 @@ parameters, 16.8 MB in float32), one replica (R = 1), a batch of 256 rows, Adam.
 with one worker (no micro-batching: --microbatches needs a pipeline). Every run trains --steps steps;
 the figures are medians over the steps after the first two (shape inference, warm-up).
 
-Per configuration: samples/s (the last stage's samples over the median step time), the median idle
+Per configuration: samples/s (the batch over the median wall time between the last stage's steps), the median idle
 fraction of the most idle stage and of the least idle one, the formula's value, and per actor the
 bytes of parameters + gradients + optimizer state and the peak of saved activations (stage 0, which
 holds the most under both schedules).
@@ -41,7 +41,9 @@ def run_one(root: Path, stages: int, microbatches: int, schedule: str, steps: in
     result = run_training(config)
     df = pd.read_parquet(result.run_dir / "metrics.parquet")
     rows = df[(df["kind"] == "step") & (df["step"] >= 2)]
-    step_s = rows.groupby("step")["compute_s"].max().median() + rows.groupby("step")["comm_s"].max().median()
+    # Wall time between consecutive steps of the last stage (of the only worker without a pipeline).
+    last = rows[rows["samples"] > 0].sort_values("step")
+    step_s = last["wall_time"].diff().dropna().median()
     out = {"S": stages, "M": microbatches if stages > 1 else 1, "samples/s": BATCH / step_s}
     out["bubble formula"] = bubble_fraction(stages, microbatches if stages > 1 else 1)
     if stages > 1:
