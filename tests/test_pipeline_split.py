@@ -102,3 +102,35 @@ def test_model_inputs_are_what_the_tasks_forward_passes_to_the_model():
     x, y = torch.randn(3, 1, 8, 8), torch.arange(3)
     args, kwargs = model_inputs(ClassificationTask(), (x, y))
     assert len(args) == 1 and args[0] is x and kwargs == {}
+
+
+def test_the_timeline_plot_draws_each_stages_spans_and_is_absent_without_them():
+    import json
+
+    import pandas as pd
+
+    from distrain.orchestrator.report_plots import PlotRun, plot_pipeline_timeline
+
+    # Two stages, M = 2, GPipe: stage 1 starts after stage 0's first forward.
+    spans = {
+        0: [("F", 0, 0.0, 1.0), ("F", 1, 1.0, 2.0), ("B", 1, 4.0, 6.0), ("B", 0, 6.0, 8.0)],
+        1: [("F", 0, 1.0, 2.0), ("F", 1, 2.0, 3.0), ("B", 1, 3.0, 5.0), ("B", 0, 5.0, 7.0)],
+    }
+    rows = pd.DataFrame(
+        {
+            "kind": ["step", "step", "step"],
+            "step": [1, 1, 5],
+            "stage": [0, 1, 0],
+            "replica": [0, 0, 0],
+            "wall_time": [1.0, 1.0, 2.0],
+            "pipe_spans": [json.dumps([list(s) for s in spans[0]]), json.dumps([list(s) for s in spans[1]]), None],
+        }
+    )
+    run = PlotRun("r", "r", "C0", rows, {})
+    fig = plot_pipeline_timeline([run])
+    assert fig is not None
+    ax = fig.axes[0]
+    bars = [c for c in ax.collections]  # one broken_barh per span
+    assert len(bars) == 8
+    assert [t.get_text() for t in ax.texts][:4] == ["F0", "F1", "B1", "B0"]
+    assert plot_pipeline_timeline([PlotRun("r", "r", "C0", rows.drop(columns="pipe_spans"), {})]) is None
