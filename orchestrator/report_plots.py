@@ -393,19 +393,22 @@ def plot_pipeline_timeline(runs: Sequence[PlotRun]) -> Figure | None:
         if st.empty:
             continue
         origin = min(min(t0 for _, _, t0, _ in json.loads(v)) for v in st["pipe_spans"])
+        end = max(max(t1 for _, _, _, t1 in json.loads(v)) for v in st["pipe_spans"])
         fig, ax = _figure(f"Pipeline timeline, {run.label} (replica 0)", "seconds", "stage")
         colors = {"F": "#4c72b0", "B": "#dd8452"}
         for _, row in st.iterrows():
             stage = int(row["stage"])
             for kind, mb, t0, t1 in json.loads(row["pipe_spans"]):
                 ax.broken_barh([(t0 - origin, t1 - t0)], (stage - 0.4, 0.8), color=colors[kind], alpha=0.85)
-                if t1 - t0 > 0:
+                if t1 - t0 > 0.02 * (end - origin):  # labelled where the bar has room
                     ax.text((t0 + t1) / 2 - origin, stage, f"{kind}{mb}", ha="center", va="center", fontsize=6)
         stages = sorted(int(s) for s in st["stage"].unique())
         ax.set_yticks(stages, [f"stage {s}" for s in stages])
         ax.invert_yaxis()
-        handles = [ax.bar(0, 0, color=c, label="forward" if k == "F" else "backward") for k, c in colors.items()]
-        ax.legend(handles=handles, fontsize=8)
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=c, label={"F": "forward", "B": "backward"}[k]) for k, c in colors.items()])
+        ax.set_xlim(0, end - origin)
         return fig
     return None
 

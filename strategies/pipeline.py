@@ -58,7 +58,11 @@ PIPELINE_COLUMNS = {
     "mem_grad_bytes": "int64",
     "mem_optim_bytes": "int64",
     "mem_activation_peak_bytes": "int64",  # saved for backward, at most at once (saved_tensors_hooks)
+    # JSON [[kind, micro-batch, start, end], ...] in wall-clock seconds, for this actor's steps 2-4 of an
+    # attempt (the first holds torch's shape inference): the report's pipeline timeline.
+    "pipe_spans": "string",
 }
+TIMELINE_STEPS = range(1, 4)  # which of an actor's steps (counted from 0) keep their spans
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
@@ -206,6 +210,7 @@ class PipelineBSP(Strategy):
         self.full_state: dict[str, Any] | None = None
         self.bytes_p2p = (0, 0)  # this step's activations/gradients (sent, received)
         self.stats: dict[str, Any] = {}
+        self.steps_run = 0
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -396,6 +401,12 @@ class PipelineBSP(Strategy):
             "mem_activation_peak_bytes": self.meter.peak,
         }
         self.last_spans = list(self.timer.spans)
+        if self.steps_run in TIMELINE_STEPS:
+            import json
+
+            wall = time.time() - (time.perf_counter() - self.timer.origin)  # the step's start, wall clock
+            self.stats["pipe_spans"] = json.dumps([[k, mb, wall + a, wall + b] for k, mb, a, b in self.last_spans])
+        self.steps_run += 1
         return trainer.last_loss
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:

@@ -4,12 +4,14 @@ to another S, and the usual quality on digits and on the language-model example.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
+from distrain.orchestrator.report_plots import PlotRun, plot_pipeline_timeline
 from distrain.orchestrator.run import run_training
 from distrain.strategies.pipeline import bubble_fraction
 from tests.helpers import final_params
@@ -58,6 +60,13 @@ def test_two_stages_four_microbatches_equal_one_process(tmp_path, one_process, s
     held = rows.groupby("stage")["mem_param_bytes"].first()
     assert held.sum() == one_process[32].numel() * 4 and held.min() > 0
     assert (rows["mem_grad_bytes"] == rows["mem_param_bytes"]).all()
+    # Steps 1-3 of each stage keep their spans: M forwards and M backwards each (the report's timeline).
+    spans = rows[rows["pipe_spans"].notna()]
+    assert sorted(spans["step"]) == [1, 1, 2, 2, 3, 3]
+    for text in spans["pipe_spans"]:
+        kinds = sorted((k, mb) for k, mb, _, _ in json.loads(text))
+        assert kinds == [("B", i) for i in range(4)] + [("F", i) for i in range(4)]
+    assert plot_pipeline_timeline([PlotRun("p", "p", "C0", pd.read_parquet(run.run_dir / "metrics.parquet"), {})])
     figures = run.summary["pipeline_stages_figures"]
     assert sorted(figures) == ["0", "1"] and [figures[s]["param_bytes"] for s in "01"] == held.tolist()
     assert all(0 <= figures[s]["idle_frac"] < 1 and figures[s]["compute_s"] > 0 for s in "01")
