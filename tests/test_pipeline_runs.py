@@ -122,8 +122,9 @@ def test_bubble_and_per_stage_memory_on_a_compute_heavy_model(tmp_path):
     Idle fraction per stage, 1 - (forward + backward time) / step time (median of steps 2..5; the first
     steps include torch's shape inference), against (S - 1)/(M + S - 1) = 0.2, within 0.25 absolute: the
     two actors share 2 cores with the driver, Ray and other jobs (load average 6-12 when this was
-    written, measured 0.28-0.37; once, in a full run of this file, outside 0.2), and every hand-off between the stages waits for the other process to
-    be scheduled, so the measured idle sits above the formula. Memory: each stage holds half the
+    written, measured 0.28-0.37; once, in a full run of this file, outside 0.2), and every hand-off
+    between the stages waits for the other process to be scheduled, so the measured idle sits above
+    the formula. Memory: each stage holds half the
     parameters, gradients and Adam's two moments; 1F1B keeps at most S micro-batches' activations on
     stage 0 where GPipe keeps all M."""
     gpipe = steps_of(run_training(wide(tmp_path, "gpipe", "gpipe")).run_dir)
