@@ -366,6 +366,22 @@ class StrategySection:
         "strategy",
         metavar="CODEC",
     )
+    pipeline_stages: int = setting(
+        1,
+        "Pipeline (model) parallelism: cut the model into S stages, one actor each; --workers R replicas of the "
+        "pipeline make S x R actors (actor rank = replica x S + stage).",
+        "strategy",
+        metavar="S",
+    )
+    microbatches: int = setting(
+        1,
+        "Micro-batches M each replica's batch is cut into, with --pipeline-stages (M divides --batch-size).",
+        "strategy",
+        metavar="M",
+    )
+    pipeline_schedule: str = setting(
+        "gpipe", "Pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b (PipeDream-Flush).", "strategy"
+    )
     options: dict[str, Any] = setting(
         {}, "Each strategy's own options (its `Options` dataclass), by strategy name; see `distrain strategies`."
     )
@@ -668,6 +684,7 @@ class RunConfig:
         if self.on_nonfinite not in ON_NONFINITE:
             raise ConfigError(f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of: {', '.join(ON_NONFINITE)}")
         self._validate_lr_decay()
+        self._validate_pipeline()
         # Last: the optimizer's own constructor checks its arguments, which needs torch (every other flag
         # error is found without it, in well under a second).
         if self.optimizer.lower() not in OPTIMIZER_NAMES + REFUSED_OPTIMIZER_NAMES:  # torch need not load for this
@@ -697,6 +714,42 @@ class RunConfig:
                 raise ConfigError(f"--lr-decay-epochs must be a positive number, got {self.lr_decay_epochs}")
             if self.lr_decay_gamma is not None and not 0 < self.lr_decay_gamma <= 1:
                 raise ConfigError(f"--lr-decay-gamma must be in (0, 1], got {self.lr_decay_gamma}")
+
+    def _validate_pipeline(self) -> None:
+        """--pipeline-stages composes with BSP over the collective transport only: each stage's gradient
+        is all-reduced with its R copies before the step (strategies/pipeline.py says why not the rest)."""
+        from distrain.strategies.pipeline import PIPELINE_SCHEDULES
+
+        if self.pipeline_stages < 1:
+            raise ConfigError(f"--pipeline-stages must be >= 1, got {self.pipeline_stages}")
+        if self.microbatches < 1:
+            raise ConfigError(f"--microbatches must be >= 1, got {self.microbatches}")
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError(
+                f"unknown --pipeline-schedule {self.pipeline_schedule!r}; "
+                f"choose one of: {', '.join(PIPELINE_SCHEDULES)}"
+            )
+        if not self.pipelined:
+            if self.microbatches != 1:
+                raise ConfigError("--microbatches cuts a pipeline's batch; add --pipeline-stages S (S >= 2) or drop it")
+            return
+        if self.batch_size % self.microbatches:
+            raise ConfigError(
+                f"--microbatches {self.microbatches} does not divide the per-replica batch --batch-size "
+                f"{self.batch_size}; pick M that divides it"
+            )
+        if self.schedule or self.strategy != "bsp" or self.transport != "collective":
+            raise ConfigError(
+                "--pipeline-stages runs with --strategy bsp over the collective transport only (each stage's "
+                "gradient is averaged with its replicas'); drop --pipeline-stages or use bsp"
+            )
+        if self.compress is not None or self.backup_workers:
+            flag = "--compress" if self.compress is not None else "--backup-workers"
+            raise ConfigError(f"{flag} does not compose with --pipeline-stages; drop one of them")
+        if self.comm_delay_ms or self.comm_bandwidth:
+            raise ConfigError("--comm-delay-ms/--comm-bandwidth do not apply to pipeline traffic; drop them")
+        if self.precision != "fp32":  # the schedule's stages run outside LocalTrainer's autocast and loss scale
+            raise ConfigError(f"--precision {self.precision} does not compose with --pipeline-stages; drop one of them")
 
     def _validate_task(self) -> None:
         """The built-in task's own flags do not apply to another task."""
@@ -743,13 +796,18 @@ class RunConfig:
 
     @property
     def num_worker_actors(self) -> int:
-        """Worker actors started: --workers plus any backup workers."""
-        return self.workers + self.backup_workers
+        """Worker actors started: --workers plus any backup workers, times --pipeline-stages (each
+        replica of the model is S actors, one per stage)."""
+        return (self.workers + self.backup_workers) * self.pipeline_stages
+
+    @property
+    def pipelined(self) -> bool:
+        return self.pipeline_stages > 1
 
     @property
     def samples_per_step(self) -> int:
         """Samples handed out per step: with backup workers, b x B more than the update uses."""
-        return self.num_worker_actors * self.batch_size
+        return (self.workers + self.backup_workers) * self.batch_size
 
     @property
     def straggler_delays(self) -> dict[int, float]:
@@ -757,7 +815,7 @@ class RunConfig:
 
     @property
     def chaos_events(self) -> list[ChaosEvent]:
-        return parse_chaos(self.chaos, self.workers, self.ps_shards)
+        return parse_chaos(self.chaos, self.workers * self.pipeline_stages, self.ps_shards)
 
     @property
     def uses_gpus(self) -> bool:

@@ -325,6 +325,8 @@ CAPTIONS = {
     "step_time_per_worker.png": "Distribution of compute + communication time per step, per worker.",
     "staleness_hist.png": "Staleness of applied gradients (parameter-server strategies).",
     "tau_over_time.png": "tau (local steps between averages) over wall time, for runs whose tau changed.",
+    "pipeline_timeline.png": "A pipeline's stages (replica 0) over a few steps: each micro-batch's forward (F) and "
+    "backward (B); gaps are idle time, the bubble and the waits between stages.",
 }
 
 

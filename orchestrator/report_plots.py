@@ -416,6 +416,39 @@ def plot_bytes(runs: Sequence[PlotRun]) -> Figure | None:
     return fig
 
 
+def plot_pipeline_timeline(runs: Sequence[PlotRun]) -> Figure | None:
+    """A pipeline's schedule as it ran: one lane per stage (replica 0), each micro-batch's forward and
+    backward as a bar, for the few steps whose spans the stages recorded (`pipe_spans`, wall-clock
+    seconds); the first run that has them. Gaps in a lane are its idle time (the bubble and waits)."""
+    import json
+
+    for run in runs:
+        st = run.steps("pipe_spans")
+        if "replica" in st:
+            st = st[st["replica"] == 0]
+        if st.empty:
+            continue
+        origin = min(min(t0 for _, _, t0, _ in json.loads(v)) for v in st["pipe_spans"])
+        end = max(max(t1 for _, _, _, t1 in json.loads(v)) for v in st["pipe_spans"])
+        fig, ax = _figure(f"Pipeline timeline, {run.label} (replica 0)", "seconds", "stage")
+        colors = {"F": "#4c72b0", "B": "#dd8452"}
+        for _, row in st.iterrows():
+            stage = int(row["stage"])
+            for kind, mb, t0, t1 in json.loads(row["pipe_spans"]):
+                ax.broken_barh([(t0 - origin, t1 - t0)], (stage - 0.4, 0.8), color=colors[kind], alpha=0.85)
+                if t1 - t0 > 0.02 * (end - origin):  # labelled where the bar has room
+                    ax.text((t0 + t1) / 2 - origin, stage, f"{kind}{mb}", ha="center", va="center", fontsize=6)
+        stages = sorted(int(s) for s in st["stage"].unique())
+        ax.set_yticks(stages, [f"stage {s}" for s in stages])
+        ax.invert_yaxis()
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=c, label={"F": "forward", "B": "backward"}[k]) for k, c in colors.items()])
+        ax.set_xlim(0, end - origin)
+        return fig
+    return None
+
+
 PLOTS: dict[str, Callable[[Sequence[PlotRun]], Figure | None]] = {
     "accuracy_vs_time.png": plot_accuracy,
     "accuracy_vs_progress.png": plot_accuracy_by_progress,
@@ -428,4 +461,5 @@ PLOTS: dict[str, Callable[[Sequence[PlotRun]], Figure | None]] = {
     "step_time_per_worker.png": plot_step_times,
     "staleness_hist.png": plot_staleness,
     "tau_over_time.png": plot_tau,
+    "pipeline_timeline.png": plot_pipeline_timeline,
 }

@@ -153,7 +153,8 @@ def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, li
         table = pq.read_table(path)
         # The base columns, the strategies' own step columns, and the task's own evaluation metrics
         # (test_<name>, orchestrator/metrics.py).
-        declared = {n: t for s in config.strategy_classes for n, t in s.metric_columns.items() if n not in SCHEMA.names}
+        impls = [s.implementation(config) for s in config.strategy_classes]
+        declared = {n: t for s in impls for n, t in s.metric_columns.items() if n not in SCHEMA.names}
         extra = [pa.field(n, pa.type_for_alias(t)) for n, t in declared.items() if n in table.schema.names]
         names = [n for n in table.schema.names if n.startswith("test_") and n not in SCHEMA.names]
         extra += [pa.field(n, pa.float64()) for n in names]
@@ -166,7 +167,7 @@ def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, li
         ) from None
     sink = MetricsSink(Path(config.run_dir).name)
     for strategy in config.strategy_classes:
-        sink.declare(strategy.metric_columns)
+        sink.declare(strategy.implementation(config).metric_columns)
     sink.add_rows(table.to_pydict())
     sink.keep_before(int(checkpoint["global_step"]), steps_per_epoch(config))
     return sink.rows()

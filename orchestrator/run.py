@@ -199,7 +199,7 @@ class RunState:
     def create(cls, config: RunConfig, plan: Plan) -> RunState:
         sink = MetricsSink(plan.run_dir.name)
         for strategy in config.strategy_classes:  # their own step columns (a resumed run's rows have them)
-            sink.declare(strategy.metric_columns)
+            sink.declare(strategy.implementation(config).metric_columns)  # e.g. a pipeline's, under bsp
         ledger = FailureLedger(config.max_failures)
         ckpt = plan.checkpoint
         start = int(ckpt["global_step"]) if ckpt else 0
@@ -847,7 +847,7 @@ class _Driver:
         steps = df[df["kind"] == "step"]
         for strategy in self.config.strategy_classes:  # the strategies' own figures, from their step rows
             columns = {c: steps[c].tolist() for c in steps.columns}
-            summary |= strategy.summary_figures(columns)
+            summary |= strategy.implementation(self.config).summary_figures(columns)
         info = self.task.describe()
         if info:
             summary["task_info"] = info

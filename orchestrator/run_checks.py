@@ -31,12 +31,30 @@ def check_runnable(config: RunConfig) -> int:
         sizes = parameter_sizes(config.model, DATASETS.get(config.dataset).info)
         num_samples = DATASETS.get(config.dataset).train_size
     num_params = sum(sizes)
+    if config.pipelined:
+        check_pipeline(config)
     for strategy in config.strategy_classes:
         strategy.check_model(config, sizes)
         strategy.check_data(config, num_samples)
     if config.transport == "ps" and config.ps_shards and config.ps_shards > num_params:
         raise ConfigError(f"--ps-shards {config.ps_shards} exceeds the model's {num_params} parameters")
     return num_params
+
+
+def check_pipeline(config: RunConfig) -> None:
+    """--pipeline-stages S: the model is an nn.Sequential with at least S - 1 places to cut, without
+    tied weights, and the task has a `criterion` for the last stage to run."""
+    from distrain.orchestrator.tasks import build_task
+    from distrain.trainers.pipeline_split import plan_stages
+    from distrain.trainers.task import Task
+
+    task = build_task(config)
+    if type(task).criterion is Task.criterion:
+        raise ConfigError(
+            f"--pipeline-stages needs the task to define forward() and criterion() (the last stage runs the "
+            f"criterion); {type(task).__name__} defines only loss()"
+        )
+    plan_stages(task.build_model(), task.split_points(), config.pipeline_stages)
 
 
 def check_init_from(config: RunConfig, num_params: int) -> dict[str, Any] | None:

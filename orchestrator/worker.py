@@ -94,6 +94,14 @@ class TrainWorker:
         self.train_reader = BatchReader(train, self.task.collate, prefetch=config.prefetch)
         self.test_reader = BatchReader(self.test_set, self.task.collate, prefetch=False)
         model = seeded(self.task.build_model, config.seed)
+        self.full_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self.stage_plan = None
+        if config.pipelined:  # this actor keeps one stage (rank = replica x S + stage), see strategies/pipeline.py
+            from distrain.trainers.pipeline_split import plan_stages, stage_module
+
+            self.stage_plan = plan_stages(model, self.task.split_points(), config.pipeline_stages)
+            self.stage = self.rank % config.pipeline_stages
+            model = stage_module(model, self.stage_plan, self.stage)
         self.trainer = LocalTrainer(
             model,
             self.task,
@@ -137,8 +145,8 @@ class TrainWorker:
             "node_id": ray.get_runtime_context().get_node_id(),
             "device": self.device,
             "steps_per_epoch": self.sharder.steps_per_epoch,
-            "num_params": self.trainer.numel,
-            "param_bytes": self.trainer.nbytes,
+            "num_params": self.full_params,
+            "param_bytes": self.trainer.nbytes,  # what this actor holds (a pipeline stage: its slice)
         }
 
     def rendezvous_address(self) -> str:
@@ -147,6 +155,16 @@ class TrainWorker:
     def load_state(self, state: dict[str, Any]) -> None:
         """Start from a checkpoint's model and (flat) optimizer state; the strategy's own state, if the
         checkpoint has some, is handed to the strategy once `setup` has built it."""
+        if self.stage_plan is not None:  # a full state dict: this stage's keys and flat slice
+            from distrain.trainers.optim_state import FlatOptimizerState
+
+            keys = set(self.trainer.model.state_dict())
+            start = self.stage_plan.offset(self.stage)
+            flat = FlatOptimizerState.from_dict(state["optimizer"]).slice(start, start + self.trainer.numel)
+            state = state | {
+                "model": {k: v for k, v in state["model"].items() if k in keys},
+                "optimizer": flat.to_dict(),
+            }
         self.trainer.load_state_dict(state)
         self.strategy_state = state.get("strategy_state")
 
@@ -202,8 +220,8 @@ class TrainWorker:
                 batch = self.train_reader.read(idx)
                 if i + 1 < len(ahead):
                     self.train_reader.prefetch(self._indices(*ahead[i + 1]))
-                loss = self.trainer.compute_gradients(batch)
-                samples = len(idx)
+                loss = self.strategy.compute_gradients(self.trainer, batch)
+                samples = len(idx) if self.strategy.counts_samples else 0
             else:
                 loss, samples = own
             if self.delay and own is None:  # (a strategy running its own units applies it per its own unit)
@@ -278,10 +296,11 @@ class TrainWorker:
         """Score this worker's contiguous share of the test set: ((sum, count) per metric, seconds)."""
         t0 = time.perf_counter()
         self.strategy.prepare_eval(self.trainer)
+        shard, num_shards = self.strategy.eval_share(shard, num_shards)
         n = len(self.test_set)
         lo, hi = n * shard // num_shards, n * (shard + 1) // num_shards
         batches = (self.test_reader.read(np.arange(i, min(i + EVAL_BATCH, hi))) for i in range(lo, hi, EVAL_BATCH))
-        return self.trainer.evaluate(batches), time.perf_counter() - t0
+        return self.strategy.evaluate(self.trainer, batches), time.perf_counter() - t0
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:

@@ -189,6 +189,25 @@ class Strategy(ABC):
         gradient itself. `reader` reads training samples by index (`trainers.task.BatchReader`)."""
         return None
 
+    @property
+    def counts_samples(self) -> bool:
+        """Whether this worker's rows count its batch's samples (a pipeline's S stages share one batch:
+        only the last stage counts it)."""
+        return True
+
+    def compute_gradients(self, trainer: LocalTrainer, batch: Any) -> float:
+        """Forward and backward of one batch into `trainer.grads_flat`; returns the loss (a pipeline
+        runs its schedule here)."""
+        return trainer.compute_gradients(batch)
+
+    def eval_share(self, shard: int, num_shards: int) -> tuple[int, int]:
+        """Which share of the test set worker `shard` of `num_shards` scores: (share, shares)."""
+        return shard, num_shards
+
+    def evaluate(self, trainer: LocalTrainer, batches: Iterator[Any]) -> dict[str, tuple[float, float]]:
+        """(sum, count) of the task's loss and metrics over `batches` (see `trainers/task.py`)."""
+        return trainer.evaluate(batches)
+
     def finite(self, ok: bool, what: str) -> bool:
         """--on-nonfinite: True to go on with the update; False to skip it (skip); raises NonFinite (stop)."""
         if ok:

@@ -100,6 +100,10 @@ class BSP(Strategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.pipelined:
+            from distrain.strategies.pipeline import PipelineBSP
+
+            return PipelineBSP
         if config.transport != "ps":
             return cls
         if config.options_of("bsp").backup_tasks:

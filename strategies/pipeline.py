@@ -1,0 +1,553 @@
+"""Pipelines: BSP over R replicas of a model cut into S stages (`--pipeline-stages S --microbatches M`).
+
+S x R worker actors; actor rank = replica x S + stage (so --chaos kill-worker@STEP:RANK and the display
+name actors that way: ranks 0..S-1 are replica 0's stages). Each actor holds one stage of the model
+(`trainers/pipeline_split.py`), its gradient and its optimizer state. Per step:
+
+1. the replica's batch (slice `replica` of the global batch) is cut into M micro-batches and run through
+   the stages by torch.distributed.pipelining's `ScheduleGPipe` or `Schedule1F1B` over the replica's
+   own process group (point-to-point over gloo); the task's `criterion` runs on the last stage, and the
+   schedule divides the accumulated gradient by M (`scale_grads`), so with a mean-reduced criterion
+   and equal micro-batches the stage holds the gradient of the mean loss over the replica's batch;
+2. each stage's gradient is averaged with its R copies (one all-reduce over the stage's data-parallel
+   group), then every stage steps its own optimizer: the update BSP makes on the global batch R x B.
+
+The process groups: one default group of all S x R actors (the run's TCP rendezvous, as BSP's), plus
+per-replica pipeline groups and per-stage data-parallel groups made from it with `new_group` (every
+actor creates every group, in the same order, as torch requires).
+
+What is written by hand instead of taken from torch: evaluation (a plain forward, stage to stage, with
+`send`/`recv` and a shape header: the schedules' `eval` fixes the micro-batch count and caches shapes,
+but the test set's last batch is smaller), and the per-stage measurements (compute, waits, memory),
+which wrap the stage's `forward_one_chunk`/`backward_one_chunk` and the schedules' `_wait_batch_p2p`.
+
+Other strategies do not compose here: local SGD across replicas would be sound (each stage averages
+its θ change with its copies every τ steps) but is not built; PS strategies would need a shard per
+stage slice and a pipeline-wide clock; DiLoCo, --compress and backup workers are refused likewise
+(config.py `_validate_pipeline`).
+
+This module imports no torch at import time: config.py reads `PIPELINE_SCHEDULES` from it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from distrain.strategies.base import CommStats, Strategy, StrategyContext, all_finite
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    import torch
+
+    from distrain.config import RunConfig
+    from distrain.trainers.local_trainer import LocalTrainer
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+
+# Per-stage columns of every step row (strategies/base.py `metric_columns`).
+PIPELINE_COLUMNS = {
+    "stage": "int32",
+    "replica": "int32",
+    "pipe_step_s": "float64",  # the schedule's step, wall time
+    "pipe_compute_s": "float64",  # forward and backward of this stage's micro-batches
+    "pipe_wait_s": "float64",  # blocked in point-to-point waits (sends and receives)
+    "pipe_idle_frac": "float64",  # 1 - compute / step: the bubble plus transfer time
+    "mem_param_bytes": "int64",
+    "mem_grad_bytes": "int64",
+    "mem_optim_bytes": "int64",
+    "mem_activation_peak_bytes": "int64",  # saved for backward, at most at once (saved_tensors_hooks)
+    # JSON [[kind, micro-batch, start, end], ...] in wall-clock seconds, for this actor's steps 2-4 of an
+    # attempt (the first holds torch's shape inference): the report's pipeline timeline.
+    "pipe_spans": "string",
+}
+TIMELINE_STEPS = range(1, 4)  # which of an actor's steps (counted from 0) keep their spans
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    """The idle fraction of GPipe and 1F1B with equal stages: (S - 1) / (M + S - 1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+class _Timer:
+    """Compute and wait seconds of one stage within a step, and the (kind, micro-batch, start, end)
+    spans of its computations (the report's timeline)."""
+
+    def __init__(self) -> None:
+        self.compute = 0.0
+        self.wait = 0.0
+        self.spans: list[tuple[str, int, float, float]] = []
+        self.origin = 0.0
+
+    def reset(self) -> None:
+        self.compute, self.wait, self.spans = 0.0, 0.0, []
+        self.origin = time.perf_counter()
+
+
+_ACTIVE_TIMER: _Timer | None = None  # one stage per actor process: the schedules' waits are its
+
+
+def _install_wait_timer() -> None:
+    """Time the schedules' point-to-point waits (a module-level function they call by global name)."""
+    from torch.distributed.pipelining import schedules
+
+    if getattr(schedules._wait_batch_p2p, "_distrain_timed", False):
+        return
+    original = schedules._wait_batch_p2p
+
+    def timed(work: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            original(work)
+        finally:
+            if _ACTIVE_TIMER is not None:
+                _ACTIVE_TIMER.wait += time.perf_counter() - t0
+
+    timed._distrain_timed = True  # type: ignore[attr-defined]
+    schedules._wait_batch_p2p = timed
+
+
+class _ActivationMeter:
+    """Bytes of tensors autograd saves for backward, live and at most, counted through
+    `saved_tensors_hooks` (parameters, which autograd also saves, excluded; views of one tensor count
+    once each, so this is an upper bound on what a caching allocator would hold)."""
+
+    def __init__(self, param_storage: int) -> None:
+        self.param_storage = param_storage
+        self.live = 0
+        self.peak = 0
+
+    def pack(self, t: torch.Tensor) -> Any:
+        if t.untyped_storage().data_ptr() == self.param_storage:
+            return t
+        return _Held(t, self)
+
+    @staticmethod
+    def unpack(held: Any) -> torch.Tensor:
+        return held.t if isinstance(held, _Held) else held
+
+
+class _Held:
+    __slots__ = ("t", "n", "meter")
+
+    def __init__(self, t: torch.Tensor, meter: _ActivationMeter) -> None:
+        self.t, self.n, self.meter = t, t.numel() * t.element_size(), meter
+        meter.live += self.n
+        meter.peak = max(meter.peak, meter.live)
+
+    def __del__(self) -> None:  # the graph that saved it is freed (after its backward)
+        self.meter.live -= self.n
+
+
+class _Captured(Exception):
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.args_, self.kwargs_ = args, kwargs
+
+
+def model_inputs(task: Any, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What the task's `forward` passes to the model for `batch` (stage 0's input), found by calling it
+    with a stand-in model that records its arguments."""
+    from torch import nn
+
+    class Capture(nn.Module):
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            raise _Captured(args, kwargs)
+
+    try:
+        task.forward(Capture(), batch)
+    except _Captured as c:
+        return c.args_, c.kwargs_
+    raise TypeError(f"{type(task).__name__}.forward did not call the model")
+
+
+class _Fixed:
+    """A stand-in model that returns the last stage's output whatever it is given (evaluation)."""
+
+    def __init__(self, output: Any) -> None:
+        self.output = output
+        self.training = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.output
+
+    def eval(self) -> _Fixed:
+        return self
+
+    def train(self, mode: bool = True) -> _Fixed:
+        return self
+
+
+def split_batch(batch: Any, parts: int) -> list[Any]:
+    """`batch` (tensors, possibly nested in tuples, lists and dicts) cut into `parts` along dim 0."""
+    import torch
+
+    if torch.is_tensor(batch):
+        return list(torch.tensor_split(batch, parts))
+    if isinstance(batch, dict):
+        pieces = {k: split_batch(v, parts) for k, v in batch.items()}
+        return [{k: pieces[k][i] for k in batch} for i in range(parts)]
+    if isinstance(batch, tuple | list):
+        pieces_list = [split_batch(v, parts) for v in batch]
+        return [type(batch)(p[i] for p in pieces_list) for i in range(parts)]
+    return [batch] * parts
+
+
+class PipelineBSP(Strategy):
+    """`bsp` with --pipeline-stages S >= 2 (BSP.implementation picks it)."""
+
+    name = "bsp"
+    metric_columns = PIPELINE_COLUMNS
+
+    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        super().__init__(config, ctx)
+        self.stages = config.pipeline_stages
+        self.replicas = ctx.world_size // self.stages
+        self.stage, self.replica = ctx.rank % self.stages, ctx.rank // self.stages
+        self.first = self.stage == 0
+        self.last = self.stage == self.stages - 1
+        self.timer = _Timer()
+        self.full_state: dict[str, Any] | None = None
+        self.bytes_p2p = (0, 0)  # this step's activations/gradients (sent, received)
+        self.stats: dict[str, Any] = {}
+        self.steps_run = 0
+
+    @classmethod
+    def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
+        """Per stage: median idle fraction, compute and wait per step (steps after the first, which holds
+        torch's shape inference), and the most bytes held (parameters, gradients, optimizer state, saved
+        activations)."""
+        import pandas as pd
+
+        df = pd.DataFrame({k: steps[k] for k in ("step", "stage", *PIPELINE_COLUMNS) if k in steps})
+        if df.empty or "stage" not in df or df["stage"].isna().all():
+            return {}
+        later = df[df["step"] > df["step"].min()] if df["step"].nunique() > 1 else df
+        stages: dict[str, Any] = {}
+        for stage, rows in later.groupby("stage"):
+            held = df[df["stage"] == stage]
+            stages[str(int(stage))] = {
+                "idle_frac": float(rows["pipe_idle_frac"].median()),
+                "compute_s": float(rows["pipe_compute_s"].median()),
+                "wait_s": float(rows["pipe_wait_s"].median()),
+                "param_bytes": int(held["mem_param_bytes"].max()),
+                "grad_bytes": int(held["mem_grad_bytes"].max()),
+                "optim_bytes": int(held["mem_optim_bytes"].max()),
+                "activation_peak_bytes": int(rows["mem_activation_peak_bytes"].max()),
+            }
+        return {"pipeline_stages_figures": stages}
+
+    @classmethod
+    def check_codec(cls, config: RunConfig, codec: Any) -> None:
+        from distrain.errors import ConfigError
+
+        raise ConfigError(f"--compress does not compose with --pipeline-stages; drop one of them (--compress {codec})")
+
+    @property
+    def counts_samples(self) -> bool:
+        """Only the last stage counts a replica's samples (all S stages write a row per step)."""
+        return self.last
+
+    @property
+    def slices_per_step(self) -> int:
+        return self.replicas
+
+    def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+        # The work plan gives actor r slice r; a pipeline's S stages all read their replica's slice.
+        for epoch, step, _ in units:
+            yield epoch, step, self.replica
+
+    def pipeline_ranks(self) -> list[int]:
+        return [self.replica * self.stages + s for s in range(self.stages)]
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, trainer: LocalTrainer) -> None:
+        import torch.distributed as dist
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        from distrain.strategies.collective import CollectiveGroup
+
+        backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
+        self.group = CollectiveGroup(
+            self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s
+        )
+        S, R = self.stages, self.replicas
+        # Every rank makes every group, in one order (torch.distributed requires it).
+        self.pipe_group = None
+        for r in range(R):
+            group = dist.new_group([r * S + s for s in range(S)])
+            if r == self.replica:
+                self.pipe_group = group
+        self.dp_group = None
+        if R > 1:
+            for s in range(S):
+                group = dist.new_group([r * S + s for r in range(R)])
+                if s == self.stage:
+                    self.dp_group = group
+            # Replicas start equal because the seed fixes the init; the broadcast makes it a fact.
+            dist.broadcast(trainer.params_flat, src=self.stage, group=self.dp_group)
+        self.trainer = trainer
+        if not self.last:  # gloo sends and receives only contiguous tensors (a pooling layer's output may not be)
+            trainer.model.register_forward_hook(lambda module, args, out: out.contiguous())
+        self.pp_stage = PipelineStage(trainer.model, self.stage, S, trainer.device, group=self.pipe_group)
+        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
+        self.schedule = schedule(self.pp_stage, self.config.microbatches, loss_fn=self._loss, scale_grads=True)
+        self._mbs: list[Any] = []
+        _install_wait_timer()
+        self._time_stage_calls()
+        self.meter = _ActivationMeter(trainer.params_flat.untyped_storage().data_ptr())
+
+    def _loss(self, output: Any, which: torch.Tensor) -> torch.Tensor:
+        """The task's criterion on the last stage. The schedule hands the loss function one "target"
+        tensor per micro-batch (and checks it is a tensor); distrain's is the micro-batch's index, so
+        the criterion sees the micro-batch itself, whatever its structure."""
+        return self.trainer.task.criterion(output, self._mbs[int(which[0])])
+
+    def _time_stage_calls(self) -> None:
+        """Wrap this stage's forward and backward of one micro-batch: compute time, spans, p2p bytes."""
+        stage, timer = self.pp_stage, self.timer
+        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+
+        def nbytes(values: Any) -> int:
+            import torch
+
+            if torch.is_tensor(values):
+                return values.numel() * values.element_size()
+            if isinstance(values, tuple | list):
+                return sum(nbytes(v) for v in values)
+            return 0
+
+        def timed_forward(mb: int, args: Any, kwargs: Any, *rest: Any, **more: Any) -> Any:
+            t0 = time.perf_counter()
+            out = forward(mb, args, kwargs, *rest, **more)
+            t1 = time.perf_counter()
+            timer.compute += t1 - t0
+            timer.spans.append(("F", mb, t0 - timer.origin, t1 - timer.origin))
+            if not self.last:  # the output goes to the next stage; its gradient comes back
+                n = nbytes(out)
+                self.bytes_p2p = (self.bytes_p2p[0] + n, self.bytes_p2p[1] + n)
+            return out
+
+        def timed_backward(mb: int, *rest: Any, **more: Any) -> Any:
+            t0 = time.perf_counter()
+            out = backward(mb, *rest, **more)
+            t1 = time.perf_counter()
+            timer.compute += t1 - t0
+            timer.spans.append(("B", mb, t0 - timer.origin, t1 - timer.origin))
+            return out
+
+        stage.forward_one_chunk = timed_forward
+        stage.backward_one_chunk = timed_backward
+        if not self.first:  # the activations coming in (and their gradient going back): the input's size
+
+            def count_input(module: Any, args: Any) -> None:
+                if _ACTIVE_TIMER is not None:
+                    n = nbytes(args)
+                    self.bytes_p2p = (self.bytes_p2p[0] + n, self.bytes_p2p[1] + n)
+
+            self.trainer.model.register_forward_pre_hook(count_input)
+
+    # ------------------------------------------------------------------ the step
+    def compute_gradients(self, trainer: LocalTrainer, batch: Any) -> float:
+        global _ACTIVE_TIMER
+        import torch
+        import torch.distributed as dist
+
+        from distrain.trainers.task import to_device
+
+        trainer.model.train()
+        trainer.grads_flat.zero_()
+        batch = to_device(batch, trainer.device)
+        mbs = split_batch(batch, self.config.microbatches)
+        kwargs: dict[str, Any] = {}
+        if self.first:
+            inputs = [model_inputs(trainer.task, mb) for mb in mbs]
+            kwargs["arg_mbs"] = [a for a, _ in inputs]
+            kwargs["kwarg_mbs"] = [k for _, k in inputs]
+        losses: list[torch.Tensor] = []
+        if self.last:
+            self._mbs = mbs
+            kwargs["target_mbs"] = [torch.tensor([i]) for i in range(len(mbs))]
+            kwargs["losses"] = losses
+        self.timer.reset()
+        self.bytes_p2p = (0, 0)
+        _ACTIVE_TIMER = self.timer
+        self.meter.live = self.meter.peak = 0
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.meter.pack, self.meter.unpack):
+                self.schedule.step(**kwargs, return_outputs=False)
+        finally:
+            _ACTIVE_TIMER = None
+        trainer._ensure_grads_in_flat_buffer()
+        # The loss is known on the last stage; every stage's row carries it (one scalar over the pipeline).
+        loss = torch.stack([t.detach() for t in losses]).mean().reshape(1) if self.last else torch.zeros(1)
+        loss = loss.to(torch.float64)
+        if self.stages > 1:
+            dist.broadcast(loss, src=self.pipeline_ranks()[-1], group=self.pipe_group)
+        # The step ends for every stage at this broadcast (stage 0's last backward ends it), so each
+        # stage's step time covers the same span: the last stage's wait for stage 0 to finish counts as
+        # its idle time, as the bubble formula counts it.
+        step_s = time.perf_counter() - self.timer.origin
+        trainer.last_loss = float(loss)
+        self.stats = {
+            "stage": self.stage,
+            "replica": self.replica,
+            "pipe_step_s": step_s,
+            "pipe_compute_s": self.timer.compute,
+            "pipe_wait_s": self.timer.wait,
+            "pipe_idle_frac": max(0.0, 1.0 - self.timer.compute / step_s) if step_s > 0 else None,
+            "mem_param_bytes": trainer.nbytes,
+            "mem_grad_bytes": trainer.grads_flat.numel() * trainer.grads_flat.element_size(),
+            "mem_activation_peak_bytes": self.meter.peak,
+        }
+        self.last_spans = list(self.timer.spans)
+        if self.steps_run in TIMELINE_STEPS:
+            import json
+
+            wall = time.time() - (time.perf_counter() - self.timer.origin)  # the step's start, wall clock
+            self.stats["pipe_spans"] = json.dumps([[k, mb, wall + a, wall + b] for k, mb, a, b in self.last_spans])
+        self.steps_run += 1
+        return trainer.last_loss
+
+    def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
+        import torch.distributed as dist
+
+        from distrain.strategies.collective import ring_allreduce_bytes
+
+        t0 = time.perf_counter()
+        moved = 0
+        if self.dp_group is not None:
+            dist.all_reduce(trainer.grads_flat, op=dist.ReduceOp.SUM, group=self.dp_group)
+            trainer.grads_flat.div_(self.replicas)
+            moved = ring_allreduce_bytes(trainer.nbytes, self.replicas)
+        seconds = time.perf_counter() - t0
+        # Decided on the all-reduced gradient, which every copy of the stage holds: they skip together.
+        # (Other stages decide on their own gradients: a non-finite loss makes every stage's non-finite.)
+        applied = self.finite(all_finite(trainer.grads_flat), "all-reduced gradient")
+        if applied:
+            trainer.apply_update(lr)
+        extra = dict(self.stats)
+        extra["mem_optim_bytes"] = optimizer_state_bytes(trainer.optimizer)
+        sent, got = self.bytes_p2p
+        return CommStats(
+            seconds=seconds,
+            bytes_sent=moved + sent,
+            bytes_received=moved + got,
+            nonfinite=None if applied else True,
+            extra=extra,
+        )
+
+    # ------------------------------------------------------------------ evaluation
+    def eval_share(self, shard: int, num_shards: int) -> tuple[int, int]:
+        """A replica's S stages score the same share of the test set (one per replica)."""
+        return self.replica, self.replicas
+
+    def evaluate(self, trainer: LocalTrainer, batches: Iterable[Any]) -> dict[str, tuple[float, float]]:
+        """A forward pass stage to stage; the last stage scores it (the others return nothing)."""
+        import torch
+
+        from distrain.trainers.task import to_device
+
+        trainer.model.eval()
+        ranks = self.pipeline_ranks()
+        totals: dict[str, tuple[float, float]] = {}
+        with torch.no_grad():
+            for batch in batches:
+                batch = to_device(batch, trainer.device)
+                if self.first:
+                    args, kwargs = model_inputs(trainer.task, batch)
+                    out = trainer.model(*args, **kwargs)
+                else:
+                    out = trainer.model(_recv_tensor(ranks[self.stage - 1], self.pipe_group, trainer.device))
+                if not self.last:
+                    _send_tensor(out, ranks[self.stage + 1], self.pipe_group)
+                    continue
+                for name, (s, c) in trainer.task.evaluate_batch(_Fixed(out), batch).items():
+                    before = totals.get(name, (0.0, 0.0))
+                    totals[name] = (before[0] + s, before[1] + c)
+        return totals
+
+    # ------------------------------------------------------------------ state
+    def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
+        """Gather every stage's slice to the replica's stage 0, as one full state dict: checkpoints hold
+        the whole model (restorable to any S, or without a pipeline) and stage 0 (rank 0) is asked."""
+        import torch.distributed as dist
+
+        from distrain.trainers.optim_state import FlatOptimizerState
+
+        t0 = time.perf_counter()
+        mine = trainer.state_dict()
+        parts: list[Any] | None = [None] * self.stages if self.first else None
+        dist.gather_object(mine, parts, dst=self.pipeline_ranks()[0], group=self.pipe_group)
+        if self.first:
+            assert parts is not None
+            model: dict[str, Any] = {}
+            for part in parts:
+                model.update(part["model"])
+            optimizer = FlatOptimizerState.concat([FlatOptimizerState.from_dict(p["optimizer"]) for p in parts])
+            self.full_state = {"model": model, "optimizer": optimizer.to_dict()}
+        return CommStats(seconds=time.perf_counter() - t0)
+
+    def export_state(self, trainer: LocalTrainer) -> dict[str, Any]:
+        if self.full_state is None:
+            raise RuntimeError("a pipeline's state is gathered at period ends; none has been reached yet")
+        return self.full_state
+
+    def spans(self) -> list[tuple[str, int, float, float]]:
+        return list(getattr(self, "last_spans", []))
+
+    def teardown(self) -> None:
+        if getattr(self, "group", None) is not None:
+            self.group.destroy()
+            self.group = None
+
+
+def optimizer_state_bytes(optimizer: Any) -> int:
+    import torch
+
+    return sum(
+        v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
+    )
+
+
+def _send_tensor(t: torch.Tensor, dst: int, group: Any) -> None:
+    """A tensor of any shape: a fixed header (dtype, rank, dims), then the values."""
+    import torch
+    import torch.distributed as dist
+
+    t = t.contiguous()
+    header = torch.zeros(10, dtype=torch.int64)
+    header[0] = _DTYPES.index(t.dtype)
+    header[1] = t.dim()
+    header[2 : 2 + t.dim()] = torch.tensor(t.shape)
+    dist.send(header, dst=dst, group=group)
+    dist.send(t, dst=dst, group=group)
+
+
+def _recv_tensor(src: int, group: Any, device: Any) -> torch.Tensor:
+    import torch
+    import torch.distributed as dist
+
+    header = torch.zeros(10, dtype=torch.int64)
+    dist.recv(header, src=src, group=group)
+    shape = [int(d) for d in header[2 : 2 + int(header[1])]]
+    t = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=device)
+    dist.recv(t, src=src, group=group)
+    return t
+
+
+def _dtypes() -> list[Any]:
+    import torch
+
+    return [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool]
+
+
+class _LazyDtypes:
+    def index(self, dtype: Any) -> int:
+        return _dtypes().index(dtype)
+
+    def __getitem__(self, i: int) -> Any:
+        return _dtypes()[i]
+
+
+_DTYPES = _LazyDtypes()

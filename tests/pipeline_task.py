@@ -1,0 +1,40 @@
+"""A task whose pipeline stages are compute-heavy and equal: the bubble and memory tests' model.
+
+S x 2 equal blocks of Linear(1024, 1024) + tanh on random data (a regression to a fixed random
+projection): 8.4M parameters at S = 4; 2.1M per stage at S = 2. A micro-batch of 16 rows costs a
+stage ~2 x 2 x 16 x 1024^2 = 67M multiply-adds forward, while its activation (16 x 1024 float32,
+64 KiB) crosses gloo in well under a millisecond, so stage compute dominates point-to-point time.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import distrain
+
+WIDTH = 1024
+
+
+class WideMLP(distrain.Task):
+    def __init__(self, blocks: int = 4, samples: int = 512) -> None:
+        self.blocks, self.samples = blocks, samples
+
+    def build_model(self) -> nn.Module:
+        layers: list[nn.Module] = []
+        for _ in range(self.blocks):
+            layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
+        return nn.Sequential(*layers)
+
+    def datasets(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(self.samples, WIDTH, generator=g)
+        y = torch.tanh(x @ (torch.randn(WIDTH, WIDTH, generator=g) / WIDTH**0.5))
+        return TensorDataset(x[: self.samples - 64], y[: self.samples - 64]), TensorDataset(x[-64:], y[-64:])
+
+    def split_points(self):
+        return [str(2 * i) for i in range(1, self.blocks)]  # before each Linear but the first
+
+    def criterion(self, output, batch):
+        return nn.functional.mse_loss(output, batch[1])
