@@ -158,7 +158,15 @@ class SandblasterCoordinator:
         task.add_done_callback(self.tasks.discard)
 
     async def _complete_when_pushed(self, pass_id: int, portion: int, copy: bool, pushes: list[Any]) -> None:
-        verdicts = await asyncio.gather(*pushes) if pushes else [True]
+        import ray
+
+        try:
+            verdicts = await asyncio.gather(*pushes) if pushes else [True]
+        except ray.exceptions.RayError:
+            # The pushing worker died and its push refs with it (OwnerDiedError): whether the push reached
+            # every shard is unknown, so the portion stays outstanding; `worker_lost` hands it out again and
+            # the shards' record counts it once however many of them the first push reached.
+            return
         await self.complete(pass_id, portion, copy, bool(verdicts[0]))
 
     async def complete(self, pass_id: int, portion: int, copy: bool, counted: bool) -> None:
