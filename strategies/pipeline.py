@@ -58,6 +58,7 @@ PIPELINE_COLUMNS = {
     "mem_grad_bytes": "int64",
     "mem_optim_bytes": "int64",
     "mem_activation_peak_bytes": "int64",  # saved for backward, at most at once (saved_tensors_hooks)
+    "mem_gpu_peak_bytes": "int64",  # on a GPU: torch.cuda.max_memory_allocated over the step (else null)
     # JSON [[kind, micro-batch, start, end], ...] in wall-clock seconds, for this actor's steps 2-4 of an
     # attempt (the first holds torch's shape inference): the report's pipeline timeline.
     "pipe_spans": "string",
@@ -235,6 +236,8 @@ class PipelineBSP(Strategy):
                 "optim_bytes": int(held["mem_optim_bytes"].max()),
                 "activation_peak_bytes": int(rows["mem_activation_peak_bytes"].max()),
             }
+            if "mem_gpu_peak_bytes" in rows and rows["mem_gpu_peak_bytes"].notna().any():
+                stages[str(int(stage))]["gpu_peak_bytes"] = int(rows["mem_gpu_peak_bytes"].max())
         return {"pipeline_stages_figures": stages}
 
     @classmethod
@@ -265,9 +268,9 @@ class PipelineBSP(Strategy):
         import torch.distributed as dist
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        from distrain.strategies.collective import CollectiveGroup
+        from distrain.strategies.collective import CollectiveGroup, backend_for
 
-        backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
+        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
         self.group = CollectiveGroup(
             self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s
         )
@@ -373,6 +376,9 @@ class PipelineBSP(Strategy):
         self.bytes_p2p = (0, 0)
         _ACTIVE_TIMER = self.timer
         self.meter.live = self.meter.peak = 0
+        on_gpu = self.ctx.device.startswith("cuda")
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats()
         try:
             with torch.autograd.graph.saved_tensors_hooks(self.meter.pack, self.meter.unpack):
                 self.schedule.step(**kwargs, return_outputs=False)
@@ -399,6 +405,7 @@ class PipelineBSP(Strategy):
             "mem_param_bytes": trainer.nbytes,
             "mem_grad_bytes": trainer.grads_flat.numel() * trainer.grads_flat.element_size(),
             "mem_activation_peak_bytes": self.meter.peak,
+            "mem_gpu_peak_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
         }
         self.last_spans = list(self.timer.spans)
         if self.steps_run in TIMELINE_STEPS:
