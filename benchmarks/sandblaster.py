@@ -14,7 +14,7 @@ two-layer MLP.
 Passes: Sandblaster counts its gradient and line-search passes; an SGD run's step k of an epoch of S
 steps has made (k + 1) / S passes. Time is from the first training step (actor start-up left out).
 
-    python benchmarks/sandblaster.py [--target 0.15] [--out FILE] [--mlp]
+    python benchmarks/sandblaster.py [--target 0.15] [--out FILE] [--mlp | --models mlp]
 """
 
 from __future__ import annotations
@@ -74,12 +74,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12, help="SGD epochs (passes)")
     parser.add_argument("--iterations", type=int, default=25, help="Sandblaster outer iterations")
     parser.add_argument("--mlp", action="store_true", help="also the two-layer MLP")
+    parser.add_argument("--models", nargs="+", default=None, help="these models only (linear, mlp)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     start_local_ray(num_cpus=8)
     scratch = Path(tempfile.mkdtemp(prefix="sandblaster-bench-"))
     results: dict[str, dict] = {}
-    for model in ["linear"] + (["mlp"] if args.mlp else []):
+    for model in args.models or ["linear"] + (["mlp"] if args.mlp else []):
         sgd = {"async": dict(strategy="async"), "bsp": dict(strategy="bsp")}
         best: dict[str, float] = {}
         for name, kw in sgd.items():  # the learning rate, tuned without the straggler
