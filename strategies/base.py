@@ -23,6 +23,7 @@ declarations.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -224,8 +225,6 @@ class Strategy(ABC):
         Under fp16 a non-finite gradient is the loss scale's overflow: the update is skipped and the scale
         halved, as torch.amp.GradScaler does, whatever --on-nonfinite says, until the scale has fallen below
         1 (no scale helps: divergence, handled by --on-nonfinite)."""
-        import math
-
         trainer.unscale_grads_()
         ok = all_finite(trainer.grads_flat) and (not check_loss or math.isfinite(trainer.last_loss))
         scaler = trainer.scaler

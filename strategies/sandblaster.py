@@ -82,7 +82,7 @@ class SandblasterOptions(StrategyOptions):
             ("--optimizer-arg", bool(run.optimizer_args)),
             ("--warmup-epochs", run.warmup_epochs != 0),
             ("--lr-decay", run.lr_decay != "none"),
-            ("--lr", self.batch_optimizer == "lbfgs" and run.lr != 0.05),
+            ("--lr", self.batch_optimizer == "lbfgs" and run.lr != run.field_info("lr").default),
             # Its passes compute exact float32 sums in eval mode (LocalTrainer.portion_sums), no autocast.
             ("--precision", run.precision != "fp32"),
         ]
