@@ -129,3 +129,19 @@ def sigint_lent() -> Iterator[Lent]:
         lent.caught = borrowed and signal.getsignal(signal.SIGINT) is before
         if signal.getsignal(signal.SIGINT) is not before and before is not None:
             signal.signal(signal.SIGINT, before)
+
+
+def quiet_shutdown_exits() -> None:
+    """In a Ray actor process: drop the stack dump Python prints when Ray's SIGTERM handler (which
+    raises SystemExit) fires inside a weakref or finaliser callback while Ray stops the actor at the
+    end of a sweep. Python cannot raise there, so it prints "Exception ignored in ..." and the process
+    goes on to be stopped anyway; Ray forwards that print to the user's console. Every other
+    unraisable exception is still printed."""
+    shown = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, SystemExit):
+            return
+        shown(unraisable)
+
+    sys.unraisablehook = hook

@@ -366,7 +366,7 @@ def plot_loss_vs_bytes(runs: Sequence[PlotRun]) -> Figure | None:
 
 
 def passes_over_data(run: PlotRun) -> pd.DataFrame:
-    """Its step rows in wall-time order with `passes`: passes over the training set so far. A full-batch
+    """Its step rows in order of `passes`: passes over the training set so far. A full-batch
     run (Sandblaster) counts its own (`data_passes`: gradient and line-search passes, one row per
     iteration); a minibatch run's step k of an epoch of S steps has made (k + 1) / S passes."""
     st = run.steps("loss")
@@ -378,7 +378,10 @@ def passes_over_data(run: PlotRun) -> pd.DataFrame:
     epochs, steps = run.summary.get("epochs_completed"), run.summary.get("steps_completed")
     if not epochs or not steps:
         return st.iloc[0:0]
-    return st.assign(passes=(st["step"].astype(float) + 1) / (steps / epochs))
+    passes = st.assign(passes=(st["step"].astype(float) + 1) / (steps / epochs))
+    # Under async/SSP each worker counts its own steps, so wall-time order is not step order: sort by the
+    # x axis (stable, so rows of one step keep their time order) or the line would run backwards.
+    return passes.sort_values("passes", kind="stable")
 
 
 def plot_loss_vs_passes(runs: Sequence[PlotRun]) -> Figure | None:

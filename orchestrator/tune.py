@@ -198,6 +198,7 @@ class DistrainTrial(tune.Trainable):
         # Tune suggests reuse_actors when setup takes > 10 s (importing torch on a busy machine); a
         # trial's actors are new per trial by design, so the hint is noise in the sweep's output.
         logging.getLogger("ray.tune.trainable.trainable").setLevel(logging.WARNING)
+        interrupts.quiet_shutdown_exits()  # Ctrl-C of a sweep: Ray's SIGTERM to this actor, no stack dump
         trials = Path(config["sweep_dir"]) / "trials"
         run_dir = trials / self.trial_id
         attempt = 1

@@ -140,6 +140,9 @@ def test_loss_vs_passes_appears_beside_sgd_runs_when_some_run_is_full_batch(two_
     m = runs[0].metrics
     steps = m["kind"] == "step"
     m["data_passes"] = (2.0 * (m["step"] + 1)).where(steps)  # as if two passes an iteration (L-BFGS, t = 1)
+    # Under SSP each worker counts its own steps, so wall-time order need not be step order (CI saw it
+    # interleave); reversing the clock makes that certain here: the line must still only move right.
+    runs[1].metrics["wall_time"] = -runs[1].metrics["wall_time"]
     plotted = plot_runs(runs)
     (ax,) = plot_loss_vs_passes(plotted).axes
     lines = {line.get_color(): np.asarray(line.get_xdata(), dtype=float) for line in ax.get_lines()}
