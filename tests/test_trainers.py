@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -332,6 +334,17 @@ def test_state_dict_pickles_to_the_size_of_its_tensors(digits, optimizer):
 
 
 # ---------------------------------------------------------------- the bundled digits split
+def test_digits_load_without_importing_scikit_learn():
+    """Every worker loads digits; importing scikit-learn costs each about 1.2 CPU-s (the suite starts
+    hundreds): the CSV it ships is read directly. Content: test_digits_split_is_fixed_and_disjoint."""
+    probe = (
+        "import sys; from distrain.trainers.datasets import load_dataset; "
+        "load_dataset('digits'); print('sklearn' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_digits_split_is_fixed_and_disjoint(digits):
     from sklearn.datasets import load_digits
 
