@@ -232,7 +232,8 @@ class Resources:
     )
     placement: str = setting(
         "pack",
-        "Worker placement: pack (fewest nodes) or spread (across nodes); PS shards go where workers are fewest.",
+        "Worker placement: pack (fewest nodes) or spread (across nodes); PS shards go where workers are fewest. "
+        "A pipeline's replicas spread regardless, each replica's stages on one node.",
         "resources",
     )
     cpus_per_shard: float = setting(1.0, "CPUs reserved for each parameter-server shard actor.", "resources")

@@ -1,6 +1,7 @@
 """Pipelines end to end on real Ray actors over real gloo groups: the GPipe/1F1B identity with one
 process, with data-parallel replicas, the bubble, the per-stage memory split, a stage killed, restore
-to another S, a model over one worker's memory budget trained at S = 4 and resumed, and the usual quality on digits and on the language-model example."""
+to another S, a model over one worker's memory budget trained at S = 4 and resumed, and the usual
+quality on digits and on the language-model example."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, ResourceError
-from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.report_plots import PlotRun, plot_pipeline_timeline
+from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
 from distrain.strategies.pipeline import bubble_fraction
 from tests.helpers import final_params
