@@ -166,7 +166,10 @@ def stage_shares(config: RunConfig) -> list[tuple[int, int]]:
         from distrain.orchestrator.tasks import build_task
 
         task = build_task(config)
-        with torch.device("meta"):  # sizes only: nothing allocated
+        try:
+            with torch.device("meta"):  # sizes only: nothing allocated
+                model = task.build_model()
+        except Exception:  # noqa: BLE001 - a model that needs real tensors to build (loads weights, say)
             model = task.build_model()
         plan = plan_stages(model, task.split_points(), config.pipeline_stages)
         return [(plan.stage_params(s), 0) for s in range(plan.stages)]
