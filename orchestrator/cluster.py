@@ -223,22 +223,38 @@ def reserve_replicas(config: RunConfig, timeout_s: float = 60.0) -> list[Placeme
     a node's loss takes fewer replicas with it. Ray places a group elsewhere when its target is busy."""
     stages = config.pipeline_stages
     bundle = bundles(config)[0]
-    need = {k: v * stages for k, v in bundle.items()}
-    free = {n["NodeID"]: dict(n["Resources"]) for n in ray.nodes() if n["Alive"]}
-    replicas_on: Counter[str] = Counter()
+    nodes = {n["NodeID"]: dict(n["Resources"]) for n in ray.nodes() if n["Alive"]}
     groups = []
-    for _ in range(config.num_worker_actors // stages):
-        fits = [n for n, res in free.items() if all(res.get(k, 0.0) >= v for k, v in need.items())]
-        if fits:
-            target = min(fits, key=lambda n: (replicas_on[n], -free[n].get("CPU", 0.0)))
-            replicas_on[target] += 1
-            for k, v in need.items():
-                free[target][k] -= v
+    for target in replica_targets(nodes, bundle, stages, config.num_worker_actors // stages):
+        if target is not None:
             groups.append(placement_group([dict(bundle)] * stages, strategy="STRICT_PACK", _soft_target_node_id=target))
         else:  # no node holds a whole replica: its stages span as few nodes as they can
             groups.append(placement_group([dict(bundle)] * stages, strategy="PACK"))
     _wait_ready(groups, config, timeout_s)
     return groups
+
+
+def replica_targets(
+    nodes: dict[str, dict[str, float]], bundle: dict[str, float], stages: int, replicas: int
+) -> list[str | None]:
+    """For each replica, the node to steer its group to: among the nodes whose resources (`nodes`:
+    node id -> totals) still hold `stages` bundles, the one given the fewest replicas so far (ties: the
+    most CPUs left, then the order given); None where no node can hold a whole replica."""
+    need = {k: v * stages for k, v in bundle.items()}
+    free = {n: dict(res) for n, res in nodes.items()}
+    given: Counter[str] = Counter()
+    targets: list[str | None] = []
+    for _ in range(replicas):
+        fits = [n for n, res in free.items() if all(res.get(k, 0.0) >= v for k, v in need.items())]
+        if not fits:
+            targets.append(None)
+            continue
+        target = min(fits, key=lambda n: (given[n], -free[n].get("CPU", 0.0)))
+        given[target] += 1
+        for k, v in need.items():
+            free[target][k] -= v
+        targets.append(target)
+    return targets
 
 
 def _wait_ready(groups: list[PlacementGroup], config: RunConfig, timeout_s: float) -> None:
