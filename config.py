@@ -232,10 +232,18 @@ class Resources:
     )
     placement: str = setting(
         "pack",
-        "Worker placement: pack (fewest nodes) or spread (across nodes); PS shards go where workers are fewest.",
+        "Worker placement: pack (fewest nodes) or spread (across nodes); PS shards go where workers are fewest. "
+        "A pipeline's replicas spread regardless, each replica's stages on one node.",
         "resources",
     )
     cpus_per_shard: float = setting(1.0, "CPUs reserved for each parameter-server shard actor.", "resources")
+    worker_memory: str = setting(
+        "",
+        "A worker's memory budget for its training state (parameters, gradients, optimizer state, activations), "
+        "e.g. 3GiB: a run whose largest worker would hold more is refused, naming the --pipeline-stages that fit.",
+        "resources",
+        metavar="BYTES",
+    )
     segment_steps: int = setting(
         20,
         "Steps a worker runs per remote call (the driver is off the per-step path); rows, and the progress "
@@ -685,6 +693,16 @@ class RunConfig:
             raise ConfigError(f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of: {', '.join(ON_NONFINITE)}")
         self._validate_lr_decay()
         self._validate_pipeline()
+        if self.worker_memory:
+            from distrain.orchestrator.memory import parse_bytes
+
+            try:
+                if parse_bytes(self.worker_memory) <= 0:
+                    raise ValueError
+            except ValueError:
+                raise ConfigError(
+                    f"--worker-memory takes a size such as 3GiB or 512MiB, got {self.worker_memory!r}"
+                ) from None
         # Last: the optimizer's own constructor checks its arguments, which needs torch (every other flag
         # error is found without it, in well under a second).
         if self.optimizer.lower() not in OPTIMIZER_NAMES + REFUSED_OPTIMIZER_NAMES:  # torch need not load for this

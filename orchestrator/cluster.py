@@ -210,15 +210,64 @@ def bundles(config: RunConfig) -> list[dict[str, float]]:
 def reserve(config: RunConfig, timeout_s: float = 60.0) -> PlacementGroup:
     """The workers' placement group: packed onto as few nodes as possible, or spread across them."""
     pg = placement_group(bundles(config), strategy=config.placement.upper())
+    _wait_ready([pg], config, timeout_s)
+    return pg
+
+
+def reserve_replicas(config: RunConfig, timeout_s: float = 60.0) -> list[PlacementGroup]:
+    """A pipeline's placement: one group per replica, its S stages packed (STRICT_PACK where one node
+    can hold them, PACK otherwise), and the replicas spread: each replica's group is steered, softly
+    (`_soft_target_node_id`), to the node holding the fewest replicas so far that can hold S more
+    stages. Stages pass activations every micro-batch, so they belong together; replicas exchange a
+    stage's gradient once per step, so they can be apart, and apart they use more nodes' memory and
+    a node's loss takes fewer replicas with it. Ray places a group elsewhere when its target is busy."""
+    stages = config.pipeline_stages
+    bundle = bundles(config)[0]
+    nodes = {n["NodeID"]: dict(n["Resources"]) for n in ray.nodes() if n["Alive"]}
+    groups = []
+    for target in replica_targets(nodes, bundle, stages, config.num_worker_actors // stages):
+        if target is not None:
+            groups.append(placement_group([dict(bundle)] * stages, strategy="STRICT_PACK", _soft_target_node_id=target))
+        else:  # no node holds a whole replica: its stages span as few nodes as they can
+            groups.append(placement_group([dict(bundle)] * stages, strategy="PACK"))
+    _wait_ready(groups, config, timeout_s)
+    return groups
+
+
+def replica_targets(
+    nodes: dict[str, dict[str, float]], bundle: dict[str, float], stages: int, replicas: int
+) -> list[str | None]:
+    """For each replica, the node to steer its group to: among the nodes whose resources (`nodes`:
+    node id -> totals) still hold `stages` bundles, the one given the fewest replicas so far (ties: the
+    most CPUs left, then the order given); None where no node can hold a whole replica."""
+    need = {k: v * stages for k, v in bundle.items()}
+    free = {n: dict(res) for n, res in nodes.items()}
+    given: Counter[str] = Counter()
+    targets: list[str | None] = []
+    for _ in range(replicas):
+        fits = [n for n, res in free.items() if all(res.get(k, 0.0) >= v for k, v in need.items())]
+        if not fits:
+            targets.append(None)
+            continue
+        target = min(fits, key=lambda n: (given[n], -free[n].get("CPU", 0.0)))
+        given[target] += 1
+        for k, v in need.items():
+            free[target][k] -= v
+        targets.append(target)
+    return targets
+
+
+def _wait_ready(groups: list[PlacementGroup], config: RunConfig, timeout_s: float) -> None:
     try:
-        ray.get(pg.ready(), timeout=timeout_s)
+        ray.get([pg.ready() for pg in groups], timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
-        remove_placement_group(pg)
+        for pg in groups:
+            remove_placement_group(pg)
+        how = "a replica's stages packed" if config.pipelined else config.placement
         raise ResourceError(
-            f"could not place {config.num_worker_actors} workers ({config.placement}) within {timeout_s:.0f}s; "
+            f"could not place {config.num_worker_actors} workers ({how}) within {timeout_s:.0f}s; "
             "the cluster is busy or too small"
         ) from None
-    return pg
 
 
 def bundle_nodes(pg: PlacementGroup) -> list[str]:
@@ -227,10 +276,10 @@ def bundle_nodes(pg: PlacementGroup) -> list[str]:
     return [table[i] for i in range(len(table))]
 
 
-def quietest_nodes(pg: PlacementGroup, count: int) -> list[str]:
+def quietest_nodes(worker_nodes: list[str], count: int) -> list[str]:
     """`count` node ids for parameter-server shards: the alive nodes hosting the fewest workers first
     (ties: the most CPUs), round-robin, so shards stay off the nodes the workers keep busy."""
-    workers_on = Counter(bundle_nodes(pg))
+    workers_on = Counter(worker_nodes)
     alive = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
     alive.sort(key=lambda n: (workers_on[n["NodeID"]], -n["Resources"].get("CPU", 0)))
     order = [n["NodeID"] for n in alive]
@@ -239,21 +288,39 @@ def quietest_nodes(pg: PlacementGroup, count: int) -> list[str]:
 
 @dataclass
 class Placement:
-    """Where a run's actors go: a placement group the run reserved itself, or the one a Tune trial
-    holds (bundle 0 is the trial's driver, then the workers, then the PS shards)."""
+    """Where a run's actors go: the placement group(s) the run reserved itself (one, or under a
+    pipeline one per replica), or the one a Tune trial holds (bundle 0 is the trial's driver, then the
+    workers, then the PS shards)."""
 
-    group: PlacementGroup
-    first_worker: int  # bundle index of worker 0
+    groups: list[PlacementGroup]
+    first_worker: int  # bundle index of worker 0 (in groups[0])
     owned: bool  # reserved by this run (released at its end) or lent by a Tune trial
+    per_group: int = 0  # workers per group when there are several (a pipeline's S); 0: all in groups[0]
+
+    @property
+    def group(self) -> PlacementGroup:
+        return self.groups[0]
+
+    def _bundle(self, rank: int) -> tuple[PlacementGroup, int]:
+        if self.per_group:
+            return self.groups[rank // self.per_group], rank % self.per_group
+        return self.groups[0], self.first_worker + rank
 
     def worker(self, rank: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=self.first_worker + rank)
+        group, index = self._bundle(rank)
+        return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+
+    def worker_node(self, rank: int) -> str:
+        """The node id worker `rank`'s bundle was placed on."""
+        group, index = self._bundle(rank)
+        return bundle_nodes(group)[index]
 
     def shards(self, workers: int, count: int) -> list[Any]:
         """Scheduling for `count` PS shards: in the trial's shard bundles, or (own group, which holds
         only workers) on the nodes with the fewest workers."""
         if self.owned:
-            return [NodeAffinitySchedulingStrategy(n, soft=True) for n in quietest_nodes(self.group, count)]
+            nodes = [self.worker_node(rank) for rank in range(workers)]
+            return [NodeAffinitySchedulingStrategy(n, soft=True) for n in quietest_nodes(nodes, count)]
         first = self.first_worker + workers
         return [
             PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=first + k) for k in range(count)
@@ -262,22 +329,25 @@ class Placement:
 
 def place(config: RunConfig) -> Placement:
     """Inside a Tune trial, the trial's placement group (already sized by trial_resources, so Tune
-    never oversubscribes the cluster); otherwise a group reserved for this run."""
+    never oversubscribes the cluster); otherwise the group(s) reserved for this run."""
     group = get_current_placement_group()
     if group is None:
-        return Placement(reserve(config), 0, owned=True)
+        if config.pipelined:
+            return Placement(reserve_replicas(config), 0, owned=True, per_group=config.pipeline_stages)
+        return Placement([reserve(config)], 0, owned=True)
     wanted = trial_resources.trial_bundles(config)
     if [b.get("CPU", 0.0) for b in group.bundle_specs] != [b["CPU"] for b in wanted]:
         raise ResourceError(
             f"run_training was called inside a placement group whose bundles {group.bundle_specs} do not match "
             f"this run's {wanted}; request trial_resources.trial_bundles(config) for the trial"
         )
-    return Placement(group, trial_resources.FIRST_WORKER_BUNDLE, owned=False)
+    return Placement([group], trial_resources.FIRST_WORKER_BUNDLE, owned=False)
 
 
 def release(placement: Placement | None) -> None:
     if placement is not None and placement.owned:
-        try:
-            remove_placement_group(placement.group)
-        except Exception:  # already gone with the cluster
-            pass
+        for group in placement.groups:
+            try:
+                remove_placement_group(group)
+            except Exception:  # already gone with the cluster
+                pass

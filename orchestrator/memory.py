@@ -20,14 +20,24 @@ for the backward pass, about the sum of every layer's output for each sample of 
 from one forward pass on the meta device (shapes only, no memory); twice that, as the backward pass
 holds a gradient of the same size while it runs.
 
-The planner builds on `estimate`; the run's preflight calls `check`. No Ray import here.
+Pipelines (--pipeline-stages S): an actor holds one stage, so the estimate is that of the stage
+holding the most: its share of the parameter copies (the cuts `trainers/pipeline_split.py` makes),
+and the activations of its own layers for the micro-batches it has in flight: GPipe keeps all M
+(the whole batch B), 1F1B at most min(M, S - s) on stage s (B x min(M, S)/M on stage 0).
+
+A worker's stated budget (--worker-memory, say a GPU's memory) is checked against its training
+state alone (parameter copies and activations; the process and the data set are the host's), so a
+model too big for one worker is refused at S = 1 with the number of stages that fits it.
+
+The planner builds on `estimate`; the run's preflight calls `check` and `check_worker`. No Ray import
+here.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ResourceError
 
@@ -57,6 +67,12 @@ class MemoryEstimate:
     shards: int = 0
     per_shard: int = 0
     shared: int = SHARED_BYTES
+    stages: int = 1  # a pipeline's S: model and activations are the largest stage's
+
+    @property
+    def training_state(self) -> int:
+        """What training itself holds in one worker: parameter copies and activations."""
+        return self.model + self.activations
 
     @property
     def per_worker(self) -> int:
@@ -77,6 +93,8 @@ class MemoryEstimate:
                 ("data", self.data),
             )
         )
+        if self.stages > 1:
+            parts += f"; the largest of {self.stages} stages"
         text = f"{self.workers} workers need ~{self.total / GiB:.1f} GiB ({self.per_worker / GiB:.2f} GiB each: {parts}"
         if self.shards:
             text += f"; plus {self.shards} parameter-server shards x {self.per_shard / GiB:.2f} GiB"
@@ -92,29 +110,92 @@ def optimizer_copies(optimizer: str, momentum: float | None) -> int:
 def activation_values(model: str, dataset: str) -> int:
     """Floats of layer outputs one sample produces in a forward pass: every leaf module's output,
     summed, from a pass on the meta device (shapes only; nothing is allocated or initialised)."""
+    info = _dataset_info(dataset)
+    return sum(child_activation_values(model, dataset).values()) + info.channels * info.height * info.width
+
+
+def _dataset_info(dataset: str) -> Any:  # imported late: the data sets' registry loads torch
+    from distrain.trainers.datasets import DATASETS
+
+    return DATASETS.get(dataset).info
+
+
+def child_activation_values(model: str, dataset: str) -> dict[str, int]:
+    """`activation_values` by the model's top-level child (a pipeline's stages are runs of them),
+    the input excluded."""
     import torch
 
-    from distrain.trainers.datasets import DATASETS
     from distrain.trainers.models import MODELS
 
-    info = DATASETS.get(dataset).info
+    info = _dataset_info(dataset)
     with torch.device("meta"):
         net = MODELS.get(model)(info)
-        total = 0
+        totals: dict[str, int] = {name: 0 for name, _ in net.named_children()}
 
-        def count(module: torch.nn.Module, inputs: object, output: object) -> None:
-            nonlocal total
-            if isinstance(output, torch.Tensor):
-                total += output.numel()
+        def counter(child: str):  # noqa: ANN202
+            def count(module: torch.nn.Module, inputs: object, output: object) -> None:
+                if isinstance(output, torch.Tensor):
+                    totals[child] += output.numel()
 
-        hooks = [m.register_forward_hook(count) for m in net.modules() if not list(m.children())]
+            return count
+
+        hooks = []
+        for name, child in net.named_children():
+            leaves = [m for m in child.modules() if not list(m.children())]
+            hooks += [m.register_forward_hook(counter(name)) for m in leaves]
+        if not totals:  # a model that is one leaf
+            totals[""] = 0
+            hooks.append(net.register_forward_hook(counter("")))
         try:
             net.eval()  # the same shapes; BatchNorm in training mode refuses a batch of one
             net(torch.empty(1, info.channels, info.height, info.width))
         finally:
             for h in hooks:
                 h.remove()
-    return total + info.channels * info.height * info.width  # the input batch itself
+    return totals
+
+
+def stage_shares(config: RunConfig) -> list[tuple[int, int]]:
+    """Per pipeline stage: (trainable parameter values, activation values one sample produces in it,
+    its input included). A user's task: activations unknown (0), as without a pipeline."""
+    import torch
+
+    from distrain.trainers.pipeline_split import plan_stages
+
+    if config.task:
+        from distrain.orchestrator.tasks import build_task
+
+        task = build_task(config)
+        try:
+            with torch.device("meta"):  # sizes only: nothing allocated
+                model = task.build_model()
+        except Exception:  # noqa: BLE001 - a model that needs real tensors to build (loads weights, say)
+            model = task.build_model()
+        plan = plan_stages(model, task.split_points(), config.pipeline_stages)
+        return [(plan.stage_params(s), 0) for s in range(plan.stages)]
+    from distrain.trainers.models import MODELS
+
+    info = _dataset_info(config.dataset)
+    with torch.device("meta"):
+        model = MODELS.get(config.model)(info)
+    plan = plan_stages(model, [], config.pipeline_stages)
+    per_child = child_activation_values(config.model, config.dataset)
+    values = [per_child.get(name, 0) for name in plan.children]
+    shares = []
+    for s, (lo, hi) in enumerate(plan.bounds):
+        # The stage's input: the data for stage 0, the previous stage's last output otherwise (an upper
+        # bound: that child's leaves' outputs, summed).
+        given = info.channels * info.height * info.width if s == 0 else values[lo - 1]
+        shares.append((plan.stage_params(s), sum(values[lo:hi]) + given))
+    return shares
+
+
+def in_flight_fraction(schedule: str, stages: int, microbatches: int, stage: int) -> float:
+    """The share of a replica's batch whose activations stage `stage` holds at once: GPipe runs every
+    forward before any backward (all M micro-batches); 1F1B at most S - stage of them."""
+    if schedule == "1f1b":
+        return min(microbatches, stages - stage) / microbatches
+    return 1.0
 
 
 def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
@@ -126,8 +207,19 @@ def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
     # A user's task: its activations and data are not known before its workers build it, so only the
     # process and the parameter copies are counted (a lower bound).
     builtin = not config.task
-    per_sample = activation_values(config.model, config.dataset) if builtin else 0
-    activations = ACTIVATION_FACTOR * config.batch_size * per_sample
+    if config.pipelined:  # the stage holding the most: its parameter copies and in-flight activations
+        S, M = config.pipeline_stages, config.microbatches
+        held = [
+            (params * FLOAT_BYTES * copies,
+             int(ACTIVATION_FACTOR * config.batch_size * in_flight_fraction(config.pipeline_schedule, S, M, s)
+                 * values) * FLOAT_BYTES)
+            for s, (params, values) in enumerate(stage_shares(config))
+        ]  # fmt: skip
+        model_bytes, activation_bytes = max(held, key=sum)
+    else:
+        per_sample = activation_values(config.model, config.dataset) if builtin else 0
+        model_bytes = num_params * FLOAT_BYTES * copies
+        activation_bytes = ACTIVATION_FACTOR * config.batch_size * per_sample * FLOAT_BYTES
     shards = num_shards(config)
     # A shard holds θ, a gradient sum and the optimizer state for its slice.
     shard_copies = 2 + optimizer_copies(config.optimizer, config.momentum)
@@ -135,11 +227,12 @@ def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
     return MemoryEstimate(
         workers=config.num_worker_actors,
         process=PROCESS_BYTES,
-        model=num_params * FLOAT_BYTES * copies,
-        activations=activations * FLOAT_BYTES,
+        model=model_bytes,
+        activations=activation_bytes,
         data=DATASETS.get(config.dataset).memory_bytes if builtin else 0,
         shards=shards,
         per_shard=per_shard if shards else 0,
+        stages=config.pipeline_stages,
     )
 
 
@@ -178,3 +271,40 @@ def check(est: MemoryEstimate, available: int, where: str = "this machine") -> N
     if est.shards > 1:
         fewer += " (or fewer --ps-shards)"
     raise ResourceError(f"{est.describe()}, but {where} has {available / GiB:.1f} GiB available; {fewer}")
+
+
+def check_worker(config: RunConfig, est: MemoryEstimate) -> None:
+    """Refuse, in one line, a run whose largest worker's training state is over --worker-memory,
+    naming the fewest pipeline stages that would fit it (when some do)."""
+    if not config.worker_memory:
+        return
+    budget = parse_bytes(config.worker_memory)
+    if est.training_state <= budget:
+        return
+    what = f"the largest of {est.stages} pipeline stages" if est.stages > 1 else "one worker"
+    line = (
+        f"{what} would hold ~{est.training_state / MiB:.1f} MiB ({est.model / MiB:.1f} MiB of parameters, "
+        f"gradients and optimizer state, {est.activations / MiB:.1f} MiB of activations), over --worker-memory "
+        f"{config.worker_memory} ({budget / MiB:.1f} MiB)"
+    )
+    fits = fewest_stages(config, budget)
+    if fits:
+        line += f"; --pipeline-stages {fits} splits it so each stage fits"
+    else:
+        line += "; use a smaller --model or --batch-size, or a larger budget"
+    raise ResourceError(line)
+
+
+def fewest_stages(config: RunConfig, budget: int) -> int | None:
+    """The fewest pipeline stages (more than the run's) whose largest stage fits `budget`, or None."""
+    from distrain.errors import ConfigError
+
+    stages = max(config.pipeline_stages + 1, 2)
+    while True:
+        try:
+            trial = config.replace(pipeline_stages=stages, microbatches=config.microbatches if config.pipelined else 1)
+            if estimate(trial, 0).training_state <= budget:
+                return stages
+        except ConfigError:  # past the model's cut points
+            return None
+        stages += 1

@@ -38,7 +38,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import DistrainError
-from distrain.orchestrator.cluster import Placement, bundle_nodes
+from distrain.orchestrator.cluster import Placement
 from distrain.orchestrator.failure_policy import FAIL, Decision
 from distrain.orchestrator.recovery import Failure, RunLost, discard
 from distrain.orchestrator.worker import TrainWorker
@@ -65,7 +65,7 @@ def bundle_alive(placement: Placement, rank: int | None) -> bool:
     if rank is None:
         return False
     try:
-        node = bundle_nodes(placement.group)[placement.first_worker + rank]
+        node = placement.worker_node(rank)
         return any(n["NodeID"] == node and n["Alive"] for n in ray.nodes())
     except Exception:  # noqa: BLE001 - a placement group being rescheduled, a rank it has no bundle for: restart
         return False

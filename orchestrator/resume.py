@@ -42,6 +42,7 @@ RESUMABLE = frozenset(
         "placement",
         "cpus_per_worker",
         "cpus_per_shard",
+        "worker_memory",
         "gpus_per_worker",
         "straggler",
         "data_dir",

@@ -167,6 +167,7 @@ def preflight(config: RunConfig, resume: bool = False) -> Plan:
     directory that cannot be made, or that another run holds, is refused at once. Writes nothing else."""
     num_params = check_runnable(config)  # a sweep makes the same checks for each of its trials
     needs = memory.estimate(config, num_params)
+    memory.check_worker(config, needs)  # --worker-memory: the budget each worker states, wherever it runs
     if not config.address and not ray.is_initialized():  # the local Ray this run will start: this machine
         memory.check(needs, memory.local_available())
     total = total_steps(config)  # the run's length is known before anything starts (as the workers count it)

@@ -4,6 +4,7 @@ S x 2 equal blocks of Linear(1024, 1024) + tanh on random data (a regression to 
 projection): 8.4M parameters at S = 4; 2.1M per stage at S = 2. A micro-batch of 16 rows costs a
 stage ~2 x 2 x 16 x 1024^2 = 67M multiply-adds forward, while its activation (16 x 1024 float32,
 64 KiB) crosses gloo in well under a millisecond, so stage compute dominates point-to-point time.
+`width` makes it small (the memory-budget test's model: equal blocks, so S stages hold 1/S each).
 """
 
 from __future__ import annotations
@@ -18,19 +19,19 @@ WIDTH = 1024
 
 
 class WideMLP(distrain.Task):
-    def __init__(self, blocks: int = 4, samples: int = 512) -> None:
-        self.blocks, self.samples = blocks, samples
+    def __init__(self, blocks: int = 4, samples: int = 512, width: int = WIDTH) -> None:
+        self.blocks, self.samples, self.width = blocks, samples, width
 
     def build_model(self) -> nn.Module:
         layers: list[nn.Module] = []
         for _ in range(self.blocks):
-            layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
+            layers += [nn.Linear(self.width, self.width), nn.Tanh()]
         return nn.Sequential(*layers)
 
     def datasets(self):
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(self.samples, WIDTH, generator=g)
-        y = torch.tanh(x @ (torch.randn(WIDTH, WIDTH, generator=g) / WIDTH**0.5))
+        x = torch.randn(self.samples, self.width, generator=g)
+        y = torch.tanh(x @ (torch.randn(self.width, self.width, generator=g) / self.width**0.5))
         return TensorDataset(x[: self.samples - 64], y[: self.samples - 64]), TensorDataset(x[-64:], y[-64:])
 
     def split_points(self):

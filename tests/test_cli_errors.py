@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from distrain.cli import app
 
 runner = CliRunner()
+WIDE = ["--task", f"{Path(__file__).parent / 'pipeline_task.py'}:WideMLP", "--task-arg", "width=64", "--workers", "1"]
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -309,6 +310,11 @@ BAD_INPUTS = [
     (["--strategy", "sandblaster", "--lr-decay", "cosine"], ["--strategy sandblaster ignores --lr-decay"]),
     (["--strategy", "sandblaster", "--precision", "bf16"], ["--strategy sandblaster ignores --precision"]),
     (["--pipeline-stages", "2", "--precision", "bf16"], ["--precision bf16 does not compose with --pipeline-stages"]),
+    # a worker's memory budget: 4 equal blocks of 4160 parameters, x 4 copies (θ, gradient, buffer, momentum)
+    (["--worker-memory", "lots"], ["--worker-memory takes a size such as 3GiB", "'lots'"]),
+    ([*WIDE, "--worker-memory", "100KiB"], ["one worker would hold ~0.3 MiB", "--pipeline-stages 4 splits it"]),
+    ([*WIDE, "--worker-memory", "100KiB", "--pipeline-stages", "2"], ["the largest of 2 pipeline stages", "stages 4"]),
+    ([*WIDE, "--worker-memory", "10KiB"], ["one worker would hold", "use a smaller --model or --batch-size"]),
     (["--strategy", "sandblaster", "--compress", "int8"], ["--strategy sandblaster does not apply --compress"]),
     (["--strategy", "sandblaster", "--portions", "8"], ["--portions is not used by --strategy sandblaster"]),
     (["--schedule", "bsp:1,sandblaster"], ["--strategy sandblaster ignores --schedule"]),

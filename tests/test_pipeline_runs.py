@@ -1,6 +1,7 @@
 """Pipelines end to end on real Ray actors over real gloo groups: the GPipe/1F1B identity with one
 process, with data-parallel replicas, the bubble, the per-stage memory split, a stage killed, restore
-to another S, and the usual quality on digits and on the language-model example."""
+to another S, a model over one worker's memory budget trained at S = 4 and resumed, and the usual
+quality on digits and on the language-model example."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
+from distrain.errors import ConfigError, ResourceError
 from distrain.orchestrator.report_plots import PlotRun, plot_pipeline_timeline
+from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
 from distrain.strategies.pipeline import bubble_fraction
 from tests.helpers import final_params
@@ -105,6 +108,40 @@ def test_a_pipeline_checkpoint_restores_to_another_number_of_stages(tmp_path):
     one = run_training(cfg(tmp_path, "s1", **go_on))
     assert (final_params(three.run_dir) - final_params(one.run_dir)).abs().max().item() <= TOL
     assert (final_params(three.run_dir) - final_params(first.run_dir)).abs().max().item() > 1e-3  # it trained on
+
+
+def test_a_model_over_one_workers_budget_trains_at_four_stages_and_resumes_exactly(tmp_path):
+    """--worker-memory 100KiB against WideMLP(width 64): 4 equal blocks of 4160 parameters x 4 copies
+    (θ, gradient, buffer, momentum) = 260 KiB in one worker, refused before anything starts; 65 KiB a
+    stage at S = 4, which trains. One epoch, then `--resume` for a second, ends where one process's
+    two epochs end (momentum SGD: the optimizer state crosses the checkpoint; the second epoch's
+    shuffle is the resumed run's to get right)."""
+    wide = dict(
+        task=f"{HERE / 'pipeline_task.py'}:WideMLP", task_args={"width": 64, "samples": 96}, optimizer="sgd",
+        momentum=0.9, lr=0.05, lr_scaling="none", workers=1, batch_size=16, eval_every=0, segment_steps=2, seed=3,
+    )  # fmt: skip
+    budget = dict(worker_memory="100KiB")
+    with pytest.raises(ResourceError, match=r"^one worker would hold ~0\.3 MiB .* --pipeline-stages 4 splits it"):
+        run_training(RunConfig(**wide, **budget, epochs=2, run_dir=str(tmp_path / "s1")))
+    assert not (tmp_path / "s1").exists()
+    four = dict(pipeline_stages=4, microbatches=2, **budget)
+    first = run_training(RunConfig(**wide, **four, epochs=1, run_dir=str(tmp_path / "s4")))
+    assert first.summary["status"] == "completed" and first.summary["steps_completed"] == 2
+    after_one = final_params(first.run_dir)  # the resumed run writes its own final.pt in the same directory
+    # A checkpoint restores to another S through --init-from (test above); --resume keeps the run's S.
+    with pytest.raises(ConfigError, match=r"--resume cannot change --pipeline-stages \(the run has 4, got 2\)"):
+        resume_config(first.run_dir, {"pipeline_stages": 2})
+    resumed = run_training(resume_config(first.run_dir, {"epochs": 2}), resume=True)
+    assert resumed.summary["status"] == "completed"
+    one = run_training(RunConfig(**wide, epochs=2, run_dir=str(tmp_path / "one")))
+    assert (final_params(resumed.run_dir) - final_params(one.run_dir)).abs().max().item() <= TOL
+    assert (final_params(resumed.run_dir) - after_one).abs().max().item() > 1e-3  # it went on
+    rows = steps_of(resumed.run_dir)
+    assert sorted(set(rows["step"])) == [0, 1, 2, 3] and (rows.groupby("step").size() == 4).all()
+    assert (rows["mem_param_bytes"] == 4160 * 4).all()  # each stage holds one block: a quarter
+    # What each stage measurably held (θ, gradient, momentum, peak saved activations) is within the budget.
+    held = rows[["mem_param_bytes", "mem_grad_bytes", "mem_optim_bytes", "mem_activation_peak_bytes"]].sum(axis=1)
+    assert held.max() <= 100 * 1024 and held.min() >= 3 * 4160 * 4, held.tolist()
 
 
 def wide(tmp_path, name: str, schedule: str) -> RunConfig:
