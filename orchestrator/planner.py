@@ -335,7 +335,7 @@ def recommend(
         return Recommendation("bsp", bsp.transport, {}, f"{why}; predicted {bsp.samples_per_s:.0f} samples/s", bsp)
     if bsp.wait_s / bsp.step_s >= STRAGGLER_SHARE:
         ssp = predict(cal, "ssp", "ps", workers, hw, {"staleness": 2})
-        if fits(ssp):
+        if fits(ssp) and ssp.samples_per_s > bsp.samples_per_s:
             return Recommendation(
                 "ssp", "ps", {"staleness": 2},
                 f"waiting for stragglers is {bsp.wait_s / bsp.step_s:.0%} of a BSP step; SSP(2) absorbs it: "
@@ -344,8 +344,15 @@ def recommend(
             )  # fmt: skip
     ring = predict(cal, "local-sgd", "collective", workers, hw, {"tau": 1})
     tau = max(2, math.ceil((ring.comm_s + ring.wait_s) / (COMM_HIDDEN * ring.compute_s)))
+    local = predict(cal, "local-sgd", "collective", workers, hw, {"tau": min(tau, 50)})
+    if local.samples_per_s <= bsp.samples_per_s * 1.1 and fits(bsp):  # not worth the staler replicas
+        return Recommendation(
+            "bsp", bsp.transport, {},
+            f"communication and waiting are {share:.0%} of a BSP step, but neither SSP nor local SGD is predicted "
+            f"over 10% faster; predicted {bsp.samples_per_s:.0f} samples/s",
+            bsp,
+        )  # fmt: skip
     if tau <= 50:
-        local = predict(cal, "local-sgd", "collective", workers, hw, {"tau": tau})
         return Recommendation(
             "local-sgd", "collective", {"tau": tau},
             f"communication and waiting are {share:.0%} of a BSP step; averaging every {tau} steps brings them "

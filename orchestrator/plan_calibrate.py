@@ -1,0 +1,184 @@
+"""The planner's calibration: a few real steps and two micro-benchmarks on the cluster at hand.
+
+- Three tiny real runs of the task (`--max-steps`, evaluation only at the end): BSP over the
+  collective at N=1 (compute time per step alone) and at N=2 at once (how much two workers stretch
+  each other: the machine's effective cores, and the visible share of the all-reduce), and async over
+  the PS at N=1 (the round trip of a push and a pull). Medians over the steps after a warm-up.
+- An all-reduce probe: two actors in a gloo group time all-reduces of three sizes; a least-squares
+  line t = 2 alpha + n / beta gives latency and bandwidth.
+- An echo probe: an actor call carrying n bytes out and back, against the PS round trip, leaves the
+  shard's own service time (apply + serve).
+
+Measuring contention, rather than assuming N/cores, is what makes the prediction hold on a machine
+shared with others: their load is in the N=2 figure (the previous planner assumed it and was 40% off).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from distrain.config import RunConfig
+from distrain.orchestrator import memory
+from distrain.orchestrator.planner import Calibration
+
+WARMUP_FRACTION = 0.25  # the first quarter of a run's steps (at least 2) is start-up, not steady state
+
+
+def steady_figures(run_dir: Path) -> dict[str, float]:
+    """A run's steady-state step, from its metrics.parquet: per worker, the span of its steps after the
+    warm-up over their count (so a local-SGD round's all-reduce is amortised as it is in the run);
+    medians over the workers. Also the median compute_s, comm_s and wait_s of those steps."""
+    df = pd.read_parquet(run_dir / "metrics.parquet")
+    steps = df[df["kind"] == "step"].sort_values("wall_time")
+    per_worker = []
+    kept = []
+    for _, rows in steps.groupby("worker"):
+        skip = max(2, int(len(rows) * WARMUP_FRACTION))
+        rows = rows.iloc[skip:]
+        if len(rows) >= 2:
+            per_worker.append((rows["wall_time"].iloc[-1] - rows["wall_time"].iloc[0]) / (len(rows) - 1))
+            kept.append(rows)
+    if not kept:
+        raise ValueError(f"{run_dir} has too few steps to measure a steady state")
+    body = pd.concat(kept)
+
+    def med(column: str) -> float:
+        values = body[column].dropna() if column in body else pd.Series(dtype=float)
+        return float(values.median()) if not values.empty else 0.0
+
+    compute = body["compute_s"].to_numpy(dtype=float)
+    return {
+        "step_s": float(statistics.median(per_worker)),
+        "compute_s": med("compute_s"),
+        "comm_s": med("comm_s"),
+        "wait_s": med("wait_s"),
+        "spread": list(np.sort(compute / np.median(compute))) if len(compute) else [1.0],
+    }
+
+
+def _tiny(config: RunConfig, out: Path, name: str, steps: int, **changes: Any) -> Path:
+    from distrain.orchestrator.run import run_training
+
+    run_dir = out / name
+    cfg = config.replace(
+        max_steps=steps, eval_every=0, checkpoint_every=0, tensorboard="", run_dir=str(run_dir), **changes
+    )
+    run_training(cfg)
+    return run_dir
+
+
+def _probes(nbytes: int, reps: int) -> dict[str, float]:
+    """All-reduce latency/bandwidth (two actors, gloo) and an echo of the model's gradient."""
+    import ray
+
+    from distrain.orchestrator.plan_probe import Probe
+
+    a, b = Probe.remote(), Probe.remote()
+    try:
+        address = ray.get(a.address.remote())
+        ray.get([a.join.remote(0, 2, address), b.join.remote(1, 2, address)])
+        sizes = [1024, 256 * 1024, max(4 * 2**20, nbytes)]
+        times = []
+        for size in sizes:  # both ranks run the same all-reduces; rank 0's medians are the figures
+            t0, _ = ray.get([a.all_reduce.remote(size // 4, reps), b.all_reduce.remote(size // 4, reps)])
+            times.append(t0)
+        # t = 2 alpha + n / beta (P = 2: two rounds, n bytes each way in all)
+        slope, intercept = np.polyfit(np.array(sizes, dtype=float), np.array(times), 1)
+        alpha = max(float(intercept) / 2, 1e-6)
+        beta = 1.0 / slope if slope > 0 else 1e12
+        echo = ray.get(a.echo_time.remote(nbytes, reps))
+        ping = ray.get(a.echo_time.remote(0, reps))
+        return {"alpha": alpha, "beta": beta, "echo_s": echo, "ping_s": ping, "sizes": sizes, "times": times}
+    finally:
+        for actor in (a, b):
+            ray.kill(actor, no_restart=True)
+
+
+def flops_per_sample(config: RunConfig) -> float | None:
+    """Forward + backward FLOPs of one sample of the built-in model (FlopCounterMode); None for a user's
+    task, whose batches the planner cannot make up."""
+    if config.task:
+        return None
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from distrain.trainers.datasets import DATASETS
+    from distrain.trainers.models import build_model
+
+    info = DATASETS.get(config.dataset).info
+    net = build_model(config.model, info, 0)
+    x = torch.randn(8, info.channels, info.height, info.width)
+    with FlopCounterMode(display=False) as counter:
+        net(x).sum().backward()
+    return counter.get_total_flops() / 8
+
+
+def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> Calibration:
+    """Measure the task and this cluster; the tiny runs' directories stay under `out/calibration/`."""
+    import ray
+
+    from distrain.orchestrator import cluster
+    from distrain.orchestrator.run_checks import check_runnable
+
+    num_params = check_runnable(config)
+    started = False
+    if not ray.is_initialized() and not config.address:
+        cluster.start_local_ray(max(4, (config.ps_shards or 1) + 3))
+        started = True
+    where = out / "calibration"
+    base = config.replace(schedule="", strategy="bsp", transport="collective", backup_workers=0, address="")
+    try:
+        t0 = time.time()
+        one = steady_figures(_tiny(base, where, "bsp-1", steps, workers=1))
+        two = steady_figures(_tiny(base, where, "bsp-2", steps, workers=2))
+        ps = steady_figures(_tiny(base.replace(strategy="async", transport="ps", ps_shards=1), where, "async-1",
+                                  steps, workers=1))  # fmt: skip
+        probe = _probes(num_params * 4, reps)
+    finally:
+        if started:
+            ray.shutdown()
+    stretch2 = two["compute_s"] / one["compute_s"] if one["compute_s"] else 1.0
+    # Two workers at once stretched compute by s2: the machine gives them 2/s2 cores' worth. Not stretched:
+    # at least 2 cores free; the planner then assumes what Ray was given.
+    cores = 2 / stretch2 if stretch2 > 1.05 else float(max(2, _ray_cpus(config)))
+    ring2 = 2 * probe["alpha"] + num_params * 4 / probe["beta"]
+    visible = min(1.0, two["comm_s"] / (ring2 * max(1.0, 2 / cores))) if ring2 else 1.0
+    est = memory.estimate(config.replace(workers=1), num_params)
+    return Calibration(
+        task=f"{config.model} on {config.dataset}" if not config.task else config.task,
+        batch_size=config.batch_size,
+        num_params=num_params,
+        compute_s=one["compute_s"],
+        effective_cores=cores,
+        spread=[float(x) for x in two["spread"]],
+        allreduce_latency_s=probe["alpha"],
+        allreduce_bandwidth=probe["beta"],
+        visible_comm=visible,
+        ps_call_s=ps["comm_s"],
+        ps_bandwidth=(num_params * 8 / probe["echo_s"]) if probe["echo_s"] else probe["beta"],
+        ps_apply_s=max(0.0, ps["comm_s"] - probe["echo_s"]),
+        memory_per_worker=est.per_worker,
+        memory_per_shard=memory.PROCESS_BYTES + num_params * 4 * 3,
+        flops_per_sample=flops_per_sample(config),
+        optimizer_copies=memory.optimizer_copies(config.optimizer, config.momentum),
+        measured={
+            "bsp_1": {k: v for k, v in one.items() if k != "spread"},
+            "bsp_2": {k: v for k, v in two.items() if k != "spread"},
+            "async_1": {k: v for k, v in ps.items() if k != "spread"},
+            "stretch_2": stretch2,
+            "probe": probe,
+            "seconds": time.time() - t0,
+        },
+    )
+
+
+def _ray_cpus(config: RunConfig) -> float:
+    import os
+
+    return float(os.cpu_count() or 2)
