@@ -236,6 +236,10 @@ def _run(
     if resume is not None:
         if config is not None:
             raise DistrainError("--resume uses the run's own config.yaml; drop --config")
+        if overrides.get("strategy") == "auto":  # the run chose when it started: compare with that choice
+            from distrain.orchestrator.auto_strategy import recorded_strategy
+
+            overrides["strategy"] = recorded_strategy(resume) or overrides["strategy"]
         from distrain.orchestrator.resume import resume_config
 
         cfg = resume_config(resume, overrides)
@@ -257,12 +261,22 @@ def _run(
                 markup=False,
                 highlight=False,
             )
+    auto = None
+    requested = overrides.get("strategy") or (RunConfig.load_yaml(config).get("strategy") if config else None)
+    if requested == "auto":  # the plan's recommendation, made concrete before anything else resolves
+        from distrain.orchestrator.auto_strategy import choose
+
+        out.print("--strategy auto: calibrating on this cluster to choose a strategy...", markup=False, highlight=False)
+        concrete, auto = choose(overrides, str(config) if config else None)
+        overrides.update(concrete)
+        out.print(f"--strategy auto chose {auto['strategy']} ({auto['transport']}): {auto['reason']}", markup=False,
+                  highlight=False)  # fmt: skip
     cfg = RunConfig.resolve(str(config) if config else None, overrides)
 
     from distrain.orchestrator.run import run_training  # Ray and torch load only from here on
 
     with RunDisplay(cfg) as display:
-        result = run_training(cfg, display.on_event)
+        result = run_training(cfg, display.on_event, auto=auto)
     print_summary(result.summary, result.run_dir)
     _exit_if_diverged(result.summary)
 
@@ -539,6 +553,17 @@ def report(
         natural = out.measure(table, options=out.options.update_width(1_000)).maximum
         console = Console(file=out.file, width=max(out.width, natural), soft_wrap=True)
     console.print(table)
+    from distrain.orchestrator.report_prediction import COLUMNS as PREDICTED
+    from distrain.orchestrator.report_prediction import prediction_rows
+
+    predicted = prediction_rows(runs)
+    if predicted:
+        table = Table(title=Text("predicted against measured step time"))
+        for i, name in enumerate(PREDICTED):
+            table.add_column(name, justify="left" if i < 2 else "right")
+        for row in predicted:
+            table.add_row(*row)
+        _print_wide(table)
     files = ", ".join(p.name for p in written)
     out.print(f"report in {target}/ ({files})", markup=False, highlight=False)
     for path, kept in repeats:  # said, not silently dropped

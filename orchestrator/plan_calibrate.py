@@ -30,11 +30,14 @@ from distrain.orchestrator.planner import Calibration
 WARMUP_FRACTION = 0.25  # the first quarter of a run's steps (at least 2) is start-up, not steady state
 
 
-def steady_figures(run_dir: Path) -> dict[str, float]:
+def steady_figures(run_dir: Path) -> dict[str, Any]:
     """A run's steady-state step, from its metrics.parquet: per worker, the span of its steps after the
     warm-up over their count (so a local-SGD round's all-reduce is amortised as it is in the run);
     medians over the workers. Also the median compute_s, comm_s and wait_s of those steps."""
-    df = pd.read_parquet(run_dir / "metrics.parquet")
+    return steady_figures_of(pd.read_parquet(run_dir / "metrics.parquet"), str(run_dir))
+
+
+def steady_figures_of(df: pd.DataFrame, where: str = "the run") -> dict[str, Any]:
     steps = df[df["kind"] == "step"].sort_values("wall_time")
     per_worker = []
     kept = []
@@ -45,7 +48,7 @@ def steady_figures(run_dir: Path) -> dict[str, float]:
             per_worker.append((rows["wall_time"].iloc[-1] - rows["wall_time"].iloc[0]) / (len(rows) - 1))
             kept.append(rows)
     if not kept:
-        raise ValueError(f"{run_dir} has too few steps to measure a steady state")
+        raise ValueError(f"{where} has too few steps to measure a steady state")
     body = pd.concat(kept)
 
     def med(column: str) -> float:
@@ -160,13 +163,15 @@ def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> 
         allreduce_latency_s=probe["alpha"],
         allreduce_bandwidth=probe["beta"],
         visible_comm=visible,
-        ps_call_s=ps["comm_s"],
+        # the whole non-compute part of a PS step at N=1: its comm_s misses the client's own bookkeeping
+        ps_call_s=max(ps["comm_s"], ps["step_s"] - ps["compute_s"] - max(0.0, one["step_s"] - one["compute_s"])),
         ps_bandwidth=(num_params * 8 / probe["echo_s"]) if probe["echo_s"] else probe["beta"],
         ps_apply_s=max(0.0, ps["comm_s"] - probe["echo_s"]),
         memory_per_worker=est.per_worker,
         memory_per_shard=memory.PROCESS_BYTES + num_params * 4 * 3,
         flops_per_sample=flops_per_sample(config),
         optimizer_copies=memory.optimizer_copies(config.optimizer, config.momentum),
+        step_overhead_s=max(0.0, one["step_s"] - one["compute_s"] - one["comm_s"]),
         measured={
             "bsp_1": {k: v for k, v in one.items() if k != "spread"},
             "bsp_2": {k: v for k, v in two.items() if k != "spread"},

@@ -137,6 +137,7 @@ class Calibration:
     memory_per_shard: int
     flops_per_sample: float | None = None  # forward + backward (FlopCounterMode)
     optimizer_copies: int = 1  # per-parameter state vectors local SGD averages with θ
+    step_overhead_s: float = 0.0  # per step, neither compute nor communication (data, rows, segments): measured
     measured: dict[str, Any] = field(default_factory=dict)  # the raw calibration figures, for the record
 
     @property
@@ -217,7 +218,7 @@ def predict(
     ps = transport == "ps"
     busy = workers + backup_workers
     stretch = cal.stretch(busy) if here else 1.0  # CPU-bound loopback transfers stretch with compute
-    compute = _compute(cal, hw, workers, busy)
+    compute = _compute(cal, hw, workers, busy) + (cal.step_overhead_s * cal.stretch(busy) if here else 0.0)
     # Straggler wait: a synchronous step waits for the slowest of its members.
     sync_wait = compute * (expected_order_stat(cal.spread, workers, busy) - 1.0) if workers > 1 else 0.0
     comm = overlap = wait = 0.0
