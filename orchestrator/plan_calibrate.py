@@ -1,9 +1,12 @@
 """The planner's calibration: a few real steps and two micro-benchmarks on the cluster at hand.
 
-- Three tiny real runs of the task (`--max-steps`, evaluation only at the end): BSP over the
-  collective at N=1 (compute time per step alone) and at N=2 at once (how much two workers stretch
-  each other: the machine's effective cores, and the visible share of the all-reduce), and async over
-  the PS at N=1 (the round trip of a push and a pull). Medians over the steps after a warm-up.
+- Four tiny real runs of the task (`--max-steps`, evaluation only at the end): BSP over the
+  collective at N=1 (compute and per-step overhead alone); local SGD at N=2 with a τ past the run's
+  end (two workers computing at once and never averaging: how much they stretch each other, i.e. the
+  machine's effective cores, and what a second worker adds to the overhead); BSP at N=2 (its step over
+  the previous run's is what synchronising costs here, set against the model's all-reduce and
+  straggler wait: `sync_scale`); async over the PS at N=1 (the round trip of a push and a pull).
+  Per-worker steady-state step (span over count after a warm-up), medians.
 - An all-reduce probe: two actors in a gloo group time all-reduces of three sizes; a least-squares
   line t = 2 alpha + n / beta gives latency and bandwidth.
 - An echo probe: an actor call carrying n bytes out and back, against the PS round trip, leaves the
@@ -139,6 +142,9 @@ def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> 
     try:
         t0 = time.time()
         one = steady_figures(_tiny(base, where, "bsp-1", steps, workers=1))
+        # Two workers that never average (τ past the run's end): compute and overhead under contention alone
+        alone = steady_figures(_tiny(base.replace(strategy="local-sgd", tau=10 * steps), where, "local-2", steps,
+                                     workers=2))  # fmt: skip
         two = steady_figures(_tiny(base, where, "bsp-2", steps, workers=2))
         ps = steady_figures(_tiny(base.replace(strategy="async", transport="ps", ps_shards=1), where, "async-1",
                                   steps, workers=1))  # fmt: skip
@@ -146,37 +152,50 @@ def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> 
     finally:
         if started:
             ray.shutdown()
-    stretch2 = two["compute_s"] / one["compute_s"] if one["compute_s"] else 1.0
+    c = one["compute_s"]
+    stretch2 = alone["compute_s"] / c if c else 1.0
     # Two workers at once stretched compute by s2: the machine gives them 2/s2 cores' worth. Not stretched:
-    # at least 2 cores free; the planner then assumes what Ray was given.
+    # at least 2 cores free; the planner then assumes what the machine has.
     cores = 2 / stretch2 if stretch2 > 1.05 else float(max(2, _ray_cpus(config)))
-    ring2 = 2 * probe["alpha"] + num_params * 4 / probe["beta"]
-    visible = min(1.0, two["comm_s"] / (ring2 * max(1.0, 2 / cores))) if ring2 else 1.0
+    s2 = max(1.0, stretch2) if stretch2 > 1.05 else 1.0
+    overhead1 = max(0.0, one["step_s"] - c - one["comm_s"])
+    overhead2 = max(0.0, alone["step_s"] - alone["compute_s"])
+    spread = [float(x) for x in alone["spread"]]
+    # BSP at N=2 over the same run without averaging: what synchronising costs here, against the model's
+    ring2 = (2 * probe["alpha"] + num_params * 4 / probe["beta"]) * s2
+    from distrain.orchestrator.planner import expected_max
+
+    modelled = ring2 + alone["compute_s"] * (expected_max(spread, 2) - 1)
+    sync2 = max(0.0, two["step_s"] - alone["step_s"])
     est = memory.estimate(config.replace(workers=1), num_params)
     return Calibration(
         task=f"{config.model} on {config.dataset}" if not config.task else config.task,
         batch_size=config.batch_size,
         num_params=num_params,
-        compute_s=one["compute_s"],
+        compute_s=c,
         effective_cores=cores,
-        spread=[float(x) for x in two["spread"]],
+        spread=spread,
         allreduce_latency_s=probe["alpha"],
         allreduce_bandwidth=probe["beta"],
-        visible_comm=visible,
-        # the whole non-compute part of a PS step at N=1: its comm_s misses the client's own bookkeeping
-        ps_call_s=max(ps["comm_s"], ps["step_s"] - ps["compute_s"] - max(0.0, one["step_s"] - one["compute_s"])),
+        sync_scale=sync2 / modelled if modelled else 1.0,
+        # the whole non-compute part of a PS step at N=1 beyond the collective's overhead
+        ps_call_s=max(ps["comm_s"], ps["step_s"] - ps["compute_s"] - overhead1),
         ps_bandwidth=(num_params * 8 / probe["echo_s"]) if probe["echo_s"] else probe["beta"],
         ps_apply_s=max(0.0, ps["comm_s"] - probe["echo_s"]),
         memory_per_worker=est.per_worker,
         memory_per_shard=memory.PROCESS_BYTES + num_params * 4 * 3,
         flops_per_sample=flops_per_sample(config),
         optimizer_copies=memory.optimizer_copies(config.optimizer, config.momentum),
-        step_overhead_s=max(0.0, one["step_s"] - one["compute_s"] - one["comm_s"]),
+        step_overhead_s=overhead1,
+        overhead_per_worker_s=max(0.0, overhead2 - overhead1 * s2),
         measured={
             "bsp_1": {k: v for k, v in one.items() if k != "spread"},
+            "local_2": {k: v for k, v in alone.items() if k != "spread"},
             "bsp_2": {k: v for k, v in two.items() if k != "spread"},
             "async_1": {k: v for k, v in ps.items() if k != "spread"},
             "stretch_2": stretch2,
+            "sync_2_measured_s": sync2,
+            "sync_2_modelled_s": modelled,
             "probe": probe,
             "seconds": time.time() - t0,
         },

@@ -129,7 +129,7 @@ class Calibration:
     spread: list[float]  # step compute times / their median, for stragglers
     allreduce_latency_s: float  # alpha per ring round, two workers, this machine
     allreduce_bandwidth: float  # beta, bytes/s
-    visible_comm: float  # fraction of the modelled BSP all-reduce not hidden behind backward (measured)
+    sync_scale: float  # measured synchronisation cost of BSP at N=2 over the modelled one (overlap, gloo's costs)
     ps_call_s: float  # one push+pull round trip of the model's gradient over the PS at N=1 (measured)
     ps_bandwidth: float  # bytes/s of a call's payload (echo micro-benchmark)
     ps_apply_s: float  # a shard's service time per gradient (apply + serve)
@@ -138,6 +138,7 @@ class Calibration:
     flops_per_sample: float | None = None  # forward + backward (FlopCounterMode)
     optimizer_copies: int = 1  # per-parameter state vectors local SGD averages with θ
     step_overhead_s: float = 0.0  # per step, neither compute nor communication (data, rows, segments): measured
+    overhead_per_worker_s: float = 0.0  # what each further worker adds to it (the driver gathers every worker's rows)
     measured: dict[str, Any] = field(default_factory=dict)  # the raw calibration figures, for the record
 
     @property
@@ -167,6 +168,7 @@ class Prediction:
     comm_s: float  # communication not hidden, per step (amortised over a round for local SGD / DiLoCo)
     overlap_s: float  # communication hidden behind compute
     wait_s: float  # waiting for the slowest (stragglers) per step
+    overhead_s: float  # per step, neither compute nor communication: reading data, rows, the driver's segment turns
     bytes_per_worker: float  # bytes a worker sends per step
     memory_per_worker: int
     fan_in: int  # most messages one process receives per step (ring: 1 neighbour; PS shard: P)
@@ -174,7 +176,7 @@ class Prediction:
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.comm_s + self.wait_s
+        return self.compute_s + self.comm_s + self.wait_s + self.overhead_s
 
     @property
     def samples_per_s(self) -> float:
@@ -218,9 +220,14 @@ def predict(
     ps = transport == "ps"
     busy = workers + backup_workers
     stretch = cal.stretch(busy) if here else 1.0  # CPU-bound loopback transfers stretch with compute
-    compute = _compute(cal, hw, workers, busy) + (cal.step_overhead_s * cal.stretch(busy) if here else 0.0)
+    compute = _compute(cal, hw, workers, busy)
+    if here:
+        overhead = cal.step_overhead_s * stretch + cal.overhead_per_worker_s * (busy - 1)
+    else:  # a cluster's driver gathers rows over the network too; the per-step part measured here stays
+        overhead = cal.step_overhead_s
     # Straggler wait: a synchronous step waits for the slowest of its members.
     sync_wait = compute * (expected_order_stat(cal.spread, workers, busy) - 1.0) if workers > 1 else 0.0
+    scale = cal.sync_scale if here else 1.0  # what calibration found synchronising really costs here
     comm = overlap = wait = 0.0
     sent = 0.0
     fan_in = 1
@@ -252,27 +259,42 @@ def predict(
         if strategy == "local-sgd":
             tau = int(s.get("tau", 8))
             state = n * (1 + cal.optimizer_copies)  # θ and the optimizer state travel together
-            comm = allreduce_time(state, workers, alpha, beta) * stretch / tau
-            wait = sync_wait / tau
+            comm = allreduce_time(state, workers, alpha, beta) * stretch * scale / tau
+            wait = sync_wait * scale / tau
             sent = ring_bytes_per_worker(state, workers) / tau
             setting = f"--tau {tau}"
         elif strategy == "diloco":
             h = int(s.get("sync_every", 50))
-            comm = ring / h
-            wait = sync_wait / h
+            comm = ring * scale / h
+            wait = sync_wait * scale / h
             sent = ring_bytes_per_worker(n, workers) / h
             setting = f"--sync-every {h}"
-        else:  # bsp: buckets all-reduce during backward; the measured share of it is left visible
-            visible = cal.visible_comm if here else max(0.0, ring - compute * 2 / 3) / ring if ring else 1.0
-            comm = ring * visible
-            overlap = ring - comm
-            wait = sync_wait
+        else:  # bsp: buckets all-reduce during backward; what is not hidden shows
+            if here:
+                visible = min(1.0, scale)
+            else:  # backward is about 2/3 of a step's compute: the all-reduce hides behind that much
+                visible = max(0.0, ring - compute * 2 / 3) / ring if ring else 1.0
+            comm = ring * (scale if here else visible)
+            overlap = ring * (1 - visible)
+            wait = sync_wait * scale
             sent = ring_bytes_per_worker(n, workers)
     if strategy == "bsp" and backup_workers:
         setting = f"--backup-workers {backup_workers}"
     memory = cal.memory_per_worker + (2 * n if strategy == "diloco" else 0)  # θ_g and outer momentum
     return Prediction(
-        strategy, transport, workers, setting, compute, comm, overlap, wait, sent, memory, fan_in, cal.batch_size
+        strategy,
+        transport,
+        workers,
+        setting,
+        compute,
+        comm,
+        overlap,
+        wait,
+        overhead,
+        sent,
+        memory,
+        fan_in,
+        cal.batch_size,
     )
 
 

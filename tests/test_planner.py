@@ -16,7 +16,7 @@ from distrain.orchestrator.planner import Calibration, Hardware
 def _cal(**changes) -> Calibration:
     base = dict(
         task="cnn on digits", batch_size=32, num_params=100_000, compute_s=0.01, effective_cores=2.0,
-        spread=[1.0] * 10, allreduce_latency_s=1e-4, allreduce_bandwidth=1e9, visible_comm=1.0,
+        spread=[1.0] * 10, allreduce_latency_s=1e-4, allreduce_bandwidth=1e9, sync_scale=1.0,
         ps_call_s=2e-3, ps_bandwidth=1e9, ps_apply_s=5e-4, memory_per_worker=500 * 2**20,
         memory_per_shard=480 * 2**20,
     )  # fmt: skip
@@ -113,7 +113,7 @@ def test_contention_stretches_compute_past_the_effective_cores():
 
 
 def test_local_sgd_and_diloco_amortise_the_all_reduce_and_tau_one_is_bsp_traffic():
-    cal = _cal(optimizer_copies=0, visible_comm=1.0)
+    cal = _cal(optimizer_copies=0, sync_scale=1.0)
     bsp = planner.predict(cal, "bsp", "collective", 4)
     one = planner.predict(cal, "local-sgd", "collective", 4, settings={"tau": 1})
     eight = planner.predict(cal, "local-sgd", "collective", 4, settings={"tau": 8})
