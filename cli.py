@@ -459,7 +459,8 @@ def print_plan(result: Any) -> None:
     cal = result.calibration
     out.print(
         f"calibration: {cal.task}, batch {cal.batch_size}, {cal.num_params:,} parameters; compute "
-        f"{cal.compute_s * 1e3:.1f} ms/step alone; {cal.effective_cores:.2g} effective cores; all-reduce "
+        f"{cal.compute_s * 1e3:.1f} ms/step alone; a second worker stretches a step "
+        f"x{1 + cal.contention_slope:.2f}; all-reduce "
         f"{cal.allreduce_latency_s * 1e6:.0f} us + {cal.allreduce_bandwidth / 1e6:.0f} MB/s; PS round trip "
         f"{cal.ps_call_s * 1e3:.1f} ms",
         markup=False,

@@ -18,6 +18,7 @@ shared with others: their load is in the N=2 figure (the previous planner assume
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
@@ -141,31 +142,37 @@ def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> 
     base = config.replace(schedule="", strategy="bsp", transport="collective", backup_workers=0, address="")
     try:
         t0 = time.time()
-        one = steady_figures(_tiny(base, where, "bsp-1", steps, workers=1))
-        # Two workers that never average (τ past the run's end): compute and overhead under contention alone
-        alone = steady_figures(_tiny(base.replace(strategy="local-sgd", tau=10 * steps), where, "local-2", steps,
-                                     workers=2))  # fmt: skip
-        two = steady_figures(_tiny(base, where, "bsp-2", steps, workers=2))
-        ps = steady_figures(_tiny(base.replace(strategy="async", transport="ps", ps_shards=1), where, "async-1",
-                                  steps, workers=1))  # fmt: skip
+        _tiny(base, where, "bsp-1", steps, workers=1)
+        # Two workers that never average (τ past the run's end): contention apart from synchronisation
+        _tiny(base.replace(strategy="local-sgd", tau=10 * steps), where, "local-2", steps, workers=2)
+        _tiny(base, where, "bsp-2", steps, workers=2)
+        _tiny(base.replace(strategy="async", transport="ps", ps_shards=1), where, "async-1", steps, workers=1)
         probe = _probes(num_params * 4, reps)
     finally:
         if started:
             ray.shutdown()
+    (where / "probe.json").write_text(json.dumps(probe, indent=2))
+    return fit(config, where, num_params, probe, time.time() - t0)
+
+
+def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], seconds: float = 0.0) -> Calibration:
+    """The calibration from the tiny runs' directories under `where` and the probes' figures (so a
+    calibration can be refitted from what a plan kept, e.g. after a change to the model)."""
+    one, alone, two, ps = (steady_figures(where / name) for name in ("bsp-1", "local-2", "bsp-2", "async-1"))
     c = one["compute_s"]
-    stretch2 = alone["compute_s"] / c if c else 1.0
-    # Two workers at once stretched compute by s2: the machine gives them 2/s2 cores' worth. Not stretched:
-    # at least 2 cores free; the planner then assumes what the machine has.
-    cores = 2 / stretch2 if stretch2 > 1.05 else float(max(2, _ray_cpus(config)))
-    s2 = max(1.0, stretch2) if stretch2 > 1.05 else 1.0
     overhead1 = max(0.0, one["step_s"] - c - one["comm_s"])
-    overhead2 = max(0.0, alone["step_s"] - alone["compute_s"])
+    # Two workers at once, neither waiting for the other: how much the second stretched the whole step
+    # (its compute, overhead, the driver's share, other users' load around it).
+    stretch2 = alone["step_s"] / one["step_s"] if one["step_s"] else 1.0
+    slope = max(0.0, stretch2 - 1.0)
+    cores = float(max(1, _ray_cpus(config)))
+    s2 = max(1.0, 1.0 + slope, 2 / cores)
     spread = [float(x) for x in alone["spread"]]
     # BSP at N=2 over the same run without averaging: what synchronising costs here, against the model's
     ring2 = (2 * probe["alpha"] + num_params * 4 / probe["beta"]) * s2
     from distrain.orchestrator.planner import expected_max
 
-    modelled = ring2 + alone["compute_s"] * (expected_max(spread, 2) - 1)
+    modelled = ring2 + c * s2 * (expected_max(spread, 2) - 1)
     sync2 = max(0.0, two["step_s"] - alone["step_s"])
     est = memory.estimate(config.replace(workers=1), num_params)
     return Calibration(
@@ -179,7 +186,7 @@ def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> 
         allreduce_bandwidth=probe["beta"],
         sync_scale=sync2 / modelled if modelled else 1.0,
         # the whole non-compute part of a PS step at N=1 beyond the collective's overhead
-        ps_call_s=max(ps["comm_s"], ps["step_s"] - ps["compute_s"] - overhead1),
+        ps_call_s=max(ps["comm_s"], ps["step_s"] - c - overhead1),
         ps_bandwidth=(num_params * 8 / probe["echo_s"]) if probe["echo_s"] else probe["beta"],
         ps_apply_s=max(0.0, ps["comm_s"] - probe["echo_s"]),
         memory_per_worker=est.per_worker,
@@ -187,7 +194,7 @@ def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> 
         flops_per_sample=flops_per_sample(config),
         optimizer_copies=memory.optimizer_copies(config.optimizer, config.momentum),
         step_overhead_s=overhead1,
-        overhead_per_worker_s=max(0.0, overhead2 - overhead1 * s2),
+        contention_slope=slope,
         measured={
             "bsp_1": {k: v for k, v in one.items() if k != "spread"},
             "local_2": {k: v for k, v in alone.items() if k != "spread"},
@@ -197,7 +204,7 @@ def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> 
             "sync_2_measured_s": sync2,
             "sync_2_modelled_s": modelled,
             "probe": probe,
-            "seconds": time.time() - t0,
+            "seconds": seconds,
         },
     )
 

@@ -11,9 +11,11 @@ Pure arithmetic on a `Calibration` (what `plan_calibrate.py` measured on the clu
 - pipeline bubble (S-1)/(M+S-1).
 
 What a small machine adds, and the model has to say so rather than ignore: N worker processes time-
-share C cores, so each one's compute (and its CPU-bound loopback communication) stretches by
-max(1, N/C_eff). C_eff is not assumed: it is measured (compute per step at N=2 concurrently over N=1,
-see plan_calibrate.py), which also counts the driver's and other users' share of the cores.
+share the cores with each other, the driver and whatever else runs there, so each one's whole step
+(compute, overhead, CPU-bound loopback communication) stretches. With L processes' worth of other load
+on C cores a worker gets C/(N+L) of them, so its step grows as (N+L)/(1+L) = 1 + (N-1)/(1+L): linear in
+N, with a slope that is measured (a step at N=2 concurrently over N=1, see plan_calibrate.py), not
+assumed; and never below N/C, the floor of a machine with C cores to itself.
 
 Stragglers: a synchronous round lasts as long as its slowest member, so BSP's expected step is the
 expected maximum of N draws from the measured step-time spread (order statistics of the empirical
@@ -125,7 +127,7 @@ class Calibration:
     batch_size: int
     num_params: int
     compute_s: float  # one step's forward/backward/optimizer, one worker alone (median)
-    effective_cores: float  # N workers stretch compute by max(1, N / effective_cores)
+    effective_cores: float  # the machine's cores: N workers stretch by at least N / effective_cores
     spread: list[float]  # step compute times / their median, for stragglers
     allreduce_latency_s: float  # alpha per ring round, two workers, this machine
     allreduce_bandwidth: float  # beta, bytes/s
@@ -138,7 +140,7 @@ class Calibration:
     flops_per_sample: float | None = None  # forward + backward (FlopCounterMode)
     optimizer_copies: int = 1  # per-parameter state vectors local SGD averages with θ
     step_overhead_s: float = 0.0  # per step, neither compute nor communication (data, rows, segments): measured
-    overhead_per_worker_s: float = 0.0  # what each further worker adds to it (the driver gathers every worker's rows)
+    contention_slope: float = 0.0  # each further busy process stretches every step by this fraction (measured)
     measured: dict[str, Any] = field(default_factory=dict)  # the raw calibration figures, for the record
 
     @property
@@ -146,8 +148,8 @@ class Calibration:
         return self.num_params * FLOAT_BYTES
 
     def stretch(self, busy: int) -> float:
-        """Contention: `busy` CPU-bound processes on effective_cores cores."""
-        return max(1.0, busy / self.effective_cores)
+        """Contention: how much longer a step takes with `busy` processes at work than with one."""
+        return max(1.0, 1.0 + self.contention_slope * (busy - 1), busy / self.effective_cores)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -222,7 +224,7 @@ def predict(
     stretch = cal.stretch(busy) if here else 1.0  # CPU-bound loopback transfers stretch with compute
     compute = _compute(cal, hw, workers, busy)
     if here:
-        overhead = cal.step_overhead_s * stretch + cal.overhead_per_worker_s * (busy - 1)
+        overhead = cal.step_overhead_s * stretch
     else:  # a cluster's driver gathers rows over the network too; the per-step part measured here stays
         overhead = cal.step_overhead_s
     # Straggler wait: a synchronous step waits for the slowest of its members.

@@ -107,6 +107,10 @@ def test_contention_stretches_compute_past_the_effective_cores():
     steps = {n: planner.predict(cal, "bsp", "collective", n).compute_s for n in (1, 2, 4, 8)}
     assert steps[1] == steps[2] == pytest.approx(0.01)
     assert steps[4] == pytest.approx(0.02) and steps[8] == pytest.approx(0.04)
+    # other load on the machine: measured as a slope, each further worker adds its share to every step
+    loaded = _cal(effective_cores=16.0, contention_slope=0.5)
+    assert planner.predict(loaded, "bsp", "collective", 3).compute_s == pytest.approx(0.02)
+    assert planner.predict(loaded, "bsp", "collective", 1).compute_s == pytest.approx(0.01)
     # a what-if machine (one worker per machine) does not time-share
     hw = Hardware("x", 1e9, 1e-5)
     assert planner.predict(cal, "bsp", "collective", 8, hw).compute_s == pytest.approx(0.01)
