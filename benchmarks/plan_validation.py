@@ -110,6 +110,18 @@ def main() -> None:
     all_err = statistics.median(abs(r["error"]) for r in table)
     out_err = statistics.median(abs(r["error"]) for r in table if not r["in_sample"])
     print(f"median |error|: {all_err:.0%} over all {len(table)} runs; {out_err:.0%} out of sample")
+    # The noise floor: the calibration's runs are repeats of validation runs with the same config (minutes
+    # apart, same steps); how far two measurements of one thing differ bounds what any model can reach.
+    repeats = []
+    for model in models:
+        for calib, run in (("bsp-1", "bsp-collective-1"), ("bsp-2", "bsp-collective-2"), ("async-1", "async-ps-1")):
+            a, b = out / model / "calibration" / calib, out / model / run
+            if a.is_dir() and b.is_dir():
+                x, y = steady_figures(a)["step_s"], steady_figures(b)["step_s"]
+                repeats.append(abs(x / y - 1))
+                print(f"repeat {model} {run}: {x * 1e3:.2f} ms (calibration) vs {y * 1e3:.2f} ms ({x / y - 1:+.0%})")
+    if repeats:
+        print(f"median |difference| between repeats of one config: {statistics.median(repeats):.0%}")
     print(f"files in {out}")
 
 
