@@ -157,3 +157,32 @@ def test_plan_end_to_end_on_digits_with_a_tiny_calibration(tmp_path, ray_cluster
     for name in ("bsp-1", "bsp-2", "async-1"):  # the tiny runs are ordinary runs, kept for inspection
         assert (out / "calibration" / name / "metrics.parquet").is_file()
     assert "recommended at N=2" in result.output
+
+
+def test_report_sets_the_prediction_against_the_measured_steady_step(tmp_path):
+    from distrain.orchestrator.report import Run
+    from distrain.orchestrator.report_prediction import prediction_rows, prediction_section
+
+    # two workers, 20 steps each, 10 ms apart after a slow first step: the steady step is 10 ms
+    rows = [
+        {"kind": "step", "worker": w, "step": i, "wall_time": (0.5 if i > 0 else 0.0) + 1.0 + i * 0.01,
+         "compute_s": 0.004}
+        for w in (0, 1) for i in range(20)
+    ]  # fmt: skip
+    metrics = pd.DataFrame(rows)
+    with_prediction = tmp_path / "auto"
+    with_prediction.mkdir()
+    choice = {
+        "strategy": "bsp",
+        "transport": "collective",
+        "settings": {},
+        "reason": "r",
+        "predicted": {"step_s": 0.012},
+    }
+    auto_strategy.write_choice(with_prediction, choice)
+    without = tmp_path / "plain"
+    without.mkdir()
+    runs = [Run(with_prediction, "auto", {}, {}, metrics), Run(without, "plain", {}, {}, metrics)]
+    assert prediction_rows(runs) == [["auto", "bsp", "12.00", "10.00", "+20%"]]
+    assert "Predicted against measured" in prediction_section(runs)
+    assert prediction_section(runs[1:]) == ""
