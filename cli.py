@@ -354,6 +354,7 @@ def _plan_parameters() -> list[inspect.Parameter]:
         own("gpu_flops", str | None, "What-if achieved FLOP/s per worker, e.g. 300tflops (built-in models)."),
         own("calibration", Path | None, "Reuse the calibration of an earlier plan (its directory or plan.json)."),
         own("calibration_steps", int, "Steps of each tiny calibration run.", 24),
+        own("calibration_repeats", int, "Repeats of each tiny run (medians); 1 is faster, less robust to load.", 3),
         inspect.Parameter(
             "config",
             keyword,
@@ -418,6 +419,7 @@ def _plan(
     gpu_flops: str | None,
     calibration: Path | None,
     calibration_steps: int,
+    calibration_repeats: int,
     config: Path | None,
     task_arg: list[str] | None = None,
     optimizer_arg: list[str] | None = None,
@@ -431,6 +433,8 @@ def _plan(
         raise DistrainError(
             f"--calibration-steps must be at least 6 (a warm-up and a steady state), got {calibration_steps}"
         )
+    if calibration_repeats < 1:
+        raise DistrainError(f"--calibration-repeats must be at least 1, got {calibration_repeats}")
     overrides = dict(flags, workers=1, strategy="bsp", transport="", schedule="")
     overrides["task_args"] = parse_task_args(task_arg) if task_arg else None
     overrides["optimizer_args"] = parse_optimizer_args(optimizer_arg) if optimizer_arg else None
@@ -440,9 +444,9 @@ def _plan(
     saved = load_calibration(calibration) if calibration else None
     target = choose_out_dir(out_dir)
     if saved is None:
-        out.print(f"calibrating on this cluster ({calibration_steps} steps x 3 tiny runs, two probes)...",
-                  markup=False, highlight=False)  # fmt: skip
-    result = make_plan(cfg, counts, target, hardware, saved, steps=calibration_steps)
+        what = f"{calibration_repeats} x 4 tiny runs of {calibration_steps} steps, two probes"
+        out.print(f"calibrating on this cluster ({what})...", markup=False, highlight=False)
+    result = make_plan(cfg, counts, target, hardware, saved, steps=calibration_steps, repeats=calibration_repeats)
     print_plan(result)
 
 

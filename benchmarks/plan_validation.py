@@ -24,7 +24,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.orchestrator import cluster, planner
-from distrain.orchestrator.plan_calibrate import calibrate, fit, steady_figures
+from distrain.orchestrator.plan_calibrate import calibrate, fit, repeated_figures, steady_figures
 from distrain.orchestrator.run import run_training
 from distrain.orchestrator.run_checks import check_runnable
 
@@ -115,9 +115,9 @@ def main() -> None:
     repeats = []
     for model in models:
         for calib, run in (("bsp-1", "bsp-collective-1"), ("bsp-2", "bsp-collective-2"), ("async-1", "async-ps-1")):
-            a, b = out / model / "calibration" / calib, out / model / run
-            if a.is_dir() and b.is_dir():
-                x, y = steady_figures(a)["step_s"], steady_figures(b)["step_s"]
+            a, b = out / model / "calibration", out / model / run
+            if (list(a.glob(calib + "-r*")) or (a / calib).is_dir()) and b.is_dir():
+                x, y = repeated_figures(a, calib)["step_s"], steady_figures(b)["step_s"]
                 repeats.append(abs(x / y - 1))
                 print(f"repeat {model} {run}: {x * 1e3:.2f} ms (calibration) vs {y * 1e3:.2f} ms ({x / y - 1:+.0%})")
     if repeats:

@@ -20,6 +20,7 @@ from distrain.orchestrator.files import atomic_write_text
 AUTO = "auto"
 CHOICE_FILE = "prediction.json"
 CALIBRATION_STEPS = 12  # a run pays for its plan: short, the planner's minimum that gives a steady state
+CALIBRATION_REPEATS = 1  # and once: `distrain plan` repeats each tiny run (medians) when the choice matters more
 
 
 def choose(config_values: dict[str, Any], config_file: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -32,7 +33,7 @@ def choose(config_values: dict[str, Any], config_file: str | None) -> tuple[dict
 
     probe = RunConfig.resolve(config_file, dict(config_values, strategy="bsp", transport="", schedule=""))
     with tempfile.TemporaryDirectory(prefix="distrain-auto-") as tmp:
-        cal = calibrate(probe, Path(tmp), steps=CALIBRATION_STEPS)
+        cal = calibrate(probe, Path(tmp), steps=CALIBRATION_STEPS, repeats=CALIBRATION_REPEATS)
     available = memory.local_available() if not probe.address else None
     rec = recommend(cal, probe.workers, None, available)
     overrides = {"strategy": rec.strategy, "transport": rec.transport, **rec.settings}

@@ -69,6 +69,16 @@ def steady_figures_of(df: pd.DataFrame, where: str = "the run") -> dict[str, Any
     }
 
 
+def repeated_figures(where: Path, name: str) -> dict[str, Any]:
+    """The median of each figure over the repeats of one tiny run (`NAME-r0`, `NAME-r1`, ...; or `NAME`)."""
+    dirs = sorted(where.glob(f"{name}-r*")) or [where / name]
+    each = [steady_figures(d) for d in dirs]
+    merged: dict[str, Any] = {k: float(statistics.median(f[k] for f in each)) for k in each[0] if k != "spread"}
+    merged["spread"] = sorted(x for f in each for x in f["spread"])
+    merged["repeats"] = [f["step_s"] for f in each]
+    return merged
+
+
 def _tiny(config: RunConfig, out: Path, name: str, steps: int, **changes: Any) -> Path:
     from distrain.orchestrator.run import run_training
 
@@ -126,8 +136,12 @@ def flops_per_sample(config: RunConfig) -> float | None:
     return counter.get_total_flops() / 8
 
 
-def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> Calibration:
-    """Measure the task and this cluster; the tiny runs' directories stay under `out/calibration/`."""
+REPEATS = 3  # each tiny run, interleaved: the median of three survives one run hit by a burst of other load
+
+
+def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20, repeats: int = REPEATS) -> Calibration:
+    """Measure the task and this cluster; the tiny runs' directories stay under `out/calibration/`
+    (`NAME-rI`, I the repeat)."""
     import ray
 
     from distrain.orchestrator import cluster
@@ -142,11 +156,13 @@ def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> 
     base = config.replace(schedule="", strategy="bsp", transport="collective", backup_workers=0, address="")
     try:
         t0 = time.time()
-        _tiny(base, where, "bsp-1", steps, workers=1)
-        # Two workers that never average (τ past the run's end): contention apart from synchronisation
-        _tiny(base.replace(strategy="local-sgd", tau=10 * steps), where, "local-2", steps, workers=2)
-        _tiny(base, where, "bsp-2", steps, workers=2)
-        _tiny(base.replace(strategy="async", transport="ps", ps_shards=1), where, "async-1", steps, workers=1)
+        for r in range(repeats):  # interleaved: a burst of load hits one repeat of each, not every run of one
+            _tiny(base, where, f"bsp-1-r{r}", steps, workers=1)
+            # Two workers that never average (τ past the run's end): contention apart from synchronisation
+            _tiny(base.replace(strategy="local-sgd", tau=10 * steps), where, f"local-2-r{r}", steps, workers=2)
+            _tiny(base, where, f"bsp-2-r{r}", steps, workers=2)
+            async_cfg = base.replace(strategy="async", transport="ps", ps_shards=1)
+            _tiny(async_cfg, where, f"async-1-r{r}", steps, workers=1)
         probe = _probes(num_params * 4, reps)
     finally:
         if started:
@@ -158,7 +174,7 @@ def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20) -> 
 def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], seconds: float = 0.0) -> Calibration:
     """The calibration from the tiny runs' directories under `where` and the probes' figures (so a
     calibration can be refitted from what a plan kept, e.g. after a change to the model)."""
-    one, alone, two, ps = (steady_figures(where / name) for name in ("bsp-1", "local-2", "bsp-2", "async-1"))
+    one, alone, two, ps = (repeated_figures(where, name) for name in ("bsp-1", "local-2", "bsp-2", "async-1"))
     c = one["compute_s"]
     overhead1 = max(0.0, one["step_s"] - c - one["comm_s"])
     # Two workers at once, neither waiting for the other: how much the second stretched the whole step
@@ -196,7 +212,7 @@ def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], 
         step_overhead_s=overhead1,
         contention_slope=slope,
         measured={
-            "bsp_1": {k: v for k, v in one.items() if k != "spread"},
+            "bsp_1": {k: v for k, v in one.items() if k != "spread"},  # medians; "repeats": each run's step
             "local_2": {k: v for k, v in alone.items() if k != "spread"},
             "bsp_2": {k: v for k, v in two.items() if k != "spread"},
             "async_1": {k: v for k, v in ps.items() if k != "spread"},

@@ -57,12 +57,13 @@ def make_plan(
     hardware: Hardware | None = None,
     calibration: Calibration | None = None,
     steps: int = 24,
+    repeats: int = 3,
 ) -> PlanResult:
     out.mkdir(parents=True, exist_ok=True)
     if calibration is None:
         from distrain.orchestrator.plan_calibrate import calibrate
 
-        calibration = calibrate(config, out, steps=steps)
+        calibration = calibrate(config, out, steps=steps, repeats=repeats)
     available = memory.local_available() if not config.address else None
     here = planner.plan_table(calibration, worker_counts)
     whatif = planner.plan_table(calibration, worker_counts, hardware) if hardware else []

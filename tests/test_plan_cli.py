@@ -62,6 +62,7 @@ def test_worker_counts_and_units():
         (["--latency", "5us"], "--bandwidth"),
         (["--gpu-flops", "lots", "--preset", "25gbe"], "--gpu-flops"),
         (["--calibration-steps", "2"], "--calibration-steps"),
+        (["--calibration-repeats", "0"], "--calibration-repeats"),
         (["--calibration", "nowhere.json"], "--calibration"),
         (["--model", "no-such-model"], "model"),
     ],
@@ -147,14 +148,27 @@ def test_run_strategy_auto_runs_the_concrete_choice(tmp_path, monkeypatch):
 def test_plan_end_to_end_on_digits_with_a_tiny_calibration(tmp_path, ray_cluster):
     out = tmp_path / "plan"
     result = runner.invoke(
-        app, ["plan", "--model", "mlp", "--workers", "1,2", "--calibration-steps", "8", "--out", str(out)]
+        app,
+        [
+            "plan",
+            "--model",
+            "mlp",
+            "--workers",
+            "1,2",
+            "--calibration-steps",
+            "8",
+            "--calibration-repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     cal = planner.Calibration.from_dict(json.loads((out / "plan.json").read_text())["calibration"])
     assert cal.num_params == 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10  # mlp on digits
     assert cal.compute_s > 0 and cal.effective_cores > 0 and cal.allreduce_bandwidth > 0 and cal.ps_call_s > 0
     assert cal.flops_per_sample and cal.flops_per_sample > 2 * 3 * cal.num_params * 0.9  # fwd + bwd ~ 6 flops/param
-    for name in ("bsp-1", "bsp-2", "async-1"):  # the tiny runs are ordinary runs, kept for inspection
+    for name in ("bsp-1-r0", "local-2-r0", "bsp-2-r0", "async-1-r0"):  # ordinary runs, kept for inspection
         assert (out / "calibration" / name / "metrics.parquet").is_file()
     assert "recommended at N=2" in result.output
 
