@@ -693,10 +693,6 @@ def tune(
     from distrain.orchestrator.sweep_spec import SweepSpec, parse_dimension, parse_param, plugin_strategies
 
     values = locals()
-    if workers is not None:  # one grammar for compared worker counts, as `plan` reads them
-        from distrain.units import parse_worker_counts
-
-        parse_worker_counts(workers)
     dimensions: dict[str, Any] = {}
     for arg, (name, flag) in SWEPT_FLAGS.items():
         if values[arg] is not None:
