@@ -237,9 +237,10 @@ def predict(
     if ps:
         # push n and pull n through K shards: a round trip's fixed cost, n/K bytes to each shard, and the
         # shard serving all P calls (its fan-in) one after another.
-        if here:  # measured round trip (push + pull) and shard service time, stretched by contention
-            call = cal.ps_call_s * stretch
-            shard_busy = workers * cal.ps_apply_s * stretch
+        if here:  # measured round trip (push + pull): a worker blocked on it uses no core, so it is not
+            # stretched; the shard serves the N workers' calls one after another
+            call = cal.ps_call_s
+            shard_busy = workers * cal.ps_apply_s
         else:  # a full-duplex link: n out and n in at once; a shard takes in P n/K per step
             call = 2 * hw.latency_s + n / hw.bandwidth
             shard_busy = workers * (cal.ps_apply_s + n / shards / hw.bandwidth)
