@@ -342,7 +342,9 @@ class Optimization:
 class StrategySection:
     """The consistency strategy, its transport, a schedule of strategies, and each strategy's own options."""
 
-    strategy: str = setting("bsp", "Consistency strategy (see `distrain strategies`).", "strategy")
+    strategy: str = setting(
+        "bsp", "Consistency strategy (see `distrain strategies`), or auto: what `distrain plan` recommends.", "strategy"
+    )
     transport: str = setting(
         "",
         "collective (all-reduce) or ps (parameter server); empty: the strategy's default (ps for async and ssp, "

@@ -20,7 +20,7 @@ _RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z/]+)\s*", re.I
 
 
 def parse_rate(text: str, flag: str = "--comm-bandwidth") -> float:
-    """"100mbit", "25gbit", "12.5MB/s", "1GiB/s" -> bytes per second (> 0). "MB/s" means bytes and "mbit"
+    """ "100mbit", "25gbit", "12.5MB/s", "1GiB/s" -> bytes per second (> 0). "MB/s" means bytes and "mbit"
     bits, whatever the case; a bare number is refused (bits or bytes?)."""
     if str(text).strip().startswith("-"):
         raise ConfigError(f"{flag} must be a positive rate, got {text!r}")
@@ -41,3 +41,43 @@ def rate_text(bytes_per_s: float) -> str:
         if bits >= scale:
             return f"{bits / scale:g} {unit}"
     return f"{bits:g} bit/s"
+
+
+DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+FLOPS_UNITS = {"flops": 1.0, "gflops": 1e9, "tflops": 1e12, "pflops": 1e15}
+_AMOUNT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-zµ/]*)\s*", re.IGNORECASE)
+
+
+def _amount(text: str, flag: str, units: dict[str, float], example: str) -> float:
+    match = _AMOUNT.fullmatch(str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in units:
+        raise ConfigError(f"{flag} {text!r} is not understood: write a number and a unit, e.g. {example}")
+    value = float(match.group(1)) * units[unit]
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{flag} must be positive, got {text!r}")
+    return value
+
+
+def parse_duration(text: str, flag: str = "--latency") -> float:
+    """ "50us", "0.2ms", "1s" -> seconds (> 0)."""
+    return _amount(text, flag, DURATION_UNITS, "50us or 0.2ms")
+
+
+def parse_flops(text: str, flag: str = "--gpu-flops") -> float:
+    """ "300tflops", "5e14flops" -> FLOP/s (> 0)."""
+    return _amount(text, flag, FLOPS_UNITS, "300tflops")
+
+
+def parse_worker_counts(text: str, flag: str = "--workers") -> list[int]:
+    """The comma list where several worker counts are compared (`plan`, `tune`): "1,2,4,64" -> [1, 2, 4, 64],
+    each a positive integer, in the order given, repeats dropped. (A single `N` is a run's count; `MIN..MAX`,
+    an elastic run's range, is parsed where runs read --workers.)"""
+    counts: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise ConfigError(f"{flag} {text!r} must be a comma list of positive worker counts, e.g. 1,2,4,64")
+        if int(part) not in counts:
+            counts.append(int(part))
+    return counts

@@ -344,7 +344,10 @@ def render(runs: Sequence[Run]) -> dict[str, bytes]:
     text = "# distrain report\n\n" + setup_text(runs) + "\n"
     text += "\n".join(f"- `{run.label}`: `{run.path}`" for run in runs) + "\n\n"
     text += markdown_table(table_rows(runs)) + "\n"
-    text += "".join(s + "\n" for s in (settings_section(runs), events_section(plotted)) if s)
+    from distrain.orchestrator.report_prediction import prediction_section
+
+    sections = (settings_section(runs), events_section(plotted), prediction_section(runs))
+    text += "".join(s + "\n" for s in sections if s)
     if files:
         text += "## Plots\n"
         text += "".join(f"\n{CAPTIONS[n].format(w=w)}\n\n![{Path(n).stem}]({n})\n" for n in files)

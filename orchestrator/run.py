@@ -20,7 +20,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
-from distrain.orchestrator import cluster, interrupts, memory
+from distrain.orchestrator import auto_strategy, cluster, interrupts, memory
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
@@ -160,9 +160,11 @@ class Plan:
     claim: Claim | None = None  # a new run's directory, given back if the run is refused before it starts
     rows: dict[str, list[Any]] | None = None  # --resume: the metrics rows before the checkpoint's step
     memory: memory.MemoryEstimate | None = None
+    # --strategy auto: what the planner chose and why (orchestrator/auto_strategy.py)
+    auto: dict[str, Any] | None = None
 
 
-def preflight(config: RunConfig, resume: bool = False) -> Plan:
+def preflight(config: RunConfig, resume: bool = False, auto: dict[str, Any] | None = None) -> Plan:
     """Checks that need no cluster, then (a new run) the claim of its directory: before Ray starts, so a
     directory that cannot be made, or that another run holds, is refused at once. Writes nothing else."""
     num_params = check_runnable(config)  # a sweep makes the same checks for each of its trials
@@ -175,13 +177,22 @@ def preflight(config: RunConfig, resume: bool = False) -> Plan:
         path, checkpoint = resume_checkpoint(config, num_params)
         refuse_unreachable(config.chaos_events, total)  # events before the checkpoint: not fired (skip_reached)
         rows = recorded_rows(config, checkpoint)
-        return Plan(Path(config.run_dir), num_params, checkpoint, True, path, rows=rows, memory=needs)
+        recorded_auto = auto_strategy.recorded_choice(Path(config.run_dir))
+        return Plan(
+            Path(config.run_dir), num_params, checkpoint, True, path, rows=rows, memory=needs, auto=recorded_auto
+        )
     checkpoint = check_init_from(config, num_params)
     if checkpoint is not None:  # --init-from takes model, optimizer and step; a strategy's own state (local
         checkpoint.pop("strategy_state", None)  # SGD's τ, say) belongs to the run that wrote it
     refuse_unreachable(config.chaos_events, total, int(checkpoint["global_step"]) if checkpoint else 0)
-    claim = claim_run_dir(config.run_dir, config.strategy_name, lambda path: _recorded(config, path).to_yaml())
-    return Plan(claim.path, num_params, checkpoint, claim=claim, memory=needs)
+    claim = claim_run_dir(
+        config.run_dir,
+        config.strategy_name,
+        lambda path: auto_strategy.yaml_header(auto) + _recorded(config, path).to_yaml(),
+    )
+    if auto is not None:
+        auto_strategy.write_choice(claim.path, auto)
+    return Plan(claim.path, num_params, checkpoint, claim=claim, memory=needs, auto=auto)
 
 
 @dataclass
@@ -218,6 +229,7 @@ def run_training(
     on_event: EventHandler | None = None,
     resume: bool = False,
     callbacks: list[Callback] | None = None,
+    auto: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run `config` to its end. `on_event` gets the display's events; `callbacks` (orchestrator/callbacks.py)
     get the run's hooks and may stop it early (status "stopped")."""
@@ -227,7 +239,7 @@ def run_training(
         from distrain.orchestrator.tensorboard import TensorBoardWriter
 
         hooks.callbacks.append(TensorBoardWriter(config.tensorboard))
-    plan = preflight(config, resume)
+    plan = preflight(config, resume, auto)
     connection = None
     placement = None
     actors: list[Any] = []  # everything started here, killed on the way out
@@ -243,7 +255,8 @@ def run_training(
             cluster.check_memory(plan.memory)
         refuse_on_cluster(config.chaos_events)
         if plan.resumed:  # the resumable flags given now are the run's from here on
-            atomic_write_text(plan.run_dir / "config.yaml", _recorded(config, plan.run_dir).to_yaml())
+            header = auto_strategy.yaml_header(plan.auto)
+            atomic_write_text(plan.run_dir / "config.yaml", header + _recorded(config, plan.run_dir).to_yaml())
         placement = cluster.place(config)
         state = RunState.create(config, plan)
         started = True
@@ -759,8 +772,11 @@ class _Driver:
         """Summary figures of straggler handling: who was flagged (the driver's detector), and what the
         strategy's own driver-side actors saw (`Strategy.actor_figures`: e.g. gradients dropped)."""
         figures: dict[str, Any] = {"stragglers": self.detector.summary()}
-        actors = {"ps_shards": self.shards, "portion_scheduler": self.portion_scheduler,
-                  "sandblaster_coordinator": self.portion_scheduler}
+        actors = {
+            "ps_shards": self.shards,
+            "portion_scheduler": self.portion_scheduler,
+            "sandblaster_coordinator": self.portion_scheduler,
+        }
         figures |= strategy_class(self.config.strategy).actor_figures(
             self.config, {name: actor for name, actor in actors.items() if actor is not None}
         )
@@ -853,6 +869,8 @@ class _Driver:
         if info:
             summary["task_info"] = info
         summary["diverged"] = self.diverged.describe() if self.diverged else None
+        if self.plan.auto is not None:
+            summary["strategy_auto"] = auto_strategy.summary_entry(self.plan.auto)
         if self.config.chaos:
             summary["chaos"] = self.state.chaos.summary(self.steps_done)
         if self.config.schedule:

@@ -58,8 +58,15 @@ def test_backup_tasks_round_gradient_is_the_global_batch_mean_with_no_portion_co
     single = run_training(RunConfig(workers=1, batch_size=32, run_dir=str(tmp_path / "one"), **common))
     backup = run_training(
         RunConfig(
-            strategy="bsp", transport="ps", workers=2, batch_size=16, backup_tasks=True, portions=4,
-            straggler=["1:0.03"], run_dir=str(tmp_path / "backup"), **common,
+            strategy="bsp",
+            transport="ps",
+            workers=2,
+            batch_size=16,
+            backup_tasks=True,
+            portions=4,
+            straggler=["1:0.03"],
+            run_dir=str(tmp_path / "backup"),
+            **common,
         )  # fmt: skip
     )
     assert (final_params(backup.run_dir) - final_params(single.run_dir)).abs().max().item() <= 1e-5

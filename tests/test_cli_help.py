@@ -36,7 +36,7 @@ def option_names(command: str) -> list[str]:
     return [opt for p in click_command.params for opt in p.opts if opt.startswith("-")]
 
 
-@pytest.mark.parametrize("command", ["run", "tune"])
+@pytest.mark.parametrize("command", ["run", "tune", "plan"])
 def test_help_fits_80_columns_with_every_option_name_whole(command):
     text = help_text(command)
     assert max(len(line) for line in text.splitlines()) <= 80

@@ -26,7 +26,7 @@ from distrain.trainers.task import BatchReader, ClassificationTask, Task, reduce
 from tests.test_cli_errors import no_ray  # noqa: F401 - the fixture: fail if Ray would start
 
 REGRESSION = textwrap.dedent(
-    '''
+    """
     import torch
     from torch.utils.data import TensorDataset
 
@@ -80,7 +80,7 @@ REGRESSION = textwrap.dedent(
     class BrokenModel(Regression):
         def build_model(self):
             raise RuntimeError("my model has a bug")
-    '''
+    """
 )
 
 

@@ -1,0 +1,129 @@
+"""The planner's predictions against measured runs (issue 17).
+
+For each task: calibrate once (orchestrator/plan_calibrate.py: tiny runs at N=1 and 2, probes), then run
+bsp over both transports, ssp(2), async, local-sgd(τ=8) and diloco(H=50) at N = 1, 2, 4 for --steps
+steps each, and compare the predicted per-worker step time with the measured one (steady state: the
+span of a worker's steps after the first quarter, over their count; median over workers). Runs are
+interleaved (the strategy loop inside the worker-count loop) in one Ray session per task.
+
+Calibration points are in-sample for bsp (collective) at N=1 and 2 and async at N=1: the table marks
+them, and the median error is given with and without them.
+
+    python benchmarks/plan_validation.py [--steps 60] [--tasks mlp,cnn] [--out /tmp/plan-validation]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import ray
+
+from distrain.config import RunConfig
+from distrain.orchestrator import cluster, planner
+from distrain.orchestrator.plan_calibrate import calibrate, fit, repeated_figures, steady_figures
+from distrain.orchestrator.run import run_training
+from distrain.orchestrator.run_checks import check_runnable
+
+STRATEGIES = [
+    ("bsp", "collective", {}),
+    ("bsp", "ps", {}),
+    ("ssp", "ps", {"staleness": 2}),
+    ("async", "ps", {}),
+    ("local-sgd", "collective", {"tau": 8}),
+    ("diloco", "collective", {"sync_every": 50}),
+]
+IN_SAMPLE = {("bsp", "collective", 1), ("bsp", "collective", 2), ("async", "ps", 1)}
+
+
+def base_config(model: str) -> RunConfig:
+    return RunConfig(model=model, dataset="digits", batch_size=32, epochs=100, lr=0.05, lr_scaling="none")
+
+
+def measure(out: Path, models: list[str], counts: list[int], steps: int) -> None:
+    """Calibrate, then run every strategy at every N (strategies interleaved within each N)."""
+    for model in models:
+        base = base_config(model)
+        cluster.start_local_ray(6)
+        try:
+            calibrate(base, out / model, steps=24)
+            for n in counts:
+                for strategy, transport, settings in STRATEGIES:
+                    run_dir = out / model / f"{strategy}-{transport}-{n}"
+                    cfg = base.replace(
+                        strategy=strategy, transport=transport, workers=n, max_steps=steps, eval_every=0,
+                        run_dir=str(run_dir), **settings,
+                    )  # fmt: skip
+                    run_training(cfg)
+                    print(f"measured {model} {strategy} {transport} N={n}", flush=True)
+        finally:
+            ray.shutdown()
+
+
+def evaluate(out: Path, models: list[str]) -> list[dict]:
+    """Predicted against measured for every run directory there is, from the calibration refitted with
+    the planner as it is now (plan_calibrate.fit on the kept calibration runs and probe figures)."""
+    rows = []
+    for model in models:
+        where = out / model / "calibration"
+        probe = json.loads((where / "probe.json").read_text())
+        base = base_config(model)
+        cal = fit(base, where, check_runnable(base), probe)
+        for strategy, transport, settings in STRATEGIES:
+            for run_dir in sorted((out / model).glob(f"{strategy}-{transport}-*")):
+                n = int(run_dir.name.rsplit("-", 1)[1])
+                measured = steady_figures(run_dir)["step_s"]
+                pred = planner.predict(cal, strategy, transport, n, settings=settings)
+                rows.append({
+                    "task": f"{model}/digits", "strategy": strategy, "transport": transport, "workers": n,
+                    "predicted_ms": pred.step_s * 1e3, "measured_ms": measured * 1e3,
+                    "error": pred.step_s / measured - 1, "in_sample": (strategy, transport, n) in IN_SAMPLE,
+                })  # fmt: skip
+        rows.append({"task": f"{model}/digits", "calibration": cal.to_dict()})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--tasks", default="mlp,cnn")
+    ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--refit", action="store_true", help="no runs: evaluate the run directories in --out again")
+    args = ap.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="plan-validation-"))
+    models = args.tasks.split(",")
+    if not args.refit:
+        measure(out, models, [int(x) for x in args.workers.split(",")], args.steps)
+    rows = evaluate(out, models)
+    (out / "validation.json").write_text(json.dumps(rows, indent=2))
+    table = sorted((r for r in rows if "error" in r), key=lambda r: (r["task"], r["workers"]))
+    print("| task | N | strategy | transport | predicted ms | measured ms | error |")
+    print("|---|---|---|---|---|---|---|")
+    for r in table:
+        mark = " (calibration)" if r["in_sample"] else ""
+        print(f"| {r['task']} | {r['workers']} | {r['strategy']}{mark} | {r['transport']} | {r['predicted_ms']:.2f} | "
+              f"{r['measured_ms']:.2f} | {r['error']:+.0%} |")  # fmt: skip
+    all_err = statistics.median(abs(r["error"]) for r in table)
+    out_err = statistics.median(abs(r["error"]) for r in table if not r["in_sample"])
+    print(f"median |error|: {all_err:.0%} over all {len(table)} runs; {out_err:.0%} out of sample")
+    # The noise floor: the calibration's runs are repeats of validation runs with the same config (minutes
+    # apart, same steps); how far two measurements of one thing differ bounds what any model can reach.
+    repeats = []
+    for model in models:
+        for calib, run in (("bsp-1", "bsp-collective-1"), ("bsp-2", "bsp-collective-2"), ("async-1", "async-ps-1")):
+            a, b = out / model / "calibration", out / model / run
+            if (list(a.glob(calib + "-r*")) or (a / calib).is_dir()) and b.is_dir():
+                x, y = repeated_figures(a, calib)["step_s"], steady_figures(b)["step_s"]
+                repeats.append(abs(x / y - 1))
+                print(f"repeat {model} {run}: {x * 1e3:.2f} ms (calibration) vs {y * 1e3:.2f} ms ({x / y - 1:+.0%})")
+    if repeats:
+        print(f"median |difference| between repeats of one config: {statistics.median(repeats):.0%}")
+    print(f"files in {out}")
+
+
+if __name__ == "__main__":
+    main()

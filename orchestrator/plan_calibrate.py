@@ -1,0 +1,231 @@
+"""The planner's calibration: a few real steps and two micro-benchmarks on the cluster at hand.
+
+- Four tiny real runs of the task (`--max-steps`, evaluation only at the end): BSP over the
+  collective at N=1 (compute and per-step overhead alone); local SGD at N=2 with a τ past the run's
+  end (two workers computing at once and never averaging: how much they stretch each other, i.e. the
+  machine's effective cores, and what a second worker adds to the overhead); BSP at N=2 (its step over
+  the previous run's is what synchronising costs here, set against the model's all-reduce and
+  straggler wait: `sync_scale`); async over the PS at N=1 (the round trip of a push and a pull).
+  Per-worker steady-state step (span over count after a warm-up), medians.
+- An all-reduce probe: two actors in a gloo group time all-reduces of three sizes; a least-squares
+  line t = 2 alpha + n / beta gives latency and bandwidth.
+- An echo probe: an actor call carrying n bytes out and back, against the PS round trip, leaves the
+  shard's own service time (apply + serve).
+
+Measuring contention, rather than assuming N/cores, is what makes the prediction hold on a machine
+shared with others: their load is in the N=2 figure (the previous planner assumed it and was 40% off).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from distrain.config import RunConfig
+from distrain.orchestrator import memory
+from distrain.orchestrator.planner import Calibration
+
+WARMUP_FRACTION = 0.25  # the first quarter of a run's steps (at least 2) is start-up, not steady state
+
+
+def steady_figures(run_dir: Path) -> dict[str, Any]:
+    """A run's steady-state step, from its metrics.parquet: per worker, the span of its steps after the
+    warm-up over their count (so a local-SGD round's all-reduce is amortised as it is in the run);
+    medians over the workers. Also the median compute_s, comm_s and wait_s of those steps."""
+    return steady_figures_of(pd.read_parquet(run_dir / "metrics.parquet"), str(run_dir))
+
+
+def steady_figures_of(df: pd.DataFrame, where: str = "the run") -> dict[str, Any]:
+    steps = df[df["kind"] == "step"].sort_values("wall_time")
+    per_worker = []
+    kept = []
+    for _, rows in steps.groupby("worker"):
+        skip = max(2, int(len(rows) * WARMUP_FRACTION))
+        rows = rows.iloc[skip:]
+        if len(rows) >= 2:
+            per_worker.append((rows["wall_time"].iloc[-1] - rows["wall_time"].iloc[0]) / (len(rows) - 1))
+            kept.append(rows)
+    if not kept:
+        raise ValueError(f"{where} has too few steps to measure a steady state")
+    body = pd.concat(kept)
+
+    def med(column: str) -> float:
+        values = body[column].dropna() if column in body else pd.Series(dtype=float)
+        return float(values.median()) if not values.empty else 0.0
+
+    compute = body["compute_s"].to_numpy(dtype=float)
+    return {
+        "step_s": float(statistics.median(per_worker)),
+        "compute_s": med("compute_s"),
+        "comm_s": med("comm_s"),
+        "wait_s": med("wait_s"),
+        "spread": list(np.sort(compute / np.median(compute))) if len(compute) else [1.0],
+    }
+
+
+def repeated_figures(where: Path, name: str) -> dict[str, Any]:
+    """The median of each figure over the repeats of one tiny run (`NAME-r0`, `NAME-r1`, ...; or `NAME`)."""
+    dirs = sorted(where.glob(f"{name}-r*")) or [where / name]
+    each = [steady_figures(d) for d in dirs]
+    merged: dict[str, Any] = {k: float(statistics.median(f[k] for f in each)) for k in each[0] if k != "spread"}
+    merged["spread"] = sorted(x for f in each for x in f["spread"])
+    merged["repeats"] = [f["step_s"] for f in each]
+    return merged
+
+
+def _tiny(config: RunConfig, out: Path, name: str, steps: int, **changes: Any) -> Path:
+    from distrain.orchestrator.run import run_training
+
+    run_dir = out / name
+    cfg = config.replace(
+        max_steps=steps, eval_every=0, checkpoint_every=0, tensorboard="", run_dir=str(run_dir), **changes
+    )
+    run_training(cfg)
+    return run_dir
+
+
+def _probes(nbytes: int, reps: int) -> dict[str, float]:
+    """All-reduce latency/bandwidth (two actors, gloo) and an echo of the model's gradient."""
+    import ray
+
+    from distrain.orchestrator.plan_probe import Probe
+
+    a, b = Probe.remote(), Probe.remote()
+    try:
+        address = ray.get(a.address.remote())
+        ray.get([a.join.remote(0, 2, address), b.join.remote(1, 2, address)])
+        sizes = [1024, 256 * 1024, max(4 * 2**20, nbytes)]
+        times = []
+        for size in sizes:  # both ranks run the same all-reduces; rank 0's medians are the figures
+            t0, _ = ray.get([a.all_reduce.remote(size // 4, reps), b.all_reduce.remote(size // 4, reps)])
+            times.append(t0)
+        # t = 2 alpha + n / beta (P = 2: two rounds, n bytes each way in all)
+        slope, intercept = np.polyfit(np.array(sizes, dtype=float), np.array(times), 1)
+        alpha = max(float(intercept) / 2, 1e-6)
+        beta = 1.0 / slope if slope > 0 else 1e12
+        echo = ray.get(a.echo_time.remote(nbytes, reps))
+        ping = ray.get(a.echo_time.remote(0, reps))
+        return {"alpha": alpha, "beta": beta, "echo_s": echo, "ping_s": ping, "sizes": sizes, "times": times}
+    finally:
+        for actor in (a, b):
+            ray.kill(actor, no_restart=True)
+
+
+def flops_per_sample(config: RunConfig) -> float | None:
+    """Forward + backward FLOPs of one sample of the built-in model (FlopCounterMode); None for a user's
+    task, whose batches the planner cannot make up."""
+    if config.task:
+        return None
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from distrain.trainers.datasets import DATASETS
+    from distrain.trainers.models import build_model
+
+    info = DATASETS.get(config.dataset).info
+    net = build_model(config.model, info, 0)
+    x = torch.randn(8, info.channels, info.height, info.width)
+    with FlopCounterMode(display=False) as counter:
+        net(x).sum().backward()
+    return counter.get_total_flops() / 8
+
+
+REPEATS = 3  # each tiny run, interleaved: the median of three survives one run hit by a burst of other load
+
+
+def calibrate(config: RunConfig, out: Path, steps: int = 24, reps: int = 20, repeats: int = REPEATS) -> Calibration:
+    """Measure the task and this cluster; the tiny runs' directories stay under `out/calibration/`
+    (`NAME-rI`, I the repeat)."""
+    import ray
+
+    from distrain.orchestrator import cluster
+    from distrain.orchestrator.run_checks import check_runnable
+
+    num_params = check_runnable(config)
+    started = False
+    if not ray.is_initialized() and not config.address:
+        cluster.start_local_ray(max(4, (config.ps_shards or 1) + 3))
+        started = True
+    where = out / "calibration"
+    base = config.replace(schedule="", strategy="bsp", transport="collective", backup_workers=0, address="")
+    try:
+        t0 = time.time()
+        for r in range(repeats):  # interleaved: a burst of load hits one repeat of each, not every run of one
+            _tiny(base, where, f"bsp-1-r{r}", steps, workers=1)
+            # Two workers that never average (τ past the run's end): contention apart from synchronisation
+            _tiny(base.replace(strategy="local-sgd", tau=10 * steps), where, f"local-2-r{r}", steps, workers=2)
+            _tiny(base, where, f"bsp-2-r{r}", steps, workers=2)
+            async_cfg = base.replace(strategy="async", transport="ps", ps_shards=1)
+            _tiny(async_cfg, where, f"async-1-r{r}", steps, workers=1)
+        probe = _probes(num_params * 4, reps)
+    finally:
+        if started:
+            ray.shutdown()
+    (where / "probe.json").write_text(json.dumps(probe, indent=2))
+    return fit(config, where, num_params, probe, time.time() - t0)
+
+
+def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], seconds: float = 0.0) -> Calibration:
+    """The calibration from the tiny runs' directories under `where` and the probes' figures (so a
+    calibration can be refitted from what a plan kept, e.g. after a change to the model)."""
+    one, alone, two, ps = (repeated_figures(where, name) for name in ("bsp-1", "local-2", "bsp-2", "async-1"))
+    c = one["compute_s"]
+    overhead1 = max(0.0, one["step_s"] - c - one["comm_s"])
+    # Two workers at once, neither waiting for the other: how much the second stretched the whole step
+    # (its compute, overhead, the driver's share, other users' load around it).
+    stretch2 = alone["step_s"] / one["step_s"] if one["step_s"] else 1.0
+    slope = max(0.0, stretch2 - 1.0)
+    cores = float(max(1, _ray_cpus(config)))
+    s2 = max(1.0, 1.0 + slope, 2 / cores)
+    spread = [float(x) for x in alone["spread"]]
+    # BSP at N=2 over the same run without averaging: what synchronising costs here, against the model's
+    ring2 = (2 * probe["alpha"] + num_params * 4 / probe["beta"]) * s2
+    from distrain.orchestrator.planner import expected_max
+
+    modelled = ring2 + c * s2 * (expected_max(spread, 2) - 1)
+    sync2 = max(0.0, two["step_s"] - alone["step_s"])
+    est = memory.estimate(config.replace(workers=1), num_params)
+    return Calibration(
+        task=f"{config.model} on {config.dataset}" if not config.task else config.task,
+        batch_size=config.batch_size,
+        num_params=num_params,
+        compute_s=c,
+        effective_cores=cores,
+        spread=spread,
+        allreduce_latency_s=probe["alpha"],
+        allreduce_bandwidth=probe["beta"],
+        sync_scale=sync2 / modelled if modelled else 1.0,
+        # the whole non-compute part of a PS step at N=1 beyond the collective's overhead
+        ps_call_s=max(ps["comm_s"], ps["step_s"] - c - overhead1),
+        ps_bandwidth=(num_params * 8 / probe["echo_s"]) if probe["echo_s"] else probe["beta"],
+        ps_apply_s=max(0.0, ps["comm_s"] - probe["echo_s"]),
+        memory_per_worker=est.per_worker,
+        memory_per_shard=memory.PROCESS_BYTES + num_params * 4 * 3,
+        flops_per_sample=flops_per_sample(config),
+        optimizer_copies=memory.optimizer_copies(config.optimizer, config.momentum),
+        step_overhead_s=overhead1,
+        contention_slope=slope,
+        measured={
+            "bsp_1": {k: v for k, v in one.items() if k != "spread"},  # medians; "repeats": each run's step
+            "local_2": {k: v for k, v in alone.items() if k != "spread"},
+            "bsp_2": {k: v for k, v in two.items() if k != "spread"},
+            "async_1": {k: v for k, v in ps.items() if k != "spread"},
+            "stretch_2": stretch2,
+            "sync_2_measured_s": sync2,
+            "sync_2_modelled_s": modelled,
+            "probe": probe,
+            "seconds": seconds,
+        },
+    )
+
+
+def _ray_cpus(config: RunConfig) -> float:
+    import os
+
+    return float(os.cpu_count() or 2)

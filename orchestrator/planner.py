@@ -1,0 +1,395 @@
+"""The planner's analytic model: step time, traffic and memory of each strategy at N workers.
+
+Pure arithmetic on a `Calibration` (what `plan_calibrate.py` measured on the cluster at hand) and a
+`Hardware` (the measured link, or a what-if one): no Ray, no torch. The formulas are those of
+/work/shared/reference/algorithms.md, "All-reduce costs" and "Memory per worker":
+
+- ring all-reduce of n bytes over P workers: each worker sends 2(P-1)n/P bytes in 2(P-1) rounds,
+  time 2(P-1)alpha + 2(P-1)n/(P beta); double binary tree: ~2 log2(P) rounds, same bandwidth term;
+- parameter server with K shards: each worker pushes n and pulls n; each shard carries P n/K each way
+  and serves P calls per step (its fan-in);
+- pipeline bubble (S-1)/(M+S-1).
+
+What a small machine adds, and the model has to say so rather than ignore: N worker processes time-
+share the cores with each other, the driver and whatever else runs there, so each one's whole step
+(compute, overhead, CPU-bound loopback communication) stretches. With L processes' worth of other load
+on C cores a worker gets C/(N+L) of them, so its step grows as (N+L)/(1+L) = 1 + (N-1)/(1+L): linear in
+N, with a slope that is measured (a step at N=2 concurrently over N=1, see plan_calibrate.py), not
+assumed; and never below N/C, the floor of a machine with C cores to itself.
+
+Stragglers: a synchronous round lasts as long as its slowest member, so BSP's expected step is the
+expected maximum of N draws from the measured step-time spread (order statistics of the empirical
+distribution). k-of-n with b backups waits for the N-th fastest of N+b draws; SSP(s) lets a worker
+run s clocks ahead, which absorbs a straggler's lag over s+1 steps (an approximation: the wait
+divides by s+1; s=0 is BSP's wait, s=inf async's none).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FLOAT_BYTES = 4
+
+
+# ---------------------------------------------------------------------------------------------- identities
+def ring_bytes_per_worker(nbytes: int, workers: int) -> float:
+    """Bytes each worker sends (and receives) in a ring all-reduce: 2(P-1)n/P."""
+    return 2 * (workers - 1) * nbytes / workers if workers > 1 else 0.0
+
+
+def ring_rounds(workers: int) -> int:
+    return 2 * (workers - 1)
+
+
+def tree_rounds(workers: int) -> int:
+    """Double binary tree: ~2 log2(P) rounds (the same bandwidth term as the ring)."""
+    return 2 * math.ceil(math.log2(workers)) if workers > 1 else 0
+
+
+def allreduce_time(nbytes: int, workers: int, latency_s: float, bandwidth: float, algorithm: str = "ring") -> float:
+    """Seconds of one all-reduce: rounds x latency + 2(P-1)n/(P beta)."""
+    if workers <= 1:
+        return 0.0
+    rounds = ring_rounds(workers) if algorithm == "ring" else tree_rounds(workers)
+    return rounds * latency_s + ring_bytes_per_worker(nbytes, workers) / bandwidth
+
+
+def ps_shard_bytes(nbytes: int, workers: int, shards: int) -> float:
+    """Bytes one shard receives per step (and sends back): P n / K."""
+    return workers * nbytes / shards
+
+
+def naive_root_bytes(nbytes: int, workers: int) -> float:
+    """All to one and broadcast back: the root moves 2(P-1)n, with fan-in P-1."""
+    return 2 * (workers - 1) * nbytes
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    """Idle fraction of a GPipe / 1F1B pipeline: (S-1)/(M+S-1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def expected_max(samples: list[float], n: int) -> float:
+    """E[max of n independent draws] from the empirical distribution of `samples` (with replacement):
+    sum_i x_(i) [(i/m)^n - ((i-1)/m)^n] over the sorted samples."""
+    return expected_order_stat(samples, n, n)
+
+
+def expected_order_stat(samples: list[float], k: int, n: int) -> float:
+    """E[k-th smallest of n draws] from the empirical distribution (k = n: the maximum). k-of-n with b
+    backups waits for the N-th fastest of N+b: expected_order_stat(s, N, N+b)."""
+    xs = sorted(samples)
+    m = len(xs)
+    if m == 0:
+        return 1.0
+
+    def cdf_kth(p: float) -> float:  # P(k-th smallest of n <= x) when P(draw <= x) = p
+        return sum(math.comb(n, j) * p**j * (1 - p) ** (n - j) for j in range(k, n + 1))
+
+    return sum(x * (cdf_kth(i / m) - cdf_kth((i - 1) / m)) for i, x in enumerate(xs, start=1))
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class Hardware:
+    """A link (and optionally a device) to plan for. bandwidth in bytes/s, latency in seconds."""
+
+    name: str
+    bandwidth: float
+    latency_s: float
+    flops: float | None = None  # achieved FLOP/s per worker for what-if compute; None: the measured compute
+    source: str = ""
+
+
+# Named what-if presets. Bandwidths are the standards' line rates; latencies are typical small-message
+# figures (order of magnitude, not a specification), so a user with their own measurement passes --latency.
+PRESETS: dict[str, Hardware] = {
+    "10gbe": Hardware("10gbe", 10e9 / 8, 50e-6, None, "IEEE 802.3ae 10 Gbit/s Ethernet; ~50 us TCP latency (typical)"),
+    "25gbe": Hardware("25gbe", 25e9 / 8, 25e-6, None, "IEEE 802.3by 25 Gbit/s Ethernet; ~25 us latency (typical)"),
+    "100gbe": Hardware("100gbe", 100e9 / 8, 10e-6, None, "IEEE 802.3ba 100 Gbit/s Ethernet; ~10 us (RoCE, typical)"),
+    "ib-hdr": Hardware("ib-hdr", 200e9 / 8, 2e-6, None, "InfiniBand HDR 200 Gbit/s (IBTA; NVIDIA ConnectX-6); ~2 us"),
+    "ib-ndr": Hardware("ib-ndr", 400e9 / 8, 2e-6, None, "InfiniBand NDR 400 Gbit/s (IBTA; NVIDIA ConnectX-7); ~2 us"),
+    "nvlink4": Hardware(
+        "nvlink4", 450e9, 1e-6, 989e12 * 0.4,
+        "NVLink 4 on H100 SXM: 900 GB/s total, 450 GB/s each way (NVIDIA H100 datasheet); "
+        "compute 40% of 989 TFLOP/s dense bf16 (an assumed utilisation)",
+    ),
+}  # fmt: skip
+
+
+@dataclass
+class Calibration:
+    """What was measured on the cluster at hand (plan_calibrate.py), or read back from plan.json."""
+
+    task: str
+    batch_size: int
+    num_params: int
+    compute_s: float  # one step's forward/backward/optimizer, one worker alone (median)
+    effective_cores: float  # the machine's cores: N workers stretch by at least N / effective_cores
+    spread: list[float]  # step compute times / their median, for stragglers
+    allreduce_latency_s: float  # alpha per ring round, two workers, this machine
+    allreduce_bandwidth: float  # beta, bytes/s
+    sync_scale: float  # measured synchronisation cost of BSP at N=2 over the modelled one (overlap, gloo's costs)
+    ps_call_s: float  # one push+pull round trip of the model's gradient over the PS at N=1 (measured)
+    ps_bandwidth: float  # bytes/s of a call's payload (echo micro-benchmark)
+    ps_apply_s: float  # a shard's service time per gradient (apply + serve)
+    memory_per_worker: int  # bytes (memory.estimate), workers and shards alike share `shared` once
+    memory_per_shard: int
+    flops_per_sample: float | None = None  # forward + backward (FlopCounterMode)
+    optimizer_copies: int = 1  # per-parameter state vectors local SGD averages with θ
+    step_overhead_s: float = 0.0  # per step, neither compute nor communication (data, rows, segments): measured
+    contention_slope: float = 0.0  # each further busy process stretches every step by this fraction (measured)
+    measured: dict[str, Any] = field(default_factory=dict)  # the raw calibration figures, for the record
+
+    @property
+    def grad_bytes(self) -> int:
+        return self.num_params * FLOAT_BYTES
+
+    def stretch(self, busy: int) -> float:
+        """Contention: how much longer a step takes with `busy` processes at work than with one."""
+        return max(1.0, 1.0 + self.contention_slope * (busy - 1), busy / self.effective_cores)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class Prediction:
+    strategy: str
+    transport: str
+    workers: int
+    setting: str  # the strategy's settings as flags, e.g. "--tau 8"
+    compute_s: float
+    comm_s: float  # communication not hidden, per step (amortised over a round for local SGD / DiLoCo)
+    overlap_s: float  # communication hidden behind compute
+    wait_s: float  # waiting for the slowest (stragglers) per step
+    overhead_s: float  # per step, neither compute nor communication: reading data, rows, the driver's segment turns
+    bytes_per_worker: float  # bytes a worker sends per step
+    memory_per_worker: int
+    fan_in: int  # most messages one process receives per step (ring: 1 neighbour; PS shard: P)
+    batch_size: int
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.comm_s + self.wait_s + self.overhead_s
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.workers * self.batch_size / self.step_s
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self) | {"step_s": self.step_s, "samples_per_s": self.samples_per_s}
+
+
+# Strategies the planner compares, with the settings it plans them at (a user's own are kept).
+DEFAULT_SETTINGS = {"ssp": {"staleness": 2}, "local-sgd": {"tau": 8}, "diloco": {"sync_every": 50}}
+CANDIDATES = [("bsp", "collective"), ("bsp", "ps"), ("ssp", "ps"), ("async", "ps"), ("local-sgd", "collective"),
+              ("diloco", "collective")]  # fmt: skip
+
+
+def _compute(cal: Calibration, hw: Hardware | None, workers: int, busy: int) -> float:
+    if hw is not None and hw.flops and cal.flops_per_sample:  # what-if device: one worker per device
+        return cal.flops_per_sample * cal.batch_size / hw.flops
+    if hw is not None:  # one worker per machine: no time-sharing
+        return cal.compute_s
+    return cal.compute_s * cal.stretch(busy)
+
+
+def predict(
+    cal: Calibration,
+    strategy: str,
+    transport: str,
+    workers: int,
+    hw: Hardware | None = None,
+    settings: dict[str, Any] | None = None,
+    shards: int = 1,
+    backup_workers: int = 0,
+) -> Prediction:
+    """Predicted steady-state step of one worker. `hw` None: this machine as calibrated (contention
+    included); a Hardware: one worker per machine on that link (no time-sharing)."""
+    s = DEFAULT_SETTINGS.get(strategy, {}) | (settings or {})
+    here = hw is None
+    alpha = cal.allreduce_latency_s if here else hw.latency_s
+    beta = cal.allreduce_bandwidth if here else hw.bandwidth
+    n = cal.grad_bytes
+    ps = transport == "ps"
+    busy = workers + backup_workers
+    stretch = cal.stretch(busy) if here else 1.0  # CPU-bound loopback transfers stretch with compute
+    compute = _compute(cal, hw, workers, busy)
+    if here:
+        overhead = cal.step_overhead_s * stretch
+    else:  # a cluster's driver gathers rows over the network too; the per-step part measured here stays
+        overhead = cal.step_overhead_s
+    # Straggler wait: a synchronous step waits for the slowest of its members.
+    sync_wait = compute * (expected_order_stat(cal.spread, workers, busy) - 1.0) if workers > 1 else 0.0
+    scale = cal.sync_scale if here else 1.0  # what calibration found synchronising really costs here
+    comm = overlap = wait = 0.0
+    sent = 0.0
+    fan_in = 1
+    setting = ""
+    if ps:
+        # push n and pull n through K shards: a round trip's fixed cost, n/K bytes to each shard, and the
+        # shard serving all P calls (its fan-in) one after another.
+        if here:  # measured round trip (push + pull): a worker blocked on it uses no core, so it is not
+            # stretched; the shard serves the N workers' calls one after another
+            call = cal.ps_call_s
+            shard_busy = workers * cal.ps_apply_s
+        else:  # a full-duplex link: n out and n in at once; a shard takes in P n/K per step
+            call = 2 * hw.latency_s + n / hw.bandwidth
+            shard_busy = workers * (cal.ps_apply_s + n / shards / hw.bandwidth)
+        sent, fan_in = float(n), workers
+        if strategy == "async":
+            comm = call
+            # throughput bound by the shard: P gradients per step can be served no faster than shard_busy
+            comm = max(comm, shard_busy - compute)
+        elif strategy == "ssp":
+            staleness = int(s.get("staleness", 2))
+            comm = max(call, shard_busy - compute)
+            wait = sync_wait / (staleness + 1)
+            setting = f"--staleness {staleness}"
+        else:  # bsp over the PS: every worker waits for the round
+            comm = call + max(0.0, shard_busy - call)
+            wait = sync_wait
+    else:
+        ring = allreduce_time(n, workers, alpha, beta) * stretch
+        if strategy == "local-sgd":
+            tau = int(s.get("tau", 8))
+            state = n * (1 + cal.optimizer_copies)  # θ and the optimizer state travel together
+            comm = allreduce_time(state, workers, alpha, beta) * stretch * scale / tau
+            wait = sync_wait * scale / tau
+            sent = ring_bytes_per_worker(state, workers) / tau
+            setting = f"--tau {tau}"
+        elif strategy == "diloco":
+            h = int(s.get("sync_every", 50))
+            comm = ring * scale / h
+            wait = sync_wait * scale / h
+            sent = ring_bytes_per_worker(n, workers) / h
+            setting = f"--sync-every {h}"
+        else:  # bsp: buckets all-reduce during backward; what is not hidden shows
+            if here:
+                visible = min(1.0, scale)
+            else:  # backward is about 2/3 of a step's compute: the all-reduce hides behind that much
+                visible = max(0.0, ring - compute * 2 / 3) / ring if ring else 1.0
+            comm = ring * (scale if here else visible)
+            overlap = ring * (1 - visible)
+            wait = sync_wait * scale
+            sent = ring_bytes_per_worker(n, workers)
+    if strategy == "bsp" and backup_workers:
+        setting = f"--backup-workers {backup_workers}"
+    memory = cal.memory_per_worker + (2 * n if strategy == "diloco" else 0)  # θ_g and outer momentum
+    return Prediction(
+        strategy,
+        transport,
+        workers,
+        setting,
+        compute,
+        comm,
+        overlap,
+        wait,
+        overhead,
+        sent,
+        memory,
+        fan_in,
+        cal.batch_size,
+    )
+
+
+def plan_table(
+    cal: Calibration,
+    worker_counts: list[int],
+    hw: Hardware | None = None,
+    candidates: list[tuple[str, str]] | None = None,
+) -> list[Prediction]:
+    return [predict(cal, st, tr, n, hw) for n in worker_counts for st, tr in (candidates or CANDIDATES)]
+
+
+# ---------------------------------------------------------------------------------------------- stragglers
+def straggler_costs(cal: Calibration, workers: int, backups: int = 1, staleness: int = 2) -> dict[str, float]:
+    """Expected round time of BSP at N (relative to a step without stragglers), and what k-of-n with b
+    backups and SSP(s) bring it down to."""
+    bsp = expected_max(cal.spread, workers)
+    kofn = expected_order_stat(cal.spread, workers, workers + backups)
+    ssp = 1.0 + (bsp - 1.0) / (staleness + 1)
+    return {"bsp": bsp, f"k_of_n_b{backups}": kofn, f"ssp_s{staleness}": ssp}
+
+
+# ---------------------------------------------------------------------------------------------- recommendation
+COMM_HIDDEN = 0.15  # below this share of the step, communication and waiting are not worth trading accuracy for
+STRAGGLER_SHARE = 0.2  # waiting above this share of a BSP step: bound staleness instead
+SYNCHRONY = ["bsp", "ssp", "diloco", "local-sgd", "async"]  # most to least synchronous (best to worst per step)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    strategy: str
+    transport: str
+    settings: dict[str, Any]
+    reason: str
+    prediction: Prediction
+
+
+def recommend(
+    cal: Calibration, workers: int, hw: Hardware | None = None, available: int | None = None
+) -> Recommendation:
+    """The most synchronous strategy whose communication and waiting are cheap enough: BSP while
+    communication + waiting stay under COMM_HIDDEN of its step; SSP when the waiting is mostly
+    stragglers; else local SGD with the τ that brings communication under COMM_HIDDEN (DiLoCo instead
+    when τ would exceed 50: its outer optimizer is made for long periods). A strategy that does not fit
+    `available` memory is never chosen."""
+
+    def fits(p: Prediction) -> bool:
+        return available is None or p.memory_per_worker * workers <= available
+
+    bsp = min((predict(cal, "bsp", t, workers, hw) for t in ("collective", "ps")), key=lambda p: p.step_s)
+    share = (bsp.comm_s + bsp.wait_s) / bsp.step_s
+    if workers == 1 or (share <= COMM_HIDDEN and fits(bsp)):
+        why = (
+            "one worker: nothing to synchronise"
+            if workers == 1
+            else (
+                f"communication and waiting are {share:.0%} of a BSP step (<= {COMM_HIDDEN:.0%}): "
+                "synchronous training costs little here"
+            )
+        )
+        return Recommendation("bsp", bsp.transport, {}, f"{why}; predicted {bsp.samples_per_s:.0f} samples/s", bsp)
+    if bsp.wait_s / bsp.step_s >= STRAGGLER_SHARE:
+        ssp = predict(cal, "ssp", "ps", workers, hw, {"staleness": 2})
+        if fits(ssp) and ssp.samples_per_s > bsp.samples_per_s:
+            return Recommendation(
+                "ssp", "ps", {"staleness": 2},
+                f"waiting for stragglers is {bsp.wait_s / bsp.step_s:.0%} of a BSP step; SSP(2) absorbs it: "
+                f"{ssp.samples_per_s:.0f} against {bsp.samples_per_s:.0f} samples/s",
+                ssp,
+            )  # fmt: skip
+    ring = predict(cal, "local-sgd", "collective", workers, hw, {"tau": 1})
+    tau = max(2, math.ceil((ring.comm_s + ring.wait_s) / (COMM_HIDDEN * ring.compute_s)))
+    local = predict(cal, "local-sgd", "collective", workers, hw, {"tau": min(tau, 50)})
+    if local.samples_per_s <= bsp.samples_per_s * 1.1 and fits(bsp):  # not worth the staler replicas
+        return Recommendation(
+            "bsp", bsp.transport, {},
+            f"communication and waiting are {share:.0%} of a BSP step, but neither SSP nor local SGD is predicted "
+            f"over 10% faster; predicted {bsp.samples_per_s:.0f} samples/s",
+            bsp,
+        )  # fmt: skip
+    if tau <= 50:
+        return Recommendation(
+            "local-sgd", "collective", {"tau": tau},
+            f"communication and waiting are {share:.0%} of a BSP step; averaging every {tau} steps brings them "
+            f"under {COMM_HIDDEN:.0%}: {local.samples_per_s:.0f} against {bsp.samples_per_s:.0f} samples/s",
+            local,
+        )  # fmt: skip
+    h = min(500, max(50, tau))
+    dl = predict(cal, "diloco", "collective", workers, hw, {"sync_every": h})
+    return Recommendation(
+        "diloco", "collective", {"sync_every": h},
+        f"communication is {share:.0%} of a BSP step; it needs over 50 local steps per round, where DiLoCo's "
+        f"outer optimizer is made for: H={h}, {dl.samples_per_s:.0f} against {bsp.samples_per_s:.0f} samples/s",
+        dl,
+    )  # fmt: skip
