@@ -168,6 +168,8 @@ def _field_parameter(info: FieldInfo) -> inspect.Parameter:
         info = dataclasses.replace(info, help=f"{info.help} {describe_task_args(_PLUGIN_VALUES['task'])}")
     kind = info.kind.removesuffix(" | None")
     py = list[str] if kind == "dict[str, Any]" else PY_TYPES[kind]  # KEY=VALUE, one per use
+    if info.name == "workers":  # N or MIN..MAX: config.parse_workers reads both (as it does YAML's)
+        py = str
     name = info.flag.removeprefix("--").replace("-", "_")
     decls = (info.flag,) if name != info.name else ()
     extra = {"metavar": info.metavar} if info.metavar else {}

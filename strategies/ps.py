@@ -128,6 +128,9 @@ class AsyncSGD(PSStrategy):
     name = "async"
     Options = AsyncOptions
     independent_workers = True
+    # Units go to whoever is free and the shards hold θ, the optimizer and the clocks (the bound is
+    # infinite: nobody waits on an absent rank's clock), so workers may come and go.
+    elastic = True
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
