@@ -782,6 +782,7 @@ class RunConfig:
             ("--backup-workers", bool(self.backup_workers)),
             ("--pipeline-stages", self.pipelined),
             ("--straggler", bool(self.straggler)),
+            ("--schedule", bool(self.schedule)),
         ):
             if used:
                 raise ConfigError(f"{given} does not compose with {flag}; use a fixed --workers N or drop {flag}")

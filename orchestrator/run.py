@@ -28,6 +28,7 @@ from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint
 from distrain.orchestrator.dispatcher import Dispatcher, evaluates  # noqa: F401 - evaluates: the CLI's, from here
 from distrain.orchestrator.failure_policy import FAIL, REPLACE, USER_CODE, Decision, Situation, decide
 from distrain.orchestrator.files import Claim, atomic_write_text, claim_run_dir
+from distrain.orchestrator.membership import JOIN, Membership, MembershipChanged
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
 from distrain.orchestrator.ps import ShardGroup
@@ -111,7 +112,7 @@ class RunResult:
     shard_nodes: list[str] = field(default_factory=list)  # node id of each PS shard (PS runs)
 
 
-Event = RunStarted | Progress | StragglersChanged | Failure | WorkersStarting | Notice
+Event = RunStarted | Progress | StragglersChanged | Failure | WorkersStarting | Notice | MembershipChanged
 
 
 class Diverged(Exception):
@@ -248,7 +249,7 @@ def run_training(
         started = True
         while True:  # one attempt per failure survived (orchestrator/recovery.py)
             workers = _start_workers(config, placement, state.run_start)
-            actors.extend(workers)
+            actors.extend(w for w in workers if w is not None)
             driver = _Driver(config, plan, workers, placement, actors, state, emit, hooks)
             try:
                 return driver.train()
@@ -293,6 +294,13 @@ def _record_interrupted(config: RunConfig, plan: Plan, state: RunState) -> None:
 
 
 def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: float) -> list[Any]:
+    """A worker per rank; an elastic run's only in the slots placed by now (None in the others)."""
+    if config.elastic:
+        placed = set(placement.ready_ranks())  # type: ignore[attr-defined]
+        return [
+            start_worker(config, placement, rank, run_start) if rank in placed else None
+            for rank in range(config.num_worker_actors)
+        ]
     return [start_worker(config, placement, rank, run_start) for rank in range(config.num_worker_actors)]
 
 
@@ -380,19 +388,29 @@ class _Driver:
         self.confirmed_clock: list[int] = []
         self.step_offset = 0
         self.diverged: Diverged | None = None
+        # --workers MIN..MAX (orchestrator/membership.py): `workers` has None in the slots with no worker.
+        self.membership = Membership(config, placement) if config.elastic else None  # type: ignore[arg-type]
+
+    def members(self) -> list[int]:
+        """The ranks with a worker now (every rank of a fixed-size run)."""
+        return [rank for rank, worker in enumerate(self.workers) if worker is not None]
 
     # ------------------------------------------------------------------ start
     def _start(self) -> list[dict[str, Any]]:
         timeout = self.config.collective_timeout_s
-        refs = [w.describe.remote() for w in self.workers]
+        ranks = self.members()
+        refs = [self.workers[r].describe.remote() for r in ranks]
         self._report_start_up(refs, timeout)
-        info = self._get_all(refs, timeout=timeout)
+        info = self._get_all(refs, timeout=timeout, ranks=ranks)
         self.steps_per_epoch = self.state.steps_per_epoch = info[0]["steps_per_epoch"]
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
             keys = ("model", "optimizer", "strategy_state", "scaler")
             state = {k: self.checkpoint[k] for k in keys if k in self.checkpoint}
-            self._get_all([w.load_state.remote(state) for w in self.workers], timeout=timeout)
+            self._get_all([self.workers[r].load_state.remote(state) for r in ranks], timeout=timeout, ranks=ranks)
+        if self.membership is not None:
+            for rank in ranks:
+                self.membership.record(self, JOIN, rank, "start")
         return info
 
     def _report_start_up(self, refs: list[Any], timeout: float, every_s: float = 1.0) -> None:
@@ -426,7 +444,8 @@ class _Driver:
         counters = None
         if "ps_shards" in actors:
             assert rule is not None, f"{declared.__name__} asks for ps_shards but has no consistency rule"
-            theta = self._get_all([self.workers[0].flat_params.remote()], timeout=timeout)[0]
+            first = self.members()[0]
+            theta = self._get_all([self.workers[first].flat_params.remote()], timeout=timeout, ranks=[first])[0]
             where = self.placement.shards(self.config.num_worker_actors, phase.config.ps_shards or 1)
             self.shards = ShardGroup(phase.config, rule, theta, optimizer, where)
             self.actors.extend(self.shards.shards)
@@ -458,9 +477,12 @@ class _Driver:
             self.actors.append(self.portion_scheduler)
         rendezvous = "" if "ps_shards" in actors else _get(self.workers[0].rendezvous_address.remote())
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
+        ranks = self.members()
+        scheduler = self.portion_scheduler
         self._get_all(
-            [w.setup.remote(rendezvous, shards, bounds, self.portion_scheduler, phase.config) for w in self.workers],
+            [self.workers[r].setup.remote(rendezvous, shards, bounds, scheduler, phase.config) for r in ranks],
             timeout=timeout,
+            ranks=ranks,
         )
         if self.shards is not None:
             counters = self._shard_call([self.shards.shards[0].counters.remote()])[0]
@@ -485,11 +507,12 @@ class _Driver:
         _get([w.load_state.remote(state) for w in self.workers], timeout=timeout)
         return FlatOptimizerState.from_dict(state["optimizer"])
 
-    def _get_all(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
-        """ray.get of calls to the workers (in rank order), where a lost actor ends the attempt (RunLost)."""
+    def _get_all(self, refs: list[Any], timeout: float | None = None, ranks: list[int] | None = None) -> list[Any]:
+        """ray.get of calls to the workers (in rank order, or to `ranks`), where a lost actor ends the
+        attempt (RunLost)."""
         results = []
-        for rank, ref in enumerate(refs):
-            results.append(self._result(ref, rank, timeout))
+        for i, ref in enumerate(refs):
+            results.append(self._result(ref, ranks[i] if ranks is not None else i, timeout))
         return results
 
     def _shard_call(self, refs: list[Any]) -> list[Any]:
@@ -586,6 +609,9 @@ class _Driver:
             checkpoint_steps=every,
         )
         pending = self.pending = dispatch.pending  # a failed attempt's are read and dropped (recovery.discard)
+        if self.membership is not None:
+            dispatch.elastic, dispatch.members = True, self.members()
+        eval_needs = 1 if self.membership is not None else n  # parts of an evaluation
         eval_parts: dict[int, list[tuple[dict[str, tuple[float, float]], float]]] = defaultdict(list)
         last_metrics: dict[str, float] = {}
         last_loss = float("nan")
@@ -593,6 +619,9 @@ class _Driver:
         def lose(lost: RunLost) -> None:
             """A worker is gone: replace it in place if the failure policy says so, else end the attempt
             (run_training restarts it, or stops the run past --max-failures)."""
+            if self.membership is not None and self.membership.can_leave(self.workers, lost):
+                self.membership.leave(self, lost, dispatch)  # not a failure: the run stays at MIN or more
+                return
             decision = self._decide(lost, training=True)
             if decision.remedy != REPLACE:
                 raise lost
@@ -613,6 +642,8 @@ class _Driver:
         stopping = False
         dispatch.feed_all()
         while pending:
+            if self.membership is not None and not stopping:
+                self._join(dispatch)
             if not stopping and self.hooks.poll():
                 # A callback asked to stop: end the plan at the last step already handed out (every worker
                 # gets there, so the transports end as at a normal end), evaluate the last partial epoch.
@@ -634,7 +665,9 @@ class _Driver:
                 continue
             dispatch.done(ref)
             heard[rank] = time.monotonic()
-            if kind == "setup":  # a replacement worker is ready (its queued calls run next)
+            if kind == "setup" and payload.get("change") == JOIN:  # a joiner is set up (fed already)
+                payload["setup_s"] = round(time.time() - self.run_start - payload["wall_time"], 3)
+            elif kind == "setup":  # a replacement worker is ready (its queued calls run next)
                 replacement_ready(self, payload)
             elif kind == "segment":
                 diverged = result.pop("diverged", None)
@@ -656,7 +689,7 @@ class _Driver:
                 go_on(rank)
             elif kind == "eval":
                 eval_parts[payload].append(result)
-                if len(eval_parts[payload]) == n:
+                if len(eval_parts[payload]) == eval_needs:
                     # The model evaluated is the one after the epoch's last step (static plans queue each
                     # worker's evaluation behind that step), whatever rows have come back by now; a shared
                     # plan's workers go on, so its evaluation is of the steps done so far.
@@ -679,12 +712,29 @@ class _Driver:
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
 
+    def _join(self, dispatch: Dispatcher) -> None:
+        """Elastic: start a worker in each slot placed since the last look; it is set up against the
+        live shards (θ, its clock: nothing from disk), then fed (its calls queue behind the setup)."""
+        assert self.membership is not None and self.shards is not None
+        for rank in self.membership.joinable(self.workers):
+            worker = start_worker(self.config, self.placement, rank, self.run_start)
+            self.workers[rank] = worker
+            self.actors.append(worker)
+            event = self.membership.record(self, JOIN, rank, "placed")
+            bounds = self.shards.bounds
+            setup = worker.setup.remote("", self.shards.shards, bounds, self.portion_scheduler, self.phase_config)
+            dispatch.track(setup, ("setup", rank, event))
+            dispatch.members = self.members()
+            dispatch.feed(rank)
+
     def _submit(self, kind: str, rank: int, payload: Any) -> Any:
         """The dispatcher's calls, made on the worker now holding `rank`."""
         worker = self.workers[rank]
         if kind == "segment":
             return worker.run_segment.remote(payload)
         if kind == "eval":
+            if self.membership is not None:  # one member scores the whole test set (membership changes)
+                return worker.evaluate.remote(0, 1)
             return worker.evaluate.remote(rank, len(self.workers))
         assert kind == "state", kind
         return worker.state.remote()
@@ -758,8 +808,11 @@ class _Driver:
         """Summary figures of straggler handling: who was flagged (the driver's detector), and what the
         strategy's own driver-side actors saw (`Strategy.actor_figures`: e.g. gradients dropped)."""
         figures: dict[str, Any] = {"stragglers": self.detector.summary()}
-        actors = {"ps_shards": self.shards, "portion_scheduler": self.portion_scheduler,
-                  "sandblaster_coordinator": self.portion_scheduler}
+        actors = {
+            "ps_shards": self.shards,
+            "portion_scheduler": self.portion_scheduler,
+            "sandblaster_coordinator": self.portion_scheduler,
+        }
         figures |= strategy_class(self.config.strategy).actor_figures(
             self.config, {name: actor for name, actor in actors.items() if actor is not None}
         )
@@ -768,7 +821,7 @@ class _Driver:
     def _leave_transports(self) -> None:
         """Destroy process groups cleanly after a completed run (the actors are killed afterwards anyway)."""
         try:
-            ray.get([w.shutdown.remote() for w in self.workers], timeout=10)
+            ray.get([w.shutdown.remote() for w in self.workers if w is not None], timeout=10)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
             pass
 
@@ -827,7 +880,8 @@ class _Driver:
         epochs_done = self.steps_done // self.steps_per_epoch if self.steps_per_epoch else 0
         if checkpoint and self.steps_done:
             # Every worker is done: worker 0's state (a PS snapshot under the PS) is the final model.
-            final = self._result(self.workers[0].state.remote(), 0, self.config.hang_timeout_s)
+            first = self.members()[0]
+            final = self._result(self.workers[first].state.remote(), first, self.config.hang_timeout_s)
             self._save(checkpoint_name(None), final, epochs_done, self.steps_done, progress=False)  # + metrics
         else:
             self.sink.write(self.run_dir / "metrics.parquet")
@@ -856,5 +910,7 @@ class _Driver:
             summary["chaos"] = self.state.chaos.summary(self.steps_done)
         if self.config.schedule:
             summary["phases"] = [phase.describe() for phase in self.phases]
+        if self.membership is not None:
+            summary["membership"] = self.membership.summary(self.workers)
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
