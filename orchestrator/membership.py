@@ -17,6 +17,12 @@ The controller loop polls the pending groups (`ready_ranks`, no wait) between re
 - Join (orchestrator/run.py `_Driver._join`): a worker actor starts in the slot's group and is set up
   against the live shards, which give it θ, the optimizer state's home and its clock: nothing is read
   from disk. Then it is fed units like everyone else.
+- Preemption (`draining` below, `_Driver._preempted`): a node the cluster is draining (a spot node
+  about to go: `ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`, or the autoscaler) is seen
+  within --- at most half a second --- of the drain request. The run writes a checkpoint at once
+  (from a member, the shards' snapshot), then the members on that node leave as below (cause "node
+  draining"); their slots' new groups are not placed on a draining node. Where leaving would take the
+  run below MIN, they stay until the node goes, and the failure path restarts from that checkpoint.
 - Leave (`leave` below): a lost worker (dead, hung, its node removed or drained) while the run is
   above MIN. Its queued calls are taken back: its segments' units go back to the shared work queue and
   are redone by whoever is free (each unit keeps exactly one metrics row), its evaluation or checkpoint
@@ -174,6 +180,9 @@ class Membership:
         self.placement = placement
         self.events: list[dict[str, Any]] = []
         self.samples_redone = 0
+        self.drained: set[str] = set()  # draining nodes already handled
+        self._last_drain_poll = 0.0
+        self.drain_checkpoints: list[dict[str, Any]] = []  # written because a node was draining
 
     def members(self, workers: list[Any]) -> list[int]:
         return [rank for rank, worker in enumerate(workers) if worker is not None]
@@ -232,6 +241,27 @@ class Membership:
         dispatch.members = self.members(driver.workers)
         dispatch.feed_all()  # the others take its units now
 
+    def draining(self, workers: list[Any], every_s: float = 0.5) -> dict[str, list[int]]:
+        """Nodes newly found draining (`ray._private.state.state.get_draining_nodes()`, as Ray Train v2's
+        PreemptionWatcher polls it; at most every `every_s`), each with the members running on it."""
+        now = time.monotonic()
+        if now - self._last_drain_poll < every_s:
+            return {}
+        self._last_drain_poll = now
+        try:
+            nodes = set(ray._private.state.state.get_draining_nodes()) - self.drained
+        except Exception:  # noqa: BLE001 - a GCS that cannot answer now: look again next time
+            return {}
+        if not nodes:
+            return {}
+        self.drained |= nodes
+        found: dict[str, list[int]] = {node: [] for node in nodes}
+        for rank in self.members(workers):
+            node = self.placement.node_of(rank)
+            if node in found:
+                found[node].append(rank)
+        return found
+
     def summary(self, workers: list[Any]) -> dict[str, Any]:
         low, high = self.config.worker_range
         counts = [e["members"] for e in self.events]
@@ -246,6 +276,7 @@ class Membership:
             "samples_redone": self.samples_redone,
             "reform_s": round(sum(e.get("setup_s", 0.0) for e in self.events), 3),
             "events": self.events,
+            "drain_checkpoints": self.drain_checkpoints,
         }
 
 

@@ -24,7 +24,7 @@ from distrain.orchestrator import cluster, interrupts, memory
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
-from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint
+from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint, step_checkpoint_name
 from distrain.orchestrator.dispatcher import Dispatcher, evaluates  # noqa: F401 - evaluates: the CLI's, from here
 from distrain.orchestrator.failure_policy import FAIL, REPLACE, USER_CODE, Decision, Situation, decide
 from distrain.orchestrator.files import Claim, atomic_write_text, claim_run_dir
@@ -643,6 +643,7 @@ class _Driver:
         dispatch.feed_all()
         while pending:
             if self.membership is not None and not stopping:
+                self._preempted(dispatch)
                 self._join(dispatch)
             if not stopping and self.hooks.poll():
                 # A callback asked to stop: end the plan at the last step already handed out (every worker
@@ -726,6 +727,26 @@ class _Driver:
             dispatch.track(setup, ("setup", rank, event))
             dispatch.members = self.members()
             dispatch.feed(rank)
+
+    def _preempted(self, dispatch: Dispatcher) -> None:
+        """Elastic: a node is draining (preemption). Checkpoint now, then move its members off (they
+        leave; their slots ask for room elsewhere). orchestrator/membership.py says when they stay."""
+        assert self.membership is not None
+        for node, ranks in self.membership.draining(self.workers).items():
+            if not ranks:
+                continue
+            keep = [r for r in self.members() if r not in ranks] or ranks  # ask one not on the node
+            state = self._result(self.workers[keep[0]].state.remote(), keep[0], self.config.hang_timeout_s)
+            epochs_done = self.steps_done // self.steps_per_epoch
+            self._save(step_checkpoint_name(self.steps_done), state, epochs_done, self.steps_done)
+            self.membership.drain_checkpoints.append(
+                {"node": node, "step": self.steps_done, "path": str(self.state.point.path),
+                 "wall_time": time.time() - self.run_start, "ranks": ranks}
+            )  # fmt: skip
+            for rank in ranks:
+                lost = RunLost("node", rank, f"node {node[:8]} is draining")
+                if self.membership.can_leave(self.workers, lost):
+                    self.membership.leave(self, lost, dispatch, cause="node draining")
 
     def _submit(self, kind: str, rank: int, payload: Any) -> Any:
         """The dispatcher's calls, made on the worker now holding `rank`."""
