@@ -260,7 +260,7 @@ class Resources:
     workers: int = setting(
         2,
         "Data-parallel worker actors: N (fixed), or MIN..MAX (elastic: starts once MIN can be placed, grows "
-        "towards MAX as the cluster has room, shrinks when a worker or node is lost; --strategy async).",
+        "towards MAX as the cluster has room, shrinks when a worker or node is lost; --strategy async or ssp).",
         "resources",
         metavar="N|MIN..MAX",
     )

@@ -227,10 +227,12 @@ class Membership:
                 dispatch.work.requeue(payload)
                 units_redone += len(payload)
         # Its clock goes back to the one of its last segment whose rows came in (as a replacement's:
-        # orchestrator/replacement.py), so the shards' books agree with what the driver counted.
+        # orchestrator/replacement.py), so the shards' books agree with what the driver counted; it
+        # is raised again to the members' least when the slot is filled (`ParameterShard.set_members`).
         if driver.shards is not None and driver.confirmed_clock:
             shards = driver.shards.shards
             driver._shard_call([s.rebase_clock.remote(rank, driver.confirmed_clock[rank]) for s in shards])
+        driver.sync_members()  # whoever waited on its clock goes on
         self.samples_redone += units_redone * self.config.batch_size
         self.placement.renew(rank)
         event = self.record(driver, LEAVE, rank, cause or _cause(lost), units_redone)

@@ -596,7 +596,8 @@ class _Driver:
         record rows, evaluations and checkpoints, inject --chaos faults at their hold, and carry out
         the failure policy's decision on a lost worker (orchestrator/failure_policy.py)."""
         n = len(self.workers)
-        shared = self.impl.independent_workers
+        # An elastic run's units go to whoever asks (a slot may have no worker to take slice r).
+        shared = self.impl.independent_workers or self.membership is not None
         every = self.config.checkpoint_steps
         work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, start_step, every)
         chaos = self.state.chaos
@@ -611,6 +612,7 @@ class _Driver:
         pending = self.pending = dispatch.pending  # a failed attempt's are read and dropped (recovery.discard)
         if self.membership is not None:
             dispatch.elastic, dispatch.members = True, self.members()
+            self.sync_members()
         eval_needs = 1 if self.membership is not None else n  # parts of an evaluation
         eval_parts: dict[int, list[tuple[dict[str, tuple[float, float]], float]]] = defaultdict(list)
         last_metrics: dict[str, float] = {}
@@ -722,11 +724,17 @@ class _Driver:
             self.workers[rank] = worker
             self.actors.append(worker)
             event = self.membership.record(self, JOIN, rank, "placed")
+            self.sync_members()  # before its setup, which reads its clock from the shards
             bounds = self.shards.bounds
             setup = worker.setup.remote("", self.shards.shards, bounds, self.portion_scheduler, self.phase_config)
             dispatch.track(setup, ("setup", rank, event))
             dispatch.members = self.members()
             dispatch.feed(rank)
+
+    def sync_members(self) -> None:
+        """Tell the shards who is in (the bound holds among members; a joiner's clock is raised)."""
+        if self.shards is not None:
+            self._shard_call([s.set_members.remote(self.members()) for s in self.shards.shards])
 
     def _preempted(self, dispatch: Dispatcher) -> None:
         """Elastic: a node is draining (preemption). Checkpoint now, then move its members off (they

@@ -156,6 +156,9 @@ class SSPOptions(StrategyOptions):
 class SSP(PSStrategy):
     name = "ssp"
     Options = SSPOptions
+    # Under --workers MIN..MAX the units are shared (whoever asks; a slot may be empty) and the shards
+    # measure the bound among the members' clocks (`ParameterShard.set_members`).
+    elastic = True
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:

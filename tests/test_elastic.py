@@ -1,5 +1,6 @@
 """Elastic membership (issue 18) on a simulated multi-node cluster (ray.cluster_utils.Cluster, in a
-subprocess: one Ray per process). One async run over the parameter server, `--workers 1..3`, sees
+subprocess: one Ray per process). One run over the parameter server (async; SSP, whose bound then
+holds among the members), `--workers 1..3`, sees
 everything in turn: the head has room for MIN; a node added mid-run grows it to MAX; that node is
 drained for preemption (a checkpoint is written, its workers move off); a second node brings the run
 back to MAX; that node is then removed without warning and the run shrinks again. Checked from the
@@ -72,7 +73,7 @@ SCRIPT = textwrap.dedent(
 
     churn = Churn()
     cfg = RunConfig(
-        strategy="async", model="mlp", workers="1..3", batch_size=16, epochs=4, segment_steps=2, seed=3,
+        strategy=sys.argv[2], model="mlp", workers="1..3", batch_size=16, epochs=4, segment_steps=2, seed=3,
         comm_delay_ms=120.0, hang_timeout_s=30.0, collective_timeout_s=60.0, run_dir=sys.argv[1],
     )
     r = run_training(cfg, callbacks=[churn])
@@ -89,9 +90,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_workers_join_leave_and_move_off_a_draining_node_with_every_sample_once(tmp_path):
+@pytest.mark.parametrize("strategy", ["async", "ssp"])
+def test_workers_join_leave_and_move_off_a_draining_node_with_every_sample_once(tmp_path, strategy):
     run_dir = tmp_path / "r"
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(run_dir)], capture_output=True, text=True, timeout=600)
+    args = [sys.executable, "-c", SCRIPT, str(run_dir), strategy]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
     s, m = out["summary"], out["summary"]["membership"]

@@ -107,3 +107,33 @@ def test_display_lines():
         "3 / 1 / 4 / 4 (1,024 samples redone, 27.5 s setting up joiners)",
     )
     assert membership_row({}) is None
+
+
+def test_the_ssp_bound_holds_among_members_and_a_joiner_starts_at_their_least_clock():
+    import asyncio
+
+    import numpy as np
+
+    from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
+
+    async def scenario():
+        s = ParameterShard(0, 3, ConsistencyRule.ssp(1), OptimizerSpec("sgd", 0.0, 0.0), np.zeros(2, np.float32))
+        g = np.ones(2, np.float32)
+        await s.set_members([0])  # slots 1 and 2 are empty: nobody waits on their clocks
+        for clock in range(3):
+            reply = await asyncio.wait_for(s.push_pull(0, clock, g, 0.1, clock), 1.0)
+            assert reply.wait_s == 0 and reply.min_clock == clock + 1
+        await s.set_members([0, 1])  # slot 1 joins at the members' least clock (it takes the current θ)
+        assert s.clocks[1] == 3 and s.clocks[2] == 0
+        reply = await asyncio.wait_for(s.push_pull(0, 3, g, 0.1, 3), 1.0)  # 4 vs 3: within the bound
+        blocked = asyncio.create_task(s.push_pull(0, 4, g, 0.1, 4))  # 5 vs 3: waits for slot 1
+        await asyncio.sleep(0.05)
+        assert not blocked.done()
+        s.clocks[1] = 1  # a leaver's clock rebased below (orchestrator/membership.py) ...
+        await s.set_members([0])  # ... and gone: the waiter goes on
+        reply = await asyncio.wait_for(blocked, 1.0)
+        assert reply.wait_s > 0 and reply.min_clock == 5
+        await s.set_members([0, 1])  # rejoins: raised to the least again, never lowered
+        assert s.clocks[1] == 5
+
+    asyncio.run(scenario())

@@ -66,9 +66,12 @@ def test_a_range_is_recorded_as_given_and_read_back_the_same(tmp_path):
 
 
 def test_a_range_refused_for_a_strategy_that_cannot_change_membership_names_those_that_can():
-    for strategy in ("bsp", "ssp", "local-sgd", "diloco", "sandblaster"):
-        with pytest.raises(ConfigError, match="cannot change its membership mid-run.*that can: async"):
+    for strategy in ("bsp", "local-sgd", "diloco", "sandblaster"):
+        with pytest.raises(ConfigError, match="cannot change its membership mid-run.*that can: async, ssp$"):
             RunConfig(workers="2..3", strategy=strategy)
+    with pytest.raises(ConfigError, match="--strategy bsp cannot change"):  # BSP over the PS: rounds of N
+        RunConfig(workers="2..3", strategy="bsp", transport="ps")
+    assert RunConfig(workers="2..3", strategy="ssp").elastic
     RunConfig(workers="2..2", strategy="bsp")  # MIN == MAX is a fixed size
 
 
