@@ -683,7 +683,7 @@ class RunDisplay:
                 self.next_line = min(self.next_line, event.restored_step // self.started.steps_per_epoch)
         elif isinstance(event, RunStarted):
             out.print(
-                f"run dir {event.run_dir}  |  {_short(self.cfg.strategy)} x {self.cfg.workers} workers on "
+                f"run dir {event.run_dir}  |  {_short(self.cfg.strategy)} x {self.cfg.to_dict()['workers']} workers on "
                 f"{event.nodes} node(s)  |  {describe_task(self.cfg)} ({event.num_params:,} params)"
                 f"  |  {event.total_steps} steps",
                 markup=False,
