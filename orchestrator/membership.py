@@ -273,7 +273,7 @@ class Membership:
             "max": high,
             "peak_members": max(counts, default=len(self.members(workers))),
             "final_members": len(self.members(workers)),
-            "joins": sum(1 for e in self.events if e["change"] == JOIN and e["cause"] != "start"),
+            "joins": sum(1 for e in self.events if e["change"] == JOIN and e["cause"] not in ("start", "restart")),
             "leaves": sum(1 for e in self.events if e["change"] == LEAVE),
             "samples_redone": self.samples_redone,
             "reform_s": round(sum(e.get("setup_s", 0.0) for e in self.events), 3),

@@ -195,6 +195,7 @@ class RunState:
     run_start: float
     steps_per_epoch: int = 0
     steps_done: int = 0  # global steps complete (as the current attempt's driver counts them)
+    membership: Membership | None = None  # --workers MIN..MAX: its books go on across attempts
 
     @classmethod
     def create(cls, config: RunConfig, plan: Plan) -> RunState:
@@ -389,7 +390,11 @@ class _Driver:
         self.step_offset = 0
         self.diverged: Diverged | None = None
         # --workers MIN..MAX (orchestrator/membership.py): `workers` has None in the slots with no worker.
-        self.membership = Membership(config, placement) if config.elastic else None  # type: ignore[arg-type]
+        self.membership = state.membership
+        if config.elastic and self.membership is None:
+            self.membership = state.membership = Membership(config, placement)  # type: ignore[arg-type]
+        elif self.membership is not None:  # a new attempt: its freshly reserved groups
+            self.membership.placement = placement  # type: ignore[assignment]
 
     def members(self) -> list[int]:
         """The ranks with a worker now (every rank of a fixed-size run)."""
@@ -409,8 +414,9 @@ class _Driver:
             state = {k: self.checkpoint[k] for k in keys if k in self.checkpoint}
             self._get_all([self.workers[r].load_state.remote(state) for r in ranks], timeout=timeout, ranks=ranks)
         if self.membership is not None:
+            cause = "restart" if self.state.ledger.events else "start"  # a new attempt after a failure
             for rank in ranks:
-                self.membership.record(self, JOIN, rank, "start")
+                self.membership.record(self, JOIN, rank, cause)
         return info
 
     def _report_start_up(self, refs: list[Any], timeout: float, every_s: float = 1.0) -> None:
