@@ -126,6 +126,7 @@ def one(mode: str, period: float, duration: float, run_dir: str) -> dict:
         "time_to_target_s": s["time_to_target_s"],
         "final_test_accuracy": s.get("final_test_accuracy"),
         "restarts": s["failures"],
+        "failure_kinds": [(e.get("kind"), e.get("target"), e.get("action")) for e in s.get("failure_events", [])],
         "membership": {k: v for k, v in s["membership"].items() if k not in ("events", "drain_checkpoints")},
         "schedule": schedule,
     }

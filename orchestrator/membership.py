@@ -5,13 +5,14 @@ Ranks are slots 0..MAX-1: the parameter-server shards keep a clock per slot, and
 MAX slices (config.worker_slots), whoever is there to take them. So the epoch's partition of samples
 never changes with the membership; only how many workers share it does.
 
-How the run asks for room: one placement group of one bundle per slot, since a placement group cannot
-be resized (`ElasticPlacement`). All MAX are created at the start; the run starts once MIN of them are
-placed (--collective-timeout-s at most; the PS shards' own group is reserved before any, so pending
-workers never take their room), and the others stay *pending*: Ray places each as soon as a
-node has room (a node added, a busy one freed), and an autoscaler sees pending groups as demand and
-adds nodes for them (Ray Train v2's autoscaling coordinator asks with `request_resources` instead; a
-pending group asks for exactly the bundles the run would use, and is taken as soon as it is placed).
+How the run asks for room: one placement group of one bundle per slot, since a placement group
+cannot be resized (`ElasticPlacement`). All MAX are created at the start; the run starts once MIN of
+them are placed (--collective-timeout-s at most; the PS shards' own group is reserved before any, so
+pending workers never take their room, on the driver's node where they fit: a lost shard restarts
+the run), and the others stay *pending*: Ray places each as soon as a node has room (a node added, a
+busy one freed), and an autoscaler sees pending groups as demand and adds nodes for them (Ray Train
+v2's autoscaling coordinator asks with `request_resources` instead; a pending group asks for exactly
+the bundles the run would use, and is taken as soon as it is placed).
 The controller loop polls the pending groups (`ready_ranks`, no wait) between results.
 
 - Join (orchestrator/run.py `_Driver._join`): a worker actor starts in the slot's group and is set up
@@ -84,7 +85,7 @@ class ElasticPlacement:
         self.groups, self.ready = [None] * slots, [None] * slots
         count = num_shards(self.config)
         if count:
-            self.shard_group = placement_group([{"CPU": self.config.cpus_per_shard}] * count, strategy="PACK")
+            self.shard_group = _shard_group(count, self.config.cpus_per_shard)
             try:
                 ray.get(self.shard_group.ready(), timeout=self.config.collective_timeout_s)
             except ray.exceptions.GetTimeoutError:
@@ -280,6 +281,19 @@ class Membership:
             "events": self.events,
             "drain_checkpoints": self.drain_checkpoints,
         }
+
+
+def _shard_group(count: int, cpus: float) -> PlacementGroup:
+    """The shards' group, on the driver's node when they fit there: an elastic run's members come and
+    go with nodes (spot nodes, preempted ones), and a lost shard restarts the whole run, so the shards
+    stay where the run is steered from (on a cluster, the head, which is not preempted). Elsewhere,
+    packed, when they do not fit."""
+    here = ray.get_runtime_context().get_node_id()
+    room = next((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["NodeID"] == here and n["Alive"]), 0.0)
+    bundles = [{"CPU": cpus}] * count
+    if room >= count * cpus:
+        return placement_group(bundles, strategy="STRICT_PACK", _soft_target_node_id=here)
+    return placement_group(bundles, strategy="PACK")
 
 
 def _cause(lost: RunLost) -> str:
