@@ -95,8 +95,10 @@ def one(mode: str, period: float, duration: float, run_dir: str) -> dict:
     def train() -> None:
         try:
             result["run"] = run_training(RunConfig(run_dir=run_dir, **CONFIG), callbacks=[Clock()])
-        except BaseException as e:  # noqa: BLE001 - reported below
-            result["error"] = repr(e)
+        except BaseException:  # noqa: BLE001 - reported below, with where it came from
+            import traceback
+
+            result["error"] = traceback.format_exc()
 
     thread = threading.Thread(target=train)
     thread.start()
