@@ -460,7 +460,8 @@ class _Driver:
             counters = (self.checkpoint or {}).get("ps") if phase.start_step == self.start_step else None
             if counters is not None:
                 clock = max(counters["clocks"]) if rule.mode == "bounded" else counters["version"]
-                self.shards.set_counters(counters["version"], [clock] * self.config.num_worker_actors)
+                clocks = [clock] * self.config.num_worker_actors
+                self._shard_call([s.set_counters.remote(counters["version"], clocks) for s in self.shards.shards])
         if "portion_scheduler" in actors:
             portions = phase.config.options_of("bsp").portions
             first_tag = counters["version"] if counters is not None else 0  # the shards' version right now
@@ -521,6 +522,14 @@ class _Driver:
             results.append(self._result(ref, ranks[i] if ranks is not None else i, timeout))
         return results
 
+    def _shard_nodes(self) -> list[str]:
+        """Where the shards ran, for the result; empty if they are gone by now (a node lost as the run
+        ended, as under churn: the run is recorded already and must not fail on this question)."""
+        try:
+            return self.shards.node_ids() if self.shards else []
+        except ray.exceptions.RayError:
+            return []
+
     def _shard_call(self, refs: list[Any]) -> list[Any]:
         """ray.get of calls to the shards, where a dead or silent shard ends the attempt (RunLost)."""
         try:
@@ -576,13 +585,13 @@ class _Driver:
                 summary = self._finish(status)
                 self._leave_transports()
             self.hooks.end(summary)
-            shard_nodes = self.shards.node_ids() if self.shards else []
+            shard_nodes = self._shard_nodes()
             return RunResult(self.run_dir, summary, info, shard_nodes)
         except Diverged as stop:  # not a failure to retry: the same step would diverge again
             self.diverged, status = stop, "diverged"
             summary = self._finish(status, checkpoint=False)
             self.hooks.end(summary)
-            return RunResult(self.run_dir, summary, info, self.shards.node_ids() if self.shards else [])
+            return RunResult(self.run_dir, summary, info, self._shard_nodes())
         except KeyboardInterrupt:
             if status != "completed":  # a signal held while the completed run was recorded: it stays so
                 status = "interrupted"
