@@ -20,9 +20,10 @@ The controller loop polls the pending groups (`ready_ranks`, no wait) between re
   from disk. Then it is fed units like everyone else.
 - Preemption (`draining` below, `_Driver._preempted`): a node the cluster is draining (a spot node
   about to go: `ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`, or the autoscaler) is seen
-  within --- at most half a second --- of the drain request. The run writes a checkpoint at once
-  (from a member, the shards' snapshot), then the members on that node leave as below (cause "node
-  draining"); their slots' new groups are not placed on a draining node. Where leaving would take the
+  within --- at most half a second --- of the drain request. The run asks for a checkpoint at once
+  (the shards' snapshot, from a member off that node, behind its queued segment, while the loop goes
+  on), and once it is written (`_Driver._drained`) the members on that node leave as below (cause
+  "node draining"); their slots' new groups are not placed on a draining node. Where leaving would take the
   run below MIN, they stay until the node goes, and the failure path restarts from that checkpoint.
 - Leave (`leave` below): a lost worker (dead, hung, its node removed or drained) while the run is
   above MIN. Its queued calls are taken back: its segments' units go back to the shared work queue and

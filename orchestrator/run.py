@@ -727,6 +727,8 @@ class _Driver:
                 self.saves[step] = (name, result)
                 go_on(rank)  # a --chaos fault at this step waited for its checkpoint
             self._save_complete(outstanding_evals=set(eval_parts) | dispatch.evals_outstanding())
+            if self.membership is not None:
+                self._drained(dispatch)
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
 
@@ -752,22 +754,29 @@ class _Driver:
             self._shard_call([s.set_members.remote(self.members()) for s in self.shards.shards])
 
     def _preempted(self, dispatch: Dispatcher) -> None:
-        """Elastic: a node is draining (preemption). Checkpoint now, then move its members off (they
-        leave; their slots ask for room elsewhere). orchestrator/membership.py says when they stay."""
+        """Elastic: a node is draining (preemption). Checkpoint now: the state is asked of a member off
+        that node, behind its queued segment, and the loop goes on meanwhile (under SSP that segment may
+        wait for the very workers about to leave); once it is written (`_drained`), they leave."""
         assert self.membership is not None
         for node, ranks in self.membership.draining(self.workers).items():
             if not ranks:
                 continue
             keep = [r for r in self.members() if r not in ranks] or ranks  # ask one not on the node
-            state = self._result(self.workers[keep[0]].state.remote(), keep[0], self.config.hang_timeout_s)
-            epochs_done = self.steps_done // self.steps_per_epoch
-            self._save(step_checkpoint_name(self.steps_done), state, epochs_done, self.steps_done)
+            dispatch.call("state", keep[0], (step_checkpoint_name(self.steps_done), self.steps_done))
             self.membership.drain_checkpoints.append(
-                {"node": node, "step": self.steps_done, "path": str(self.state.point.path),
-                 "wall_time": time.time() - self.run_start, "ranks": ranks}
-            )  # fmt: skip
-            for rank in ranks:
-                lost = RunLost("node", rank, f"node {node[:8]} is draining")
+                {"node": node, "step": self.steps_done, "path": None, "wall_time": None, "ranks": ranks}
+            )
+
+    def _drained(self, dispatch: Dispatcher) -> None:
+        """The members of a draining node whose checkpoint is written leave (their slots ask for room
+        elsewhere); orchestrator/membership.py says when they stay instead."""
+        assert self.membership is not None
+        for drain in self.membership.drain_checkpoints:
+            if drain["path"] is None or drain.get("done"):
+                continue
+            drain["done"] = True
+            for rank in drain["ranks"]:
+                lost = RunLost("node", rank, f"node {drain['node'][:8]} is draining")
                 if self.membership.can_leave(self.workers, lost):
                     self.membership.leave(self, lost, dispatch, cause="node draining")
 
@@ -916,6 +925,10 @@ class _Driver:
             if key in state:
                 payload[key] = state[key]
         self.state.point = RestorePoint(payload, steps_done, now, path)
+        if self.membership is not None:  # a draining node's checkpoint: its members may leave now
+            for drain in self.membership.drain_checkpoints:
+                if drain["path"] is None and steps_done >= drain["step"]:
+                    drain["path"], drain["wall_time"] = str(path), now
         self.hooks.call("on_checkpoint", path, steps_done)
         if progress:
             self._write_summary(UNFINISHED, epochs_done, mitigation=False)
