@@ -168,6 +168,8 @@ def _field_parameter(info: FieldInfo) -> inspect.Parameter:
         info = dataclasses.replace(info, help=f"{info.help} {describe_task_args(_PLUGIN_VALUES['task'])}")
     kind = info.kind.removesuffix(" | None")
     py = list[str] if kind == "dict[str, Any]" else PY_TYPES[kind]  # KEY=VALUE, one per use
+    if info.name == "workers":  # N or MIN..MAX: config.parse_workers reads both (as it does YAML's)
+        py = str
     name = info.flag.removeprefix("--").replace("-", "_")
     decls = (info.flag,) if name != info.name else ()
     extra = {"metavar": info.metavar} if info.metavar else {}
@@ -840,6 +842,7 @@ class RunDisplay:
         self.progress.__exit__(*exc)
 
     def on_event(self, event: Any) -> None:
+        from distrain.orchestrator.membership import MembershipChanged
         from distrain.orchestrator.recovery import Failure
         from distrain.orchestrator.run import Notice, RunStarted, StragglersChanged, WorkersStarting
         from distrain.orchestrator.run import Progress as RunProgress
@@ -850,6 +853,9 @@ class RunDisplay:
             return
         if isinstance(event, WorkersStarting):
             out.print(f"starting workers {event.started}/{event.total}", markup=False, highlight=False)
+            return
+        if isinstance(event, MembershipChanged):
+            out.print(membership_line(event, self.cfg.worker_range), markup=False, highlight=False)
             return
         if isinstance(event, StragglersChanged):
             slow = ", ".join(f"worker {w} ({r:.1f}x the others' step time)" for w, r in sorted(event.slow.items()))
@@ -872,7 +878,7 @@ class RunDisplay:
                 self.next_line = min(self.next_line, event.restored_step // self.started.steps_per_epoch)
         elif isinstance(event, RunStarted):
             out.print(
-                f"run dir {event.run_dir}  |  {_short(self.cfg.strategy)} x {self.cfg.workers} workers on "
+                f"run dir {event.run_dir}  |  {_short(self.cfg.strategy)} x {self.cfg.to_dict()['workers']} workers on "
                 f"{event.nodes} node(s)  |  {describe_task(self.cfg)} ({event.num_params:,} params)"
                 f"  |  {event.total_steps} steps",
                 markup=False,
@@ -950,6 +956,26 @@ def _fmt(value: Any, spec: str = "") -> str:
     return format(value, spec) if spec else str(value)
 
 
+def membership_line(event: Any, worker_range: tuple[int, int]) -> str:
+    """One line per join or leave of an elastic run: who, why, how many now, what is redone."""
+    low, high = worker_range
+    verb = "joined" if event.change == "join" else "left"
+    redone = f"; its {event.units_redone} unit(s) go to the others" if event.units_redone else ""
+    return f"step {event.step}: worker {event.rank} {verb} ({event.cause}){redone}; {event.members} of {low}..{high}"
+
+
+def membership_row(summary: dict[str, Any]) -> tuple[str, str] | None:
+    """The summary's line for an elastic run's membership over time."""
+    m = summary.get("membership")
+    if not m:
+        return None
+    return (
+        "workers peak / final / joins / leaves",
+        f"{m['peak_members']} / {m['final_members']} / {m['joins']} / {m['leaves']} "
+        f"({m['samples_redone']:,} samples redone, {m['reform_s']:.1f} s setting up joiners)",
+    )
+
+
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     table = Table(title=Text(f"distrain run {summary['run_id']}"), show_header=False)
     table.add_column("metric", style="bold")
@@ -990,6 +1016,9 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             ),
         ]
     rows += _straggler_rows(summary)
+    elastic = membership_row(summary)
+    if elastic is not None:
+        rows.append(elastic)
     if summary.get("failures"):
         rows.append(
             (

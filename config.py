@@ -126,6 +126,41 @@ def parse_target(text: str) -> Target:
     return Target(metric, match.group(2), value)
 
 
+WORKER_RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")
+
+
+def parse_workers(value: Any) -> tuple[int, int]:
+    """--workers as (MIN, MAX): N -> (N, 0), a fixed size; "MIN..MAX" -> (MIN, MAX), an elastic range
+    (MIN == MAX is a fixed size too). The CLI's string and YAML's int or string go through here alike."""
+    if isinstance(value, tuple | list) and len(value) == 2:  # (min, max) as `worker_range` gives it
+        low, high = int(value[0]), int(value[1])
+        return parse_workers(f"{low}..{high}") if high else parse_workers(low)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    shape = f"--workers must be an integer, got {value!r} (or a range MIN..MAX, e.g. 2..4)"
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ConfigError(f"--workers must be >= 1, got {value}")
+        return value, 0
+    text = str(value).strip() if isinstance(value, str) else ""
+    if text.lstrip("-").isdigit():
+        return parse_workers(int(text))
+    match = WORKER_RANGE.match(text)
+    if not match:
+        raise ConfigError(shape)
+    low, high = int(match.group(1)), int(match.group(2))
+    if low < 1:
+        raise ConfigError(f"--workers {text}: MIN must be >= 1, got {low}")
+    if low > high:
+        raise ConfigError(f"--workers {text}: MIN ({low}) is above MAX ({high}); write MIN..MAX with MIN <= MAX")
+    return low, (high if high > low else 0)
+
+
+def format_workers(workers: int, max_workers: int) -> int | str:
+    """How --workers is written back (config.yaml, summaries): N, or "MIN..MAX"."""
+    return f"{workers}..{max_workers}" if max_workers else workers
+
+
 CHAOS_KINDS = ("kill-worker", "kill-ps", "hang-worker", "kill-node")
 
 
@@ -222,7 +257,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 class Resources:
     """What runs where: workers, their CPUs and GPUs, the Ray cluster."""
 
-    workers: int = setting(2, "Number of data-parallel worker actors.", "resources")
+    workers: int = setting(
+        2,
+        "Data-parallel worker actors: N (fixed), or MIN..MAX (elastic: starts once MIN can be placed, grows "
+        "towards MAX as the cluster has room, shrinks when a worker or node is lost; --strategy async or ssp).",
+        "resources",
+        metavar="N|MIN..MAX",
+    )
+    max_workers: int = setting(
+        0, "The MAX of an elastic --workers MIN..MAX (0: a fixed size).", "resources", derived=True
+    )
     cpus_per_worker: float = setting(
         1.0, "CPUs reserved for each worker actor (also its torch thread count).", "resources"
     )
@@ -488,7 +532,10 @@ SECTION_CLASSES: dict[str, type] = {
 }
 # Every field but the strategies' options, by its flat name (the flag's, and old flat config files' key).
 COMMON_FIELDS: dict[str, FieldInfo] = {
-    info.name: info for cls in SECTION_CLASSES.values() for info in fields_of(cls) if info.name != "options"
+    info.name: info
+    for cls in SECTION_CLASSES.values()
+    for info in fields_of(cls)
+    if info.name != "options" and not info.derived
 }
 FIELD_SECTION = {info.name: sec for sec, cls in SECTION_CLASSES.items() for info in fields_of(cls)}
 # In nested YAML a section's main choice is called `name` (strategy.name, optimizer.name).
@@ -705,6 +752,7 @@ class RunConfig:
                 raise ConfigError(
                     f"--worker-memory takes a size such as 3GiB or 512MiB, got {self.worker_memory!r}"
                 ) from None
+        self._validate_elastic()
         # Last: the optimizer's own constructor checks its arguments, which needs torch (every other flag
         # error is found without it, in well under a second).
         if self.optimizer.lower() not in OPTIMIZER_NAMES + REFUSED_OPTIMIZER_NAMES:  # torch need not load for this
@@ -734,6 +782,30 @@ class RunConfig:
                 raise ConfigError(f"--lr-decay-epochs must be a positive number, got {self.lr_decay_epochs}")
             if self.lr_decay_gamma is not None and not 0 < self.lr_decay_gamma <= 1:
                 raise ConfigError(f"--lr-decay-gamma must be in (0, 1], got {self.lr_decay_gamma}")
+
+    def _validate_elastic(self) -> None:
+        """A --workers range needs a strategy whose membership can change mid-run (`Strategy.elastic`):
+        the others are refused naming those that can."""
+        if not self.elastic:
+            return
+        given = f"--workers {format_workers(self.workers, self.max_workers)}"
+        from distrain.strategies import STRATEGIES
+
+        able = [name for name in STRATEGIES.names() if STRATEGIES.get(name).elastic]
+        if not all(cls.implementation(self).elastic for cls in self.strategy_classes):
+            what = f"--schedule {self.schedule}" if self.schedule else f"--strategy {self.strategy}"
+            raise ConfigError(
+                f"{given}: {what} cannot change its membership mid-run; use a fixed --workers N, or a strategy "
+                f"that can: {', '.join(able)}"
+            )
+        for flag, used in (
+            ("--backup-workers", bool(self.backup_workers)),
+            ("--pipeline-stages", self.pipelined),
+            ("--straggler", bool(self.straggler)),
+            ("--schedule", bool(self.schedule)),
+        ):
+            if used:
+                raise ConfigError(f"{given} does not compose with {flag}; use a fixed --workers N or drop {flag}")
 
     def _validate_pipeline(self) -> None:
         """--pipeline-stages composes with BSP over the collective transport only: each stage's gradient
@@ -810,15 +882,34 @@ class RunConfig:
 
     # ------------------------------------------------------------------ derived values
     @property
+    def elastic(self) -> bool:
+        """--workers MIN..MAX: membership changes while the run goes on (orchestrator/membership.py)."""
+        return self.max_workers > 0
+
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        """(MIN, MAX) of the membership; (N, N) for a fixed size."""
+        return self.workers, self.max_workers or self.workers
+
+    @property
+    def worker_slots(self) -> int:
+        """Data-parallel ranks the run's books are kept for: N, or the MAX of a range. An elastic run's
+        step is cut into MAX slices whoever is there to take them (each a B-sample unit), so the epoch's
+        partition of samples never changes with the membership (algorithms.md, "Elastic membership")."""
+        return self.max_workers or self.workers
+
+    @property
     def global_batch_size(self) -> int:
-        """Samples whose gradients make one update (the learning rate is scaled for this)."""
-        return self.workers * self.batch_size
+        """Samples whose gradients make one update (the learning rate is scaled for this). An elastic
+        run's is the MAX's: under the strategies that take a range each update is one worker's B samples
+        whatever the membership, so the rate is the one the fixed run at MAX uses (README, elastic)."""
+        return self.worker_slots * self.batch_size
 
     @property
     def num_worker_actors(self) -> int:
-        """Worker actors started: --workers plus any backup workers, times --pipeline-stages (each
-        replica of the model is S actors, one per stage)."""
-        return (self.workers + self.backup_workers) * self.pipeline_stages
+        """Worker actors (ranks) the run has room for: --workers (an elastic run's MAX) plus any backup
+        workers, times --pipeline-stages (each replica of the model is S actors, one per stage)."""
+        return (self.worker_slots + self.backup_workers) * self.pipeline_stages
 
     @property
     def pipelined(self) -> bool:
@@ -827,7 +918,7 @@ class RunConfig:
     @property
     def samples_per_step(self) -> int:
         """Samples handed out per step: with backup workers, b x B more than the update uses."""
-        return (self.workers + self.backup_workers) * self.batch_size
+        return (self.worker_slots + self.backup_workers) * self.batch_size
 
     @property
     def straggler_delays(self) -> dict[int, float]:
@@ -835,7 +926,7 @@ class RunConfig:
 
     @property
     def chaos_events(self) -> list[ChaosEvent]:
-        return parse_chaos(self.chaos, self.workers * self.pipeline_stages, self.ps_shards)
+        return parse_chaos(self.chaos, self.worker_slots * self.pipeline_stages, self.ps_shards)
 
     @property
     def uses_gpus(self) -> bool:
@@ -845,6 +936,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Flat keys (as flags name them): every section's fields, then the options of the strategies used."""
         flat = {name: _plain(getattr(self._sections[FIELD_SECTION[name]], name)) for name in COMMON_FIELDS}
+        flat["workers"] = format_workers(self.workers, self.max_workers)  # a range is written as it is given
         for options in self._sections["strategy"].options.values():
             flat |= dataclasses.asdict(options)
         return flat
@@ -859,8 +951,12 @@ class RunConfig:
                     for strategy, options in section.options.items():
                         values[strategy] = dataclasses.asdict(options)
                     continue
+                if info.derived:  # written as part of the field it is given through
+                    continue
                 key = "name" if NESTED_NAME.get(name) == info.name else info.name
                 values[key] = _plain(getattr(section, info.name))
+            if name == "resources":
+                values["workers"] = format_workers(self.workers, self.max_workers)
             nested[name] = values
         return nested
 
@@ -880,6 +976,8 @@ class RunConfig:
                             lines.append(f"    # {opt.help}")
                             dumped = yaml.safe_dump({opt.name: getattr(options, opt.name)}, sort_keys=False)
                             lines.append("    " + dumped.rstrip())
+                    continue
+                if info.derived:
                     continue
                 key = "name" if NESTED_NAME.get(name) == info.name else info.name
                 lines.append(f"  # {info.help}")
@@ -998,7 +1096,15 @@ def _resolve_common(values: dict[str, Any]) -> dict[str, Any]:
     number of shards, the task's and a strategy plugin's absolute paths)."""
     from distrain.plugins import absolute_import_path, check_import_path_exists, is_import_path, split_import_path
 
+    values = dict(values)
+    workers_given = values.get("workers")
+    max_given = values.pop("max_workers", None)  # a rebuilt config's (to_dict writes the range into `workers`)
+    workers, max_workers = parse_workers(COMMON_FIELDS["workers"].default if workers_given is None else workers_given)
+    if max_given:
+        workers, max_workers = parse_workers((workers, max_given))
+    values["workers"] = workers
     v = {name: coerce(info.kind, values.get(name, info.default), info.flag) for name, info in COMMON_FIELDS.items()}
+    v["max_workers"] = max_workers
     if v["schedule"]:
         if v["epochs"] < 1:
             raise ConfigError(f"--epochs must be >= 1, got {v['epochs']}")

@@ -19,13 +19,21 @@ SECTIONS = ("resources", "data", "optimizer", "strategy", "checkpointing", "faul
 
 
 def setting(
-    default: Any, help: str, section: str | None = None, shown: str | None = None, flag: str = "", metavar: str = ""
+    default: Any,
+    help: str,
+    section: str | None = None,
+    shown: str | None = None,
+    flag: str = "",
+    metavar: str = "",
+    derived: bool = False,
 ) -> Any:
     """A config field: its help text, its section (the CLI's help panel), and the default as `--help`
     shows it when the value itself says little (an empty string); None-valued fields, resolved per
     strategy, state their effective default in the help text instead. `flag`: the CLI's name when it is
-    not --<field-name> (--task-arg, --optimizer-arg: one value per use); `metavar`: how --help names its value."""
-    meta = {"help": help, "section": section, "shown": shown, "flag": flag, "metavar": metavar}
+    not --<field-name> (--task-arg, --optimizer-arg: one value per use); `metavar`: how --help names its value;
+    `derived`: set through another field's value (max_workers, from `--workers MIN..MAX`), so it is neither a
+    flag nor a key of its own."""
+    meta = {"help": help, "section": section, "shown": shown, "flag": flag, "metavar": metavar, "derived": derived}
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -43,6 +51,7 @@ class FieldInfo:
     shown: str | None
     flag: str  # "--tau", "--task-arg"
     metavar: str = ""
+    derived: bool = False  # set through another field (not a flag or key of its own)
 
     @property
     def is_list(self) -> bool:
@@ -58,7 +67,11 @@ def fields_of(cls: type) -> list[FieldInfo]:
         meta = f.metadata
         flag = meta.get("flag") or "--" + f.name.replace("_", "-")
         help_, section, shown = meta.get("help", ""), meta.get("section"), meta.get("shown")
-        infos.append(FieldInfo(f.name, kind, default, help_, section, shown, flag, meta.get("metavar", "")))
+        infos.append(
+            FieldInfo(
+                f.name, kind, default, help_, section, shown, flag, meta.get("metavar", ""), meta.get("derived", False)
+            )
+        )
     return infos
 
 

@@ -105,6 +105,8 @@ class ChaosMonkey:
         if event.kind in ("kill-worker", "hang-worker"):
             rank = len(workers) - 1 if event.target is None else event.target
             record["target"] = rank
+            if workers[rank] is None:  # an elastic run's slot with no worker now
+                return f"worker {rank} is not a member of the run at that step"
             if event.kind == "kill-worker":
                 ray.kill(workers[rank], no_restart=True)
             else:  # from then on it answers nothing (the driver holds its work, so nothing runs before it)
@@ -116,7 +118,7 @@ class ChaosMonkey:
                 return "no parameter-server shard is running at that step"
             ray.kill(shards[index], no_restart=True)
         elif event.kind == "kill-node":
-            record["node"], reason = kill_node_of(workers)
+            record["node"], reason = kill_node_of([w for w in workers if w is not None])
             return reason
         return None
 

@@ -160,7 +160,7 @@ def connect(config: RunConfig) -> RayConnection:
 def check_resources(config: RunConfig) -> None:
     """Fail fast, with the fix, when the cluster cannot hold the run's actors at all."""
     total = ray.cluster_resources()
-    need_gpus = config.num_worker_actors * config.gpus_per_worker
+    need_gpus = (config.workers if config.elastic else config.num_worker_actors) * config.gpus_per_worker
     if need_gpus > total.get("GPU", 0.0):
         raise ResourceError(
             f"the run needs {need_gpus:g} GPUs ({config.num_worker_actors} workers x {config.gpus_per_worker:g}) "
@@ -171,7 +171,8 @@ def check_resources(config: RunConfig) -> None:
         shards = f" + {num_shards(config)} shards x {config.cpus_per_shard:g}" if num_shards(config) else ""
         raise ResourceError(
             f"the run needs {need_cpus:g} CPUs "
-            f"({config.num_worker_actors} workers x {config.cpus_per_worker:g}{shards}) "
+            f"({config.workers if config.elastic else config.num_worker_actors} workers x "
+            f"{config.cpus_per_worker:g}{shards}) "
             f"but the cluster has {total.get('CPU', 0.0):g}; lower --workers or the CPUs per actor"
         )
 
@@ -196,7 +197,9 @@ num_shards = trial_resources.num_shards
 
 
 def cpus_needed(config: RunConfig) -> float:
-    return config.num_worker_actors * config.cpus_per_worker + num_shards(config) * config.cpus_per_shard
+    """CPUs the run cannot start without: an elastic run's MIN workers (it grows as room appears)."""
+    workers = config.workers if config.elastic else config.num_worker_actors
+    return workers * config.cpus_per_worker + num_shards(config) * config.cpus_per_shard
 
 
 def bundles(config: RunConfig) -> list[dict[str, float]]:
@@ -331,6 +334,16 @@ def place(config: RunConfig) -> Placement:
     """Inside a Tune trial, the trial's placement group (already sized by trial_resources, so Tune
     never oversubscribes the cluster); otherwise the group(s) reserved for this run."""
     group = get_current_placement_group()
+    if group is None and config.elastic:  # one group per slot; the run starts once MIN are placed
+        from distrain.orchestrator.membership import ElasticPlacement
+
+        elastic = ElasticPlacement(config)
+        try:
+            elastic.wait_for_min(config.collective_timeout_s)
+        except BaseException:
+            elastic.release()
+            raise
+        return elastic  # type: ignore[return-value]  # the same interface (worker, shards, owned)
     if group is None:
         if config.pipelined:
             return Placement(reserve_replicas(config), 0, owned=True, per_group=config.pipeline_stages)
@@ -345,6 +358,9 @@ def place(config: RunConfig) -> Placement:
 
 
 def release(placement: Placement | None) -> None:
+    if placement is not None and hasattr(placement, "release"):  # an elastic run's groups
+        placement.release()
+        return
     if placement is not None and placement.owned:
         for group in placement.groups:
             try:

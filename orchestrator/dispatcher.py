@@ -56,6 +56,10 @@ class Dispatcher:
         self.depth = 1 if work.shared else 2  # queued segments per worker (shared: keep units for whoever is free)
         self.pending: dict[Any, Call] = {}
         self.open_epoch: list[int | None] = [None] * work.workers  # static: epoch of each worker's last segment
+        # The ranks with a worker now: every slot, except in an elastic run (orchestrator/membership.py),
+        # where one member (the lowest rank) scores the whole test set and takes the epoch checkpoints.
+        self.members: list[int] = list(range(work.workers))
+        self.elastic = False
 
     # ------------------------------------------------------------------ the books
     def call(self, kind: str, rank: int, payload: Any) -> None:
@@ -109,8 +113,16 @@ class Dispatcher:
                 self.queue_step_checkpoint(0, last[0] * spe + last[1] + 1)
 
     def feed_all(self) -> None:
-        for rank in range(self.work.workers):
+        for rank in self.members:
             self.feed(rank)
+
+    def evaluator(self) -> int:
+        """The rank that takes the epoch checkpoints (and, elastic, the whole evaluation)."""
+        return self.members[0] if self.elastic else 0
+
+    def eval_ranks(self) -> list[int]:
+        """Who scores an epoch: every worker its share, or an elastic run's one member the whole set."""
+        return [self.evaluator()] if self.elastic else list(range(self.work.workers))
 
     def queue_eval(self, rank: int, epoch: int) -> None:
         """`rank`'s evaluation of `epoch` (if it is evaluated), and on rank 0 the epoch's checkpoint if due."""
@@ -118,7 +130,7 @@ class Dispatcher:
         if evaluates(epoch, (total - 1) // spe, self.eval_every):
             self.call("eval", rank, epoch)
         every = self.checkpoint_every
-        if rank == 0 and every and (epoch + 1) % every == 0 and (epoch + 1) * spe <= total:
+        if rank == self.evaluator() and every and (epoch + 1) % every == 0 and (epoch + 1) * spe <= total:
             self.call("state", 0, (checkpoint_name(epoch + 1), (epoch + 1) * spe))
 
     def queue_step_checkpoint(self, rank: int, step: int) -> None:
@@ -135,7 +147,7 @@ class Dispatcher:
         if not self.shared:
             return
         for epoch in finished:
-            for r in range(self.work.workers):
+            for r in self.eval_ranks():
                 self.queue_eval(r, epoch)
         every, after = self.checkpoint_steps, self.work.steps_done
         if every and after // every > before // every:
@@ -159,7 +171,7 @@ class Dispatcher:
         the epoch this cut short if it is complete already, feed everyone. Returns the new total."""
         total = self.work.stop()
         for epoch in self.work.completed_by_stop:
-            for r in range(self.work.workers):
+            for r in self.eval_ranks():
                 self.queue_eval(r, epoch)
         self.feed_all()
         return total

@@ -14,6 +14,8 @@ The rules, in order:
   without backup workers or tasks (their k-of-n rounds and portions keep their own books), for one known
   training worker (dead or hung) whose placement bundle is on a live node (a dead node's bundle may be
   unplaceable). Every other loss *restarts* every actor from the restore point (orchestrator/recovery.py).
+- Under `--workers MIN..MAX` a lost worker whose run stays at MIN or above never gets here: it is a
+  leave (orchestrator/membership.py), not a failure; only a loss that would go below MIN is decided here.
 - Either way it counts against --max-failures (-1: no bound); past the bound the run fails with one line
   that names the last good checkpoint to resume from. The ledger still records the loss as what it
   called for (`remedy`), so summary.json shows every failure seen.

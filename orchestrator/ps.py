@@ -47,9 +47,6 @@ class ShardGroup:
             for k, (start, stop) in enumerate(self.bounds)
         ]
 
-    def set_counters(self, version: int, clocks: list[int]) -> None:
-        ray.get([s.set_counters.remote(version, clocks) for s in self.shards])
-
     def node_ids(self) -> list[str]:
         return ray.get([s.node_id.remote() for s in self.shards])
 

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from distrain.config import LEGACY_MOMENTUM, RunConfig
+from distrain.config import LEGACY_MOMENTUM, RunConfig, format_workers, parse_workers
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.checkpoint import latest_checkpoint, load_checkpoint_for
 from distrain.orchestrator.metrics import SCHEMA, MetricsSink
@@ -72,6 +72,14 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
     if given.get("init_from"):
         raise ConfigError("--resume continues from the run's own checkpoint; drop --init-from")
     for name, value in given.items():
+        if name == "workers":  # ranges compare as ranges: "2..4" is the run's 2..4, "3" its 3
+            if parse_workers(value) != (recorded.workers, recorded.max_workers):
+                has = format_workers(recorded.workers, recorded.max_workers)
+                raise ConfigError(
+                    f"--resume cannot change --workers (the run has {has}, got {value}); drop it, or start a new "
+                    "run with --init-from its checkpoint"
+                )
+            continue
         if name not in RESUMABLE and value != getattr(recorded, name):
             flag = "--" + name.replace("_", "-")
             raise ConfigError(
@@ -89,6 +97,21 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
     return RunConfig.from_mapping(values, str(recorded_file))
 
 
+def _value(name: str, config: RunConfig) -> Any:
+    """`config`'s value of `name` as a recorded config holds it (--workers: N or "MIN..MAX")."""
+    return format_workers(config.workers, config.max_workers) if name == "workers" else getattr(config, name)
+
+
+def _same(name: str, recorded: Any, config: RunConfig) -> bool:
+    """A recorded value equals `config`'s; --workers ranges compare as ranges ("2..4" == (2, 4))."""
+    if name == "workers":
+        try:
+            return parse_workers(recorded) == (config.workers, config.max_workers)
+        except ConfigError:
+            return False
+    return _plain(recorded) == _plain(getattr(config, name))
+
+
 def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[str, Any]]:
     """The checkpoint `config`'s run continues from: its newest, checked to belong to this run."""
     directory = Path(config.run_dir) / "checkpoints"
@@ -101,10 +124,10 @@ def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[st
     payload = load_checkpoint_for(path, config.model, num_params)
     recorded = payload.get("config") or {}
     for name in IDENTITY:
-        if recorded.get(name) != getattr(config, name):
+        if not _same(name, recorded.get(name), config):
             raise DistrainError(
                 f"checkpoint {str(path)!r} was written by another run ({name} {recorded.get(name)!r}, "
-                f"this run has {getattr(config, name)!r}); it cannot be resumed here"
+                f"this run has {_value(name, config)!r}); it cannot be resumed here"
             )
     # config.yaml is a file a user can edit: every setting that changes the training math must still be
     # the one the checkpoint was trained with (settings a later version added are not in old checkpoints).
@@ -113,11 +136,11 @@ def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[st
     for name in RunConfig.field_names():
         if name in RESUMABLE or name in ("run_dir", "init_from") or name not in recorded:
             continue
-        if _plain(recorded[name]) != _plain(getattr(config, name)):
+        if not _same(name, recorded[name], config):
             flag = "--" + name.replace("_", "-")
             raise ConfigError(
                 f"--resume cannot change {flag} (the run's checkpoint has {recorded[name]!r}, its config.yaml "
-                f"now has {getattr(config, name)!r}); put it back in {config.run_dir}/config.yaml, or start a "
+                f"now has {_value(name, config)!r}); put it back in {config.run_dir}/config.yaml, or start a "
                 "new run with --init-from its checkpoint"
             )
     step, total = int(payload["global_step"]), total_steps(config)

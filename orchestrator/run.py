@@ -24,10 +24,11 @@ from distrain.orchestrator import auto_strategy, cluster, interrupts, memory
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
-from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint
+from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint, step_checkpoint_name
 from distrain.orchestrator.dispatcher import Dispatcher, evaluates  # noqa: F401 - evaluates: the CLI's, from here
 from distrain.orchestrator.failure_policy import FAIL, REPLACE, USER_CODE, Decision, Situation, decide
 from distrain.orchestrator.files import Claim, atomic_write_text, claim_run_dir
+from distrain.orchestrator.membership import JOIN, Membership, MembershipChanged
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
 from distrain.orchestrator.ps import ShardGroup
@@ -111,7 +112,7 @@ class RunResult:
     shard_nodes: list[str] = field(default_factory=list)  # node id of each PS shard (PS runs)
 
 
-Event = RunStarted | Progress | StragglersChanged | Failure | WorkersStarting | Notice
+Event = RunStarted | Progress | StragglersChanged | Failure | WorkersStarting | Notice | MembershipChanged
 
 
 class Diverged(Exception):
@@ -206,6 +207,7 @@ class RunState:
     run_start: float
     steps_per_epoch: int = 0
     steps_done: int = 0  # global steps complete (as the current attempt's driver counts them)
+    membership: Membership | None = None  # --workers MIN..MAX: its books go on across attempts
 
     @classmethod
     def create(cls, config: RunConfig, plan: Plan) -> RunState:
@@ -262,7 +264,7 @@ def run_training(
         started = True
         while True:  # one attempt per failure survived (orchestrator/recovery.py)
             workers = _start_workers(config, placement, state.run_start)
-            actors.extend(workers)
+            actors.extend(w for w in workers if w is not None)
             driver = _Driver(config, plan, workers, placement, actors, state, emit, hooks)
             try:
                 return driver.train()
@@ -307,6 +309,13 @@ def _record_interrupted(config: RunConfig, plan: Plan, state: RunState) -> None:
 
 
 def _start_workers(config: RunConfig, placement: cluster.Placement, run_start: float) -> list[Any]:
+    """A worker per rank; an elastic run's only in the slots placed by now (None in the others)."""
+    if config.elastic:
+        placed = set(placement.ready_ranks())  # type: ignore[attr-defined]
+        return [
+            start_worker(config, placement, rank, run_start) if rank in placed else None
+            for rank in range(config.num_worker_actors)
+        ]
     return [start_worker(config, placement, rank, run_start) for rank in range(config.num_worker_actors)]
 
 
@@ -394,19 +403,34 @@ class _Driver:
         self.confirmed_clock: list[int] = []
         self.step_offset = 0
         self.diverged: Diverged | None = None
+        # --workers MIN..MAX (orchestrator/membership.py): `workers` has None in the slots with no worker.
+        self.membership = state.membership
+        if config.elastic and self.membership is None:
+            self.membership = state.membership = Membership(config, placement)  # type: ignore[arg-type]
+        elif self.membership is not None:  # a new attempt: its freshly reserved groups
+            self.membership.placement = placement  # type: ignore[assignment]
+
+    def members(self) -> list[int]:
+        """The ranks with a worker now (every rank of a fixed-size run)."""
+        return [rank for rank, worker in enumerate(self.workers) if worker is not None]
 
     # ------------------------------------------------------------------ start
     def _start(self) -> list[dict[str, Any]]:
         timeout = self.config.collective_timeout_s
-        refs = [w.describe.remote() for w in self.workers]
+        ranks = self.members()
+        refs = [self.workers[r].describe.remote() for r in ranks]
         self._report_start_up(refs, timeout)
-        info = self._get_all(refs, timeout=timeout)
+        info = self._get_all(refs, timeout=timeout, ranks=ranks)
         self.steps_per_epoch = self.state.steps_per_epoch = info[0]["steps_per_epoch"]
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
             keys = ("model", "optimizer", "strategy_state", "scaler")
             state = {k: self.checkpoint[k] for k in keys if k in self.checkpoint}
-            self._get_all([w.load_state.remote(state) for w in self.workers], timeout=timeout)
+            self._get_all([self.workers[r].load_state.remote(state) for r in ranks], timeout=timeout, ranks=ranks)
+        if self.membership is not None:
+            cause = "restart" if self.state.ledger.events else "start"  # a new attempt after a failure
+            for rank in ranks:
+                self.membership.record(self, JOIN, rank, cause)
         return info
 
     def _report_start_up(self, refs: list[Any], timeout: float, every_s: float = 1.0) -> None:
@@ -440,7 +464,8 @@ class _Driver:
         counters = None
         if "ps_shards" in actors:
             assert rule is not None, f"{declared.__name__} asks for ps_shards but has no consistency rule"
-            theta = self._get_all([self.workers[0].flat_params.remote()], timeout=timeout)[0]
+            first = self.members()[0]
+            theta = self._get_all([self.workers[first].flat_params.remote()], timeout=timeout, ranks=[first])[0]
             where = self.placement.shards(self.config.num_worker_actors, phase.config.ps_shards or 1)
             self.shards = ShardGroup(phase.config, rule, theta, optimizer, where)
             self.actors.extend(self.shards.shards)
@@ -449,7 +474,8 @@ class _Driver:
             counters = (self.checkpoint or {}).get("ps") if phase.start_step == self.start_step else None
             if counters is not None:
                 clock = max(counters["clocks"]) if rule.mode == "bounded" else counters["version"]
-                self.shards.set_counters(counters["version"], [clock] * self.config.num_worker_actors)
+                clocks = [clock] * self.config.num_worker_actors
+                self._shard_call([s.set_counters.remote(counters["version"], clocks) for s in self.shards.shards])
         if "portion_scheduler" in actors:
             portions = phase.config.options_of("bsp").portions
             first_tag = counters["version"] if counters is not None else 0  # the shards' version right now
@@ -472,9 +498,12 @@ class _Driver:
             self.actors.append(self.portion_scheduler)
         rendezvous = "" if "ps_shards" in actors else _get(self.workers[0].rendezvous_address.remote())
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
+        ranks = self.members()
+        scheduler = self.portion_scheduler
         self._get_all(
-            [w.setup.remote(rendezvous, shards, bounds, self.portion_scheduler, phase.config) for w in self.workers],
+            [self.workers[r].setup.remote(rendezvous, shards, bounds, scheduler, phase.config) for r in ranks],
             timeout=timeout,
+            ranks=ranks,
         )
         if self.shards is not None:
             counters = self._shard_call([self.shards.shards[0].counters.remote()])[0]
@@ -499,12 +528,21 @@ class _Driver:
         _get([w.load_state.remote(state) for w in self.workers], timeout=timeout)
         return FlatOptimizerState.from_dict(state["optimizer"])
 
-    def _get_all(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
-        """ray.get of calls to the workers (in rank order), where a lost actor ends the attempt (RunLost)."""
+    def _get_all(self, refs: list[Any], timeout: float | None = None, ranks: list[int] | None = None) -> list[Any]:
+        """ray.get of calls to the workers (in rank order, or to `ranks`), where a lost actor ends the
+        attempt (RunLost)."""
         results = []
-        for rank, ref in enumerate(refs):
-            results.append(self._result(ref, rank, timeout))
+        for i, ref in enumerate(refs):
+            results.append(self._result(ref, ranks[i] if ranks is not None else i, timeout))
         return results
+
+    def _shard_nodes(self) -> list[str]:
+        """Where the shards ran, for the result; empty if they are gone by now (a node lost as the run
+        ended, as under churn: the run is recorded already and must not fail on this question)."""
+        try:
+            return self.shards.node_ids() if self.shards else []
+        except ray.exceptions.RayError:
+            return []
 
     def _shard_call(self, refs: list[Any]) -> list[Any]:
         """ray.get of calls to the shards, where a dead or silent shard ends the attempt (RunLost)."""
@@ -561,13 +599,13 @@ class _Driver:
                 summary = self._finish(status)
                 self._leave_transports()
             self.hooks.end(summary)
-            shard_nodes = self.shards.node_ids() if self.shards else []
+            shard_nodes = self._shard_nodes()
             return RunResult(self.run_dir, summary, info, shard_nodes)
         except Diverged as stop:  # not a failure to retry: the same step would diverge again
             self.diverged, status = stop, "diverged"
             summary = self._finish(status, checkpoint=False)
             self.hooks.end(summary)
-            return RunResult(self.run_dir, summary, info, self.shards.node_ids() if self.shards else [])
+            return RunResult(self.run_dir, summary, info, self._shard_nodes())
         except KeyboardInterrupt:
             if status != "completed":  # a signal held while the completed run was recorded: it stays so
                 status = "interrupted"
@@ -587,7 +625,8 @@ class _Driver:
         record rows, evaluations and checkpoints, inject --chaos faults at their hold, and carry out
         the failure policy's decision on a lost worker (orchestrator/failure_policy.py)."""
         n = len(self.workers)
-        shared = self.impl.independent_workers
+        # An elastic run's units go to whoever asks (a slot may have no worker to take slice r).
+        shared = self.impl.independent_workers or self.membership is not None
         every = self.config.checkpoint_steps
         work = WorkPlan(total, self.steps_per_epoch, n, self.config.segment_steps, shared, start_step, every)
         chaos = self.state.chaos
@@ -600,6 +639,10 @@ class _Driver:
             checkpoint_steps=every,
         )
         pending = self.pending = dispatch.pending  # a failed attempt's are read and dropped (recovery.discard)
+        if self.membership is not None:
+            dispatch.elastic, dispatch.members = True, self.members()
+            self.sync_members()
+        eval_needs = 1 if self.membership is not None else n  # parts of an evaluation
         eval_parts: dict[int, list[tuple[dict[str, tuple[float, float]], float]]] = defaultdict(list)
         last_metrics: dict[str, float] = {}
         last_loss = float("nan")
@@ -607,6 +650,9 @@ class _Driver:
         def lose(lost: RunLost) -> None:
             """A worker is gone: replace it in place if the failure policy says so, else end the attempt
             (run_training restarts it, or stops the run past --max-failures)."""
+            if self.membership is not None and self.membership.can_leave(self.workers, lost):
+                self.membership.leave(self, lost, dispatch)  # not a failure: the run stays at MIN or more
+                return
             decision = self._decide(lost, training=True)
             if decision.remedy != REPLACE:
                 raise lost
@@ -627,6 +673,9 @@ class _Driver:
         stopping = False
         dispatch.feed_all()
         while pending:
+            if self.membership is not None and not stopping:
+                self._preempted(dispatch)
+                self._join(dispatch)
             if not stopping and self.hooks.poll():
                 # A callback asked to stop: end the plan at the last step already handed out (every worker
                 # gets there, so the transports end as at a normal end), evaluate the last partial epoch.
@@ -648,7 +697,9 @@ class _Driver:
                 continue
             dispatch.done(ref)
             heard[rank] = time.monotonic()
-            if kind == "setup":  # a replacement worker is ready (its queued calls run next)
+            if kind == "setup" and payload.get("change") == JOIN:  # a joiner is set up (fed already)
+                payload["setup_s"] = round(time.time() - self.run_start - payload["wall_time"], 3)
+            elif kind == "setup":  # a replacement worker is ready (its queued calls run next)
                 replacement_ready(self, payload)
             elif kind == "segment":
                 diverged = result.pop("diverged", None)
@@ -670,7 +721,7 @@ class _Driver:
                 go_on(rank)
             elif kind == "eval":
                 eval_parts[payload].append(result)
-                if len(eval_parts[payload]) == n:
+                if len(eval_parts[payload]) == eval_needs:
                     # The model evaluated is the one after the epoch's last step (static plans queue each
                     # worker's evaluation behind that step), whatever rows have come back by now; a shared
                     # plan's workers go on, so its evaluation is of the steps done so far.
@@ -690,8 +741,58 @@ class _Driver:
                 self.saves[step] = (name, result)
                 go_on(rank)  # a --chaos fault at this step waited for its checkpoint
             self._save_complete(outstanding_evals=set(eval_parts) | dispatch.evals_outstanding())
+            if self.membership is not None:
+                self._drained(dispatch)
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
+
+    def _join(self, dispatch: Dispatcher) -> None:
+        """Elastic: start a worker in each slot placed since the last look; it is set up against the
+        live shards (θ, its clock: nothing from disk), then fed (its calls queue behind the setup)."""
+        assert self.membership is not None and self.shards is not None
+        for rank in self.membership.joinable(self.workers):
+            worker = start_worker(self.config, self.placement, rank, self.run_start)
+            self.workers[rank] = worker
+            self.actors.append(worker)
+            event = self.membership.record(self, JOIN, rank, "placed")
+            self.sync_members()  # before its setup, which reads its clock from the shards
+            bounds = self.shards.bounds
+            setup = worker.setup.remote("", self.shards.shards, bounds, self.portion_scheduler, self.phase_config)
+            dispatch.track(setup, ("setup", rank, event))
+            dispatch.members = self.members()
+            dispatch.feed(rank)
+
+    def sync_members(self) -> None:
+        """Tell the shards who is in (the bound holds among members; a joiner's clock is raised)."""
+        if self.shards is not None:
+            self._shard_call([s.set_members.remote(self.members()) for s in self.shards.shards])
+
+    def _preempted(self, dispatch: Dispatcher) -> None:
+        """Elastic: a node is draining (preemption). Checkpoint now: the state is asked of a member off
+        that node, behind its queued segment, and the loop goes on meanwhile (under SSP that segment may
+        wait for the very workers about to leave); once it is written (`_drained`), they leave."""
+        assert self.membership is not None
+        for node, ranks in self.membership.draining(self.workers).items():
+            if not ranks:
+                continue
+            keep = [r for r in self.members() if r not in ranks] or ranks  # ask one not on the node
+            dispatch.call("state", keep[0], (step_checkpoint_name(self.steps_done), self.steps_done))
+            self.membership.drain_checkpoints.append(
+                {"node": node, "step": self.steps_done, "path": None, "wall_time": None, "ranks": ranks}
+            )
+
+    def _drained(self, dispatch: Dispatcher) -> None:
+        """The members of a draining node whose checkpoint is written leave (their slots ask for room
+        elsewhere); orchestrator/membership.py says when they stay instead."""
+        assert self.membership is not None
+        for drain in self.membership.drain_checkpoints:
+            if drain["path"] is None or drain.get("done"):
+                continue
+            drain["done"] = True
+            for rank in drain["ranks"]:
+                lost = RunLost("node", rank, f"node {drain['node'][:8]} is draining")
+                if self.membership.can_leave(self.workers, lost):
+                    self.membership.leave(self, lost, dispatch, cause="node draining")
 
     def _submit(self, kind: str, rank: int, payload: Any) -> Any:
         """The dispatcher's calls, made on the worker now holding `rank`."""
@@ -699,6 +800,8 @@ class _Driver:
         if kind == "segment":
             return worker.run_segment.remote(payload)
         if kind == "eval":
+            if self.membership is not None:  # one member scores the whole test set (membership changes)
+                return worker.evaluate.remote(0, 1)
             return worker.evaluate.remote(rank, len(self.workers))
         assert kind == "state", kind
         return worker.state.remote()
@@ -785,7 +888,7 @@ class _Driver:
     def _leave_transports(self) -> None:
         """Destroy process groups cleanly after a completed run (the actors are killed afterwards anyway)."""
         try:
-            ray.get([w.shutdown.remote() for w in self.workers], timeout=10)
+            ray.get([w.shutdown.remote() for w in self.workers if w is not None], timeout=10)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
             pass
 
@@ -836,6 +939,10 @@ class _Driver:
             if key in state:
                 payload[key] = state[key]
         self.state.point = RestorePoint(payload, steps_done, now, path)
+        if self.membership is not None:  # a draining node's checkpoint: its members may leave now
+            for drain in self.membership.drain_checkpoints:
+                if drain["path"] is None and steps_done >= drain["step"]:
+                    drain["path"], drain["wall_time"] = str(path), now
         self.hooks.call("on_checkpoint", path, steps_done)
         if progress:
             self._write_summary(UNFINISHED, epochs_done, mitigation=False)
@@ -844,7 +951,8 @@ class _Driver:
         epochs_done = self.steps_done // self.steps_per_epoch if self.steps_per_epoch else 0
         if checkpoint and self.steps_done:
             # Every worker is done: worker 0's state (a PS snapshot under the PS) is the final model.
-            final = self._result(self.workers[0].state.remote(), 0, self.config.hang_timeout_s)
+            first = self.members()[0]
+            final = self._result(self.workers[first].state.remote(), first, self.config.hang_timeout_s)
             self._save(checkpoint_name(None), final, epochs_done, self.steps_done, progress=False)  # + metrics
         else:
             self.sink.write(self.run_dir / "metrics.parquet")
@@ -875,5 +983,7 @@ class _Driver:
             summary["chaos"] = self.state.chaos.summary(self.steps_done)
         if self.config.schedule:
             summary["phases"] = [phase.describe() for phase in self.phases]
+        if self.membership is not None:
+            summary["membership"] = self.membership.summary(self.workers)
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary

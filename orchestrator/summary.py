@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from distrain.config import Target
+from distrain.config import Target, parse_workers
 from distrain.orchestrator.throughput import SteadyState
 
 
@@ -48,6 +48,8 @@ def summarize(
     def num(value: Any) -> float | None:
         return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
+    low, high = parse_workers(config["workers"])
+    slots = high or low  # an elastic run's step is cut into MAX slices
     return {
         "run_id": df["run_id"].iloc[0] if not df.empty else None,
         "status": status,
@@ -55,8 +57,8 @@ def summarize(
         "task": config.get("task") or "classification",
         "model": config["model"] if builtin else None,
         "dataset": config["dataset"] if builtin else None,
-        "workers": config["workers"],
-        "global_batch_size": config["workers"] * config["batch_size"],
+        "workers": config["workers"],  # N, or an elastic run's "MIN..MAX" (its membership: `elastic`)
+        "global_batch_size": slots * config["batch_size"],
         "epochs_completed": epochs_completed,
         "steps_completed": int(steps["step"].max()) + 1 if not steps.empty else 0,
         # final_test_loss, final_test_accuracy (classification), final_test_<name> for every task metric

@@ -54,6 +54,10 @@ class Range:
 Dimension = Choice | Range
 
 
+# A trial's placement group is reserved whole when Tune starts it, so its membership cannot change.
+TUNE_REFUSES_RANGE = "tune runs each trial in a fixed placement group, so it takes worker counts (2,4), not ranges"
+
+
 def _field_kind(name: str) -> str:
     try:
         info = RunConfig.field_info(name)
@@ -93,6 +97,8 @@ def parse_dimension(name: str, text: str, flag: str | None = None) -> Dimension:
     flag = flag or f"--param {name}"
     kind = _field_kind(name)
     text = (text or "").strip()
+    if name == "workers" and ".." in text:
+        raise ConfigError(f"{flag} {text!r}: {TUNE_REFUSES_RANGE}")
     if not text:
         raise ConfigError(f"{flag} is empty; give values like 16,32,64 or a range like 0.01:0.5:log")
     if ":" in text and kind != "str":
@@ -193,6 +199,9 @@ class SweepSpec:
         self.axes()  # refuses a strategy field that no swept strategy reads
         checked: set[tuple[Any, ...]] = set()
         for config in self.sample_configs():  # building each one is RunConfig's check
+            if config.elastic:  # the base config's (--config), as a swept value is refused when parsed
+                given = f"{config.workers}..{config.max_workers}"
+                raise ConfigError(f"--workers {given} (the base config's): {TUNE_REFUSES_RANGE}")
             key = _runnable_key(config)
             if key not in checked:  # run's own checks, once per distinct set of what they read
                 checked.add(key)

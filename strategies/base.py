@@ -113,6 +113,9 @@ class Strategy(ABC):
     # Its driver-side actor hands a lost worker's outstanding work out again (`worker_lost(rank)`), so a
     # dead worker is replaced in place even with --backup-tasks (orchestrator/replacement.py).
     reissues_lost_work: ClassVar[bool] = False
+    # Its membership can change mid-run (`--workers MIN..MAX`, orchestrator/membership.py): a joiner takes
+    # everything it needs from live actors, a leaver's unfinished units go to the others.
+    elastic: ClassVar[bool] = False
     # Run settings whose default differs under this strategy (DiLoCo's smaller inner --lr), applied only
     # where the user set none; a schedule's phases share the run's settings, set by its first strategy.
     run_defaults: ClassVar[dict[str, Any]] = {}

@@ -128,6 +128,9 @@ class AsyncSGD(PSStrategy):
     name = "async"
     Options = AsyncOptions
     independent_workers = True
+    # Units go to whoever is free and the shards hold θ, the optimizer and the clocks (the bound is
+    # infinite: nobody waits on an absent rank's clock), so workers may come and go.
+    elastic = True
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
@@ -153,6 +156,9 @@ class SSPOptions(StrategyOptions):
 class SSP(PSStrategy):
     name = "ssp"
     Options = SSPOptions
+    # Under --workers MIN..MAX the units are shared (whoever asks; a slot may be empty) and the shards
+    # measure the bound among the members' clocks (`ParameterShard.set_members`).
+    elastic = True
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:

@@ -112,6 +112,9 @@ class ParameterShard:
             import_flat_state(self.optimizer, [self.param], FlatOptimizerState.from_dict(optimizer_state))
         self.version = 0
         self.clocks = [0] * num_workers
+        # The ranks with a worker now (--workers MIN..MAX): the bound holds among their clocks only, so
+        # nobody waits on an empty slot. None: every rank (a fixed-size run).
+        self.members: list[int] | None = None
         self.round: dict[int, np.ndarray | None] = {}  # rounds: by worker; portions: by portion
         self.changed = asyncio.Condition()
         self.updates_applied = 0
@@ -136,7 +139,7 @@ class ParameterShard:
                 staleness,
                 wait_s,
                 self.clocks[worker],
-                min(self.clocks),
+                self._floor(),
                 dropped,
             )
 
@@ -201,7 +204,7 @@ class ParameterShard:
             t0 = time.perf_counter()
             await self.changed.wait_for(lambda: self.version >= version)
             wait_s = time.perf_counter() - t0
-            return Reply(self.theta.copy(), self.version, -1, 0, wait_s, self.clocks[worker], min(self.clocks))
+            return Reply(self.theta.copy(), self.version, -1, 0, wait_s, self.clocks[worker], self._floor())
 
     async def stats(self) -> dict[str, Any]:
         """What the rule did: gradients dropped per worker, and who made up each applied update."""
@@ -222,9 +225,9 @@ class ParameterShard:
         self.changed.notify_all()
         wait_s = 0.0
         bound = self.rule.staleness
-        if bound is not None and self.clocks[worker] - min(self.clocks) > bound:
+        if bound is not None and self.clocks[worker] - self._floor() > bound:
             t0 = time.perf_counter()
-            await self.changed.wait_for(lambda: self.clocks[worker] - min(self.clocks) <= bound)
+            await self.changed.wait_for(lambda: self.clocks[worker] - self._floor() <= bound)
             wait_s = time.perf_counter() - t0
         return applied, staleness, wait_s
 
@@ -248,7 +251,7 @@ class ParameterShard:
     async def pull(self, worker: int) -> Reply:
         """A read outside the step (start, evaluation): never blocks."""
         async with self.changed:
-            return Reply(self.theta.copy(), self.version, -1, 0, 0.0, self.clocks[worker], min(self.clocks))
+            return Reply(self.theta.copy(), self.version, -1, 0, 0.0, self.clocks[worker], self._floor())
 
     def node_id(self) -> str:
         """The Ray node hosting this shard (placement checks)."""
@@ -265,6 +268,25 @@ class ParameterShard:
                 "version": self.version,
                 "clocks": list(self.clocks),
             }
+
+    def _floor(self) -> int:
+        """The least clock among the members: what the bound is measured from."""
+        if self.members is None:
+            return min(self.clocks)
+        return min((self.clocks[r] for r in self.members), default=0)
+
+    async def set_members(self, members: list[int]) -> None:
+        """An elastic run's membership changed. A joiner's clock is raised to the others' least (it
+        starts from the current θ, so it is that far along, and must not hold everyone at its old clock);
+        a leaver no longer counts, which releases whoever waited on it."""
+        async with self.changed:
+            before = [r for r in (self.members or []) if r in members]
+            floor = min((self.clocks[r] for r in before), default=None)
+            for rank in members:
+                if floor is not None and rank not in before:
+                    self.clocks[rank] = max(self.clocks[rank], floor)
+            self.members = sorted(members)
+            self.changed.notify_all()
 
     async def set_counters(self, version: int, clocks: list[int]) -> None:
         """Continue a checkpointed run: its version and every worker's clock (θ came with the constructor)."""

@@ -47,6 +47,8 @@ def workdir(tmp_path, monkeypatch, no_ray):
     (inputs / "empty_data").mkdir()
     (inputs / "binary.yaml").write_bytes(bytes(range(256)))  # e.g. a checkpoint passed by mistake
     (inputs / "twice.yaml").write_text("workers: 8\nmodel: mlp\nworkers: 2\n")
+    (inputs / "elastic.yaml").write_text("resources:\n  workers: 2..3\nstrategy:\n  name: async\n")
+    (inputs / "elastic_bad.yaml").write_text("workers: 3..2\nstrategy: async\n")
     full = inputs / "full_run"
     full.mkdir()
     (full / "metrics.parquet").write_bytes(b"precious results")
@@ -152,6 +154,16 @@ BAD_INPUTS = [
     (["--model", "vgg"], ["unknown model 'vgg'", "cnn, linear, mlp, resnet18"]),
     (["--dataset", "imagenet"], ["unknown dataset 'imagenet'", "digits"]),
     (["--workers", "0"], ["--workers must be >= 1"]),
+    # elastic membership (issue 18): the same parser for flags and YAML
+    (["--strategy", "async", "--workers", "3..2"], ["--workers 3..2: MIN (3) is above MAX (2)"]),
+    (["--strategy", "async", "--workers", "0..2"], ["--workers 0..2: MIN must be >= 1"]),
+    (["--strategy", "async", "--workers", "2..x"], ["--workers must be an integer, got '2..x'", "MIN..MAX"]),
+    (["--workers", "2..4"], ["--workers 2..4: --strategy bsp cannot change its membership", "that can: async, ssp"]),
+    (["--strategy", "local-sgd", "--workers", "2..4"], ["--strategy local-sgd cannot change its membership"]),
+    (["--transport", "ps", "--workers", "2..4"], ["--strategy bsp cannot change its membership"]),
+    (["--strategy", "async", "--workers", "2..4", "--straggler", "0:0.1"], ["does not compose with --straggler"]),
+    (["--config", "{in}/elastic_bad.yaml"], ["--workers 3..2: MIN (3) is above MAX (2)"]),
+    (["--config", "{in}/elastic.yaml", "--strategy", "bsp"], ["--strategy bsp cannot change its membership"]),
     (["--batch-size", "0"], ["--batch-size must be >= 1"]),
     (["--lr", "0"], ["--lr must be a positive number"]),
     (["--lr", "-1"], ["--lr must be a positive number"]),
@@ -347,6 +359,9 @@ TUNE_BAD_INPUTS = [
     (["--cluster-cpus", "4", "--address", "auto"], ["--cluster-cpus sizes a local Ray", "--address"]),
     (["--num-samples", "40"], ["40 trials (more than 32)", "no terminal", "add --yes"]),
     (["--param", "bogus=1,2"], ["unknown config field 'bogus'"]),
+    (["--workers", "2..4"], ["--workers '2..4'", "fixed placement group", "not ranges"]),
+    (["--param", "workers=2,2..4"], ["fixed placement group"]),
+    (["--config", "{in}/elastic.yaml", "--batch-sizes", "16"], ["--workers 2..3 (the base config's)", "not ranges"]),
     (["--param", "momentum"], ["--param 'momentum' must be NAME=VALUES"]),
     (["--param", "run_dir=a,b"], ["cannot be swept"]),
     (["--sweep-dir", "{in}/full_run"], ["--sweep-dir", "not empty"]),
@@ -604,7 +619,7 @@ def test_tune_trial_larger_than_the_cluster(ray_cluster, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["run", "--workers", "abc"], "Invalid value for '--workers'"),
+        (["run", "--workers", "abc"], "--workers must be an integer, got 'abc'"),  # N or MIN..MAX: read by config
         (["run", "--no-such-flag"], "No such option"),
         (["no-such-command"], "No such command"),
     ],

@@ -1,0 +1,305 @@
+"""Elastic membership (`--workers MIN..MAX`): where each rank may run, who is in the run, who joined or
+left and why.
+
+Ranks are slots 0..MAX-1: the parameter-server shards keep a clock per slot, and a step is cut into
+MAX slices (config.worker_slots), whoever is there to take them. So the epoch's partition of samples
+never changes with the membership; only how many workers share it does.
+
+How the run asks for room: one placement group of one bundle per slot, since a placement group
+cannot be resized (`ElasticPlacement`). All MAX are created at the start; the run starts once MIN of
+them are placed (--collective-timeout-s at most; the PS shards' own group is reserved before any, so
+pending workers never take their room, on the driver's node where they fit: a lost shard restarts
+the run), and the others stay *pending*: Ray places each as soon as a node has room (a node added, a
+busy one freed), and an autoscaler sees pending groups as demand and adds nodes for them (Ray Train
+v2's autoscaling coordinator asks with `request_resources` instead; a pending group asks for exactly
+the bundles the run would use, and is taken as soon as it is placed).
+The controller loop polls the pending groups (`ready_ranks`, no wait) between results.
+
+- Join (orchestrator/run.py `_Driver._join`): a worker actor starts in the slot's group and is set up
+  against the live shards, which give it θ, the optimizer state's home and its clock: nothing is read
+  from disk. Then it is fed units like everyone else.
+- Preemption (`draining` below, `_Driver._preempted`): a node the cluster is draining (a spot node
+  about to go: `ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`, or the autoscaler) is seen
+  within --- at most half a second --- of the drain request. The run asks for a checkpoint at once
+  (the shards' snapshot, from a member off that node, behind its queued segment, while the loop goes
+  on), and once it is written (`_Driver._drained`) the members on that node leave as below (cause
+  "node draining"); their slots' new groups are not placed on a draining node. Where leaving would take the
+  run below MIN, they stay until the node goes, and the failure path restarts from that checkpoint.
+- Leave (`leave` below): a lost worker (dead, hung, its node removed or drained) while the run is
+  above MIN. Its queued calls are taken back: its segments' units go back to the shared work queue and
+  are redone by whoever is free (each unit keeps exactly one metrics row), its evaluation or checkpoint
+  call goes to another member. Its slot gets a fresh pending group, so it joins again once placed. A
+  leave is not a failure: --max-failures counts only losses that take the run below MIN, which take
+  the failure policy's path (orchestrator/failure_policy.py).
+
+Everything that happened is kept in `events` (summary.json's `membership`) and emitted as
+`MembershipChanged` for the display.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from distrain.config import RunConfig, format_workers
+from distrain.errors import ResourceError
+from distrain.orchestrator.recovery import RunLost, discard
+from distrain.orchestrator.trial_resources import num_shards
+
+if TYPE_CHECKING:
+    from distrain.orchestrator.dispatcher import Dispatcher
+
+JOIN, LEAVE = "join", "leave"
+
+
+@dataclass
+class MembershipChanged:
+    """A worker joined or left an elastic run: `members` is the count after the change."""
+
+    step: int
+    change: str  # JOIN or LEAVE
+    rank: int
+    cause: str  # "placed" (its group became ready), "start", "worker lost", "node lost", "node draining", ...
+    members: int
+    units_redone: int = 0  # a leaver's units handed out again
+
+
+@dataclass
+class ElasticPlacement:
+    """One single-bundle placement group per slot (module docstring)."""
+
+    config: RunConfig
+    groups: list[PlacementGroup | None] = field(default_factory=list)
+    ready: list[Any] = field(default_factory=list)  # each slot's pg.ready() reference
+    owned: bool = True  # released at the run's end (cluster.release)
+    group: Any = None  # no group of all the workers (cluster.bundle_alive then answers False)
+    first_worker: int = 0
+    shard_group: PlacementGroup | None = None  # the PS shards', reserved first (pending workers never starve them)
+
+    def __post_init__(self) -> None:
+        slots = self.config.worker_slots
+        self.groups, self.ready = [None] * slots, [None] * slots
+        count = num_shards(self.config)
+        if count:
+            self.shard_group = _shard_group(count, self.config.cpus_per_shard)
+            try:
+                ray.get(self.shard_group.ready(), timeout=self.config.collective_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                self.release()
+                raise ResourceError(
+                    f"could not place the {count} parameter-server shard(s) within "
+                    f"{self.config.collective_timeout_s:.0f}s; the cluster is busy or too small"
+                ) from None
+        for rank in range(slots):
+            self.ask(rank)
+
+    def ask(self, rank: int) -> None:
+        """A fresh pending group for `rank` (one bundle, the worker's resources)."""
+        bundle = {"CPU": self.config.cpus_per_worker}
+        if self.config.gpus_per_worker > 0:
+            bundle["GPU"] = self.config.gpus_per_worker
+        pg = placement_group([bundle], strategy="PACK")
+        self.groups[rank], self.ready[rank] = pg, pg.ready()
+
+    def renew(self, rank: int) -> None:
+        """`rank` left: give its group back and ask for a new one (placed wherever there is room)."""
+        self._remove(rank)
+        self.ask(rank)
+
+    def wait_for_min(self, timeout_s: float) -> list[int]:
+        """Block until MIN slots are placed; the ranks placed by then. Refused after `timeout_s`."""
+        low = self.config.workers
+        deadline = time.monotonic() + timeout_s
+        while True:
+            placed = self.ready_ranks()
+            if len(placed) >= low:
+                return placed
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ResourceError(
+                    f"could place only {len(placed)} of the MIN {low} workers of --workers "
+                    f"{format_workers(*self.config.worker_range)} within {timeout_s:.0f}s; the cluster is busy or "
+                    "too small: lower MIN or add nodes"
+                )
+            ray.wait([r for r in self.ready if r is not None], num_returns=low, timeout=min(1.0, left))
+
+    def ready_ranks(self) -> list[int]:
+        """Slots whose group is placed now (no waiting)."""
+        refs = {ref: rank for rank, ref in enumerate(self.ready) if ref is not None}
+        if not refs:
+            return []
+        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        return sorted(refs[ref] for ref in done)
+
+    def node_of(self, rank: int) -> str | None:
+        pg = self.groups[rank]
+        if pg is None:
+            return None
+        try:
+            return placement_group_table(pg)["bundles_to_node_id"].get(0)
+        except Exception:  # noqa: BLE001 - a group being removed or rescheduled
+            return None
+
+    def worker(self, rank: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(self.groups[rank], placement_group_bundle_index=0)
+
+    def shards(self, workers: int, count: int) -> list[Any]:
+        """The PS shards go in their own group's bundles."""
+        assert self.shard_group is not None and count <= len(self.shard_group.bundle_specs)
+        return [
+            PlacementGroupSchedulingStrategy(self.shard_group, placement_group_bundle_index=k) for k in range(count)
+        ]
+
+    def _remove(self, rank: int) -> None:
+        pg, self.groups[rank], self.ready[rank] = self.groups[rank], None, None
+        if pg is not None:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001 - already gone with the cluster
+                pass
+
+    def release(self) -> None:
+        for rank in range(len(self.groups)):
+            self._remove(rank)
+        if self.shard_group is not None:
+            try:
+                remove_placement_group(self.shard_group)
+            except Exception:  # noqa: BLE001 - already gone with the cluster
+                pass
+            self.shard_group = None
+
+
+class Membership:
+    """The books of an elastic run's membership; `driver` is the `_Driver` (orchestrator/run.py)."""
+
+    def __init__(self, config: RunConfig, placement: ElasticPlacement) -> None:
+        self.config = config
+        self.placement = placement
+        self.events: list[dict[str, Any]] = []
+        self.samples_redone = 0
+        self.drained: set[str] = set()  # draining nodes already handled
+        self._last_drain_poll = 0.0
+        self.drain_checkpoints: list[dict[str, Any]] = []  # written because a node was draining
+
+    def members(self, workers: list[Any]) -> list[int]:
+        return [rank for rank, worker in enumerate(workers) if worker is not None]
+
+    def joinable(self, workers: list[Any]) -> list[int]:
+        """Slots placed now that have no worker yet."""
+        return [rank for rank in self.placement.ready_ranks() if workers[rank] is None]
+
+    def record(self, driver: Any, change: str, rank: int, cause: str, units_redone: int = 0) -> dict[str, Any]:
+        members = len(self.members(driver.workers))
+        event = {
+            "change": change,
+            "rank": rank,
+            "cause": cause,
+            "step": driver.steps_done,
+            "wall_time": time.time() - driver.run_start,
+            "members": members,
+            "units_redone": units_redone,
+        }
+        self.events.append(event)
+        driver.emit(MembershipChanged(driver.steps_done, change, rank, cause, members, units_redone))
+        return event
+
+    def can_leave(self, workers: list[Any], lost: RunLost) -> bool:
+        """Whether `lost` is a leave (the run stays at or above MIN) rather than a failure."""
+        rank = lost.target
+        if lost.kind not in ("worker", "hang", "node") or rank is None or rank >= len(workers):
+            return False
+        return workers[rank] is not None and len(self.members(workers)) - 1 >= self.config.workers
+
+    def leave(self, driver: Any, lost: RunLost, dispatch: Dispatcher, cause: str | None = None) -> None:
+        """Worker `lost.target` leaves: its work goes to the others, its slot asks for room again."""
+        rank = lost.target
+        assert rank is not None
+        ray.kill(driver.workers[rank], no_restart=True)  # a hung worker must not push again
+        driver.workers[rank] = None
+        lost_calls = dispatch.take(rank)
+        discard([ref for ref, _ in lost_calls], min(10.0, self.config.collective_timeout_s))
+        units_redone = 0
+        for _, (kind, _, payload) in lost_calls:
+            if kind == "segment":
+                dispatch.work.requeue(payload)
+                units_redone += len(payload)
+        # Its clock goes back to the one of its last segment whose rows came in (as a replacement's:
+        # orchestrator/replacement.py), so the shards' books agree with what the driver counted; it
+        # is raised again to the members' least when the slot is filled (`ParameterShard.set_members`).
+        if driver.shards is not None and driver.confirmed_clock:
+            shards = driver.shards.shards
+            driver._shard_call([s.rebase_clock.remote(rank, driver.confirmed_clock[rank]) for s in shards])
+        driver.sync_members()  # whoever waited on its clock goes on
+        self.samples_redone += units_redone * self.config.batch_size
+        self.placement.renew(rank)
+        event = self.record(driver, LEAVE, rank, cause or _cause(lost), units_redone)
+        event["detail"] = lost.detail
+        for _, (kind, _, payload) in lost_calls:  # evaluations and checkpoints: on another member
+            if kind in ("eval", "state"):
+                dispatch.call(kind, dispatch.evaluator(), payload)
+        dispatch.members = self.members(driver.workers)
+        dispatch.feed_all()  # the others take its units now
+
+    def draining(self, workers: list[Any], every_s: float = 0.5) -> dict[str, list[int]]:
+        """Nodes newly found draining (`ray._private.state.state.get_draining_nodes()`, as Ray Train v2's
+        PreemptionWatcher polls it; at most every `every_s`), each with the members running on it."""
+        now = time.monotonic()
+        if now - self._last_drain_poll < every_s:
+            return {}
+        self._last_drain_poll = now
+        try:
+            nodes = set(ray._private.state.state.get_draining_nodes()) - self.drained
+        except Exception:  # noqa: BLE001 - a GCS that cannot answer now: look again next time
+            return {}
+        if not nodes:
+            return {}
+        self.drained |= nodes
+        found: dict[str, list[int]] = {node: [] for node in nodes}
+        for rank in self.members(workers):
+            node = self.placement.node_of(rank)
+            if node in found:
+                found[node].append(rank)
+        return found
+
+    def summary(self, workers: list[Any]) -> dict[str, Any]:
+        low, high = self.config.worker_range
+        counts = [e["members"] for e in self.events]
+        return {
+            "workers": format_workers(low, high),
+            "min": low,
+            "max": high,
+            "peak_members": max(counts, default=len(self.members(workers))),
+            "final_members": len(self.members(workers)),
+            "joins": sum(1 for e in self.events if e["change"] == JOIN and e["cause"] not in ("start", "restart")),
+            "leaves": sum(1 for e in self.events if e["change"] == LEAVE),
+            "samples_redone": self.samples_redone,
+            "reform_s": round(sum(e.get("setup_s", 0.0) for e in self.events), 3),
+            "events": self.events,
+            "drain_checkpoints": self.drain_checkpoints,
+        }
+
+
+def _shard_group(count: int, cpus: float) -> PlacementGroup:
+    """The shards' group, on the driver's node when they fit there: an elastic run's members come and
+    go with nodes (spot nodes, preempted ones), and a lost shard restarts the whole run, so the shards
+    stay where the run is steered from (on a cluster, the head, which is not preempted). Elsewhere,
+    packed, when they do not fit."""
+    here = ray.get_runtime_context().get_node_id()
+    room = next((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["NodeID"] == here and n["Alive"]), 0.0)
+    bundles = [{"CPU": cpus}] * count
+    if room >= count * cpus:
+        return placement_group(bundles, strategy="STRICT_PACK", _soft_target_node_id=here)
+    return placement_group(bundles, strategy="PACK")
+
+
+def _cause(lost: RunLost) -> str:
+    """Why a worker left, in words; Ray says when an actor died with its node."""
+    cause = lost.__cause__
+    if lost.kind == "node" or (cause is not None and "node" in str(cause).lower() and "died" in str(cause).lower()):
+        return "node lost"
+    return {"worker": "worker lost", "hang": "worker hung"}.get(lost.kind, lost.kind)
