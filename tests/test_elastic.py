@@ -47,10 +47,14 @@ SCRIPT = textwrap.dedent(
 
         def on_checkpoint(self, path, step):
             log.append(("checkpoint", str(path), time.time()))
+            if self.phase == "draining":  # the drain's checkpoint: its workers leave right after it
+                self.phase, self.rows_since = "drained", 0
 
         def on_rows(self, rows):
             self.seen |= set(rows["worker"])
             self.rows_since += len(rows["worker"])
+            if self.phase == "drained" and set(rows["worker"]) & {1, 2}:
+                self.rows_since = 0  # the drained node's workers still train: wait until they have left
             both = {1, 2} <= self.seen
             if self.phase == "grow":
                 nodes["a"] = cluster.add_node(num_cpus=2)
@@ -60,7 +64,7 @@ SCRIPT = textwrap.dedent(
                 ok, why = gcs.drain_node(nodes["a"].node_id, PREEMPTION, "spot node reclaimed", deadline)
                 log.append(("drain", ok, why, time.time()))
                 self.phase, self.rows_since = "draining", 0
-            elif self.phase == "draining" and self.rows_since >= 12:  # the drain was handled by now
+            elif self.phase == "drained" and self.rows_since >= 6:  # 6 rows and none from 1 or 2: they left
                 nodes["b"] = cluster.add_node(num_cpus=2)
                 cluster.remove_node(nodes["a"])  # nothing kills a drained node at its deadline: we do
                 log.append(("removed a", time.time()))
