@@ -14,21 +14,9 @@ from distrain.config import RunConfig
 from distrain.errors import ConfigError
 from distrain.orchestrator import auto_strategy, planner
 from distrain.units import parse_duration, parse_flops, parse_worker_counts
+from tests.test_cli_errors import no_ray  # noqa: F401 - the fixture: fail if Ray would start
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def no_ray(monkeypatch):
-    import ray
-
-    from distrain.orchestrator import cluster
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("Ray must not be started here")
-
-    monkeypatch.setattr(cluster, "start_local_ray", refuse)
-    monkeypatch.setattr(ray, "init", refuse)
 
 
 def _calibration(**changes) -> planner.Calibration:
@@ -67,7 +55,8 @@ def test_worker_counts_and_units():
         (["--model", "no-such-model"], "model"),
     ],
 )
-def test_bad_plan_input_is_one_line_and_exit_2(args, says, tmp_path, no_ray):
+@pytest.mark.usefixtures("no_ray")
+def test_bad_plan_input_is_one_line_and_exit_2(args, says, tmp_path):
     result = runner.invoke(app, ["plan", "--out", str(tmp_path / "p"), *args])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
@@ -75,7 +64,8 @@ def test_bad_plan_input_is_one_line_and_exit_2(args, says, tmp_path, no_ray):
     assert not (tmp_path / "p").exists()
 
 
-def test_plan_from_a_saved_calibration_writes_table_png_and_recommendation(tmp_path, no_ray):
+@pytest.mark.usefixtures("no_ray")
+def test_plan_from_a_saved_calibration_writes_table_png_and_recommendation(tmp_path):
     saved = tmp_path / "saved.json"
     saved.write_text(json.dumps({"calibration": _calibration().to_dict()}))
     out = tmp_path / "plan"
