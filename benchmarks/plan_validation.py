@@ -9,7 +9,7 @@ interleaved (the strategy loop inside the worker-count loop) in one Ray session 
 Calibration points are in-sample for bsp (collective) at N=1 and 2 and async at N=1: the table marks
 them, and the median error is given with and without them.
 
-    python benchmarks/plan_validation.py [--steps 60] [--tasks mlp,cnn] [--out /tmp/plan-validation]
+    python benchmarks/plan_validation.py [--steps 60] [--tasks mlp,cnn] [--workers 1,2,4] [--cpus 6] [--out DIR]
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ def base_config(model: str) -> RunConfig:
     return RunConfig(model=model, dataset="digits", batch_size=32, epochs=100, lr=0.05, lr_scaling="none")
 
 
-def measure(out: Path, models: list[str], counts: list[int], steps: int) -> None:
+def measure(out: Path, models: list[str], counts: list[int], steps: int, cpus: int) -> None:
     """Calibrate, then run every strategy at every N (strategies interleaved within each N)."""
     for model in models:
         base = base_config(model)
-        cluster.start_local_ray(6)
+        cluster.start_local_ray(cpus)
         try:
             calibrate(base, out / model, steps=24)
             for n in counts:
@@ -92,12 +92,13 @@ def main() -> None:
     ap.add_argument("--tasks", default="mlp,cnn")
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cpus", type=int, default=6, help="the local Ray's num_cpus (16 on a 16-core machine)")
     ap.add_argument("--refit", action="store_true", help="no runs: evaluate the run directories in --out again")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="plan-validation-"))
     models = args.tasks.split(",")
     if not args.refit:
-        measure(out, models, [int(x) for x in args.workers.split(",")], args.steps)
+        measure(out, models, [int(x) for x in args.workers.split(",")], args.steps, args.cpus)
     rows = evaluate(out, models)
     (out / "validation.json").write_text(json.dumps(rows, indent=2))
     table = sorted((r for r in rows if "error" in r), key=lambda r: (r["task"], r["workers"]))
