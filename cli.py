@@ -238,11 +238,10 @@ def _run(
     if resume is not None:
         if config is not None:
             raise DistrainError("--resume uses the run's own config.yaml; drop --config")
-        if overrides.get("strategy") == "auto":  # the run chose when it started: compare with that choice
-            from distrain.orchestrator.auto_strategy import recorded_strategy
-
-            overrides["strategy"] = recorded_strategy(resume) or overrides["strategy"]
+        from distrain.orchestrator.auto_strategy import resumed_values  # auto: the choice the run made
         from distrain.orchestrator.resume import resume_config
+
+        overrides = resumed_values(resume, overrides)
 
         cfg = resume_config(resume, overrides)
         from distrain.orchestrator.run import run_training
@@ -263,16 +262,11 @@ def _run(
                 markup=False,
                 highlight=False,
             )
-    auto = None
-    requested = overrides.get("strategy") or (RunConfig.load_yaml(config).get("strategy") if config else None)
-    if requested == "auto":  # the plan's recommendation, made concrete before anything else resolves
-        from distrain.orchestrator.auto_strategy import choose
+    from distrain.orchestrator.auto_strategy import make_concrete  # --strategy auto: the plan's choice, first
 
-        out.print("--strategy auto: calibrating on this cluster to choose a strategy...", markup=False, highlight=False)
-        concrete, auto = choose(overrides, str(config) if config else None)
-        overrides.update(concrete)
-        out.print(f"--strategy auto chose {auto['strategy']} ({auto['transport']}): {auto['reason']}", markup=False,
-                  highlight=False)  # fmt: skip
+    overrides, auto = make_concrete(
+        overrides, str(config) if config else None, lambda line: out.print(line, markup=False, highlight=False)
+    )
     cfg = RunConfig.resolve(str(config) if config else None, overrides)
 
     from distrain.orchestrator.run import run_training  # Ray and torch load only from here on

@@ -114,7 +114,7 @@ def test_run_strategy_auto_runs_the_concrete_choice(tmp_path, monkeypatch):
 
     seen = {}
 
-    def fake_choose(values, config_file):
+    def fake_choose(values, config_file, task_object=None):
         seen["asked"] = values["strategy"]
         record = {"strategy": "ssp", "transport": "ps", "reason": "stragglers", "settings": {}}
         return {"strategy": "ssp", "transport": "ps", "staleness": 2}, record
@@ -161,6 +161,33 @@ def test_plan_end_to_end_on_digits_with_a_tiny_calibration(tmp_path, ray_cluster
     for name in ("bsp-1-r0", "local-2-r0", "bsp-2-r0", "async-1-r0"):  # ordinary runs, kept for inspection
         assert (out / "calibration" / name / "metrics.parquet").is_file()
     assert "recommended at N=2" in result.output
+
+
+@pytest.mark.integration
+def test_fit_strategy_auto_calibrates_chooses_and_records_like_the_cli(tmp_path, ray_cluster):
+    """distrain.fit(strategy="auto") goes through auto_strategy.make_concrete, as `distrain run` does: a
+    real (short) calibration, a concrete strategy run, and the choice recorded in all three places."""
+    import distrain
+    from distrain.orchestrator.report import Run
+    from distrain.orchestrator.report_prediction import prediction_rows
+
+    result = distrain.fit(strategy="auto", model="mlp", workers=2, max_steps=16, eval_every=0,
+                          checkpoint_every=0, run_dir=str(tmp_path / "run"), progress=False)  # fmt: skip
+    summary, run_dir = result.summary, result.run_dir
+    chosen = summary["strategy_auto"]
+    assert chosen["requested"] == "auto" and chosen["reason"] and chosen["predicted_step_s"] > 0
+    assert chosen["strategy"] in {s for s, _ in planner.CANDIDATES} and summary["strategy"] == chosen["strategy"]
+    header = (run_dir / "config.yaml").read_text().splitlines()[:2]
+    assert header[0].startswith(f"# --strategy auto chose {chosen['strategy']} ({chosen['transport']})")
+    assert header[1] == f"# because {chosen['reason']}"
+    recorded = RunConfig.load_yaml(run_dir / "config.yaml")
+    assert recorded["strategy"] == chosen["strategy"] != "auto"  # --config repeats the concrete choice
+    assert auto_strategy.recorded_strategy(run_dir) == chosen["strategy"]
+    choice = auto_strategy.recorded_choice(run_dir)
+    assert choice["workers"] == 2 and choice["calibration"]["num_params"] == 85_002  # mlp on digits
+    metrics = pd.read_parquet(run_dir / "metrics.parquet")
+    [row] = prediction_rows([Run(run_dir, "auto", {}, summary, metrics)])  # `distrain report` reads it back
+    assert row[1] == chosen["strategy"] and row[2] == f"{choice['predicted']['step_s'] * 1e3:.2f}"
 
 
 def test_report_sets_the_prediction_against_the_measured_steady_step(tmp_path):
