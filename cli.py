@@ -349,7 +349,7 @@ def _plan_parameters() -> list[inspect.Parameter]:
         own("latency", str | None, "What-if link latency, e.g. 5us or 0.2ms."),
         own("gpu_flops", str | None, "What-if achieved FLOP/s per worker, e.g. 300tflops (built-in models)."),
         own("calibration", Path | None, "Reuse the calibration of an earlier plan (its directory or plan.json)."),
-        own("calibration_steps", int, "Steps of each tiny calibration run.", 24),
+        own("calibration_steps", int, "Steps of each tiny calibration run (as long as the runs you plan is best).", 40),
         own("calibration_repeats", int, "Repeats of each tiny run (medians); 1 is faster, less robust to load.", 3),
         inspect.Parameter(
             "config",

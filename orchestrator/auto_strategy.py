@@ -20,7 +20,7 @@ from distrain.orchestrator.files import atomic_write_text
 
 AUTO = "auto"
 CHOICE_FILE = "prediction.json"
-CALIBRATION_STEPS = 12  # a run pays for its plan: short, the planner's minimum that gives a steady state
+CALIBRATION_STEPS = 24  # a run pays for its plan: short (steps cost ms; each tiny run's start-up costs seconds)
 CALIBRATION_REPEATS = 1  # and once: `distrain plan` repeats each tiny run (medians) when the choice matters more
 
 

@@ -56,7 +56,7 @@ def make_plan(
     out: Path,
     hardware: Hardware | None = None,
     calibration: Calibration | None = None,
-    steps: int = 24,
+    steps: int = 40,
     repeats: int = 3,
 ) -> PlanResult:
     out.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,10 @@ N, with a slope that is measured (a step at N=2 concurrently over N=1, see plan_
 assumed; and never below N/C, the floor of a machine with C cores to itself.
 
 Stragglers: a synchronous round lasts as long as its slowest member, so BSP's expected step is the
-expected maximum of N draws from the measured step-time spread (order statistics of the empirical
-distribution). k-of-n with b backups waits for the N-th fastest of N+b draws; SSP(s) lets a worker
+expected maximum of N draws from the measured within-round spread (each worker's compute over its
+round's mean in BSP N=2: a burst of other load that slows every worker at once costs a round nothing,
+so the pooled spread over time would overstate the wait), by order statistics of the empirical
+distribution. k-of-n with b backups waits for the N-th fastest of N+b draws; SSP(s) lets a worker
 run s clocks ahead, which absorbs a straggler's lag over s+1 steps (an approximation: the wait
 divides by s+1; s=0 is BSP's wait, s=inf async's none).
 """
