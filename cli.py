@@ -329,6 +329,7 @@ _register_run()
 
 
 PLAN_FLAGS = {"config", "resume", "workers", "strategy", "transport", "schedule", "run_dir"}  # plan's own, or moot
+PLAN_TRAFFIC_FLAGS = ("compress", "comm_delay_ms", "comm_bandwidth")  # what every strategy's traffic goes through
 
 
 def _plan_parameters() -> list[inspect.Parameter]:
@@ -360,7 +361,8 @@ def _plan_parameters() -> list[inspect.Parameter]:
         *(
             _field_parameter(RunConfig.field_info(name))
             for name in RunConfig.field_names()
-            if name not in PLAN_FLAGS and RunConfig.field_info(name).section not in ("strategy",)
+            if name not in PLAN_FLAGS
+            and (RunConfig.field_info(name).section not in ("strategy",) or name in PLAN_TRAFFIC_FLAGS)
         ),
     ]
 
@@ -462,7 +464,14 @@ def print_plan(result: Any) -> None:
         f"{cal.compute_s * 1e3:.1f} ms/step alone; a second worker stretches a step "
         f"x{1 + cal.contention_slope:.2f}; all-reduce "
         f"{cal.allreduce_latency_s * 1e6:.0f} us + {cal.allreduce_bandwidth / 1e6:.0f} MB/s; PS round trip "
-        f"{cal.ps_call_s * 1e3:.1f} ms",
+        f"{cal.ps_call_s * 1e3:.1f} ms"
+        + (f"; --compress {cal.codec}" if cal.codec else "")
+        + (
+            f"; planned for the emulated link: {cal.link_latency_s * 1e3:g} ms per transfer"
+            + (f" + {cal.link_bandwidth / 1e6:g} MB/s" if cal.link_bandwidth else "")
+            if cal.link_emulated
+            else ""
+        ),
         markup=False,
         highlight=False,
     )

@@ -184,7 +184,12 @@ def calibrate(config: RunConfig, out: Path, steps: int = 40, reps: int = 20, rep
         cluster.start_local_ray(max(4, (config.ps_shards or 1) + 3))
         started = True
     where = out / "calibration"
-    base = config.replace(schedule="", strategy="bsp", transport="collective", backup_workers=0, address="")
+    # The tiny runs measure this machine as it is: no codec, no emulated link; the planner adds what the
+    # run's --compress and --comm-delay-ms / --comm-bandwidth change from their own figures (traffic_figures)
+    base = config.replace(
+        schedule="", strategy="bsp", transport="collective", backup_workers=0, address="", compress=None,
+        comm_delay_ms=0.0, comm_bandwidth=None,
+    )  # fmt: skip
     try:
         t0 = time.time()
         for r in range(repeats):  # interleaved: a burst of load hits one repeat of each, not every run of one
@@ -238,6 +243,7 @@ def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], 
         ps_call_s=max(ps["comm_s"], ps["step_s"] - c - overhead1),
         ps_bandwidth=(num_params * 8 / probe["echo_s"]) if probe["echo_s"] else probe["beta"],
         ps_apply_s=max(0.0, ps["comm_s"] - probe["echo_s"]),
+        **traffic_figures(config, num_params),
         memory_per_worker=est.per_worker,
         memory_per_shard=memory.PROCESS_BYTES + num_params * 4 * 3,
         flops_per_sample=flops_per_sample(config),
@@ -256,6 +262,53 @@ def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], 
             "seconds": seconds,
         },
     )
+
+
+def traffic_figures(config: RunConfig, num_params: int) -> dict[str, Any]:
+    """What the run's own flags change on the wire, for the planner: --compress (the codec's transfers,
+    read from its encoding of a real tensor of the model's shapes: compressed_collective.wire_parts; a PS
+    push: each shard's slice encoded, summed, as ps_client counts it), the emulated link of
+    --comm-delay-ms / --comm-bandwidth (network.Link, as the run builds it), and BSP's buckets."""
+    from distrain.compression import parse_codec
+    from distrain.strategies.network import Link
+
+    link = Link.of(config)
+    figures: dict[str, Any] = {
+        "link_latency_s": link.latency_s, "link_bandwidth": link.bytes_per_s, "buckets": 1, "codec": None,
+        "codec_parts": [], "ps_push_bytes": None,
+    }  # fmt: skip
+    spec = parse_codec(config.compress) if config.compress else None
+    shapes = _param_shapes(config) if spec is not None or link.emulated else None
+    if shapes is not None:
+        import torch
+
+        from distrain.strategies.collective import OverlappedAllReduce
+
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+        buckets = OverlappedAllReduce(params, torch.zeros(num_params), 2)  # the run's own bucketing
+        figures["buckets"] = len(buckets.buckets)
+        buckets.remove()
+    if spec is not None:
+        import torch
+
+        from distrain.strategies.compressed_collective import wire_parts
+        from distrain.strategies.partition import partition
+
+        figures["codec"] = str(spec)
+        figures["codec_parts"] = [list(p) for p in wire_parts(spec, shapes)]
+        if not spec.needs_shapes:  # PowerSGD needs whole matrices: the PS refuses it
+            grad = torch.randn(num_params, generator=torch.Generator().manual_seed(0))
+            codec = spec.build()
+            figures["ps_push_bytes"] = float(
+                sum(codec.encode(grad[lo:hi].clone()).nbytes for lo, hi in partition(num_params, config.ps_shards or 1))
+            )
+    return figures
+
+
+def _param_shapes(config: RunConfig) -> list[tuple[int, ...]]:
+    from distrain.orchestrator.tasks import build_task
+
+    return [tuple(p.shape) for p in build_task(config).build_model().parameters() if p.requires_grad]
 
 
 def _figures(merged: dict[str, Any]) -> dict[str, Any]:

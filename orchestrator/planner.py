@@ -58,6 +58,28 @@ def allreduce_time(nbytes: int, workers: int, latency_s: float, bandwidth: float
     return rounds * latency_s + ring_bytes_per_worker(nbytes, workers) / bandwidth
 
 
+def wire_bytes(parts: list, workers: int) -> float:
+    """Bytes one worker sends in a synchronisation made of `parts` [(collective, payload bytes)]: a "ring"
+    all-reduce sends 2(P-1)/P of its payload, a "gather" (P-1) x it (as strategies/compressed_collective.py
+    charges them; the parts come from the codec's own encoding of a real tensor, `wire_parts`)."""
+    if workers <= 1:
+        return 0.0
+    return sum(ring_bytes_per_worker(b, workers) if kind == "ring" else (workers - 1) * b for kind, b in parts)
+
+
+def wire_time(parts: list, workers: int, latency_s: float, bandwidth: float) -> float:
+    """Seconds of a synchronisation made of `parts`: each ring as `allreduce_time`; an all-gather as P-1
+    rounds of one payload each."""
+    if workers <= 1:
+        return 0.0
+    return sum(
+        allreduce_time(b, workers, latency_s, bandwidth)
+        if kind == "ring"
+        else (workers - 1) * (latency_s + b / bandwidth)
+        for kind, b in parts
+    )
+
+
 def ps_shard_bytes(nbytes: int, workers: int, shards: int) -> float:
     """Bytes one shard receives per step (and sends back): P n / K."""
     return workers * nbytes / shards
@@ -144,6 +166,25 @@ class Calibration:
     step_overhead_s: float = 0.0  # per step, neither compute nor communication (data, rows, segments): measured
     contention_slope: float = 0.0  # each further busy process stretches every step by this fraction (measured)
     measured: dict[str, Any] = field(default_factory=dict)  # the raw calibration figures, for the record
+    # --compress: one gradient-sized buffer's transfers [(collective, payload bytes)] as the codec encodes a
+    # real tensor of the model (compressed_collective.wire_parts); empty: uncompressed float32
+    codec: str | None = None
+    codec_parts: list = field(default_factory=list)
+    ps_push_bytes: float | None = None  # --compress on the PS: a push, the shards' encoded slices summed
+    # the run's emulated network (--comm-delay-ms, --comm-bandwidth; strategies/network.py): every transfer
+    # takes at least latency + bytes / bandwidth, on top of (not instead of) the real one
+    link_latency_s: float = 0.0
+    link_bandwidth: float | None = None
+    buckets: int = 1  # BSP's all-reduce buckets (transfers on the emulated link per step)
+
+    @property
+    def link_emulated(self) -> bool:
+        return self.link_latency_s > 0 or self.link_bandwidth is not None
+
+    def link_s(self, nbytes: float, transfers: int) -> float:
+        """The emulated link's time for `transfers` transfers carrying `nbytes` in all (network.py:
+        one latency per transfer, then the bytes at the link's rate; queued one after another)."""
+        return transfers * self.link_latency_s + (nbytes / self.link_bandwidth if self.link_bandwidth else 0.0)
 
     @property
     def grad_bytes(self) -> int:
@@ -236,17 +277,22 @@ def predict(
     sent = 0.0
     fan_in = 1
     setting = ""
+    emulated = here and cal.link_emulated  # the run's --comm-delay-ms / --comm-bandwidth, not the probed link
+    codec = [(str(k), float(b)) for k, b in cal.codec_parts]  # --compress: the codec's transfers; [] none
     if ps:
         # push n and pull n through K shards: a round trip's fixed cost, n/K bytes to each shard, and the
         # shard serving all P calls (its fan-in) one after another.
+        push = float(cal.ps_push_bytes) if cal.ps_push_bytes is not None else float(n)  # --compress: encoded
         if here:  # measured round trip (push + pull): a worker blocked on it uses no core, so it is not
             # stretched; the shard serves the N workers' calls one after another
-            call = cal.ps_call_s
+            call = max(0.0, cal.ps_call_s - (n - push) / cal.ps_bandwidth)  # fewer bytes pushed, sooner back
             shard_busy = workers * cal.ps_apply_s
+            if emulated:  # one transfer per push-pull: the push and the pull of θ (ps_client.py)
+                call = max(call, cal.link_s(push + n, 1))
         else:  # a full-duplex link: n out and n in at once; a shard takes in P n/K per step
-            call = 2 * hw.latency_s + n / hw.bandwidth
-            shard_busy = workers * (cal.ps_apply_s + n / shards / hw.bandwidth)
-        sent, fan_in = float(n), workers
+            call = 2 * hw.latency_s + max(push, n) / hw.bandwidth
+            shard_busy = workers * (cal.ps_apply_s + push / shards / hw.bandwidth)
+        sent, fan_in = push, workers
         if strategy == "async":
             comm = call
             # throughput bound by the shard: P gradients per step can be served no faster than shard_busy
@@ -260,27 +306,48 @@ def predict(
             comm = call + max(0.0, shard_busy - call)
             wait = sync_wait
     else:
-        ring = allreduce_time(n, workers, alpha, beta) * stretch
+
+        def round_s(parts: list) -> float:
+            """One synchronisation: the modelled transfer here (or on the what-if link), and on an emulated
+            link at least its time for these bytes (one transfer per part); a single worker sends nothing."""
+            t = wire_time(parts, workers, alpha, beta) * (stretch * scale if here else 1.0)
+            if emulated and workers > 1:
+                t = max(t, cal.link_s(wire_bytes(parts, workers), len(parts)))
+            return t
+
         if strategy == "local-sgd":
             tau = int(s.get("tau", 8))
-            state = n * (1 + cal.optimizer_copies)  # θ and the optimizer state travel together
-            comm = allreduce_time(state, workers, alpha, beta) * stretch * scale / tau
+            copies = n * cal.optimizer_copies  # θ and the optimizer state travel together (θ's change coded)
+            parts = codec + ([("ring", copies)] if copies else []) if codec else [("ring", n + copies)]
+            comm = round_s(parts) / tau
             wait = sync_wait * scale / tau
-            sent = ring_bytes_per_worker(state, workers) / tau
+            sent = wire_bytes(parts, workers) / tau
             setting = f"--tau {tau}"
         elif strategy == "diloco":
             h = int(s.get("sync_every", 50))
-            comm = ring * scale / h
+            parts = codec or [("ring", n)]  # the pseudo-gradient
+            comm = round_s(parts) / h
             wait = sync_wait * scale / h
-            sent = ring_bytes_per_worker(n, workers) / h
+            sent = wire_bytes(parts, workers) / h
             setting = f"--sync-every {h}"
+        elif codec:  # bsp, compressed: the codec's all-reduce runs after backward, nothing hidden
+            comm = round_s(codec)
+            wait = sync_wait * scale
+            sent = wire_bytes(codec, workers)
         else:  # bsp: buckets all-reduce during backward; what is not hidden shows
+            ring = allreduce_time(n, workers, alpha, beta) * stretch
             if here:
                 visible = min(1.0, scale)
             else:  # backward is about 2/3 of a step's compute: the all-reduce hides behind that much
                 visible = max(0.0, ring - compute * 2 / 3) / ring if ring else 1.0
             comm = ring * (scale if here else visible)
             overlap = ring * (1 - visible)
+            if emulated and workers > 1:
+                # the buckets queue on the emulated link as backward produces them: all but the last start
+                # during backward (about 2/3 of the compute), so that much of the link's time can hide
+                link = cal.link_s(ring_bytes_per_worker(n, workers), cal.buckets)
+                hidden = compute * 2 / 3 * (cal.buckets - 1) / cal.buckets
+                comm = max(comm, link - hidden)
             wait = sync_wait * scale
             sent = ring_bytes_per_worker(n, workers)
     if strategy == "bsp" and backup_workers:

@@ -88,6 +88,28 @@ def test_plan_from_a_saved_calibration_writes_table_png_and_recommendation(tmp_p
     assert "recommended at N=8: --strategy" in result.output and "stragglers at N=8" in result.output
 
 
+@pytest.mark.usefixtures("no_ray")
+def test_plan_takes_the_runs_compress_and_emulated_link(tmp_path):
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"calibration": _calibration().to_dict()}))  # mlp on digits, 85,002 parameters
+    flags = ["--model", "mlp", "--compress", "int8", "--comm-delay-ms", "5", "--comm-bandwidth", "100mbit"]
+    out = tmp_path / "plan"
+    result = runner.invoke(app, ["plan", "--workers", "2,4", "--calibration", str(saved), *flags, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "--compress int8" in result.output and "emulated link: 5 ms per transfer + 12.5 MB/s" in result.output
+    cal = planner.Calibration.from_dict(json.loads((out / "plan.json").read_text())["calibration"])
+    assert cal.codec == "int8" and cal.link_latency_s == 0.005 and cal.link_bandwidth == 12.5e6
+    frame = pd.read_parquet(out / "predictions.parquet").set_index(["strategy", "transport", "workers"])
+    plain = _calibration()
+    for key in (("bsp", "collective", 4), ("async", "ps", 2)):
+        row = frame.loc[key]
+        assert row["bytes_per_worker"] < planner.predict(plain, key[0], key[1], key[2]).bytes_per_worker
+        assert row["step_s"] == pytest.approx(planner.predict(cal, key[0], key[1], key[2]).step_s)
+        assert row["comm_s"] >= 0.005  # at least one emulated delay per synchronisation
+    result = runner.invoke(app, ["plan", "--calibration", str(saved), "--compress", "zstd", "--out", str(out) + "2"])
+    assert result.exit_code == 2 and "unknown codec 'zstd'" in result.output  # the run's own check, one line
+
+
 def test_an_automatic_choice_is_recorded_so_config_repeats_it(tmp_path):
     from distrain.orchestrator.run import preflight
 
