@@ -217,7 +217,7 @@ def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], 
     # Two workers at once, neither waiting for the other: how much the second stretched the whole step
     # (its compute, overhead, the driver's share, other users' load around it).
     stretch2 = alone["step_s"] / one["step_s"] if one["step_s"] else 1.0
-    slope = max(0.0, stretch2 - 1.0)
+    slope, noise = contention_slope(stretch2, one["repeats"])
     cores = float(max(1, _ray_cpus(config)))
     s2 = max(1.0, 1.0 + slope, 2 / cores)
     # Stragglers: the dispersion inside BSP N=2's rounds (what a round waits for), not over time
@@ -256,12 +256,23 @@ def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], 
             "bsp_2": _figures(two),
             "async_1": _figures(ps),
             "stretch_2": stretch2,
+            "stretch_2_noise": noise,
             "sync_2_measured_s": sync2,
             "sync_2_modelled_s": modelled,
             "probe": probe,
             "seconds": seconds,
         },
     )
+
+
+def contention_slope(stretch2: float, one_repeats: list[float]) -> tuple[float, float]:
+    """(slope, noise): the measured stretch of a step at N=2 over N=1, less one, unless it is within the
+    noise of the N=1 step itself (its repeats' range over their median): such a stretch cannot be told
+    from none (a machine with cores to spare), and a slope of noise would be extrapolated linearly to
+    every N (x7 at N=8). With one repeat there is no noise figure: the stretch as measured."""
+    r = one_repeats
+    noise = (max(r) - min(r)) / statistics.median(r) if len(r) > 1 and statistics.median(r) > 0 else 0.0
+    return (max(0.0, stretch2 - 1.0) if stretch2 - 1.0 > noise else 0.0), noise
 
 
 def traffic_figures(config: RunConfig, num_params: int) -> dict[str, Any]:

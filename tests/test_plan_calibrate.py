@@ -44,3 +44,12 @@ def test_round_spread_ignores_a_burst_that_slows_every_worker_at_once():
     spread = round_spread(df)
     assert min(spread) == pytest.approx(0.01 / 0.011) and max(spread) == pytest.approx(0.012 / 0.011)
     assert round_spread(_rows({0: [0.01] * 40})) == []  # one worker: no rounds to compare within
+
+
+def test_a_stretch_within_the_single_workers_noise_is_no_contention():
+    from distrain.orchestrator.plan_calibrate import contention_slope
+
+    assert contention_slope(1.05, [0.010, 0.0104, 0.0098]) == (0.0, pytest.approx(0.06))  # 6% noise: none
+    assert contention_slope(1.5, [0.010, 0.0104, 0.0098])[0] == pytest.approx(0.5)  # well past it: measured
+    assert contention_slope(1.06, [0.010])[0] == pytest.approx(0.06)  # one repeat: no noise figure
+    assert contention_slope(0.9, [0.010, 0.010])[0] == 0.0
