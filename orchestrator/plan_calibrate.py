@@ -244,6 +244,7 @@ def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], 
         ps_bandwidth=(num_params * 8 / probe["echo_s"]) if probe["echo_s"] else probe["beta"],
         ps_apply_s=max(0.0, ps["comm_s"] - probe["echo_s"]),
         **traffic_figures(config, num_params),
+        train_samples=_train_samples(config),
         memory_per_worker=est.per_worker,
         memory_per_shard=memory.PROCESS_BYTES + num_params * 4 * 3,
         flops_per_sample=flops_per_sample(config),
@@ -314,6 +315,16 @@ def traffic_figures(config: RunConfig, num_params: int) -> dict[str, Any]:
                 sum(codec.encode(grad[lo:hi].clone()).nbytes for lo, hi in partition(num_params, config.ps_shards or 1))
             )
     return figures
+
+
+def _train_samples(config: RunConfig) -> int | None:
+    """The built-in data set's training size (a user's task: None, its periods then counted without
+    epoch ends)."""
+    if config.task:
+        return None
+    from distrain.trainers.datasets import DATASETS
+
+    return int(DATASETS.get(config.dataset).train_size)
 
 
 def _param_shapes(config: RunConfig) -> list[tuple[int, ...]]:

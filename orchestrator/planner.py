@@ -8,7 +8,9 @@ Pure arithmetic on a `Calibration` (what `plan_calibrate.py` measured on the clu
   time 2(P-1)alpha + 2(P-1)n/(P beta); double binary tree: ~2 log2(P) rounds, same bandwidth term;
 - parameter server with K shards: each worker pushes n and pulls n; each shard carries P n/K each way
   and serves P calls per step (its fan-in);
-- pipeline bubble (S-1)/(M+S-1).
+- pipeline bubble (S-1)/(M+S-1);
+- local SGD and DiLoCo: one round per τ (H) steps and one more at each epoch end where a period is
+  pending, ceil(E/τ) rounds in an epoch of E steps (`Calibration.rounds_per_step`).
 
 What a small machine adds, and the model has to say so rather than ignore: N worker processes time-
 share the cores with each other, the driver and whatever else runs there, so each one's whole step
@@ -176,6 +178,16 @@ class Calibration:
     link_latency_s: float = 0.0
     link_bandwidth: float | None = None
     buckets: int = 1  # BSP's all-reduce buckets (transfers on the emulated link per step)
+    train_samples: int | None = None  # the training set's size (epoch ends cut local SGD's and DiLoCo's periods)
+
+    def rounds_per_step(self, period: int, workers: int) -> float:
+        """Averaging rounds per step of a strategy that averages every `period` steps: local SGD and DiLoCo
+        also close a period at every epoch end (strategies/local_sgd.py, diloco.py), so an epoch of E steps
+        (the training set over the global batch, the last partial one dropped) holds ceil(E / period)."""
+        if not self.train_samples:
+            return 1.0 / period
+        epoch = max(1, self.train_samples // (self.batch_size * workers))
+        return math.ceil(epoch / period) / epoch
 
     @property
     def link_emulated(self) -> bool:
@@ -319,16 +331,18 @@ def predict(
             tau = int(s.get("tau", 8))
             copies = n * cal.optimizer_copies  # θ and the optimizer state travel together (θ's change coded)
             parts = codec + ([("ring", copies)] if copies else []) if codec else [("ring", n + copies)]
-            comm = round_s(parts) / tau
-            wait = sync_wait * scale / tau
-            sent = wire_bytes(parts, workers) / tau
+            rounds = cal.rounds_per_step(tau, workers)
+            comm = round_s(parts) * rounds
+            wait = sync_wait * scale * rounds
+            sent = wire_bytes(parts, workers) * rounds
             setting = f"--tau {tau}"
         elif strategy == "diloco":
             h = int(s.get("sync_every", 50))
             parts = codec or [("ring", n)]  # the pseudo-gradient
-            comm = round_s(parts) / h
-            wait = sync_wait * scale / h
-            sent = wire_bytes(parts, workers) / h
+            rounds = cal.rounds_per_step(h, workers)
+            comm = round_s(parts) * rounds
+            wait = sync_wait * scale * rounds
+            sent = wire_bytes(parts, workers) * rounds
             setting = f"--sync-every {h}"
         elif codec:  # bsp, compressed: the codec's all-reduce runs after backward, nothing hidden
             comm = round_s(codec)

@@ -120,3 +120,28 @@ def test_compression_and_the_emulated_link_together_shrink_the_wait_for_the_link
     # an all-gather of int8 at P=4: (P-1) x n/4 against fp32's ring 2(P-1)n/P: about half the bytes and time
     assert int8.bytes_per_worker == pytest.approx(fp32.bytes_per_worker / 2, rel=0.01)
     assert int8.comm_s == pytest.approx(fp32.comm_s / 2, rel=0.01)
+
+
+def test_local_sgd_and_diloco_rounds_include_the_epoch_ends():
+    """local_sgd.py: a round after every τ local steps and after an epoch's last step if one is pending
+    (the period starts afresh each epoch); the planner's rounds per step equal that schedule's count."""
+    cal = _cal(num_params=85_002, train_samples=1438, batch_size=32, optimizer_copies=1)
+
+    def simulated(period: int, workers: int, epochs: int = 7) -> float:
+        steps_per_epoch = 1438 // (32 * workers)  # the last partial global batch is dropped (sharding.py)
+        rounds = 0
+        for _ in range(epochs):
+            pending = 0
+            for _ in range(steps_per_epoch):
+                pending += 1
+                if pending == period:
+                    rounds, pending = rounds + 1, 0
+            rounds += pending > 0
+        return rounds / (epochs * steps_per_epoch)
+
+    for workers, period in ((2, 8), (2, 50), (4, 8), (4, 5), (1, 8)):
+        assert cal.rounds_per_step(period, workers) == pytest.approx(simulated(period, workers))
+    assert cal.rounds_per_step(50, 2) == pytest.approx(1 / 22)  # DiLoCo H=50 on digits at N=2: every epoch end
+    local = planner.predict(cal, "local-sgd", "collective", 2, settings={"tau": 8})
+    assert local.bytes_per_worker == pytest.approx(planner.ring_bytes_per_worker(2 * 85_002 * 4, 2) * 3 / 22)
+    assert _cal(num_params=85_002).rounds_per_step(8, 2) == 1 / 8  # a user's task: no epoch size, τ alone
