@@ -190,6 +190,12 @@ class Calibration:
         return math.ceil(epoch / period) / epoch
 
     @property
+    def ps_usable(self) -> bool:
+        """Whether the run's flags allow the parameter server (--compress powersgd needs whole matrices,
+        which the shards' flat slices are not: the run refuses it there)."""
+        return not self.codec or self.ps_push_bytes is not None
+
+    @property
     def link_emulated(self) -> bool:
         return self.link_latency_s > 0 or self.link_bandwidth is not None
 
@@ -390,7 +396,8 @@ def plan_table(
     hw: Hardware | None = None,
     candidates: list[tuple[str, str]] | None = None,
 ) -> list[Prediction]:
-    return [predict(cal, st, tr, n, hw) for n in worker_counts for st, tr in (candidates or CANDIDATES)]
+    usable = [(st, tr) for st, tr in (candidates or CANDIDATES) if tr != "ps" or cal.ps_usable]
+    return [predict(cal, st, tr, n, hw) for n in worker_counts for st, tr in usable]
 
 
 # ---------------------------------------------------------------------------------------------- stragglers
@@ -430,7 +437,8 @@ def recommend(
     def fits(p: Prediction) -> bool:
         return available is None or p.memory_per_worker * workers <= available
 
-    bsp = min((predict(cal, "bsp", t, workers, hw) for t in ("collective", "ps")), key=lambda p: p.step_s)
+    transports = ("collective", "ps") if cal.ps_usable else ("collective",)
+    bsp = min((predict(cal, "bsp", t, workers, hw) for t in transports), key=lambda p: p.step_s)
     share = (bsp.comm_s + bsp.wait_s) / bsp.step_s
     if workers == 1 or (share <= COMM_HIDDEN and fits(bsp)):
         why = (
@@ -442,7 +450,7 @@ def recommend(
             )
         )
         return Recommendation("bsp", bsp.transport, {}, f"{why}; predicted {bsp.samples_per_s:.0f} samples/s", bsp)
-    if bsp.wait_s / bsp.step_s >= STRAGGLER_SHARE:
+    if bsp.wait_s / bsp.step_s >= STRAGGLER_SHARE and cal.ps_usable:  # SSP runs over the parameter server
         ssp = predict(cal, "ssp", "ps", workers, hw, {"staleness": 2})
         if fits(ssp) and ssp.samples_per_s > bsp.samples_per_s:
             return Recommendation(

@@ -145,3 +145,14 @@ def test_local_sgd_and_diloco_rounds_include_the_epoch_ends():
     local = planner.predict(cal, "local-sgd", "collective", 2, settings={"tau": 8})
     assert local.bytes_per_worker == pytest.approx(planner.ring_bytes_per_worker(2 * 85_002 * 4, 2) * 3 / 22)
     assert _cal(num_params=85_002).rounds_per_step(8, 2) == 1 / 8  # a user's task: no epoch size, τ alone
+
+
+def test_a_codec_the_parameter_server_refuses_leaves_it_out_of_the_plan():
+    cfg = RunConfig(model="mlp", compress="powersgd:2")
+    cal = _cal(num_params=85_002, **traffic_figures(cfg, check_runnable(cfg)))
+    assert not cal.ps_usable and _cal(num_params=85_002).ps_usable
+    rows = planner.plan_table(cal, [2, 4])
+    assert rows and all(p.transport == "collective" for p in rows)
+    straggly = _cal(num_params=85_002, spread=[1.0] * 5 + [3.0] * 5, **traffic_figures(cfg, 85_002))
+    for n in (2, 8):  # never SSP or BSP over the PS, which the run would refuse with this codec
+        assert planner.recommend(straggly, n, planner.Hardware("fast", 1e12, 1e-7)).transport == "collective"
