@@ -131,6 +131,17 @@ def test_an_automatic_choice_is_recorded_so_config_repeats_it(tmp_path):
     plan.claim.release()
 
 
+def test_a_resume_with_strategy_auto_means_the_runs_own_choice(tmp_path):
+    header = "# --strategy auto chose local-sgd (collective) --tau 6\n"
+    (tmp_path / "config.yaml").write_text(header + "strategy: local-sgd\n")
+    assert auto_strategy.resumed_values(tmp_path, {"strategy": "auto", "epochs": 3}) == {
+        "strategy": "local-sgd", "epochs": 3,
+    }  # fmt: skip
+    assert auto_strategy.resumed_values(tmp_path, {"epochs": 3}) == {"epochs": 3}  # no strategy asked: as given
+    assert auto_strategy.requested({"strategy": "auto"}, None)
+    assert not auto_strategy.requested({"strategy": "bsp"}, None)
+
+
 def test_run_strategy_auto_runs_the_concrete_choice(tmp_path, monkeypatch):
     from distrain.orchestrator import run as run_module
 
