@@ -56,7 +56,11 @@ def fit(
     the run calls (and which may stop it: status "stopped"); `tensorboard="DIR"` adds the TensorBoard one.
     `resume`: continue the run in that directory from its latest checkpoint (`distrain run --resume`);
     `options` may then change only what a resume may change (e.g. `epochs`).
+    `strategy="auto"`: as `distrain run --strategy auto`, a short calibration on this cluster picks the
+    strategy, transport and settings; config.yaml, summary.json["strategy_auto"] and prediction.json in
+    the run directory record the choice and its reason.
     """
+    from distrain.orchestrator.auto_strategy import make_concrete
     from distrain.orchestrator.run import run_training
     from distrain.orchestrator.tasks import attach_task_object
 
@@ -68,9 +72,11 @@ def fit(
     if resume is not None:
         if task is not None or config is not None:
             raise ConfigError("resume continues a run with its own task and config.yaml; drop task= and config=")
+        from distrain.orchestrator.auto_strategy import resumed_values
         from distrain.orchestrator.resume import resume_config
 
-        result = run_training(resume_config(resume, options), handler, resume=True, callbacks=callbacks)
+        cfg = resume_config(resume, resumed_values(resume, options))
+        result = run_training(cfg, handler, resume=True, callbacks=callbacks)
         return FitResult(result.run_dir, result.summary)
     if "task" in options:
         raise ConfigError("pass the task as fit(task=...), not as an option")
@@ -78,10 +84,14 @@ def fit(
     if task_object is not None and options.get("task_args"):
         raise ConfigError("task_args build a task from its class; pass them to your task's constructor instead")
     overrides = dict(options) | ({"task": task_path} if task_path else {})
-    cfg = RunConfig.resolve(str(config) if config else None, overrides)
+    config_file = str(config) if config else None
+    # strategy="auto": calibrate and choose, as `distrain run --strategy auto` does (the same code)
+    say = _print_line if progress and on_event is None else _quiet
+    overrides, auto = make_concrete(overrides, config_file, say, task_object)
+    cfg = RunConfig.resolve(config_file, overrides)
     if task_object is not None:
         attach_task_object(cfg, task_object)
-    result = run_training(cfg, handler, callbacks=callbacks)
+    result = run_training(cfg, handler, callbacks=callbacks, auto=auto)
     return FitResult(result.run_dir, result.summary)
 
 
@@ -115,6 +125,14 @@ def importable_path(cls: type) -> str | None:
     if module.__name__.startswith("distrain_user_") and getattr(module, "__file__", None):
         return f"{Path(module.__file__).resolve()}:{cls.__qualname__}"
     return f"{module.__name__}:{cls.__qualname__}"
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def _print_line(line: str) -> None:
+    print(f"distrain: {line}")
 
 
 def _print_progress(event: Any) -> None:

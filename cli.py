@@ -238,11 +238,10 @@ def _run(
     if resume is not None:
         if config is not None:
             raise DistrainError("--resume uses the run's own config.yaml; drop --config")
-        if overrides.get("strategy") == "auto":  # the run chose when it started: compare with that choice
-            from distrain.orchestrator.auto_strategy import recorded_strategy
-
-            overrides["strategy"] = recorded_strategy(resume) or overrides["strategy"]
+        from distrain.orchestrator.auto_strategy import resumed_values  # auto: the choice the run made
         from distrain.orchestrator.resume import resume_config
+
+        overrides = resumed_values(resume, overrides)
 
         cfg = resume_config(resume, overrides)
         from distrain.orchestrator.run import run_training
@@ -263,16 +262,11 @@ def _run(
                 markup=False,
                 highlight=False,
             )
-    auto = None
-    requested = overrides.get("strategy") or (RunConfig.load_yaml(config).get("strategy") if config else None)
-    if requested == "auto":  # the plan's recommendation, made concrete before anything else resolves
-        from distrain.orchestrator.auto_strategy import choose
+    from distrain.orchestrator.auto_strategy import make_concrete  # --strategy auto: the plan's choice, first
 
-        out.print("--strategy auto: calibrating on this cluster to choose a strategy...", markup=False, highlight=False)
-        concrete, auto = choose(overrides, str(config) if config else None)
-        overrides.update(concrete)
-        out.print(f"--strategy auto chose {auto['strategy']} ({auto['transport']}): {auto['reason']}", markup=False,
-                  highlight=False)  # fmt: skip
+    overrides, auto = make_concrete(
+        overrides, str(config) if config else None, lambda line: out.print(line, markup=False, highlight=False)
+    )
     cfg = RunConfig.resolve(str(config) if config else None, overrides)
 
     from distrain.orchestrator.run import run_training  # Ray and torch load only from here on
@@ -335,6 +329,7 @@ _register_run()
 
 
 PLAN_FLAGS = {"config", "resume", "workers", "strategy", "transport", "schedule", "run_dir"}  # plan's own, or moot
+PLAN_TRAFFIC_FLAGS = ("compress", "comm_delay_ms", "comm_bandwidth")  # what every strategy's traffic goes through
 
 
 def _plan_parameters() -> list[inspect.Parameter]:
@@ -355,7 +350,7 @@ def _plan_parameters() -> list[inspect.Parameter]:
         own("latency", str | None, "What-if link latency, e.g. 5us or 0.2ms."),
         own("gpu_flops", str | None, "What-if achieved FLOP/s per worker, e.g. 300tflops (built-in models)."),
         own("calibration", Path | None, "Reuse the calibration of an earlier plan (its directory or plan.json)."),
-        own("calibration_steps", int, "Steps of each tiny calibration run.", 24),
+        own("calibration_steps", int, "Steps of each tiny calibration run (as long as the runs you plan is best).", 40),
         own("calibration_repeats", int, "Repeats of each tiny run (medians); 1 is faster, less robust to load.", 3),
         inspect.Parameter(
             "config",
@@ -366,7 +361,8 @@ def _plan_parameters() -> list[inspect.Parameter]:
         *(
             _field_parameter(RunConfig.field_info(name))
             for name in RunConfig.field_names()
-            if name not in PLAN_FLAGS and RunConfig.field_info(name).section not in ("strategy",)
+            if name not in PLAN_FLAGS
+            and (RunConfig.field_info(name).section not in ("strategy",) or name in PLAN_TRAFFIC_FLAGS)
         ),
     ]
 
@@ -468,7 +464,14 @@ def print_plan(result: Any) -> None:
         f"{cal.compute_s * 1e3:.1f} ms/step alone; a second worker stretches a step "
         f"x{1 + cal.contention_slope:.2f}; all-reduce "
         f"{cal.allreduce_latency_s * 1e6:.0f} us + {cal.allreduce_bandwidth / 1e6:.0f} MB/s; PS round trip "
-        f"{cal.ps_call_s * 1e3:.1f} ms",
+        f"{cal.ps_call_s * 1e3:.1f} ms"
+        + (f"; --compress {cal.codec}" if cal.codec else "")
+        + (
+            f"; planned for the emulated link: {cal.link_latency_s * 1e3:g} ms per transfer"
+            + (f" + {cal.link_bandwidth / 1e6:g} MB/s" if cal.link_bandwidth else "")
+            if cal.link_emulated
+            else ""
+        ),
         markup=False,
         highlight=False,
     )

@@ -657,7 +657,9 @@ class RunConfig:
         return strategies_named(self.strategy, self.schedule, self.epochs)
 
     def replace(self, **changes: Any) -> RunConfig:
-        return RunConfig(**(self.to_dict() | changes))
+        """A copy with `changes`; a task object fit() ships (orchestrator/tasks.py) stays with it unless
+        the task itself changes (the planner's calibration runs copies of the run's config)."""
+        return _rebuild(self.to_dict() | changes, None if "task" in changes else self.__dict__.get("_task_object"))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RunConfig) and self.to_nested() == other.to_nested()

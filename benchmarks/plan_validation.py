@@ -1,6 +1,7 @@
 """The planner's predictions against measured runs (issue 17).
 
-For each task: calibrate once (orchestrator/plan_calibrate.py: tiny runs at N=1 and 2, probes), then run
+For each task: calibrate once (orchestrator/plan_calibrate.py: tiny runs at N=1 and 2 as long as the runs
+they predict, `--steps`, so both are measured over the same window; probes), then run
 bsp over both transports, ssp(2), async, local-sgd(τ=8) and diloco(H=50) at N = 1, 2, 4 for --steps
 steps each, and compare the predicted per-worker step time with the measured one (steady state: the
 span of a worker's steps after the first quarter, over their count; median over workers). Runs are
@@ -9,15 +10,22 @@ interleaved (the strategy loop inside the worker-count loop) in one Ray session 
 Calibration points are in-sample for bsp (collective) at N=1 and 2 and async at N=1: the table marks
 them, and the median error is given with and without them.
 
-    python benchmarks/plan_validation.py [--steps 60] [--tasks mlp,cnn] [--workers 1,2,4] [--cpus 6] [--out DIR]
+    python benchmarks/plan_validation.py [--steps 40] [--tasks mlp,cnn] [--workers 1,2,4] [--cpus 6] [--out DIR]
+        [--strategies bsp-collective,bsp-ps,...] [--calibration-repeats 3]
+
+On a quiet 16-core machine: `--cpus 16 --workers 1,2,4,8` (72 runs of actor start-up, a few seconds each:
+about 4-6 minutes for the two tasks; `--calibration-repeats 1` or fewer `--strategies` make it shorter).
+The script prints the load average before and after, and the time each task took.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import ray
@@ -27,6 +35,7 @@ from distrain.orchestrator import cluster, planner
 from distrain.orchestrator.plan_calibrate import calibrate, fit, repeated_figures, steady_figures
 from distrain.orchestrator.run import run_training
 from distrain.orchestrator.run_checks import check_runnable
+from distrain.units import parse_worker_counts
 
 STRATEGIES = [
     ("bsp", "collective", {}),
@@ -43,15 +52,23 @@ def base_config(model: str) -> RunConfig:
     return RunConfig(model=model, dataset="digits", batch_size=32, epochs=100, lr=0.05, lr_scaling="none")
 
 
-def measure(out: Path, models: list[str], counts: list[int], steps: int, cpus: int) -> None:
+def strategy_name(strategy: str, transport: str) -> str:
+    return f"{strategy}-{transport}"
+
+
+def measure(
+    out: Path, models: list[str], counts: list[int], steps: int, cpus: int, strategies: list, repeats: int
+) -> None:
     """Calibrate, then run every strategy at every N (strategies interleaved within each N)."""
     for model in models:
         base = base_config(model)
         cluster.start_local_ray(cpus)
+        t0 = time.time()
         try:
-            calibrate(base, out / model, steps=24)
+            calibrate(base, out / model, steps=steps, repeats=repeats)  # the same window as the runs below
+            print(f"calibrated {model} in {time.time() - t0:.0f} s", flush=True)
             for n in counts:
-                for strategy, transport, settings in STRATEGIES:
+                for strategy, transport, settings in strategies:
                     run_dir = out / model / f"{strategy}-{transport}-{n}"
                     cfg = base.replace(
                         strategy=strategy, transport=transport, workers=n, max_steps=steps, eval_every=0,
@@ -61,6 +78,7 @@ def measure(out: Path, models: list[str], counts: list[int], steps: int, cpus: i
                     print(f"measured {model} {strategy} {transport} N={n}", flush=True)
         finally:
             ray.shutdown()
+        print(f"{model}: {time.time() - t0:.0f} s", flush=True)
 
 
 def evaluate(out: Path, models: list[str]) -> list[dict]:
@@ -94,11 +112,21 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--cpus", type=int, default=6, help="the local Ray's num_cpus (16 on a 16-core machine)")
     ap.add_argument("--refit", action="store_true", help="no runs: evaluate the run directories in --out again")
+    ap.add_argument("--strategies", default=",".join(strategy_name(s, t) for s, t, _ in STRATEGIES),
+                    help="which of the six to run, e.g. bsp-collective,async-ps")  # fmt: skip
+    ap.add_argument("--calibration-repeats", type=int, default=3, help="repeats of each calibration run (medians)")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="plan-validation-"))
     models = args.tasks.split(",")
+    known = {strategy_name(s, t): (s, t, o) for s, t, o in STRATEGIES}
+    wanted = [x.strip() for x in args.strategies.split(",")]
+    if unknown := [w for w in wanted if w not in known]:
+        raise SystemExit(f"--strategies: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    print(f"load average before: {os.getloadavg()} on {os.cpu_count()} cores; {time.strftime('%H:%M:%S')}")
+    started = time.time()
     if not args.refit:
-        measure(out, models, [int(x) for x in args.workers.split(",")], args.steps, args.cpus)
+        counts = parse_worker_counts(args.workers)
+        measure(out, models, counts, args.steps, args.cpus, [known[w] for w in wanted], args.calibration_repeats)
     rows = evaluate(out, models)
     (out / "validation.json").write_text(json.dumps(rows, indent=2))
     table = sorted((r for r in rows if "error" in r), key=lambda r: (r["task"], r["workers"]))
@@ -123,6 +151,7 @@ def main() -> None:
                 print(f"repeat {model} {run}: {x * 1e3:.2f} ms (calibration) vs {y * 1e3:.2f} ms ({x / y - 1:+.0%})")
     if repeats:
         print(f"median |difference| between repeats of one config: {statistics.median(repeats):.0%}")
+    print(f"load average after: {os.getloadavg()}; {time.strftime('%H:%M:%S')}; {time.time() - started:.0f} s in all")
     print(f"files in {out}")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +20,59 @@ from distrain.orchestrator.files import atomic_write_text
 
 AUTO = "auto"
 CHOICE_FILE = "prediction.json"
-CALIBRATION_STEPS = 12  # a run pays for its plan: short, the planner's minimum that gives a steady state
+CALIBRATION_STEPS = 24  # a run pays for its plan: short (steps cost ms; each tiny run's start-up costs seconds)
 CALIBRATION_REPEATS = 1  # and once: `distrain plan` repeats each tiny run (medians) when the choice matters more
 
 
-def choose(config_values: dict[str, Any], config_file: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def requested(config_values: dict[str, Any], config_file: str | None) -> bool:
+    """Whether the run's flags (or, without a --strategy flag, its YAML) ask for --strategy auto."""
+    from distrain.config import RunConfig
+
+    asked = config_values.get("strategy") or (RunConfig.load_yaml(config_file).get("strategy") if config_file else None)
+    return asked == AUTO
+
+
+def make_concrete(
+    config_values: dict[str, Any],
+    config_file: str | None,
+    say: Callable[[str], None] = lambda _: None,
+    task_object: Any = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """What `distrain run` and `distrain.fit` both do before a run resolves its config: with strategy
+    auto, calibrate and choose; returns (the flags with the concrete strategy in place of auto, the record
+    of the choice for run_training's `auto=`); otherwise (the flags as given, None)."""
+    if not requested(config_values, config_file):
+        return config_values, None
+    say("--strategy auto: calibrating on this cluster to choose a strategy...")
+    concrete, record = choose(config_values, config_file, task_object=task_object)
+    say(f"--strategy auto chose {record['strategy']} ({record['transport']}): {record['reason']}")
+    return dict(config_values) | concrete, record
+
+
+def resumed_values(run_dir: str | Path, config_values: dict[str, Any]) -> dict[str, Any]:
+    """A resume's flags with `strategy auto` read as the concrete strategy the run chose when it started
+    (the resume then compares that one with config.yaml's)."""
+    if config_values.get("strategy") != AUTO:
+        return config_values
+    return dict(config_values, strategy=recorded_strategy(Path(run_dir)) or AUTO)
+
+
+def choose(
+    config_values: dict[str, Any], config_file: str | None, task_object: Any = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(overrides that make the run concrete, the record of the choice). `config_values` are the run's
-    flags; the strategy they or the YAML name is "auto"."""
+    flags; the strategy they or the YAML name is "auto". `task_object`: a task fit() ships by value,
+    which the calibration's tiny runs train too."""
     from distrain.config import RunConfig
     from distrain.orchestrator import memory
     from distrain.orchestrator.plan_calibrate import calibrate
     from distrain.orchestrator.planner import recommend
 
     probe = RunConfig.resolve(config_file, dict(config_values, strategy="bsp", transport="", schedule=""))
+    if task_object is not None:
+        from distrain.orchestrator.tasks import attach_task_object
+
+        attach_task_object(probe, task_object)
     with tempfile.TemporaryDirectory(prefix="distrain-auto-") as tmp:
         cal = calibrate(probe, Path(tmp), steps=CALIBRATION_STEPS, repeats=CALIBRATION_REPEATS)
     available = memory.local_available() if not probe.address else None

@@ -56,7 +56,7 @@ def make_plan(
     out: Path,
     hardware: Hardware | None = None,
     calibration: Calibration | None = None,
-    steps: int = 24,
+    steps: int = 40,
     repeats: int = 3,
 ) -> PlanResult:
     out.mkdir(parents=True, exist_ok=True)
@@ -64,6 +64,12 @@ def make_plan(
         from distrain.orchestrator.plan_calibrate import calibrate
 
         calibration = calibrate(config, out, steps=steps, repeats=repeats)
+    else:  # this machine's figures as measured then; the traffic of this plan's --compress and emulated link
+        from dataclasses import replace
+
+        from distrain.orchestrator.plan_calibrate import traffic_figures
+
+        calibration = replace(calibration, **traffic_figures(config, calibration.num_params))
     available = memory.local_available() if not config.address else None
     here = planner.plan_table(calibration, worker_counts)
     whatif = planner.plan_table(calibration, worker_counts, hardware) if hardware else []

@@ -8,7 +8,9 @@ Pure arithmetic on a `Calibration` (what `plan_calibrate.py` measured on the clu
   time 2(P-1)alpha + 2(P-1)n/(P beta); double binary tree: ~2 log2(P) rounds, same bandwidth term;
 - parameter server with K shards: each worker pushes n and pulls n; each shard carries P n/K each way
   and serves P calls per step (its fan-in);
-- pipeline bubble (S-1)/(M+S-1).
+- pipeline bubble (S-1)/(M+S-1);
+- local SGD and DiLoCo: one round per τ (H) steps and one more at each epoch end where a period is
+  pending, ceil(E/τ) rounds in an epoch of E steps (`Calibration.rounds_per_step`).
 
 What a small machine adds, and the model has to say so rather than ignore: N worker processes time-
 share the cores with each other, the driver and whatever else runs there, so each one's whole step
@@ -18,8 +20,10 @@ N, with a slope that is measured (a step at N=2 concurrently over N=1, see plan_
 assumed; and never below N/C, the floor of a machine with C cores to itself.
 
 Stragglers: a synchronous round lasts as long as its slowest member, so BSP's expected step is the
-expected maximum of N draws from the measured step-time spread (order statistics of the empirical
-distribution). k-of-n with b backups waits for the N-th fastest of N+b draws; SSP(s) lets a worker
+expected maximum of N draws from the measured within-round spread (each worker's compute over its
+round's mean in BSP N=2: a burst of other load that slows every worker at once costs a round nothing,
+so the pooled spread over time would overstate the wait), by order statistics of the empirical
+distribution. k-of-n with b backups waits for the N-th fastest of N+b draws; SSP(s) lets a worker
 run s clocks ahead, which absorbs a straggler's lag over s+1 steps (an approximation: the wait
 divides by s+1; s=0 is BSP's wait, s=inf async's none).
 """
@@ -54,6 +58,28 @@ def allreduce_time(nbytes: int, workers: int, latency_s: float, bandwidth: float
         return 0.0
     rounds = ring_rounds(workers) if algorithm == "ring" else tree_rounds(workers)
     return rounds * latency_s + ring_bytes_per_worker(nbytes, workers) / bandwidth
+
+
+def wire_bytes(parts: list, workers: int) -> float:
+    """Bytes one worker sends in a synchronisation made of `parts` [(collective, payload bytes)]: a "ring"
+    all-reduce sends 2(P-1)/P of its payload, a "gather" (P-1) x it (as strategies/compressed_collective.py
+    charges them; the parts come from the codec's own encoding of a real tensor, `wire_parts`)."""
+    if workers <= 1:
+        return 0.0
+    return sum(ring_bytes_per_worker(b, workers) if kind == "ring" else (workers - 1) * b for kind, b in parts)
+
+
+def wire_time(parts: list, workers: int, latency_s: float, bandwidth: float) -> float:
+    """Seconds of a synchronisation made of `parts`: each ring as `allreduce_time`; an all-gather as P-1
+    rounds of one payload each."""
+    if workers <= 1:
+        return 0.0
+    return sum(
+        allreduce_time(b, workers, latency_s, bandwidth)
+        if kind == "ring"
+        else (workers - 1) * (latency_s + b / bandwidth)
+        for kind, b in parts
+    )
 
 
 def ps_shard_bytes(nbytes: int, workers: int, shards: int) -> float:
@@ -142,6 +168,41 @@ class Calibration:
     step_overhead_s: float = 0.0  # per step, neither compute nor communication (data, rows, segments): measured
     contention_slope: float = 0.0  # each further busy process stretches every step by this fraction (measured)
     measured: dict[str, Any] = field(default_factory=dict)  # the raw calibration figures, for the record
+    # --compress: one gradient-sized buffer's transfers [(collective, payload bytes)] as the codec encodes a
+    # real tensor of the model (compressed_collective.wire_parts); empty: uncompressed float32
+    codec: str | None = None
+    codec_parts: list = field(default_factory=list)
+    ps_push_bytes: float | None = None  # --compress on the PS: a push, the shards' encoded slices summed
+    # the run's emulated network (--comm-delay-ms, --comm-bandwidth; strategies/network.py): every transfer
+    # takes at least latency + bytes / bandwidth, on top of (not instead of) the real one
+    link_latency_s: float = 0.0
+    link_bandwidth: float | None = None
+    buckets: int = 1  # BSP's all-reduce buckets (transfers on the emulated link per step)
+    train_samples: int | None = None  # the training set's size (epoch ends cut local SGD's and DiLoCo's periods)
+
+    def rounds_per_step(self, period: int, workers: int) -> float:
+        """Averaging rounds per step of a strategy that averages every `period` steps: local SGD and DiLoCo
+        also close a period at every epoch end (strategies/local_sgd.py, diloco.py), so an epoch of E steps
+        (the training set over the global batch, the last partial one dropped) holds ceil(E / period)."""
+        if not self.train_samples:
+            return 1.0 / period
+        epoch = max(1, self.train_samples // (self.batch_size * workers))
+        return math.ceil(epoch / period) / epoch
+
+    @property
+    def ps_usable(self) -> bool:
+        """Whether the run's flags allow the parameter server (--compress powersgd needs whole matrices,
+        which the shards' flat slices are not: the run refuses it there)."""
+        return not self.codec or self.ps_push_bytes is not None
+
+    @property
+    def link_emulated(self) -> bool:
+        return self.link_latency_s > 0 or self.link_bandwidth is not None
+
+    def link_s(self, nbytes: float, transfers: int) -> float:
+        """The emulated link's time for `transfers` transfers carrying `nbytes` in all (network.py:
+        one latency per transfer, then the bytes at the link's rate; queued one after another)."""
+        return transfers * self.link_latency_s + (nbytes / self.link_bandwidth if self.link_bandwidth else 0.0)
 
     @property
     def grad_bytes(self) -> int:
@@ -234,17 +295,22 @@ def predict(
     sent = 0.0
     fan_in = 1
     setting = ""
+    emulated = here and cal.link_emulated  # the run's --comm-delay-ms / --comm-bandwidth, not the probed link
+    codec = [(str(k), float(b)) for k, b in cal.codec_parts]  # --compress: the codec's transfers; [] none
     if ps:
         # push n and pull n through K shards: a round trip's fixed cost, n/K bytes to each shard, and the
         # shard serving all P calls (its fan-in) one after another.
+        push = float(cal.ps_push_bytes) if cal.ps_push_bytes is not None else float(n)  # --compress: encoded
         if here:  # measured round trip (push + pull): a worker blocked on it uses no core, so it is not
             # stretched; the shard serves the N workers' calls one after another
-            call = cal.ps_call_s
+            call = max(0.0, cal.ps_call_s - (n - push) / cal.ps_bandwidth)  # fewer bytes pushed, sooner back
             shard_busy = workers * cal.ps_apply_s
+            if emulated:  # one transfer per push-pull: the push and the pull of θ (ps_client.py)
+                call = max(call, cal.link_s(push + n, 1))
         else:  # a full-duplex link: n out and n in at once; a shard takes in P n/K per step
-            call = 2 * hw.latency_s + n / hw.bandwidth
-            shard_busy = workers * (cal.ps_apply_s + n / shards / hw.bandwidth)
-        sent, fan_in = float(n), workers
+            call = 2 * hw.latency_s + max(push, n) / hw.bandwidth
+            shard_busy = workers * (cal.ps_apply_s + push / shards / hw.bandwidth)
+        sent, fan_in = push, workers
         if strategy == "async":
             comm = call
             # throughput bound by the shard: P gradients per step can be served no faster than shard_busy
@@ -258,27 +324,50 @@ def predict(
             comm = call + max(0.0, shard_busy - call)
             wait = sync_wait
     else:
-        ring = allreduce_time(n, workers, alpha, beta) * stretch
+
+        def round_s(parts: list) -> float:
+            """One synchronisation: the modelled transfer here (or on the what-if link), and on an emulated
+            link at least its time for these bytes (one transfer per part); a single worker sends nothing."""
+            t = wire_time(parts, workers, alpha, beta) * (stretch * scale if here else 1.0)
+            if emulated and workers > 1:
+                t = max(t, cal.link_s(wire_bytes(parts, workers), len(parts)))
+            return t
+
         if strategy == "local-sgd":
             tau = int(s.get("tau", 8))
-            state = n * (1 + cal.optimizer_copies)  # θ and the optimizer state travel together
-            comm = allreduce_time(state, workers, alpha, beta) * stretch * scale / tau
-            wait = sync_wait * scale / tau
-            sent = ring_bytes_per_worker(state, workers) / tau
+            copies = n * cal.optimizer_copies  # θ and the optimizer state travel together (θ's change coded)
+            parts = codec + ([("ring", copies)] if copies else []) if codec else [("ring", n + copies)]
+            rounds = cal.rounds_per_step(tau, workers)
+            comm = round_s(parts) * rounds
+            wait = sync_wait * scale * rounds
+            sent = wire_bytes(parts, workers) * rounds
             setting = f"--tau {tau}"
         elif strategy == "diloco":
             h = int(s.get("sync_every", 50))
-            comm = ring * scale / h
-            wait = sync_wait * scale / h
-            sent = ring_bytes_per_worker(n, workers) / h
+            parts = codec or [("ring", n)]  # the pseudo-gradient
+            rounds = cal.rounds_per_step(h, workers)
+            comm = round_s(parts) * rounds
+            wait = sync_wait * scale * rounds
+            sent = wire_bytes(parts, workers) * rounds
             setting = f"--sync-every {h}"
+        elif codec:  # bsp, compressed: the codec's all-reduce runs after backward, nothing hidden
+            comm = round_s(codec)
+            wait = sync_wait * scale
+            sent = wire_bytes(codec, workers)
         else:  # bsp: buckets all-reduce during backward; what is not hidden shows
+            ring = allreduce_time(n, workers, alpha, beta) * stretch
             if here:
                 visible = min(1.0, scale)
             else:  # backward is about 2/3 of a step's compute: the all-reduce hides behind that much
                 visible = max(0.0, ring - compute * 2 / 3) / ring if ring else 1.0
             comm = ring * (scale if here else visible)
             overlap = ring * (1 - visible)
+            if emulated and workers > 1:
+                # the buckets queue on the emulated link as backward produces them: all but the last start
+                # during backward (about 2/3 of the compute), so that much of the link's time can hide
+                link = cal.link_s(ring_bytes_per_worker(n, workers), cal.buckets)
+                hidden = compute * 2 / 3 * (cal.buckets - 1) / cal.buckets
+                comm = max(comm, link - hidden)
             wait = sync_wait * scale
             sent = ring_bytes_per_worker(n, workers)
     if strategy == "bsp" and backup_workers:
@@ -307,7 +396,8 @@ def plan_table(
     hw: Hardware | None = None,
     candidates: list[tuple[str, str]] | None = None,
 ) -> list[Prediction]:
-    return [predict(cal, st, tr, n, hw) for n in worker_counts for st, tr in (candidates or CANDIDATES)]
+    usable = [(st, tr) for st, tr in (candidates or CANDIDATES) if tr != "ps" or cal.ps_usable]
+    return [predict(cal, st, tr, n, hw) for n in worker_counts for st, tr in usable]
 
 
 # ---------------------------------------------------------------------------------------------- stragglers
@@ -347,7 +437,8 @@ def recommend(
     def fits(p: Prediction) -> bool:
         return available is None or p.memory_per_worker * workers <= available
 
-    bsp = min((predict(cal, "bsp", t, workers, hw) for t in ("collective", "ps")), key=lambda p: p.step_s)
+    transports = ("collective", "ps") if cal.ps_usable else ("collective",)
+    bsp = min((predict(cal, "bsp", t, workers, hw) for t in transports), key=lambda p: p.step_s)
     share = (bsp.comm_s + bsp.wait_s) / bsp.step_s
     if workers == 1 or (share <= COMM_HIDDEN and fits(bsp)):
         why = (
@@ -359,7 +450,7 @@ def recommend(
             )
         )
         return Recommendation("bsp", bsp.transport, {}, f"{why}; predicted {bsp.samples_per_s:.0f} samples/s", bsp)
-    if bsp.wait_s / bsp.step_s >= STRAGGLER_SHARE:
+    if bsp.wait_s / bsp.step_s >= STRAGGLER_SHARE and cal.ps_usable:  # SSP runs over the parameter server
         ssp = predict(cal, "ssp", "ps", workers, hw, {"staleness": 2})
         if fits(ssp) and ssp.samples_per_s > bsp.samples_per_s:
             return Recommendation(

@@ -27,6 +27,7 @@ from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.trial_resources import trial_cpus, trial_gpus
 from distrain.strategies import STRATEGIES
 from distrain.strategies.registry import strategy_class
+from distrain.units import parse_worker_counts
 
 SEARCHES = ("grid", "random")
 SCHEDULERS = ("none", "asha")
@@ -101,6 +102,8 @@ def parse_dimension(name: str, text: str, flag: str | None = None) -> Dimension:
         raise ConfigError(f"{flag} {text!r}: {TUNE_REFUSES_RANGE}")
     if not text:
         raise ConfigError(f"{flag} is empty; give values like 16,32,64 or a range like 0.01:0.5:log")
+    if name == "workers":  # one grammar for worker counts: the comma list `plan` reads too
+        return Choice(tuple(parse_worker_counts(text, flag)))
     if ":" in text and kind != "str":
         parts = text.split(":")
         if kind != "float":

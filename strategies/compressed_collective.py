@@ -117,7 +117,7 @@ class CompressedAllReduce:
         names = sorted(enc.parts)
         parts = [enc.parts[n].contiguous() for n in names]
         packed = torch.cat([p.view(-1).view(torch.uint8) for p in parts])
-        nbytes = (self.world_size - 1) * packed.numel()
+        nbytes = all_gather_bytes(packed.numel(), self.world_size)
         gathered = [torch.empty_like(packed) for _ in range(self.world_size)]
         done = self.link.reserve(nbytes, time.perf_counter())
         dist.all_gather(gathered, packed)
@@ -151,3 +151,27 @@ class CompressedAllReduce:
         self.feedback.residual = residual.detach().to(torch.float32).clone()
         if "powersgd" in state:
             self.codec.load_state_dict(state["powersgd"])
+
+
+def all_gather_bytes(payload: int, world_size: int) -> int:
+    """What one rank sends in an all-gather of a `payload`-byte buffer: (P-1) x payload."""
+    return (world_size - 1) * payload
+
+
+def wire_parts(spec: CodecSpec, shapes: Sequence[tuple[int, ...]]) -> list[tuple[str, int]]:
+    """The transfers one `all_reduce_mean_` of a buffer of tensors of `shapes` makes, as (collective,
+    payload bytes): "ring" (charged ring_allreduce_bytes) or "gather" (charged all_gather_bytes). Read
+    from a real encoding (random values) by the codec itself, so the planner counts the bytes this module
+    puts on the wire: sum the charges over the parts for a world of P ranks."""
+    numel = sum(int(torch.Size(s).numel()) for s in shapes)
+    codec = spec.build([torch.Size(s) for s in shapes]) if spec.needs_shapes else spec.build()
+    enc = codec.encode(torch.randn(numel, generator=torch.Generator().manual_seed(0)))
+    if spec.name == "powersgd":  # three all-reduces (vectors, P, Q), each skipped when empty (_ring_sum_)
+        return [("ring", _nbytes(enc.parts[k])) for k in ("vectors", "p", "q") if enc.parts[k].numel()]
+    if spec.name in ("fp16", "bf16"):  # one all-reduce in 16 bits
+        return [("ring", _nbytes(enc.parts["values"]))]
+    return [("gather", enc.nbytes)]  # int8, top-k: the packed parts, all-gathered
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()

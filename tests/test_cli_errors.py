@@ -345,7 +345,9 @@ TUNE_BAD_INPUTS = [
     (["--lr", "0:0.5:log", "--search", "random"], ["a log range needs a positive low end"]),
     (["--lr", "0.01:0.5:ln", "--search", "random"], ["LOW:HIGH or LOW:HIGH:log"]),
     (["--lr", "0.01:0.5"], ["grid search cannot enumerate", "--search random"]),
-    (["--workers", "2:4", "--search", "random"], ["ranges apply to real-valued fields"]),
+    (["--workers", "2:4", "--search", "random"], ["--workers '2:4' must be a comma list of positive worker counts"]),
+    (["--workers", "2,0"], ["--workers '2,0' must be a comma list of positive worker counts"]),  # as `plan` says
+    (["--param", "workers=4,x"], ["--param workers '4,x' must be a comma list"]),
     (["--lr-scaling", "linear,cubic"], ["--lr-scaling", "linear, sqrt, none"]),
     (["--scheduler", "hyperband"], ["unknown --scheduler 'hyperband'", "none, asha"]),
     (["--search", "bayes"], ["unknown --search 'bayes'", "grid, random"]),

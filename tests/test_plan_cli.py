@@ -88,6 +88,28 @@ def test_plan_from_a_saved_calibration_writes_table_png_and_recommendation(tmp_p
     assert "recommended at N=8: --strategy" in result.output and "stragglers at N=8" in result.output
 
 
+@pytest.mark.usefixtures("no_ray")
+def test_plan_takes_the_runs_compress_and_emulated_link(tmp_path):
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"calibration": _calibration().to_dict()}))  # mlp on digits, 85,002 parameters
+    flags = ["--model", "mlp", "--compress", "int8", "--comm-delay-ms", "5", "--comm-bandwidth", "100mbit"]
+    out = tmp_path / "plan"
+    result = runner.invoke(app, ["plan", "--workers", "2,4", "--calibration", str(saved), *flags, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "--compress int8" in result.output and "emulated link: 5 ms per transfer + 12.5 MB/s" in result.output
+    cal = planner.Calibration.from_dict(json.loads((out / "plan.json").read_text())["calibration"])
+    assert cal.codec == "int8" and cal.link_latency_s == 0.005 and cal.link_bandwidth == 12.5e6
+    frame = pd.read_parquet(out / "predictions.parquet").set_index(["strategy", "transport", "workers"])
+    plain = _calibration()
+    for key in (("bsp", "collective", 4), ("async", "ps", 2)):
+        row = frame.loc[key]
+        assert row["bytes_per_worker"] < planner.predict(plain, key[0], key[1], key[2]).bytes_per_worker
+        assert row["step_s"] == pytest.approx(planner.predict(cal, key[0], key[1], key[2]).step_s)
+        assert row["comm_s"] >= 0.005  # at least one emulated delay per synchronisation
+    result = runner.invoke(app, ["plan", "--calibration", str(saved), "--compress", "zstd", "--out", str(out) + "2"])
+    assert result.exit_code == 2 and "unknown codec 'zstd'" in result.output  # the run's own check, one line
+
+
 def test_an_automatic_choice_is_recorded_so_config_repeats_it(tmp_path):
     from distrain.orchestrator.run import preflight
 
@@ -109,12 +131,23 @@ def test_an_automatic_choice_is_recorded_so_config_repeats_it(tmp_path):
     plan.claim.release()
 
 
+def test_a_resume_with_strategy_auto_means_the_runs_own_choice(tmp_path):
+    header = "# --strategy auto chose local-sgd (collective) --tau 6\n"
+    (tmp_path / "config.yaml").write_text(header + "strategy: local-sgd\n")
+    assert auto_strategy.resumed_values(tmp_path, {"strategy": "auto", "epochs": 3}) == {
+        "strategy": "local-sgd", "epochs": 3,
+    }  # fmt: skip
+    assert auto_strategy.resumed_values(tmp_path, {"epochs": 3}) == {"epochs": 3}  # no strategy asked: as given
+    assert auto_strategy.requested({"strategy": "auto"}, None)
+    assert not auto_strategy.requested({"strategy": "bsp"}, None)
+
+
 def test_run_strategy_auto_runs_the_concrete_choice(tmp_path, monkeypatch):
     from distrain.orchestrator import run as run_module
 
     seen = {}
 
-    def fake_choose(values, config_file):
+    def fake_choose(values, config_file, task_object=None):
         seen["asked"] = values["strategy"]
         record = {"strategy": "ssp", "transport": "ps", "reason": "stragglers", "settings": {}}
         return {"strategy": "ssp", "transport": "ps", "staleness": 2}, record
@@ -161,6 +194,33 @@ def test_plan_end_to_end_on_digits_with_a_tiny_calibration(tmp_path, ray_cluster
     for name in ("bsp-1-r0", "local-2-r0", "bsp-2-r0", "async-1-r0"):  # ordinary runs, kept for inspection
         assert (out / "calibration" / name / "metrics.parquet").is_file()
     assert "recommended at N=2" in result.output
+
+
+@pytest.mark.integration
+def test_fit_strategy_auto_calibrates_chooses_and_records_like_the_cli(tmp_path, ray_cluster):
+    """distrain.fit(strategy="auto") goes through auto_strategy.make_concrete, as `distrain run` does: a
+    real (short) calibration, a concrete strategy run, and the choice recorded in all three places."""
+    import distrain
+    from distrain.orchestrator.report import Run
+    from distrain.orchestrator.report_prediction import prediction_rows
+
+    result = distrain.fit(strategy="auto", model="mlp", workers=2, max_steps=16, eval_every=0,
+                          checkpoint_every=0, run_dir=str(tmp_path / "run"), progress=False)  # fmt: skip
+    summary, run_dir = result.summary, result.run_dir
+    chosen = summary["strategy_auto"]
+    assert chosen["requested"] == "auto" and chosen["reason"] and chosen["predicted_step_s"] > 0
+    assert chosen["strategy"] in {s for s, _ in planner.CANDIDATES} and summary["strategy"] == chosen["strategy"]
+    header = (run_dir / "config.yaml").read_text().splitlines()[:2]
+    assert header[0].startswith(f"# --strategy auto chose {chosen['strategy']} ({chosen['transport']})")
+    assert header[1] == f"# because {chosen['reason']}"
+    recorded = RunConfig.load_yaml(run_dir / "config.yaml")
+    assert recorded["strategy"] == chosen["strategy"] != "auto"  # --config repeats the concrete choice
+    assert auto_strategy.recorded_strategy(run_dir) == chosen["strategy"]
+    choice = auto_strategy.recorded_choice(run_dir)
+    assert choice["workers"] == 2 and choice["calibration"]["num_params"] == 85_002  # mlp on digits
+    metrics = pd.read_parquet(run_dir / "metrics.parquet")
+    [row] = prediction_rows([Run(run_dir, "auto", {}, summary, metrics)])  # `distrain report` reads it back
+    assert row[1] == chosen["strategy"] and row[2] == f"{choice['predicted']['step_s'] * 1e3:.2f}"
 
 
 def test_report_sets_the_prediction_against_the_measured_steady_step(tmp_path):

@@ -47,7 +47,9 @@ def test_lists_and_ranges_parse_by_field_type():
         ("lr", "-1:1:log", "positive low end"),
         ("lr", "a:b", "not a number"),
         ("lr", "inf,1", "not a number"),
-        ("workers", "1:4", "ranges apply to real-valued"),
+        ("workers", "1:4", "comma list of positive worker counts"),
+        ("workers", "2,0", "comma list of positive worker counts"),
+        ("workers", "2.5", "comma list of positive worker counts"),
         ("nope", "1", "unknown config field"),
     ],
 )
@@ -172,3 +174,11 @@ def test_objective_order():
     )
     assert list(sort_by_objective(table, "time_to_target")["trial_id"]) == ["c", "d", "a", "b", "e"]
     assert list(sort_by_objective(table, "final_accuracy")["trial_id"]) == ["b", "a", "c", "d", "e"]
+
+
+def test_workers_dimension_reads_plans_grammar():
+    """`tune --workers` and `plan --workers` read one grammar (units.parse_worker_counts): a comma list,
+    in the order given, repeats dropped (a repeat would run the same trials twice)."""
+    from distrain.units import parse_worker_counts
+
+    assert parse_dimension("workers", "4, 2,4,1") == Choice(tuple(parse_worker_counts("4, 2,4,1"))) == Choice((4, 2, 1))
