@@ -120,11 +120,12 @@ class BSP(Strategy):
 
     @classmethod
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
-        """Backup workers and backup tasks: gradients dropped per worker, rounds applied, how many
-        gradients (k-of-n) or portions (backup tasks) each update averaged, copies issued."""
+        """Backup workers and backup tasks, and an elastic run (--workers MIN..MAX): gradients dropped per
+        worker, rounds applied, how many gradients (k-of-n, elastic: the members of each round) or portions
+        (backup tasks) each update averaged, copies issued."""
         options = config.options_of("bsp")
         figures: dict[str, Any] = {}
-        if (options.backup_workers or options.backup_tasks) and "ps_shards" in actors:
+        if (options.backup_workers or options.backup_tasks or config.elastic) and "ps_shards" in actors:
             stats = actors["ps_shards"].stats()
             # Shards decide independently; shard 0's count is each worker's (they see the same pushes).
             figures["dropped_gradients"] = {str(w): n for w, n in enumerate(stats[0]["dropped"])}
@@ -249,6 +250,9 @@ class BSPOverPS(PSStrategy):
             if entry > self.clock and trainer is not None:
                 self.client.pull_at(entry, trainer.params_flat.numpy())
                 self.clock = entry
+            # Its θ may be newer than its clock: an evaluation or checkpoint pulled it in between, or
+            # (k-of-n) the rounds it entered at closed without it. It pushes for the round of that θ.
+            self.clock = max(self.clock, min(self.client.read_versions))
         for unit in units:
             if self.skip > 0:
                 self.skip -= 1
