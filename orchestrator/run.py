@@ -677,7 +677,8 @@ class _Driver:
         while pending:
             if self.membership is not None and not stopping:
                 self._preempted(dispatch)
-                self._join(dispatch)
+                for rank in self._join(dispatch):  # its silence is timed from now
+                    heard[rank] = time.monotonic()
                 self._leave_rounds_if_idle(dispatch)  # after every result, join and leave
             if not stopping and self.hooks.poll():
                 # A callback asked to stop: end the plan at the last step already handed out (every worker
@@ -749,11 +750,12 @@ class _Driver:
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
 
-    def _join(self, dispatch: Dispatcher) -> None:
+    def _join(self, dispatch: Dispatcher) -> list[int]:
         """Elastic: start a worker in each slot placed since the last look; it is set up against the
         live shards (θ, its clock: nothing from disk), then fed (its calls queue behind the setup)."""
         assert self.membership is not None and self.shards is not None
-        for rank in self.membership.joinable(self.workers):
+        joined = self.membership.joinable(self.workers)
+        for rank in joined:
             worker = start_worker(self.config, self.placement, rank, self.run_start)
             self.workers[rank] = worker
             self.actors.append(worker)
@@ -765,6 +767,7 @@ class _Driver:
             dispatch.track(setup, ("setup", rank, event))
             dispatch.members = self.members()
             dispatch.feed(rank)
+        return joined
 
     def sync_members(self, entering: list[int] | None = None) -> None:
         """Tell the shards who is in (the bound holds among members; a joiner's clock is raised). BSP

@@ -342,6 +342,11 @@ class ParameterShard:
                 del self.round[rank]
             if self.round and self._round_full():
                 self._apply_mean(self.round_lr)
+            # The open round may have no member left (its only ones left, or went idle, while the others
+            # were entered at the next one): it closes empty, θ unchanged, so the next one can open.
+            while not self.round and self.members and not self._round_members():
+                self.round_members.append([])
+                self.version += 1
             self.changed.notify_all()
             return True
 

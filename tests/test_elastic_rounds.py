@@ -133,3 +133,19 @@ def test_a_range_with_backup_workers_needs_min_above_b_and_counts_the_backups_am
     assert BSPOverPS.ps_rule(RunConfig(workers=2, strategy="bsp", transport="ps", backup_workers=1)).accept == 2
     with pytest.raises(ConfigError, match=r"^--workers 1..3 with --backup-workers 1: .* raise MIN above 1$"):
         RunConfig(workers="1..3", strategy="bsp", transport="ps", backup_workers=1)
+
+
+def test_an_open_round_left_with_no_member_closes_empty_so_the_next_can_open():
+    async def scenario() -> None:
+        s = shard()
+        assert await s.set_round_members([0], [0], 0)
+        assert await s.set_round_members([0, 1], [1], 1)  # 0 is in round 0: 1 enters at round 1
+        waiting = asyncio.create_task(s.pull_at(1, 1))  # rank 1 waits for θ of its round
+        assert await still_open(waiting)
+        assert await s.set_round_members([1], [], 0)  # 0 leaves before pushing: round 0 has nobody
+        reply = await closed(waiting)
+        assert reply.version == 1 and s.theta[0] == 0.0 and s.round_members == [[]]
+        r = await closed(asyncio.create_task(push(s, 1, 1, 4.0)))
+        assert r.version == 2 and s.round_members[-1] == [1]
+
+    asyncio.run(scenario())
