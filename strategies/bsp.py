@@ -52,8 +52,8 @@ class BSPOptions(StrategyOptions):
     )
 
     def resolved(self, run: RunConfig) -> BSPOptions:
-        if self.backup_tasks and self.portions is None:
-            return dataclasses.replace(self, portions=2 * run.workers)
+        if self.backup_tasks and self.portions is None:  # under a range: 2 x MAX
+            return dataclasses.replace(self, portions=2 * run.worker_slots)
         return self
 
     def check(self, run: RunConfig) -> None:
@@ -74,10 +74,9 @@ class BSPOptions(StrategyOptions):
             raise ConfigError("--portions splits rounds for --backup-tasks; add --backup-tasks or drop it")
         if self.backup_tasks:
             assert self.portions is not None
-            if self.portions <= run.workers:
-                raise ConfigError(
-                    f"--portions ({self.portions}) must exceed --workers ({run.workers}) so free workers can take more"
-                )
+            if self.portions <= run.worker_slots:
+                what = f"the MAX of --workers ({run.worker_slots})" if run.elastic else f"--workers ({run.workers})"
+                raise ConfigError(f"--portions ({self.portions}) must exceed {what} so free workers can take more")
             if run.global_batch_size % self.portions:
                 raise ConfigError(
                     f"--portions {self.portions} does not divide the global batch {run.global_batch_size} "

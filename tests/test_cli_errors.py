@@ -162,8 +162,8 @@ BAD_INPUTS = [
     (["--strategy", "local-sgd", "--workers", "2..4"], ["--strategy local-sgd cannot change its membership"]),
     (["--transport", "ps", "--workers", "1..4", "--backup-workers", "1"], ["raise MIN above 1"]),
     (
-        ["--transport", "ps", "--workers", "3..4", "--backup-tasks", "--portions", "8"],
-        ["--strategy bsp cannot change its membership"],
+        ["--transport", "ps", "--workers", "2..4", "--backup-tasks", "--portions", "4"],
+        ["--portions (4) must exceed the MAX of --workers (4)"],
     ),
     (["--strategy", "async", "--workers", "2..4", "--straggler", "0:0.1"], ["does not compose with --straggler"]),
     (["--config", "{in}/elastic_bad.yaml"], ["--workers 3..2: MIN (3) is above MAX (2)"]),

@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
     from distrain.orchestrator.callbacks import Callback
     from distrain.orchestrator.run import run_training
 
-    head_cpus, workers, backups = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    head_cpus, workers, backups, tasks = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "tasks"
     fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "_system_config": fast})
     ray.init(address=cluster.address)
@@ -53,9 +53,9 @@ SCRIPT = textwrap.dedent(
 
     churn = Churn()
     cfg = RunConfig(
-        strategy="bsp", transport="ps", backup_workers=backups, model="mlp", workers=workers, batch_size=16,
-        epochs=3, segment_steps=2, seed=3, comm_delay_ms=60.0, hang_timeout_s=30.0, collective_timeout_s=60.0,
-        run_dir=sys.argv[1],
+        strategy="bsp", transport="ps", backup_workers=backups, backup_tasks=tasks, model="mlp", workers=workers,
+        batch_size=16, epochs=3, segment_steps=2, seed=3, comm_delay_ms=60.0, hang_timeout_s=30.0,
+        collective_timeout_s=60.0, run_dir=sys.argv[1],
     )
     r = run_training(cfg, callbacks=[churn])
     out = {"summary": r.summary, "phase": churn.phase, "log": log}
@@ -70,24 +70,10 @@ SCRIPT = textwrap.dedent(
 def test_bsp_over_ps_grows_and_shrinks_with_every_unit_once_and_rounds_of_the_members(
     tmp_path, workers, backups, head_cpus
 ):
-    run_dir = tmp_path / "r"
-    args = [sys.executable, "-c", SCRIPT, str(run_dir), str(head_cpus), workers, str(backups)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
+    out, rows = _run(tmp_path, workers, backups, head_cpus, "rounds")
     s, m = out["summary"], out["summary"]["membership"]
     low = int(workers.split("..")[0])
-    assert out["phase"] == "done", out["log"]
-    assert s["status"] == "completed" and s["failures"] == 0, s["failure_events"]  # leaves above MIN are not
-    assert m["peak_members"] == 3 and m["final_members"] == low
-    events = m["events"]
-    joins = [e for e in events if e["change"] == "join" and e["cause"] == "placed"]
-    leaves = [e for e in events if e["change"] == "leave"]
-    assert len(joins) == 3 - low and len(leaves) == 3 - low
-    assert sorted(e["rank"] for e in joins) == sorted(e["rank"] for e in leaves) == list(range(low, 3))
-    assert all(e["cause"] in ("node lost", "worker lost") for e in leaves)
-
-    rows = pd.read_parquet(run_dir / "metrics.parquet").query("kind == 'step'")
+    joins = [e for e in m["events"] if e["change"] == "join" and e["cause"] == "placed"]
     spe = s["steps_completed"] // 3
     # Every sample of every epoch exactly once: each (epoch, step, slice) unit of B samples has one row.
     units = rows.groupby(["epoch", "step", "slice"]).size()
@@ -117,3 +103,43 @@ def test_bsp_over_ps_grows_and_shrinks_with_every_unit_once_and_rounds_of_the_me
         after = rows[(rows["worker"] == join["rank"]) & (rows["wall_time"] > join["wall_time"])]
         assert after["read_version"].iloc[0] > before > 0
     assert s["final_test_accuracy"] > 0.5
+
+
+def test_backup_tasks_under_a_range_hand_portions_to_the_members_and_a_leavers_out_again(tmp_path):
+    out, rows = _run(tmp_path, "1..3", 0, 2, "tasks")
+    s, m = out["summary"], out["summary"]["membership"]
+    portions = 6  # 2 x MAX
+    # Every round is the whole global batch in P portions, each counted once whoever computed it;
+    # rows of copies the shards dropped are marked, and a leaver's lost segment may have taken the
+    # rows of portions it pushed (counted, never invented).
+    assert s["rounds_applied"] == s["steps_completed"]
+    assert s["gradients_per_update"] == {str(portions): s["rounds_applied"]}
+    counted = rows[rows["dropped"] != True].groupby(["epoch", "step", "slice"]).size()  # noqa: E712
+    assert (counted == 1).all() and set(rows["slice"]) == set(range(portions))
+    missing = s["steps_completed"] * portions - len(counted)
+    assert 0 <= missing <= portions * (2 + m["samples_redone"] // 16)
+    assert set(rows["worker"]) == {0, 1, 2} and "backup_reissued" in s  # the joiners took portions
+    assert s["final_test_accuracy"] > 0.5
+
+
+def _run(tmp_path, workers: str, backups: int, head_cpus: int, mode: str) -> tuple[dict, pd.DataFrame]:
+    """One run under churn (grow to 3, then lose the added node): its summary and step rows, with the
+    membership checks every mode shares."""
+    run_dir = tmp_path / "r"
+    args = [sys.executable, "-c", SCRIPT, str(run_dir), str(head_cpus), workers, str(backups), mode]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
+    s, m = out["summary"], out["summary"]["membership"]
+    low = int(workers.split("..")[0])
+    assert out["phase"] == "done", out["log"]
+    assert s["status"] == "completed" and s["failures"] == 0, s["failure_events"]  # leaves above MIN are not
+    assert m["peak_members"] == 3 and m["final_members"] == low
+    events = m["events"]
+    joins = [e for e in events if e["change"] == "join" and e["cause"] == "placed"]
+    leaves = [e for e in events if e["change"] == "leave"]
+    assert len(joins) == 3 - low and len(leaves) == 3 - low
+    assert sorted(e["rank"] for e in joins) == sorted(e["rank"] for e in leaves) == list(range(low, 3))
+    assert all(e["cause"] in ("node lost", "worker lost") for e in leaves)
+    rows = pd.read_parquet(run_dir / "metrics.parquet").query("kind == 'step'")
+    return out, rows
