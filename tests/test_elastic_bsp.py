@@ -51,10 +51,10 @@ SCRIPT = textwrap.dedent(
                 self.phase = "done"
 
 
-    churn = Churn()
+    churn = Churn()  # backup tasks: longer, as the first member takes most portions while the others start
     cfg = RunConfig(
         strategy="bsp", transport="ps", backup_workers=backups, backup_tasks=tasks, model="mlp", workers=workers,
-        batch_size=16, epochs=3, segment_steps=2, seed=3, comm_delay_ms=60.0, hang_timeout_s=30.0,
+        batch_size=16, epochs=5 if tasks else 3, segment_steps=2, seed=3, comm_delay_ms=60.0, hang_timeout_s=30.0,
         collective_timeout_s=60.0, run_dir=sys.argv[1],
     )
     r = run_training(cfg, callbacks=[churn])
