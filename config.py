@@ -800,8 +800,13 @@ class RunConfig:
                 f"{given}: {what} cannot change its membership mid-run; use a fixed --workers N, or a strategy "
                 f"that can: {', '.join(able)}"
             )
+        if self.backup_workers and self.workers - self.backup_workers < 1:
+            # Under a range the b backups are among the members: each round applies k = members - b.
+            raise ConfigError(
+                f"{given} with --backup-workers {self.backup_workers}: each round applies members - "
+                f"{self.backup_workers} gradients, none at MIN {self.workers}; raise MIN above {self.backup_workers}"
+            )
         for flag, used in (
-            ("--backup-workers", bool(self.backup_workers)),
             ("--pipeline-stages", self.pipelined),
             ("--straggler", bool(self.straggler)),
             ("--schedule", bool(self.schedule)),
@@ -910,8 +915,9 @@ class RunConfig:
     @property
     def num_worker_actors(self) -> int:
         """Worker actors (ranks) the run has room for: --workers (an elastic run's MAX) plus any backup
-        workers, times --pipeline-stages (each replica of the model is S actors, one per stage)."""
-        return (self.worker_slots + self.backup_workers) * self.pipeline_stages
+        workers, times --pipeline-stages (each replica of the model is S actors, one per stage). Under a
+        range the backups are among the MAX (a round applies members - b gradients)."""
+        return (self.worker_slots + (0 if self.elastic else self.backup_workers)) * self.pipeline_stages
 
     @property
     def pipelined(self) -> bool:
@@ -920,7 +926,7 @@ class RunConfig:
     @property
     def samples_per_step(self) -> int:
         """Samples handed out per step: with backup workers, b x B more than the update uses."""
-        return (self.worker_slots + self.backup_workers) * self.batch_size
+        return (self.worker_slots + (0 if self.elastic else self.backup_workers)) * self.batch_size
 
     @property
     def straggler_delays(self) -> dict[int, float]:

@@ -9,6 +9,8 @@ been handed out, a worker that asks for work gets a copy of an outstanding porti
 that has no copy yet: first those held by workers flagged slow by the straggler detector, then the
 longest-running. Workers flagged slow never receive copies. A worker with nothing to take waits for
 the round to close. The first copy pushed is the one the shards keep; the rest are dropped there.
+A worker that left an elastic run (`worker_lost`) gives the portions only it held back to the front
+of the queue, to whoever is a member.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+import ray
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class PortionScheduler:
         self.slow: set[int] = set()
         self.copies_issued = 0
         self.portions_issued = 0
+        self.reissued = 0  # portions a leaver held, handed out again
         self.completions: set[asyncio.Task[None]] = set()  # pending _complete_when_pushed tasks
         self._open_round()
 
@@ -94,7 +99,12 @@ class PortionScheduler:
         return min(candidates)[2] if candidates else None
 
     async def _complete_when_pushed(self, tag: int, portion: int, pushes: list[Any]) -> None:
-        await asyncio.gather(*pushes)
+        try:
+            await asyncio.gather(*pushes)
+        except ray.exceptions.RayError:
+            # The pusher died with its push refs: whether every shard took it is unknown, so the portion
+            # stays outstanding; `worker_lost` hands it out again, and the shards count it once.
+            return
         async with self.changed:
             self._complete(tag, portion)
 
@@ -108,6 +118,24 @@ class PortionScheduler:
             self._open_round()
         self.changed.notify_all()
 
+    async def worker_lost(self, worker: int) -> int:
+        """`worker` left: the portions only it held go back to the front of the queue; returns how many."""
+        async with self.changed:
+            back = 0
+            for portion, holders in list(self.running.items()):
+                rest = [h for h in holders if h[0] != worker]
+                if len(rest) == len(holders):
+                    continue
+                if rest:
+                    self.running[portion] = rest
+                else:
+                    del self.running[portion]
+                    self.unassigned.appendleft(portion)
+                    back += 1
+            self.reissued += back
+            self.changed.notify_all()
+            return back
+
     async def mark_slow(self, workers: list[int]) -> None:
         """The straggler detector's current verdict (the driver forwards it)."""
         async with self.changed:
@@ -119,4 +147,5 @@ class PortionScheduler:
             "portions_issued": self.portions_issued,
             "copies_issued": self.copies_issued,
             "rounds": self.round - self.start_step,
+            "reissued": self.reissued,
         }

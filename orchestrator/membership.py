@@ -228,6 +228,8 @@ class Membership:
             if kind == "segment":
                 dispatch.work.requeue(payload)
                 units_redone += len(payload)
+        if driver.portion_scheduler is not None:  # backup tasks: the portions it held go to the others
+            ray.get(driver.portion_scheduler.worker_lost.remote(rank), timeout=self.config.hang_timeout_s)
         # Its clock goes back to the one of its last segment whose rows came in (as a replacement's:
         # orchestrator/replacement.py), so the shards' books agree with what the driver counted; it
         # is raised again to the members' least when the slot is filled (`ParameterShard.set_members`).

@@ -409,6 +409,7 @@ class _Driver:
             self.membership = state.membership = Membership(config, placement)  # type: ignore[arg-type]
         elif self.membership is not None:  # a new attempt: its freshly reserved groups
             self.membership.placement = placement  # type: ignore[assignment]
+        self.in_rounds: set[int] = set()  # elastic BSP over the PS: members the rounds wait for (`_sync_rounds`)
 
     def members(self) -> list[int]:
         """The ranks with a worker now (every rank of a fixed-size run)."""
@@ -641,7 +642,8 @@ class _Driver:
         pending = self.pending = dispatch.pending  # a failed attempt's are read and dropped (recovery.discard)
         if self.membership is not None:
             dispatch.elastic, dispatch.members = True, self.members()
-            self.sync_members()
+            self.in_rounds = set(self.members())
+            self.sync_members(entering=self.members())
         eval_needs = 1 if self.membership is not None else n  # parts of an evaluation
         eval_parts: dict[int, list[tuple[dict[str, tuple[float, float]], float]]] = defaultdict(list)
         last_metrics: dict[str, float] = {}
@@ -675,7 +677,9 @@ class _Driver:
         while pending:
             if self.membership is not None and not stopping:
                 self._preempted(dispatch)
-                self._join(dispatch)
+                for rank in self._join(dispatch):  # its silence is timed from now
+                    heard[rank] = time.monotonic()
+                self._leave_rounds_if_idle(dispatch)  # after every result, join and leave
             if not stopping and self.hooks.poll():
                 # A callback asked to stop: end the plan at the last step already handed out (every worker
                 # gets there, so the transports end as at a normal end), evaluate the last partial epoch.
@@ -746,26 +750,63 @@ class _Driver:
         if not work.finished:
             raise RuntimeError("work plan stalled before all units were done")  # a bug, not user error
 
-    def _join(self, dispatch: Dispatcher) -> None:
+    def _join(self, dispatch: Dispatcher) -> list[int]:
         """Elastic: start a worker in each slot placed since the last look; it is set up against the
         live shards (θ, its clock: nothing from disk), then fed (its calls queue behind the setup)."""
         assert self.membership is not None and self.shards is not None
-        for rank in self.membership.joinable(self.workers):
+        joined = self.membership.joinable(self.workers)
+        for rank in joined:
             worker = start_worker(self.config, self.placement, rank, self.run_start)
             self.workers[rank] = worker
             self.actors.append(worker)
             event = self.membership.record(self, JOIN, rank, "placed")
-            self.sync_members()  # before its setup, which reads its clock from the shards
+            self.in_rounds.add(rank)  # it is fed at once
+            self.sync_members(entering=[rank])  # before its setup, which reads its clock from the shards
             bounds = self.shards.bounds
             setup = worker.setup.remote("", self.shards.shards, bounds, self.portion_scheduler, self.phase_config)
             dispatch.track(setup, ("setup", rank, event))
             dispatch.members = self.members()
             dispatch.feed(rank)
+        return joined
 
-    def sync_members(self) -> None:
-        """Tell the shards who is in (the bound holds among members; a joiner's clock is raised)."""
-        if self.shards is not None:
-            self._shard_call([s.set_members.remote(self.members()) for s in self.shards.shards])
+    def sync_members(self, entering: list[int] | None = None) -> None:
+        """Tell the shards who is in (the bound holds among members; a joiner's clock is raised). BSP
+        rounds: who each round waits for (`_sync_rounds`); `entering`: ranks that join the rounds."""
+        if self.shards is None:
+            return
+        if self.ps_mode == "rounds":
+            self._sync_rounds(entering or [])
+            return
+        self._shard_call([s.set_members.remote(self.members()) for s in self.shards.shards])
+
+    def _sync_rounds(self, entering: list[int]) -> None:
+        """Elastic BSP over the PS: a round closes on its members' pushes, so the shards must know
+        who takes part: the members with work (`in_rounds`; one with none would hold every round up:
+        at a --chaos hold, at the end of the run). A rank entering goes in at a round boundary every
+        shard agrees on: the open round when nobody else is in (nobody has pushed to it), else the one
+        after the furthest shard's open round, which cannot close before the rank is in unless a whole
+        round passed meanwhile: then a shard refuses and the next boundary is tried."""
+        assert self.shards is not None
+        members = sorted(self.in_rounds & set(self.members()))
+        entering = [r for r in entering if r in members]
+        others = [r for r in members if r not in entering]
+        for _ in range(100):
+            versions = [c["version"] for c in self._shard_call([s.counters.remote() for s in self.shards.shards])]
+            start = max(versions) + 1 if others else max(versions)
+            calls = [s.set_round_members.remote(members, entering, start) for s in self.shards.shards]
+            if all(self._shard_call(calls)):
+                return
+        raise RunLost("hang", None, "the parameter-server shards' rounds moved on faster than a member could enter")
+
+    def _leave_rounds_if_idle(self, dispatch: Dispatcher) -> None:
+        """Elastic BSP over the PS: a member the work plan has nothing for now (the rest of the epoch is
+        with others, a --chaos hold, the end) leaves the rounds until it is fed again (`_submit`)."""
+        if self.membership is None or self.ps_mode != "rounds":
+            return
+        idle = {r for r in self.in_rounds if dispatch.in_flight(r) == 0}
+        if idle:
+            self.in_rounds -= idle
+            self.sync_members()
 
     def _preempted(self, dispatch: Dispatcher) -> None:
         """Elastic: a node is draining (preemption). Checkpoint now: the state is asked of a member off
@@ -798,6 +839,9 @@ class _Driver:
         """The dispatcher's calls, made on the worker now holding `rank`."""
         worker = self.workers[rank]
         if kind == "segment":
+            if self.membership is not None and self.ps_mode == "rounds" and rank not in self.in_rounds:
+                self.in_rounds.add(rank)  # fed again: it enters the rounds at the next boundary
+                self.sync_members(entering=[rank])
             return worker.run_segment.remote(payload)
         if kind == "eval":
             if self.membership is not None:  # one member scores the whole test set (membership changes)

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 class BSPBackupTasks(PSStrategy):
     compresses = ""  # a portion's gradient goes out whole
+    # Under --workers MIN..MAX portions go to whoever asks, so whoever is a member; a leaver's are handed
+    # out again (`PortionScheduler.worker_lost`). A round is always the whole global batch (MAX x B in P
+    # portions): the membership changes how fast rounds go, not what they are, so the rate stays.
+    elastic = True
 
     @classmethod
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:

@@ -52,8 +52,8 @@ class BSPOptions(StrategyOptions):
     )
 
     def resolved(self, run: RunConfig) -> BSPOptions:
-        if self.backup_tasks and self.portions is None:
-            return dataclasses.replace(self, portions=2 * run.workers)
+        if self.backup_tasks and self.portions is None:  # under a range: 2 x MAX
+            return dataclasses.replace(self, portions=2 * run.worker_slots)
         return self
 
     def check(self, run: RunConfig) -> None:
@@ -74,10 +74,9 @@ class BSPOptions(StrategyOptions):
             raise ConfigError("--portions splits rounds for --backup-tasks; add --backup-tasks or drop it")
         if self.backup_tasks:
             assert self.portions is not None
-            if self.portions <= run.workers:
-                raise ConfigError(
-                    f"--portions ({self.portions}) must exceed --workers ({run.workers}) so free workers can take more"
-                )
+            if self.portions <= run.worker_slots:
+                what = f"the MAX of --workers ({run.worker_slots})" if run.elastic else f"--workers ({run.workers})"
+                raise ConfigError(f"--portions ({self.portions}) must exceed {what} so free workers can take more")
             if run.global_batch_size % self.portions:
                 raise ConfigError(
                     f"--portions {self.portions} does not divide the global batch {run.global_batch_size} "
@@ -120,11 +119,12 @@ class BSP(Strategy):
 
     @classmethod
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
-        """Backup workers and backup tasks: gradients dropped per worker, rounds applied, how many
-        gradients (k-of-n) or portions (backup tasks) each update averaged, copies issued."""
+        """Backup workers and backup tasks, and an elastic run (--workers MIN..MAX): gradients dropped per
+        worker, rounds applied, how many gradients (k-of-n, elastic: the members of each round) or portions
+        (backup tasks) each update averaged, copies issued."""
         options = config.options_of("bsp")
         figures: dict[str, Any] = {}
-        if (options.backup_workers or options.backup_tasks) and "ps_shards" in actors:
+        if (options.backup_workers or options.backup_tasks or config.elastic) and "ps_shards" in actors:
             stats = actors["ps_shards"].stats()
             # Shards decide independently; shard 0's count is each worker's (they see the same pushes).
             figures["dropped_gradients"] = {str(w): n for w, n in enumerate(stats[0]["dropped"])}
@@ -198,20 +198,34 @@ class BSP(Strategy):
 
 
 class BSPOverPS(PSStrategy):
-    """BSP rounds on the shards; with backup workers, k-of-n rounds (the first --workers gradients)."""
+    """BSP rounds on the shards; with backup workers, k-of-n rounds (the first --workers gradients).
+
+    Under --workers MIN..MAX a round is the current members' (`ParameterShard.set_round_members`):
+    units are shared (whoever asks), each member pushes one unit's gradient per round, so the global
+    batch is members x B and the shards rescale the rate for it. A member enters at the round the
+    driver names (a joiner from its setup, one fed again after it had no work at the start of its
+    segment), and under k-of-n a late member does not skip units: its next unit is computed on the
+    θ its dropped push brought back, so every unit is still computed once.
+    """
 
     name = "bsp"
+    elastic = True  # see the class docstring; the collective BSP is not (its class declares no range)
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
         self.skip = 0  # units of the current segments whose rounds closed without this worker
+        self.trainer: LocalTrainer | None = None
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
-        return ConsistencyRule.bsp(accept=config.workers if config.options_of("bsp").backup_workers else None)
+        backups = config.options_of("bsp").backup_workers
+        if config.elastic:
+            return ConsistencyRule.elastic_bsp(backups, config.lr_scaling, config.worker_slots)
+        return ConsistencyRule.bsp(accept=config.workers if backups else None)
 
     def setup(self, trainer: LocalTrainer) -> None:
         super().setup(trainer)
+        self.trainer = trainer
         # A replacement whose dead predecessor already pushed for the open round starts at the next
         # one: it waits for that round to close (the others' pushes close it) and takes its θ.
         if self.clock > min(self.client.read_versions):
@@ -219,11 +233,25 @@ class BSPOverPS(PSStrategy):
 
     def _advance(self, result: PushPullResult) -> None:
         # The next round is the least version any shard is at. Under k-of-n, rounds that closed
-        # without this worker (its gradient came late) are skipped, together with their data.
-        self.skip += result.version - (self.clock + 1)
+        # without this worker (its gradient came late) are skipped, together with their data
+        # (elastic: not skipped, the units are shared and each is computed once).
+        if not self.config.elastic:
+            self.skip += result.version - (self.clock + 1)
         self.clock = result.version
 
     def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+        if self.config.elastic and units:
+            # Fed again after the rounds went on without it: the driver entered it at a later round.
+            import ray
+
+            trainer = self.trainer
+            entry = max(ray.get([s.clock_of.remote(self.ctx.rank) for s in self.client.shards]))
+            if entry > self.clock and trainer is not None:
+                self.client.pull_at(entry, trainer.params_flat.numpy())
+                self.clock = entry
+            # Its θ may be newer than its clock: an evaluation or checkpoint pulled it in between, or
+            # (k-of-n) the rounds it entered at closed without it. It pushes for the round of that θ.
+            self.clock = max(self.clock, min(self.client.read_versions))
         for unit in units:
             if self.skip > 0:
                 self.skip -= 1

@@ -14,10 +14,20 @@ class ConsistencyRule:
     accept: int | None = None  # rounds mode: gradients that close a round (k-of-n); None = every worker
     portions: int = 0  # portions mode: portions per round
     history: int = 0  # sandblaster mode: L-BFGS memory m (pairs each shard keeps slices of)
+    # rounds mode under --workers MIN..MAX (`ParameterShard.set_round_members`): a round closes on the
+    # current members' pushes (k = members - backups of them under k-of-n), and its rate is rescaled from
+    # the global batch of `slots` gradients the schedule's rate is for to the round's, by `lr_scaling`.
+    backups: int = 0
+    lr_scaling: str = ""  # "": no rescaling (a fixed-size run)
+    slots: int = 0
 
     @classmethod
     def bsp(cls, accept: int | None = None) -> ConsistencyRule:
         return cls("rounds", accept=accept)
+
+    @classmethod
+    def elastic_bsp(cls, backups: int, lr_scaling: str, slots: int) -> ConsistencyRule:
+        return cls("rounds", backups=backups, lr_scaling=lr_scaling, slots=slots)
 
     @classmethod
     def backup_tasks(cls, portions: int) -> ConsistencyRule:

@@ -12,6 +12,11 @@ Rules (`ConsistencyRule`, definitions in shared/reference/algorithms.md):
   closed round is dropped and counted; its pusher gets the current θ at once and skips ahead.
   Shards decide independently (as TensorFlow's SyncReplicasOptimizer's accumulators do): a worker
   late at one shard may be on time at another.
+  Under --workers MIN..MAX (`set_round_members`) a round closes on the pushes of the ranks that are
+  members *of that round*: the driver's current members, each from the round it entered at (a joiner,
+  or a member fed again after it had no work, enters at a round boundary the driver names); under
+  k-of-n on the first k = members - b of them. Its rate is rescaled for the round's global batch
+  (`_round_rate`), and a leaver's gradient still waiting in the open round is taken out.
 - "portions" (backup tasks): round t is split into P portions, computed by whoever is free (the
   orchestrator's scheduler hands them out and re-issues the last outstanding ones). A shard keeps
   the first gradient of each portion of the open round, drops copies and stale rounds, and applies
@@ -46,6 +51,7 @@ from distrain.trainers.optim_state import (
     import_flat_state,
     make_optimizer,
 )
+from distrain.trainers.schedule import scaled_lr
 
 
 def decoded(grad: Any) -> np.ndarray | None:
@@ -121,6 +127,11 @@ class ParameterShard:
         self.accept = rule.accept or num_workers
         self.dropped = [0] * num_workers  # gradients not applied, per pushing worker
         self.round_members: list[list[int]] = []  # rounds/portions: whose gradients each update averaged
+        # Elastic rounds (rule.slots > 0): the round each member entered at (it is in every round from
+        # then on), and the rate of the last push (a round closed by a leave applies with it).
+        self.elastic_rounds = rule.mode == "rounds" and rule.slots > 0
+        self.enters: dict[int, int] = {}
+        self.round_lr = 0.0
 
     # ------------------------------------------------------------------ the one hot path
     async def push_pull(self, worker: int, clock: int, grad: Any, lr: float, read_version: int) -> Reply:
@@ -144,6 +155,9 @@ class ParameterShard:
             )
 
     async def _push_round(self, worker: int, clock: int, grad: np.ndarray | None, lr: float) -> tuple[int, int, float]:
+        if self.elastic_rounds and self.members is not None and worker not in self.members:
+            self.dropped[worker] += 1  # a leaver's push still on its way: its units are redone by others
+            return -1, 0, 0.0
         if clock < self.version:  # k-of-n: round `clock` closed on the first N gradients; drop this one
             self.dropped[worker] += 1
             self.clocks[worker] = self.version
@@ -152,8 +166,9 @@ class ParameterShard:
             raise RuntimeError(f"shard {self.shard_id}: worker {worker} pushed for round {clock} in {self.version}")
         self.round[worker] = grad
         self.clocks[worker] = clock + 1
+        self.round_lr = lr
         wait_s = 0.0
-        if len(self.round) == self.accept:
+        if self._round_full():
             self._apply_mean(lr)
         else:
             t0 = time.perf_counter()
@@ -162,12 +177,34 @@ class ParameterShard:
         self.clocks[worker] = max(self.clocks[worker], self.version)
         return clock, 0, wait_s
 
+    def _round_full(self) -> bool:
+        """Whether the open round has the gradients that close it: N (k of N + b under k-of-n), or,
+        elastic, those of every member of this round (k = members - b of them)."""
+        if not self.elastic_rounds or self.members is None:
+            return len(self.round) == self.accept
+        members = self._round_members()
+        pushed = sum(1 for rank in self.round if rank in members)
+        return pushed > 0 and pushed >= max(1, len(members) - self.rule.backups)
+
+    def _round_members(self) -> set[int]:
+        """Elastic: the ranks the open round waits for (members that entered at this round or before)."""
+        return {r for r in self.members or () if self.enters.get(r, 0) <= self.version}
+
+    def _round_rate(self, lr: float, gradients: int) -> float:
+        """Elastic: the schedule's rate is for the global batch of `slots` workers' gradients (MAX x B);
+        a round of `gradients` of them has a global batch that many x B, and its rate follows under the
+        --lr-scaling rule (linear: x gradients/slots; sqrt: x its root; none: the same rate)."""
+        if not self.elastic_rounds:
+            return lr
+        return scaled_lr(lr, gradients, self.rule.slots, self.rule.lr_scaling)
+
     def _apply_mean(self, lr: float) -> None:
         """Apply the mean of the gradients collected for the open round and open the next one.
 
         Summed in key order (rank, or portion), so the result does not depend on arrival order.
         """
         keys = sorted(self.round)
+        lr = self._round_rate(lr, len(keys))
         given = [key for key in keys if self.round[key] is not None]  # None: a skipped (non-finite) step
         if given:
             np.copyto(self.grad, self.round[given[0]])
@@ -287,6 +324,36 @@ class ParameterShard:
                     self.clocks[rank] = max(self.clocks[rank], floor)
             self.members = sorted(members)
             self.changed.notify_all()
+
+    async def set_round_members(self, members: list[int], entering: list[int], from_round: int) -> bool:
+        """Elastic rounds: `members` take part in the rounds from now on, `entering` ones from round
+        `from_round` (their clock is set to it: they pull θ of that round and push for it). Refused
+        (False, nothing changed) when that round has closed here already; the driver then names a later
+        one (orchestrator/run.py `_Driver._sync_rounds`). A rank no longer a member loses the gradient it
+        left in the open round, which may close the round now."""
+        async with self.changed:
+            if entering and self.version > from_round:
+                return False
+            for rank in entering:
+                self.enters[rank] = from_round
+                self.clocks[rank] = from_round
+            self.members = sorted(members)
+            for rank in [r for r in self.round if r not in members]:
+                del self.round[rank]
+            if self.round and self._round_full():
+                self._apply_mean(self.round_lr)
+            # The open round may have no member left (its only ones left, or went idle, while the others
+            # were entered at the next one): it closes empty, θ unchanged, so the next one can open.
+            while not self.round and self.members and not self._round_members():
+                self.round_members.append([])
+                self.version += 1
+            self.changed.notify_all()
+            return True
+
+    async def clock_of(self, worker: int) -> int:
+        """`worker`'s clock: under elastic rounds, the round it is to push for next."""
+        async with self.changed:
+            return self.clocks[worker]
 
     async def set_counters(self, version: int, clocks: list[int]) -> None:
         """Continue a checkpointed run: its version and every worker's clock (θ came with the constructor)."""

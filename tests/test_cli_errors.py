@@ -160,7 +160,11 @@ BAD_INPUTS = [
     (["--strategy", "async", "--workers", "2..x"], ["--workers must be an integer, got '2..x'", "MIN..MAX"]),
     (["--workers", "2..4"], ["--workers 2..4: --strategy bsp cannot change its membership", "that can: async, ssp"]),
     (["--strategy", "local-sgd", "--workers", "2..4"], ["--strategy local-sgd cannot change its membership"]),
-    (["--transport", "ps", "--workers", "2..4"], ["--strategy bsp cannot change its membership"]),
+    (["--transport", "ps", "--workers", "1..4", "--backup-workers", "1"], ["raise MIN above 1"]),
+    (
+        ["--transport", "ps", "--workers", "2..4", "--backup-tasks", "--portions", "4"],
+        ["--portions (4) must exceed the MAX of --workers (4)"],
+    ),
     (["--strategy", "async", "--workers", "2..4", "--straggler", "0:0.1"], ["does not compose with --straggler"]),
     (["--config", "{in}/elastic_bad.yaml"], ["--workers 3..2: MIN (3) is above MAX (2)"]),
     (["--config", "{in}/elastic.yaml", "--strategy", "bsp"], ["--strategy bsp cannot change its membership"]),

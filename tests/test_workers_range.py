@@ -66,12 +66,15 @@ def test_a_range_is_recorded_as_given_and_read_back_the_same(tmp_path):
 
 
 def test_a_range_refused_for_a_strategy_that_cannot_change_membership_names_those_that_can():
-    for strategy in ("bsp", "local-sgd", "diloco", "sandblaster"):
+    for strategy in ("bsp", "local-sgd", "diloco", "sandblaster"):  # bsp: over the collective
         with pytest.raises(ConfigError, match="cannot change its membership mid-run.*that can: async, ssp$"):
             RunConfig(workers="2..3", strategy=strategy)
-    with pytest.raises(ConfigError, match="--strategy bsp cannot change"):  # BSP over the PS: rounds of N
-        RunConfig(workers="2..3", strategy="bsp", transport="ps")
     assert RunConfig(workers="2..3", strategy="ssp").elastic
+    # BSP over the PS takes a range (rounds of the current members), and backup workers with it.
+    assert RunConfig(workers="2..3", strategy="bsp", transport="ps").elastic
+    assert RunConfig(workers="2..3", strategy="bsp", transport="ps", backup_workers=1).num_worker_actors == 3
+    tasks = RunConfig(workers="2..4", strategy="bsp", transport="ps", backup_tasks=True, batch_size=8)
+    assert tasks.elastic and tasks.options_of("bsp").portions == 8  # 2 x MAX
     RunConfig(workers="2..2", strategy="bsp")  # MIN == MAX is a fixed size
 
 

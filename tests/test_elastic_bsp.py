@@ -1,0 +1,145 @@
+"""Elastic BSP over the parameter server (issue 18) on a simulated multi-node cluster
+(ray.cluster_utils.Cluster, in a subprocess: one Ray per process). One run, `--strategy bsp --transport
+ps --workers 1..3`, sees in turn: the head has room for MIN; a node added mid-run grows it to MAX; that
+node is removed without warning and the run shrinks back to MIN. Checked from the recorded metrics and
+the shards' books: every (epoch, step, slice) unit exactly once, rounds (versions) only moving
+forward, each round made of the gradients of that round's members (1, then 3, then 1 again), joiners
+entering at a round boundary with the live shards' parameters. The same with backup workers (k-of-n,
+k = members - b). The round logic without Ray: tests/test_elastic_rounds.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    import ray
+    from ray.cluster_utils import Cluster
+    from distrain.config import RunConfig
+    from distrain.orchestrator.callbacks import Callback
+    from distrain.orchestrator.run import run_training
+
+    head_cpus, workers, backups, tasks = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "tasks"
+    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "_system_config": fast})
+    ray.init(address=cluster.address)
+    log, nodes = [], {}
+
+
+    class Churn(Callback):
+        # In the driver's thread (add_node needs the main thread), between results.
+        def __init__(self):
+            self.phase, self.seen = "grow", set()
+
+        def on_rows(self, rows):
+            self.seen |= set(rows["worker"])
+            if self.phase == "grow":
+                nodes["a"] = cluster.add_node(num_cpus=2)
+                self.phase, self.seen = "grown", set()
+            elif self.phase == "grown" and {1, 2} <= self.seen:
+                cluster.remove_node(nodes["a"], allow_graceful=False)
+                log.append(("removed a", time.time()))
+                self.phase = "done"
+
+
+    churn = Churn()  # backup tasks: longer, as the first member takes most portions while the others start
+    cfg = RunConfig(
+        strategy="bsp", transport="ps", backup_workers=backups, backup_tasks=tasks, model="mlp", workers=workers,
+        batch_size=16, epochs=5 if tasks else 3, segment_steps=2, seed=3, comm_delay_ms=60.0, hang_timeout_s=30.0,
+        collective_timeout_s=60.0, run_dir=sys.argv[1],
+    )
+    r = run_training(cfg, callbacks=[churn])
+    out = {"summary": r.summary, "phase": churn.phase, "log": log}
+    ray.shutdown()
+    cluster.shutdown()
+    print("RESULT " + json.dumps(out, default=str))
+    """
+)
+
+
+@pytest.mark.parametrize("workers, backups, head_cpus", [("1..3", 0, 2), ("2..3", 1, 3)], ids=["bsp", "k-of-n"])
+def test_bsp_over_ps_grows_and_shrinks_with_every_unit_once_and_rounds_of_the_members(
+    tmp_path, workers, backups, head_cpus
+):
+    out, rows = _run(tmp_path, workers, backups, head_cpus, "rounds")
+    s, m = out["summary"], out["summary"]["membership"]
+    low = int(workers.split("..")[0])
+    joins = [e for e in m["events"] if e["change"] == "join" and e["cause"] == "placed"]
+    spe = s["steps_completed"] // 3
+    # Every sample of every epoch exactly once: each (epoch, step, slice) unit of B samples has one row.
+    units = rows.groupby(["epoch", "step", "slice"]).size()
+    assert len(units) == s["steps_completed"] * 3 and (units == 1).all()
+    assert rows.groupby("epoch")["samples"].sum().tolist() == [spe * 3 * 16] * 3
+    # Rounds only move forward: each worker's rounds increase, and a round's rows are pushes of distinct
+    # members tagged with it (at most the round's size).
+    for _, own in rows.sort_values("wall_time").groupby("worker"):
+        assert own["read_version"].is_monotonic_increasing and own["read_version"].is_unique
+    counted = rows[rows["dropped"] != True]  # noqa: E712 - k-of-n: the late gradients are not applied
+    per_round = counted.groupby("applied_version")["worker"].agg(["size", "nunique"])
+    assert (per_round["size"] == per_round["nunique"]).all() and per_round["size"].max() <= 3 - backups
+    # Each round averaged the gradients of that round's members: k = members - b of them, so with
+    # the membership at 1 (k-of-n: 2), then 3, then back: sizes 1 and 3 - b.
+    sizes = {int(k): v for k, v in s["gradients_per_update"].items()}
+    assert {low - backups, 3 - backups} <= set(sizes) and max(sizes) == 3 - backups
+    assert s["rounds_applied"] == rows["read_version"].max() + 1
+    # Gradients applied: one per counted row, plus the lost segments' (applied, then their units redone).
+    applied = sum(k * v for k, v in sizes.items())
+    assert len(counted) <= applied <= len(counted) + m["samples_redone"] // 16
+    if backups:
+        assert (rows["dropped"] == True).any()  # noqa: E712 - the backup's gradient came late sometimes
+    # A joiner enters at a round boundary with the live shards' θ: its first round is past every
+    # round applied before it joined.
+    for join in joins:
+        before = rows[rows["wall_time"] <= join["wall_time"]]["read_version"].max()
+        after = rows[(rows["worker"] == join["rank"]) & (rows["wall_time"] > join["wall_time"])]
+        assert after["read_version"].iloc[0] > before > 0
+    assert s["final_test_accuracy"] > 0.5
+
+
+def test_backup_tasks_under_a_range_hand_portions_to_the_members_and_a_leavers_out_again(tmp_path):
+    out, rows = _run(tmp_path, "1..3", 0, 2, "tasks")
+    s, m = out["summary"], out["summary"]["membership"]
+    portions = 6  # 2 x MAX
+    # Every round is the whole global batch in P portions, each counted once whoever computed it;
+    # rows of copies the shards dropped are marked, and a leaver's lost segment may have taken the
+    # rows of portions it pushed (counted, never invented).
+    assert s["rounds_applied"] == s["steps_completed"]
+    assert s["gradients_per_update"] == {str(portions): s["rounds_applied"]}
+    counted = rows[rows["dropped"] != True].groupby(["epoch", "step", "slice"]).size()  # noqa: E712
+    assert (counted == 1).all() and set(rows["slice"]) == set(range(portions))
+    missing = s["steps_completed"] * portions - len(counted)
+    assert 0 <= missing <= portions * (2 + m["samples_redone"] // 16)
+    assert set(rows["worker"]) == {0, 1, 2} and "backup_reissued" in s  # the joiners took portions
+    assert s["final_test_accuracy"] > 0.5
+
+
+def _run(tmp_path, workers: str, backups: int, head_cpus: int, mode: str) -> tuple[dict, pd.DataFrame]:
+    """One run under churn (grow to 3, then lose the added node): its summary and step rows, with the
+    membership checks every mode shares."""
+    run_dir = tmp_path / "r"
+    args = [sys.executable, "-c", SCRIPT, str(run_dir), str(head_cpus), workers, str(backups), mode]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
+    s, m = out["summary"], out["summary"]["membership"]
+    low = int(workers.split("..")[0])
+    assert out["phase"] == "done", out["log"]
+    assert s["status"] == "completed" and s["failures"] == 0, s["failure_events"]  # leaves above MIN are not
+    assert m["peak_members"] == 3 and m["final_members"] == low
+    events = m["events"]
+    joins = [e for e in events if e["change"] == "join" and e["cause"] == "placed"]
+    leaves = [e for e in events if e["change"] == "leave"]
+    assert len(joins) == 3 - low and len(leaves) == 3 - low
+    assert sorted(e["rank"] for e in joins) == sorted(e["rank"] for e in leaves) == list(range(low, 3))
+    assert all(e["cause"] in ("node lost", "worker lost") for e in leaves)
+    rows = pd.read_parquet(run_dir / "metrics.parquet").query("kind == 'step'")
+    return out, rows
