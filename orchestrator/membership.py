@@ -185,6 +185,7 @@ class Membership:
         self.drained: set[str] = set()  # draining nodes already handled
         self._last_drain_poll = 0.0
         self.drain_checkpoints: list[dict[str, Any]] = []  # written because a node was draining
+        self.reforms: list[dict[str, Any]] = []  # collective transport: each new process group (elastic_collective.py)
 
     def members(self, workers: list[Any]) -> list[int]:
         return [rank for rank, worker in enumerate(workers) if worker is not None]
@@ -281,6 +282,7 @@ class Membership:
             "reform_s": round(sum(e.get("setup_s", 0.0) for e in self.events), 3),
             "events": self.events,
             "drain_checkpoints": self.drain_checkpoints,
+            "reforms": self.reforms,
         }
 
 

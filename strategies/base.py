@@ -99,6 +99,7 @@ class CommStats:
     averaging_round: int | None = None  # local SGD: averaging rounds completed after this step
     nonfinite: bool | None = None  # the loss, gradient or average was not finite: skipped (or the run stopped)
     bytes_uncompressed: int | None = None  # --compress: what bytes_sent would have been in float32
+    lr: float | None = None  # the rate the update was applied at, where the strategy set its own (elastic BSP)
     extra: dict[str, Any] = field(default_factory=dict)  # the strategy's own `metric_columns`, by name
 
 

@@ -105,6 +105,10 @@ class BSP(Strategy):
 
             return PipelineBSP
         if config.transport != "ps":
+            if config.elastic:  # --workers MIN..MAX: a group re-formed as members come and go
+                from distrain.strategies.elastic_bsp import ElasticBSP
+
+                return ElasticBSP
             return cls
         if config.options_of("bsp").backup_tasks:
             from distrain.strategies.backup_tasks import BSPBackupTasks
