@@ -135,8 +135,8 @@ class ElasticCollective:
                 plan.requeue(redo)
                 self.membership.samples_redone += len(redo) * self.config.batch_size
             self.source = min((r for r in results if done[r] == kept), default=None)
-            for rank, gone in sorted(lost.items()):
-                self._leave(rank, _cause(gone), gone, redo, without_row.get(rank, []))
+            for i, (rank, gone) in enumerate(sorted(lost.items())):  # the abandoned rounds' units: on the first
+                self._leave(rank, _cause(gone), gone, redo if i == 0 else [], without_row.get(rank, []))
             if len(self.d.members()) < self.config.workers:  # below MIN: a failure (restart from a checkpoint)
                 raise next(iter(lost.values()))
             if not lost:  # a broken group with everyone still here (a timeout): re-form all the same
@@ -158,8 +158,7 @@ class ElasticCollective:
         ray.kill(d.workers[rank], no_restart=True)
         d.workers[rank] = None
         self.membership.placement.renew(rank)
-        units_redone = len(redo) if lost is not None else 0
-        event = self.membership.record(d, LEAVE, rank, cause, units_redone)
+        event = self.membership.record(d, LEAVE, rank, cause, len(redo))
         if lost is not None:
             event["detail"] = lost.detail
         event["units_without_row"] = [list(u) for u in without_row]

@@ -55,6 +55,8 @@ SCRIPT = textwrap.dedent(
             if self.phase == "drained" and set(rows["worker"]) & {1, 2}:
                 self.rows_since = 0
             both = {1, 2} <= self.seen
+            if self.phase in ("grown", "regrow") and not both:
+                time.sleep(0.15)  # alone, the member runs through its rounds faster than a node starts: pace it
             if self.phase == "grow":
                 nodes["a"] = cluster.add_node(num_cpus=2)
                 self.phase, self.seen = "grown", set()
@@ -76,7 +78,7 @@ SCRIPT = textwrap.dedent(
 
     churn = Churn()
     cfg = RunConfig(
-        strategy="bsp", model="mlp", workers="1..3", batch_size=16, epochs=3, segment_steps=2, seed=3,
+        strategy="bsp", model="mlp", workers="1..3", batch_size=16, epochs=4, segment_steps=2, seed=3,
         comm_delay_ms=40.0, hang_timeout_s=30.0, collective_timeout_s=30.0, run_dir=sys.argv[1],
     )
     r = run_training(cfg, callbacks=[churn])
@@ -110,7 +112,8 @@ def test_bsp_collective_grows_drains_and_loses_a_node_reforming_from_memory(tmp_
     # Each re-form: the parameters equal on every member after it, and equal to the survivors' before it
     # (the joiners took them by broadcast, not from disk); grown to 3, shrunk to 1, twice each.
     reforms = m["reforms"]
-    assert [len(r["members"]) for r in reforms] == [1, 3, 1, 3, 1], reforms
+    sizes = [len(r["members"]) for r in reforms]  # joiners come in at the boundary after they are built
+    assert sizes[0] == sizes[-1] == 1 and sizes.count(3) == 2 and sizes.count(1) == 3, reforms
     for reform in reforms:
         assert len(set(reform["after"].values())) == 1, reform
         survivors = reform["survivors"] or reform["members"]
@@ -118,13 +121,14 @@ def test_bsp_collective_grows_drains_and_loses_a_node_reforming_from_memory(tmp_
     assert all(r["survivors"] == [0] for r in reforms[1:]) and m["reform_s"] > 0
 
     rows = pd.read_parquet(run_dir / "metrics.parquet").query("kind == 'step'")
-    spe = s["steps_completed"] // 3
+    spe = s["steps_completed"] // 4
     # Every (epoch, step, slice) exactly once: a row each, or (the lost node's units in rounds that were
     # applied, whose rows died with it) listed in its leave event; the lost round was redone.
     without_row = [tuple(u) for e in lost for u in e["units_without_row"]]
     units = list(zip(rows["epoch"], rows["step"], rows["slice"], strict=True)) + without_row
     assert len(units) == len(set(units)) == s["steps_completed"] * 3
-    assert sum(e["units_redone"] for e in lost) > 0 and m["samples_redone"] > 0
+    assert pd.Series([u[0] for u in units]).value_counts().sort_index().tolist() == [spe * 3] * 4
+    assert m["samples_redone"] == 16 * sum(e["units_redone"] for e in lost) > 0
     # The rate follows the round's global batch (linear rule): lr = lr(3 x 16) x units/3 for a round of
     # `units` x 16 samples; a full round has as many units as members.
     peak = 0.05 * 48 / 64  # --lr 0.05 at the base batch 64, scaled for the configured 3 x 16
