@@ -212,7 +212,8 @@ class ElasticCollective:
     def _reform(self, cause: str) -> None:
         """A new process group of the members, the state broadcast from one that trained on."""
         d = self.d
-        while True:
+        for _attempt in range(3):
+            self._drop_dead()
             members = d.members()
             survivors = [r for r in members if r in self.group]
             source = self.source if self.source in members else (survivors or members)[0]
@@ -222,18 +223,19 @@ class ElasticCollective:
                 d.workers[r].reform.remote(address, i, len(members), members.index(source)): r
                 for i, r in enumerate(members)
             }
-            results, lost = {}, {}
+            results, failed = {}, {}
             for ref, rank in calls.items():
                 try:
                     results[rank] = d._result(ref, rank, self.config.collective_timeout_s + 10)
-                except RunLost as gone:
-                    lost[rank] = gone
-            if not lost:
+                except RunLost as gone:  # its actor died, or (target None) its new group could not form
+                    failed[rank] = gone
+            if not failed:
                 break
-            for rank, gone in lost.items():  # lost during the re-form: leave, and form again without it
-                self._leave(rank, _cause(gone), gone, [], [])
-            if len(d.members()) < self.config.workers:
-                raise next(iter(lost.values()))
+            for rank, gone in failed.items():  # died during the re-form: leave; the others form again
+                if gone.target == rank:
+                    self._leave(rank, _cause(gone), gone, [], [])
+        else:
+            raise next(iter(failed.values()))
         seconds = round(time.monotonic() - t0, 3)
         reform = {
             "cause": cause,
@@ -250,6 +252,22 @@ class ElasticCollective:
         if self.changes and "change" in self.changes[-1]:
             self.changes[-1]["setup_s"] = seconds  # the summary's reform_s adds these up
         self.group, self.source, self.changes = members, None, []
+
+    def _drop_dead(self) -> None:
+        """Members whose actor is gone (a node lost while its results had come in) leave before the
+        re-form, which would otherwise wait --collective-timeout-s for them to join."""
+        d = self.d
+        for rank in d.members():
+            try:
+                ray.get(d.workers[rank].describe.remote(), timeout=self.config.collective_timeout_s)
+            except ray.exceptions.RayActorError as e:
+                gone = RunLost("worker", rank, type(e).__name__)
+                gone.__cause__ = e
+                self._leave(rank, _cause(gone), gone, [], [])
+            except ray.exceptions.GetTimeoutError:
+                self._leave(rank, "worker hung", RunLost("hang", rank, "no answer before the re-form"), [], [])
+        if len(d.members()) < self.config.workers:
+            raise RunLost("worker", None, "below --workers MIN before the re-form")
 
     # ------------------------------------------------------------------ evaluations and checkpoints
     def _evaluate(self, epoch: int, metrics: dict[str, float]) -> dict[str, float]:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys, time
+    import json, sys, threading, time
     import ray
     from ray.cluster_utils import Cluster
     from ray.core.generated import autoscaler_pb2
@@ -71,7 +71,8 @@ SCRIPT = textwrap.dedent(
                 log.append(("removed a", time.time()))
                 self.phase, self.seen = "regrow", set()
             elif self.phase == "regrow" and both:
-                cluster.remove_node(nodes["b"], allow_graceful=False)
+                # Without warning, and while the next block's rounds run (this callback runs between blocks).
+                threading.Timer(0.03, cluster.remove_node, (nodes["b"],), {"allow_graceful": False}).start()
                 log.append(("removed b", time.time()))
                 self.phase = "done"
 
@@ -118,7 +119,7 @@ def test_bsp_collective_grows_drains_and_loses_a_node_reforming_from_memory(tmp_
         assert len(set(reform["after"].values())) == 1, reform
         survivors = reform["survivors"] or reform["members"]
         assert {reform["before"][str(r)] for r in survivors} == set(reform["after"].values()), reform
-    assert all(r["survivors"] == [0] for r in reforms[1:]) and m["reform_s"] > 0
+    assert all(0 in r["survivors"] and r["source"] == 0 for r in reforms[1:]) and m["reform_s"] > 0
 
     rows = pd.read_parquet(run_dir / "metrics.parquet").query("kind == 'step'")
     spe = s["steps_completed"] // 4
@@ -135,5 +136,5 @@ def test_bsp_collective_grows_drains_and_loses_a_node_reforming_from_memory(tmp_
     ratio = (rows["lr"] / peak * 3).round(3)
     assert set(ratio) <= {1.0, 2.0, 3.0} and {1.0, 3.0} <= set(ratio)
     assert (ratio <= rows["members"]).all()
-    assert set(rows["members"]) == {1, 3} and set(rows["worker"]) == {0, 1, 2}
+    assert {1, 3} <= set(rows["members"]) and set(rows["worker"]) == {0, 1, 2}
     assert s["final_test_accuracy"] > 0.5
