@@ -117,6 +117,9 @@ class Strategy(ABC):
     # Its membership can change mid-run (`--workers MIN..MAX`, orchestrator/membership.py): a joiner takes
     # everything it needs from live actors, a leaver's unfinished units go to the others.
     elastic: ClassVar[bool] = False
+    # The transports under which `implementation(config)` is elastic, where that is not the class itself
+    # (BSP: over the collective transport), for the refusal's list of what takes a range.
+    elastic_transports: ClassVar[tuple[str, ...]] = ()
     # Run settings whose default differs under this strategy (DiLoCo's smaller inner --lr), applied only
     # where the user set none; a schedule's phases share the run's settings, set by its first strategy.
     run_defaults: ClassVar[dict[str, Any]] = {}

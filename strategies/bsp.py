@@ -91,6 +91,7 @@ class BSP(Strategy):
     transports = ("collective", "ps")
     Options = BSPOptions
     compresses = "the gradient all-reduce (collective); gradient pushes (ps)"
+    elastic_transports = ("collective",)  # --workers MIN..MAX: ElasticBSP (strategies/elastic_bsp.py)
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
