@@ -63,7 +63,7 @@ class ElasticCollective:
         d, config = self.d, self.config
         plan = RoundPlan(total, d.steps_per_epoch, config.worker_slots, start_step, config.checkpoint_steps)
         self.plan = plan
-        last_loss, metrics = float("nan"), {}
+        self.last_loss, metrics = float("nan"), {}
         stopping = False
         self._reform("start")
         while not plan.finished:
@@ -81,10 +81,10 @@ class ElasticCollective:
                 raise RuntimeError("elastic round plan stalled before all units were done")  # a bug
             finished, loss = self._run_block(block)
             if loss is not None:
-                last_loss = loss
+                self.last_loss = loss
             d.steps_done = d.state.steps_done = plan.steps_done
             epoch = next(iter(block.values()))[0][0]
-            d._progress(epoch, total, last_loss, metrics)
+            d._progress(epoch, total, self.last_loss, metrics)
             for done in finished:
                 metrics = self._evaluate(done, metrics)
             self._checkpoints(finished)
@@ -279,9 +279,11 @@ class ElasticCollective:
         result = d._result(d.workers[rank].evaluate.remote(0, 1), rank, self.config.hang_timeout_s)
         step = min((epoch + 1) * d.steps_per_epoch, self.plan.total_steps)
         metrics = d._record_eval(epoch, [result], step)
-        d._progress(epoch, self.plan.total_steps, float("nan"), metrics, evaluated=True)
+        d._progress(epoch, self.plan.total_steps, self.last_loss, metrics, evaluated=True)
         if d.hooks:
-            d.hooks.call("on_epoch_end", epoch, {f"test_{k}": v for k, v in metrics.items()} | {"steps_done": step})
+            figures = {f"test_{k}": v for k, v in metrics.items()}
+            figures |= {"train_loss": self.last_loss, "steps_done": step, "elapsed_s": time.time() - d.run_start}
+            d.hooks.call("on_epoch_end", epoch, figures)
         return metrics
 
     def _checkpoints(self, finished: list[int]) -> None:
