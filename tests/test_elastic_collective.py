@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 SCRIPT = textwrap.dedent(
     """
     import json, sys, threading, time
+    import psutil
     import ray
     from ray.cluster_utils import Cluster
     from ray.core.generated import autoscaler_pb2
@@ -72,15 +73,24 @@ SCRIPT = textwrap.dedent(
                 self.phase, self.seen = "regrow", set()
             elif self.phase == "regrow" and both:
                 # Without warning, and while the next block's rounds run (this callback runs between blocks).
-                threading.Timer(0.03, cluster.remove_node, (nodes["b"],), {"allow_graceful": False}).start()
+                threading.Timer(0.1, crash, (nodes["b"],)).start()
                 log.append(("removed b", time.time()))
                 self.phase = "done"
 
 
+    def crash(node):
+        # A node crash: its processes die at once (remove_node alone lets workers finish their rounds while
+        # the raylet goes), then the node is gone.
+        raylets = [info.process.pid for info in node.all_processes.get("raylet", [])]
+        for child in [c for pid in raylets for c in psutil.Process(pid).children(recursive=True)]:
+            child.kill()
+        cluster.remove_node(node, allow_graceful=False)
+
+
     churn = Churn()
     cfg = RunConfig(
-        strategy="bsp", model="mlp", workers="1..3", batch_size=16, epochs=4, segment_steps=2, seed=3,
-        comm_delay_ms=40.0, hang_timeout_s=30.0, collective_timeout_s=30.0, run_dir=sys.argv[1],
+        strategy="bsp", model="mlp", workers="1..3", batch_size=16, epochs=4, segment_steps=4, seed=3,
+        comm_delay_ms=100.0, hang_timeout_s=30.0, collective_timeout_s=30.0, run_dir=sys.argv[1],
     )
     r = run_training(cfg, callbacks=[churn])
     out = {"summary": r.summary, "phase": churn.phase, "log": log,
