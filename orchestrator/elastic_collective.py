@@ -76,7 +76,8 @@ class ElasticCollective:
                     metrics = self._evaluate(epoch, metrics)
             if self.changes:
                 self._reform("resize")
-            block = plan.deal(self.group, config.segment_steps, to_step_boundary=bool(self.drains))
+            rounds = d.impl.block_rounds(config)  # BSP: --segment-steps; local SGD: τ (a block ends in its average)
+            block = plan.deal(self.group, rounds, to_step_boundary=bool(self.drains))
             if not block:
                 raise RuntimeError("elastic round plan stalled before all units were done")  # a bug
             finished, loss = self._run_block(block)

@@ -288,7 +288,10 @@ class TrainWorker:
                 rows[key].append(value)
             if diverged is not None:
                 break
-        self.strategy.settle(rows)
+        try:
+            self.strategy.settle(rows)
+        except GroupBroken as e:  # elastic local SGD: the block's average failed, the block is undone
+            rows = {c: [] for c in self.columns} | {"broken": [{"rounds": 0, "error": str(e)}]}
         if diverged is not None:
             rows["diverged"] = [diverged]  # not a metrics column: the driver takes it out
         return rows
@@ -344,6 +347,7 @@ class TrainWorker:
             saved, self.strategy_state = self.strategy_state, None
             if saved is not None and saved.get("strategy") == self.strategy.name:
                 self.strategy.load_extra_state(saved["state"])
+        self.strategy.reformed(self.trainer)
         after = param_digest(self.trainer.params_flat)
         return {"before": before, "after": after, "seconds": time.perf_counter() - t0}
 

@@ -1,4 +1,4 @@
-"""Elastic BSP over the collective transport (issue 18) on a simulated multi-node cluster
+"""Elastic BSP and local SGD over the collective transport (issue 18) on a simulated multi-node cluster
 (ray.cluster_utils.Cluster, in a subprocess: one Ray per process). One run, `--workers 1..3`, sees
 everything in turn: the head has room for MIN; a node added mid-run grows it to MAX (the group is
 re-formed at the next step boundary, the joiners get the state by broadcast); that node is drained
@@ -73,7 +73,9 @@ SCRIPT = textwrap.dedent(
                 self.phase, self.seen = "regrow", set()
             elif self.phase == "regrow" and both:
                 # Without warning, and while the next block's rounds run (this callback runs between blocks).
-                threading.Timer(0.1, crash, (nodes["b"],)).start()
+                # BSP: 0.1 s into a block of 4 rounds of >= 0.1 s each, so some rounds stand and the rest are
+                # redone; local SGD: at once (its block is a few ms of local steps before the average).
+                threading.Timer(0.1 if sys.argv[2] == "bsp" else 0.0, crash, (nodes["b"],)).start()
                 log.append(("removed b", time.time()))
                 self.phase = "done"
 
@@ -88,8 +90,9 @@ SCRIPT = textwrap.dedent(
 
 
     churn = Churn()
+    extra = {"tau": 4} if sys.argv[2] == "local-sgd" else {}
     cfg = RunConfig(
-        strategy="bsp", model="mlp", workers="1..3", batch_size=16, epochs=4, segment_steps=4, seed=3,
+        strategy=sys.argv[2], **extra, model="mlp", workers="1..3", batch_size=16, epochs=4, segment_steps=4, seed=3,
         comm_delay_ms=100.0, hang_timeout_s=30.0, collective_timeout_s=30.0, run_dir=sys.argv[1],
     )
     r = run_training(cfg, callbacks=[churn])
@@ -102,9 +105,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_bsp_collective_grows_drains_and_loses_a_node_reforming_from_memory(tmp_path):
+@pytest.mark.parametrize("strategy", ["bsp", "local-sgd"])
+def test_collective_run_grows_drains_and_loses_a_node_reforming_from_memory(tmp_path, strategy):
     run_dir = tmp_path / "r"
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(run_dir)], capture_output=True, text=True, timeout=600)
+    args = [sys.executable, "-c", SCRIPT, str(run_dir), strategy]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
     s, m = out["summary"], out["summary"]["membership"]
@@ -140,6 +145,8 @@ def test_bsp_collective_grows_drains_and_loses_a_node_reforming_from_memory(tmp_
     assert len(units) == len(set(units)) == s["steps_completed"] * 3
     assert pd.Series([u[0] for u in units]).value_counts().sort_index().tolist() == [spe * 3] * 4
     assert m["samples_redone"] == 16 * sum(e["units_redone"] for e in lost) > 0
+    if strategy == "local-sgd":  # a block stands only once averaged: the lost one is redone whole
+        assert without_row == []
     # The rate follows the round's global batch (linear rule): lr = lr(3 x 16) x units/3 for a round of
     # `units` x 16 samples; a full round has as many units as members.
     peak = 0.05 * 48 / 64  # --lr 0.05 at the base batch 64, scaled for the configured 3 x 16
