@@ -160,8 +160,8 @@ BAD_INPUTS = [
     (["--strategy", "async", "--workers", "2..x"], ["--workers must be an integer, got '2..x'", "MIN..MAX"]),
     (["--workers", "2..4", "--compress", "int8"], ["--workers 2..4 does not compose with --compress"]),
     (
-        ["--strategy", "local-sgd", "--workers", "2..4"],
-        ["--strategy local-sgd cannot change its membership", "that can: async, ssp, bsp over collective"],
+        ["--strategy", "sandblaster", "--workers", "2..4"],
+        ["--strategy sandblaster cannot change its membership", "that can: async, ssp, bsp over collective"],
     ),
     (["--transport", "ps", "--workers", "2..4"], ["--strategy bsp cannot change its membership"]),
     (["--strategy", "async", "--workers", "2..4", "--straggler", "0:0.1"], ["does not compose with --straggler"]),

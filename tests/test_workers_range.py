@@ -66,9 +66,11 @@ def test_a_range_is_recorded_as_given_and_read_back_the_same(tmp_path):
 
 
 def test_a_range_refused_for_a_strategy_that_cannot_change_membership_names_those_that_can():
-    for strategy in ("local-sgd", "diloco", "sandblaster"):
+    for strategy in ("diloco", "sandblaster"):
         with pytest.raises(
-            ConfigError, match="cannot change its membership mid-run.*that can: async, ssp, bsp over collective$"
+            ConfigError,
+            match="cannot change its membership mid-run.*that can: async, ssp, bsp over collective, "
+            "local-sgd over collective$",
         ):
             RunConfig(workers="2..3", strategy=strategy)
     with pytest.raises(ConfigError, match="--strategy bsp cannot change"):  # BSP over the PS: rounds of N
@@ -76,6 +78,9 @@ def test_a_range_refused_for_a_strategy_that_cannot_change_membership_names_thos
     assert RunConfig(workers="2..3", strategy="ssp").elastic
     # BSP over the collective transport re-forms its group (orchestrator/elastic_collective.py).
     assert RunConfig(workers="2..3", strategy="bsp").elastic
+    assert RunConfig(workers="2..3", strategy="local-sgd").elastic  # re-formed at its averaging rounds
+    with pytest.raises(ConfigError, match="--adaptive-tau does not compose with --workers MIN..MAX"):
+        RunConfig(workers="2..3", strategy="local-sgd", adaptive_tau=True)
     for flag, value in (("chaos", ["kill-worker@3:1"]), ("compress", "int8")):
         with pytest.raises(ConfigError, match=f"--workers 2..3 does not compose with --{flag}"):
             RunConfig(workers="2..3", strategy="bsp", **{flag: value})
