@@ -32,6 +32,10 @@ The controller loop polls the pending groups (`ready_ranks`, no wait) between re
   leave is not a failure: --max-failures counts only losses that take the run below MIN, which take
   the failure policy's path (orchestrator/failure_policy.py).
 
+Under the collective transport (BSP, local SGD) the same placement and books are used, but the loop
+is orchestrator/elastic_collective.py: members change only at a boundary all of them share, where the
+process group is re-formed from their in-memory state (`reforms`).
+
 Everything that happened is kept in `events` (summary.json's `membership`) and emitted as
 `MembershipChanged` for the display.
 """
