@@ -81,6 +81,8 @@ class ElasticCollective:
             if not block:
                 raise RuntimeError("elastic round plan stalled before all units were done")  # a bug
             finished, loss = self._run_block(block)
+            if self.changes:  # a member lost: the survivors agree again before anyone reads the model
+                self._reform("resize")
             if loss is not None:
                 self.last_loss = loss
             d.steps_done = d.state.steps_done = plan.steps_done
