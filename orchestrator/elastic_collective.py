@@ -74,6 +74,8 @@ class ElasticCollective:
                 total = plan.stop()
                 for epoch in plan.completed_by_stop:
                     metrics = self._evaluate(epoch, metrics)
+                if plan.finished:  # the step dealt last was complete already
+                    break
             if self.changes:
                 self._reform("resize")
             rounds = d.impl.block_rounds(config)  # BSP: --segment-steps; local SGD: τ (a block ends in its average)
