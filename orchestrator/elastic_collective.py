@@ -1,9 +1,10 @@
-"""The controller loop of BSP over the collective transport under `--workers MIN..MAX` (issue 18).
+"""The controller loop of BSP and local SGD over the collective transport under `--workers MIN..MAX`
+(issue 18; strategies/elastic_bsp.py has the worker side of both).
 
 Under the collective transport every member holds the whole state (θ, optimizer state, fp16 loss
 scale) and trains in lock-step, so a membership change means a new process group. The loop runs in
 *blocks*: the next `--segment-steps` rounds are dealt to every member at once (orchestrator/rounds.py)
-and the loop waits for all of them; between blocks is the step boundary every member shares, where
+(local SGD: τ rounds, the block ending in its average) and the loop waits for all of them; between blocks is the step boundary every member shares, where
 it
 - evaluates an epoch just completed and takes the checkpoints due (from one member: all are equal);
 - handles a draining node (preemption): at the next step boundary a checkpoint is written, then the
