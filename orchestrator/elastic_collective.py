@@ -3,9 +3,9 @@
 
 Under the collective transport every member holds the whole state (θ, optimizer state, fp16 loss
 scale) and trains in lock-step, so a membership change means a new process group. The loop runs in
-*blocks*: the next `--segment-steps` rounds are dealt to every member at once (orchestrator/rounds.py)
-(local SGD: τ rounds, the block ending in its average) and the loop waits for all of them; between blocks is the step boundary every member shares, where
-it
+*blocks*: the next `--segment-steps` rounds (local SGD: τ, the block ending in its average) are
+dealt to every member at once (orchestrator/rounds.py) and the loop waits for all of them; between
+blocks is the step boundary every member shares, where it
 - evaluates an epoch just completed and takes the checkpoints due (from one member: all are equal);
 - handles a draining node (preemption): at the next step boundary a checkpoint is written, then the
   members on that node leave (cause "node draining"); their slots ask for room again elsewhere;
