@@ -260,7 +260,9 @@ class Resources:
     workers: int = setting(
         2,
         "Data-parallel worker actors: N (fixed), or MIN..MAX (elastic: starts once MIN can be placed, grows "
-        "towards MAX as the cluster has room, shrinks when a worker or node is lost; --strategy async or ssp).",
+        "towards MAX as the cluster has room, shrinks when a worker or node is lost; --strategy async or ssp, "
+        "or bsp / local-sgd over the collective transport, whose update is then N'xB samples at --lr-scaling's "
+        "rate for it).",
         "resources",
         metavar="N|MIN..MAX",
     )
@@ -794,6 +796,11 @@ class RunConfig:
         from distrain.strategies import STRATEGIES
 
         able = [name for name in STRATEGIES.names() if STRATEGIES.get(name).elastic]
+        able += [  # those elastic on some transports only (bsp: over the collective)
+            f"{name} over {'/'.join(STRATEGIES.get(name).elastic_transports)}"
+            for name in STRATEGIES.names()
+            if STRATEGIES.get(name).elastic_transports and not STRATEGIES.get(name).elastic
+        ]
         if not all(cls.implementation(self).elastic for cls in self.strategy_classes):
             what = f"--schedule {self.schedule}" if self.schedule else f"--strategy {self.strategy}"
             raise ConfigError(
@@ -810,6 +817,10 @@ class RunConfig:
             ("--pipeline-stages", self.pipelined),
             ("--straggler", bool(self.straggler)),
             ("--schedule", bool(self.schedule)),
+            # The collective re-form (orchestrator/elastic_collective.py) deals rounds of its own: a
+            # --chaos hold and a codec's per-rank error feedback are not carried across group sizes.
+            ("--chaos", bool(self.chaos) and self.transport == "collective"),
+            ("--compress", self.compress is not None and self.transport == "collective"),
         ):
             if used:
                 raise ConfigError(f"{given} does not compose with {flag}; use a fixed --workers N or drop {flag}")

@@ -32,6 +32,10 @@ The controller loop polls the pending groups (`ready_ranks`, no wait) between re
   leave is not a failure: --max-failures counts only losses that take the run below MIN, which take
   the failure policy's path (orchestrator/failure_policy.py).
 
+Under the collective transport (BSP, local SGD) the same placement and books are used, but the loop
+is orchestrator/elastic_collective.py: members change only at a boundary all of them share, where the
+process group is re-formed from their in-memory state (`reforms`).
+
 Everything that happened is kept in `events` (summary.json's `membership`) and emitted as
 `MembershipChanged` for the display.
 """
@@ -185,6 +189,7 @@ class Membership:
         self.drained: set[str] = set()  # draining nodes already handled
         self._last_drain_poll = 0.0
         self.drain_checkpoints: list[dict[str, Any]] = []  # written because a node was draining
+        self.reforms: list[dict[str, Any]] = []  # collective transport: each new process group (elastic_collective.py)
 
     def members(self, workers: list[Any]) -> list[int]:
         return [rank for rank, worker in enumerate(workers) if worker is not None]
@@ -283,6 +288,7 @@ class Membership:
             "reform_s": round(sum(e.get("setup_s", 0.0) for e in self.events), 3),
             "events": self.events,
             "drain_checkpoints": self.drain_checkpoints,
+            "reforms": self.reforms,
         }
 
 

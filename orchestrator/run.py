@@ -26,6 +26,7 @@ from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInf
 from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
 from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint, step_checkpoint_name
 from distrain.orchestrator.dispatcher import Dispatcher, evaluates  # noqa: F401 - evaluates: the CLI's, from here
+from distrain.orchestrator.elastic_collective import ElasticCollective
 from distrain.orchestrator.failure_policy import FAIL, REPLACE, USER_CODE, Decision, Situation, decide
 from distrain.orchestrator.files import Claim, atomic_write_text, claim_run_dir
 from distrain.orchestrator.membership import JOIN, Membership, MembershipChanged
@@ -497,7 +498,8 @@ class _Driver:
             )
             self._shard_call([self.portion_scheduler.start.remote()])
             self.actors.append(self.portion_scheduler)
-        rendezvous = "" if "ps_shards" in actors else _get(self.workers[0].rendezvous_address.remote())
+        first = self.workers[self.members()[0]]  # an elastic run's slot 0 may have no worker
+        rendezvous = "" if "ps_shards" in actors else _get(first.rendezvous_address.remote())
         shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
         ranks = self.members()
         scheduler = self.portion_scheduler
@@ -594,7 +596,14 @@ class _Driver:
                 self._enter(phase, optimizer)
                 if i == 0:
                     self.state.ledger.resumed(self.state.point, time.time() - self.run_start)
-                self._loop(phase.end_step, phase.start_step)
+                if (
+                    self.membership is not None
+                    and self.impl.elastic
+                    and (self.phase_config or self.config).transport == "collective"
+                ):
+                    ElasticCollective(self).run(phase.end_step, phase.start_step)  # re-formed groups
+                else:
+                    self._loop(phase.end_step, phase.start_step)
             with interrupts.deferred():  # a run that got to its end is recorded whole, as completed
                 status = STOPPED if self.hooks.stop_requested else "completed"
                 summary = self._finish(status)

@@ -19,6 +19,7 @@ from distrain.errors import ResourceError
 from distrain.orchestrator.tasks import build_task
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
 from distrain.strategies.collective import free_address
+from distrain.strategies.elastic_bsp import GroupBroken, param_digest
 from distrain.strategies.registry import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import seeded
@@ -209,16 +210,26 @@ class TrainWorker:
         # A strategy that computes the units as given (no portions handed out on the way) lets the
         # next unit's batch be read while this one trains.
         ahead = list(units) if type(self.strategy).plan is Strategy.plan else []
+        rounds = 0  # steps completed (elastic BSP: rounds, a placeholder's included)
         for i, (epoch, step, slice_) in enumerate(self.strategy.plan(units)):
             global_step = epoch * self.sharder.steps_per_epoch + step
             lr = self.schedule.lr_at(global_step)
             t0 = time.perf_counter()
+            if slice_ < 0:  # elastic BSP: no unit for this member in this round; it joins the all-reduce
+                self.strategy.sit_out(self.trainer)
+                try:
+                    self.strategy.step(self.trainer, lr)
+                except GroupBroken as e:
+                    rows["broken"] = [{"rounds": rounds, "error": str(e)}]
+                    break
+                rounds += 1
+                continue
             # A strategy may compute a unit its own way (Sandblaster: the portions of an outer iteration).
             own = self.strategy.run_unit(self.trainer, self.train_reader, global_step)
             if own is None:
                 idx = self._indices(epoch, step, slice_)
                 batch = self.train_reader.read(idx)
-                if i + 1 < len(ahead):
+                if i + 1 < len(ahead) and ahead[i + 1][2] >= 0:
                     self.train_reader.prefetch(self._indices(*ahead[i + 1]))
                 loss = self.strategy.compute_gradients(self.trainer, batch)
                 samples = len(idx) if self.strategy.counts_samples else 0
@@ -243,13 +254,17 @@ class TrainWorker:
             except NonFinite as e:  # --on-nonfinite stop: this step's row, then back to the driver
                 comm = CommStats(nonfinite=True)
                 diverged = {"step": global_step, "worker": self.rank, "what": str(e)}
+            except GroupBroken as e:  # a peer left mid-round: abandoned, not applied; the driver re-forms
+                rows["broken"] = [{"rounds": rounds, "error": str(e)}]
+                break
+            rounds += 1
             values = {
                 "worker": self.rank,
                 "step": global_step,
                 "slice": slice_,
                 "epoch": epoch,
                 "loss": loss,
-                "lr": lr,
+                "lr": lr if comm.lr is None else comm.lr,
                 "samples": samples,
                 "compute_s": compute_s,
                 "comm_s": comm.seconds,
@@ -273,7 +288,10 @@ class TrainWorker:
                 rows[key].append(value)
             if diverged is not None:
                 break
-        self.strategy.settle(rows)
+        try:
+            self.strategy.settle(rows)
+        except GroupBroken as e:  # elastic local SGD: the block's average failed, the block is undone
+            rows = {c: [] for c in self.columns} | {"broken": [{"rounds": 0, "error": str(e)}]}
         if diverged is not None:
             rows["diverged"] = [diverged]  # not a metrics column: the driver takes it out
         return rows
@@ -310,6 +328,28 @@ class TrainWorker:
         if extra is not None:  # tagged: only the same strategy takes it back (not the next phase's)
             state["strategy_state"] = {"strategy": self.strategy.name, "state": extra}
         return state
+
+    def reform(self, rendezvous: str, group_rank: int, group_size: int, src: int) -> dict[str, Any]:
+        """Elastic BSP over the collective (orchestrator/elastic_collective.py): join the new group, then
+        take the whole replica state (parameters, optimizer state, fp16 loss scale, the strategy's own)
+        by broadcast from group rank `src`, a member that trained on: nothing is read from disk. Returns
+        the parameters' digests before and after, and the seconds it took."""
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        before = param_digest(self.trainer.params_flat)
+        self.strategy.reform(group_rank, group_size, rendezvous)
+        box = [self.state() if group_rank == src else None]
+        if group_size > 1:
+            dist.broadcast_object_list(box, src=src)
+        if group_rank != src:
+            self.load_state(box[0])
+            saved, self.strategy_state = self.strategy_state, None
+            if saved is not None and saved.get("strategy") == self.strategy.name:
+                self.strategy.load_extra_state(saved["state"])
+        self.strategy.reformed(self.trainer)
+        after = param_digest(self.trainer.params_flat)
+        return {"before": before, "after": after, "seconds": time.perf_counter() - t0}
 
     def flat_params(self) -> np.ndarray:
         return self.trainer.params_flat.detach().cpu().numpy().copy()

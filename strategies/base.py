@@ -99,6 +99,7 @@ class CommStats:
     averaging_round: int | None = None  # local SGD: averaging rounds completed after this step
     nonfinite: bool | None = None  # the loss, gradient or average was not finite: skipped (or the run stopped)
     bytes_uncompressed: int | None = None  # --compress: what bytes_sent would have been in float32
+    lr: float | None = None  # the rate the update was applied at, where the strategy set its own (elastic BSP)
     extra: dict[str, Any] = field(default_factory=dict)  # the strategy's own `metric_columns`, by name
 
 
@@ -116,6 +117,9 @@ class Strategy(ABC):
     # Its membership can change mid-run (`--workers MIN..MAX`, orchestrator/membership.py): a joiner takes
     # everything it needs from live actors, a leaver's unfinished units go to the others.
     elastic: ClassVar[bool] = False
+    # The transports under which `implementation(config)` is elastic, where that is not the class itself
+    # (BSP: over the collective transport), for the refusal's list of what takes a range.
+    elastic_transports: ClassVar[tuple[str, ...]] = ()
     # Run settings whose default differs under this strategy (DiLoCo's smaller inner --lr), applied only
     # where the user set none; a schedule's phases share the run's settings, set by its first strategy.
     run_defaults: ClassVar[dict[str, Any]] = {}

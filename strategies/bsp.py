@@ -90,6 +90,9 @@ class BSP(Strategy):
     transports = ("collective", "ps")
     Options = BSPOptions
     compresses = "the gradient all-reduce (collective); gradient pushes (ps)"
+    # --workers MIN..MAX: ElasticBSP over the collective (strategies/elastic_bsp.py), BSPOverPS and
+    # BSPBackupTasks over the PS (rounds of the current members)
+    elastic_transports = ("collective", "ps")
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
@@ -104,6 +107,10 @@ class BSP(Strategy):
 
             return PipelineBSP
         if config.transport != "ps":
+            if config.elastic:  # --workers MIN..MAX: a group re-formed as members come and go
+                from distrain.strategies.elastic_bsp import ElasticBSP
+
+                return ElasticBSP
             return cls
         if config.options_of("bsp").backup_tasks:
             from distrain.strategies.backup_tasks import BSPBackupTasks

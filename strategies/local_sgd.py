@@ -104,6 +104,10 @@ class LocalSGDOptions(StrategyOptions):
             return
         assert self.tau_interval is not None
         TauInterval.parse(self.tau_interval)
+        if run.elastic:  # its statistics are means over a fixed group; a range changes the group
+            raise ConfigError(
+                "--adaptive-tau does not compose with --workers MIN..MAX; use a fixed --workers N or drop it"
+            )
 
 
 STATS = 3  # loss sum, loss count, interval seconds: appended to the averaged buffer
@@ -115,6 +119,15 @@ class LocalSGD(Strategy):
     transports = ("collective",)
     Options = LocalSGDOptions
     compresses = "theta's change at a round (optimizer state and AdaComm's statistics travel in float32)"
+    elastic_transports = ("collective",)  # --workers MIN..MAX: ElasticLocalSGD (strategies/elastic_bsp.py)
+
+    @classmethod
+    def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.elastic:  # re-formed at averaging boundaries (orchestrator/elastic_collective.py)
+            from distrain.strategies.elastic_bsp import ElasticLocalSGD
+
+            return ElasticLocalSGD
+        return cls
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)

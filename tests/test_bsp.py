@@ -51,3 +51,20 @@ def test_different_seeds_give_different_runs(tmp_path):
     a = run_training(plain_sgd(tmp_path, "a", workers=2, batch_size=16, max_steps=5))
     b = run_training(plain_sgd(tmp_path, "b", workers=2, batch_size=16, max_steps=5, seed=4))
     assert (final_params(a.run_dir) - final_params(b.run_dir)).abs().max().item() > 1e-3
+
+
+def test_elastic_bsp_and_local_sgd_alone_are_one_worker_sgd_at_its_batch_under_the_linear_rule(tmp_path):
+    """--workers 1..2 where only one worker fits: each round is one member's unit of B samples (a step's
+    two slices in turn), at the rate the linear rule gives B (the schedule's for 2 x B, halved), with
+    momentum carried across rounds: exactly a fixed one-worker run at batch B (orchestrator/rounds.py,
+    strategies/elastic_bsp.py)."""
+    kw = dict(momentum=0.9, lr_scaling="linear", batch_size=16, segment_steps=4)
+    alone = run_training(plain_sgd(tmp_path, "alone", workers=1, **kw))
+    assert alone.summary["steps_completed"] == 30
+    # Local SGD alone the same: its local steps at that rate, each block's average over one member.
+    for strategy, extra in (("bsp", {}), ("local-sgd", {"tau": 3})):
+        cfg = plain_sgd(tmp_path, strategy, strategy=strategy, workers="1..2", cpus_per_worker=5, max_steps=15)
+        elastic = run_training(cfg.replace(**kw, **extra))
+        assert elastic.summary["steps_completed"] == 15
+        assert [len(r["members"]) for r in elastic.summary["membership"]["reforms"]] == [1]
+        assert (final_params(elastic.run_dir) - final_params(alone.run_dir)).abs().max().item() <= 1e-5, strategy

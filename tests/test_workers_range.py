@@ -66,8 +66,12 @@ def test_a_range_is_recorded_as_given_and_read_back_the_same(tmp_path):
 
 
 def test_a_range_refused_for_a_strategy_that_cannot_change_membership_names_those_that_can():
-    for strategy in ("bsp", "local-sgd", "diloco", "sandblaster"):  # bsp: over the collective
-        with pytest.raises(ConfigError, match="cannot change its membership mid-run.*that can: async, ssp$"):
+    for strategy in ("diloco", "sandblaster"):
+        with pytest.raises(
+            ConfigError,
+            match="cannot change its membership mid-run.*that can: async, ssp, bsp over collective/ps, "
+            "local-sgd over collective$",
+        ):
             RunConfig(workers="2..3", strategy=strategy)
     assert RunConfig(workers="2..3", strategy="ssp").elastic
     # BSP over the PS takes a range (rounds of the current members), and backup workers with it.
@@ -75,6 +79,14 @@ def test_a_range_refused_for_a_strategy_that_cannot_change_membership_names_thos
     assert RunConfig(workers="2..3", strategy="bsp", transport="ps", backup_workers=1).num_worker_actors == 3
     tasks = RunConfig(workers="2..4", strategy="bsp", transport="ps", backup_tasks=True, batch_size=8)
     assert tasks.elastic and tasks.options_of("bsp").portions == 8  # 2 x MAX
+    # BSP over the collective transport re-forms its group (orchestrator/elastic_collective.py).
+    assert RunConfig(workers="2..3", strategy="bsp").elastic
+    assert RunConfig(workers="2..3", strategy="local-sgd").elastic  # re-formed at its averaging rounds
+    with pytest.raises(ConfigError, match="--adaptive-tau does not compose with --workers MIN..MAX"):
+        RunConfig(workers="2..3", strategy="local-sgd", adaptive_tau=True)
+    for flag, value in (("chaos", ["kill-worker@3:1"]), ("compress", "int8")):
+        with pytest.raises(ConfigError, match=f"--workers 2..3 does not compose with --{flag}"):
+            RunConfig(workers="2..3", strategy="bsp", **{flag: value})
     RunConfig(workers="2..2", strategy="bsp")  # MIN == MAX is a fixed size
 
 
