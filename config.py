@@ -260,9 +260,9 @@ class Resources:
     workers: int = setting(
         2,
         "Data-parallel worker actors: N (fixed), or MIN..MAX (elastic: starts once MIN can be placed, grows "
-        "towards MAX as the cluster has room, shrinks when a worker or node is lost; --strategy async or ssp, "
-        "or bsp / local-sgd over the collective transport, whose update is then N'xB samples at --lr-scaling's "
-        "rate for it).",
+        "towards MAX as the cluster has room, shrinks when a worker or node is lost; --strategy async, ssp, "
+        "bsp (either transport), local-sgd or diloco; under bsp, local-sgd and diloco a round is then N'xB "
+        "samples at --lr-scaling's rate for it).",
         "resources",
         metavar="N|MIN..MAX",
     )

@@ -136,6 +136,13 @@ class DiLoCoOptions(StrategyOptions):
             raise ConfigError(f"--outer-momentum applies to --outer-optimizer sgd, not {self.outer_optimizer}; drop it")
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+        if run.elastic and (self.fragments > 1 or self.overlap_steps > 0):
+            # Fragments synchronise inside a block; a change of members could only wait for all to land.
+            flag = "--fragments" if self.fragments > 1 else "--overlap-steps"
+            raise ConfigError(
+                f"{flag} (Streaming DiLoCo) does not compose with --workers MIN..MAX; use a fixed --workers N "
+                f"or drop {flag}"
+            )
 
     def make_outer_optimizer(self, param: torch.nn.Parameter) -> torch.optim.Optimizer:
         from distrain.trainers.optim_state import make_optimizer
@@ -155,6 +162,15 @@ class DiLoCo(Strategy):
     # The inner rate: at the run's 0.05 (SGD, momentum 0.9) the outer Nesterov step overshoots on the
     # default task (test accuracy 0.95 at 4.5 s, then oscillating down to 0.90 by epoch 12); 0.01 ends at 0.99.
     run_defaults = {"lr": 0.01}
+    elastic_transports = ("collective",)  # --workers MIN..MAX: ElasticDiLoCo (strategies/elastic_diloco.py)
+
+    @classmethod
+    def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.elastic:  # re-formed at outer-step boundaries (orchestrator/elastic_collective.py)
+            from distrain.strategies.elastic_diloco import ElasticDiLoCo
+
+            return ElasticDiLoCo
+        return cls
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)

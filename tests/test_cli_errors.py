@@ -170,7 +170,11 @@ BAD_INPUTS = [
     ),
     (["--strategy", "async", "--workers", "2..4", "--straggler", "0:0.1"], ["does not compose with --straggler"]),
     (["--config", "{in}/elastic_bad.yaml"], ["--workers 3..2: MIN (3) is above MAX (2)"]),
-    (["--config", "{in}/elastic.yaml", "--strategy", "diloco"], ["--strategy diloco cannot change its membership"]),
+    (["--config", "{in}/elastic.yaml", "--strategy", "sandblaster"], ["--strategy sandblaster cannot change its"]),
+    (
+        ["--strategy", "diloco", "--workers", "1..3", "--fragments", "2"],
+        ["--fragments (Streaming DiLoCo) does not compose with --workers MIN..MAX"],
+    ),
     (["--batch-size", "0"], ["--batch-size must be >= 1"]),
     (["--lr", "0"], ["--lr must be a positive number"]),
     (["--lr", "-1"], ["--lr must be a positive number"]),
