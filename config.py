@@ -817,9 +817,8 @@ class RunConfig:
             ("--pipeline-stages", self.pipelined),
             ("--straggler", bool(self.straggler)),
             ("--schedule", bool(self.schedule)),
-            # The collective re-form (orchestrator/elastic_collective.py) deals rounds of its own: a
-            # --chaos hold and a codec's per-rank error feedback are not carried across group sizes.
-            ("--chaos", bool(self.chaos) and self.transport == "collective"),
+            # The collective re-form (orchestrator/elastic_collective.py): a codec's per-rank error
+            # feedback is not carried across group sizes.
             ("--compress", self.compress is not None and self.transport == "collective"),
         ):
             if used:

@@ -17,6 +17,11 @@ blocks is the step boundary every member shares, where it
   disk. Each re-form is recorded (membership summary `reforms`): who, the source, the parameters'
   digest on every member before and after, and the seconds it took.
 
+`--chaos` works as in a fixed run: blocks stop at the next event's step (`WorkPlan.hold`), the fault
+is injected at that boundary, and the next block finds it as it would find a crash: a killed
+member's all-reduce peers fail, it leaves (a shrink while >= MIN) and its slot asks for room again; a
+hung one is found when the group's timeout passes. `kill-node` is a node lost.
+
 A node lost without warning fails the block's all-reduce: gloo raises on the closed peer
 connection (or, at worst, the group's --collective-timeout-s passes), the survivors abandon the
 round without applying it (`GroupBroken`, strategies/elastic_bsp.py) and return the rounds they
@@ -64,6 +69,8 @@ class ElasticCollective:
         d, config = self.d, self.config
         plan = RoundPlan(total, d.steps_per_epoch, config.worker_slots, start_step, config.checkpoint_steps)
         self.plan = plan
+        chaos = d.state.chaos
+        plan.hold = chaos.next_step()  # blocks stop at the next --chaos step until the fault is injected
         self.last_loss, metrics = float("nan"), {}
         stopping = False
         self._reform("start")
@@ -77,6 +84,9 @@ class ElasticCollective:
                     metrics = self._evaluate(epoch, metrics)
                 if plan.finished:  # the step dealt last was complete already
                     break
+            if plan.hold is not None and plan.steps_done >= plan.hold:  # every unit before it done: strike
+                chaos.strike(plan.steps_done, d.workers, [])
+                plan.hold = chaos.next_step()  # the next block finds the fault as a crash would be found
             if self.changes:
                 self._reform("resize")
             rounds = d.impl.block_rounds(config)  # BSP: --segment-steps; local SGD: τ (a block ends in its average)
