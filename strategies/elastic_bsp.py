@@ -55,7 +55,37 @@ def param_digest(params: torch.Tensor) -> str:
     return hashlib.sha1(params.detach().cpu().numpy().tobytes()).hexdigest()[:16]
 
 
-class ElasticBSP(BSP):
+class ReformedGroup:
+    """The process group of an elastic strategy over the collective transport (BSP, local SGD, DiLoCo):
+    none until the driver forms one (`reform`), and a new one at every membership change."""
+
+    group: CollectiveGroup | None
+    config: RunConfig
+    ctx: StrategyContext
+
+    def reform(self, rank: int, size: int, rendezvous: str) -> None:
+        """Leave the old group (a broken one too) and join a new one of `size` ranks at `rendezvous`."""
+        from distrain.strategies.collective import CollectiveGroup, backend_for
+
+        self._leave()
+        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
+        self.group = CollectiveGroup(
+            rank, size, rendezvous, backend, self.config.collective_timeout_s, Link.of(self.config)
+        )
+
+    def _leave(self) -> None:
+        if self.group is not None:
+            try:
+                self.group.destroy()
+            except Exception:  # noqa: BLE001 - a broken group may fail to tear down; a new one replaces it
+                pass
+            self.group = None
+
+    def teardown(self) -> None:
+        self._leave()
+
+
+class ElasticBSP(ReformedGroup, BSP):
     """BSP over the collective transport whose group can change size between rounds."""
 
     elastic = True
@@ -64,7 +94,6 @@ class ElasticBSP(BSP):
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
         self.weight = 0.0  # this member's share of the round: 1 for a unit, 0 sitting one out
-        self.link = Link.of(config)
 
     @classmethod
     def block_rounds(cls, config: RunConfig) -> int:
@@ -80,14 +109,6 @@ class ElasticBSP(BSP):
 
     def reformed(self, trainer: LocalTrainer) -> None:
         """After a re-form's broadcast (nothing of BSP's own depends on the state)."""
-
-    def reform(self, rank: int, size: int, rendezvous: str) -> None:
-        """Leave the old group (a broken one too) and join a new one of `size` ranks at `rendezvous`."""
-        from distrain.strategies.collective import CollectiveGroup, backend_for
-
-        self._leave()
-        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
-        self.group = CollectiveGroup(rank, size, rendezvous, backend, self.config.collective_timeout_s, self.link)
 
     def compute_gradients(self, trainer: LocalTrainer, batch: object) -> float:
         self.weight = 1.0
@@ -142,19 +163,7 @@ class ElasticBSP(BSP):
             extra={"members": group.world_size},
         )
 
-    def _leave(self) -> None:
-        if self.group is not None:
-            try:
-                self.group.destroy()
-            except Exception:  # noqa: BLE001 - a broken group may fail to tear down; a new one replaces it
-                pass
-            self.group = None
-
-    def teardown(self) -> None:
-        self._leave()
-
-
-class ElasticLocalSGD(LocalSGD):
+class ElasticLocalSGD(ReformedGroup, LocalSGD):
     """Local SGD over the collective transport under --workers MIN..MAX: the driver deals blocks of τ
     rounds (`block_rounds`), each member takes a local step on each of its units, and the block ends in
     the averaging round (`settle`), so a block boundary is an averaging boundary: every member holds
@@ -188,19 +197,6 @@ class ElasticLocalSGD(LocalSGD):
         self.anchor = trainer.params_flat.clone()
         self.anchor_optimizer = trainer.flat_optimizer_state()
         self.pending, self.took = 0, 0
-
-    def reform(self, rank: int, size: int, rendezvous: str) -> None:
-        from distrain.strategies.collective import CollectiveGroup, backend_for
-
-        if self.group is not None:
-            try:
-                self.group.destroy()
-            except Exception:  # noqa: BLE001 - a broken group may fail to tear down; a new one replaces it
-                pass
-        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
-        self.group = CollectiveGroup(
-            rank, size, rendezvous, backend, self.config.collective_timeout_s, Link.of(self.config)
-        )
 
     def sit_out(self, trainer: LocalTrainer) -> None:
         """No unit for this member in this round: no local step at all (its optimizer state stays)."""
@@ -272,11 +268,3 @@ class ElasticLocalSGD(LocalSGD):
         if rows.get("comm_s"):  # the round's time and bytes go on the block's last row
             rows["comm_s"][-1] += time.perf_counter() - t0
             rows["averaging_round"][-1] = self.rounds
-
-    def teardown(self) -> None:
-        if self.group is not None:
-            try:
-                self.group.destroy()
-            except Exception:  # noqa: BLE001
-                pass
-            self.group = None

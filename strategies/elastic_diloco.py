@@ -27,15 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats, all_finite
 from distrain.strategies.diloco import DiLoCo, Fragment
-from distrain.strategies.elastic_bsp import GroupBroken, lr_factor
-from distrain.strategies.network import Link
+from distrain.strategies.elastic_bsp import GroupBroken, ReformedGroup, lr_factor
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
     from distrain.trainers.local_trainer import LocalTrainer
 
 
-class ElasticDiLoCo(DiLoCo):
+class ElasticDiLoCo(ReformedGroup, DiLoCo):
     """DiLoCo whose group can change size at outer-step boundaries (see the module docstring)."""
 
     elastic = True
@@ -62,15 +61,6 @@ class ElasticDiLoCo(DiLoCo):
             f.param.data.copy_(trainer.params_flat[f.lo : f.hi])
         self.block_start_optimizer = trainer.flat_optimizer_state()
         self.took = 0  # inner steps taken in this block
-
-    def reform(self, rank: int, size: int, rendezvous: str) -> None:
-        from distrain.strategies.collective import CollectiveGroup, backend_for
-
-        self._leave()
-        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
-        self.group = CollectiveGroup(
-            rank, size, rendezvous, backend, self.config.collective_timeout_s, Link.of(self.config)
-        )
 
     def sit_out(self, trainer: LocalTrainer) -> None:
         """No unit for this member in this round: no inner step (its optimizer state stays)."""
@@ -143,14 +133,3 @@ class ElasticDiLoCo(DiLoCo):
         self.trainer.params_flat.copy_(f.param.data)
         self.trainer.load_flat_optimizer_state(self.block_start_optimizer)
         self.took = 0
-
-    def _leave(self) -> None:
-        if self.group is not None:
-            try:
-                self.group.destroy()
-            except Exception:  # noqa: BLE001 - a broken group may fail to tear down; a new one replaces it
-                pass
-            self.group = None
-
-    def teardown(self) -> None:
-        self._leave()
