@@ -465,7 +465,10 @@ class Faults:
         3, "Failures (dead or hung workers/shards) to recover from before giving up (-1: no limit).", "faults"
     )
     hang_timeout_s: float = setting(
-        300.0, "A worker or parameter-server wait silent this long is treated as dead, seconds.", "faults"
+        300.0,
+        "A worker or parameter-server wait silent this long is treated as dead, seconds. A worker answers once "
+        "per segment (--segment-steps steps, emulated --comm-delay-ms waits included), so keep it well above that.",
+        "faults",
     )
     chaos: list[str] = setting(
         (),
@@ -717,6 +720,14 @@ class RunConfig:
                 continue
             if not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        if self.comm_delay_ms and self.comm_delay_ms / 1000 >= self.hang_timeout_s:
+            # A worker answers the driver once per segment, and a segment with a transfer in it lasts at
+            # least one emulated delay: every such run would end with its workers taken for hung.
+            raise ConfigError(
+                f"--comm-delay-ms {self.comm_delay_ms:g} ({self.comm_delay_ms / 1000:g} s per transfer) reaches "
+                f"--hang-timeout-s {self.hang_timeout_s:g}: every worker would be taken for hung while it waits on "
+                "the emulated link; raise --hang-timeout-s well above the delay or lower --comm-delay-ms"
+            )
         if not 0 <= self.seed < 2**64:  # numpy's default_rng refuses negative seeds, torch's > 64 bits
             raise ConfigError(f"--seed must be in [0, 2**64), got {self.seed}")
         if self.momentum is not None and self.momentum >= 1:

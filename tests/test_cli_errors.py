@@ -288,6 +288,9 @@ BAD_INPUTS = [
     (["--schedule", "bsp:1,ssp", "--tau", "4"], ["--tau is not used by --schedule bsp:1,ssp"]),
     (["--schedule", "ssp:1,bsp", "--transport", "collective"], ["cannot carry --strategy ssp"]),
     (["--comm-delay-ms", "-5"], ["--comm-delay-ms must be >= 0"]),
+    # issue 26: an emulated delay per transfer that reaches the hang timeout was run, then reported as a hang
+    (["--comm-delay-ms", "60000", "--hang-timeout-s", "20"], ["--comm-delay-ms 60000 (60 s per transfer) reaches"]),
+    (["--comm-delay-ms", "20000", "--hang-timeout-s", "20"], ["--hang-timeout-s 20", "raise --hang-timeout-s"]),
     # compression (issue 15)
     (["--compress", "zip"], ["--compress", "unknown codec 'zip'", "powersgd:RANK"]),
     (["--compress", "topk:1.5"], ["--compress", "(0, 1]"]),
