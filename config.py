@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,9 @@ PLACEMENTS = ("pack", "spread")
 # Before --momentum became the choice of optimizers that read it, every run recorded its 0.9 default;
 # recorded adam/adagrad runs with that value still load (config.yaml starts with RECORDED_HEADER).
 LEGACY_MOMENTUM = (0.9, ("adam", "adagrad"))
+
+# The options of the built-in classification task, which a user's --task does not read.
+BUILTIN_TASK_FIELDS = ("model", "dataset", "data_dir", "target_accuracy")
 
 # The first line of every config.yaml distrain writes (runs, sweeps' best.yaml).
 RECORDED_HEADER = "# distrain run configuration: `distrain run --config THIS_FILE` repeats the run."
@@ -872,19 +876,33 @@ class RunConfig:
             raise ConfigError(f"--precision {self.precision} does not compose with --pipeline-stages; drop one of them")
 
     def _validate_task(self) -> None:
-        """The built-in task's own flags do not apply to another task."""
+        """The built-in task's own flags do not apply to another task (here: those set to another value
+        than their default; `refuse_builtin_options` also refuses those given at their default)."""
         if not self.task:
             if self.task_args:
                 raise ConfigError("--task-arg applies to a --task of your own; the built-in task takes --model etc.")
             return
-        for name in ("model", "dataset", "data_dir", "target_accuracy"):
+        for name in BUILTIN_TASK_FIELDS:
             if getattr(self, name) != COMMON_FIELDS[name].default:
-                flag = "--" + name.replace("_", "-")
-                raise ConfigError(
-                    f"{flag} applies to the built-in classification task, not --task {self.task}; "
-                    "pass your task's settings with --task-arg key=value"
-                    + (" and its target with --target" if name == "target_accuracy" else "")
-                )
+                raise self._builtin_option_error(name)
+
+    def refuse_builtin_options(self, given: Iterable[str], where: str = "") -> None:
+        """A user task brings its own model and data: refuse the built-in task's options that were given
+        (a flag, a fit() argument, a key of a YAML file the user wrote) even at their default value, as
+        `--model cnn` is, which would otherwise be ignored in silence (and recorded in config.yaml)."""
+        if not self.task:
+            return
+        for name in BUILTIN_TASK_FIELDS:
+            if name in given:
+                raise self._builtin_option_error(name, where)
+
+    def _builtin_option_error(self, name: str, where: str = "") -> ConfigError:
+        what = f"{name} (in {where})" if where else "--" + name.replace("_", "-")
+        return ConfigError(
+            f"{what} applies to the built-in classification task, not --task {self.task}; "
+            "pass your task's settings with --task-arg key=value"
+            + (" and its target with --target" if name == "target_accuracy" else "")
+        )
 
     @property
     def target_spec(self) -> Target | None:
@@ -1093,7 +1111,20 @@ class RunConfig:
                 f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names(values))}"
             )
         given = {k: v for k, v in overrides.items() if v is not None}
-        return cls.from_mapping(overlay(values, given), source)
+        config = cls.from_mapping(overlay(values, given), source)
+        config.refuse_builtin_options(given)
+        # A config.yaml distrain wrote holds every key (a user task's run records the built-in's defaults);
+        # a file the user wrote holds what they chose.
+        if config_file and not _recorded_by_distrain(config_file):
+            config.refuse_builtin_options(values, config_file)
+        return config
+
+
+def _recorded_by_distrain(path: str | os.PathLike[str]) -> bool:
+    """The file is a config.yaml distrain wrote (its header line, perhaps under a comment of --strategy auto)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        head = [f.readline() for _ in range(20)]
+    return any(line.rstrip("\n") == RECORDED_HEADER for line in head)
 
 
 def _rebuild(values: dict[str, Any], task_object: Any) -> RunConfig:
