@@ -512,7 +512,7 @@ class Output:
     target: str = setting(
         "",
         "Quality target METRIC>=VALUE or METRIC<=VALUE (e.g. test_loss<=0.5) whose first crossing is reported "
-        "as time to target.",
+        "as time to target; one outside the metric's range (accuracy above 1, a loss below 0) is refused.",
         "output",
         "the task's own (classification: test_accuracy>=--target-accuracy)",
     )

@@ -218,7 +218,8 @@ def test_a_target_on_a_metric_the_task_does_not_report_is_refused(task_file):
 
 def test_a_target_outside_its_metrics_range_is_refused(task_file):
     """A target the metric can never reach ran to the end; a metric of unknown range is left alone."""
-    for target, reach in (("test_accuracy>=1.5", "test_accuracy lies in [0, 1]"), ("loss<=-1", "test_loss lies in [0, inf)")):
+    unreachable = (("test_accuracy>=1.5", "test_accuracy lies in [0, 1]"), ("loss<=-1", "test_loss lies in [0, inf)"))
+    for target, reach in unreachable:
         with pytest.raises(ConfigError, match=rf"--target .* can never be reached: {re.escape(reach)}"):
             run_checks.check_runnable(RunConfig(target=target))
     run_checks.check_runnable(RunConfig(target="test_accuracy>=1"))  # reachable at the edge
