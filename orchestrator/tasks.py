@@ -4,8 +4,8 @@ The built-in classification task takes `--model`, `--dataset` and `--data-dir`; 
 user's `distrain.Task` subclass named by an import path (`--task`) and built with `--task-arg`s.
 Workers build the task themselves (the import path travels in the config, not the object), so the
 driver never holds the training data. `check_task` runs the user's code once in the driver, on one
-small batch, so that a broken path, an empty data set or a loss that is not a scalar is one line
-before Ray starts rather than a failure in every worker.
+small batch, so that a broken path, an empty data set, a loss that is not a finite scalar or metrics
+not of the contract's form is one line before Ray starts rather than a failure in every worker.
 """
 
 from __future__ import annotations
@@ -154,7 +154,8 @@ def _reported_metrics(name: str, task: Task, model: Any, test: Any) -> set[str]:
 
 def check_target(config: RunConfig, reported: set[str], task: Task | None = None) -> None:
     """A target on a metric the task never reports would silently never be reached (and leave Tune's
-    schedulers without their metric): one line naming the metrics it does report."""
+    schedulers without their metric): one line naming the metrics it does report. So would a target
+    outside its metric's range (`Task.metric_ranges`; the built-in task's when `task` is None)."""
     target = run_target(config, task)
     if target is None:
         return

@@ -128,13 +128,13 @@ class Task:
 class ClassificationTask(Task):
     """The built-in task: a registered model on a registered image data set, cross-entropy + accuracy."""
 
+    metric_ranges = {"loss": (0.0, math.inf), "accuracy": (0.0, 1.0)}  # cross-entropy, a share of samples
+
     def __init__(self, model: str = "cnn", dataset: str = "digits", data_dir: str = "", target_accuracy: float = 0.95):
         self.model = model
         self.dataset = dataset
         self.data_dir = data_dir
         self.default_target = f"test_accuracy>={target_accuracy:g}"
-
-    metric_ranges = {"loss": (0.0, math.inf), "accuracy": (0.0, 1.0)}  # cross-entropy, a share of samples
 
     def build_model(self) -> nn.Module:
         from distrain.trainers.datasets import DATASETS
