@@ -128,7 +128,7 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]
         # Training would diverge at its first step; better said now, before Ray starts, than as a run
         # that stops at step 0 with nothing to resume.
         raise ConfigError(
-            f"--task {name}: loss() is {float(loss)} at the initial parameters, on the first batch (training "
+            f"--task {name}: loss() is {float(loss.detach())} at the initial parameters, on the first batch (training "
             f"samples 0..{first - 1}); check the data (NaN or inf values) and the model (e.g. a log or a division "
             "by zero)"
         )
