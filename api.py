@@ -61,8 +61,11 @@ def fit(
     the run directory record the choice and its reason.
     """
     from distrain.orchestrator.auto_strategy import make_concrete
+    from distrain.orchestrator.remote_errors import plain_ray_logs_when_piped
     from distrain.orchestrator.run import run_training
     from distrain.orchestrator.tasks import attach_task_object
+
+    plain_ray_logs_when_piped()  # a script's output sent to a file or a pipe: no colour codes in it
 
     valid = RunConfig.field_names(options) + [n for n in known_option_fields() if n not in RunConfig.field_names()]
     unknown = sorted(set(options) - set(valid))

@@ -1110,6 +1110,9 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 def main() -> int:
     """Console entry point: like `app()`, but a usage error (e.g. `--workers abc`) is one line too, and
     SIGTERM interrupts a run as Ctrl-C does (the only place that installs signal handlers)."""
+    from distrain.orchestrator.remote_errors import plain_ray_logs_when_piped
+
+    plain_ray_logs_when_piped()  # output to a file or a pipe (a log, `ray job submit`): no colour codes in it
     with interrupts.installed():
         return _main()
 

@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,9 @@ PLACEMENTS = ("pack", "spread")
 # Before --momentum became the choice of optimizers that read it, every run recorded its 0.9 default;
 # recorded adam/adagrad runs with that value still load (config.yaml starts with RECORDED_HEADER).
 LEGACY_MOMENTUM = (0.9, ("adam", "adagrad"))
+
+# The options of the built-in classification task, which a user's --task does not read.
+BUILTIN_TASK_FIELDS = ("model", "dataset", "data_dir", "target_accuracy")
 
 # The first line of every config.yaml distrain writes (runs, sweeps' best.yaml).
 RECORDED_HEADER = "# distrain run configuration: `distrain run --config THIS_FILE` repeats the run."
@@ -465,7 +469,10 @@ class Faults:
         3, "Failures (dead or hung workers/shards) to recover from before giving up (-1: no limit).", "faults"
     )
     hang_timeout_s: float = setting(
-        300.0, "A worker or parameter-server wait silent this long is treated as dead, seconds.", "faults"
+        300.0,
+        "A worker or parameter-server wait silent this long is treated as dead, seconds. A worker answers once "
+        "per segment (--segment-steps steps, emulated --comm-delay-ms waits included), so keep it well above that.",
+        "faults",
     )
     chaos: list[str] = setting(
         (),
@@ -505,7 +512,7 @@ class Output:
     target: str = setting(
         "",
         "Quality target METRIC>=VALUE or METRIC<=VALUE (e.g. test_loss<=0.5) whose first crossing is reported "
-        "as time to target.",
+        "as time to target; one outside the metric's range (accuracy above 1, a loss below 0) is refused.",
         "output",
         "the task's own (classification: test_accuracy>=--target-accuracy)",
     )
@@ -717,6 +724,14 @@ class RunConfig:
                 continue
             if not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        if self.comm_delay_ms and self.comm_delay_ms / 1000 >= self.hang_timeout_s:
+            # A worker answers the driver once per segment, and a segment with a transfer in it lasts at
+            # least one emulated delay: every such run would end with its workers taken for hung.
+            raise ConfigError(
+                f"--comm-delay-ms {self.comm_delay_ms:g} ({self.comm_delay_ms / 1000:g} s per transfer) reaches "
+                f"--hang-timeout-s {self.hang_timeout_s:g}: every worker would be taken for hung while it waits on "
+                "the emulated link; raise --hang-timeout-s well above the delay or lower --comm-delay-ms"
+            )
         if not 0 <= self.seed < 2**64:  # numpy's default_rng refuses negative seeds, torch's > 64 bits
             raise ConfigError(f"--seed must be in [0, 2**64), got {self.seed}")
         if self.momentum is not None and self.momentum >= 1:
@@ -861,19 +876,33 @@ class RunConfig:
             raise ConfigError(f"--precision {self.precision} does not compose with --pipeline-stages; drop one of them")
 
     def _validate_task(self) -> None:
-        """The built-in task's own flags do not apply to another task."""
+        """The built-in task's own flags do not apply to another task (here: those set to another value
+        than their default; `refuse_builtin_options` also refuses those given at their default)."""
         if not self.task:
             if self.task_args:
                 raise ConfigError("--task-arg applies to a --task of your own; the built-in task takes --model etc.")
             return
-        for name in ("model", "dataset", "data_dir", "target_accuracy"):
+        for name in BUILTIN_TASK_FIELDS:
             if getattr(self, name) != COMMON_FIELDS[name].default:
-                flag = "--" + name.replace("_", "-")
-                raise ConfigError(
-                    f"{flag} applies to the built-in classification task, not --task {self.task}; "
-                    "pass your task's settings with --task-arg key=value"
-                    + (" and its target with --target" if name == "target_accuracy" else "")
-                )
+                raise self._builtin_option_error(name)
+
+    def refuse_builtin_options(self, given: Iterable[str], where: str = "") -> None:
+        """A user task brings its own model and data: refuse the built-in task's options that were given
+        (a flag, a fit() argument, a key of a YAML file the user wrote) even at their default value, as
+        `--model cnn` is, which would otherwise be ignored in silence (and recorded in config.yaml)."""
+        if not self.task:
+            return
+        for name in BUILTIN_TASK_FIELDS:
+            if name in given:
+                raise self._builtin_option_error(name, where)
+
+    def _builtin_option_error(self, name: str, where: str = "") -> ConfigError:
+        what = f"{name} (in {where})" if where else "--" + name.replace("_", "-")
+        return ConfigError(
+            f"{what} applies to the built-in classification task, not --task {self.task}; "
+            "pass your task's settings with --task-arg key=value"
+            + (" and its target with --target" if name == "target_accuracy" else "")
+        )
 
     @property
     def target_spec(self) -> Target | None:
@@ -1082,7 +1111,20 @@ class RunConfig:
                 f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names(values))}"
             )
         given = {k: v for k, v in overrides.items() if v is not None}
-        return cls.from_mapping(overlay(values, given), source)
+        config = cls.from_mapping(overlay(values, given), source)
+        config.refuse_builtin_options(given)
+        # A config.yaml distrain wrote holds every key (a user task's run records the built-in's defaults);
+        # a file the user wrote holds what they chose.
+        if config_file and not _recorded_by_distrain(config_file):
+            config.refuse_builtin_options(values, config_file)
+        return config
+
+
+def _recorded_by_distrain(path: str | os.PathLike[str]) -> bool:
+    """The file is a config.yaml distrain wrote (its header line, perhaps under a comment of --strategy auto)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        head = [f.readline() for _ in range(20)]
+    return any(line.rstrip("\n") == RECORDED_HEADER for line in head)
 
 
 def _rebuild(values: dict[str, Any], task_object: Any) -> RunConfig:

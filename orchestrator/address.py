@@ -1,10 +1,11 @@
-"""`--address`: find the Ray cluster it names and check, in a second, that something listens there.
+"""`--address`: find the Ray cluster it names and check, in seconds, that a Ray cluster listens there.
 
 Left to itself, `ray.init(address=...)` answers an unreachable host:port (or a stale `ray start`
 record) only after long GCS retries, with a traceback, and `auto` with no cluster with a
 ConnectionError traceback. Here both become one line: `auto` is resolved the way Ray 2.60 does it
 for a cluster started with `ray start` (RAY_ADDRESS, then the temp dir's ray_current_cluster file),
-and the address found is probed with a short TCP connect before Ray is asked to join it.
+and the address found is probed before Ray is asked to join it: a short TCP connect, then an HTTP/2
+preface that a gRPC server (Ray's GCS) answers and other servers do not.
 
 Ray's legacy fallback for `auto`, joining any GCS process found by `ps` on this machine, is left
 out on purpose: it can attach a run to some other session's private `ray.init()` cluster.
@@ -51,17 +52,65 @@ def host_port(address: str) -> tuple[str, int]:
 
 
 def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Refuse, in at most `timeout_s`, an address where nothing accepts a TCP connection."""
+    """Refuse an address where nothing accepts a TCP connection (in at most `timeout_s`), or where what
+    accepts it does not speak gRPC (in at most `timeout_s` more): a web server, a database, a port that
+    takes connections and says nothing. Ray's GCS (and the Ray Client server of a ray:// address) is a
+    gRPC server, and a gRPC server answers an HTTP/2 connection preface with a SETTINGS frame (RFC 9113
+    section 3.4); without this, ray.init takes ~30 s of retries and warnings to give up on such a port."""
     host, port = host_port(address)
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            if _tls():  # the GCS speaks TLS first: a plaintext preface would be refused; leave it to ray.init
+                return
+            why = _http2_answer(conn, timeout_s)
+            if why is None:
+                return
     except OSError as e:
         why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__).lower()
+        raise ResourceError(
+            f"no Ray cluster answers at {address} ({why} after at most {timeout_s:g}s); "
+            "check the address and that the cluster is up (`ray status`), or drop --address to run on a local Ray"
+        ) from None
     raise ResourceError(
-        f"no Ray cluster answers at {address} ({why} after at most {timeout_s:g}s); "
-        "check the address and that the cluster is up (`ray status`), or drop --address to run on a local Ray"
+        f"no Ray cluster answers at {address}: something accepts connections there but does not speak Ray's "
+        f"protocol ({why}); check the address and port (`ray status` on the head node prints it), or drop "
+        "--address to run on a local Ray"
     )
+
+
+# The client's HTTP/2 connection preface, then its (empty) SETTINGS frame: 3 bytes length, type 4, flags 0,
+# stream 0. A server's own preface is a SETTINGS frame (type 4) on stream 0, sent before anything else.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+FRAME_HEADER = 9
+SETTINGS = 4
+
+
+def _http2_answer(conn: socket.socket, timeout_s: float) -> str | None:
+    """None if the peer answers the HTTP/2 preface with a SETTINGS frame; else what it did instead."""
+    conn.settimeout(timeout_s)
+    try:
+        conn.sendall(HTTP2_PREFACE)
+        head = b""
+        while len(head) < FRAME_HEADER:
+            chunk = conn.recv(FRAME_HEADER - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except TimeoutError:
+        return f"it said nothing for {timeout_s:g}s"
+    except OSError as e:
+        return f"it dropped the connection: {(e.strerror or type(e).__name__).lower()}"
+    if len(head) == FRAME_HEADER and head[3] == SETTINGS and int.from_bytes(head[5:9], "big") & 0x7FFFFFFF == 0:
+        return None
+    if not head:
+        return "it closed the connection without a word"
+    shown = "".join(chr(b) if 32 <= b < 127 else "." for b in head)
+    return f"it answered {shown!r}"
+
+
+def _tls() -> bool:
+    """Ray's own switch for TLS between its processes (ray._private.grpc_utils reads it the same way)."""
+    return os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
 
 
 def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:

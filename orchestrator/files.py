@@ -166,6 +166,33 @@ def _remove_empty(directories: list[Path]) -> None:
             return
 
 
+def check_creatable_dir(requested: str | Path, flag: str) -> None:
+    """Refuse, writing nothing, an output directory that could not be made or written into later: a path
+    that is a file or lies under one, or whose nearest existing directory this process may not write to
+    (no permission, a read-only file system). Asked of the kernel with access(2), which answers for the
+    user this process runs as (root included: it may write into a 0555 directory, not on a read-only
+    mount). Used for directories a run fills only once it has started (--tensorboard)."""
+    path = Path(requested).absolute()
+    existing = path  # the directory that will hold what is made: the path itself, or its nearest existing parent
+    while not existing.exists() and not existing.is_symlink():
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "exists and is not a directory" if existing == path else f"lies under {str(existing)!r}, a file"
+        raise ConfigError(f"{flag} {str(requested)!r} {what}; choose a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        reason = "read-only file system" if _read_only(existing) else "permission denied"
+        raise ConfigError(
+            f"{flag} {str(requested)!r} cannot be written ({reason} at {str(existing)!r}); choose a writable directory"
+        )
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def _unwritable(flag: str, path: Path, error: OSError) -> ConfigError:
     reason = error.strerror or type(error).__name__
     return ConfigError(f"{flag} {str(path)!r} cannot be written ({reason}); choose a writable directory")

@@ -42,6 +42,7 @@ from distrain.orchestrator.recovery import (
     discard,
     kill_all,
 )
+from distrain.orchestrator.remote_errors import user_exception
 from distrain.orchestrator.replacement import bundle_alive, replace_worker, replacement_ready, start_worker
 from distrain.orchestrator.resume import recorded_rows, resume_checkpoint, total_steps
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
@@ -286,6 +287,11 @@ def run_training(
             if started and not plan.resumed and not (plan.run_dir / "summary.json").exists():
                 _record_interrupted(config, plan, state or RunState.create(config, plan))
         raise
+    except ray.exceptions.RayTaskError as error:  # the user's code raised in a worker: never retried (policy)
+        exc = user_exception(error)  # their own exception, the worker's traceback chained to it in plain text
+        if exc is error:
+            raise
+        raise exc from exc.__cause__
     finally:
         with interrupts.deferred():  # a teardown cut short would leave actors (or all of Ray) running
             for actor in actors:

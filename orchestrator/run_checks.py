@@ -1,7 +1,8 @@
 """What `distrain run` checks about a config before it starts anything, beyond RunConfig's own
 validation: the data set is there and one global batch fits it, the model can be split across the
-parameter-server shards, an --init-from checkpoint fits the model. No Ray, no cluster, nothing
-written, so `distrain tune` makes the same checks for every trial before Ray starts.
+parameter-server shards, an --init-from checkpoint fits the model, the --tensorboard directory can be
+written. No Ray, no cluster, nothing written, so `distrain tune` makes the same checks for every trial
+before Ray starts.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError
+from distrain.orchestrator.files import check_creatable_dir
 from distrain.trainers.datasets import DATASETS, check_dataset
 from distrain.trainers.models import parameter_sizes
 
@@ -19,6 +21,8 @@ def check_runnable(config: RunConfig) -> int:
 
     A user's task is built once here (orchestrator/tasks.py): its data sets, its model, its loss on
     one batch; the built-in task is checked from its registries without loading any data."""
+    if config.tensorboard:  # filled only once the run has started: a path it cannot write is refused now
+        check_creatable_dir(config.tensorboard, "--tensorboard")
     if config.task:
         from distrain.orchestrator.tasks import check_task
 

@@ -4,12 +4,13 @@ The built-in classification task takes `--model`, `--dataset` and `--data-dir`; 
 user's `distrain.Task` subclass named by an import path (`--task`) and built with `--task-arg`s.
 Workers build the task themselves (the import path travels in the config, not the object), so the
 driver never holds the training data. `check_task` runs the user's code once in the driver, on one
-small batch, so that a broken path, an empty data set or a loss that is not a scalar is one line
-before Ray starts rather than a failure in every worker.
+small batch, so that a broken path, an empty data set, a loss that is not a finite scalar or metrics
+not of the contract's form is one line before Ray starts rather than a failure in every worker.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from distrain.config import RunConfig, Target, parse_target
@@ -91,7 +92,11 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]
 
     task = build_task(config)
     name = config.task
-    train, test = _call(name, "datasets", task.datasets)
+    pair = _call(name, "datasets", task.datasets)
+    if not (isinstance(pair, tuple | list) and len(pair) == 2):
+        got = f"a {type(pair).__name__}" + (f" of {len(pair)}" if isinstance(pair, tuple | list) else "")
+        raise ConfigError(f"--task {name}: datasets() returned {got}; it must return (train, test), two data sets")
+    train, test = pair
     for which, ds in (("training", train), ("test", test)):
         try:
             n = len(ds)
@@ -111,13 +116,22 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]
     if sum(sizes) == 0:
         raise ConfigError(f"--task {name}: the model has no trainable parameters")
     reader = BatchReader(train, task.collate, prefetch=False)
-    batch = _call(name, "collate (reading a batch)", lambda: reader.read(list(range(min(batch_size, len(train))))))
+    first = min(batch_size, len(train))
+    batch = _call(name, "collate (reading a batch)", lambda: reader.read(list(range(first))))
     loss = _call(name, "loss", lambda: task.loss(model, batch))
     if not (torch.is_tensor(loss) and loss.dim() == 0):
         got = f"a tensor of shape {tuple(loss.shape)}" if torch.is_tensor(loss) else type(loss).__name__
         raise ConfigError(f"--task {name}: loss() must return a scalar tensor (mean over the batch), got {got}")
     if not loss.requires_grad:
         raise ConfigError(f"--task {name}: loss() returned a tensor that does not depend on the model's parameters")
+    if not bool(torch.isfinite(loss.detach())):
+        # Training would diverge at its first step; better said now, before Ray starts, than as a run
+        # that stops at step 0 with nothing to resume.
+        raise ConfigError(
+            f"--task {name}: loss() is {float(loss.detach())} at the initial parameters, on the first batch (training "
+            f"samples 0..{first - 1}); check the data (NaN or inf values) and the model (e.g. a log or a division "
+            "by zero)"
+        )
     check_target(config, _reported_metrics(name, task, model, test), task)
     return task, len(train), sizes
 
@@ -140,13 +154,25 @@ def _reported_metrics(name: str, task: Task, model: Any, test: Any) -> set[str]:
 
 def check_target(config: RunConfig, reported: set[str], task: Task | None = None) -> None:
     """A target on a metric the task never reports would silently never be reached (and leave Tune's
-    schedulers without their metric): one line naming the metrics it does report."""
+    schedulers without their metric): one line naming the metrics it does report. So would a target
+    outside its metric's range (`Task.metric_ranges`; the built-in task's when `task` is None)."""
     target = run_target(config, task)
-    if target is not None and target.metric not in reported:
-        source = "--target" if config.target_spec is not None else "the task's default_target"
+    if target is None:
+        return
+    source = "--target" if config.target_spec is not None else "the task's default_target"
+    if target.metric not in reported:
         raise ConfigError(
             f"{source} {target} names {target.metric}, which the task does not report; "
             f"it reports {', '.join(sorted(reported))}"
+        )
+    # A target outside the values its metric can take would run to the end without ever being reached.
+    ranges = task.metric_ranges if task is not None else ClassificationTask.metric_ranges
+    low, high = ranges.get(target.metric.removeprefix("test_"), (-math.inf, math.inf))
+    if (target.op == ">=" and target.value > high) or (target.op == "<=" and target.value < low):
+        interval = f"{'[' if math.isfinite(low) else '('}{low:g}, {high:g}{']' if math.isfinite(high) else ')'}"
+        raise ConfigError(
+            f"{source} {target} can never be reached: {target.metric} lies in {interval}; "
+            "choose a value in that range"
         )
 
 

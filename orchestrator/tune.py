@@ -37,6 +37,7 @@ from distrain.errors import ResourceError
 from distrain.orchestrator import address, cluster, interrupts
 from distrain.orchestrator.callbacks import Callback, RunInfo
 from distrain.orchestrator.files import atomic_write, atomic_write_text
+from distrain.orchestrator.remote_errors import strip_ansi
 from distrain.orchestrator.sweep_spec import Choice, Range, SweepSpec, flatten, sort_by_objective, trial_config
 from distrain.orchestrator.trial_resources import trial_bundles, trial_cpus, trial_gpus
 from distrain.trainers.schedule import scaled_lr
@@ -477,7 +478,7 @@ def results_table(
         row["wall_time_s"] = summary.get("wall_time_s")
         row["reserved_cpus"] = metrics.get("reserved_cpus")
         row["run_dir"] = str(run_dir) if run_dir else ""
-        lines = [line.strip() for line in str(error or "").splitlines() if line.strip()]
+        lines = [line.strip() for line in strip_ansi(str(error or "")).splitlines() if line.strip()]
         row["error"] = lines[-1][:300] if error is not None and lines else ""  # the exception's own message
         rows.append(row)
     table = pd.DataFrame(rows)

@@ -5,6 +5,7 @@ All but the last test fail before Ray would start, and a guard makes starting Ra
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -288,6 +289,12 @@ BAD_INPUTS = [
     (["--schedule", "bsp:1,ssp", "--tau", "4"], ["--tau is not used by --schedule bsp:1,ssp"]),
     (["--schedule", "ssp:1,bsp", "--transport", "collective"], ["cannot carry --strategy ssp"]),
     (["--comm-delay-ms", "-5"], ["--comm-delay-ms must be >= 0"]),
+    # issue 26: an emulated delay per transfer that reaches the hang timeout was run, then reported as a hang
+    (["--comm-delay-ms", "60000", "--hang-timeout-s", "20"], ["--comm-delay-ms 60000 (60 s per transfer) reaches"]),
+    (["--comm-delay-ms", "20000", "--hang-timeout-s", "20"], ["--hang-timeout-s 20", "raise --hang-timeout-s"]),
+    # issue 26: --tensorboard that cannot be written was found after Ray started, leaving a failed run directory
+    (["--tensorboard", "{in}/full_run/metrics.parquet"], ["--tensorboard", "exists and is not a directory"]),
+    (["--tensorboard", "{in}/full_run/metrics.parquet/tb"], ["--tensorboard", "lies under", "a file"]),
     # compression (issue 15)
     (["--compress", "zip"], ["--compress", "unknown codec 'zip'", "powersgd:RANK"]),
     (["--compress", "topk:1.5"], ["--compress", "(0, 1]"]),
@@ -566,20 +573,106 @@ def test_workers_that_cannot_fit_in_memory_are_refused_before_ray_starts(workdir
     assert list(cwd.iterdir()) == []
 
 
-def test_address_probe_lets_a_listening_address_through(monkeypatch):
+@contextlib.contextmanager
+def tcp_server(answer):
+    """A local TCP server (in a thread) that accepts every connection and calls answer(conn) on it;
+    yields its HOST:PORT."""
     import socket
+    import threading
 
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    held = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the test is over
+                return
+            held.append(conn)
+            answer(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+def grpc_like(conn):
+    """What a gRPC server (Ray's GCS) answers to an HTTP/2 connection preface: its SETTINGS frame."""
+    conn.recv(64)
+    conn.sendall(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00" + b"\x00\x03\x00\x00\x00\x64")
+
+
+def http1(conn):
+    conn.recv(64)
+    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+    conn.close()
+
+
+def silent(conn):
+    pass  # accepts, reads nothing, says nothing (held open until the test ends)
+
+
+def test_address_probe_lets_a_grpc_server_through(monkeypatch):
     from distrain.orchestrator import address
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        where = f"127.0.0.1:{server.getsockname()[1]}"
+    with tcp_server(grpc_like) as where:
         assert address.reachable(where) == where
         monkeypatch.setenv("RAY_ADDRESS", where)
         assert address.reachable("auto") == where  # what `ray job submit` sets for the job's driver
     assert address.reachable("local") == "local"
+
+
+def test_address_probe_lets_a_real_gcs_through(ray_cluster):
+    """The session's Ray (token authentication on, as Ray 2.60 starts it) passes the probe."""
+    from distrain.orchestrator import address
+
+    gcs = ray_cluster.get_runtime_context().gcs_address
+    address.probe(gcs)
+
+
+EXPECTED_REFUSAL = "error: no Ray cluster answers at {where}: something accepts connections there but does not speak"
+
+
+def test_address_that_answers_http1_is_refused_by_the_probe(tmp_path, monkeypatch):
+    """A web server (or any service but Ray) on the port: refused in one line before ray.init is asked."""
+    import ray
+
+    def refuse(*a, **k):
+        raise AssertionError("ray.init must not be called for an address where Ray does not answer")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    with tcp_server(http1) as where:
+        result = runner.invoke(app, ["run", "--address", where, "--model", "linear", "--epochs", "1"])
+    line = assert_one_line_error(result, "Ray's protocol (it answered 'HTTP/1.1 ')")
+    assert line.startswith(EXPECTED_REFUSAL.format(where=where)), line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.integration
+def test_address_that_accepts_and_says_nothing_is_one_line_in_seconds(tmp_path):
+    """A port that takes TCP connections but is not Ray: ray.init took 32 s and printed 20 warning lines
+    before its error. A real `distrain` process: one line, from the probe, before Ray is asked."""
+    import subprocess
+    import sys
+
+    with tcp_server(silent) as where:
+        cmd = [sys.executable, "-m", "distrain.cli", "run", "--address", where, "--model", "linear", "--epochs", "1"]
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith(EXPECTED_REFUSAL.format(where=where)) and "(it said nothing for 3s)" in line, line
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---------------------------------------------------------------- needs the cluster

@@ -152,3 +152,36 @@ def test_a_read_only_run_dir_is_one_line_before_ray_and_writes_nothing(tmp_path,
         if genuine and os.geteuid() == 0:
             subprocess.run(["chattr", "-i", str(parent)], check=True)
         parent.chmod(0o755)
+
+
+@pytest.mark.parametrize("where", ["ro", "ro/tb/deeper"])
+def test_a_read_only_tensorboard_dir_is_one_line_before_ray_and_writes_nothing(tmp_path, monkeypatch, where):
+    """Issue 26: found only when the run started (74 lines, a failed run directory left behind)."""
+    from typer.testing import CliRunner
+
+    from distrain.cli import app
+
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    genuine = _make_read_only(parent)
+    if not genuine:  # no way to make a directory read-only for root here: the kernel's answer, simulated
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != parent and real_access(p, mode, **kw))
+
+    def no_ray(config):
+        raise AssertionError("Ray must not start for a --tensorboard directory that cannot be written")
+
+    monkeypatch.setattr(cluster, "connect", no_ray)
+    run_dir = tmp_path / "run"
+    try:
+        args = ["run", "--model", "linear", "--tensorboard", str(tmp_path / where), "--run-dir", str(run_dir)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1, result.output
+        line = f"--tensorboard '{tmp_path / where}' cannot be written (permission denied at '{parent}')"
+        assert line in result.stderr
+        assert list(parent.iterdir()) == [] and not run_dir.exists()  # no run directory claimed, nothing made
+    finally:
+        if genuine and os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(parent)], check=True)
+        parent.chmod(0o755)

@@ -7,7 +7,9 @@ tests/test_user_task_acceptance.py.
 from __future__ import annotations
 
 import math
+import re
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ import distrain
 from distrain.cli import app
 from distrain.config import RunConfig, parse_target
 from distrain.errors import ConfigError
+from distrain.orchestrator import run_checks
 from distrain.orchestrator.tasks import build_task, check_task, run_target
 from distrain.plugins import absolute_import_path, load_object
 from distrain.trainers.task import BatchReader, ClassificationTask, Task, reduce_metrics
@@ -80,6 +83,34 @@ REGRESSION = textwrap.dedent(
     class BrokenModel(Regression):
         def build_model(self):
             raise RuntimeError("my model has a bug")
+
+
+    class StringMetrics(Regression):
+        def metrics(self, model, batch):
+            return "mae: low"
+
+
+    class TextMetricValue(Regression):
+        def metrics(self, model, batch):
+            return {"mae": "low"}
+
+
+    class NanLoss(Regression):
+        def loss(self, model, batch):
+            return super().loss(model, batch) * float("nan")
+
+
+    class OneDataset(Regression):
+        def datasets(self):
+            return super().datasets()[0]
+
+
+    class Bounded(Regression):
+        metric_ranges = {"mae": (0.0, float("inf"))}
+
+
+    class Overreaching(Bounded):
+        default_target = "mae<=-0.5"
     """
 )
 
@@ -143,6 +174,29 @@ def test_check_task_refuses_what_cannot_train(task_file, name, fragment):
         check_task(RunConfig(task=f"{task_file}:{name}"), batch_size=8)
 
 
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        # distrain's own TypeError/AttributeError used to be shown as the user's, through its internals
+        ("StringMetrics", "task StringMetrics: metrics() returned str 'mae: low'; it must return a dict {name: "),
+        ("TextMetricValue", "metrics() returned str 'low' for 'mae'; it must return a number (the batch mean)"),
+        ("OneDataset", "datasets() returned a TensorDataset; it must return (train, test)"),
+    ],
+)
+def test_a_task_that_breaks_the_contract_is_one_config_error(task_file, name, fragment):
+    with pytest.raises(ConfigError) as info:
+        check_task(RunConfig(task=f"{task_file}:{name}"), batch_size=8)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_loss_that_is_not_finite_at_the_start_is_refused_before_the_run(task_file):
+    """It used to pass the pre-flight: Ray started, the run diverged at step 0."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the one line only (no torch warning about reading the loss)
+        with pytest.raises(ConfigError, match=r"loss\(\) is nan at the initial parameters, on the first batch"):
+            check_task(RunConfig(task=f"{task_file}:NanLoss"), batch_size=8)
+
+
 def test_an_exception_in_the_users_code_keeps_its_traceback(task_file):
     with pytest.raises(RuntimeError, match="my model has a bug") as info:
         check_task(RunConfig(task=f"{task_file}:BrokenModel"), batch_size=8)
@@ -163,6 +217,20 @@ def test_a_target_on_a_metric_the_task_does_not_report_is_refused(task_file):
         check_task(RunConfig(task=f"{task_file}:Regression", target=target), 8)
     with pytest.raises(ConfigError, match=r"--target test_mea<=0.1 names .* it reports test_loss, test_mae$"):
         check_task(RunConfig(task=f"{task_file}:Regression", target="mea<=0.1"), 8)
+
+
+def test_a_target_outside_its_metrics_range_is_refused(task_file):
+    """A target the metric can never reach ran to the end; a metric of unknown range is left alone."""
+    unreachable = (("test_accuracy>=1.5", "test_accuracy lies in [0, 1]"), ("loss<=-1", "test_loss lies in [0, inf)"))
+    for target, reach in unreachable:
+        with pytest.raises(ConfigError, match=rf"--target .* can never be reached: {re.escape(reach)}"):
+            run_checks.check_runnable(RunConfig(target=target))
+    run_checks.check_runnable(RunConfig(target="test_accuracy>=1"))  # reachable at the edge
+    check_task(RunConfig(task=f"{task_file}:Regression", target="mae<=-1"), 8)  # the user's: range not declared
+    with pytest.raises(ConfigError, match=r"--target test_mae<=-1 can never be reached: test_mae lies in \[0, inf\)"):
+        check_task(RunConfig(task=f"{task_file}:Bounded", target="mae<=-1"), 8)
+    with pytest.raises(ConfigError, match=r"the task's default_target test_mae<=-0.5 can never be reached"):
+        check_task(RunConfig(task=f"{task_file}:Overreaching"), 8)
 
 
 def test_unknown_task_arguments_are_one_line(task_file):
@@ -272,6 +340,12 @@ runner = CliRunner()
         (["--task", "{file}:EmptyData"], "the training set is empty"),
         (["--task", "{file}:VectorLoss"], "must return a scalar tensor"),
         (["--task", "{file}:Regression", "--model", "mlp"], "--model applies to the built-in"),
+        (["--task", "{file}:Regression", "--model", "cnn"], "--model applies to the built-in"),  # the default, given
+        (["--task", "{file}:Regression", "--dataset", "digits"], "--dataset applies to the built-in"),
+        (["--task", "{file}:StringMetrics"], "metrics() returned str 'mae: low'"),
+        (["--task", "{file}:NanLoss"], "loss() is nan at the initial parameters"),
+        (["--target", "test_accuracy>=1.5"], "can never be reached: test_accuracy lies in [0, 1]"),
+        (["--target", "test_loss<=-1"], "can never be reached: test_loss lies in [0, inf)"),
         (["--task", "{file}:Regression", "--task-arg", "width"], "must be key=value"),
         (["--task", "{file}:Regression", "--task-arg", "width=3"], "failed"),
         (["--task-arg", "n=3"], "--task-arg applies to a --task"),
@@ -288,6 +362,26 @@ def test_cli_refuses_bad_tasks_in_one_line(tmp_path, task_file, monkeypatch, arg
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.output
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.usefixtures("no_ray")
+def test_the_built_in_tasks_options_given_at_their_default_are_refused_with_a_task(tmp_path, task_file):
+    """`--model cnn` equals the default, so it was taken for "not given" and ignored in silence (and recorded
+    in config.yaml); a user's YAML that names it is refused too, config.yaml that distrain recorded is not."""
+    task = f"{task_file}:Regression"
+    with pytest.raises(ConfigError, match="--model applies to the built-in classification task"):
+        distrain.fit(task=task, model="cnn")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"task: {task}\ndata:\n  model: cnn\n")
+    with pytest.raises(ConfigError, match=r"model \(in .*mine.yaml\) applies to the built-in classification task"):
+        RunConfig.resolve(str(mine), {})
+    mine.write_text("model: cnn\n")  # the file's, for the built-in task; the flag brings another task
+    with pytest.raises(ConfigError, match="applies to the built-in"):
+        RunConfig.resolve(str(mine), {"task": task})
+    recorded = tmp_path / "config.yaml"
+    recorded.write_text(RunConfig(task=task).to_yaml())  # holds model: cnn, as every run's config.yaml does
+    assert RunConfig.resolve(str(recorded), {}).task == task
+    assert RunConfig.resolve(None, {"task": task, "model": None}).task == task  # a flag not given
 
 
 def test_fit_refuses_unknown_options():

@@ -36,6 +36,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
+from distrain.errors import ConfigError
+
 MetricValue = float | tuple[float, float]
 
 
@@ -44,6 +46,11 @@ class Task:
 
     #: The default `--target` of this task, e.g. "test_accuracy>=0.95" or "test_loss<=1.2"; None: no target.
     default_target: str | None = None
+
+    #: The values each metric can take (names without `test_`, the loss included), e.g.
+    #: {"loss": (0.0, math.inf), "accuracy": (0.0, 1.0)}: a --target outside them is refused before the run
+    #: starts, as one that can never be reached. A metric not listed may take any value.
+    metric_ranges: dict[str, tuple[float, float]] = {}
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must define build_model(self) -> torch.nn.Module")
@@ -111,13 +118,17 @@ class Task:
         """(sum, count) of the loss and of every metric over one batch (model already in eval mode)."""
         n = self.batch_size(batch)
         sums = {"loss": (float(self.loss(model, batch)) * n, float(n))}
-        for name, value in self.metrics(model, batch).items():
-            sums[name] = _as_sum(name, value, n)
+        figures = self.metrics(model, batch)
+        _check_figures(self, "metrics", figures, "{name: number (the batch mean) or (sum, count) pair}")
+        for name, value in figures.items():
+            sums[name] = _as_sum(self, name, value, n)
         return sums
 
 
 class ClassificationTask(Task):
     """The built-in task: a registered model on a registered image data set, cross-entropy + accuracy."""
+
+    metric_ranges = {"loss": (0.0, math.inf), "accuracy": (0.0, 1.0)}  # cross-entropy, a share of samples
 
     def __init__(self, model: str = "cnn", dataset: str = "digits", data_dir: str = "", target_accuracy: float = 0.95):
         self.model = model
@@ -282,18 +293,56 @@ def reduce_metrics(task: Task, parts: list[dict[str, tuple[float, float]]]) -> d
             acc[0] += s
             acc[1] += c
     means = {name: (s / c if c else math.nan) for name, (s, c) in sums.items()}
-    return means | {k: float(v) for k, v in task.derived_metrics(dict(means)).items()}
-
-
-def _as_sum(name: str, value: Any, n: int) -> tuple[float, float]:
-    if isinstance(value, tuple | list) and len(value) == 2:
-        return float(value[0]), float(value[1])
-    if torch.is_tensor(value):
-        value = value.item()
+    derived = task.derived_metrics(dict(means))
+    _check_figures(task, "derived_metrics", derived, "{name: number}")
     try:
-        return float(value) * n, float(n)
+        return means | {k: float(v) for k, v in derived.items()}
     except (TypeError, ValueError):
-        raise TypeError(f"metric {name!r} must be a number (the batch mean) or a (sum, count) pair") from None
+        bad = next(k for k, v in derived.items() if not _is_number(v))
+        raise TaskContractError(task, "derived_metrics", f"{_shown(derived[bad])} for {bad!r}", "a number") from None
+
+
+class TaskContractError(ConfigError):
+    """A task's hook returned what the `Task` contract does not allow: bad input (the user's task), so one
+    line naming the task, the hook, what it returned and what it must return, not a traceback through
+    distrain's own code."""
+
+    def __init__(self, task: Task, hook: str, got: str, expected: str) -> None:
+        super().__init__(f"task {type(task).__name__}: {hook}() returned {got}; it must return {expected}")
+
+
+def _check_figures(task: Task, hook: str, figures: Any, expected: str) -> None:
+    """`figures` (what `hook` returned) is a dict keyed by metric names."""
+    if not isinstance(figures, dict):
+        raise TaskContractError(task, hook, _shown(figures), f"a dict {expected}")
+    for name in figures:
+        if not isinstance(name, str) or not name:
+            raise TaskContractError(task, hook, f"a dict with the key {name!r}", "metric names (str) as its keys")
+
+
+def _shown(value: Any) -> str:
+    """`value` in a message: its type and a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _as_sum(task: Task, name: str, value: Any, n: int) -> tuple[float, float]:
+    if isinstance(value, tuple | list) and len(value) == 2 and all(map(_is_number, value)):
+        return float(value[0]), float(value[1])
+    if torch.is_tensor(value) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, tuple | list | dict | str | bytes) or not _is_number(value):
+        expected = "a number (the batch mean) or a (sum, count) pair for each metric"
+        raise TaskContractError(task, "metrics", f"{_shown(value)} for {name!r}", expected)
+    return float(value) * n, float(n)
 
 
 def _first_tensor(batch: Any) -> torch.Tensor | None:
