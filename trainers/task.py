@@ -36,6 +36,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
+from distrain.trainers.task_call import recording_init
+
 MetricValue = float | tuple[float, float]
 
 
@@ -44,6 +46,13 @@ class Task:
 
     #: The default `--target` of this task, e.g. "test_accuracy>=0.95" or "test_loss<=1.2"; None: no target.
     default_target: str | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Each subclass's constructor records its call, so that a run given an object records how to build
+        # it again (trainers/task_call.py): config.yaml's `task` + `task_args`, what workers and --resume use.
+        super().__init_subclass__(**kwargs)
+        if cls.__init__ is not object.__init__:
+            cls.__init__ = recording_init(cls.__init__)  # type: ignore[method-assign]
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must define build_model(self) -> torch.nn.Module")
