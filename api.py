@@ -19,6 +19,7 @@ from typing import Any
 
 from distrain.config import RunConfig, known_option_fields
 from distrain.errors import ConfigError
+from distrain.plugins import is_lone_module
 
 
 @dataclass
@@ -131,11 +132,10 @@ def importable_path(cls: type) -> str | None:
     module = inspect.getmodule(cls)
     if module is None or module.__name__ == "__main__":
         return None
-    file = getattr(module, "__file__", None) or ""
-    # A module of a package is imported by name; a lone file (`from my_task import Regression`, next to a
-    # notebook) by its path, so that `distrain run --resume` from another folder still finds it.
-    if module.__name__.startswith("distrain_user_") or ("." not in module.__name__ and file.endswith(".py")):
-        return f"{Path(file).resolve()}:{cls.__qualname__}"
+    # A package or a module in one is imported by name; a lone file (`from my_task import Regression`,
+    # next to a notebook) by its path, so that `distrain run --resume` from another folder still finds it.
+    if module.__name__.startswith("distrain_user_") or is_lone_module(module):
+        return f"{Path(module.__file__).resolve()}:{cls.__qualname__}"
     return f"{module.__name__}:{cls.__qualname__}"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from distrain.config import RunConfig, Target, parse_target
 from distrain.errors import ConfigError
 from distrain.orchestrator.files import atomic_write
-from distrain.plugins import load_object
+from distrain.plugins import is_lone_module, load_object
 from distrain.trainers.task import ClassificationTask, Task
 
 
@@ -80,15 +80,7 @@ def task_bytes(task: Task) -> bytes:
     import cloudpickle
 
     module = inspect.getmodule(type(task))
-    lone_file = (
-        module is not None
-        and module.__name__ != "__main__"
-        and "." not in module.__name__
-        and module.__spec__ is not None
-        and module.__spec__.submodule_search_locations is None  # a module, not a package
-        and str(getattr(module, "__file__", "")).endswith(".py")
-    )
-    if not lone_file:
+    if module is None or not is_lone_module(module):
         return cloudpickle.dumps(task)
     cloudpickle.register_pickle_by_value(module)
     try:

@@ -113,6 +113,15 @@ def test_a_lone_module_file_is_recorded_by_its_absolute_path(tmp_path, monkeypat
     finally:
         del sys.modules["lone_task_module"]
     assert importable_path(Sized) == f"{__name__}:Sized"  # a package's module: by name
+    package = tmp_path / "lone_task_package"
+    package.mkdir()
+    (package / "__init__.py").write_text("import distrain\n\nclass P(distrain.Task):\n    pass\n")
+    import lone_task_package
+
+    try:
+        assert importable_path(lone_task_package.P) == "lone_task_package:P"  # a package: by name
+    finally:
+        del sys.modules["lone_task_package"]
 
 
 def test_a_shipped_object_of_a_lone_module_unpickles_without_that_module(tmp_path, monkeypatch):
