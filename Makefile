@@ -1,30 +1,41 @@
-# The two commands a fresh machine needs: `make run` and `make test`. Both create .venv first.
+# The two commands a fresh machine needs: `make run` and `make test`. Both create .venv first; each
+# installs what it needs (run: distrain; test: distrain with its dev extras), recorded in its own stamp.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint docs bench clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(BIN)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(BIN)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
 
-setup: $(BIN)/.installed
+setup: $(BIN)/.installed-dev
 
-run: setup
+run: $(BIN)/.installed
 	$(BIN)/distrain run
 
-test: setup
+test: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
-lint: setup
+lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
 
+# README.md's flag table, rewritten from `distrain run`'s help texts (tests/test_flag_table.py checks it).
+docs: $(BIN)/.installed
+	$(BIN)/python -m distrain.flag_table
+
 # Side-by-side benchmarks (minutes; run on a quiet machine). They print markdown; RESULTS.md records them.
-bench: setup
+bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bsp_throughput.py --rounds 3
 	$(BIN)/python benchmarks/ps_cost.py --reps 100 --rounds 1 --workers 3 --epochs 4
 

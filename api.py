@@ -19,6 +19,7 @@ from typing import Any
 
 from distrain.config import RunConfig, known_option_fields
 from distrain.errors import ConfigError
+from distrain.plugins import is_lone_module
 
 
 @dataclass
@@ -83,10 +84,12 @@ def fit(
         return FitResult(result.run_dir, result.summary)
     if "task" in options:
         raise ConfigError("pass the task as fit(task=...), not as an option")
-    task_path, task_object = _task_reference(task)
-    if task_object is not None and options.get("task_args"):
-        raise ConfigError("task_args build a task from its class; pass them to your task's constructor instead")
+    task_path, task_args, task_object = _task_reference(task)
+    if options.get("task_args") and (task_object is not None or not isinstance(task, str | type | None)):
+        raise ConfigError("task_args build a task from its import path; pass them to your task's constructor instead")
     overrides = dict(options) | ({"task": task_path} if task_path else {})
+    if task_args:  # an instance's constructor arguments
+        overrides["task_args"] = task_args
     config_file = str(config) if config else None
     # strategy="auto": calibrate and choose, as `distrain run --strategy auto` does (the same code)
     say = _print_line if progress and on_event is None else _quiet
@@ -98,23 +101,30 @@ def fit(
     return FitResult(result.run_dir, result.summary)
 
 
-def _task_reference(task: Any) -> tuple[str, Any]:
-    """(import path to record, object to ship): a path is recorded as given; a class or instance whose
-    class can be imported again is recorded by its path; anything else is shipped to the workers as an
-    object (by cloudpickle) and recorded as not repeatable."""
+def _task_reference(task: Any) -> tuple[str, dict[str, Any] | None, Any]:
+    """(import path to record, its task_args, object to ship). A path is recorded as given. A class, or an
+    instance whose constructor call is known (trainers/task_call.py), whose class can be imported again,
+    is recorded as its path and constructor arguments: workers, --resume and --config build it from them.
+    Anything else (a class in a notebook's __main__, an argument YAML cannot hold, an attribute set after
+    construction) is shipped to the workers as the object itself (by cloudpickle), recorded as
+    `object:Name`, and kept in the run directory's task.pkl for --resume."""
     from distrain.trainers.task import Task
+    from distrain.trainers.task_call import constructor_arguments
 
     if task is None:
-        return "", None
+        return "", None, None
     if isinstance(task, str):
-        return task, None
+        return task, None, None
     cls = task if isinstance(task, type) else type(task)
     if not issubclass(cls, Task):
         raise ConfigError(f"task must be a distrain.Task subclass, instance or import path, got {cls.__name__}")
     path = importable_path(cls)
-    if isinstance(task, type) and path:
-        return path, None
-    return f"object:{cls.__qualname__}", task
+    if isinstance(task, type):
+        return (path, None, None) if path else (f"object:{cls.__qualname__}", None, cls())
+    arguments = constructor_arguments(task) if path else None
+    if path and arguments is not None:
+        return path, arguments or None, None
+    return f"object:{cls.__qualname__}", None, task
 
 
 def importable_path(cls: type) -> str | None:
@@ -125,7 +135,9 @@ def importable_path(cls: type) -> str | None:
     module = inspect.getmodule(cls)
     if module is None or module.__name__ == "__main__":
         return None
-    if module.__name__.startswith("distrain_user_") and getattr(module, "__file__", None):
+    # A package or a module in one is imported by name; a lone file (`from my_task import Regression`,
+    # next to a notebook) by its path, so that `distrain run --resume` from another folder still finds it.
+    if module.__name__.startswith("distrain_user_") or is_lone_module(module):
         return f"{Path(module.__file__).resolve()}:{cls.__qualname__}"
     return f"{module.__name__}:{cls.__qualname__}"
 

@@ -183,7 +183,8 @@ def _run_parameters() -> list[inspect.Parameter]:
     config = typer.Option("--config", help="YAML file of config keys; flags given here override it.")
     resume = typer.Option(
         "--resume",
-        help="Continue the run in this directory from its latest checkpoint (e.g. after its driver was killed).",
+        help="Continue the run in this directory from its latest checkpoint (e.g. after its driver was killed); "
+        "only length, evaluation, checkpoint, timeout, fault and resource flags may change.",
         show_default=False,
         rich_help_panel="checkpointing",
     )
@@ -1053,6 +1054,31 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         markup=False,
         highlight=False,
     )
+    _print_tensorboard_line(run_dir)  # last: where --tensorboard wrote the run's events
+
+
+def tensorboard_line(run_dir: Path) -> str | None:
+    """With --tensorboard DIR (as the run's config.yaml records it): where the run's event files are
+    (DIR/<run id>/, as orchestrator/tensorboard.py writes them) and the command that shows them."""
+    import importlib.util
+    import shlex
+
+    try:
+        root = str(RunConfig.load_yaml(run_dir / "config.yaml").get("tensorboard") or "")
+    except (OSError, DistrainError):
+        return None
+    if not root:
+        return None
+    line = f"TensorBoard events in {Path(root) / run_dir.name}/; view with: tensorboard --logdir {shlex.quote(root)}"
+    if importlib.util.find_spec("tensorboard") is None:  # distrain writes them without it (tensorboardX)
+        line += " (the viewer: pip install tensorboard, or the tensorboard extra)"
+    return line
+
+
+def _print_tensorboard_line(run_dir: Path) -> None:
+    line = tensorboard_line(run_dir)
+    if line is not None:
+        out.print(line, markup=False, highlight=False)
 
 
 def _straggler_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:

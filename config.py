@@ -20,6 +20,7 @@ import yaml
 
 from distrain.errors import ConfigError
 from distrain.fields import FieldInfo, coerce, fields_of, setting
+from distrain.trainers.catalog import DATASET_READS_FILES, MODEL_NAMES
 
 if TYPE_CHECKING:
     from distrain.strategies.base import Strategy
@@ -96,6 +97,12 @@ def parse_stragglers(specs: list[str], workers: int) -> dict[int, float]:
 
 
 TARGET_SYNTAX = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*(\S+)\s*$")
+
+
+def _one_of(names: Any, last: str = "or") -> str:
+    """ "a, b or c": the catalog's names as a help text lists them (trainers/catalog.py, without torch)."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
 @dataclass(frozen=True)
@@ -324,8 +331,14 @@ class Data:
     prefetch: bool = setting(
         True, "Read each worker's next batch on a background thread while the current one trains.", "data"
     )
-    model: str = setting("cnn", "Model: mlp, cnn or resnet18 (torchvision, adapted to small images).", "data")
-    dataset: str = setting("digits", "Data set: digits (bundled), mnist, cifar10 (from --data-dir), synthetic.", "data")
+    model: str = setting("cnn", f"Built-in model: {_one_of(MODEL_NAMES)}.", "data")
+    dataset: str = setting(
+        "digits",
+        f"Built-in data set: {_one_of(DATASET_READS_FILES)}; "
+        f"{_one_of([n for n, reads in DATASET_READS_FILES.items() if reads], 'and')} are read from --data-dir, "
+        "the others are bundled or generated.",
+        "data",
+    )
     data_dir: str = setting("", "Directory holding torchvision's MNIST/ or cifar-10-batches-py/ files.", "data")
     epochs: int = setting(12, "Passes over the training set.", "data")
     max_steps: int = setting(0, "Stop after this many global steps (0: no limit beyond --epochs).", "data")

@@ -105,6 +105,15 @@ def _module_from_file(path: Path, flag: str, text: str) -> Any:
     return module
 
 
+def is_lone_module(module: Any) -> bool:
+    """A module that is one top-level .py file, not a package or part of one (`my_task`, imported from
+    the folder of a notebook or script): other processes find it by its file, not by its name."""
+    spec = getattr(module, "__spec__", None)
+    is_package = spec is None or bool(spec.submodule_search_locations)
+    file = str(getattr(module, "__file__", None) or "")
+    return module.__name__ != "__main__" and "." not in module.__name__ and file.endswith(".py") and not is_package
+
+
 def load_object(text: str, flag: str) -> Any:
     """The object an import path names (one `ConfigError` line for any problem with the path)."""
     where, name = split_import_path(text, flag)

@@ -48,7 +48,7 @@ SHOWN_WITH_STRATEGY = (
     "backup_tasks", "portions", "tau", "adaptive_tau", "tau_interval", "tau_max", "sync_every",
     "outer_optimizer", "outer_lr", "outer_momentum", "fragments", "overlap_steps", "mix_alpha", "compress",
 )  # fmt: skip
-NOT_SETTINGS = ("run_dir", "address", "data_dir", "resume")
+NOT_SETTINGS = ("run_dir", "tensorboard", "address", "data_dir", "resume")
 
 
 @dataclass
@@ -223,12 +223,16 @@ def _failure_events(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plot_run(run: Run, color: str, legend: str) -> PlotRun:
-    """What the plots need of a run: its events placed in wall time, its phases with their strategies."""
-    steps = run.metrics[run.metrics["kind"] == "step"]
+    """What the plots need of a run: its events placed in wall time, its phases with their strategies.
+    Times count from the run's first step (the actors' start-up before it is not training)."""
+    first = run.metrics.loc[run.metrics["kind"] == "step", "wall_time"].min()
+    origin = float(first) if pd.notna(first) else 0.0
+    metrics = run.metrics.assign(wall_time=run.metrics["wall_time"] - origin)
+    steps = metrics[metrics["kind"] == "step"]
     times = steps["wall_time"].sort_values().to_numpy()
     failures = []
     for e in _failure_events(run.summary):
-        t = float(e["wall_time"])
+        t = float(e["wall_time"]) - origin
         later = times[times > t]
         what = f"{e.get('kind', '?')} {e.get('target', '')}".strip()
         how = e.get("action", "lost")
@@ -244,7 +248,7 @@ def plot_run(run: Run, color: str, legend: str) -> PlotRun:
         rows = steps[(steps["step"] >= start) & (steps["step"] < end)]
         if not rows.empty:
             switches.append(Switch(float(rows["wall_time"].min()), start, text))
-    return PlotRun(run.label, legend, color, run.metrics, run.summary, spans, failures, switches)
+    return PlotRun(run.label, legend, color, metrics, run.summary, spans, failures, switches, origin)
 
 
 def plot_runs(runs: Sequence[Run]) -> list[PlotRun]:
@@ -285,7 +289,10 @@ def setup_text(runs: Sequence[Run]) -> str:
         parts.append(f"{name} `{value}`" if value is not None else f"{name}: differs (see below)")
     targets = {_target(r) for r in runs}
     parts.append(f"target `{targets.pop()}`" if len(targets) == 1 else "target: differs per run")
-    return "Trained: " + ", ".join(parts) + ". Time to target counts from each run's start.\n"
+    return (
+        "Trained: " + ", ".join(parts) + ". Time to target counts from each run's start; the plots' time axes "
+        "and the events below from each run's first step.\n"
+    )
 
 
 def settings_section(runs: Sequence[Run]) -> str:
@@ -308,26 +315,8 @@ def events_section(plotted: Sequence[PlotRun]) -> str:
         for sw in run.switches:
             lines.append(f"- `{run.label}`: switched to {sw.strategy} at step {sw.step} ({sw.wall_time:.1f} s)")
     body = "\n".join(lines) if lines else "None."
-    return "## Failures and strategy switches (marked on the plots against time)\n\n" + body + "\n"
-
-
-CAPTIONS = {
-    "accuracy_vs_time.png": "Test accuracy at each evaluation against wall time.",
-    "accuracy_vs_progress.png": "Test accuracy against epochs completed and global steps completed.",
-    "loss_vs_time.png": "Training loss, each worker step in wall-time order, mean of the last {w} worker steps.",
-    "loss_vs_bytes.png": "Training loss against megabytes sent per worker so far (the traffic each strategy paid).",
-    "bytes_vs_time.png": "Megabytes sent per worker so far, against wall time.",
-    "throughput_vs_time.png": "Samples/s over the last {w} worker steps (dropped gradients left out); dashed: "
-    "summary.json's steady-state figure.",
-    "time_split.png": "Mean time of a worker step computing, communicating and blocked by the consistency rule "
-    "(parameter server), per run and strategy phase. An all-reduce's wait for the slowest worker is part of its "
-    "communication time.",
-    "step_time_per_worker.png": "Distribution of compute + communication time per step, per worker.",
-    "staleness_hist.png": "Staleness of applied gradients (parameter-server strategies).",
-    "tau_over_time.png": "tau (local steps between averages) over wall time, for runs whose tau changed.",
-    "pipeline_timeline.png": "A pipeline's stages (replica 0) over a few steps: each micro-batch's forward (F) and "
-    "backward (B); gaps are idle time, the bubble and the waits between stages.",
-}
+    heading = "## Failures and strategy switches (marked on the plots; seconds since the run's first step)"
+    return heading + "\n\n" + body + "\n"
 
 
 def render(runs: Sequence[Run]) -> dict[str, bytes]:
@@ -335,7 +324,7 @@ def render(runs: Sequence[Run]) -> dict[str, bytes]:
     plotted = plot_runs(runs)
     files: dict[str, bytes] = {}
     for name, plot in PLOTS.items():
-        fig: Figure | None = plot(plotted)
+        fig: Figure | None = plot.draw(plotted)
         if fig is not None:
             buffer = io.BytesIO()
             fig.savefig(buffer, format="png", dpi=DPI)
@@ -350,7 +339,7 @@ def render(runs: Sequence[Run]) -> dict[str, bytes]:
     text += "".join(s + "\n" for s in sections if s)
     if files:
         text += "## Plots\n"
-        text += "".join(f"\n{CAPTIONS[n].format(w=w)}\n\n![{Path(n).stem}]({n})\n" for n in files)
+        text += "".join(f"\n{PLOTS[n].caption.format(w=w)}\n\n![{Path(n).stem}]({n})\n" for n in files)
     return {"report.md": text.encode(), **files}
 
 

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FIGSIZE, DPI = (8.0, 5.0), 100  # every plot is 800 x 500 px
-WALL = "wall time since the run started (s)"
+# Each run's clock starts at its first step (report.plot_run shifts it): start-up time, which differs per
+# run and machine load, would otherwise push the curves into the last seconds of a shared axis.
+WALL = "seconds since the run's first step"
 SPLIT_COLORS = {"compute": "#4c72b0", "communication": "#dd8452", "wait": "#c44e52"}
 
 
@@ -46,11 +48,12 @@ class PlotRun:
     label: str
     legend: str  # label, strategy and key settings
     color: str
-    metrics: pd.DataFrame
+    metrics: pd.DataFrame  # wall_time: seconds since the run's first step (`origin`)
     summary: dict[str, Any]
     phases: list[tuple[int, int, str]] = field(default_factory=list)  # [start, end) steps, strategy text
     failures: list[Failure] = field(default_factory=list)
     switches: list[Switch] = field(default_factory=list)
+    origin: float = 0.0  # the first step's wall time since the run started: the plots' zero
 
     def steps(self, column: str) -> pd.DataFrame:
         """Its step rows where `column` is set, in wall-time order."""
@@ -68,8 +71,11 @@ class PlotRun:
 
 def smoothing_window(runs: Sequence[PlotRun]) -> int:
     """One window (in worker steps) for every run, so their curves are smoothed alike: about a
-    twentieth of the shortest run's steps, between 1 and 50."""
+    twentieth of the shortest run's steps, between 1 and 50. A full-batch run's few iterations do not
+    count (beside SGD runs): they would leave every minibatch curve unsmoothed."""
     counts = [len(r.steps("loss")) for r in runs if len(r.steps("loss"))]
+    minibatch = [len(r.steps("loss")) for r in runs if len(r.steps("loss")) and not len(r.steps("data_passes"))]
+    counts = minibatch or counts
     return max(1, min(50, min(counts) // 20)) if counts else 1
 
 
@@ -83,6 +89,31 @@ def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     return fig, ax
+
+
+def _log_loss_axis(ax: Axes) -> None:
+    """A log y axis for a loss, labelled in plain numbers."""
+    ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
+
+
+def _plain_log_ticks(axis: Any, linthresh: float | None = None) -> None:
+    """Label a log axis (symlog: give its `linthresh`) in plain numbers (0.2, 1, 2), not matplotlib's
+    2×10⁰: the ticks matplotlib's LogFormatter would label (fewer as the range grows), as `%g`."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return f"{x:g}" if super().__call__(x, pos) else ""
+
+    axis.set_major_formatter(PlainLogFormatter(linthresh=linthresh))
+    if linthresh is None:  # symlog leaves its minor ticks unlabelled
+        axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
+
+
+def _legend_below(fig: Figure, handles: Sequence[Any], ncols: int = 1) -> None:
+    """The legend under the axes, outside them: it never covers a line or a bar."""
+    fig.legend(handles=list(handles), loc="outside lower center", fontsize=8, ncols=ncols)
 
 
 def _figure_pair(title: str) -> tuple[Figure, Axes, Axes]:
@@ -129,8 +160,9 @@ def _mark_events(ax: Axes, runs: Sequence[PlotRun], extra: Sequence[Any] = ()) -
     if any(r.switches for r in runs):
         proxies.append(Line2D([], [], color="grey", ls=":", label="strategy switch"))
     handles, _ = ax.get_legend_handles_labels()
-    # Below the plot, not over the lines: legends name settings and run long.
-    ax.figure.legend(handles=[*handles, *extra, *proxies], loc="outside lower center", fontsize=8)
+    _legend_below(ax.figure, [*handles, *extra, *proxies])  # legends name settings and run long
+    # Time runs from the first step (0) even where the first point comes later (an evaluation).
+    ax.set_xlim(left=min([0.0, *(f.wall_time for r in runs for f in r.failures)]))
 
 
 def plot_accuracy(runs: Sequence[PlotRun]) -> Figure | None:
@@ -174,7 +206,7 @@ def plot_accuracy_by_progress(runs: Sequence[PlotRun]) -> Figure | None:
     ax.xaxis.get_major_locator().set_params(integer=True)
     _target_line(ax, [run for run, _ in data])
     _target_line(right, [run for run, _ in data])
-    fig.legend(handles=ax.get_legend_handles_labels()[0], loc="outside lower center", fontsize=8)
+    _legend_below(fig, ax.get_legend_handles_labels()[0])
     return fig
 
 
@@ -190,7 +222,7 @@ def plot_loss(runs: Sequence[PlotRun]) -> Figure | None:
             smooth = seg["loss"].rolling(w, min_periods=1).mean()
             ax.plot(seg["wall_time"], smooth, color=run.color, label=run.legend if i == 0 else None)
     if all((st["loss"] > 0).all() for _, st in data):
-        ax.set_yscale("log")
+        _log_loss_axis(ax)
     _mark_events(ax, [run for run, _ in data])  # only the runs this plot draws
     return fig
 
@@ -272,7 +304,7 @@ def plot_time_split(runs: Sequence[PlotRun]) -> Figure | None:
         ax.annotate(f" {total:.1f}", (total, yi), va="center", fontsize=8)
     ax.set_yticks(y, [name for name, _ in bars], fontsize=8)
     ax.set_xlim(right=left.max() * 1.12 if left.max() > 0 else 1)
-    ax.legend(fontsize=8)
+    _legend_below(fig, ax.get_legend_handles_labels()[0], ncols=len(SPLIT_COLORS))
     return fig
 
 
@@ -310,7 +342,7 @@ def plot_staleness(runs: Sequence[PlotRun]) -> Figure | None:
         label=[run.legend for run, _ in data],
     )
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.legend(fontsize=8)
+    _legend_below(fig, ax.get_legend_handles_labels()[0])
     return fig
 
 
@@ -358,10 +390,12 @@ def plot_loss_vs_bytes(runs: Sequence[PlotRun]) -> Figure | None:
         ax.plot(st["sent_mb"], st["loss"].rolling(w, min_periods=1).mean(), color=run.color, label=run.legend)
     totals = [st["sent_mb"].iloc[-1] for _, st in data]
     if max(totals) > 30 * min(totals):  # strategies a decade or more apart: each visible on its own scale
-        ax.set_xscale("symlog", linthresh=max(min(totals) / 10, 1e-3))
+        linthresh = max(min(totals) / 10, 1e-3)
+        ax.set_xscale("symlog", linthresh=linthresh)
+        _plain_log_ticks(ax.xaxis, linthresh)
     if all((st["loss"] > 0).all() for _, st in data):
-        ax.set_yscale("log")
-    fig.legend(handles=ax.get_legend_handles_labels()[0], loc="outside lower center", fontsize=8)
+        _log_loss_axis(ax)
+    _legend_below(fig, ax.get_legend_handles_labels()[0])
     return fig
 
 
@@ -399,8 +433,8 @@ def plot_loss_vs_passes(runs: Sequence[PlotRun]) -> Figure | None:
         loss = st["loss"] if full else st["loss"].rolling(w, min_periods=1).mean()
         ax.plot(st["passes"], loss, color=run.color, label=run.legend, marker="." if full else None)
     if all((st["loss"] > 0).all() for _, st in data):
-        ax.set_yscale("log")
-    fig.legend(handles=ax.get_legend_handles_labels()[0], loc="outside lower center", fontsize=8)
+        _log_loss_axis(ax)
+    _legend_below(fig, ax.get_legend_handles_labels()[0])
     return fig
 
 
@@ -446,23 +480,61 @@ def plot_pipeline_timeline(runs: Sequence[PlotRun]) -> Figure | None:
         ax.invert_yaxis()
         from matplotlib.patches import Patch
 
-        ax.legend(handles=[Patch(color=c, label={"F": "forward", "B": "backward"}[k]) for k, c in colors.items()])
+        names = {"F": "forward", "B": "backward"}
+        _legend_below(fig, [Patch(color=c, label=names[k]) for k, c in colors.items()], ncols=2)
         ax.set_xlim(0, end - origin)
         return fig
     return None
 
 
-PLOTS: dict[str, Callable[[Sequence[PlotRun]], Figure | None]] = {
-    "accuracy_vs_time.png": plot_accuracy,
-    "accuracy_vs_progress.png": plot_accuracy_by_progress,
-    "loss_vs_time.png": plot_loss,
-    "loss_vs_bytes.png": plot_loss_vs_bytes,
-    "loss_vs_passes.png": plot_loss_vs_passes,
-    "bytes_vs_time.png": plot_bytes,
-    "throughput_vs_time.png": plot_throughput,
-    "time_split.png": plot_time_split,
-    "step_time_per_worker.png": plot_step_times,
-    "staleness_hist.png": plot_staleness,
-    "tau_over_time.png": plot_tau,
-    "pipeline_timeline.png": plot_pipeline_timeline,
+@dataclass(frozen=True)
+class Plot:
+    """One plot of the report: the function that draws it and the caption report.md gives it ({w}: the
+    smoothing window). Kept together, so a plot cannot be added without its caption."""
+
+    draw: Callable[[Sequence[PlotRun]], Figure | None]
+    caption: str
+
+
+PLOTS: dict[str, Plot] = {
+    "accuracy_vs_time.png": Plot(plot_accuracy, "Test accuracy at each evaluation against wall time."),
+    "accuracy_vs_progress.png": Plot(
+        plot_accuracy_by_progress, "Test accuracy against epochs completed and global steps completed."
+    ),
+    "loss_vs_time.png": Plot(
+        plot_loss, "Training loss, each worker step in wall-time order, mean of the last {w} worker steps."
+    ),
+    "loss_vs_bytes.png": Plot(
+        plot_loss_vs_bytes, "Training loss against megabytes sent per worker so far (the traffic each strategy paid)."
+    ),
+    "loss_vs_passes.png": Plot(
+        plot_loss_vs_passes,
+        "Training loss against passes over the training set: a full-batch run's own count of gradient and "
+        "line-search passes (one point per iteration) beside the minibatch runs' epochs (mean of the last {w} "
+        "worker steps).",
+    ),
+    "bytes_vs_time.png": Plot(plot_bytes, "Megabytes sent per worker so far, against wall time."),
+    "throughput_vs_time.png": Plot(
+        plot_throughput,
+        "Samples/s over the last {w} worker steps (dropped gradients left out); dashed: summary.json's "
+        "steady-state figure.",
+    ),
+    "time_split.png": Plot(
+        plot_time_split,
+        "Mean time of a worker step computing, communicating and blocked by the consistency rule (parameter "
+        "server), per run and strategy phase. An all-reduce's wait for the slowest worker is part of its "
+        "communication time.",
+    ),
+    "step_time_per_worker.png": Plot(
+        plot_step_times, "Distribution of compute + communication time per step, per worker."
+    ),
+    "staleness_hist.png": Plot(plot_staleness, "Staleness of applied gradients (parameter-server strategies)."),
+    "tau_over_time.png": Plot(
+        plot_tau, "tau (local steps between averages) over wall time, for runs whose tau changed."
+    ),
+    "pipeline_timeline.png": Plot(
+        plot_pipeline_timeline,
+        "A pipeline's stages (replica 0) over a few steps: each micro-batch's forward (F) and backward (B); gaps "
+        "are idle time, the bubble and the waits between stages.",
+    ),
 }

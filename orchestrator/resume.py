@@ -94,7 +94,11 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
                     "length is the cosine's horizon, so the rate would jump; drop it"
                 )
     values = recorded.to_dict() | {k: v for k, v in given.items() if k in RESUMABLE} | {"run_dir": str(path)}
-    return RunConfig.from_mapping(values, str(recorded_file))
+    config = RunConfig.from_mapping(values, str(recorded_file))
+    from distrain.orchestrator.tasks import load_task_object  # torch: only once the flags are checked
+
+    load_task_object(config, path)  # a task object handed to distrain.fit: the very one, from task.pkl
+    return config
 
 
 def _value(name: str, config: RunConfig) -> Any:

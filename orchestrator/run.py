@@ -48,7 +48,7 @@ from distrain.orchestrator.resume import recorded_rows, resume_checkpoint, total
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
-from distrain.orchestrator.tasks import build_task, run_target
+from distrain.orchestrator.tasks import build_task, run_target, save_task_object
 from distrain.orchestrator.throughput import SteadyState
 from distrain.orchestrator.work import WorkPlan
 from distrain.orchestrator.worker import STEP_COLUMNS
@@ -262,6 +262,8 @@ def run_training(
             header = auto_strategy.yaml_header(plan.auto)
             atomic_write_text(plan.run_dir / "config.yaml", header + _recorded(config, plan.run_dir).to_yaml())
         placement = cluster.place(config)
+        if not plan.resumed:
+            save_task_object(config, plan.run_dir)  # a task object handed to fit(), for --resume
         state = RunState.create(config, plan)
         started = True
         while True:  # one attempt per failure survived (orchestrator/recovery.py)

@@ -11,11 +11,13 @@ not of the contract's form is one line before Ray starts rather than a failure i
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from distrain.config import RunConfig, Target, parse_target
 from distrain.errors import ConfigError
-from distrain.plugins import load_object
+from distrain.orchestrator.files import atomic_write
+from distrain.plugins import is_lone_module, load_object
 from distrain.trainers.task import ClassificationTask, Task
 
 
@@ -39,28 +41,99 @@ def describe_task_args(path: str) -> str:
     return f"{cls.__name__} takes: {listed or 'no arguments'}."
 
 
-OBJECT_PREFIX = "object:"  # config.task of a task object handed to fit() (its class cannot be imported)
+OBJECT_PREFIX = "object:"  # config.task of a task object handed to fit() that cannot be rebuilt from a path
+TASK_FILE = "task.pkl"  # such an object, kept in its run directory for --resume
 
 
 def attach_task_object(config: RunConfig, task: Task) -> None:
-    """Ship `task` (an object whose class has no import path, e.g. defined in a notebook) with the
-    config: Ray sends the config to every worker with cloudpickle, and the attribute with it. It is
-    not a config field, so config.yaml records only `object:ClassName` (not repeatable)."""
-    config.__dict__["_task_object"] = task
+    """Ship `task` (an object that its import path and constructor arguments cannot rebuild, e.g. its
+    class defined in a notebook) with the config: Ray sends the config to every worker, and the
+    attribute with it, as `ShippedTask`'s bytes. It is not a config field: config.yaml records
+    `object:ClassName`, and `save_task_object` keeps the same bytes in the run directory."""
+    config.__dict__["_task_object"] = ShippedTask(task)
+
+
+class ShippedTask:
+    """A task object travelling with the config. Pickled (by Ray, to the workers) it becomes `task_bytes`,
+    which unpickle to the task itself; the driver unwraps it in `build_task`."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self._bytes: bytes | None = None
+
+    def pickled(self) -> bytes:
+        if self._bytes is None:
+            self._bytes = task_bytes(self.task)
+        return self._bytes
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import pickle
+
+        return (pickle.loads, (self.pickled(),))
+
+
+def task_bytes(task: Task) -> bytes:
+    """`task` by cloudpickle, self-contained where it can be: a class in a notebook's `__main__` travels by
+    value anyway, and one from a lone .py file (`from my_task import Regression`) is made to, so that
+    neither a worker nor a later `--resume` needs that file on its import path."""
+    import inspect
+
+    import cloudpickle
+
+    module = inspect.getmodule(type(task))
+    if module is None or not is_lone_module(module):
+        return cloudpickle.dumps(task)
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(task)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+
+
+def save_task_object(config: RunConfig, run_dir: Path) -> None:
+    """Keep a shipped task object in `run_dir/task.pkl`, so that `--resume` trains the very same object,
+    not a default-constructed one."""
+    shipped = config.__dict__.get("_task_object")
+    if shipped is None:
+        return
+    data = shipped.pickled() if isinstance(shipped, ShippedTask) else task_bytes(shipped)  # a config unpickled
+    atomic_write(run_dir / TASK_FILE, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def load_task_object(config: RunConfig, run_dir: Path) -> None:
+    """`--resume` of a run whose task was a shipped object: attach the object its task.pkl holds."""
+    if not config.task.startswith(OBJECT_PREFIX):
+        return
+    import pickle
+
+    name, path = config.task.removeprefix(OBJECT_PREFIX), run_dir / TASK_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"--resume {str(run_dir)!r}: the run's task was a {name} object handed to distrain.fit and {TASK_FILE}, "
+            "which holds it, is missing; start a new run with --init-from its checkpoint"
+        )
+    try:
+        task = pickle.loads(path.read_bytes())
+    except Exception as e:  # e.g. a module the object's class lives in is not importable here
+        raise ConfigError(
+            f"--resume {str(run_dir)!r}: cannot load the run's {name} task from {TASK_FILE} ({type(e).__name__}: {e}); "
+            "resume where the run was started, with the modules it imported"
+        ) from None
+    attach_task_object(config, task)
 
 
 def build_task(config: RunConfig) -> Task:
     """The run's task object (in a worker, or in the driver's check)."""
     shipped = config.__dict__.get("_task_object")
-    if shipped is not None:
-        return shipped
+    if shipped is not None:  # the driver's ShippedTask; in a worker, already the task it unpickled to
+        return shipped.task if isinstance(shipped, ShippedTask) else shipped
     if not config.task:
         return ClassificationTask(config.model, config.dataset, config.data_dir, config.target_accuracy)
     if config.task.startswith(OBJECT_PREFIX):
         raise ConfigError(
-            f"this run's task was a {config.task.removeprefix(OBJECT_PREFIX)} object defined in a notebook or a "
-            "script's __main__, so it cannot be rebuilt from config.yaml; move the class to a file and pass "
-            "--task file.py:Name"
+            f"this config's task was a {config.task.removeprefix(OBJECT_PREFIX)} object handed to distrain.fit, "
+            f"which config.yaml cannot rebuild (--resume of its run loads it from {TASK_FILE}); pass the task to "
+            "distrain.fit again, or move the class to a file and pass --task file.py:Name"
         )
     cls = task_class(config.task)
     try:

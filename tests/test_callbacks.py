@@ -167,3 +167,26 @@ def test_a_raising_callback_fails_the_run_with_its_traceback(tmp_path, ray_clust
     assert any("Broken.on_epoch_end" in note for note in info.value.__notes__)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
     assert cb.ended == "failed"  # on_run_end still ran (to close its files)
+
+
+def test_the_run_s_last_line_names_its_tensorboard_events(tmp_path, capsys):
+    """With --tensorboard DIR the summary ends with where the events are and the command that shows them."""
+    from distrain.cli import print_summary
+    from distrain.config import RunConfig
+
+    summary = {
+        "run_id": "r", "strategy": "bsp", "workers": 2, "model": "mlp", "dataset": "digits", "epochs_completed": 1,
+        "steps_completed": 22, "final_test_accuracy": 0.9, "target_accuracy": 0.95, "time_to_target_s": None,
+        "wall_time_s": 3.0, "steady_state_samples_per_s": 1000.0, "bytes_per_step": 10, "mean_compute_s": 0.001,
+        "mean_comm_s": 0.001,
+    }  # fmt: skip
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(RunConfig(tensorboard=str(tmp_path / "tb")).to_yaml())
+    print_summary(summary, run_dir)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"TensorBoard events in {tmp_path / 'tb' / 'r'}/; view with: tensorboard --logdir "
+                           f"{tmp_path / 'tb'}")  # fmt: skip
+    (run_dir / "config.yaml").write_text(RunConfig().to_yaml())  # without --tensorboard: no such line
+    print_summary(summary, run_dir)
+    assert "TensorBoard" not in capsys.readouterr().out

@@ -137,3 +137,14 @@ def test_run_help_for_a_task_lists_its_constructor_arguments():
         cli.prepare_commands([])
     assert "Diabetes takes: hidden (default 32), seed (default 0)" in text
     assert "Diabetes takes" not in flat(help_text("run"))
+
+
+def test_model_and_dataset_help_list_the_catalog():
+    """--help names every built-in model and data set (trainers/catalog.py), `--model linear` included."""
+    from distrain.trainers.catalog import DATASET_READS_FILES, MODEL_NAMES
+
+    text = flat(help_text("run"))
+    model = re.search(r"--model <str> (.*?)\[default", text).group(1)
+    dataset = re.search(r"--dataset <str> (.*?)\[default", text).group(1)
+    assert all(name in model for name in MODEL_NAMES), model
+    assert all(name in dataset for name in DATASET_READS_FILES), dataset

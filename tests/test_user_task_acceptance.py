@@ -18,6 +18,8 @@ Every run is asserted to complete, to record the task's own metric in metrics.pa
 from __future__ import annotations
 
 import json
+import pickle
+import sys
 import textwrap
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from typer.testing import CliRunner
 import distrain
 from distrain.cli import app
 from distrain.config import RunConfig
+from tests.test_task_reference import readme_task_file
 from tests.test_tasks import REGRESSION
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -197,9 +200,33 @@ class InlineQuadratic(distrain.Task):
 
 def test_fit_twice_in_one_process_with_a_class_and_an_instance(tmp_path):
     first = distrain.fit(task=InlineQuadratic, epochs=4, lr=0.1, run_dir=str(tmp_path / "a"), progress=False)
-    second = distrain.fit(task=InlineQuadratic(), epochs=4, lr=0.1, run_dir=str(tmp_path / "b"), progress=False)
+    task = InlineQuadratic()
+    task.note = "changed after construction"  # so InlineQuadratic() would not rebuild it: the object is shipped
+    second = distrain.fit(task=task, epochs=4, lr=0.1, run_dir=str(tmp_path / "b"), progress=False)
     for result in (first, second):
         assert result.status == "completed" and result.metrics["test_loss"] < 0.05, result.summary
     assert RunConfig.resolve(str(tmp_path / "a" / "config.yaml"), {}).task.endswith(":InlineQuadratic")
-    # An instance is shipped to the workers as an object: recorded, but not repeatable from the file.
+    # The shipped object: recorded as not repeatable from config.yaml, kept in task.pkl for --resume.
     assert RunConfig.resolve(str(tmp_path / "b" / "config.yaml"), {}).task == "object:InlineQuadratic"
+    assert pickle.loads((tmp_path / "b" / "task.pkl").read_bytes()).note == "changed after construction"
+
+
+def test_readme_fit_then_resume_trains_the_same_task(tmp_path, monkeypatch, request):
+    """The README's snippet: `Regression` imported from my_task.py (the README's own file), an instance with
+    a non-default size given to fit(), then fit(resume=...) goes on training that task, not Regression()."""
+    (tmp_path / "my_task.py").write_text(readme_task_file())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("my_task", None)
+    request.addfinalizer(lambda: sys.modules.pop("my_task", None))
+    from my_task import Regression
+
+    run_dir = tmp_path / "run"  # n=512: 384 training samples, 6 steps an epoch at 2 x 32 (the default n: 24)
+    first = distrain.fit(task=Regression(n=512), epochs=1, run_dir=str(run_dir), progress=False, segment_steps=3)
+    recorded = RunConfig.resolve(str(run_dir / "config.yaml"), {})
+    assert recorded.task == f"{(tmp_path / 'my_task.py').resolve()}:Regression" and recorded.task_args == {"n": 512}
+    again = distrain.fit(resume=first.run_dir, epochs=2, progress=False)
+    summary, metrics = read(run_dir)
+    assert again.status == "completed" and summary["epochs_completed"] == 2, summary
+    steps = metrics.query("kind == 'step'")
+    assert sorted(steps["step"].unique()) == list(range(12)), "trained on 384 samples, before and after resuming"
+    assert metrics.query("kind == 'eval'")["epoch"].tolist() == [0, 1]

@@ -37,6 +37,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from distrain.errors import ConfigError
+from distrain.trainers.task_call import recording_init
 
 MetricValue = float | tuple[float, float]
 
@@ -51,6 +52,13 @@ class Task:
     #: {"loss": (0.0, math.inf), "accuracy": (0.0, 1.0)}: a --target outside them is refused before the run
     #: starts, as one that can never be reached. A metric not listed may take any value.
     metric_ranges: dict[str, tuple[float, float]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Each subclass's constructor records its call, so that a run given an object records how to build
+        # it again (trainers/task_call.py): config.yaml's `task` + `task_args`, what workers and --resume use.
+        super().__init_subclass__(**kwargs)
+        if cls.__init__ is not object.__init__:
+            cls.__init__ = recording_init(cls.__init__)  # type: ignore[method-assign]
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must define build_model(self) -> torch.nn.Module")
