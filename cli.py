@@ -782,7 +782,8 @@ def tune(
         err.print(_sweep_interrupted_line(sweep.sweep_dir, sweep.results), markup=False, highlight=False)
         raise typer.Exit(interrupts.exit_code())
     title = f"distrain tune: {len(sweep.results)} trial(s), best first by {spec.objective}"
-    print_table(out, results_table(sweep.results, list(spec.dimensions), title))
+    width = out.width if out.is_terminal else None  # a log gets the table at its natural width
+    print_table(out, results_table(sweep.results, list(spec.dimensions), title, width=width))
     out.print(f"sweep took {sweep.wall_time_s:.1f} s", markup=False, highlight=False)
     unfinished = sweep.results["status"].isin(["stopped", "pending"]).sum() if len(sweep.results) else 0
     if unfinished and (spec.scheduler == "none" or (sweep.results["status"] == "pending").any()):
