@@ -244,11 +244,12 @@ def _run(
         if config is not None:
             raise DistrainError("--resume uses the run's own config.yaml; drop --config")
         from distrain.orchestrator.auto_strategy import resumed_values  # auto: the choice the run made
-        from distrain.orchestrator.resume import resume_config
 
         overrides = resumed_values(resume, overrides)
 
         with RunDisplay(run_dir=str(resume)) as display:  # at once: torch and Ray take seconds to load
+            from distrain.orchestrator.resume import resume_config  # loads torch
+
             cfg = display.configured(resume_config(resume, overrides))
             from distrain.orchestrator.run import run_training
 
@@ -820,13 +821,13 @@ def _sweep_interrupted_line(sweep_dir: Path, results: Any) -> str:
 class RunDisplay:
     """What `distrain run` shows while it runs.
 
-    On a terminal: at once, a line saying what the run is doing while it prepares (loading torch and
-    Ray, the checks, Ray's start, placing and starting the workers), which goes when training starts
-    or an error is shown; then a live bar (epoch, step, loss, samples/s, the last test figures, the
-    run's elapsed time and the time left) with a line per finished epoch kept above it. Otherwise
-    (logs, CI, pipes, `ray job submit`): the same line per finished epoch, and a `still ...` line
-    whenever nothing was printed for DISTRAIN_PROGRESS_EVERY_S seconds (run_progress.py), so neither a
-    long start nor a long epoch is silent.
+    On a terminal: at once, a line saying what the run is doing while it prepares (checking the
+    settings, loading Ray and torch, the run's checks, Ray's start, placing and starting the workers),
+    which goes when training starts or an error is shown; then a live bar (epoch, step, the run's
+    elapsed time and the time left; under it loss, samples/s, the last test figures) with a line per
+    finished epoch kept above it. Otherwise (logs, CI, pipes, `ray job submit`): the same line per
+    finished epoch, and a `still ...` line whenever nothing was printed for DISTRAIN_PROGRESS_EVERY_S
+    seconds (run_progress.py), so neither a long start nor a long epoch is silent.
 
     Both show the summary's steady-state samples/s (orchestrator/throughput.py) over the rows so far,
     and the elapsed time as the summary counts it: from the run's start (a resumed run's goes on).

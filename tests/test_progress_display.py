@@ -351,3 +351,21 @@ def test_the_bar_counts_from_the_runs_start_before_any_step():
         clock.now += 5
         shown = display.progress.columns[-1].render(display.progress.tasks[0]).plain
     assert shown == "elapsed 0:00:25"  # no rate yet: no time left
+
+
+def test_distrain_run_shows_the_line_before_checking_the_settings(monkeypatch):
+    """RunConfig.resolve loads torch (seconds): the line is on the screen before it starts, and a
+    refusal still ends the command the usual way (one line, exit 2)."""
+    console, buf = terminal()
+    monkeypatch.setattr(cli, "out", console)
+    on_screen = []
+    resolve = RunConfig.resolve
+
+    def watched(*args, **kwargs):
+        on_screen.append(buf.getvalue())
+        return resolve(*args, **kwargs)
+
+    monkeypatch.setattr(RunConfig, "resolve", staticmethod(watched))
+    result = runner.invoke(app, ["run", "--workers", "0", "--run-dir", "runs/x"])
+    assert result.exit_code == 2 and "--workers must be >= 1" in result.stderr
+    assert "preparing run runs/x: checking the settings" in on_screen[0]
