@@ -13,15 +13,19 @@ import importlib.metadata
 import inspect
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
+from rich.spinner import Spinner
+from rich.table import Column, Table
 from rich.text import Text
 from typer.core import TyperCommand
 
@@ -29,6 +33,7 @@ from distrain.config import RunConfig, parse_optimizer_args
 from distrain.errors import DistrainError
 from distrain.fields import SECTIONS, FieldInfo
 from distrain.orchestrator import interrupts
+from distrain.run_progress import Heartbeat, RunClock, clock_text, heartbeat_seconds
 
 try:  # typer >= 0.24 parses with its own vendored copy of click (and keeps Abort in typer.exceptions)
     from typer._click import exceptions as click_exceptions
@@ -240,14 +245,15 @@ def _run(
         if config is not None:
             raise DistrainError("--resume uses the run's own config.yaml; drop --config")
         from distrain.orchestrator.auto_strategy import resumed_values  # auto: the choice the run made
-        from distrain.orchestrator.resume import resume_config
 
         overrides = resumed_values(resume, overrides)
 
-        cfg = resume_config(resume, overrides)
-        from distrain.orchestrator.run import run_training
+        with RunDisplay(run_dir=str(resume)) as display:  # at once: torch and Ray take seconds to load
+            from distrain.orchestrator.resume import resume_config  # loads torch
 
-        with RunDisplay(cfg) as display:
+            cfg = display.configured(resume_config(resume, overrides))
+            from distrain.orchestrator.run import run_training
+
             result = run_training(cfg, display.on_event, resume=True)
         print_summary(result.summary, result.run_dir)
         _exit_if_diverged(result.summary)
@@ -268,11 +274,10 @@ def _run(
     overrides, auto = make_concrete(
         overrides, str(config) if config else None, lambda line: out.print(line, markup=False, highlight=False)
     )
-    cfg = RunConfig.resolve(str(config) if config else None, overrides)
+    with RunDisplay(run_dir=overrides.get("run_dir") or "") as display:  # at once: torch and Ray take seconds
+        cfg = display.configured(RunConfig.resolve(str(config) if config else None, overrides))  # loads torch
+        from distrain.orchestrator.run import run_training  # Ray loads only from here on
 
-    from distrain.orchestrator.run import run_training  # Ray and torch load only from here on
-
-    with RunDisplay(cfg) as display:
         result = run_training(cfg, display.on_event, auto=auto)
     print_summary(result.summary, result.run_dir)
     _exit_if_diverged(result.summary)
@@ -779,7 +784,8 @@ def tune(
         err.print(_sweep_interrupted_line(sweep.sweep_dir, sweep.results), markup=False, highlight=False)
         raise typer.Exit(interrupts.exit_code())
     title = f"distrain tune: {len(sweep.results)} trial(s), best first by {spec.objective}"
-    print_table(out, results_table(sweep.results, list(spec.dimensions), title))
+    width = out.width if out.is_terminal else None  # a log gets the table at its natural width
+    print_table(out, results_table(sweep.results, list(spec.dimensions), title, width=width))
     out.print(f"sweep took {sweep.wall_time_s:.1f} s", markup=False, highlight=False)
     unfinished = sweep.results["status"].isin(["stopped", "pending"]).sum() if len(sweep.results) else 0
     if unfinished and (spec.scheduler == "none" or (sweep.results["status"] == "pending").any()):
@@ -814,56 +820,150 @@ def _sweep_interrupted_line(sweep_dir: Path, results: Any) -> str:
 
 
 class RunDisplay:
-    """A live progress bar on a terminal; one line per epoch otherwise (logs, CI, pipes).
+    """What `distrain run` shows while it runs.
 
-    Both show the summary's steady-state samples/s (orchestrator/throughput.py), over the rows so far.
+    On a terminal: at once, a line saying what the run is doing while it prepares (checking the
+    settings, loading Ray and torch, the run's checks, Ray's start, placing and starting the workers),
+    which goes when training starts or an error is shown; then a live bar (epoch, step, the run's
+    elapsed time and the time left; under it loss, samples/s, the last test figures) with a line per
+    finished epoch kept above it. Otherwise (logs, CI, pipes, `ray job submit`): the same line per
+    finished epoch, and a `still ...` line whenever nothing was printed for DISTRAIN_PROGRESS_EVERY_S
+    seconds (run_progress.py), so neither a long start nor a long epoch is silent.
+
+    Both show the summary's steady-state samples/s (orchestrator/throughput.py) over the rows so far,
+    and the elapsed time as the summary counts it: from the run's start (a resumed run's goes on).
     """
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-        self.live = out.is_terminal
-        self.progress = Progress(
-            TextColumn("[bold]epoch {task.fields[epoch]}"),
-            BarColumn(),
-            TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[speed]} samples/s"),
-            TextColumn("{task.fields[acc]}"),
-            TimeElapsedColumn(),
-            console=out,
+    def __init__(
+        self,
+        cfg: RunConfig | None = None,
+        console: Console | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        every_s: float | None = None,
+        run_dir: str = "",
+    ) -> None:
+        """`cfg` may come later (`configured`): the display starts before the settings are checked,
+        which loads torch; `run_dir` is the one asked for, if any, until then."""
+        self.cfg: Any = None
+        self.console = console or out
+        self.live = self.console.is_terminal
+        self.clock = clock
+        self.every_s = heartbeat_seconds() if every_s is None else every_s
+        self.run_clock = RunClock(clock)
+        one_line = Column(no_wrap=True)  # the bar narrows (down to nothing) before a figure wraps
+        self.progress = _TwoLineProgress(
+            TextColumn("[bold]epoch {task.fields[epoch]}", table_column=one_line),
+            BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=0)),
+            TextColumn("step {task.completed:.0f}/{task.total:.0f}", table_column=one_line),
+            _RunTimeColumn(self.run_clock, table_column=one_line),
+            console=self.console,
             disable=not self.live,
+            expand=True,
+            transient=True,  # at the end only the epoch lines stay, above the summary
         )
         self.task: Any = None
         self.started: Any = None  # the RunStarted event
-        self.next_line = 0  # not a terminal: the epoch whose line is printed next
+        self.latest: Any = None  # the last Progress event
+        self.next_line = 0  # the epoch whose line is printed next
         self.evaluations: dict[int, Any] = {}  # epoch -> its evaluation's Progress event, until printed
+        self.where = f"run {run_dir}" if run_dir else "the run"
+        self.stage = "checking the settings"
+        if cfg is not None:
+            self.configured(cfg)
+        self.since = clock()  # preparing since
+        self.preparing: Live | None = None  # the terminal's line while the run prepares
+        self.spinner = Spinner("dots")
+        self.lock = threading.Lock()  # the heartbeat's thread and the events' take turns
+        self.last_said = self.since
+        self.heartbeat = Heartbeat(self.tick)
 
     def __enter__(self) -> RunDisplay:
-        self.progress.__enter__()
+        if self.live:
+            self.preparing = Live(
+                get_renderable=self._preparing_line, console=self.console, transient=True, refresh_per_second=4
+            )
+            self.preparing.start(refresh=True)  # at once, not at the first auto refresh
+        elif self.every_s:
+            self.heartbeat.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.heartbeat.stop()
+        self._prepared()
         self.progress.__exit__(*exc)
 
+    def configured(self, cfg: RunConfig) -> RunConfig:
+        """The run's settings, checked; returns them."""
+        self.cfg = cfg
+        self.where = f"run {cfg.run_dir}" if cfg.run_dir else self.where
+        self.stage = "loading Ray and torch"
+        return cfg
+
+    def _prepared(self) -> None:
+        if self.preparing is not None:
+            self.preparing.stop()
+            self.preparing = None
+
+    def _preparing_line(self) -> Any:
+        line = Table.grid(padding=(0, 1))
+        line.add_row(
+            self.spinner, Text(f"preparing {self.where}: {self.stage}  {clock_text(self.clock() - self.since)}")
+        )
+        return line
+
+    def _say(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False)
+        self.last_said = self.clock()
+
+    def tick(self) -> None:
+        """Not a terminal: a `still ...` line when nothing was said for `every_s` (the heartbeat's thread)."""
+        with self.lock:
+            if self.every_s and self.clock() - self.last_said >= self.every_s:
+                self._say(self._still_line())
+
+    def _still_line(self) -> str:
+        if self.started is None:
+            return f"still preparing {self.where}: {self.stage} ({clock_text(self.clock() - self.since)} so far)"
+        event, total = self.latest, self.started.total_steps
+        if event is None:
+            where = f"step {self.started.start_step}/{total}"
+        else:
+            where = (
+                f"epoch {event.epoch + 1}/{event.epochs}  step {event.steps_done}/{total}  loss {event.loss:.4f}"
+                f"  {_speed(event.samples_per_s)} samples/s"
+            )
+        return f"still training: {where}  {_run_times(self.run_clock.elapsed(), self.run_clock.left())}"
+
     def on_event(self, event: Any) -> None:
+        interrupts.check()  # a signal whose first raise some library code swallowed still ends the run
+        with self.lock:
+            self._on_event(event)
+
+    def _on_event(self, event: Any) -> None:
         from distrain.orchestrator.membership import MembershipChanged
         from distrain.orchestrator.recovery import Failure
-        from distrain.orchestrator.run import Notice, RunStarted, StragglersChanged, WorkersStarting
+        from distrain.orchestrator.run import Notice, Preparing, RunStarted, StragglersChanged, WorkersStarting
         from distrain.orchestrator.run import Progress as RunProgress
 
-        interrupts.check()  # a signal whose first raise some library code swallowed still ends the run
+        if isinstance(event, Preparing):
+            self.stage = event.stage
+            if event.run_dir is not None:
+                self.where = f"run {event.run_dir}"
+            return
         if isinstance(event, Notice):
-            out.print(f"note: {event.text}", markup=False, highlight=False)
+            self._say(f"note: {event.text}")
             return
         if isinstance(event, WorkersStarting):
-            out.print(f"starting workers {event.started}/{event.total}", markup=False, highlight=False)
+            self.stage = f"starting workers {event.started}/{event.total}"
+            if not self.live:
+                self._say(self.stage)
             return
         if isinstance(event, MembershipChanged):
-            out.print(membership_line(event, self.cfg.worker_range), markup=False, highlight=False)
+            self._say(membership_line(event, self.cfg.worker_range))
             return
         if isinstance(event, StragglersChanged):
             slow = ", ".join(f"worker {w} ({r:.1f}x the others' step time)" for w, r in sorted(event.slow.items()))
-            out.print(f"step {event.step}: stragglers: {slow or 'none now'}", markup=False, highlight=False)
+            self._say(f"step {event.step}: stragglers: {slow or 'none now'}")
             return
 
         if isinstance(event, Failure):
@@ -873,41 +973,42 @@ class RunDisplay:
                 if event.replaced
                 else f"restarting from the checkpoint at step {event.restored_step}"
             )
-            out.print(
-                f"failure {event.number} ({bound}): {event.what} at step {event.at_step}; {then}",
-                markup=False,
-                highlight=False,
-            )
+            self._say(f"failure {event.number} ({bound}): {event.what} at step {event.at_step}; {then}")
             if self.started is not None and not event.replaced:  # epochs after the checkpoint are redone
                 self.next_line = min(self.next_line, event.restored_step // self.started.steps_per_epoch)
         elif isinstance(event, RunStarted):
-            out.print(
+            self._prepared()
+            self._say(
                 f"run dir {event.run_dir}  |  {_short(self.cfg.strategy)} x {self.cfg.to_dict()['workers']} workers on "
                 f"{event.nodes} node(s)  |  {describe_task(self.cfg)} ({event.num_params:,} params)"
-                f"  |  {event.total_steps} steps",
-                markup=False,
-                highlight=False,
+                f"  |  {event.total_steps} steps"
             )
             self.started = event
             self.next_line = event.start_step // event.steps_per_epoch
-            self.task = self.progress.add_task(
-                "train", total=event.total_steps, completed=event.start_step, epoch="-", loss="-", speed="-", acc=""
-            )
+            self.run_clock.started(event.elapsed_s)
+            if self.task is None:  # a resumed run's next attempt starts again: the same bar
+                self.task = self.progress.add_task(
+                    "train", total=event.total_steps, completed=event.start_step, epoch="-", loss="-", speed="-", acc=""
+                )
+                self.progress.start()
         elif isinstance(event, RunProgress):
-            acc = test_figures(event)
+            self.latest = event
+            self.run_clock.progress(event.elapsed_s, event.steps_done, event.total_steps)
             fields: dict[str, Any] = {
                 "epoch": f"{event.epoch + 1}/{event.epochs}",
                 "loss": f"{event.loss:.4f}",
                 "speed": _speed(event.samples_per_s),
-                "acc": acc,
+                "acc": test_figures(event),
             }
-            self.progress.update(self.task, completed=event.steps_done, **fields)
-            if not self.live and self.started is not None:
+            if self.task is not None:
+                self.progress.update(self.task, completed=event.steps_done, **fields)
+            if self.started is not None:
                 self._epoch_lines(event)
 
     def _epoch_lines(self, event: Any) -> None:
-        """Print each finished epoch's line, in order: an epoch that is evaluated once its evaluation is in
-        (with the test accuracy), any other once its last step is done (so --eval-every 0 still shows)."""
+        """Print each finished epoch's line, in order (on a terminal above the bar, which keeps them): an
+        epoch that is evaluated once its evaluation is in (with the test accuracy), any other once its
+        last step is done (so --eval-every 0 still shows)."""
         from distrain.orchestrator.run import evaluates
 
         spe, total = self.started.steps_per_epoch, self.started.total_steps
@@ -927,13 +1028,39 @@ class RunDisplay:
             else:
                 return
             acc = f"  {test_figures(shown)}" if evaluated else ""
-            out.print(
+            left = self.run_clock.left_at(shown.elapsed_s, end, total) if end < total else None
+            self._say(
                 f"epoch {epoch + 1}/{shown.epochs}  step {end}/{total}  loss {shown.loss:.4f}{acc}"
-                f"  {_speed(shown.samples_per_s)} samples/s  elapsed {_clock(shown.elapsed_s)}",
-                markup=False,
-                highlight=False,
+                f"  {_speed(shown.samples_per_s)} samples/s  {_run_times(shown.elapsed_s, left)}"
             )
             self.next_line += 1
+
+
+class _TwoLineProgress(Progress):
+    """The bar with the run's position and times, and under it the figures (loss, samples/s, the last
+    evaluation): one line of all of it would be cut short on an 80-column terminal."""
+
+    def get_renderables(self) -> Any:
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            figures = f"loss {task.fields['loss']}  {task.fields['speed']} samples/s  {task.fields['acc']}"
+            yield Text(figures.rstrip(), no_wrap=True, overflow="ellipsis")
+
+
+class _RunTimeColumn(ProgressColumn):
+    """The bar's elapsed run time (from the run's start, as the epoch lines and the summary count it,
+    not from the bar's) and the time left."""
+
+    def __init__(self, run_clock: RunClock, table_column: Column | None = None) -> None:
+        super().__init__(table_column)
+        self.run_clock = run_clock
+
+    def render(self, task: Any) -> Text:
+        return Text(_run_times(self.run_clock.elapsed(), self.run_clock.left()))
+
+
+def _run_times(elapsed_s: float, left_s: float | None) -> str:
+    return f"elapsed {clock_text(elapsed_s)}" + ("" if left_s is None else f"  eta {clock_text(left_s)}")
 
 
 def test_figures(event: Any) -> str:
@@ -946,12 +1073,6 @@ def test_figures(event: Any) -> str:
 
 def _speed(samples_per_s: float | None) -> str:
     return "-" if samples_per_s is None else f"{samples_per_s:,.0f}"
-
-
-def _clock(seconds: float) -> str:
-    """h:mm:ss, like the progress bar's elapsed time."""
-    whole = int(seconds)
-    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def _fmt(value: Any, spec: str = "") -> str:

@@ -4,10 +4,13 @@ sweep's events by their fields and the results as a DataFrame."""
 
 from __future__ import annotations
 
+import io
 import math
+import textwrap
 import time
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -93,22 +96,11 @@ class SweepDisplay:
         left = self.estimate()
         title = f"trials {self.done()}/{self.num_trials} done, {self.clock() - self.started:.0f} s"
         title += f", {left}" if left else ""
-        table = Table(title=Text(title))
-        for name in ("trial", "config", "status", "epoch", "test acc", "test loss", "elapsed (s)"):
-            table.add_column(
-                name, justify="right" if name in ("epoch", "test acc", "test loss", "elapsed (s)") else "left"
-            )
-        for trial_id, r in self.rows.items():
-            table.add_row(
-                trial_id,
-                r["params"],
-                r["status"],
-                r["epoch"],
-                r["acc"],
-                r["loss"],
-                r["elapsed"],
-            )
-        return table
+        rows = [
+            (trial_id, r["params"], r["status"], r["epoch"], r["acc"], r["loss"], r["elapsed"])
+            for trial_id, r in self.rows.items()
+        ]
+        return fitted_table(title, ["trial", "config", "status", "epoch", "test acc", "test loss", "elapsed (s)"], rows)
 
     def _say(self, text: str) -> None:
         if self.live is not None:
@@ -170,23 +162,56 @@ def _cell(value: Any, spec: str) -> str:
     return format(value, spec) if spec else str(value)
 
 
-def results_table(results: Any, swept: list[str], title: str) -> Table:
-    """The sweep's results (already sorted by the objective) with the swept columns first."""
-    table = Table(title=Text(title))
+# Tables at any width (80 columns included): the trial id, the status and every figure are never
+# cut; the config is the one column that gives way, its `key=value` items stacked one under another
+# (an item longer than the whole column folds, still whole); headers of figures break at their spaces.
+UNCUT = ("trial", "status")
+
+
+def fitted_table(title: str, headers: list[str], rows: list[tuple[str, ...]]) -> Table:
+    """A table whose only wrapping column is `config` (if any): every other column is as wide as its
+    widest cell (its header broken at spaces to that width), so rich narrows the config alone."""
+    # No vertical rules, no outer edge, one padding between columns: at 80 columns every char counts.
+    table = Table(title=Text(title), box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, pad_edge=False)
+    for i, name in enumerate(headers):
+        cells = [str(row[i]) for row in rows]
+        if name == "config":
+            table.add_column(name, overflow="fold")
+            continue
+        width = max([len(c) for c in cells] + [len(word) for word in name.split()])
+        header = name if name in UNCUT else "\n".join(textwrap.wrap(name, width)) or name
+        table.add_column(header, justify="left" if name in UNCUT else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def results_table(results: Any, swept: list[str], title: str, width: int | None = None) -> Table:
+    """The sweep's results (already sorted by the objective): the swept values first, a column each, or
+    (where that would not fit `width` columns) stacked in one `config` column after the trial id."""
     config_columns = [c for c in swept if c in results.columns]
-    for name in config_columns:
-        table.add_column(name, justify="right")
     columns = list(RESULT_COLUMNS)
     metric = results["metric"].iloc[0] if "metric" in results.columns and len(results) else "test_accuracy"
     if metric != "test_accuracy":  # another task's sweep: the final value of its target metric
         columns[2] = ("final_metric", f"final {metric.replace('_', ' ')}", ".4g")
-    for _, label, _ in columns:
-        table.add_column(label, justify="left" if label in ("trial", "status") else "right")
+    configs, figures = [], []
     for _, row in results.iterrows():
-        cells = [_cell(row[c], "g" if isinstance(row[c], float) else "") for c in config_columns]
-        cells += [_cell(row[key], spec) for key, _, spec in columns]
-        table.add_row(*cells)
-    return table
+        configs.append([_cell(row[c], "g" if isinstance(row[c], float) else "") for c in config_columns])
+        figures.append([_cell(row[key], spec) for key, _, spec in columns])
+    labels = [label for _, label, _ in columns]
+    wide = fitted_table(title, config_columns + labels, [tuple(c + f) for c, f in zip(configs, figures, strict=True)])
+    if width is None or _min_width(wide) <= width:
+        return wide
+    stacked = [
+        (f[0], " ".join(f"{name}={value}" for name, value in zip(config_columns, c, strict=True)), *f[1:])
+        for c, f in zip(configs, figures, strict=True)
+    ]
+    return fitted_table(title, [labels[0], "config", *labels[1:]], stacked)
+
+
+def _min_width(table: Table) -> int:
+    console = Console(file=io.StringIO(), width=10_000)
+    return console.measure(table).minimum
 
 
 def print_table(console: Console, table: Table) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,40 @@ LOCAL_SYSTEM_CONFIG = {
 QUIET = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
 
 
+@contextlib.contextmanager
+def ray_processes_in_own_session() -> Iterator[None]:
+    """Start the local Ray's processes (GCS, raylet, monitor, log monitor; the raylet's agents and
+    workers follow the raylet) in a session of their own, not in the driver's process group.
+
+    A signal sent to the driver's whole group (`kill -TERM -PGID`, `timeout`, a supervisor or a batch
+    scheduler stopping a job) would otherwise reach the GCS and raylet too: they die while the driver
+    starts its teardown, whose Ray calls then wait 60 s for the dead GCS and end the process with exit
+    1. Set apart, only the driver gets the signal, as from `kill PID`, and stops Ray itself. A driver
+    killed outright still takes them along: Ray asks the kernel for that (PR_SET_PDEATHSIG), whatever
+    the session, and what the raylet started is found by orchestrator/leftovers.py.
+
+    ray.init has no option for this; Ray starts each of these processes through
+    `ray._private.services.ConsolePopen` (a subprocess.Popen), looked up at each start, so it is
+    replaced for the length of the block. Where a Ray version has no such class, nothing changes."""
+    from ray._private import services
+
+    popen = getattr(services, "ConsolePopen", None)
+    if popen is None or os.name != "posix":  # pragma: no cover - another Ray layout, or Windows
+        yield
+        return
+
+    class OwnSessionPopen(popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSessionPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
+
+
 def start_local_ray(num_cpus: int) -> None:
     """A fresh local Ray (address="local": never a `ray start` cluster found on this machine).
 
@@ -131,7 +167,8 @@ def start_local_ray(num_cpus: int) -> None:
         )
     try:
         with interrupts.deferred():  # a Ray start cut short leaves processes no shutdown knows of
-            ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_SYSTEM_CONFIG, **QUIET)
+            with ray_processes_in_own_session():
+                ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_SYSTEM_CONFIG, **QUIET)
             node = _local_node()
             if node is not None:
                 leftovers.record(Path(node.get_session_dir_path()))

@@ -11,6 +11,11 @@ The first signal raises KeyboardInterrupt in the main thread, so the run's own t
 "interrupted", metrics and summary written, actors killed, Ray stopped) runs as for Ctrl-C. Further
 signals do not cut that teardown short; the third ends the process at once (its Ray processes die
 with it, or the next start stops them: orchestrator/leftovers.py).
+
+One stop request often arrives as several signals at once: `timeout` sends SIGTERM to its child and
+then to its whole process group (the child again), and a supervisor's group kill adds one more. So
+signals that come within SAME_REQUEST_S of the first one of a burst count as one: only a user who
+presses Ctrl-C again (later) moves towards the forced exit, never a single `timeout` or group kill.
 """
 
 from __future__ import annotations
@@ -20,15 +25,18 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-FORCE_AFTER = 3  # signals: the third one exits without teardown
+FORCE_AFTER = 3  # stop requests: the third one exits without teardown
+SAME_REQUEST_S = 1.0  # signals this soon after the first of a burst are the same request delivered again
 
 _installed = False
-_received: list[int] = []  # signal numbers, in order of arrival
+_received: list[int] = []  # signal numbers of the stop requests, in order of arrival
+_burst_start = 0.0  # time.monotonic() of the signal that made the last request
 _depth = 0  # nesting of deferred() sections (main thread)
 
 
@@ -57,6 +65,11 @@ def installed() -> Iterator[None]:
 
 
 def _handle(signum: int, frame: Any) -> None:
+    global _burst_start
+    now = time.monotonic()
+    if _received and now - _burst_start < SAME_REQUEST_S:
+        return  # the same request again (timeout's child and group sends, a group kill): already on its way
+    _burst_start = now
     _received.append(signum)
     if len(_received) >= FORCE_AFTER:
         os._exit(128 + _received[0])

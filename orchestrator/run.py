@@ -65,6 +65,7 @@ class RunStarted:
     num_params: int
     nodes: int
     start_step: int = 0  # global steps already done (a resumed run, or one started --init-from)
+    elapsed_s: float = 0.0  # run time so far, as Progress counts it (a resumed run's goes on)
 
 
 @dataclass
@@ -80,6 +81,15 @@ class Progress:
     test_loss: float | None = None  # set on evaluated events
     elapsed_s: float = 0.0  # run time so far (a resumed run's goes on from where it stopped)
     test_metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's figures, by name
+
+
+@dataclass
+class Preparing:
+    """Start-up progress before the workers start: what the driver does now (the run's checks, starting
+    or joining Ray, placing the workers), with the run's directory once it is claimed."""
+
+    stage: str
+    run_dir: Path | None = None
 
 
 @dataclass
@@ -114,7 +124,7 @@ class RunResult:
     shard_nodes: list[str] = field(default_factory=list)  # node id of each PS shard (PS runs)
 
 
-Event = RunStarted | Progress | StragglersChanged | Failure | WorkersStarting | Notice | MembershipChanged
+Event = RunStarted | Progress | StragglersChanged | Failure | Preparing | WorkersStarting | Notice | MembershipChanged
 
 
 class Diverged(Exception):
@@ -243,6 +253,7 @@ def run_training(
         from distrain.orchestrator.tensorboard import TensorBoardWriter
 
         hooks.callbacks.append(TensorBoardWriter(config.tensorboard))
+    emit(Preparing("checking the task, its data and the run directory"))
     plan = preflight(config, resume, auto)
     connection = None
     placement = None
@@ -250,6 +261,7 @@ def run_training(
     started = False  # the run's actors were placed: from here on an interrupted run is recorded
     state: RunState | None = None
     try:
+        emit(Preparing(_connecting(config), plan.run_dir))
         connection = cluster.connect(config)
         cluster.check_resources(config)
         unused = cluster.unused_gpus(config)
@@ -261,6 +273,7 @@ def run_training(
         if plan.resumed:  # the resumable flags given now are the run's from here on
             header = auto_strategy.yaml_header(plan.auto)
             atomic_write_text(plan.run_dir / "config.yaml", header + _recorded(config, plan.run_dir).to_yaml())
+        emit(Preparing(f"placing {config.to_dict()['workers']} workers", plan.run_dir))
         placement = cluster.place(config)
         if not plan.resumed:
             save_task_object(config, plan.run_dir)  # a task object handed to fit(), for --resume
@@ -303,6 +316,12 @@ def run_training(
                 connection.close()
             if not started and plan.claim is not None:  # refused before it began: leave no directory behind
                 plan.claim.release()
+
+
+def _connecting(config: RunConfig) -> str:
+    if ray.is_initialized():
+        return "joining the Ray already running in this process"
+    return f"connecting to Ray at {config.address}" if config.address else "starting a local Ray"
 
 
 def _record_interrupted(config: RunConfig, plan: Plan, state: RunState) -> None:
@@ -590,7 +609,8 @@ class _Driver:
             nodes = len({i["node_id"] for i in info})
             if not self.state.ledger.events or self.plan.resumed:  # a recovered attempt is the same run going on
                 spe, params = self.steps_per_epoch, info[0]["num_params"]
-                self.emit(RunStarted(self.run_dir, total, spe, params, nodes, self.start_step))
+                elapsed = time.time() - self.run_start
+                self.emit(RunStarted(self.run_dir, total, spe, params, nodes, self.start_step, elapsed))
                 info_ = RunInfo(self.run_dir, self.config, total, spe, self.start_step, params, self.target)
                 self.hooks.call("on_run_start", info_)
             optimizer = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None

@@ -16,6 +16,7 @@ Resources: each trial asks Tune for a placement group with one bundle per actor 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,17 +49,43 @@ CONFIG_COLUMNS = ("batch_size", "lr_scaling", "warmup_epochs", "lr", "workers", 
 RESERVED_KEYS = ("base", "sweep_dir")  # param_space entries that are not swept values
 
 
-class _DropInterruptNotices(logging.Filter):
-    """On Ctrl-C Tune warns that it is stopping, then how to resume in Python; the CLI says both in
-    one line of its own (`distrain tune --resume`)."""
+class _InterruptNotices(logging.Filter):
+    """On Ctrl-C Tune warns that it is stopping, then that the trials it had not started yet have no
+    metrics (`Failed to fetch metrics for N trial(s)`, a line per trial), then how to resume in
+    Python; the CLI says all of it in one line of its own (`distrain tune --resume`). The metrics
+    warning is dropped only once the stop notice was seen: outside an interruption it may mean
+    something."""
 
-    NOTICES = ("Stop signal received", "Experiment has been interrupted")
+    STOP = "Stop signal received"
+    INTERRUPTED = "Experiment has been interrupted"
+    NO_METRICS = "Failed to fetch metrics for"
+    LOGGERS = ("ray.tune.tune", "ray.tune.analysis.experiment_analysis")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopping = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.NOTICES)
+        message = str(record.msg)
+        if message.startswith(self.STOP):
+            self.stopping = True
+            return False
+        if message.startswith(self.INTERRUPTED):
+            return False
+        return not (self.stopping and message.startswith(self.NO_METRICS))
 
 
-logging.getLogger("ray.tune.tune").addFilter(_DropInterruptNotices())
+@contextlib.contextmanager
+def _quiet_interrupt_notices() -> Iterator[None]:
+    """_InterruptNotices on Tune's loggers for the length of one `fit`."""
+    notices = _InterruptNotices()
+    for name in _InterruptNotices.LOGGERS:
+        logging.getLogger(name).addFilter(notices)
+    try:
+        yield
+    finally:
+        for name in _InterruptNotices.LOGGERS:
+            logging.getLogger(name).removeFilter(notices)
 
 
 # ---------------------------------------------------------------------- events for the display
@@ -409,7 +437,7 @@ def run_sweep(
         previous = os.environ.get("RAY_AIR_NEW_OUTPUT")
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
         try:
-            with interrupts.sigint_lent() as lent:  # Tune's own Ctrl-C handling: stop, save its state
+            with interrupts.sigint_lent() as lent, _quiet_interrupt_notices():  # Tune's Ctrl-C: stop, save
                 grid = tuner.fit()
         finally:
             if previous is None:

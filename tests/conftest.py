@@ -7,6 +7,9 @@ import os
 import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# No `still ...` lines in piped output (run_progress.py): on a slow machine they would land among the
+# lines tests compare; the tests of those lines set their own interval.
+os.environ.setdefault("DISTRAIN_PROGRESS_EVERY_S", "0")
 
 
 @pytest.fixture(scope="session")

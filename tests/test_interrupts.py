@@ -61,6 +61,40 @@ def test_a_second_signal_does_not_cut_the_teardown_short_and_check_stays_true(in
         interrupts.check()
 
 
+def _signal_self(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+    time.sleep(0.05)  # the handler runs in the main thread at the next bytecode (or cuts the sleep short)
+
+
+def test_one_stop_request_delivered_three_times_is_one_interruption(installed, monkeypatch):
+    """`timeout` sends SIGTERM to its child and then to its group (the child again), and a supervisor's
+    group kill may add one more: the same request, so the teardown goes on (no forced exit)."""
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    with pytest.raises(KeyboardInterrupt):
+        _signal_self(signal.SIGTERM)
+    _signal_self(signal.SIGTERM)  # during the teardown, within SAME_REQUEST_S of the first
+    _signal_self(signal.SIGTERM)
+    assert exits == [] and interrupts.exit_code() == 143
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.check()
+
+
+def test_a_third_request_later_still_ends_the_process_at_once(installed, monkeypatch):
+    """Ctrl-C pressed three times, apart: the user gave up on the teardown."""
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(interrupts, "SAME_REQUEST_S", 0.01)
+    with pytest.raises(KeyboardInterrupt):
+        _signal_self(signal.SIGINT)
+    time.sleep(0.05)
+    _signal_self(signal.SIGINT)
+    assert exits == []
+    time.sleep(0.05)
+    _signal_self(signal.SIGINT)
+    assert exits == [130]
+
+
 def test_without_install_deferred_and_check_change_nothing():
     """Tune trial threads and notebooks: no handlers installed, nothing held, nothing raised."""
     assert signal.getsignal(signal.SIGINT) is not interrupts._handle

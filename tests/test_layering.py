@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
-    ("cli", {"cli", "sweep_display"}),
+    ("cli", {"cli", "sweep_display", "run_progress"}),
     ("api", {"api"}),
     ("orchestrator", {"orchestrator", "config"}),
     ("strategies", {"strategies"}),

@@ -1,14 +1,16 @@
-"""`distrain tune`'s display without Ray: the time-left estimate from the trials that ended."""
+"""`distrain tune`'s display without Ray: the time-left estimate from the trials that ended, and the
+tables at 80 columns."""
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
 
+import pandas as pd
 import pytest
 from rich.console import Console
 
-from distrain.sweep_display import SweepDisplay, format_left, time_left
+from distrain.sweep_display import SweepDisplay, format_left, print_table, results_table, time_left
 
 
 @dataclass
@@ -67,3 +69,77 @@ def test_the_estimate_never_exceeds_the_time_budget():
     clock.now = 100.0
     display.on_event(TrialEnded("a"))
     assert display.estimate() == format_left(200)  # not 99 x 100 s: the budget stops the sweep first
+
+
+# ---------------------------------------------------------------- 80 columns
+@dataclass
+class TrialEpoch:
+    trial_id: str
+    epoch: int
+    epochs: int
+    test_accuracy: float
+    test_loss: float
+    elapsed_s: float
+
+
+# What a sweep over batch size, LR scaling, warmup and a random learning rate looks like (Tune's ids:
+# the experiment's hash, then the trial's number).
+CONFIGS = [
+    {"batch_size": 16, "lr_scaling": "linear", "warmup_epochs": 0, "lr": 0.0123457, "strategy": "local-sgd"},
+    {"batch_size": 32, "lr_scaling": "sqrt", "warmup_epochs": 1, "lr": 0.0456789, "strategy": "bsp"},
+    {"batch_size": 128, "lr_scaling": "none", "warmup_epochs": 1, "lr": 0.3, "strategy": "ssp"},
+]
+IDS = [f"bf5d2_{i:05d}" for i in range(len(CONFIGS))]
+STATUSES = ["completed", "stopped", "error"]
+
+
+def rendered(table, width: int = 80) -> str:
+    text = io.StringIO()
+    Console(file=text, width=width, color_system=None).print(table)
+    return text.getvalue()
+
+
+def assert_nothing_cut(text: str, configs: list[dict]) -> None:
+    assert "…" not in text, text
+    words = text.split()  # a config item stacked under another is still one word
+    for trial_id, status, config in zip(IDS, STATUSES, configs, strict=True):
+        assert trial_id in words and status in words, text
+        for name, value in config.items():
+            item = f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+            assert item in words, (item, text)
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+
+
+def test_the_live_table_at_80_columns_cuts_no_trial_id_status_or_config():
+    """It showed `bf5d2_00…`, `compl…` and `batch_si…`: now the config is the column that gives way,
+    its items stacked, while ids, statuses and figures keep their width."""
+    display = SweepDisplay(Console(file=io.StringIO(), width=80), num_trials=3, clock=Clock())
+    for trial_id, status, config in zip(IDS, STATUSES, CONFIGS, strict=True):
+        display.on_event(TrialStarted(trial_id, config, 2.01))
+        display.on_event(TrialEpoch(trial_id, 3, 12, 0.9123, 0.2345, 31.6))
+        display.on_event(TrialEnded(trial_id, status))
+    text = rendered(display._table())
+    assert_nothing_cut(text, CONFIGS)
+    assert "batch_size=16 lr_scaling=linear" not in text  # stacked, an item a line
+
+
+def results() -> pd.DataFrame:
+    rows = [
+        dict(
+            trial_id=i, status=s, final_accuracy=0.95, time_to_target_s=12.3, samples_per_s=4346.1, epochs_completed=12
+        )
+        | config
+        for i, s, config in zip(IDS, STATUSES, CONFIGS, strict=True)
+    ]
+    return pd.DataFrame(rows).assign(metric="test_accuracy")
+
+
+def test_the_results_table_at_80_columns_stacks_the_config_and_cuts_nothing():
+    swept = list(CONFIGS[0])
+    narrow = io.StringIO()
+    print_table(Console(file=narrow, width=80, force_terminal=True, color_system=None),
+                results_table(results(), swept, "distrain tune: 3 trial(s)", width=80))  # fmt: skip
+    assert_nothing_cut(narrow.getvalue(), CONFIGS)
+    wide = rendered(results_table(results(), swept, "distrain tune: 3 trial(s)", width=200), width=200)
+    assert all(name in wide.split() for name in swept)  # a column each where they fit
+    assert "config" not in wide.split()
