@@ -7,6 +7,8 @@ The public API (imported lazily, so `distrain --help` starts without loading tor
 - `distrain.ClassificationTask`: the built-in task (a registered model on a registered data set).
 - `distrain.Callback`: hooks into a run (start, rows, evaluations, checkpoints, end) that may stop it.
 - `distrain.ConfigError`: raised by your task for bad settings, it is shown as one line (exit 2).
+- `distrain.RunFailed`: what `fit` raises when a run fails after it started (its --max-failures used up,
+  a full disk); a diverged run is no exception: its result's `status` is "diverged".
 - `distrain.Strategy`, `distrain.StrategyOptions`, `distrain.CommStats`, `distrain.setting`: write your own
   strategy in one file (see examples/strategies/easgd.py) and pass it as `strategy="file.py:Name"`.
 - `distrain.RunConfig`: the run's spec, one frozen section per concern plus each strategy's options.
@@ -24,6 +26,7 @@ __all__ = [
     "ConfigError",
     "FitResult",
     "RunConfig",
+    "RunFailed",
     "Strategy",
     "StrategyOptions",
     "Task",
@@ -35,7 +38,7 @@ __all__ = [
 if TYPE_CHECKING:
     from distrain.api import FitResult, fit
     from distrain.config import RunConfig
-    from distrain.errors import ConfigError
+    from distrain.errors import ConfigError, RunFailed
     from distrain.fields import setting
     from distrain.orchestrator.callbacks import Callback
     from distrain.strategies.base import CommStats, Strategy, StrategyOptions
@@ -49,6 +52,7 @@ _LAZY = {
     "ClassificationTask": "distrain.trainers.task",
     "ConfigError": "distrain.errors",  # raise it from a task's constructor for a one-line error
     "RunConfig": "distrain.config",
+    "RunFailed": "distrain.errors",  # fit's error for a run that failed after it started
     "Strategy": "distrain.strategies.base",
     "StrategyOptions": "distrain.strategies.base",
     "CommStats": "distrain.strategies.base",

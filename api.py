@@ -57,6 +57,10 @@ def fit(
     the run calls (and which may stop it: status "stopped"); `tensorboard="DIR"` adds the TensorBoard one.
     `resume`: continue the run in that directory from its latest checkpoint (`distrain run --resume`);
     `options` may then change only what a resume may change (e.g. `epochs`).
+    A run that diverged (--on-nonfinite stop at a non-finite step; or at its end, more than
+    `config.SKIPPED_SHARE_LIMIT` (10%) of its steps skipped as non-finite, or a final evaluation that is not
+    finite) returns: its `status` is "diverged" and `summary["diverged"]` says why (`reason`). A run that
+    failed after it started (restarts used up, the disk full) raises `distrain.RunFailed`.
     `strategy="auto"`: as `distrain run --strategy auto`, a short calibration on this cluster picks the
     strategy, transport and settings; config.yaml, summary.json["strategy_auto"] and prediction.json in
     the run directory record the choice and its reason.

@@ -1,8 +1,8 @@
 """The `distrain` command line: flags and YAML into a `RunConfig`, progress and summaries out.
 
-Every user-facing problem (`DistrainError`) becomes one line on stderr and exit code 2. This module
-knows neither Ray nor torch: the orchestrator is imported only when a command needs it, which also
-keeps `distrain --help` fast.
+Every user-facing problem (`DistrainError`) becomes one line on stderr and its exit code (`EXIT_CODES`:
+2 for bad input). This module knows neither Ray nor torch: the orchestrator is imported only when a
+command needs it, which also keeps `distrain --help` fast.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from rich.text import Text
 from typer.core import TyperCommand
 
 from distrain.config import RunConfig, parse_optimizer_args
-from distrain.errors import DistrainError
+from distrain.errors import DistrainError, RunFailed
 from distrain.fields import SECTIONS, FieldInfo
 from distrain.orchestrator import interrupts
 from distrain.run_progress import Heartbeat, RunClock, clock_text, heartbeat_seconds
+from distrain.units import size_text
 
 try:  # typer >= 0.24 parses with its own vendored copy of click (and keeps Abort in typer.exceptions)
     from typer._click import exceptions as click_exceptions
@@ -58,8 +59,8 @@ HELP = {name: RunConfig.field_info(name).help for name in RunConfig.field_names(
 
 
 def user_errors(fn: F) -> F:
-    """Turn a DistrainError into one line and exit code 2; Ctrl-C or SIGTERM into one line and exit
-    code 130 or 143 (orchestrator/interrupts.py)."""
+    """Turn a DistrainError into one line and its exit code (2 for bad input, 4 for a run that failed);
+    Ctrl-C or SIGTERM into one line and exit code 130 or 143 (orchestrator/interrupts.py)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -67,7 +68,7 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except DistrainError as e:
             err.print(Text("error: ", style="bold red") + Text(str(e)), highlight=False)
-            raise typer.Exit(2) from None
+            raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt as e:
             err.print(_interrupted_line(getattr(e, "run_dir", None)), markup=False, highlight=False)
             raise typer.Exit(interrupts.exit_code()) from None
@@ -215,6 +216,9 @@ def _register_run() -> None:
         """
         _run(**flags)
 
+    codes = ", ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+    run.__doc__ = f"{inspect.cleandoc(run.__doc__ or '')}\n\nExit codes: {codes}."
+
     params = _run_parameters()
     run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
@@ -284,22 +288,26 @@ def _run(
 
 
 DIVERGED_EXIT_CODE = 3  # not 2: files were written (the metrics, the summary); not 1: no bug either
+# What `distrain run` exits with (README "Exit codes", and `distrain run --help`). 1 is left to bugs
+# (a traceback, the worker's own error among them).
+EXIT_CODES = {
+    0: "completed",
+    2: "bad input",
+    DIVERGED_EXIT_CODE: "diverged",
+    RunFailed.exit_code: "failed after it started (--max-failures used up, disk full)",
+    130: "interrupted (SIGINT)",
+    143: "interrupted (SIGTERM)",
+}
 
 
 def _exit_if_diverged(summary: dict[str, Any]) -> None:
-    """A run stopped by --on-nonfinite stop: one line on stderr and a non-zero exit code."""
+    """A diverged run (stopped by --on-nonfinite stop, or judged at its end: too many updates skipped, a
+    final evaluation that is not finite): one line on stderr that says why, and exit code 3."""
     if summary.get("status") != "diverged":
         return
-    d = summary["diverged"]
-    where = f"worker {d['worker']}'s {d['what']}" if d.get("worker") is not None else d["what"]
-    err.print(
-        Text("error: ", style="bold red")
-        + Text(
-            f"training diverged at step {d['step']} ({where} not finite); no checkpoint was written after it; "
-            "lower --lr, or pass --on-nonfinite skip to skip such updates"
-        ),
-        highlight=False,
-    )
+    from distrain.orchestrator.outcome import diverged_line
+
+    err.print(Text("error: ", style="bold red") + Text(diverged_line(summary["diverged"])), highlight=False)
     raise typer.Exit(DIVERGED_EXIT_CODE)
 
 
@@ -968,12 +976,7 @@ class RunDisplay:
 
         if isinstance(event, Failure):
             bound = "no limit" if event.max_failures == -1 else f"of at most {event.max_failures}"
-            then = (
-                "replaced in place; the others go on"
-                if event.replaced
-                else f"restarting from the checkpoint at step {event.restored_step}"
-            )
-            self._say(f"failure {event.number} ({bound}): {event.what} at step {event.at_step}; {then}")
+            self._say(f"failure {event.number} ({bound}): {event.what} at step {event.at_step}; {event.then}")
             if self.started is not None and not event.replaced:  # epochs after the checkpoint are redone
                 self.next_line = min(self.next_line, event.restored_step // self.started.steps_per_epoch)
         elif isinstance(event, RunStarted):
@@ -1119,10 +1122,10 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             for key, value in summary.items()
             if key.startswith("final_test_")
         ],
-        (f"time to {summary.get('target') or 'target'}", _fmt(summary["time_to_target_s"], ".1f") + " s"),
+        *_target_rows(summary),
         ("wall time", _fmt(summary["wall_time_s"], ".1f") + " s"),
         ("steady-state throughput", _fmt(summary["steady_state_samples_per_s"], ",.0f") + " samples/s"),
-        ("bytes sent per step (all workers)", _fmt(summary["bytes_per_step"], ",.0f")),
+        ("sent per step (all workers)", _size(summary["bytes_per_step"])),
         (
             "mean compute / comm per step",
             f"{_fmt(summary['mean_compute_s'], '.4f')} / {_fmt(summary['mean_comm_s'], '.4f')} s",
@@ -1136,8 +1139,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             ),
             ("time blocked (all workers)", _fmt(summary["wait_s_total"], ".2f") + " s"),
             (
-                "bytes pushed / pulled per step",
-                f"{_fmt(summary['bytes_pushed_per_step'], ',.0f')} / {_fmt(summary['bytes_pulled_per_step'], ',.0f')}",
+                "pushed / pulled per step",
+                f"{_size(summary['bytes_pushed_per_step'])} / {_size(summary['bytes_pulled_per_step'])}",
             ),
         ]
     rows += _straggler_rows(summary)
@@ -1153,13 +1156,15 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         )
     if summary.get("nonfinite_steps"):
         rows.append(("steps with a non-finite loss or gradient", str(summary["nonfinite_steps"])))
+    if summary.get("overflow_steps"):
+        rows.append(("of which fp16 overflows (skipped, normal)", str(summary["overflow_steps"])))
     if summary.get("chaos"):  # --chaos: each event and the step it struck at
         fired = [f"{c['event']} at {c['fired_step']}" for c in summary["chaos"] if c["fired"]]
         rows.append(("faults injected (step)", ", ".join(fired) or "none"))
     if summary.get("averaging_rounds") is not None:
         rows += [
             ("averaging rounds", str(summary["averaging_rounds"])),
-            ("bytes communicated (all workers)", _fmt(summary["bytes_communicated"], ",")),
+            ("communicated (all workers)", _size(summary["bytes_communicated"])),
             ("tau min / max / final", f"{summary['tau_min']} / {summary['tau_max']} / {summary['tau_final']}"),
         ]
     if summary.get("phases"):
@@ -1170,6 +1175,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     for c in summary.get("chaos") or []:
         if not c["fired"]:
             out.print(f"--chaos {c['event']} did not fire: {c['reason']}", markup=False, highlight=False)
+    for line in summary.get("warnings") or []:
+        out.print(f"warning: {line}", markup=False, highlight=False)
     out.print(
         f"results in {run_dir}/ (config.yaml, metrics.parquet, summary.json, checkpoints/)",
         markup=False,
@@ -1200,6 +1207,19 @@ def _print_tensorboard_line(run_dir: Path) -> None:
     line = tensorboard_line(run_dir)
     if line is not None:
         out.print(line, markup=False, highlight=False)
+
+
+def _target_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Time to the run's target, or "not reached"; no row for a run without a target."""
+    if "target" not in summary:
+        return []
+    seconds = summary.get("time_to_target_s")
+    return [(f"time to {summary['target']}", "not reached" if seconds is None else f"{seconds:.1f} s")]
+
+
+def _size(nbytes: float | None) -> str:
+    """Bytes in human units ("680.0 kB"); summary.json keeps the raw count."""
+    return "-" if nbytes is None else size_text(nbytes)
 
 
 def _straggler_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:

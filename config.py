@@ -35,6 +35,9 @@ LR_DECAYS = ("none", "cosine", "step")
 OPTIMIZER_DEPENDENT_FIELDS = ("momentum", "optimizer_args")
 DECAY_DEPENDENT_FIELDS = ("lr_min", "lr_decay_epochs", "lr_decay_gamma")
 ON_NONFINITE = ("stop", "skip")
+# --on-nonfinite skip: a run that skipped more than this share of its global steps as non-finite ends
+# `diverged` (fp16 loss-scale overflows not counted; orchestrator/outcome.py applies the rule).
+SKIPPED_SHARE_LIMIT = 0.10
 # --precision: the forward pass under torch.autocast (trainers/precision.py); fp16 adds a loss scale.
 PRECISIONS = ("fp32", "bf16", "fp16")
 # The element-wise torch.optim optimizers, and the other torch.optim optimizers, which are refused with a
@@ -496,7 +499,8 @@ class Faults:
     on_nonfinite: str = setting(
         "stop",
         "A non-finite loss or gradient: stop (status diverged, exit code 3, no checkpoint written) or skip "
-        "that update (counted as nonfinite_steps in the summary).",
+        f"that update (counted as nonfinite_steps in the summary; a run that skips more than "
+        f"{SKIPPED_SHARE_LIMIT:.0%} of its steps, or whose final evaluation is not finite, ends diverged).",
         "faults",
     )
 

@@ -1,5 +1,6 @@
 """Quantities written with units on the command line: data rates (`--comm-bandwidth`, and the planner's
-`--bandwidth`). No torch, no Ray: the CLI validates with it before anything starts."""
+`--bandwidth`), and amounts of bytes as summaries print them. No torch, no Ray: the CLI validates with
+it before anything starts."""
 
 from __future__ import annotations
 
@@ -41,6 +42,14 @@ def rate_text(bytes_per_s: float) -> str:
         if bits >= scale:
             return f"{bits / scale:g} {unit}"
     return f"{bits:g} bit/s"
+
+
+def size_text(nbytes: float) -> str:
+    """An amount of bytes as people read it, in decimal units: 680016 -> "680.0 kB", 12.3e6 -> "12.3 MB"."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} B"
 
 
 DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}

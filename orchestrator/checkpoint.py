@@ -59,9 +59,16 @@ def save_checkpoint(
         **state,  # "model", "optimizer"
     }
     path = directory / name
-    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    atomic_write(path, lambda tmp: _save_to(payload, tmp))
     atomic_write_text(directory / LATEST, json.dumps({"name": name, "global_step": global_step}) + "\n")
     return path
+
+
+def _save_to(payload: dict[str, Any], path: Path) -> None:
+    """torch.save through a Python file: a full disk then surfaces as the OSError (ENOSPC) it is,
+    in the error's context, where torch.save to a path raises only its own RuntimeError."""
+    with open(path, "wb") as f:
+        torch.save(payload, f)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:

@@ -17,13 +17,15 @@ The rules, in order:
 - Under `--workers MIN..MAX` a lost worker whose run stays at MIN or above never gets here: it is a
   leave (orchestrator/membership.py), not a failure; only a loss that would go below MIN is decided here.
 - Either way it counts against --max-failures (-1: no bound); past the bound the run fails with one line
-  that names the last good checkpoint to resume from. The ledger still records the loss as what it
-  called for (`remedy`), so summary.json shows every failure seen.
+  that names the last good checkpoint and the `--resume` command for the run's directory, or says that
+  no checkpoint was taken (nothing to resume: start again). The ledger still records the loss as what
+  it called for (`remedy`), so summary.json shows every failure seen.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath
 
 REPLACE, RESTART, FAIL = "replace", "restart", "fail"
 
@@ -61,6 +63,7 @@ class LedgerView:
     failures: int  # failures counted so far (restarts and replacements), this one not included
     max_failures: int  # --max-failures; -1: no bound
     checkpoint: str | None = None  # the restore point's checkpoint file; None before the first
+    run_dir: str | None = None  # the run's directory, named in the `--resume` advice
 
 
 @dataclass(frozen=True)
@@ -89,14 +92,20 @@ def decide(loss: Loss, ledger: LedgerView, situation: Situation) -> Decision:
     remedy, why = _remedy(loss, situation)
     number = ledger.failures + 1
     if ledger.max_failures != -1 and number > ledger.max_failures:
-        where = ledger.checkpoint or "none yet (no checkpoint was taken)"
-        return Decision(
-            FAIL,
-            f"{loss} (failure {number}; --max-failures {ledger.max_failures} reached): the run stops; "
-            f"last good checkpoint: {where}; continue with `distrain run --resume <run dir>`",
-            remedy,
-        )
+        stops = f"{loss} (failure {number}; --max-failures {ledger.max_failures} reached): the run stops; "
+        return Decision(FAIL, stops + _what_is_left(ledger), remedy)
     return Decision(remedy, why, remedy)
+
+
+def _what_is_left(ledger: LedgerView) -> str:
+    """Where the run can go on from: its last good checkpoint and the command, or that there is none."""
+    if ledger.checkpoint is None:
+        return (
+            "no checkpoint was taken, so there is nothing to resume: start it again "
+            "(with --checkpoint-steps N a failed run can be resumed)"
+        )
+    run_dir = ledger.run_dir or str(PurePath(ledger.checkpoint).parent.parent)  # RUN/checkpoints/NAME
+    return f"last good checkpoint: {ledger.checkpoint}; continue with `distrain run --resume {run_dir}`"
 
 
 def _remedy(loss: Loss, s: Situation) -> tuple[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import time
@@ -11,9 +12,34 @@ from pathlib import Path
 
 from distrain.errors import ConfigError
 
+# errno values that mean the file system has no room for what is written (space, or the user's quota).
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class NoSpace(OSError):
+    """A write found no space left on its device. `filename` is the file that was being written; its
+    temporary file is gone and whatever `filename` held before is unchanged (atomic_write)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+def is_no_space(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from or while handling, is a full device. Writers wrap
+    the OSError: torch.save raises a RuntimeError whose context holds it, pyarrow an OSError of its own."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS:
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """Write through `write(tmp)`, fsync, then rename over `path`: readers see old or new, never half."""
+    """Write through `write(tmp)`, fsync, then rename over `path`: readers see old or new, never half.
+    A full device is raised as `NoSpace(path)`, without the writer's chain of errors; the partly
+    written temporary file is removed whatever went wrong."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -21,6 +47,10 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except Exception as e:
+        if is_no_space(e):
+            raise NoSpace(path) from None
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()

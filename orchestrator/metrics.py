@@ -51,6 +51,9 @@ SCHEMA = pa.schema(
         ("averaging_round", pa.int64()),  # averaging rounds completed after this step
         # --on-nonfinite: this step's loss, gradient or average was not finite (skipped, or the run stopped)
         ("nonfinite", pa.bool_()),
+        # --precision fp16: that non-finite step was the loss scale's overflow (skipped, the scale halved:
+        # normal, never counted as divergence); null otherwise
+        ("overflow", pa.bool_()),
         # --compress: what this step's bytes_sent would have been uncompressed (float32); null without a codec
         ("bytes_uncompressed", pa.int64()),
     ]

@@ -57,10 +57,20 @@ class Failure:
     restored_step: int
     max_failures: int
     replaced: bool = False  # the worker was replaced in place (PS transport); nothing restarted
+    from_start: bool = False  # no checkpoint (nor --init-from) to restore: the run restarts from scratch
 
     @property
     def what(self) -> str:
         return describe_loss(self.kind, self.target)
+
+    @property
+    def then(self) -> str:
+        """What happens next, in words: "replaced in place ...", "restarting from the start", ..."""
+        if self.replaced:
+            return "replaced in place; the others go on"
+        if self.from_start:
+            return "restarting from the start (no checkpoint was taken yet)"
+        return f"restarting from the checkpoint at step {self.restored_step}"
 
 
 def classify(error: BaseException, rank: int, transport: str) -> RunLost | None:
@@ -110,9 +120,11 @@ class FailureLedger:
     max_failures: int
     events: list[dict[str, Any]] = field(default_factory=list)
 
-    def view(self, point: RestorePoint) -> LedgerView:
-        """What the failure policy decides on: the count so far, the bound, the checkpoint to name."""
-        return LedgerView(len(self.events), self.max_failures, str(point.path) if point.path else None)
+    def view(self, point: RestorePoint, run_dir: Path | None = None) -> LedgerView:
+        """What the failure policy decides on: the count so far, the bound, the checkpoint and the run
+        directory to name."""
+        checkpoint = str(point.path) if point.path else None
+        return LedgerView(len(self.events), self.max_failures, checkpoint, str(run_dir) if run_dir else None)
 
     def record(self, lost: RunLost, at_step: int, point: RestorePoint, now: float) -> dict[str, Any]:
         """Count `lost`, restarted from `point` (or, past --max-failures, recorded as the run stops)."""

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from distrain.config import RunConfig
-from distrain.errors import DistrainError
+from distrain.errors import RunFailed
 from distrain.orchestrator.cluster import Placement
 from distrain.orchestrator.failure_policy import FAIL, Decision
 from distrain.orchestrator.recovery import Failure, RunLost, discard
@@ -81,7 +81,7 @@ def replace_worker(driver: Any, lost: RunLost, decision: Decision, dispatch: Dis
     now = time.time() - driver.run_start
     event = state.ledger.record_replacement(lost, driver.steps_done, now)
     if decision.action == FAIL:
-        raise DistrainError(decision.reason)
+        raise RunFailed(decision.reason)
     ray.kill(driver.workers[rank], no_restart=True)  # a hung worker must not push again
     lost_calls = dispatch.take(rank)
     # ray.kill returns before the process is gone, and a dying worker may still push a round or two:

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from distrain.config import LEGACY_MOMENTUM, RunConfig, format_workers, parse_workers
 from distrain.errors import ConfigError, DistrainError
-from distrain.orchestrator.checkpoint import latest_checkpoint, load_checkpoint_for
+from distrain.orchestrator.checkpoint import LATEST, latest_checkpoint, load_checkpoint_for
 from distrain.orchestrator.metrics import SCHEMA, MetricsSink
 from distrain.trainers.datasets import DATASETS
 
@@ -49,6 +49,8 @@ RESUMABLE = frozenset(
         "on_nonfinite",
     }
 )
+# metrics.parquet columns added to the schema after runs had been written without them (resumable still).
+ADDED_COLUMNS = ("overflow",)
 # A checkpoint from another run must agree on these to be continued here.
 IDENTITY = ("strategy", "transport", "model", "dataset", "workers", "batch_size", "seed", "optimizer")
 
@@ -59,11 +61,12 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
     if not path.is_dir():
         raise ConfigError(f"--resume {str(path)!r} is not a directory; pass a run directory such as runs/<id>")
     recorded_file = path / "config.yaml"
-    if not recorded_file.is_file() or not (path / "checkpoints").is_dir():
+    if not recorded_file.is_file():
         raise ConfigError(
-            f"--resume {str(path)!r} is not a distrain run (no config.yaml and checkpoints/); "
-            "pass a directory written by `distrain run`"
+            f"--resume {str(path)!r} is not a distrain run (no config.yaml); pass a directory written by `distrain run`"
         )
+    if not (path / "checkpoints" / LATEST).is_file():  # a run that failed or diverged before its first one
+        raise ConfigError(no_checkpoint(path))
     recorded = RunConfig.resolve(str(recorded_file), {})
     given = {k: v for k, v in overrides.items() if v is not None}
     if given.get("run_dir") not in (None, "", str(path), recorded.run_dir):
@@ -101,6 +104,15 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
     return config
 
 
+def no_checkpoint(run_dir: Path) -> str:
+    """The one line for a run directory with nothing to resume from (it ended before its first complete
+    checkpoint: failed, diverged, or killed early)."""
+    return (
+        f"{run_dir} has no checkpoint to resume from; start the run again "
+        "(with --checkpoint-steps N or --checkpoint-every N a run that stops can be resumed)"
+    )
+
+
 def _value(name: str, config: RunConfig) -> Any:
     """`config`'s value of `name` as a recorded config holds it (--workers: N or "MIN..MAX")."""
     return format_workers(config.workers, config.max_workers) if name == "workers" else getattr(config, name)
@@ -121,10 +133,7 @@ def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[st
     directory = Path(config.run_dir) / "checkpoints"
     path = latest_checkpoint(directory)
     if path is None:
-        raise DistrainError(
-            f"{config.run_dir!r} has no complete checkpoint to resume from; start it again "
-            "(use --checkpoint-steps N or --checkpoint-every N so a killed run can be resumed)"
-        )
+        raise ConfigError(no_checkpoint(Path(config.run_dir)))
     payload = load_checkpoint_for(path, config.model, num_params)
     recorded = payload.get("config") or {}
     for name in IDENTITY:
@@ -186,7 +195,10 @@ def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, li
         extra = [pa.field(n, pa.type_for_alias(t)) for n, t in declared.items() if n in table.schema.names]
         names = [n for n in table.schema.names if n.startswith("test_") and n not in SCHEMA.names]
         extra += [pa.field(n, pa.float64()) for n in names]
-        schema = pa.schema(list(SCHEMA) + extra)
+        # A base column added since the file was written is left out here and null in the rows
+        # (MetricsSink.add_rows); any other column missing makes the file unreadable.
+        absent = {n for n in ADDED_COLUMNS if n not in table.schema.names}
+        schema = pa.schema([f for f in list(SCHEMA) + extra if f.name not in absent])
         table = table.select(schema.names).cast(schema)
     except (OSError, KeyError, ValueError, pa.ArrowException):
         raise DistrainError(

@@ -19,8 +19,8 @@ from typing import Any
 import ray
 
 from distrain.config import RunConfig
-from distrain.errors import ConfigError, DistrainError
-from distrain.orchestrator import auto_strategy, cluster, interrupts, memory
+from distrain.errors import ConfigError, DistrainError, RunFailed
+from distrain.orchestrator import auto_strategy, cluster, interrupts, memory, outcome
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
@@ -28,7 +28,7 @@ from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint, s
 from distrain.orchestrator.dispatcher import Dispatcher, evaluates  # noqa: F401 - evaluates: the CLI's, from here
 from distrain.orchestrator.elastic_collective import ElasticCollective
 from distrain.orchestrator.failure_policy import FAIL, REPLACE, USER_CODE, Decision, Situation, decide
-from distrain.orchestrator.files import Claim, atomic_write_text, claim_run_dir
+from distrain.orchestrator.files import Claim, NoSpace, atomic_write_text, claim_run_dir
 from distrain.orchestrator.membership import JOIN, Membership, MembershipChanged
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
@@ -136,7 +136,8 @@ class Diverged(Exception):
         self.step, self.worker, self.what = step, worker, what
 
     def describe(self) -> dict[str, Any]:
-        return {"step": self.step, "worker": self.worker, "what": self.what}
+        """summary.json's `diverged` record (the other reasons: orchestrator/outcome.py's `judge`)."""
+        return {"reason": "nonfinite", "step": self.step, "worker": self.worker, "what": self.what}
 
 
 def _finite_model(state: dict[str, Any]) -> bool:
@@ -149,6 +150,7 @@ def _finite_model(state: dict[str, Any]) -> bool:
 EventHandler = Callable[[Event], None]
 
 UNFINISHED = "unfinished"  # summary.json status written with each checkpoint, until the run ends
+NO_SPACE = "no space"  # an attempt's state (never a status): the disk filled up; recorded as "failed"
 
 
 def _get(refs: Any, timeout: float | None = None) -> Any:
@@ -352,13 +354,14 @@ def _recover(
 ) -> None:
     """End the attempt `lost` ended and count the failure; then, as the failure policy decides, restart
     from the restore point or (past --max-failures) stop the run with its one line."""
-    decision = decide(lost.loss, state.ledger.view(state.point), Situation())  # outside the loop: restart or fail
+    # Outside the loop: restart or fail.
+    decision = decide(lost.loss, state.ledger.view(state.point, plan.run_dir), Situation())
     steps_per_epoch, at_step = state.steps_per_epoch, state.steps_done
     kill_all(actors)
     discard(dropped, min(10.0, config.collective_timeout_s))  # the attempt's calls in flight: one line per failure
     event = state.ledger.record(lost, at_step, state.point, time.time() - state.run_start)
     if decision.action == FAIL:
-        raise DistrainError(decision.reason)
+        raise RunFailed(decision.reason)
     state.sink.keep_before(state.point.global_step, steps_per_epoch)
     plan.checkpoint = state.point.payload
     emit(
@@ -369,6 +372,7 @@ def _recover(
             at_step,
             state.point.global_step,
             config.max_failures,
+            from_start=state.point.payload is None,
         )
     )
 
@@ -430,7 +434,7 @@ class _Driver:
         self.phase_config: RunConfig | None = None  # the config of the phase running now (--schedule)
         self.confirmed_clock: list[int] = []
         self.step_offset = 0
-        self.diverged: Diverged | None = None
+        self.diverged: dict[str, Any] | None = None  # summary.json's `diverged`: why the run diverged
         # --workers MIN..MAX (orchestrator/membership.py): `workers` has None in the slots with no worker.
         self.membership = state.membership
         if config.elastic and self.membership is None:
@@ -595,6 +599,12 @@ class _Driver:
             raise lost from e
 
     def train(self) -> RunResult:
+        try:
+            return self._train()
+        except NoSpace as full:  # the disk filled up under a write: record the run as failed where it fits
+            raise self._no_space(full) from None
+
+    def _train(self) -> RunResult:
         status = "failed"
         try:
             info = self._start()
@@ -634,13 +644,16 @@ class _Driver:
                     self._loop(phase.end_step, phase.start_step)
             with interrupts.deferred():  # a run that got to its end is recorded whole, as completed
                 status = STOPPED if self.hooks.stop_requested else "completed"
-                summary = self._finish(status)
+                if status == "completed":  # garbage is not a result: too many skipped updates, a NaN at the end
+                    self.diverged = outcome.judge(self.sink.table(), self.steps_done)
+                    status = "diverged" if self.diverged else status
+                summary = self._finish(status, checkpoint=status != "diverged")  # no final.pt of a diverged run
                 self._leave_transports()
             self.hooks.end(summary)
             shard_nodes = self._shard_nodes()
             return RunResult(self.run_dir, summary, info, shard_nodes)
         except Diverged as stop:  # not a failure to retry: the same step would diverge again
-            self.diverged, status = stop, "diverged"
+            self.diverged, status = stop.describe(), "diverged"
             summary = self._finish(status, checkpoint=False)
             self.hooks.end(summary)
             return RunResult(self.run_dir, summary, info, self._shard_nodes())
@@ -651,11 +664,37 @@ class _Driver:
         except RunLost:
             status = "recovering"  # the run goes on in a new attempt; nothing to write yet
             raise
+        except NoSpace:
+            status = NO_SPACE  # train() records it, as far as the disk lets it
+            raise
         finally:
             # A resume refused before any step must leave the run's files as they were.
             wrote_nothing = self.plan.resumed and self.steps_done == self.start_step
-            if status not in ("completed", STOPPED, "recovering", "diverged") and not wrote_nothing:
+            if status not in ("completed", STOPPED, "recovering", "diverged", NO_SPACE) and not wrote_nothing:
                 self.hooks.end(self._finish(status, checkpoint=False), quiet=True)
+
+    def _no_space(self, full: NoSpace) -> RunFailed:
+        """A write found the disk full (a checkpoint, metrics.parquet or summary.json). Every write is
+        atomic, so what was written before is whole and the newest complete checkpoint is still the
+        latest. The summary says `failed` if there is room for it (it goes first: it is small), then
+        the metrics; the one line says what was and was not written, and how to go on."""
+        epochs_done = self.steps_done // self.steps_per_epoch if self.steps_per_epoch else 0
+        summary_file = self.run_dir / "summary.json"
+        existed = summary_file.is_file()
+        summary = self._summary("failed", epochs_done)
+        try:
+            atomic_write_text(summary_file, json.dumps(summary, indent=2) + "\n")
+            written = True
+        except NoSpace:
+            written = False
+        try:
+            self.sink.write(self.run_dir / "metrics.parquet")
+        except NoSpace:  # the older file stays whole: it has the rows up to the last checkpoint at least
+            pass
+        self.hooks.end(summary, quiet=True)
+        point = self.state.point
+        line = outcome.no_space_line(full.filename, point.path, point.global_step, self.run_dir, written, existed)
+        return RunFailed(line)
 
     # ------------------------------------------------------------------ the event loop
     def _loop(self, total: int, start_step: int) -> None:
@@ -901,7 +940,7 @@ class _Driver:
                 workers=config.workers,
                 host_alive=bundle_alive(self.placement, lost.target),
             )
-        return decide(lost.loss, self.state.ledger.view(self.state.point), situation)
+        return decide(lost.loss, self.state.ledger.view(self.state.point, self.run_dir), situation)
 
     def _progress(
         self, epoch: int, total: int, loss: float, metrics: dict[str, float], evaluated: bool = False
@@ -1040,6 +1079,12 @@ class _Driver:
         return self._write_summary(status, epochs_done)
 
     def _write_summary(self, status: str, epochs_done: int, mitigation: bool = True) -> dict[str, Any]:
+        summary = self._summary(status, epochs_done, mitigation)
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    def _summary(self, status: str, epochs_done: int, mitigation: bool = True) -> dict[str, Any]:
+        """summary.json's figures (orchestrator/summary.py: only the keys that apply to this run)."""
         df = self.sink.table().to_pandas()
         summary = summarize(
             df, self.config_dict, self.run_start, time.time() - self.run_start, status, epochs_done, self.target
@@ -1057,7 +1102,8 @@ class _Driver:
         info = self.task.describe()
         if info:
             summary["task_info"] = info
-        summary["diverged"] = self.diverged.describe() if self.diverged else None
+        if self.diverged is not None:
+            summary["diverged"] = self.diverged  # why (orchestrator/outcome.py's reasons)
         if self.plan.auto is not None:
             summary["strategy_auto"] = auto_strategy.summary_entry(self.plan.auto)
         if self.config.chaos:
@@ -1066,5 +1112,4 @@ class _Driver:
             summary["phases"] = [phase.describe() for phase in self.phases]
         if self.membership is not None:
             summary["membership"] = self.membership.summary(self.workers)
-        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary

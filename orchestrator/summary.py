@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from distrain.config import Target, parse_workers
+from distrain.orchestrator import outcome
 from distrain.orchestrator.throughput import SteadyState
 
 
@@ -32,6 +34,10 @@ def summarize(
     epochs_completed: int,
     target: Target | None = None,
 ) -> dict[str, Any]:
+    """The run's figures. A key is written only where it applies to the run (its strategy, task and
+    settings: no staleness without a parameter server, no accuracy for a task that has none, no
+    target figures without a target); a key that applies may be null where null means something
+    (a target not reached, a figure not measurable yet, a test figure that was not finite)."""
     steps = df[df["kind"] == "step"]
     evals = df[df["kind"] == "eval"].sort_values("wall_time")
     builtin = not config.get("task")
@@ -50,23 +56,30 @@ def summarize(
 
     low, high = parse_workers(config["workers"])
     slots = high or low  # an elastic run's step is cut into MAX slices
-    return {
-        "run_id": df["run_id"].iloc[0] if not df.empty else None,
+    summary: dict[str, Any] = {
+        "run_id": df["run_id"].iloc[0] if not df.empty else Path(config.get("run_dir") or "").name or None,
         "status": status,
         "strategy": config["strategy"],
         "task": config.get("task") or "classification",
-        "model": config["model"] if builtin else None,
-        "dataset": config["dataset"] if builtin else None,
+    }
+    if builtin:  # a user's task brings its own model and data
+        summary |= {"model": config["model"], "dataset": config["dataset"]}
+    summary |= {
         "workers": config["workers"],  # N, or an elastic run's "MIN..MAX" (its membership: `elastic`)
         "global_batch_size": slots * config["batch_size"],
         "epochs_completed": epochs_completed,
         "steps_completed": int(steps["step"].max()) + 1 if not steps.empty else 0,
         # final_test_loss, final_test_accuracy (classification), final_test_<name> for every task metric
         **{f"final_{c}": (num(evals[c].iloc[-1]) if not evals.empty else None) for c in metric_columns},
-        "best_test_accuracy": num(evals["test_accuracy"].max()) if builtin and not evals.empty else None,
-        "target": str(target) if target is not None else None,
-        "target_accuracy": config["target_accuracy"] if builtin else None,
-        "time_to_target_s": num(reached["wall_time"].iloc[0]) if not reached.empty else None,
+    }
+    if builtin:
+        summary["best_test_accuracy"] = num(evals["test_accuracy"].max()) if not evals.empty else None
+    if target is not None:
+        summary["target"] = str(target)
+        if builtin:
+            summary["target_accuracy"] = config["target_accuracy"]
+        summary["time_to_target_s"] = num(reached["wall_time"].iloc[0]) if not reached.empty else None  # None: missed
+    summary |= {
         "started_at": started_at,  # unix time the metrics' wall_time counts from
         "wall_time_s": wall_time_s,
         "steady_state_samples_per_s": steady_state_samples_per_s(steps, evals),
@@ -75,20 +88,28 @@ def summarize(
         "bytes_per_step_per_worker": num(steps["bytes_sent"].mean()) if not steps.empty else None,
         "mean_compute_s": num(steps["compute_s"].mean()) if not steps.empty else None,
         "mean_comm_s": num(steps["comm_s"].mean()) if not steps.empty else None,
-        # Global steps in which some loss, gradient or average was not finite (--on-nonfinite).
-        "nonfinite_steps": int(steps.loc[steps["nonfinite"].eq(True), "step"].nunique()) if "nonfinite" in steps else 0,
-        **parameter_server_figures(steps),
-        **local_sgd_figures(steps),
-        **compression_figures(steps, config.get("compress")),
+        # Global steps in which some loss, gradient or average was not finite (--on-nonfinite), fp16's
+        # loss-scale overflows included (those alone: `overflow_steps`).
+        "nonfinite_steps": _steps_where(steps, "nonfinite"),
     }
+    if config.get("precision") == "fp16":
+        summary["overflow_steps"] = _steps_where(steps, "overflow")
+    summary |= parameter_server_figures(steps) | local_sgd_figures(steps)
+    summary |= compression_figures(steps, config.get("compress"))
+    summary["warnings"] = outcome.warnings(evals)  # lines the CLI prints under the table; the status stays
+    return summary
+
+
+def _steps_where(steps: pd.DataFrame, column: str) -> int:
+    """Global steps with some row whose `column` (a bool) is true."""
+    return int(steps.loc[steps[column].eq(True), "step"].nunique()) if column in steps else 0
 
 
 def local_sgd_figures(steps: pd.DataFrame) -> dict[str, Any]:
-    """Averaging rounds, bytes communicated and τ over time of a local SGD run (nulls otherwise)."""
+    """Averaging rounds, bytes communicated and τ over time of a local SGD run (none otherwise)."""
     rows = steps.dropna(subset=["tau"]) if "tau" in steps else steps.iloc[0:0]
     if rows.empty:
-        keys = ("averaging_rounds", "bytes_communicated", "tau_min", "tau_max", "tau_final", "tau_changes")
-        return dict.fromkeys(keys)
+        return {}
     # τ is the same on every worker for a step (decided from all-reduced values): one value per step.
     per_step = rows.groupby("step")["tau"].first().sort_index().astype(int)
     changed = per_step[per_step.ne(per_step.shift())]
@@ -103,20 +124,22 @@ def local_sgd_figures(steps: pd.DataFrame) -> dict[str, Any]:
 
 
 def compression_figures(steps: pd.DataFrame, codec: str | None) -> dict[str, Any]:
-    """--compress: the codec and its ratio, uncompressed over sent bytes of the compressed transfers."""
-    if not codec or "bytes_uncompressed" not in steps:
-        return {"compress": None, "codec_ratio": None}
+    """--compress: the codec and its ratio, uncompressed over sent bytes of the compressed transfers (None:
+    nothing compressed yet); nothing without a codec."""
+    if not codec:
+        return {}
+    if "bytes_uncompressed" not in steps:
+        return {"compress": codec, "codec_ratio": None}
     rows = steps.dropna(subset=["bytes_uncompressed"])
     sent = rows["bytes_sent"].sum()
     return {"compress": codec, "codec_ratio": float(rows["bytes_uncompressed"].sum() / sent) if sent else None}
 
 
 def parameter_server_figures(steps: pd.DataFrame) -> dict[str, Any]:
-    """Staleness, blocked time and traffic of a parameter-server run (nulls otherwise)."""
+    """Staleness, blocked time and traffic of a parameter-server run (none otherwise)."""
     ps = steps.dropna(subset=["staleness"]) if "staleness" in steps else steps.iloc[0:0]
     if ps.empty:
-        keys = ("staleness_p50", "staleness_p95", "staleness_max", "wait_s_total", "wait_s_per_step")
-        return dict.fromkeys(keys + ("bytes_pushed_per_step", "bytes_pulled_per_step"))
+        return {}
     staleness = ps["staleness"].astype(float)
     return {
         "staleness_p50": float(staleness.quantile(0.5)),

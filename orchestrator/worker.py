@@ -53,6 +53,7 @@ STEP_COLUMNS = (
     "tau",
     "averaging_round",
     "nonfinite",
+    "overflow",
     "bytes_uncompressed",
 )
 
@@ -238,6 +239,7 @@ class TrainWorker:
             if self.delay and own is None:  # (a strategy running its own units applies it per its own unit)
                 time.sleep(self.delay)  # injected straggler: counted as compute
             compute_s = time.perf_counter() - t0
+            overflows = self.strategy.overflow_skips  # fp16 loss-scale overflows before this step
             try:
                 comm = self.strategy.step(self.trainer, lr)
                 if self._closes_period(step, global_step):
@@ -282,6 +284,7 @@ class TrainWorker:
                 "tau": comm.tau,
                 "averaging_round": comm.averaging_round,
                 "nonfinite": comm.nonfinite,
+                "overflow": True if self.strategy.overflow_skips > overflows else None,
                 "bytes_uncompressed": comm.bytes_uncompressed,
             } | {c: comm.extra.get(c) for c in type(self.strategy).metric_columns}
             for key, value in values.items():

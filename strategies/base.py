@@ -108,6 +108,9 @@ class Strategy(ABC):
     summary: ClassVar[str] = ""  # one line for `distrain strategies`
     transports: ClassVar[tuple[str, ...]] = ("collective",)
     Options: ClassVar[type[StrategyOptions]] = NoOptions
+    # Updates skipped for fp16's loss-scale overflow so far (`usable_gradient`): the worker marks those
+    # steps' rows `overflow`, which never count as divergence (orchestrator/outcome.py).
+    overflow_skips: int = 0
     independent_workers: ClassVar[bool] = False
     # A step is one pass over the whole training set (Sandblaster): one step per epoch, units run by `run_unit`.
     full_batch: ClassVar[bool] = False
@@ -238,6 +241,7 @@ class Strategy(ABC):
         if scaler is not None:
             scaler.update(overflow=not ok)
             if not ok and not scaler.exhausted:
+                self.overflow_skips += 1
                 return False
         return self.finite(ok, what)
 

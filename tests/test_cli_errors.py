@@ -90,6 +90,13 @@ def _resume_inputs(inputs: Path) -> None:
     run_dir("run_truncated", whole[: len(whole) // 2])
     run_dir("run_foreign", saved({"format": FORMAT, "model_name": "mlp", "model": {}, "optimizer": {}}))
     run_dir("run_unchecked", None)
+    # Issue 26: runs that ended before their first checkpoint (failed, diverged): config.yaml and results,
+    # no checkpoints/ at all.
+    for name, status in (("run_failed_early", "failed"), ("run_diverged_early", "diverged")):
+        d = inputs / name
+        d.mkdir()
+        (d / "config.yaml").write_text(RunConfig(run_dir=str(d)).to_yaml())
+        (d / "summary.json").write_text(f'{{"status": "{status}"}}\n')
 
     # Loadable cnn checkpoints (issue 13): a finished run, an edited config.yaml, rows gone missing.
     from distrain.orchestrator.resume import total_steps
@@ -249,11 +256,13 @@ BAD_INPUTS = [
     (["--model", "mlp", "--epochs", "2", "--chaos", "kill-worker@44"], ["step 44 is not before the end", "44 steps"]),
     (["--epochs", "2", "--max-steps", "10", "--chaos", "hang-worker@12:0"], ["step 12", "(10 steps"]),
     (["--resume", "{in}/missing_run"], ["--resume", "is not a directory"]),
-    (["--resume", "{in}/full_run"], ["is not a distrain run"]),
+    (["--resume", "{in}/full_run"], ["is not a distrain run", "no config.yaml"]),
     (["--resume", "{in}/run_corrupt"], ["cannot read checkpoint", "step-00000010.pt"]),
     (["--resume", "{in}/run_truncated"], ["cannot read checkpoint", "is it complete"]),
     (["--resume", "{in}/run_foreign"], ["holds a 'mlp' model"]),
-    (["--resume", "{in}/run_unchecked"], ["no complete checkpoint to resume from"]),
+    (["--resume", "{in}/run_unchecked"], ["run_unchecked has no checkpoint to resume from", "--checkpoint-steps"]),
+    (["--resume", "{in}/run_failed_early"], ["run_failed_early has no checkpoint to resume from"]),
+    (["--resume", "{in}/run_diverged_early"], ["run_diverged_early has no checkpoint to resume from"]),
     (["--resume", "{in}/run_corrupt", "--lr", "0.3"], ["--resume cannot change --lr", "0.05"]),
     (["--resume", "{in}/run_corrupt", "--strategy", "ssp"], ["--resume cannot change --strategy"]),
     (["--resume", "{in}/run_corrupt", "--run-dir", "{in}/elsewhere"], ["drop --run-dir"]),

@@ -56,23 +56,24 @@ def test_the_default_situation_is_outside_the_loop_so_only_a_restart():
 def test_up_to_max_failures_the_run_goes_on_and_past_it_fails_with_one_line(situation):
     goes_on = decide(WORKER_1, LedgerView(failures=1, max_failures=2), situation)
     assert goes_on.action != FAIL
-    stops = decide(
-        WORKER_1, LedgerView(failures=2, max_failures=2, checkpoint="runs/r/checkpoints/step-6.pt"), situation
-    )
+    ledger = LedgerView(failures=2, max_failures=2, checkpoint="runs/r/checkpoints/step-6.pt", run_dir="runs/r")
+    stops = decide(WORKER_1, ledger, situation)
     assert stops.action == FAIL
     assert stops.remedy == goes_on.action  # the ledger records the loss as what it called for
-    assert stops.reason == (
+    assert stops.reason == (  # the run's own directory, not a placeholder (issue 26)
         "worker 1 lost: ActorDiedError (failure 3; --max-failures 2 reached): the run stops; "
-        "last good checkpoint: runs/r/checkpoints/step-6.pt; continue with `distrain run --resume <run dir>`"
+        "last good checkpoint: runs/r/checkpoints/step-6.pt; continue with `distrain run --resume runs/r`"
     )
     assert "\n" not in stops.reason
 
 
 def test_max_failures_zero_fails_at_the_first_loss_and_says_when_there_is_no_checkpoint():
-    decision = decide(Loss("shard", None, "died"), LedgerView(failures=0, max_failures=0), REPLACEABLE)
+    decision = decide(Loss("shard", None, "died"), LedgerView(0, 0, None, "runs/r"), REPLACEABLE)
     assert decision.action == FAIL and decision.remedy == RESTART
     assert "(failure 1; --max-failures 0 reached)" in decision.reason
-    assert "last good checkpoint: none yet (no checkpoint was taken)" in decision.reason
+    # Nothing to resume: no `--resume` advice (issue 26: it named a literal `<run dir>` with no checkpoint).
+    assert "no checkpoint was taken, so there is nothing to resume: start it again" in decision.reason
+    assert "--resume" not in decision.reason and "\n" not in decision.reason
 
 
 def test_max_failures_minus_one_never_stops_the_run():

@@ -44,6 +44,7 @@ def test_a_diverging_run_stops_as_diverged_and_writes_no_nan_checkpoint(tmp_path
     result = run_training(config)
     summary = result.summary
     assert summary["status"] == "diverged", summary
+    assert summary["diverged"]["reason"] == "nonfinite"
     assert summary["diverged"]["step"] < TINY["max_steps"] and summary["diverged"]["what"]
     assert summary["nonfinite_steps"] >= 1
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "diverged"
@@ -53,18 +54,20 @@ def test_a_diverging_run_stops_as_diverged_and_writes_no_nan_checkpoint(tmp_path
     assert rows["nonfinite"].eq(True).any()
 
 
-def test_skip_mode_skips_and_counts_the_steps_and_completes(tmp_path):
+def test_skip_mode_skips_and_counts_the_steps_and_a_run_that_skips_most_ends_diverged(tmp_path):
     """BSP over the PS: a skipped worker still takes part in its round; the round applies the mean of
     the finite gradients (none: no update). With every step non-finite after the blow-up, the run
-    skips them all, and its final parameters are never written as NaN."""
+    skips them all, goes to its end, and ends diverged (issue 26: it was "completed"): more than 10% of
+    its steps skipped, or parameters no longer finite; its final parameters are never written."""
     run_dir = tmp_path / "run"
     config = RunConfig(lr=1e30, run_dir=str(run_dir), on_nonfinite="skip", transport="ps", **TINY)
     summary = run_training(config).summary
-    assert summary["nonfinite_steps"] >= 1
-    if summary["status"] == "completed":  # the parameters stayed finite: final.pt holds them
-        assert (run_dir / "checkpoints" / "final.pt").exists()
+    assert summary["nonfinite_steps"] >= 1 and summary["status"] == "diverged"
+    if summary["diverged"]["reason"] == "skipped_share":  # the parameters stayed finite
+        assert summary["diverged"]["skipped"] == summary["nonfinite_steps"] > 0.1 * summary["diverged"]["updates"]
     else:
-        assert summary["status"] == "diverged" and summary["diverged"]["what"] == "parameters"
+        assert summary["diverged"]["what"] == "parameters"
+    assert not (run_dir / "checkpoints" / "final.pt").exists()
     assert_no_nonfinite_checkpoint(run_dir)
 
 

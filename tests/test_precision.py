@@ -119,6 +119,7 @@ def test_an_fp16_overflow_is_skipped_and_halves_the_scale_even_under_on_nonfinit
         else:
             break
     assert 0 < skipped < 30 and t.scaler.overflows == skipped
+    assert s.overflow_skips == skipped  # the worker marks these rows `overflow`: never counted as divergence
     assert t.scaler.scale == 2.0**16 / 2**skipped
     assert not torch.equal(t.params_flat, before)  # the first clean step was applied
     assert torch.isfinite(t.params_flat).all()
@@ -140,6 +141,7 @@ def test_a_gradient_non_finite_at_every_scale_is_divergence_under_on_nonfinite()
         # 16 halvings take 2**16 to 1; the 17th takes it below 1, where --on-nonfinite decides (stop raised).
         assert t.scaler.exhausted and t.scaler.overflows == (17 if on_nonfinite == "stop" else 20)
         assert all(outcomes) and len(outcomes) == (16 if on_nonfinite == "stop" else 20)
+        assert s.overflow_skips == 16  # the skips at scales >= 1; those after are divergence (--on-nonfinite)
 
 
 class _nothing:
@@ -235,6 +237,8 @@ def test_fp16_bsp_skips_the_same_overflowing_steps_on_every_replica_and_still_tr
     by_worker = skipped.groupby("worker")["step"].apply(sorted).to_dict()
     assert set(by_worker) == {0, 1} and by_worker[0] == by_worker[1] and len(by_worker[0]) >= 3, by_worker
     assert result.status == "completed" and result.summary["nonfinite_steps"] == len(by_worker[0])
+    # ... each marked an fp16 overflow (issue 26: those are normal, not skipped updates that end a run diverged)
+    assert skipped["overflow"].eq(True).all() and result.summary["overflow_steps"] == len(by_worker[0])
     assert result.metrics["test_accuracy"] >= 0.9, result.metrics
     final = load_checkpoint(result.run_dir / "checkpoints" / "final.pt")
     assert final["scaler"]["overflows"] == len(by_worker[0])

@@ -3,7 +3,11 @@ checkpoint no longer carries them, so it does not grow with the step count."""
 
 from __future__ import annotations
 
+import pyarrow.parquet as pq
+import pytest
+
 from distrain.config import RunConfig
+from distrain.errors import DistrainError
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.resume import recorded_rows, steps_per_epoch
 
@@ -36,3 +40,16 @@ def test_a_checkpoint_of_an_earlier_version_still_brings_its_own_rows(tmp_path):
     config = RunConfig(run_dir=str(tmp_path), model="mlp")
     old_rows = _sink(tmp_path.name, range(6), [], 22).rows()
     assert recorded_rows(config, {"global_step": 6, "metrics": old_rows}) == old_rows
+
+
+def test_a_metrics_file_written_before_the_overflow_column_still_resumes(tmp_path):
+    """Issue 26 added `overflow` to the schema: a run directory written before it resumes, its rows with
+    the column null; a file missing any other column is still refused."""
+    config = RunConfig(run_dir=str(tmp_path), model="mlp")
+    table = _sink(tmp_path.name, range(8), [], 22).table()
+    pq.write_table(table.drop_columns(["overflow"]), tmp_path / "metrics.parquet")
+    rows = recorded_rows(config, {"global_step": 6})
+    assert sorted(set(rows["step"])) == list(range(6)) and set(rows["overflow"]) == {None}
+    pq.write_table(table.drop_columns(["overflow", "loss"]), tmp_path / "metrics.parquet")
+    with pytest.raises(DistrainError, match="missing or unreadable"):
+        recorded_rows(config, {"global_step": 6})

@@ -17,6 +17,7 @@ from distrain.api import _task_reference, importable_path
 from distrain.config import RunConfig
 from distrain.errors import ConfigError
 from distrain.orchestrator import tasks
+from distrain.orchestrator.checkpoint import LATEST
 from distrain.orchestrator.resume import resume_config
 from distrain.trainers.task_call import constructor_arguments
 
@@ -162,6 +163,7 @@ def _recorded_run(tmp_path: Path, task: object) -> Path:
     """A run directory as a run of a shipped task object leaves it: config.yaml, checkpoints/, task.pkl."""
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / LATEST).write_text('{"name": "step-00000004.pt", "global_step": 4}\n')  # for --resume
     config = RunConfig.resolve(None, {"task": f"object:{type(task).__qualname__}", "run_dir": str(run_dir)})
     (run_dir / "config.yaml").write_text(config.to_yaml())
     tasks.attach_task_object(config, task)

@@ -6,6 +6,7 @@ import pytest
 
 from distrain.config import RunConfig, format_workers, parse_workers
 from distrain.errors import ConfigError
+from distrain.orchestrator.checkpoint import LATEST
 from distrain.orchestrator.resume import _same, resume_config
 
 
@@ -97,6 +98,7 @@ def test_a_range_refused_for_a_strategy_that_cannot_change_membership_names_thos
 def test_resume_compares_ranges_as_ranges(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / LATEST).write_text('{"name": "step-00000004.pt", "global_step": 4}\n')  # --resume wants one
     (run / "config.yaml").write_text(RunConfig(workers="2..4", strategy="async", run_dir=str(run)).to_yaml())
     assert resume_config(run, {"workers": "2..4"}).worker_range == (2, 4)
     assert resume_config(run, {"workers": " 2 .. 4"}).worker_range == (2, 4)
