@@ -88,6 +88,10 @@ class Dispatcher:
         """Epochs whose evaluation calls are still queued."""
         return {payload for kind, _, payload in self.pending.values() if kind == "eval"}
 
+    def checkpoints_outstanding(self) -> set[int]:
+        """Steps whose checkpoint `state` calls are still queued."""
+        return {payload[1] for kind, _, payload in self.pending.values() if kind == "state"}
+
     # ------------------------------------------------------------------ handing out work
     def feed(self, rank: int) -> None:
         """Queue segments on `rank` up to the depth, with the evaluations and checkpoints behind them."""

@@ -820,7 +820,7 @@ class _Driver:
                 name, step = payload
                 self.saves[step] = (name, result)
                 go_on(rank)  # a --chaos fault at this step waited for its checkpoint
-            self._save_complete(outstanding_evals=set(eval_parts) | dispatch.evals_outstanding())
+            self._save_complete(set(eval_parts) | dispatch.evals_outstanding(), dispatch.checkpoints_outstanding())
             if self.membership is not None:
                 self._drained(dispatch)
         if not work.finished:
@@ -1025,12 +1025,16 @@ class _Driver:
         return metrics
 
     # ------------------------------------------------------------------ state
-    def _save_complete(self, outstanding_evals: set[int]) -> None:
+    def _save_complete(self, outstanding_evals: set[int], outstanding_checkpoints: set[int]) -> None:
         """Write the checkpoints whose steps' metrics rows (and evaluations) are all in: a run resumed or
-        recovered from one has exactly the rows of the steps before it."""
+        recovered from one has exactly the rows of the steps before it. In step order, whatever order
+        their states came back in (ray.wait may hand a later call's result over first): the latest
+        checkpoint, and the restore point, never move back to an earlier step."""
         for step in sorted(self.saves):
             epochs_before = step // self.steps_per_epoch
             if self.steps_done < step or any(e < epochs_before for e in outstanding_evals):
+                return
+            if any(s < step for s in outstanding_checkpoints):  # an earlier one's state is still to come
                 return
             name, state = self.saves.pop(step)
             self._save(name, state, epochs_before, step)

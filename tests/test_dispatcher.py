@@ -126,3 +126,27 @@ def test_take_removes_a_lost_workers_calls_in_order_and_stop_ends_at_the_furthes
     assert dispatch.stop() == 4  # both workers were handed steps up to 4
     assert dispatch.work.total_steps == 4
     assert dispatch.evals_outstanding() == {0}  # epoch 0 is the last one now: worker 1, out of work, scores it
+
+
+def test_checkpoints_are_written_in_step_order_whatever_order_their_states_come_back_in():
+    """ray.wait may hand over the state taken at step 6 before the one taken at step 4 (both ready):
+    step 6 waits until step 4's state is in, so the latest checkpoint never moves back a step."""
+    from types import SimpleNamespace
+
+    from distrain.orchestrator.run import _Driver
+
+    written: list[int] = []
+    driver = SimpleNamespace(saves={}, steps_per_epoch=100, steps_done=8)
+    driver._save = lambda name, state, epochs, step: written.append(step)
+    dispatch = Dispatcher(WorkPlan(8, 100, 1, 2, False, cut_every=2), FakeWorkers().submit, checkpoint_steps=2)
+    for step in (4, 6):
+        dispatch.call("state", 0, (f"step-{step}.pt", step))
+    assert dispatch.checkpoints_outstanding() == {4, 6}
+    dispatch.done(1)  # step 6's state is in first
+    driver.saves[6] = ("step-6.pt", {})
+    _Driver._save_complete(driver, set(), dispatch.checkpoints_outstanding())
+    assert written == []  # not before step 4's
+    dispatch.done(0)
+    driver.saves[4] = ("step-4.pt", {})
+    _Driver._save_complete(driver, set(), dispatch.checkpoints_outstanding())
+    assert written == [4, 6]
