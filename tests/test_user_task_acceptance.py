@@ -128,7 +128,9 @@ def test_cli_tune_ranks_trials_by_the_task_s_own_target_metric(task_path, tmp_pa
         "--workers", "1", "--batch-sizes", "16", "--scheduler", "asha", "--grace-period", "2",
         "--objective", "final_metric", "--max-concurrent-trials", "1", "--sweep-dir", str(sweep),
     )  # fmt: skip
-    assert "MaeRegression" in output and "final test mae" in output
+    assert "MaeRegression" in output and "best first by final_metric" in output
+    header = output[output.index("best first by") : output.index("─")]  # its words stacked to fit 80 columns
+    assert "mae" in header.split(), header  # the column of the task's own metric
     results = pd.read_csv(sweep / "results.csv")
     assert len(results) == 2 and (results["status"] == "completed").all()
     assert (results["metric"] == "test_mae").all()
