@@ -695,7 +695,13 @@ def tune(
     ] = False,
 ) -> None:
     """Sweep batch size, LR scaling, warmup, LR (and more) with Ray Tune; each trial is a distributed run."""
-    from distrain.orchestrator.sweep_spec import SweepSpec, parse_dimension, parse_param, plugin_strategies
+    from distrain.orchestrator.sweep_spec import (
+        SweepSpec,
+        parse_dimension,
+        parse_param,
+        plugin_strategies,
+        sweep_base,
+    )
 
     values = locals()
     dimensions: dict[str, Any] = {}
@@ -734,12 +740,8 @@ def tune(
         spec = load_spec(resume)
         where = resume
     else:
-        base = RunConfig.resolve(str(config) if config else None, base_flags)
-        for name in ("data_dir", "init_from"):  # trials run in Tune's own working directories
-            if getattr(base, name):
-                base = base.replace(**{name: str(Path(getattr(base, name)).absolute())})
         spec = SweepSpec(
-            base=base.to_dict(),
+            base=sweep_base(str(config) if config else None, base_flags),
             dimensions=dimensions,
             search=search,
             num_samples=num_samples,
@@ -758,7 +760,7 @@ def tune(
     # The sweep's size, before Ray starts (and before a large one starts at all).
     header = (
         f"sweep {where}  |  {spec.num_trials()} trial(s), {spec.search} search, scheduler {spec.scheduler}"
-        f"  |  {describe_task(RunConfig.from_mapping(spec.base))}, {spec.base['epochs']} epoch(s) each"
+        f"  |  {describe_task(spec.base_config)}, {spec.base_config.epochs} epoch(s) each"
     )
     if resume is None and spec.num_trials() > CONFIRM_ABOVE and not yes:
         _confirm_large_sweep(header, spec.num_trials())

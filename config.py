@@ -1071,6 +1071,13 @@ class RunConfig:
     @classmethod
     def resolve(cls, config_file: str | None, overrides: dict[str, Any]) -> RunConfig:
         """Defaults, then the YAML file, then explicit flags (those not None)."""
+        return cls.from_mapping(cls.given_values(config_file, overrides), config_file or "configuration")
+
+    @classmethod
+    def given_values(cls, config_file: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
+        """What the YAML file and the explicit flags (those not None) set, flags over the file, before
+        any default: what `resolve` builds from, and what a sweep's trials start from (each trial takes
+        its own strategy's defaults for the rest, e.g. diloco's inner --lr)."""
         values: dict[str, Any] = {}
         source = "configuration"
         if config_file:
@@ -1082,7 +1089,7 @@ class RunConfig:
                 f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names(values))}"
             )
         given = {k: v for k, v in overrides.items() if v is not None}
-        return cls.from_mapping(overlay(values, given), source)
+        return overlay(values, given)
 
 
 def _rebuild(values: dict[str, Any], task_object: Any) -> RunConfig:
