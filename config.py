@@ -493,7 +493,8 @@ class Stragglers:
     )
     straggler_threshold: float = setting(
         2.0,
-        "Flag a worker as a straggler when its recent median compute time is this many times the others'.",
+        "Flag a worker as a straggler when its recent median compute time is this many times the others' and "
+        "10 ms more, over two windows of 20 of its steps (released under half those margins).",
         "stragglers",
     )
 
