@@ -1015,11 +1015,14 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                 f"{summary['staleness_p50']:g} / {summary['staleness_p95']:g} / {summary['staleness_max']}",
             ),
             ("time blocked (all workers)", _fmt(summary["wait_s_total"], ".2f") + " s"),
+
             (
                 "bytes pushed / pulled per step",
                 f"{_fmt(summary['bytes_pushed_per_step'], ',.0f')} / {_fmt(summary['bytes_pulled_per_step'], ',.0f')}",
             ),
         ]
+    if summary.get("staleness_lr") is not None:  # async, ssp: what their shards applied
+        rows.append(("staleness-aware rate (lr / staleness)", "on" if summary["staleness_lr"] else "off"))
     rows += _straggler_rows(summary)
     elastic = membership_row(summary)
     if elastic is not None:

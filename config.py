@@ -1199,7 +1199,10 @@ def _strategy_options(run: RunConfig, values: dict[str, Any]) -> dict[str, Any]:
         if name not in known:
             valid = list(COMMON_FIELDS) + list(known)
             raise ConfigError(f"unknown config field {name!r}; valid fields: {', '.join(valid)}")
-        if value is not None and coerce(known[name].kind, value, known[name].flag) != known[name].default:
+        given_value = None if value is None else coerce(known[name].kind, value, known[name].flag)
+        # An on/off option given as off asks nothing of a strategy that has no such thing (--no-staleness-lr
+        # with bsp; flat config files of earlier versions wrote every unused switch as false).
+        if given_value is not None and given_value is not False and given_value != known[name].default:
             from distrain.strategies import STRATEGIES
             from distrain.strategies.registry import loaded_plugins
 
