@@ -1015,7 +1015,6 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                 f"{summary['staleness_p50']:g} / {summary['staleness_p95']:g} / {summary['staleness_max']}",
             ),
             ("time blocked (all workers)", _fmt(summary["wait_s_total"], ".2f") + " s"),
-
             (
                 "bytes pushed / pulled per step",
                 f"{_fmt(summary['bytes_pushed_per_step'], ',.0f')} / {_fmt(summary['bytes_pulled_per_step'], ',.0f')}",
