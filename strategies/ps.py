@@ -118,7 +118,7 @@ class PSStrategy(Strategy):
 # arrival already add an implicit momentum of about 1 - 1/N (Mitliagkas et al. 2016, "Asynchrony begets
 # momentum"), and sgd's default momentum 0.9 on top of it oscillates: a well-conditioned regression
 # ended at MSE 0.24-9.7 under ssp and 1.0-19 under async (3 workers, noise floor 0.01), 0.011-0.013 with
-# it, at no cost in accuracy on the digits. Dividing by the staleness shrinks exactly the steps made on
+# it, within a point of the old accuracy on the digits. Dividing by the staleness shrinks the steps made on
 # old parameters, works for every optimizer, and leaves --momentum as given (README, "Asynchronous
 # defaults", has the measurements and the momentum rule it was chosen over).
 STALENESS_LR_HELP = (
