@@ -709,7 +709,13 @@ def tune(
     ] = False,
 ) -> None:
     """Sweep batch size, LR scaling, warmup, LR (and more) with Ray Tune; each trial is a distributed run."""
-    from distrain.orchestrator.sweep_spec import SweepSpec, parse_dimension, parse_param, plugin_strategies
+    from distrain.orchestrator.sweep_spec import (
+        SweepSpec,
+        parse_dimension,
+        parse_param,
+        plugin_strategies,
+        sweep_base,
+    )
 
     values = locals()
     dimensions: dict[str, Any] = {}
@@ -748,12 +754,8 @@ def tune(
         spec = load_spec(resume)
         where = resume
     else:
-        base = RunConfig.resolve(str(config) if config else None, base_flags)
-        for name in ("data_dir", "init_from"):  # trials run in Tune's own working directories
-            if getattr(base, name):
-                base = base.replace(**{name: str(Path(getattr(base, name)).absolute())})
         spec = SweepSpec(
-            base=base.to_dict(),
+            base=sweep_base(str(config) if config else None, base_flags),
             dimensions=dimensions,
             search=search,
             num_samples=num_samples,
@@ -772,7 +774,7 @@ def tune(
     # The sweep's size, before Ray starts (and before a large one starts at all).
     header = (
         f"sweep {where}  |  {spec.num_trials()} trial(s), {spec.search} search, scheduler {spec.scheduler}"
-        f"  |  {describe_task(RunConfig.from_mapping(spec.base))}, {spec.base['epochs']} epoch(s) each"
+        f"  |  {describe_task(spec.base_config)}, {spec.base_config.epochs} epoch(s) each"
     )
     if resume is None and spec.num_trials() > CONFIRM_ABOVE and not yes:
         _confirm_large_sweep(header, spec.num_trials())
@@ -1143,6 +1145,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                 f"{_size(summary['bytes_pushed_per_step'])} / {_size(summary['bytes_pulled_per_step'])}",
             ),
         ]
+    if summary.get("staleness_lr") is not None:  # async, ssp: what their shards applied
+        rows.append(("staleness-aware rate (lr / staleness)", "on" if summary["staleness_lr"] else "off"))
     rows += _straggler_rows(summary)
     elastic = membership_row(summary)
     if elastic is not None:

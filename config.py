@@ -517,7 +517,8 @@ class Stragglers:
     )
     straggler_threshold: float = setting(
         2.0,
-        "Flag a worker as a straggler when its recent median compute time is this many times the others'.",
+        "Flag a worker as a straggler when its recent median compute time is this many times the others' and "
+        "10 ms more, over two windows of 20 of its steps (released under half those margins).",
         "stragglers",
     )
 
@@ -1117,6 +1118,27 @@ class RunConfig:
     @classmethod
     def resolve(cls, config_file: str | None, overrides: dict[str, Any]) -> RunConfig:
         """Defaults, then the YAML file, then explicit flags (those not None)."""
+        values, given = cls._file_and_flags(config_file, overrides)
+        config = cls.from_mapping(overlay(values, given), config_file or "configuration")
+        config.refuse_builtin_options(given)
+        # A config.yaml distrain wrote holds every key (a user task's run records the built-in's defaults);
+        # a file the user wrote holds what they chose.
+        if config_file and not _recorded_by_distrain(config_file):
+            config.refuse_builtin_options(values, config_file)
+        return config
+
+    @classmethod
+    def given_values(cls, config_file: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
+        """What the YAML file and the explicit flags (those not None) set, flags over the file, before
+        any default: what `resolve` builds from, and what a sweep's trials start from (each trial takes
+        its own strategy's defaults for the rest, e.g. diloco's inner --lr)."""
+        return overlay(*cls._file_and_flags(config_file, overrides))
+
+    @classmethod
+    def _file_and_flags(
+        cls, config_file: str | None, overrides: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The YAML file's keys (checked to be known) and the explicit flags (those not None)."""
         values: dict[str, Any] = {}
         source = "configuration"
         if config_file:
@@ -1127,14 +1149,7 @@ class RunConfig:
             raise ConfigError(
                 f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names(values))}"
             )
-        given = {k: v for k, v in overrides.items() if v is not None}
-        config = cls.from_mapping(overlay(values, given), source)
-        config.refuse_builtin_options(given)
-        # A config.yaml distrain wrote holds every key (a user task's run records the built-in's defaults);
-        # a file the user wrote holds what they chose.
-        if config_file and not _recorded_by_distrain(config_file):
-            config.refuse_builtin_options(values, config_file)
-        return config
+        return values, {k: v for k, v in overrides.items() if v is not None}
 
 
 def _recorded_by_distrain(path: str | os.PathLike[str]) -> bool:
@@ -1250,7 +1265,10 @@ def _strategy_options(run: RunConfig, values: dict[str, Any]) -> dict[str, Any]:
         if name not in known:
             valid = list(COMMON_FIELDS) + list(known)
             raise ConfigError(f"unknown config field {name!r}; valid fields: {', '.join(valid)}")
-        if value is not None and coerce(known[name].kind, value, known[name].flag) != known[name].default:
+        given_value = None if value is None else coerce(known[name].kind, value, known[name].flag)
+        # An on/off option given as off asks nothing of a strategy that has no such thing (--no-staleness-lr
+        # with bsp; flat config files of earlier versions wrote every unused switch as false).
+        if given_value is not None and given_value is not False and given_value != known[name].default:
             from distrain.strategies import STRATEGIES
             from distrain.strategies.registry import loaded_plugins
 

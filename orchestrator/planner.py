@@ -34,6 +34,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from distrain.strategies.diloco import DEFAULT_SYNC_EVERY
+from distrain.strategies.local_sgd import DEFAULT_TAU
+from distrain.strategies.ps import DEFAULT_STALENESS
+
 FLOAT_BYTES = 4
 
 
@@ -249,8 +253,13 @@ class Prediction:
         return asdict(self) | {"step_s": self.step_s, "samples_per_s": self.samples_per_s}
 
 
-# Strategies the planner compares, with the settings it plans them at (a user's own are kept).
-DEFAULT_SETTINGS = {"ssp": {"staleness": 2}, "local-sgd": {"tau": 8}, "diloco": {"sync_every": 50}}
+# Strategies the planner compares, with the settings it plans them at (a user's own are kept): the
+# defaults `distrain run` gives them, read from the strategies' own options (one source of truth).
+DEFAULT_SETTINGS = {
+    "ssp": {"staleness": DEFAULT_STALENESS},
+    "local-sgd": {"tau": DEFAULT_TAU},
+    "diloco": {"sync_every": DEFAULT_SYNC_EVERY},
+}
 CANDIDATES = [("bsp", "collective"), ("bsp", "ps"), ("ssp", "ps"), ("async", "ps"), ("local-sgd", "collective"),
               ("diloco", "collective")]  # fmt: skip
 
@@ -316,7 +325,7 @@ def predict(
             # throughput bound by the shard: P gradients per step can be served no faster than shard_busy
             comm = max(comm, shard_busy - compute)
         elif strategy == "ssp":
-            staleness = int(s.get("staleness", 2))
+            staleness = int(s["staleness"])
             comm = max(call, shard_busy - compute)
             wait = sync_wait / (staleness + 1)
             setting = f"--staleness {staleness}"
@@ -334,7 +343,7 @@ def predict(
             return t
 
         if strategy == "local-sgd":
-            tau = int(s.get("tau", 8))
+            tau = int(s["tau"])
             copies = n * cal.optimizer_copies  # θ and the optimizer state travel together (θ's change coded)
             parts = codec + ([("ring", copies)] if copies else []) if codec else [("ring", n + copies)]
             rounds = cal.rounds_per_step(tau, workers)
@@ -343,7 +352,7 @@ def predict(
             sent = wire_bytes(parts, workers) * rounds
             setting = f"--tau {tau}"
         elif strategy == "diloco":
-            h = int(s.get("sync_every", 50))
+            h = int(s["sync_every"])
             parts = codec or [("ring", n)]  # the pseudo-gradient
             rounds = cal.rounds_per_step(h, workers)
             comm = round_s(parts) * rounds
@@ -401,7 +410,9 @@ def plan_table(
 
 
 # ---------------------------------------------------------------------------------------------- stragglers
-def straggler_costs(cal: Calibration, workers: int, backups: int = 1, staleness: int = 2) -> dict[str, float]:
+def straggler_costs(
+    cal: Calibration, workers: int, backups: int = 1, staleness: int = DEFAULT_STALENESS
+) -> dict[str, float]:
     """Expected round time of BSP at N (relative to a step without stragglers), and what k-of-n with b
     backups and SSP(s) bring it down to."""
     bsp = expected_max(cal.spread, workers)
@@ -451,12 +462,12 @@ def recommend(
         )
         return Recommendation("bsp", bsp.transport, {}, f"{why}; predicted {bsp.samples_per_s:.0f} samples/s", bsp)
     if bsp.wait_s / bsp.step_s >= STRAGGLER_SHARE and cal.ps_usable:  # SSP runs over the parameter server
-        ssp = predict(cal, "ssp", "ps", workers, hw, {"staleness": 2})
+        ssp = predict(cal, "ssp", "ps", workers, hw, {"staleness": DEFAULT_STALENESS})
         if fits(ssp) and ssp.samples_per_s > bsp.samples_per_s:
             return Recommendation(
-                "ssp", "ps", {"staleness": 2},
-                f"waiting for stragglers is {bsp.wait_s / bsp.step_s:.0%} of a BSP step; SSP(2) absorbs it: "
-                f"{ssp.samples_per_s:.0f} against {bsp.samples_per_s:.0f} samples/s",
+                "ssp", "ps", {"staleness": DEFAULT_STALENESS},
+                f"waiting for stragglers is {bsp.wait_s / bsp.step_s:.0%} of a BSP step; SSP({DEFAULT_STALENESS}) "
+                f"absorbs it: {ssp.samples_per_s:.0f} against {bsp.samples_per_s:.0f} samples/s",
                 ssp,
             )  # fmt: skip
     ring = predict(cal, "local-sgd", "collective", workers, hw, {"tau": 1})

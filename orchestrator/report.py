@@ -161,7 +161,7 @@ def strategy_text(config: dict[str, Any], strategy: str | None = None) -> str:
     if strategy is None:
         if c.get("compress"):
             text += f" + {c['compress']}"
-        if c.get("staleness_lr"):
+        if c.get("staleness_lr") and not (name == "ssp" and c.get("staleness") == 0):  # SSP(0) applies none
             text += " staleness-lr"
         if c.get("backup_workers"):
             text += f" backup-workers={c['backup_workers']}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -152,6 +153,20 @@ def flatten(point: dict[str, Any]) -> dict[str, Any]:
     return values | dict(point.get(VARIANTS) or {})
 
 
+def sweep_base(config_file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's base: only what the --config file and the sweep's flags set, as resolved (the task's
+    and data's paths absolute: trials run in Tune's own working directories). Defaults stay out, so
+    each trial takes its own strategy's (`Strategy.run_defaults`: diloco's inner --lr 0.01, not bsp's
+    0.05) unless the sweep sets the value; a trial is what `distrain run` with the same file and flags
+    plus the trial's values runs."""
+    resolved = RunConfig.resolve(config_file, flags)  # every check `distrain run` makes on them
+    for name in ("data_dir", "init_from"):
+        if getattr(resolved, name):
+            resolved = resolved.replace(**{name: str(Path(getattr(resolved, name)).absolute())})
+    values = resolved.to_dict()
+    return {name: values.get(name, value) for name, value in RunConfig.given_values(config_file, flags).items()}
+
+
 def trial_config(base: dict[str, Any], params: dict[str, Any], run_dir: str = "") -> RunConfig:
     """The RunConfig one trial runs: the base with the trial's values (flags over a file, as in
     RunConfig.resolve: a different strategy or optimizer starts from its own defaults)."""
@@ -175,6 +190,11 @@ class SweepSpec:
     objective: str = "time_to_target"
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def base_config(self) -> RunConfig:
+        """The base resolved on its own (the defaults of its strategy, bsp unless it names one)."""
+        return RunConfig.from_mapping(self.base)
+
     def validate(self) -> None:
         if self.search not in SEARCHES:
             raise ConfigError(f"unknown --search {self.search!r}; choose one of: {', '.join(SEARCHES)}")
@@ -190,8 +210,9 @@ class SweepSpec:
             raise ConfigError(f"--time-budget must be >= 0 seconds, got {self.time_budget_s}")
         if self.grace_period < 1:
             raise ConfigError(f"--grace-period must be >= 1 epoch, got {self.grace_period}")
-        if self.scheduler == "asha" and self.grace_period > self.base["epochs"]:
-            raise ConfigError(f"--grace-period ({self.grace_period}) exceeds --epochs ({self.base['epochs']})")
+        epochs = self.base_config.epochs
+        if self.scheduler == "asha" and self.grace_period > epochs:
+            raise ConfigError(f"--grace-period ({self.grace_period}) exceeds --epochs ({epochs})")
         if self.search == "grid":
             for name, dim in self.dimensions.items():
                 if isinstance(dim, Range):

@@ -326,7 +326,7 @@ def _scheduler(spec: SweepSpec) -> Any:
     if spec.scheduler == "asha":
         return ASHAScheduler(
             time_attr="training_iteration",
-            max_t=spec.base["epochs"],
+            max_t=spec.base_config.epochs,
             grace_period=spec.grace_period,
             reduction_factor=spec.reduction_factor,
         )
@@ -336,7 +336,7 @@ def _scheduler(spec: SweepSpec) -> Any:
 def connect(spec: SweepSpec, cluster_cpus: int = 0) -> cluster.RayConnection:
     """Reuse an initialised Ray, join --address, or start a local Ray: --cluster-cpus logical CPUs, by
     default this machine's cores (at least enough for the largest trial)."""
-    base = RunConfig.from_mapping(spec.base)
+    base = spec.base_config
     if ray.is_initialized():
         if base.address:  # a dead --address is refused as a fresh process would refuse it
             address.reachable(base.address)

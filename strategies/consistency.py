@@ -39,7 +39,10 @@ class ConsistencyRule:
 
     @classmethod
     def ssp(cls, staleness: int, staleness_lr: bool = False) -> ConsistencyRule:
-        return cls("bounded", staleness, staleness_lr)
+        # SSP(0) is BSP: a clock's gradients are all computed on the same θ and applied at η/N each, which
+        # is one BSP step; the versions its peers' pushes add before a gradient lands are not staleness
+        # to damp (dividing by them would break SSP(0) = BSP from 3 workers on).
+        return cls("bounded", staleness, staleness_lr and staleness > 0)
 
     @classmethod
     def asynchronous(cls, staleness_lr: bool = False) -> ConsistencyRule:

@@ -128,6 +128,19 @@ def test_local_sgd_and_diloco_amortise_the_all_reduce_and_tau_one_is_bsp_traffic
     assert dl.memory_per_worker == cal.memory_per_worker + 2 * cal.grad_bytes
 
 
+def test_the_planner_plans_each_strategy_at_the_settings_distrain_run_defaults_to():
+    """`distrain plan`'s table models ssp, local SGD and DiLoCo as `distrain run --strategy S` runs them
+    by default (DiLoCo's --sync-every was planned at 50 while a run takes 8)."""
+    flags = {"ssp": "staleness", "local-sgd": "tau", "diloco": "sync_every"}
+    planned = {p.strategy: p.setting for p in planner.plan_table(_cal(), [4])}
+    for strategy, field in flags.items():
+        run_default = getattr(RunConfig(strategy=strategy), field)
+        assert planned[strategy] == f"--{field.replace('_', '-')} {run_default}", strategy
+    default = planner.predict(_cal(optimizer_copies=0), "diloco", "collective", 4)
+    same = planner.predict(_cal(optimizer_copies=0), "diloco", "collective", 4, settings={"sync_every": 8})
+    assert default.bytes_per_worker == pytest.approx(same.bytes_per_worker)  # traffic amortised over H = 8
+
+
 def test_recommendation_follows_the_link():
     fast = Hardware("fast", 1e12, 1e-7)
     slow = Hardware("slow", 1e6, 1e-3)

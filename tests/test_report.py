@@ -364,8 +364,9 @@ def test_strategy_text_names_each_strategy_with_its_settings():
         return strategy_text(RunConfig(**kw).to_dict())
 
     assert text() == "bsp"
-    assert text(strategy="ssp", staleness=3, ps_shards=2) == "ssp s=3 (ps, 2 shards)"
-    assert text(strategy="async", staleness_lr=True) == "async (ps) staleness-lr"
+    assert text(strategy="ssp", staleness=3, ps_shards=2) == "ssp s=3 (ps, 2 shards) staleness-lr"  # on by default
+    assert text(strategy="ssp", staleness=0) == "ssp s=0 (ps)"  # SSP(0) is BSP: it divides by nothing
+    assert text(strategy="async", staleness_lr=False) == "async (ps)"
     assert text(strategy="bsp", transport="ps", backup_workers=1, workers=3) == "bsp (ps) backup-workers=1"
     assert text(strategy="local-sgd", tau=4) == "local-sgd tau=4"
     assert text(strategy="local-sgd", adaptive_tau=True, tau_interval="50") == "local-sgd tau=8 adaptive (50, max 16)"

@@ -140,7 +140,7 @@ def test_a_symlog_traffic_axis_has_plain_numbers_too(tmp_path, runs):
 def test_legends_leave_out_output_only_settings(runs):
     fig = plot_loss(plot_runs(load_runs(runs)))
     texts = [t.get_text().replace("\n  ", " ") for t in fig.legends[0].get_texts()]
-    assert texts == ["bsp: bsp", "async: async (ps)"], texts  # tensorboard and run_dir differ, but say nothing
+    assert texts == ["bsp: bsp", "async: async (ps) staleness-lr"], texts  # tensorboard and run_dir differ: unsaid
 
 
 def overlaps(a, b) -> bool:

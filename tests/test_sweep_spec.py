@@ -182,3 +182,47 @@ def test_workers_dimension_reads_plans_grammar():
     from distrain.units import parse_worker_counts
 
     assert parse_dimension("workers", "4, 2,4,1") == Choice(tuple(parse_worker_counts("4, 2,4,1"))) == Choice((4, 2, 1))
+
+
+class _SweepStarted(Exception):
+    """Raised by the stand-in `run_sweep`: the CLI got as far as starting the sweep with `spec`."""
+
+    def __init__(self, spec: SweepSpec) -> None:
+        super().__init__("sweep started")
+        self.spec = spec
+
+
+def _tune_spec(monkeypatch, tmp_path, *args: str) -> SweepSpec:
+    """The SweepSpec `distrain tune ARGS` would start (the real CLI, up to where Ray would load)."""
+    import sys
+    import types
+
+    from typer.testing import CliRunner
+
+    from distrain.cli import app
+
+    def run_sweep(spec, *rest, **kwargs):
+        raise _SweepStarted(spec)
+
+    monkeypatch.setitem(sys.modules, "distrain.orchestrator.tune", types.SimpleNamespace(run_sweep=run_sweep))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["tune", "--model", "mlp", "--epochs", "1", *args])
+    assert isinstance(result.exception, _SweepStarted), result.output
+    return result.exception.spec
+
+
+def _lr_by_strategy(spec: SweepSpec) -> dict[str, float]:
+    return {config.strategy: config.lr for config in spec.sample_configs()}
+
+
+def test_each_trial_takes_its_own_strategy_s_defaults_unless_the_sweep_sets_them(monkeypatch, tmp_path):
+    """`tune --strategies bsp,diloco`: the diloco trial runs at diloco's own inner rate (0.01), not the
+    0.05 the base config resolved for bsp; a rate the sweep sets (a --lr axis, or --config) wins for both."""
+    spec = _tune_spec(monkeypatch, tmp_path, "--strategies", "bsp,diloco")
+    assert _lr_by_strategy(spec) == {"bsp": 0.05, "diloco": 0.01}
+    assert spec.base_config.lr == 0.05 and spec.base_config.epochs == 1  # the base alone: bsp's
+    swept = _tune_spec(monkeypatch, tmp_path, "--strategies", "bsp,diloco", "--lr", "0.2")
+    assert _lr_by_strategy(swept) == {"bsp": 0.2, "diloco": 0.2}
+    (tmp_path / "base.yaml").write_text("lr: 0.02\n")
+    filed = _tune_spec(monkeypatch, tmp_path, "--config", "base.yaml", "--strategies", "diloco,bsp")
+    assert _lr_by_strategy(filed) == {"bsp": 0.02, "diloco": 0.02}
