@@ -105,7 +105,7 @@ def warnings(evals: pd.DataFrame) -> list[str]:
         if math.isfinite(first) and math.isfinite(last) and last > first:
             lines.append(
                 f"the final test loss ({last:.4g}) is above the first evaluation's ({first:.4g}): training made "
-                "the model worse; lower --lr (under async/ssp, --staleness-lr also helps)"
+                "the model worse; lower --lr (under async/ssp, keep the staleness-aware rate on: no --no-staleness-lr)"
             )
     return lines
 
