@@ -89,7 +89,7 @@ def test_report_md_has_the_same_table(report, two_runs):
     assert lines[0] == "| " + " | ".join(COLUMNS) + " |"
     bsp, ssp = (line.split(" | ") for line in lines[2:])
     assert bsp[0] == "| bsp-allreduce" and bsp[1] == "bsp" and bsp[2] == "2"
-    assert ssp[0] == "| ssp-s1" and ssp[1] == "ssp s=1 (ps)"
+    assert ssp[0] == "| ssp-s1" and ssp[1] == "ssp s=1 (ps) staleness-lr"
     assert bsp[6] == "-" and ssp[6] != "-"  # staleness p95 only under the parameter server
     assert bsp[-1] == ssp[-1] == "0 |"  # no failures recorded
     for name in PLOTS:
@@ -278,7 +278,7 @@ def test_legends_carry_strategy_and_key_settings(two_runs, event_runs):
     legend = [t.get_text().replace("\n  ", " ") for t in fig.legends[0].get_texts()]  # unwrapped
     assert legend[:4] == [
         "bsp-allreduce: bsp; segment-steps 20; model cnn",  # settings in config.yaml's order: by section
-        "ssp-s1: ssp s=1 (ps); segment-steps 20; model cnn",
+        "ssp-s1: ssp s=1 (ps) staleness-lr; segment-steps 20; model cnn",
         "adacomm-chaos: local-sgd tau=8 adaptive (10%, max 16); segment-steps 5; model mlp; checkpoint-steps 10; "
         "chaos kill-worker@25:1",
         "schedule: schedule bsp:1 -> local-sgd tau=8; segment-steps 5; model mlp",
@@ -290,8 +290,8 @@ def test_time_split_has_a_bar_per_run_and_strategy(two_runs, event_runs):
     ax = fig.axes[0]
     names = [t.get_text() for t in ax.get_yticklabels()]
     assert names == [
-        "bsp-allreduce\nbsp", "ssp-s1\nssp s=1 (ps)", "adacomm-chaos\nlocal-sgd tau=8 adaptive (10%, max 16)",
-        "schedule\nbsp", "schedule\nlocal-sgd tau=8",
+        "bsp-allreduce\nbsp", "ssp-s1\nssp s=1 (ps) staleness-lr",
+        "adacomm-chaos\nlocal-sgd tau=8 adaptive (10%, max 16)", "schedule\nbsp", "schedule\nlocal-sgd tau=8",
     ]  # fmt: skip
     widths = {}
     for bar in ax.patches:  # stacked: compute, communication, wait per row

@@ -43,7 +43,9 @@ def dry_run(target: str, tmp_path: Path) -> str:
     """What `make TARGET` would run on a fresh checkout (no .venv yet)."""
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, tmp_path / name)
-    done = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    # Under `make test` (CI) this make is a sub-make, which would print "Entering directory" lines.
+    cmd = ["make", "--no-print-directory", "-n", target]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
