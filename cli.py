@@ -1181,12 +1181,15 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             out.print(f"--chaos {c['event']} did not fire: {c['reason']}", markup=False, highlight=False)
     for line in summary.get("warnings") or []:
         out.print(f"warning: {line}", markup=False, highlight=False)
-    out.print(
-        f"results in {run_dir}/ (config.yaml, metrics.parquet, summary.json, checkpoints/)",
-        markup=False,
-        highlight=False,
-    )
+    out.print(f"results in {run_dir}/ ({', '.join(_run_files(run_dir))})", markup=False, highlight=False)
     _print_tensorboard_line(run_dir)  # last: where --tensorboard wrote the run's events
+
+
+def _run_files(run_dir: Path) -> list[str]:
+    """What the closing line names: the run's files that exist (a diverged or early-stopped run may have
+    no checkpoints/, a run that failed before its first evaluation no metrics.parquet)."""
+    names = ("config.yaml", "metrics.parquet", "summary.json", "checkpoints/")
+    return [name for name in names if (run_dir / name.rstrip("/")).exists()]
 
 
 def tensorboard_line(run_dir: Path) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 from collections import Counter
@@ -36,6 +37,21 @@ class _DropTokenAuthNotice(logging.Filter):
 
 
 logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_DropTokenAuthNotice())
+
+
+def _dedup_note_follows_color_prefix(colour: Any) -> Any:
+    """Ray's log deduplicator colours its "[repeated 2x across cluster]" note whatever RAY_COLOR_PREFIX
+    says (ray/_private/ray_logging: `_color`). Where plain text was asked for (a file or a pipe:
+    remote_errors.plain_ray_logs_when_piped, or the user's own RAY_COLOR_PREFIX=0), the note is plain too."""
+
+    def note(msg: str) -> str:
+        return msg if os.environ.get("RAY_COLOR_PREFIX") == "0" else colour(msg)
+
+    return note
+
+
+_ray_logging = importlib.import_module("ray._private.ray_logging")
+_ray_logging._color = _dedup_note_follows_color_prefix(_ray_logging._color)
 
 
 SHUTDOWN_GRACE_S = 2.0

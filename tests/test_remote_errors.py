@@ -97,6 +97,20 @@ def test_the_cli_asks_ray_for_plain_log_prefixes_when_piped(monkeypatch):
     assert os.environ.get("RAY_COLOR_PREFIX") == "0"
 
 
+def test_rays_repeated_lines_note_is_plain_where_plain_text_was_asked_for(monkeypatch):
+    """`(raylet) A worker died ... [repeated 2x across cluster]` in a piped log had ESC[32m around the note."""
+    from ray._private.ray_logging import DedupState
+
+    import distrain.orchestrator.cluster  # noqa: F401  (it teaches Ray's deduplicator the setting)
+
+    state = DedupState(timestamp=0, count=2, line="(raylet) A worker died", metadata={}, sources=set())
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "0")
+    assert state.formatted().startswith("(raylet) A worker died [repeated 2x across cluster]")
+    assert "\x1b" not in state.formatted()
+    monkeypatch.delenv("RAY_COLOR_PREFIX")
+    assert "\x1b[32m" in state.formatted()  # a terminal keeps Ray's colours
+
+
 TASK = textwrap.dedent(
     """
     import torch

@@ -134,13 +134,16 @@ def test_a_user_task_without_a_target_has_no_classification_or_target_keys(tmp_p
     assert summary["final_test_mae"] == 0.1 and "final_test_accuracy" not in summary
 
 
+CLOSING_SUMMARY = {"run_id": "r", "status": "completed", "strategy": "ssp", "workers": 2, "model": "mlp",
+    "dataset": "digits", "epochs_completed": 1, "steps_completed": 22, "final_test_accuracy": 0.9,
+    "wall_time_s": 3.0, "steady_state_samples_per_s": 1000.0, "bytes_per_step": 680016.0,
+    "mean_compute_s": 0.001, "mean_comm_s": 0.001, "staleness_p50": 1.0, "staleness_p95": 2.0,
+    "staleness_max": 3, "wait_s_total": 0.5, "bytes_pushed_per_step": 12_345_678.0,
+    "bytes_pulled_per_step": 999.0, "warnings": ["the final test loss (2.6) is above ..."]}  # fmt: skip
+
+
 def test_the_closing_summary_says_not_reached_and_prints_bytes_in_units(capsys, tmp_path):
-    base = {"run_id": "r", "status": "completed", "strategy": "ssp", "workers": 2, "model": "mlp",
-            "dataset": "digits", "epochs_completed": 1, "steps_completed": 22, "final_test_accuracy": 0.9,
-            "wall_time_s": 3.0, "steady_state_samples_per_s": 1000.0, "bytes_per_step": 680016.0,
-            "mean_compute_s": 0.001, "mean_comm_s": 0.001, "staleness_p50": 1.0, "staleness_p95": 2.0,
-            "staleness_max": 3, "wait_s_total": 0.5, "bytes_pushed_per_step": 12_345_678.0,
-            "bytes_pulled_per_step": 999.0, "warnings": ["the final test loss (2.6) is above ..."]}  # fmt: skip
+    base = CLOSING_SUMMARY
     print_summary(base | {"target": "test_accuracy>=0.95", "time_to_target_s": None}, tmp_path)
     text = capsys.readouterr().out
     assert "not reached" in text and "- s" not in text
@@ -148,6 +151,19 @@ def test_the_closing_summary_says_not_reached_and_prints_bytes_in_units(capsys, 
     assert "warning: the final test loss (2.6) is above ..." in text
     print_summary(base, tmp_path)  # no target: no row for it
     assert "time to" not in capsys.readouterr().out
+
+
+def test_the_closing_line_names_only_the_files_the_run_left(capsys, tmp_path):
+    base = CLOSING_SUMMARY | {"status": "diverged", "warnings": []}
+    for name in ("config.yaml", "summary.json"):
+        (tmp_path / name).write_text("")
+    print_summary(base, tmp_path)  # a diverged run: no metrics yet, no checkpoints/ (it used to name it)
+    assert capsys.readouterr().out.splitlines()[-1] == f"results in {tmp_path}/ (config.yaml, summary.json)"
+    (tmp_path / "metrics.parquet").write_text("")
+    (tmp_path / "checkpoints").mkdir()
+    print_summary(base, tmp_path)
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"results in {tmp_path}/ (config.yaml, metrics.parquet, summary.json, checkpoints/)"
 
 
 # ---------------------------------------------------------------- item 3: a full disk, on plain files
