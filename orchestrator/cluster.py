@@ -183,8 +183,10 @@ def start_local_ray(num_cpus: int) -> None:
         )
     try:
         with interrupts.deferred():  # a Ray start cut short leaves processes no shutdown knows of
+            # A copy: Ray writes the session's spilling directory into the dict it is given, and a
+            # second fit() in the same process would spill into the first (deleted) session's folder.
             with ray_processes_in_own_session():
-                ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_SYSTEM_CONFIG, **QUIET)
+                ray.init(address="local", num_cpus=num_cpus, _system_config=dict(LOCAL_SYSTEM_CONFIG), **QUIET)
             node = _local_node()
             if node is not None:
                 leftovers.record(Path(node.get_session_dir_path()))
