@@ -25,6 +25,7 @@ from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.files import atomic_write, fresh_dir
 from distrain.orchestrator.report_plots import DPI, PLOTS, Failure, PlotRun, Switch, smoothing_window
+from distrain.units import size_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -34,12 +35,13 @@ COLUMNS = (
     "run", "strategy", "workers", "final accuracy", "time to target (s)", "samples/s (steady state)",
     "staleness p95", "bytes/step", "failures",
 )  # fmt: skip
-FIGURES = {  # summary.json key -> format, for the columns between "workers" and "failures"
+FIGURES: dict[str, str | Callable[[float], str]] = {  # summary.json key -> format spec or formatter,
+    # for the columns between "workers" and "failures"
     "final_test_accuracy": ".4f",
     "time_to_target_s": ".1f",
     "steady_state_samples_per_s": ",.0f",
     "staleness_p95": "g",
-    "bytes_per_step": ",.0f",
+    "bytes_per_step": size_text,  # "680.0 kB", as the run's closing summary prints it
 }
 # Settings the strategy column already states (with the strategy that reads them), and ones that say
 # where a run was written or ran rather than what it did: left out of "settings that differ".
@@ -121,8 +123,10 @@ def choose_out_dir(requested: Path | None) -> Path:
     return fresh_dir(requested, lambda n: Path(f"report-{stamp}" + (f"-{n}" if n > 1 else "")), "--out")
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def _fmt(value: Any, spec: str | Callable[[float], str]) -> str:
+    if value is None:
+        return "-"
+    return spec(value) if callable(spec) else format(value, spec)
 
 
 def _failures(summary: dict[str, Any]) -> int:

@@ -4,6 +4,7 @@ worker killed, a BSP -> AdaComm schedule), and on bad input."""
 from __future__ import annotations
 
 import errno
+import json
 import shutil
 import struct
 from pathlib import Path
@@ -28,6 +29,7 @@ from distrain.orchestrator.report_plots import (
     plot_time_split,
 )
 from distrain.orchestrator.run import run_training
+from distrain.units import size_text
 
 runner = CliRunner()
 PLOTS = (
@@ -91,6 +93,8 @@ def test_report_md_has_the_same_table(report, two_runs):
     assert bsp[0] == "| bsp-allreduce" and bsp[1] == "bsp" and bsp[2] == "2"
     assert ssp[0] == "| ssp-s1" and ssp[1] == "ssp s=1 (ps) staleness-lr"
     assert bsp[6] == "-" and ssp[6] != "-"  # staleness p95 only under the parameter server
+    sent = json.loads((two_runs[0] / "summary.json").read_text())["bytes_per_step"]
+    assert bsp[7] == size_text(sent) and bsp[7].endswith(" MB")  # in units, as the run's summary (was 1,210,448)
     assert bsp[-1] == ssp[-1] == "0 |"  # no failures recorded
     for name in PLOTS:
         assert f"]({name})" in text
