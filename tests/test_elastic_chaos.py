@@ -32,13 +32,22 @@ def test_kill_worker_above_min_is_a_leave_and_rejoin_and_below_min_restarts_from
     first = changes.index(("leave", 2, "worker lost"))
     assert ("join", 2, "placed") in changes[first + 1 :]
     # At 18: one of ranks 1 and 2 leaves (3 -> 2); the other's loss would go below MIN: the failure
-    # path restarts every worker from the checkpoint at step 12.
-    assert s["failures"] == 1, s["failure_events"]
-    (failure,) = s["failure_events"]
-    assert failure["target"] in (1, 2) and failure["restored_step"] == 12
-    restart = [changes[i][1] for i, c in enumerate(changes) if c[2] == "restart"]
-    assert len(restart) >= 2 and changes.index(("join", restart[0], "restart")) > first
-    assert m["leaves"] == 2 and m["final_members"] >= 2
+    # path restarts every worker from the checkpoint at step 12. Unless the first one's slot was placed
+    # and joined again before the second death was seen (a loaded machine: seen at its next call), when
+    # the membership was back at 3 and the second loss is a leave too; both are the rule.
+    rejoined = changes.index(("join", 2, "placed"), first)
+    at_18 = [i for i, c in enumerate(changes) if i > rejoined and c[0] == "leave"]
+    if s["failures"] == 0:
+        assert len(at_18) == 2 and m["leaves"] == 3, changes
+        assert any(c[0] == "join" and c[2] == "placed" for c in changes[at_18[0] + 1 : at_18[1]]), changes
+    else:
+        assert s["failures"] == 1, s["failure_events"]
+        (failure,) = s["failure_events"]
+        assert failure["target"] in (1, 2) and failure["restored_step"] == 12
+        restart = [changes[i][1] for i, c in enumerate(changes) if c[2] == "restart"]
+        assert len(restart) >= 2 and changes.index(("join", restart[0], "restart")) > first
+        assert m["leaves"] == 2
+    assert m["final_members"] >= 2
     rows = pd.read_parquet(tmp_path / "r" / "metrics.parquet").query("kind == 'step'")
     units = rows.groupby(["epoch", "step", "slice"]).size()
     assert len(units) == 26 * 3 and (units == 1).all()
