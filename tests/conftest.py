@@ -1,4 +1,4 @@
-"""Shared fixtures: one real local Ray for the whole session (per pytest-xdist worker), small and quiet."""
+"""Shared fixtures: one real local Ray for the whole session, small and quiet."""
 
 from __future__ import annotations
 
