@@ -30,7 +30,7 @@ test: $(BIN)/.installed-dev
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
 
-# README.md's flag table, rewritten from `distrain run`'s help texts (tests/test_flag_table.py checks it).
+# README.md's flag table, rewritten from `distrain run`'s help texts (tests/unit/test_flag_table.py checks it).
 docs: $(BIN)/.installed
 	$(BIN)/python -m distrain.flag_table
 

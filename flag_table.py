@@ -4,7 +4,7 @@ The rows are the options `distrain run --help` lists, in its panels and order, w
 config field's `setting(...)` help text and shown default (fields.py, config.py, the strategies' own
 options) and the CLI-only options (`--config`, `--resume`). The README holds the table between two
 markers; `python -m distrain.flag_table` rewrites it there (`--check`: exit 1 if it differs), and
-tests/test_flag_table.py fails when the README's copy is not what this module generates. No Ray, no
+tests/unit/test_flag_table.py fails when the README's copy is not what this module generates. No Ray, no
 torch.
 """
 

@@ -3,7 +3,7 @@
 The controller loop (`_Driver._loop`, orchestrator/run.py) waits on `pending` and reacts to results;
 this class decides what to send and keeps the books of what was sent. It calls nothing itself: every
 call goes through `submit(kind, rank, payload) -> handle` (the driver's makes the Ray actor call), so
-it is tested without Ray (tests/test_dispatcher.py).
+it is tested without Ray (tests/unit/test_dispatcher.py).
 
 A call, as kept in `pending` (handle -> call), is (kind, rank, payload):
 - "segment": units of the `WorkPlan` to train (static plans keep two queued per worker, shared one);

@@ -3,7 +3,7 @@
     decide(loss, ledger, situation) -> Decision
 
 One pure function over plain data (no Ray, no actors), so every rule is tested on its own
-(tests/test_failure_policy.py). The driver (orchestrator/run.py) gathers the inputs and carries the
+(tests/unit/test_failure_policy.py). The driver (orchestrator/run.py) gathers the inputs and carries the
 decision out: `replacement.replace_worker` (replace), `run._recover` (restart), or raising (fail).
 
 The rules, in order:

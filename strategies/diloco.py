@@ -9,7 +9,7 @@ the paper's). Every replica then continues from the new θ_g. A round moves n va
 θ-only average would; the outer optimizer runs on every replica on identical inputs, so its state
 (the Nesterov momentum) is identical everywhere and never travels.
 
-Identities (tests/test_diloco.py): with outer SGD at lr 1 and no momentum, θ_g becomes the plain mean
+Identities (tests/integration/test_diloco.py): with outer SGD at lr 1 and no momentum, θ_g becomes the plain mean
 of the θ_i (parameter averaging after H steps); with H = 1, inner plain SGD and that outer optimizer,
 DiLoCo is BSP.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -27,11 +28,15 @@ def ray_cluster():
     RayConnection(started_here=True).close()  # as a run stops its own: every process, and its marker
 
 
-# Two layers: unit tests (no Ray, no process groups, seconds in all) and integration tests, which start
-# a real Ray or real torch.distributed ranks. A test is integration when it uses the shared Ray cluster
-# or its module says so (`pytestmark = pytest.mark.integration`); `pytest -m "not integration"` runs the
-# fast layer alone, `make test` runs both.
+# Two layers, one folder each: tests/unit (no Ray, no process groups, a minute or two in all) and
+# tests/integration, which start a real Ray, real torch.distributed ranks or other processes. Every test
+# under tests/integration is marked `integration`, and so is any test that uses the shared Ray cluster
+# (tests/unit/test_layers.py checks that the folders and the marker agree); `pytest tests/unit` or
+# `pytest -m "not integration"` runs the fast layer alone, `make test` runs both.
+INTEGRATION_DIR = Path(__file__).parent / "integration"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "ray_cluster" in getattr(item, "fixturenames", ()):
+        if INTEGRATION_DIR in Path(item.path).parents or "ray_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)

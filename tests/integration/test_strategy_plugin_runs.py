@@ -1,0 +1,66 @@
+"""A strategy written outside distrain (examples/strategies/easgd.py, copied to a temporary directory):
+`--strategy path.py:EASGD` trains with its own flags, its own metric columns and summary figures, and
+its own checkpointed state, which `--resume` restores; no distrain file knows about it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from distrain import cli
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "strategies" / "easgd.py"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mine") / "easgd.py"
+    shutil.copy(EXAMPLE, path)
+    return f"{path}:EASGD"
+
+
+def invoke(args: list[str]):
+    cli.prepare_commands(args)  # what `distrain` itself does before parsing
+    try:
+        return runner.invoke(cli.app, args, env={"COLUMNS": "200"})
+    finally:
+        cli.prepare_commands([])
+
+
+
+
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_plugin_strategy_trains_records_its_columns_and_resumes_its_state(plugin, tmp_path):
+    run_dir = tmp_path / "run"
+    common = ["--model", "mlp", "--segment-steps", "8"]
+    first = invoke(["run", "--strategy", plugin, "--elasticity", "0.2", "--easgd-period", "4", "--epochs", "1",
+                    "--run-dir", str(run_dir), *common])  # fmt: skip
+    assert first.exit_code == 0, first.output
+    steps = pd.read_parquet(run_dir / "metrics.parquet").query("kind == 'step'")
+    rounds_after_one_epoch = int(steps["elastic_round"].max())
+    assert rounds_after_one_epoch == -(-22 // 4)  # 22 steps an epoch: a round every 4, and one at its end
+    assert steps["center_distance"].notna().sum() == 2 * rounds_after_one_epoch  # one per worker per round
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["elastic_rounds"] == rounds_after_one_epoch
+    assert summary["final_test_accuracy"] > 0.8
+    checkpoint = torch.load(run_dir / "checkpoints" / "final.pt", weights_only=False)
+    assert checkpoint["strategy_state"]["state"]["rounds"] == rounds_after_one_epoch
+
+    again = invoke(["run", "--resume", str(run_dir), "--epochs", "2"])  # the state goes on from the checkpoint
+    assert again.exit_code == 0, again.output
+    steps = pd.read_parquet(run_dir / "metrics.parquet").query("kind == 'step'")
+    second = steps[steps["epoch"] == 1]
+    assert int(second["elastic_round"].min()) == rounds_after_one_epoch  # not restarted at 0
+    assert int(steps["elastic_round"].max()) == 2 * rounds_after_one_epoch
+    assert steps[steps["epoch"] == 0]["elastic_round"].notna().all()  # the first epoch's rows kept their columns
+
+
