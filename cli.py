@@ -248,7 +248,7 @@ def _run(
     if resume is not None:
         if config is not None:
             raise DistrainError("--resume uses the run's own config.yaml; drop --config")
-        from distrain.orchestrator.auto_strategy import resumed_values  # auto: the choice the run made
+        from distrain.planning.auto_strategy import resumed_values  # auto: the choice the run made
 
         overrides = resumed_values(resume, overrides)
 
@@ -273,7 +273,7 @@ def _run(
                 markup=False,
                 highlight=False,
             )
-    from distrain.orchestrator.auto_strategy import make_concrete  # --strategy auto: the plan's choice, first
+    from distrain.planning.auto_strategy import make_concrete  # --strategy auto: the plan's choice, first
 
     overrides, auto = make_concrete(
         overrides, str(config) if config else None, lambda line: out.print(line, markup=False, highlight=False)
@@ -382,7 +382,7 @@ def _plan_parameters() -> list[inspect.Parameter]:
 
 
 def _preset_names() -> list[str]:
-    from distrain.orchestrator.planner import PRESETS  # pure arithmetic: no torch, no Ray
+    from distrain.planning.planner import PRESETS  # pure arithmetic: no torch, no Ray
 
     return list(PRESETS)
 
@@ -402,7 +402,7 @@ def _register_plan() -> None:
 def what_if_hardware(preset: str | None, bandwidth: str | None, latency: str | None, gpu_flops: str | None) -> Any:
     """The machine --preset / --bandwidth / --latency / --gpu-flops describe (flags override the preset's
     figures), or None: plan for this cluster only."""
-    from distrain.orchestrator.planner import PRESETS, Hardware
+    from distrain.planning.planner import PRESETS, Hardware
     from distrain.units import parse_duration, parse_flops, parse_rate
 
     if preset is None and bandwidth is None and latency is None and gpu_flops is None:
@@ -451,7 +451,7 @@ def _plan(
     overrides["task_args"] = parse_task_args(task_arg) if task_arg else None
     overrides["optimizer_args"] = parse_optimizer_args(optimizer_arg) if optimizer_arg else None
     cfg = RunConfig.resolve(str(config) if config else None, overrides)
-    from distrain.orchestrator.plan_run import choose_out_dir, load_calibration, make_plan
+    from distrain.planning.command import choose_out_dir, load_calibration, make_plan
 
     saved = load_calibration(calibration) if calibration else None
     target = choose_out_dir(out_dir)
@@ -554,7 +554,7 @@ def report(
     ] = None,
 ) -> None:
     """Compare runs: one table (here and in report.md) and PNG plots of accuracy, loss, throughput, time split."""
-    from distrain.orchestrator.report import (
+    from distrain.reporting.report import (
         COLUMNS,
         choose_out_dir,
         distinct_dirs,
@@ -577,8 +577,8 @@ def report(
         natural = out.measure(table, options=out.options.update_width(1_000)).maximum
         console = Console(file=out.file, width=max(out.width, natural), soft_wrap=True)
     console.print(table)
-    from distrain.orchestrator.report_prediction import COLUMNS as PREDICTED
-    from distrain.orchestrator.report_prediction import prediction_rows
+    from distrain.reporting.prediction import COLUMNS as PREDICTED
+    from distrain.reporting.prediction import prediction_rows
 
     predicted = prediction_rows(runs)
     if predicted:
@@ -709,7 +709,7 @@ def tune(
     ] = False,
 ) -> None:
     """Sweep batch size, LR scaling, warmup, LR (and more) with Ray Tune; each trial is a distributed run."""
-    from distrain.orchestrator.sweep_spec import (
+    from distrain.tuning.sweep_spec import (
         SweepSpec,
         parse_dimension,
         parse_param,
@@ -744,7 +744,7 @@ def tune(
         address=address,
     )
     if resume is not None:
-        from distrain.orchestrator.tune import load_spec
+        from distrain.tuning.tune import load_spec
 
         given = [k for k, v in base_flags.items() if v is not None]
         if dimensions or config is not None or sweep_dir or given:
@@ -781,8 +781,8 @@ def tune(
     else:
         out.print(header, markup=False, highlight=False)
 
-    from distrain.orchestrator.tune import run_sweep  # Ray, Tune and torch load only from here on
     from distrain.sweep_display import SweepDisplay, print_table, results_table
+    from distrain.tuning.tune import run_sweep  # Ray, Tune and torch load only from here on
 
     try:
         with SweepDisplay(out, spec.num_trials(), spec.time_budget_s) as display:

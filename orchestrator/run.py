@@ -20,7 +20,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError, RunFailed
-from distrain.orchestrator import auto_strategy, cluster, interrupts, memory, outcome
+from distrain.orchestrator import auto_choice, cluster, interrupts, memory, outcome
 from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
@@ -175,7 +175,7 @@ class Plan:
     claim: Claim | None = None  # a new run's directory, given back if the run is refused before it starts
     rows: dict[str, list[Any]] | None = None  # --resume: the metrics rows before the checkpoint's step
     memory: memory.MemoryEstimate | None = None
-    # --strategy auto: what the planner chose and why (orchestrator/auto_strategy.py)
+    # --strategy auto: what the planner chose and why (planning/auto_strategy.py; recorded by auto_choice.py)
     auto: dict[str, Any] | None = None
 
 
@@ -192,7 +192,7 @@ def preflight(config: RunConfig, resume: bool = False, auto: dict[str, Any] | No
         path, checkpoint = resume_checkpoint(config, num_params)
         refuse_unreachable(config.chaos_events, total)  # events before the checkpoint: not fired (skip_reached)
         rows = recorded_rows(config, checkpoint)
-        recorded_auto = auto_strategy.recorded_choice(Path(config.run_dir))
+        recorded_auto = auto_choice.recorded_choice(Path(config.run_dir))
         return Plan(
             Path(config.run_dir), num_params, checkpoint, True, path, rows=rows, memory=needs, auto=recorded_auto
         )
@@ -203,10 +203,10 @@ def preflight(config: RunConfig, resume: bool = False, auto: dict[str, Any] | No
     claim = claim_run_dir(
         config.run_dir,
         config.strategy_name,
-        lambda path: auto_strategy.yaml_header(auto) + _recorded(config, path).to_yaml(),
+        lambda path: auto_choice.yaml_header(auto) + _recorded(config, path).to_yaml(),
     )
     if auto is not None:
-        auto_strategy.write_choice(claim.path, auto)
+        auto_choice.write_choice(claim.path, auto)
     return Plan(claim.path, num_params, checkpoint, claim=claim, memory=needs, auto=auto)
 
 
@@ -273,7 +273,7 @@ def run_training(
             cluster.check_memory(plan.memory)
         refuse_on_cluster(config.chaos_events)
         if plan.resumed:  # the resumable flags given now are the run's from here on
-            header = auto_strategy.yaml_header(plan.auto)
+            header = auto_choice.yaml_header(plan.auto)
             atomic_write_text(plan.run_dir / "config.yaml", header + _recorded(config, plan.run_dir).to_yaml())
         emit(Preparing(f"placing {config.to_dict()['workers']} workers", plan.run_dir))
         placement = cluster.place(config)
@@ -1109,7 +1109,7 @@ class _Driver:
         if self.diverged is not None:
             summary["diverged"] = self.diverged  # why (orchestrator/outcome.py's reasons)
         if self.plan.auto is not None:
-            summary["strategy_auto"] = auto_strategy.summary_entry(self.plan.auto)
+            summary["strategy_auto"] = auto_choice.summary_entry(self.plan.auto)
         if self.config.chaos:
             summary["chaos"] = self.state.chaos.summary(self.steps_done)
         if self.config.schedule:

@@ -14,8 +14,8 @@ import pytest
 
 import distrain
 from distrain.orchestrator.callbacks import Callbacks
-from distrain.orchestrator.sweep_spec import sort_by_objective
 from distrain.orchestrator.work import WorkPlan
+from distrain.tuning.sweep_spec import sort_by_objective
 
 
 # ---------------------------------------------------------------- no Ray

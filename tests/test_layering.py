@@ -1,5 +1,5 @@
-"""The package's layering: cli -> api -> orchestrator (and config) -> strategies -> compression -> trainers ->
-foundation.
+"""The package's layering: cli -> api -> tuning -> reporting -> planning -> orchestrator (and config) ->
+strategies -> compression -> trainers -> foundation.
 
 A module may import its own layer and the layers below it, never one above, anywhere in the module
 (function-level imports included; `if TYPE_CHECKING:` blocks, which never run, excepted). So a strategy
@@ -15,6 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ("cli", {"cli", "sweep_display", "run_progress"}),
     ("api", {"api"}),
+    ("tuning", {"tuning"}),
+    ("reporting", {"reporting"}),
+    ("planning", {"planning"}),
     ("orchestrator", {"orchestrator", "config"}),
     ("strategies", {"strategies"}),
     ("compression", {"compression"}),

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from distrain.cli import app
 from distrain.config import RunConfig
-from distrain.orchestrator import report as report_module
-from distrain.orchestrator.report import COLUMNS, load_runs, plot_runs
-from distrain.orchestrator.report_plots import (
+from distrain.orchestrator.run import run_training
+from distrain.reporting import report as report_module
+from distrain.reporting.plots import (
     plot_accuracy,
     plot_bytes,
     plot_loss,
@@ -28,7 +28,7 @@ from distrain.orchestrator.report_plots import (
     plot_throughput,
     plot_time_split,
 )
-from distrain.orchestrator.run import run_training
+from distrain.reporting.report import COLUMNS, load_runs, plot_runs
 from distrain.units import size_text
 
 runner = CliRunner()
@@ -362,7 +362,7 @@ def test_a_write_that_fails_midway_leaves_nothing(two_runs, tmp_path, monkeypatc
 
 
 def test_strategy_text_names_each_strategy_with_its_settings():
-    from distrain.orchestrator.report import strategy_text
+    from distrain.reporting.report import strategy_text
 
     def text(**kw):
         return strategy_text(RunConfig(**kw).to_dict())
@@ -382,7 +382,7 @@ def test_strategy_text_names_each_strategy_with_its_settings():
 
 
 def test_distinct_dirs_keeps_the_first_spelling_of_each_directory(tmp_path):
-    from distrain.orchestrator.report import distinct_dirs
+    from distrain.reporting.report import distinct_dirs
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -15,8 +15,7 @@ import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
-from distrain.orchestrator.report import load_runs, plot_runs, render
-from distrain.orchestrator.report_plots import (
+from distrain.reporting.plots import (
     PLOTS,
     plot_accuracy,
     plot_bytes,
@@ -27,6 +26,7 @@ from distrain.orchestrator.report_plots import (
     plot_throughput,
     plot_time_split,
 )
+from distrain.reporting.report import load_runs, plot_runs, render
 
 WORKERS = 2
 
@@ -162,7 +162,7 @@ def test_legends_cover_no_bar(runs, plot, tmp_path):
 
 
 def test_the_smoothing_window_is_not_set_by_a_full_batch_run_s_few_iterations(tmp_path, runs):
-    from distrain.orchestrator.report_plots import smoothing_window
+    from distrain.reporting.plots import smoothing_window
 
     plotted = plot_runs(load_runs(runs))
     sand = recorded_run(tmp_path, "sand", 10.0, ps=True, full_batch=True, steps=5, strategy="sandblaster",

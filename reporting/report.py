@@ -4,7 +4,7 @@ Every input must be a run directory (config.yaml, summary.json, metrics.parquet)
 `DistrainError` naming the path, raised before anything is written. A directory given twice is
 reported once. Everything is rendered in memory first and then written; a report directory that
 cannot be written is one `DistrainError`, with whatever this report had written removed. The plots
-themselves are in `report_plots.py`; each is written only when some run has its data.
+themselves are in `plots.py`; each is written only when some run has its data.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import pyarrow as pa
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.files import atomic_write, fresh_dir
-from distrain.orchestrator.report_plots import DPI, PLOTS, Failure, PlotRun, Switch, smoothing_window
+from distrain.reporting.markdown import markdown_table
+from distrain.reporting.plots import DPI, PLOTS, Failure, PlotRun, Switch, smoothing_window
+from distrain.reporting.prediction import prediction_section
 from distrain.units import size_text
 
 if TYPE_CHECKING:
@@ -264,14 +266,6 @@ def plot_runs(runs: Sequence[Run]) -> list[PlotRun]:
     return [plot_run(run, f"C{i % 10}", legend) for i, (run, legend) in enumerate(zip(runs, legends, strict=True))]
 
 
-def markdown_table(rows: Sequence[Sequence[str]], columns: Sequence[str] = COLUMNS, numeric_from: int = 2) -> str:
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
-
-    align = ["---"] * numeric_from + ["---:"] * (len(columns) - numeric_from)
-    return "\n".join([line(columns), line(align), *(line(r) for r in rows)]) + "\n"
-
-
 def _common(runs: Sequence[Run], key: str) -> str | None:
     values = {_cell(r.config.get(key)) for r in runs}
     return values.pop() if len(values) == 1 else None
@@ -336,8 +330,7 @@ def render(runs: Sequence[Run]) -> dict[str, bytes]:
     w = smoothing_window(plotted)
     text = "# distrain report\n\n" + setup_text(runs) + "\n"
     text += "\n".join(f"- `{run.label}`: `{run.path}`" for run in runs) + "\n\n"
-    text += markdown_table(table_rows(runs)) + "\n"
-    from distrain.orchestrator.report_prediction import prediction_section
+    text += markdown_table(table_rows(runs), COLUMNS) + "\n"
 
     sections = (settings_section(runs), events_section(plotted), prediction_section(runs))
     text += "".join(s + "\n" for s in sections if s)

@@ -33,7 +33,7 @@ import pandas as pd
 
 from distrain.config import RunConfig
 from distrain.orchestrator import memory
-from distrain.orchestrator.planner import Calibration
+from distrain.planning.planner import Calibration
 
 WARMUP_FRACTION = 0.25  # the first quarter of a run's steps (at least 2) is start-up, not steady state
 
@@ -125,7 +125,7 @@ def _probes(nbytes: int, reps: int) -> dict[str, float]:
     """All-reduce latency/bandwidth (two actors, gloo) and an echo of the model's gradient."""
     import ray
 
-    from distrain.orchestrator.plan_probe import Probe
+    from distrain.planning.probe import Probe
 
     a, b = Probe.remote(), Probe.remote()
     try:
@@ -224,7 +224,7 @@ def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], 
     spread = [float(x) for x in (two["round_spread"] or alone["spread"])]
     # BSP at N=2 over the same run without averaging: what synchronising costs here, against the model's
     ring2 = (2 * probe["alpha"] + num_params * 4 / probe["beta"]) * s2
-    from distrain.orchestrator.planner import expected_max
+    from distrain.planning.planner import expected_max
 
     modelled = ring2 + c * s2 * (expected_max(spread, 2) - 1)
     sync2 = max(0.0, two["step_s"] - alone["step_s"])

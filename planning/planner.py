@@ -1,6 +1,6 @@
 """The planner's analytic model: step time, traffic and memory of each strategy at N workers.
 
-Pure arithmetic on a `Calibration` (what `plan_calibrate.py` measured on the cluster at hand) and a
+Pure arithmetic on a `Calibration` (what `calibrate.py` measured on the cluster at hand) and a
 `Hardware` (the measured link, or a what-if one): no Ray, no torch. The formulas are those of
 /work/shared/reference/algorithms.md, "All-reduce costs" and "Memory per worker":
 
@@ -16,7 +16,7 @@ What a small machine adds, and the model has to say so rather than ignore: N wor
 share the cores with each other, the driver and whatever else runs there, so each one's whole step
 (compute, overhead, CPU-bound loopback communication) stretches. With L processes' worth of other load
 on C cores a worker gets C/(N+L) of them, so its step grows as (N+L)/(1+L) = 1 + (N-1)/(1+L): linear in
-N, with a slope that is measured (a step at N=2 concurrently over N=1, see plan_calibrate.py), not
+N, with a slope that is measured (a step at N=2 concurrently over N=1, see calibrate.py), not
 assumed; and never below N/C, the floor of a machine with C cores to itself.
 
 Stragglers: a synchronous round lasts as long as its slowest member, so BSP's expected step is the
@@ -151,7 +151,7 @@ PRESETS: dict[str, Hardware] = {
 
 @dataclass
 class Calibration:
-    """What was measured on the cluster at hand (plan_calibrate.py), or read back from plan.json."""
+    """What was measured on the cluster at hand (calibrate.py), or read back from plan.json."""
 
     task: str
     batch_size: int
