@@ -93,6 +93,14 @@ class BSP(Strategy):
     # --workers MIN..MAX: ElasticBSP over the collective (strategies/elastic_bsp.py), BSPOverPS and
     # BSPBackupTasks over the PS (rounds of the current members)
     elastic_transports = ("collective", "ps")
+    described_options = ("backup_workers", "backup_tasks", "portions")
+
+    @classmethod
+    def run_settings_text(cls, config: dict[str, Any]) -> str:
+        text = f" backup-workers={config['backup_workers']}" if config.get("backup_workers") else ""
+        if config.get("backup_tasks"):
+            text += " backup-tasks" + (f" portions={config['portions']}" if config.get("portions") else "")
+        return text
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)

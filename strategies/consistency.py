@@ -4,6 +4,9 @@ which must not import torch just to say which rule they want)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from distrain.strategies.base import ColumnPlot, StepColumns
 
 
 @dataclass(frozen=True)
@@ -47,3 +50,44 @@ class ConsistencyRule:
     @classmethod
     def asynchronous(cls, staleness_lr: bool = False) -> ConsistencyRule:
         return cls("bounded", None, staleness_lr)
+
+
+def parameter_server_figures(ps: Any) -> dict[str, Any]:
+    """summary.json: staleness, blocked time and traffic of a parameter-server run, from its step rows
+    that carry a staleness (a pandas DataFrame)."""
+    staleness = ps["staleness"].astype(float)
+    return {
+        "staleness_p50": float(staleness.quantile(0.5)),
+        "staleness_p95": float(staleness.quantile(0.95)),
+        "staleness_max": int(staleness.max()),
+        "wait_s_total": float(ps["wait_s"].sum()),  # summed over workers
+        "wait_s_per_step": float(ps["wait_s"].mean()),  # per worker step
+        "bytes_pushed_per_step": float(ps["bytes_sent"].mean()),  # per worker step
+        "bytes_pulled_per_step": float(ps["bytes_received"].mean()),
+    }
+
+
+# What every parameter-server strategy's step rows carry (null under all-reduce), and what they make.
+PS_STEP_COLUMNS = StepColumns(
+    {
+        "wait_s": "float64",  # seconds this step was blocked by the consistency rule
+        "read_version": "int64",  # shard version the gradient was computed on
+        "applied_version": "int64",  # shard version when it was applied
+        "staleness": "int64",  # applied - read (largest over the shards)
+        "clock": "int64",  # the worker's clock after this push
+        "min_clock": "int64",  # the slowest worker's clock when this step's pull completed
+    },
+    key="staleness",
+    figures=parameter_server_figures,
+    report_column=("staleness p95", "staleness_p95", "g"),
+    plots=(
+        ColumnPlot(
+            "staleness_hist.png",
+            "staleness",
+            "histogram",
+            "Staleness of applied gradients",
+            "staleness (versions between read and apply)",
+            "Staleness of applied gradients (parameter-server strategies).",
+        ),
+    ),
+)

@@ -120,6 +120,16 @@ class LocalSGD(Strategy):
     Options = LocalSGDOptions
     compresses = "theta's change at a round (optimizer state and AdaComm's statistics travel in float32)"
     elastic_transports = ("collective",)  # --workers MIN..MAX: ElasticLocalSGD (strategies/elastic_bsp.py)
+    described_options = ("tau", "adaptive_tau", "tau_interval", "tau_max")
+
+    @classmethod
+    def settings_text(cls, config: dict[str, Any]) -> str:
+        if config.get("tau") is None:
+            return ""
+        text = f" tau={config['tau']}"
+        if config.get("adaptive_tau"):
+            text += f" adaptive ({config.get('tau_interval')}, max {config.get('tau_max')})"
+        return text
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:

@@ -141,6 +141,12 @@ class AsyncOptions(StrategyOptions):
 class OnArrival(PSStrategy):
     """async and ssp: the shards apply each gradient as it arrives (the bounded rule)."""
 
+    described_options = ("staleness_lr",)
+
+    @classmethod
+    def run_settings_text(cls, config: dict[str, Any]) -> str:
+        return " staleness-lr" if config.get("staleness_lr") else ""
+
     @classmethod
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
         # What the shards' rule did, for summary.json (config.yaml holds the option; ssp --staleness 0 applies none).
@@ -184,6 +190,7 @@ class SSPOptions(StrategyOptions):
 class SSP(OnArrival):
     name = "ssp"
     Options = SSPOptions
+    described_options = ("staleness", "staleness_lr")
     # Under --workers MIN..MAX the units are shared (whoever asks; a slot may be empty) and the shards
     # measure the bound among the members' clocks (`ParameterShard.set_members`).
     elastic = True
@@ -192,3 +199,12 @@ class SSP(OnArrival):
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
         options = config.options_of(cls.name)
         return ConsistencyRule.ssp(options.staleness, options.staleness_lr)
+
+    @classmethod
+    def settings_text(cls, config: dict[str, Any]) -> str:
+        return f" s={config['staleness']}" if config.get("staleness") is not None else ""
+
+    @classmethod
+    def run_settings_text(cls, config: dict[str, Any]) -> str:
+        # SSP(0) is BSP: it divides by no staleness, whatever the option says
+        return super().run_settings_text(config) if config.get("staleness") != 0 else ""
