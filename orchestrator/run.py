@@ -21,7 +21,6 @@ import ray
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError, RunFailed
 from distrain.orchestrator import auto_choice, cluster, interrupts, memory, outcome
-from distrain.orchestrator.backup_tasks import PortionScheduler
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
 from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint, step_checkpoint_name
@@ -32,7 +31,7 @@ from distrain.orchestrator.files import Claim, NoSpace, atomic_write_text, claim
 from distrain.orchestrator.membership import JOIN, Membership, MembershipChanged
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
-from distrain.orchestrator.ps import ShardGroup
+from distrain.orchestrator.portion_scheduler import PortionScheduler
 from distrain.orchestrator.recovery import (
     Failure,
     FailureLedger,
@@ -46,13 +45,14 @@ from distrain.orchestrator.remote_errors import user_exception
 from distrain.orchestrator.replacement import bundle_alive, replace_worker, replacement_ready, start_worker
 from distrain.orchestrator.resume import recorded_rows, resume_checkpoint, total_steps
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
+from distrain.orchestrator.shard_group import ShardGroup
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.tasks import build_task, run_target, save_task_object
 from distrain.orchestrator.throughput import SteadyState
 from distrain.orchestrator.work import WorkPlan
 from distrain.orchestrator.worker import STEP_COLUMNS
-from distrain.strategies.registry import strategy_class
+from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
 from distrain.trainers.task import reduce_metrics
 
@@ -382,7 +382,7 @@ def _recorded(config: RunConfig, run_dir: Path) -> RunConfig:
 
 
 # The driver-side actors a strategy may ask for by name (`Strategy.driver_actors`): the parameter-server
-# shards (strategies/ps_shard.py, grouped by orchestrator/ps.py) and backup tasks' portion scheduler.
+# shards (strategies/ps_shard.py, grouped by orchestrator/shard_group.py) and backup tasks' portion scheduler.
 # Sandblaster's coordinator (strategies/sandblaster_coordinator.py) reaches the workers in the same slot
 # as the portion scheduler: it is the one that hands out their portions.
 DRIVER_ACTORS = frozenset({"ps_shards", "portion_scheduler", "sandblaster_coordinator"})

@@ -21,8 +21,8 @@ from distrain.orchestrator.tasks import build_task
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
 from distrain.strategies.collective import free_address
 from distrain.strategies.elastic_bsp import GroupBroken, param_digest
-from distrain.strategies.registry import strategy_class
 from distrain.strategies.step_columns import family_columns
+from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import seeded
 from distrain.trainers.schedule import LRSchedule

@@ -27,8 +27,8 @@ from distrain.orchestrator.files import atomic_write, fresh_dir
 from distrain.reporting.markdown import markdown_table
 from distrain.reporting.plots import DPI, PLOTS, Failure, PlotRun, Switch, smoothing_window
 from distrain.reporting.prediction import prediction_section
-from distrain.strategies.registry import STRATEGIES, strategy_class
 from distrain.strategies.step_columns import STEP_COLUMN_FAMILIES
+from distrain.strategies.strategy_lookup import STRATEGIES, strategy_class
 from distrain.units import size_text
 
 if TYPE_CHECKING:

@@ -194,7 +194,7 @@ class Strategy(ABC):
     @classmethod
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
         """Figures for summary.json that its driver-side actors hold, asked once the run is over
-        (`actors`: the declared names, e.g. "ps_shards" (orchestrator/ps.py's ShardGroup))."""
+        (`actors`: the declared names, e.g. "ps_shards" (orchestrator/shard_group.py's ShardGroup))."""
         return {}
 
     @classmethod

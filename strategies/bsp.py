@@ -20,7 +20,7 @@ from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.network import Link
 from distrain.strategies.ps import PSStrategy
-from distrain.strategies.registry import STRATEGIES
+from distrain.strategies.strategy_lookup import STRATEGIES
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig

@@ -53,7 +53,7 @@ from distrain.fields import setting
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
 from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.network import Link
-from distrain.strategies.registry import STRATEGIES
+from distrain.strategies.strategy_lookup import STRATEGIES
 
 if TYPE_CHECKING:
     import torch

@@ -43,7 +43,7 @@ from distrain.strategies.adacomm import AdaComm, TauInterval
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
 from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.network import Link
-from distrain.strategies.registry import STRATEGIES
+from distrain.strategies.strategy_lookup import STRATEGIES
 from distrain.trainers.schedule import scaled_lr
 
 if TYPE_CHECKING:

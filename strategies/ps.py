@@ -15,7 +15,7 @@ from distrain.fields import setting
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.network import Link
-from distrain.strategies.registry import STRATEGIES
+from distrain.strategies.strategy_lookup import STRATEGIES
 
 if TYPE_CHECKING:
     from distrain.compression import CodecSpec

@@ -9,7 +9,7 @@ It never holds a vector: the shards hold θ, the accumulators and the L-BFGS his
 A pass is either a gradient pass (summed loss and gradient at θ) or a loss pass (summed loss at a line
 search's trial point). Its P = --tasks-per-pass portions go to workers as they ask (fast workers take
 more); with --backup-tasks, once none is left to hand out, an idle worker gets a copy of an outstanding
-portion (MapReduce's rule, as in orchestrator/backup_tasks.py). A worker reported lost (`worker_lost`)
+portion (MapReduce's rule, as in orchestrator/portion_scheduler.py). A worker reported lost (`worker_lost`)
 gives its outstanding portions back to the front of the queue. The shards count each portion once,
 whichever copy arrives first; the pass closes when every portion has been taken by every shard.
 

@@ -22,7 +22,7 @@ LAYERS = [
     ("strategies", {"strategies"}),
     ("compression", {"compression"}),
     ("trainers", {"trainers"}),
-    ("foundation", {"errors", "registry", "plugins", "fields"}),
+    ("foundation", {"errors", "name_registry", "plugins", "fields"}),
 ]
 RANK = {top: rank for rank, (_, tops) in enumerate(LAYERS) for top in tops}
 
