@@ -21,6 +21,7 @@ from distrain.orchestrator.tasks import build_task
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
 from distrain.strategies.collective import free_address
 from distrain.strategies.elastic_bsp import GroupBroken, param_digest
+from distrain.strategies.pipeline import PipelineShape
 from distrain.strategies.step_columns import family_columns
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
@@ -78,8 +79,9 @@ class TrainWorker:
         if config.pipelined:  # this actor keeps one stage (rank = replica x S + stage), see strategies/pipeline.py
             from distrain.trainers.pipeline_split import plan_stages, stage_module
 
-            self.stage_plan = plan_stages(model, self.task.split_points(), config.pipeline_stages)
-            self.stage = self.rank % config.pipeline_stages
+            stages = PipelineShape.of(config).stages
+            self.stage_plan = plan_stages(model, self.task.split_points(), stages)
+            self.stage = self.rank % stages
             model = stage_module(model, self.stage_plan, self.stage)
         self.trainer = LocalTrainer(
             model,

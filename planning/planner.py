@@ -36,6 +36,7 @@ from typing import Any
 
 from distrain.strategies.diloco import DEFAULT_SYNC_EVERY
 from distrain.strategies.local_sgd import DEFAULT_TAU
+from distrain.strategies.pipeline import bubble_fraction  # noqa: F401 - the model's pipeline term, its owner's
 from distrain.strategies.ps import DEFAULT_STALENESS
 
 FLOAT_BYTES = 4
@@ -94,11 +95,6 @@ def ps_shard_bytes(nbytes: int, workers: int, shards: int) -> float:
 def naive_root_bytes(nbytes: int, workers: int) -> float:
     """All to one and broadcast back: the root moves 2(P-1)n, with fan-in P-1."""
     return 2 * (workers - 1) * nbytes
-
-
-def bubble_fraction(stages: int, microbatches: int) -> float:
-    """Idle fraction of a GPipe / 1F1B pipeline: (S-1)/(M+S-1)."""
-    return (stages - 1) / (microbatches + stages - 1)
 
 
 def expected_max(samples: list[float], n: int) -> float:

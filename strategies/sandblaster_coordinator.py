@@ -11,7 +11,8 @@ search's trial point). Its P = --tasks-per-pass portions go to workers as they a
 more); with --backup-tasks, once none is left to hand out, an idle worker gets a copy of an outstanding
 portion, and a worker reported lost (`worker_lost`) gives its outstanding portions back to the front of the
 queue: the pass's `PortionQueue` (strategies/portion_queue.py, shared with the backup tasks' scheduler).
-The shards count each portion once, whichever copy arrives first; the pass closes when every portion has been taken by every shard.
+The shards count each portion once, whichever copy arrives first; the pass closes when every portion has
+been taken by every shard.
 
 One outer iteration (= one global step of the run):
 - gd: a gradient pass, then θ ← θ − η·g.
