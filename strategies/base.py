@@ -58,6 +58,17 @@ class NoOptions(StrategyOptions):
 
 
 @dataclass(frozen=True)
+class PlanningSetting:
+    """One option of a strategy that the planner's step-time model sets (planning/planner.py), by its role
+    in the model: "period" (steps between synchronisations: local SGD's τ, DiLoCo's H), "bound" (clocks a
+    worker may run ahead: SSP's s) or "backups" (workers beyond those a round waits for: k-of-n)."""
+
+    option: str
+    role: str
+    default: int  # what `distrain run` gives it
+
+
+@dataclass(frozen=True)
 class ColumnPlot:
     """A report plot of one step column, drawn by the report's generic drawers (reporting/plots.py):
     "histogram" (each run's share of steps per integer value) or "over_time" (the value over wall time,
@@ -161,6 +172,8 @@ class Strategy(ABC):
     # The options the report's strategy column states (`settings_text`, `run_settings_text`), so its
     # "settings that differ" leaves them out (reporting/report.py).
     described_options: ClassVar[tuple[str, ...]] = ()
+    # The options the planner's step-time model sets for this strategy (planning/planner.py).
+    planning: ClassVar[tuple[PlanningSetting, ...]] = ()
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         self.config = config

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions
+from distrain.strategies.base import CommStats, PlanningSetting, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.network import Link
@@ -94,6 +94,7 @@ class BSP(Strategy):
     # BSPBackupTasks over the PS (rounds of the current members)
     elastic_transports = ("collective", "ps")
     described_options = ("backup_workers", "backup_tasks", "portions")
+    planning = (PlanningSetting("backup_workers", "backups", 0),)
 
     @classmethod
     def run_settings_text(cls, config: dict[str, Any]) -> str:

@@ -50,7 +50,14 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
+from distrain.strategies.base import (
+    CommStats,
+    PlanningSetting,
+    Strategy,
+    StrategyContext,
+    StrategyOptions,
+    all_finite,
+)
 from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.network import Link
 from distrain.strategies.strategy_lookup import STRATEGIES
@@ -165,6 +172,7 @@ class DiLoCo(Strategy):
     elastic_transports = ("collective",)  # --workers MIN..MAX: ElasticDiLoCo (strategies/elastic_diloco.py)
     described_options = ("sync_every", "outer_optimizer", "outer_lr", "outer_momentum", "fragments", "overlap_steps",
                          "mix_alpha")  # fmt: skip
+    planning = (PlanningSetting("sync_every", "period", DEFAULT_SYNC_EVERY),)
 
     @classmethod
     def settings_text(cls, config: dict[str, Any]) -> str:

@@ -15,9 +15,9 @@ from collections import deque
 
 
 class PortionQueue:
-    def __init__(self, portions: int) -> None:
-        self.portions = portions
-        self.unassigned: deque[int] = deque(range(portions))
+    def __init__(self, size: int) -> None:
+        self.size = size  # portions in the round or pass
+        self.unassigned: deque[int] = deque(range(size))
         self.running: dict[int, list[tuple[int, float]]] = {}  # portion -> [(worker, start time)]
         self.done: set[int] = set()
 
@@ -48,7 +48,7 @@ class PortionQueue:
 
     @property
     def all_done(self) -> bool:
-        return len(self.done) == self.portions
+        return len(self.done) == self.size
 
     def worker_lost(self, worker: int) -> int:
         """`worker` left: the portions only it held go back to the front of the queue; returns how many."""

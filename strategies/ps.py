@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions
+from distrain.strategies.base import CommStats, PlanningSetting, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.network import Link
 from distrain.strategies.strategy_lookup import STRATEGIES
@@ -191,6 +191,7 @@ class SSP(OnArrival):
     name = "ssp"
     Options = SSPOptions
     described_options = ("staleness", "staleness_lr")
+    planning = (PlanningSetting("staleness", "bound", DEFAULT_STALENESS),)
     # Under --workers MIN..MAX the units are shared (whoever asks; a slot may be empty) and the shards
     # measure the bound among the members' clocks (`ParameterShard.set_members`).
     elastic = True
