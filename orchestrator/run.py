@@ -934,9 +934,9 @@ class _Driver:
             situation = Situation(
                 training=True,
                 transport=config.transport,
-                # Backup workers/tasks keep books a replacement would upset; Sandblaster's coordinator
-                # hands a lost worker's portions out again (`Strategy.reissues_lost_work`).
-                own_books=bool(config.backup_workers or config.backup_tasks) and not self.impl.reissues_lost_work,
+                # Backup workers/tasks keep books a replacement would upset (`Strategy.keeps_own_books`);
+                # Sandblaster's coordinator hands a lost worker's portions out again (`reissues_lost_work`).
+                own_books=strategy_class(config.strategy).keeps_own_books(config) and not self.impl.reissues_lost_work,
                 workers=config.workers,
                 host_alive=bundle_alive(self.placement, lost.target),
             )

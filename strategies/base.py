@@ -192,6 +192,12 @@ class Strategy(ABC):
         return {}
 
     @classmethod
+    def keeps_own_books(cls, config: RunConfig) -> bool:
+        """Whether this run of it keeps books of the work (who computed which portion, which gradients a
+        round took) that replacing a worker in place would upset (the failure policy's `own_books`)."""
+        return False
+
+    @classmethod
     def settings_text(cls, config: dict[str, Any]) -> str:
         """What the report shows right after the strategy's name, for the run or one phase of its schedule
         (" s=2", " tau=8 adaptive (10%, max 16)"), from a run's flat config.yaml values (any may be absent:

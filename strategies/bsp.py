@@ -97,6 +97,11 @@ class BSP(Strategy):
     planning = (PlanningSetting("backup_workers", "backups", 0),)
 
     @classmethod
+    def keeps_own_books(cls, config: RunConfig) -> bool:
+        options = config.options_of(cls.name)
+        return bool(options.backup_workers or options.backup_tasks)
+
+    @classmethod
     def run_settings_text(cls, config: dict[str, Any]) -> str:
         text = f" backup-workers={config['backup_workers']}" if config.get("backup_workers") else ""
         if config.get("backup_tasks"):

@@ -95,3 +95,17 @@ def test_settings_the_strategy_column_states_are_the_strategies_declared_options
         "backup_tasks", "portions", "tau", "adaptive_tau", "tau_interval", "tau_max", "sync_every",
         "outer_optimizer", "outer_lr", "outer_momentum", "fragments", "overlap_steps", "mix_alpha", "compress",
     }  # fmt: skip
+
+
+def test_bsp_keeps_books_of_its_own_only_with_backup_workers_or_tasks():
+    from distrain.config import RunConfig
+    from distrain.strategies.bsp import BSP
+    from distrain.strategies.ps import SSP
+
+    def books(cls, **kw):
+        return cls.keeps_own_books(RunConfig(**kw))
+
+    assert books(BSP, strategy="bsp", transport="ps", backup_workers=1, workers=3)
+    assert books(BSP, strategy="bsp", transport="ps", backup_tasks=True, workers=3)
+    assert not books(BSP, strategy="bsp", transport="ps", workers=3)
+    assert not books(SSP, strategy="ssp")  # the base class: no books of its own
