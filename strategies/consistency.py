@@ -16,7 +16,7 @@ class ConsistencyRule:
     staleness_lr: bool = False  # bounded mode: divide η by the gradient's staleness
     accept: int | None = None  # rounds mode: gradients that close a round (k-of-n); None = every worker
     portions: int = 0  # portions mode: portions per round
-    history: int = 0  # sandblaster mode: L-BFGS memory m (pairs each shard keeps slices of)
+    lbfgs_memory: int = 0  # sandblaster mode: L-BFGS memory m (pairs each shard keeps slices of)
     # rounds mode under --workers MIN..MAX (`ParameterShard.set_round_members`): a round closes on the
     # current members' pushes (k = members - backups of them under k-of-n), and its rate is rescaled from
     # the global batch of `slots` gradients the schedule's rate is for to the round's, by `lr_scaling`.
@@ -37,8 +37,8 @@ class ConsistencyRule:
         return cls("portions", portions=portions)
 
     @classmethod
-    def sandblaster(cls, history: int) -> ConsistencyRule:
-        return cls("sandblaster", history=history)
+    def sandblaster(cls, lbfgs_memory: int) -> ConsistencyRule:
+        return cls("sandblaster", lbfgs_memory=lbfgs_memory)
 
     @classmethod
     def ssp(cls, staleness: int, staleness_lr: bool = False) -> ConsistencyRule:

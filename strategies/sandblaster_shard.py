@@ -51,7 +51,7 @@ class SandblasterShard(ParameterShard):
         optimizer_state: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(shard_id, num_workers, rule, optimizer, theta, optimizer_state)
-        self.sb = ShardState(theta, rule.history, optimizer.weight_decay or 0.0)
+        self.sb = ShardState(theta, rule.lbfgs_memory, optimizer.weight_decay or 0.0)
 
     async def sb_point(self, pass_id: int) -> np.ndarray | None:
         """θ (or the trial point) of pass `pass_id`, float32; None once that pass is closed."""
