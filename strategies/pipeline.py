@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
+from distrain.strategies.activation_meter import ActivationMeter
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, all_finite
 
 if TYPE_CHECKING:
@@ -163,38 +164,6 @@ def _install_wait_timer() -> None:
 
     timed._distrain_timed = True  # type: ignore[attr-defined]
     schedules._wait_batch_p2p = timed
-
-
-class _ActivationMeter:
-    """Bytes of tensors autograd saves for backward, live and at most, counted through
-    `saved_tensors_hooks` (parameters, which autograd also saves, excluded; views of one tensor count
-    once each, so this is an upper bound on what a caching allocator would hold)."""
-
-    def __init__(self, param_storage: int) -> None:
-        self.param_storage = param_storage
-        self.live = 0
-        self.peak = 0
-
-    def pack(self, t: torch.Tensor) -> Any:
-        if t.untyped_storage().data_ptr() == self.param_storage:
-            return t
-        return _Held(t, self)
-
-    @staticmethod
-    def unpack(held: Any) -> torch.Tensor:
-        return held.t if isinstance(held, _Held) else held
-
-
-class _Held:
-    __slots__ = ("t", "n", "meter")
-
-    def __init__(self, t: torch.Tensor, meter: _ActivationMeter) -> None:
-        self.t, self.n, self.meter = t, t.numel() * t.element_size(), meter
-        meter.live += self.n
-        meter.peak = max(meter.peak, meter.live)
-
-    def __del__(self) -> None:  # the graph that saved it is freed (after its backward)
-        self.meter.live -= self.n
 
 
 class _Captured(Exception):
@@ -354,7 +323,7 @@ class PipelineBSP(Strategy):
         self._mbs: list[Any] = []
         _install_wait_timer()
         self._time_stage_calls()
-        self.meter = _ActivationMeter(trainer.params_flat.untyped_storage().data_ptr())
+        self.meter = ActivationMeter(trainer.params_flat.untyped_storage().data_ptr())
 
     def _loss(self, output: Any, which: torch.Tensor) -> torch.Tensor:
         """The task's criterion on the last stage. The schedule hands the loss function one "target"
