@@ -1133,20 +1133,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             f"{_fmt(summary['mean_compute_s'], '.4f')} / {_fmt(summary['mean_comm_s'], '.4f')} s",
         ),
     ]
-    if summary.get("staleness_p95") is not None:
-        rows += [
-            (
-                "staleness p50 / p95 / max",
-                f"{summary['staleness_p50']:g} / {summary['staleness_p95']:g} / {summary['staleness_max']}",
-            ),
-            ("time blocked (all workers)", _fmt(summary["wait_s_total"], ".2f") + " s"),
-            (
-                "pushed / pulled per step",
-                f"{_size(summary['bytes_pushed_per_step'])} / {_size(summary['bytes_pulled_per_step'])}",
-            ),
-        ]
-    if summary.get("staleness_lr") is not None:  # async, ssp: what their shards applied
-        rows.append(("staleness-aware rate (lr / staleness)", "on" if summary["staleness_lr"] else "off"))
+    rows += _family_rows(summary, "traffic")  # the parameter server's staleness, blocked time, traffic
     rows += _straggler_rows(summary)
     elastic = membership_row(summary)
     if elastic is not None:
@@ -1165,12 +1152,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     if summary.get("chaos"):  # --chaos: each event and the step it struck at
         fired = [f"{c['event']} at {c['fired_step']}" for c in summary["chaos"] if c["fired"]]
         rows.append(("faults injected (step)", ", ".join(fired) or "none"))
-    if summary.get("averaging_rounds") is not None:
-        rows += [
-            ("averaging rounds", str(summary["averaging_rounds"])),
-            ("communicated (all workers)", _size(summary["bytes_communicated"])),
-            ("tau min / max / final", f"{summary['tau_min']} / {summary['tau_max']} / {summary['tau_final']}"),
-        ]
+    rows += _family_rows(summary, "end")  # local SGD's rounds and τ
     if summary.get("phases"):
         rows.append(("schedule", ", ".join(f"{p['strategy']} from step {p['start_step']}" for p in summary["phases"])))
     for key, value in rows:
@@ -1183,6 +1165,14 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         out.print(f"warning: {line}", markup=False, highlight=False)
     out.print(f"results in {run_dir}/ ({', '.join(_run_files(run_dir))})", markup=False, highlight=False)
     _print_tensorboard_line(run_dir)  # last: where --tensorboard wrote the run's events
+
+
+def _family_rows(summary: dict[str, Any], place: str) -> list[tuple[str, str]]:
+    """The closing rows the strategies' column families declare for this place (strategies/step_columns.py)."""
+    from distrain.strategies.step_columns import STEP_COLUMN_FAMILIES
+
+    families = [f for f in STEP_COLUMN_FAMILIES if f.closing_rows is not None and f.closing_place == place]
+    return [row for family in families for row in family.closing_rows(summary)]  # type: ignore[misc]
 
 
 def _run_files(run_dir: Path) -> list[str]:

@@ -153,6 +153,19 @@ def local_sgd_figures(rows: Any) -> dict[str, Any]:
     }
 
 
+def local_sgd_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """`distrain run`'s closing rows of a local SGD run (none for another run)."""
+    from distrain.units import size_text
+
+    if summary.get("averaging_rounds") is None:
+        return []
+    return [
+        ("averaging rounds", str(summary["averaging_rounds"])),
+        ("communicated (all workers)", size_text(summary["bytes_communicated"])),
+        ("tau min / max / final", f"{summary['tau_min']} / {summary['tau_max']} / {summary['tau_final']}"),
+    ]
+
+
 # What local SGD's step rows carry (its τ, chosen by this module's rule), and what they make.
 LOCAL_SGD_STEP_COLUMNS = StepColumns(
     {
@@ -161,6 +174,8 @@ LOCAL_SGD_STEP_COLUMNS = StepColumns(
     },
     key="tau",
     figures=local_sgd_figures,
+    closing_rows=local_sgd_rows,
+    closing_place="end",
     plots=(
         ColumnPlot(
             "tau_over_time.png",

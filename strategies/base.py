@@ -95,6 +95,10 @@ class StepColumns:
     figures: Callable[[Any], dict[str, Any]] | None = None
     report_column: tuple[str, str, str] | None = None  # the report table's (header, summary key, format)
     plots: tuple[ColumnPlot, ...] = ()
+    # `distrain run`'s closing table: (label, value) rows from summary.json ([] where its keys are absent),
+    # placed after the run's traffic rows ("traffic") or at the end, before the schedule's ("end")
+    closing_rows: Callable[[dict[str, Any]], list[tuple[str, str]]] | None = None
+    closing_place: str = "traffic"
 
 
 class NonFinite(Exception):

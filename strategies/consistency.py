@@ -67,6 +67,28 @@ def parameter_server_figures(ps: Any) -> dict[str, Any]:
     }
 
 
+def parameter_server_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """`distrain run`'s closing rows of a parameter-server run (none for a run without its figures)."""
+    from distrain.units import size_text
+
+    rows = []
+    if summary.get("staleness_p95") is not None:
+        rows += [
+            (
+                "staleness p50 / p95 / max",
+                f"{summary['staleness_p50']:g} / {summary['staleness_p95']:g} / {summary['staleness_max']}",
+            ),
+            ("time blocked (all workers)", f"{summary['wait_s_total']:.2f} s"),
+            (
+                "pushed / pulled per step",
+                f"{size_text(summary['bytes_pushed_per_step'])} / {size_text(summary['bytes_pulled_per_step'])}",
+            ),
+        ]
+    if summary.get("staleness_lr") is not None:  # async, ssp: what their shards applied
+        rows.append(("staleness-aware rate (lr / staleness)", "on" if summary["staleness_lr"] else "off"))
+    return rows
+
+
 # What every parameter-server strategy's step rows carry (null under all-reduce), and what they make.
 PS_STEP_COLUMNS = StepColumns(
     {
@@ -80,6 +102,7 @@ PS_STEP_COLUMNS = StepColumns(
     key="staleness",
     figures=parameter_server_figures,
     report_column=("staleness p95", "staleness_p95", "g"),
+    closing_rows=parameter_server_rows,
     plots=(
         ColumnPlot(
             "staleness_hist.png",

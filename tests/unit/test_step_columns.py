@@ -109,3 +109,17 @@ def test_bsp_keeps_books_of_its_own_only_with_backup_workers_or_tasks():
     assert books(BSP, strategy="bsp", transport="ps", backup_tasks=True, workers=3)
     assert not books(BSP, strategy="bsp", transport="ps", workers=3)
     assert not books(SSP, strategy="ssp")  # the base class: no books of its own
+
+
+def test_the_closing_table_rows_come_from_the_families_in_their_places():
+    from distrain.cli import _family_rows
+
+    ps = {"staleness_p50": 1.0, "staleness_p95": 2.0, "staleness_max": 3, "wait_s_total": 0.5,
+          "bytes_pushed_per_step": 1000.0, "bytes_pulled_per_step": 2000.0, "staleness_lr": True}  # fmt: skip
+    rows = dict(_family_rows(ps, "traffic"))
+    assert rows["staleness p50 / p95 / max"] == "1 / 2 / 3" and rows["time blocked (all workers)"] == "0.50 s"
+    assert rows["staleness-aware rate (lr / staleness)"] == "on"
+    assert _family_rows(ps, "end") == []  # local SGD's rows go at the end, and this run has none
+    local = {"averaging_rounds": 4, "bytes_communicated": 10, "tau_min": 2, "tau_max": 8, "tau_final": 8}
+    assert _family_rows(local, "end")[-1] == ("tau min / max / final", "2 / 8 / 8")
+    assert _family_rows(local, "traffic") == [] and _family_rows({}, "end") == []
