@@ -65,10 +65,10 @@ def fit(
     strategy, transport and settings; config.yaml, summary.json["strategy_auto"] and prediction.json in
     the run directory record the choice and its reason.
     """
-    from distrain.orchestrator.auto_strategy import make_concrete
     from distrain.orchestrator.remote_errors import plain_ray_logs_when_piped
     from distrain.orchestrator.run import run_training
     from distrain.orchestrator.tasks import attach_task_object
+    from distrain.planning.auto_strategy import make_concrete
 
     plain_ray_logs_when_piped()  # a script's output sent to a file or a pipe: no colour codes in it
 
@@ -80,8 +80,8 @@ def fit(
     if resume is not None:
         if task is not None or config is not None:
             raise ConfigError("resume continues a run with its own task and config.yaml; drop task= and config=")
-        from distrain.orchestrator.auto_strategy import resumed_values
         from distrain.orchestrator.resume import resume_config
+        from distrain.planning.auto_strategy import resumed_values
 
         cfg = resume_config(resume, resumed_values(resume, options))
         result = run_training(cfg, handler, resume=True, callbacks=callbacks)

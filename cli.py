@@ -248,7 +248,7 @@ def _run(
     if resume is not None:
         if config is not None:
             raise DistrainError("--resume uses the run's own config.yaml; drop --config")
-        from distrain.orchestrator.auto_strategy import resumed_values  # auto: the choice the run made
+        from distrain.planning.auto_strategy import resumed_values  # auto: the choice the run made
 
         overrides = resumed_values(resume, overrides)
 
@@ -273,7 +273,7 @@ def _run(
                 markup=False,
                 highlight=False,
             )
-    from distrain.orchestrator.auto_strategy import make_concrete  # --strategy auto: the plan's choice, first
+    from distrain.planning.auto_strategy import make_concrete  # --strategy auto: the plan's choice, first
 
     overrides, auto = make_concrete(
         overrides, str(config) if config else None, lambda line: out.print(line, markup=False, highlight=False)
@@ -382,7 +382,7 @@ def _plan_parameters() -> list[inspect.Parameter]:
 
 
 def _preset_names() -> list[str]:
-    from distrain.orchestrator.planner import PRESETS  # pure arithmetic: no torch, no Ray
+    from distrain.planning.planner import PRESETS  # pure arithmetic: no torch, no Ray
 
     return list(PRESETS)
 
@@ -402,7 +402,7 @@ def _register_plan() -> None:
 def what_if_hardware(preset: str | None, bandwidth: str | None, latency: str | None, gpu_flops: str | None) -> Any:
     """The machine --preset / --bandwidth / --latency / --gpu-flops describe (flags override the preset's
     figures), or None: plan for this cluster only."""
-    from distrain.orchestrator.planner import PRESETS, Hardware
+    from distrain.planning.planner import PRESETS, Hardware
     from distrain.units import parse_duration, parse_flops, parse_rate
 
     if preset is None and bandwidth is None and latency is None and gpu_flops is None:
@@ -451,7 +451,7 @@ def _plan(
     overrides["task_args"] = parse_task_args(task_arg) if task_arg else None
     overrides["optimizer_args"] = parse_optimizer_args(optimizer_arg) if optimizer_arg else None
     cfg = RunConfig.resolve(str(config) if config else None, overrides)
-    from distrain.orchestrator.plan_run import choose_out_dir, load_calibration, make_plan
+    from distrain.planning.command import choose_out_dir, load_calibration, make_plan
 
     saved = load_calibration(calibration) if calibration else None
     target = choose_out_dir(out_dir)
@@ -554,7 +554,7 @@ def report(
     ] = None,
 ) -> None:
     """Compare runs: one table (here and in report.md) and PNG plots of accuracy, loss, throughput, time split."""
-    from distrain.orchestrator.report import (
+    from distrain.reporting.report import (
         COLUMNS,
         choose_out_dir,
         distinct_dirs,
@@ -577,8 +577,8 @@ def report(
         natural = out.measure(table, options=out.options.update_width(1_000)).maximum
         console = Console(file=out.file, width=max(out.width, natural), soft_wrap=True)
     console.print(table)
-    from distrain.orchestrator.report_prediction import COLUMNS as PREDICTED
-    from distrain.orchestrator.report_prediction import prediction_rows
+    from distrain.reporting.prediction import COLUMNS as PREDICTED
+    from distrain.reporting.prediction import prediction_rows
 
     predicted = prediction_rows(runs)
     if predicted:
@@ -709,7 +709,7 @@ def tune(
     ] = False,
 ) -> None:
     """Sweep batch size, LR scaling, warmup, LR (and more) with Ray Tune; each trial is a distributed run."""
-    from distrain.orchestrator.sweep_spec import (
+    from distrain.tuning.sweep_spec import (
         SweepSpec,
         parse_dimension,
         parse_param,
@@ -744,7 +744,7 @@ def tune(
         address=address,
     )
     if resume is not None:
-        from distrain.orchestrator.tune import load_spec
+        from distrain.tuning.tune import load_spec
 
         given = [k for k, v in base_flags.items() if v is not None]
         if dimensions or config is not None or sweep_dir or given:
@@ -781,8 +781,8 @@ def tune(
     else:
         out.print(header, markup=False, highlight=False)
 
-    from distrain.orchestrator.tune import run_sweep  # Ray, Tune and torch load only from here on
     from distrain.sweep_display import SweepDisplay, print_table, results_table
+    from distrain.tuning.tune import run_sweep  # Ray, Tune and torch load only from here on
 
     try:
         with SweepDisplay(out, spec.num_trials(), spec.time_budget_s) as display:
@@ -1133,20 +1133,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             f"{_fmt(summary['mean_compute_s'], '.4f')} / {_fmt(summary['mean_comm_s'], '.4f')} s",
         ),
     ]
-    if summary.get("staleness_p95") is not None:
-        rows += [
-            (
-                "staleness p50 / p95 / max",
-                f"{summary['staleness_p50']:g} / {summary['staleness_p95']:g} / {summary['staleness_max']}",
-            ),
-            ("time blocked (all workers)", _fmt(summary["wait_s_total"], ".2f") + " s"),
-            (
-                "pushed / pulled per step",
-                f"{_size(summary['bytes_pushed_per_step'])} / {_size(summary['bytes_pulled_per_step'])}",
-            ),
-        ]
-    if summary.get("staleness_lr") is not None:  # async, ssp: what their shards applied
-        rows.append(("staleness-aware rate (lr / staleness)", "on" if summary["staleness_lr"] else "off"))
+    rows += _family_rows(summary, "traffic")  # the parameter server's staleness, blocked time, traffic
     rows += _straggler_rows(summary)
     elastic = membership_row(summary)
     if elastic is not None:
@@ -1165,12 +1152,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     if summary.get("chaos"):  # --chaos: each event and the step it struck at
         fired = [f"{c['event']} at {c['fired_step']}" for c in summary["chaos"] if c["fired"]]
         rows.append(("faults injected (step)", ", ".join(fired) or "none"))
-    if summary.get("averaging_rounds") is not None:
-        rows += [
-            ("averaging rounds", str(summary["averaging_rounds"])),
-            ("communicated (all workers)", _size(summary["bytes_communicated"])),
-            ("tau min / max / final", f"{summary['tau_min']} / {summary['tau_max']} / {summary['tau_final']}"),
-        ]
+    rows += _family_rows(summary, "end")  # local SGD's rounds and τ
     if summary.get("phases"):
         rows.append(("schedule", ", ".join(f"{p['strategy']} from step {p['start_step']}" for p in summary["phases"])))
     for key, value in rows:
@@ -1183,6 +1165,14 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         out.print(f"warning: {line}", markup=False, highlight=False)
     out.print(f"results in {run_dir}/ ({', '.join(_run_files(run_dir))})", markup=False, highlight=False)
     _print_tensorboard_line(run_dir)  # last: where --tensorboard wrote the run's events
+
+
+def _family_rows(summary: dict[str, Any], place: str) -> list[tuple[str, str]]:
+    """The closing rows the strategies' column families declare for this place (strategies/step_columns.py)."""
+    from distrain.strategies.step_columns import STEP_COLUMN_FAMILIES
+
+    families = [f for f in STEP_COLUMN_FAMILIES if f.closing_rows is not None and f.closing_place == place]
+    return [row for family in families for row in family.closing_rows(summary)]  # type: ignore[misc]
 
 
 def _run_files(run_dir: Path) -> list[str]:

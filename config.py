@@ -20,7 +20,7 @@ import yaml
 
 from distrain.errors import ConfigError
 from distrain.fields import FieldInfo, coerce, fields_of, setting
-from distrain.trainers.catalog import DATASET_READS_FILES, MODEL_NAMES
+from distrain.trainers.builtin_names import DATASET_READS_FILES, MODEL_NAMES
 
 if TYPE_CHECKING:
     from distrain.strategies.base import Strategy
@@ -103,7 +103,7 @@ TARGET_SYNTAX = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*(\S+)\s*$"
 
 
 def _one_of(names: Any, last: str = "or") -> str:
-    """ "a, b or c": the catalog's names as a help text lists them (trainers/catalog.py, without torch)."""
+    """ "a, b or c": the catalog's names as a help text lists them (trainers/builtin_names.py, without torch)."""
     names = list(names)
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
@@ -233,7 +233,7 @@ def overlay(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
         for name in DECAY_DEPENDENT_FIELDS:
             merged.pop(name, None)
     if given.get("dataset", merged.get("dataset")) != merged.get("dataset"):
-        from distrain.trainers.catalog import DATASET_READS_FILES
+        from distrain.trainers.builtin_names import DATASET_READS_FILES
 
         if DATASET_READS_FILES.get(given["dataset"]) is False:
             merged.pop("data_dir", None)
@@ -571,11 +571,11 @@ NESTED_NAME = {"strategy": "strategy", "optimizer": "optimizer"}
 
 def strategies_named(strategy: str, schedule: str = "", epochs: int = 0) -> list[type[Strategy]]:
     """The strategy classes a run uses: its strategy, or every one its --schedule names (in order, once)."""
-    from distrain.strategies.registry import strategy_class
+    from distrain.strategies.strategy_lookup import strategy_class
 
     names = [strategy]
     if schedule:
-        from distrain.strategies.phases import parse_schedule
+        from distrain.strategies.strategy_schedule import parse_schedule
 
         names = [p.strategy for p in parse_schedule(schedule, max(epochs, 1))]
     return [strategy_class(n) for n in dict.fromkeys(names)]
@@ -596,7 +596,7 @@ def option_fields(classes: list[type[Strategy]] | None = None) -> dict[str, Fiel
 
 def known_option_fields() -> dict[str, FieldInfo]:
     """Options of the built-in strategies and of those imported by path so far in this process."""
-    from distrain.strategies.registry import loaded_plugins
+    from distrain.strategies.strategy_lookup import loaded_plugins
 
     return option_fields() | option_fields(loaded_plugins())
 
@@ -704,7 +704,7 @@ class RunConfig:
     # ------------------------------------------------------------------ validation (reads only)
     def validate(self) -> None:
         """Check every value; the message of the first problem names the flag and the fix."""
-        from distrain.trainers.catalog import check_dataset, check_model
+        from distrain.trainers.builtin_names import check_dataset, check_model
 
         check_model(self.model)
         check_dataset(self.dataset)
@@ -935,7 +935,7 @@ class RunConfig:
     def _validate_unused_inputs(self) -> None:
         """Like a strategy's options, --data-dir is refused where nothing reads it (--momentum and the
         other optimizer flags: `check_optimizer`)."""
-        from distrain.trainers.catalog import DATASET_READS_FILES
+        from distrain.trainers.builtin_names import DATASET_READS_FILES
 
         if self.data_dir and not DATASET_READS_FILES[self.dataset]:
             users = [n for n, reads in DATASET_READS_FILES.items() if reads]
@@ -1177,7 +1177,7 @@ def _plugin_option_fields(values: dict[str, Any]) -> dict[str, FieldInfo]:
     name = str(values.get("strategy") or "")
     if not is_import_path(name):
         return {}
-    from distrain.strategies.registry import strategy_class
+    from distrain.strategies.strategy_lookup import strategy_class
 
     return option_fields([strategy_class(name)])
 
@@ -1200,7 +1200,7 @@ def _resolve_common(values: dict[str, Any]) -> dict[str, Any]:
     if v["schedule"]:
         if v["epochs"] < 1:
             raise ConfigError(f"--epochs must be >= 1, got {v['epochs']}")
-        from distrain.strategies.phases import parse_schedule
+        from distrain.strategies.strategy_schedule import parse_schedule
 
         # The first entry is the run's strategy (and names the run directory).
         v["strategy"] = parse_schedule(v["schedule"], v["epochs"])[0].strategy
@@ -1270,7 +1270,7 @@ def _strategy_options(run: RunConfig, values: dict[str, Any]) -> dict[str, Any]:
         # with bsp; flat config files of earlier versions wrote every unused switch as false).
         if given_value is not None and given_value is not False and given_value != known[name].default:
             from distrain.strategies import STRATEGIES
-            from distrain.strategies.registry import loaded_plugins
+            from distrain.strategies.strategy_lookup import loaded_plugins
 
             classes = [STRATEGIES.get(n) for n in STRATEGIES.names()] + loaded_plugins()
             users = [c.name for c in classes if name in {i.name for i in fields_of(c.Options)}]

@@ -2,7 +2,7 @@
 
 mlp on digits at N=2, 40 steps each, on an emulated link (--comm-delay-ms, --comm-bandwidth) with and
 without --compress int8; the prediction is the planner's, from a calibration of this machine (its tiny
-runs run without codec or link) plus the run's own traffic figures (plan_calibrate.traffic_figures).
+runs run without codec or link) plus the run's own traffic figures (calibrate.traffic_figures).
 
     python benchmarks/plan_traffic_validation.py [--calibration /tmp/pv6/mlp/calibration] [--out DIR]
 
@@ -22,10 +22,11 @@ from pathlib import Path
 import ray
 
 from distrain.config import RunConfig
-from distrain.orchestrator import cluster, planner
-from distrain.orchestrator.plan_calibrate import calibrate, fit, steady_figures, traffic_figures
+from distrain.orchestrator import cluster
 from distrain.orchestrator.run import run_training
 from distrain.orchestrator.run_checks import check_runnable
+from distrain.planning import planner
+from distrain.planning.calibrate import calibrate, fit, steady_figures, traffic_figures
 
 CASES = [
     ("bsp", "collective", {"comm_delay_ms": 20.0}),

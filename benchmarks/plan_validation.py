@@ -1,6 +1,6 @@
 """The planner's predictions against measured runs (issue 17).
 
-For each task: calibrate once (orchestrator/plan_calibrate.py: tiny runs at N=1 and 2 as long as the runs
+For each task: calibrate once (planning/calibrate.py: tiny runs at N=1 and 2 as long as the runs
 they predict, `--steps`, so both are measured over the same window; probes), then run
 bsp over both transports, ssp(2), async, local-sgd(τ=8) and diloco(H=50) at N = 1, 2, 4 for --steps
 steps each, and compare the predicted per-worker step time with the measured one (steady state: the
@@ -31,10 +31,11 @@ from pathlib import Path
 import ray
 
 from distrain.config import RunConfig
-from distrain.orchestrator import cluster, planner
-from distrain.orchestrator.plan_calibrate import calibrate, fit, repeated_figures, steady_figures
+from distrain.orchestrator import cluster
 from distrain.orchestrator.run import run_training
 from distrain.orchestrator.run_checks import check_runnable
+from distrain.planning import planner
+from distrain.planning.calibrate import calibrate, fit, repeated_figures, steady_figures
 from distrain.units import parse_worker_counts
 
 STRATEGIES = [
@@ -83,7 +84,7 @@ def measure(
 
 def evaluate(out: Path, models: list[str]) -> list[dict]:
     """Predicted against measured for every run directory there is, from the calibration refitted with
-    the planner as it is now (plan_calibrate.fit on the kept calibration runs and probe figures)."""
+    the planner as it is now (calibrate.fit on the kept calibration runs and probe figures)."""
     rows = []
     for model in models:
         where = out / model / "calibration"

@@ -26,6 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
 from distrain.orchestrator import address, code_shipping, interrupts, leftovers, memory, trial_resources
+from distrain.strategies.pipeline import PipelineShape
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -279,7 +280,7 @@ def reserve_replicas(config: RunConfig, timeout_s: float = 60.0) -> list[Placeme
     stages. Stages pass activations every micro-batch, so they belong together; replicas exchange a
     stage's gradient once per step, so they can be apart, and apart they use more nodes' memory and
     a node's loss takes fewer replicas with it. Ray places a group elsewhere when its target is busy."""
-    stages = config.pipeline_stages
+    stages = PipelineShape.of(config).stages
     bundle = bundles(config)[0]
     nodes = {n["NodeID"]: dict(n["Resources"]) for n in ray.nodes() if n["Alive"]}
     groups = []
@@ -401,7 +402,7 @@ def place(config: RunConfig) -> Placement:
         return elastic  # type: ignore[return-value]  # the same interface (worker, shards, owned)
     if group is None:
         if config.pipelined:
-            return Placement(reserve_replicas(config), 0, owned=True, per_group=config.pipeline_stages)
+            return Placement(reserve_replicas(config), 0, owned=True, per_group=PipelineShape.of(config).stages)
         return Placement([reserve(config)], 0, owned=True)
     wanted = trial_resources.trial_bundles(config)
     if [b.get("CPU", 0.0) for b in group.bundle_specs] != [b["CPU"] for b in wanted]:

@@ -41,6 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ResourceError
 
+# in_flight_fraction: the pipeline's own rule, still read here by callers of earlier versions
+from distrain.strategies.pipeline import PipelineShape, in_flight_fraction, stages_hint, with_stages  # noqa: F401
+
 if TYPE_CHECKING:
     from distrain.config import RunConfig
 
@@ -171,14 +174,14 @@ def stage_shares(config: RunConfig) -> list[tuple[int, int]]:
                 model = task.build_model()
         except Exception:  # noqa: BLE001 - a model that needs real tensors to build (loads weights, say)
             model = task.build_model()
-        plan = plan_stages(model, task.split_points(), config.pipeline_stages)
+        plan = plan_stages(model, task.split_points(), PipelineShape.of(config).stages)
         return [(plan.stage_params(s), 0) for s in range(plan.stages)]
     from distrain.trainers.models import MODELS
 
     info = _dataset_info(config.dataset)
     with torch.device("meta"):
         model = MODELS.get(config.model)(info)
-    plan = plan_stages(model, [], config.pipeline_stages)
+    plan = plan_stages(model, [], PipelineShape.of(config).stages)
     per_child = child_activation_values(config.model, config.dataset)
     values = [per_child.get(name, 0) for name in plan.children]
     shares = []
@@ -190,14 +193,6 @@ def stage_shares(config: RunConfig) -> list[tuple[int, int]]:
     return shares
 
 
-def in_flight_fraction(schedule: str, stages: int, microbatches: int, stage: int) -> float:
-    """The share of a replica's batch whose activations stage `stage` holds at once: GPipe runs every
-    forward before any backward (all M micro-batches); 1F1B at most S - stage of them."""
-    if schedule == "1f1b":
-        return min(microbatches, stages - stage) / microbatches
-    return 1.0
-
-
 def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
     """What the run's worker actors (and parameter-server shards) will hold, in bytes."""
     from distrain.orchestrator.trial_resources import num_shards
@@ -207,12 +202,11 @@ def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
     # A user's task: its activations and data are not known before its workers build it, so only the
     # process and the parameter copies are counted (a lower bound).
     builtin = not config.task
+    pipeline = PipelineShape.of(config)
     if config.pipelined:  # the stage holding the most: its parameter copies and in-flight activations
-        S, M = config.pipeline_stages, config.microbatches
         held = [
             (params * FLOAT_BYTES * copies,
-             int(ACTIVATION_FACTOR * config.batch_size * in_flight_fraction(config.pipeline_schedule, S, M, s)
-                 * values) * FLOAT_BYTES)
+             int(ACTIVATION_FACTOR * config.batch_size * pipeline.in_flight(s) * values) * FLOAT_BYTES)
             for s, (params, values) in enumerate(stage_shares(config))
         ]  # fmt: skip
         model_bytes, activation_bytes = max(held, key=sum)
@@ -232,7 +226,7 @@ def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
         data=DATASETS.get(config.dataset).memory_bytes if builtin else 0,
         shards=shards,
         per_shard=per_shard if shards else 0,
-        stages=config.pipeline_stages,
+        stages=pipeline.stages,
     )
 
 
@@ -289,7 +283,7 @@ def check_worker(config: RunConfig, est: MemoryEstimate) -> None:
     )
     fits = fewest_stages(config, budget)
     if fits:
-        line += f"; --pipeline-stages {fits} splits it so each stage fits"
+        line += "; " + stages_hint(fits)
     else:
         line += "; use a smaller --model or --batch-size, or a larger budget"
     raise ResourceError(line)
@@ -299,10 +293,10 @@ def fewest_stages(config: RunConfig, budget: int) -> int | None:
     """The fewest pipeline stages (more than the run's) whose largest stage fits `budget`, or None."""
     from distrain.errors import ConfigError
 
-    stages = max(config.pipeline_stages + 1, 2)
+    stages = max(PipelineShape.of(config).stages + 1, 2)
     while True:
         try:
-            trial = config.replace(pipeline_stages=stages, microbatches=config.microbatches if config.pipelined else 1)
+            trial = with_stages(config, stages)
             if estimate(trial, 0).training_state <= budget:
                 return stages
         except ConfigError:  # past the model's cut points

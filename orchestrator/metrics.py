@@ -2,8 +2,9 @@
 
 Rows arrive in batches (a segment's worth per worker per remote call). Step rows and evaluation rows
 share one schema, told apart by `kind`; columns that do not apply to a row are null. The schema is
-`SCHEMA` plus one float column per evaluation metric the task reports beyond loss and accuracy
-(`test_<name>`, e.g. `test_perplexity`), added when it first appears. The file is
+`SCHEMA` (the strategies' column families included: strategies/step_columns.py) plus one float column per
+evaluation metric the task reports beyond loss and accuracy (`test_<name>`, e.g. `test_perplexity`), added
+when it first appears. The file is
 written atomically (temporary file, fsync, rename), so a crash never leaves a half-written one.
 """
 
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distrain.orchestrator.files import atomic_write
+from distrain.strategies.step_columns import family_columns
 
 SCHEMA = pa.schema(
     [
@@ -36,19 +38,10 @@ SCHEMA = pa.schema(
         ("test_loss", pa.float64()),
         ("test_accuracy", pa.float64()),
         ("eval_s", pa.float64()),
-        # parameter-server strategies only (null under all-reduce):
-        ("wait_s", pa.float64()),  # seconds this step was blocked by the consistency rule
-        ("read_version", pa.int64()),  # shard version the gradient was computed on
-        ("applied_version", pa.int64()),  # shard version when it was applied
-        ("staleness", pa.int64()),  # applied - read (largest over the shards)
-        ("clock", pa.int64()),  # the worker's clock after this push
-        ("min_clock", pa.int64()),  # the slowest worker's clock when this step's pull completed
-        # BSP over the PS with backup workers / backup tasks:
-        ("dropped", pa.bool_()),  # the gradient came late (k-of-n) or was a second copy: not applied
-        ("backup", pa.bool_()),  # backup tasks: a speculative copy of a portion another worker had
-        # local SGD only:
-        ("tau", pa.int32()),  # local steps in the averaging period this step belongs to
-        ("averaging_round", pa.int64()),  # averaging rounds completed after this step
+    ]
+    # the strategies' column families (the parameter server's, backup tasks', local SGD's: null elsewhere)
+    + [(name, pa.type_for_alias(kind)) for name, kind in family_columns().items()]
+    + [
         # --on-nonfinite: this step's loss, gradient or average was not finite (skipped, or the run stopped)
         ("nonfinite", pa.bool_()),
         # --precision fp16: that non-finite step was the loss scale's overflow (skipped, the scale halved:

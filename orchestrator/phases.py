@@ -16,8 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from distrain.config import COMMON_FIELDS, RunConfig
-from distrain.strategies.phases import parse_schedule
-from distrain.strategies.registry import strategy_class
+from distrain.strategies.strategy_lookup import strategy_class
+from distrain.strategies.strategy_schedule import parse_schedule
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError, RunFailed
-from distrain.orchestrator import auto_strategy, cluster, interrupts, memory, outcome
-from distrain.orchestrator.backup_tasks import PortionScheduler
+from distrain.orchestrator import auto_choice, cluster, interrupts, memory, outcome
 from distrain.orchestrator.callbacks import STOPPED, Callback, Callbacks, RunInfo
 from distrain.orchestrator.chaos import ChaosMonkey, refuse_on_cluster, refuse_unreachable
 from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint, step_checkpoint_name
@@ -32,7 +31,7 @@ from distrain.orchestrator.files import Claim, NoSpace, atomic_write_text, claim
 from distrain.orchestrator.membership import JOIN, Membership, MembershipChanged
 from distrain.orchestrator.metrics import MetricsSink
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
-from distrain.orchestrator.ps import ShardGroup
+from distrain.orchestrator.portion_scheduler import PortionScheduler
 from distrain.orchestrator.recovery import (
     Failure,
     FailureLedger,
@@ -46,13 +45,14 @@ from distrain.orchestrator.remote_errors import user_exception
 from distrain.orchestrator.replacement import bundle_alive, replace_worker, replacement_ready, start_worker
 from distrain.orchestrator.resume import recorded_rows, resume_checkpoint, total_steps
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
+from distrain.orchestrator.shard_group import ShardGroup
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.tasks import build_task, run_target, save_task_object
 from distrain.orchestrator.throughput import SteadyState
 from distrain.orchestrator.work import WorkPlan
 from distrain.orchestrator.worker import STEP_COLUMNS
-from distrain.strategies.registry import strategy_class
+from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
 from distrain.trainers.task import reduce_metrics
 
@@ -175,7 +175,7 @@ class Plan:
     claim: Claim | None = None  # a new run's directory, given back if the run is refused before it starts
     rows: dict[str, list[Any]] | None = None  # --resume: the metrics rows before the checkpoint's step
     memory: memory.MemoryEstimate | None = None
-    # --strategy auto: what the planner chose and why (orchestrator/auto_strategy.py)
+    # --strategy auto: what the planner chose and why (planning/auto_strategy.py; recorded by auto_choice.py)
     auto: dict[str, Any] | None = None
 
 
@@ -192,7 +192,7 @@ def preflight(config: RunConfig, resume: bool = False, auto: dict[str, Any] | No
         path, checkpoint = resume_checkpoint(config, num_params)
         refuse_unreachable(config.chaos_events, total)  # events before the checkpoint: not fired (skip_reached)
         rows = recorded_rows(config, checkpoint)
-        recorded_auto = auto_strategy.recorded_choice(Path(config.run_dir))
+        recorded_auto = auto_choice.recorded_choice(Path(config.run_dir))
         return Plan(
             Path(config.run_dir), num_params, checkpoint, True, path, rows=rows, memory=needs, auto=recorded_auto
         )
@@ -203,10 +203,10 @@ def preflight(config: RunConfig, resume: bool = False, auto: dict[str, Any] | No
     claim = claim_run_dir(
         config.run_dir,
         config.strategy_name,
-        lambda path: auto_strategy.yaml_header(auto) + _recorded(config, path).to_yaml(),
+        lambda path: auto_choice.yaml_header(auto) + _recorded(config, path).to_yaml(),
     )
     if auto is not None:
-        auto_strategy.write_choice(claim.path, auto)
+        auto_choice.write_choice(claim.path, auto)
     return Plan(claim.path, num_params, checkpoint, claim=claim, memory=needs, auto=auto)
 
 
@@ -273,7 +273,7 @@ def run_training(
             cluster.check_memory(plan.memory)
         refuse_on_cluster(config.chaos_events)
         if plan.resumed:  # the resumable flags given now are the run's from here on
-            header = auto_strategy.yaml_header(plan.auto)
+            header = auto_choice.yaml_header(plan.auto)
             atomic_write_text(plan.run_dir / "config.yaml", header + _recorded(config, plan.run_dir).to_yaml())
         emit(Preparing(f"placing {config.to_dict()['workers']} workers", plan.run_dir))
         placement = cluster.place(config)
@@ -382,7 +382,7 @@ def _recorded(config: RunConfig, run_dir: Path) -> RunConfig:
 
 
 # The driver-side actors a strategy may ask for by name (`Strategy.driver_actors`): the parameter-server
-# shards (strategies/ps_shard.py, grouped by orchestrator/ps.py) and backup tasks' portion scheduler.
+# shards (strategies/ps_shard.py, grouped by orchestrator/shard_group.py) and backup tasks' portion scheduler.
 # Sandblaster's coordinator (strategies/sandblaster_coordinator.py) reaches the workers in the same slot
 # as the portion scheduler: it is the one that hands out their portions.
 DRIVER_ACTORS = frozenset({"ps_shards", "portion_scheduler", "sandblaster_coordinator"})
@@ -934,9 +934,9 @@ class _Driver:
             situation = Situation(
                 training=True,
                 transport=config.transport,
-                # Backup workers/tasks keep books a replacement would upset; Sandblaster's coordinator
-                # hands a lost worker's portions out again (`Strategy.reissues_lost_work`).
-                own_books=bool(config.backup_workers or config.backup_tasks) and not self.impl.reissues_lost_work,
+                # Backup workers/tasks keep books a replacement would upset (`Strategy.keeps_own_books`);
+                # Sandblaster's coordinator hands a lost worker's portions out again (`reissues_lost_work`).
+                own_books=strategy_class(config.strategy).keeps_own_books(config) and not self.impl.reissues_lost_work,
                 workers=config.workers,
                 host_alive=bundle_alive(self.placement, lost.target),
             )
@@ -1109,7 +1109,7 @@ class _Driver:
         if self.diverged is not None:
             summary["diverged"] = self.diverged  # why (orchestrator/outcome.py's reasons)
         if self.plan.auto is not None:
-            summary["strategy_auto"] = auto_strategy.summary_entry(self.plan.auto)
+            summary["strategy_auto"] = auto_choice.summary_entry(self.plan.auto)
         if self.config.chaos:
             summary["chaos"] = self.state.chaos.summary(self.steps_done)
         if self.config.schedule:

@@ -12,6 +12,7 @@ from typing import Any
 from distrain.config import RunConfig
 from distrain.errors import ConfigError
 from distrain.orchestrator.files import check_creatable_dir
+from distrain.strategies.pipeline import check_pipeline_task
 from distrain.trainers.datasets import DATASETS, check_dataset
 from distrain.trainers.models import parameter_sizes
 
@@ -46,19 +47,10 @@ def check_runnable(config: RunConfig) -> int:
 
 
 def check_pipeline(config: RunConfig) -> None:
-    """--pipeline-stages S: the model is an nn.Sequential with at least S - 1 places to cut, without
-    tied weights, and the task has a `criterion` for the last stage to run."""
+    """A pipeline's checks of the run's task (strategies/pipeline.py, which owns them)."""
     from distrain.orchestrator.tasks import build_task
-    from distrain.trainers.pipeline_split import plan_stages
-    from distrain.trainers.task import Task
 
-    task = build_task(config)
-    if type(task).criterion is Task.criterion:
-        raise ConfigError(
-            f"--pipeline-stages needs the task to define forward() and criterion() (the last stage runs the "
-            f"criterion); {type(task).__name__} defines only loss()"
-        )
-    plan_stages(task.build_model(), task.split_points(), config.pipeline_stages)
+    check_pipeline_task(build_task(config), config)
 
 
 def check_init_from(config: RunConfig, num_params: int) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ import pandas as pd
 from distrain.config import Target, parse_workers
 from distrain.orchestrator import outcome
 from distrain.orchestrator.throughput import SteadyState
+from distrain.strategies.step_columns import STEP_COLUMN_FAMILIES
 
 
 def steady_state_samples_per_s(steps: pd.DataFrame, evals: pd.DataFrame) -> float | None:
@@ -35,7 +36,7 @@ def summarize(
     target: Target | None = None,
 ) -> dict[str, Any]:
     """The run's figures. A key is written only where it applies to the run (its strategy, task and
-    settings: no staleness without a parameter server, no accuracy for a task that has none, no
+    settings: no parameter-server figures without a parameter server, no accuracy for a task that has none, no
     target figures without a target); a key that applies may be null where null means something
     (a target not reached, a figure not measurable yet, a test figure that was not finite)."""
     steps = df[df["kind"] == "step"]
@@ -94,7 +95,7 @@ def summarize(
     }
     if config.get("precision") == "fp16":
         summary["overflow_steps"] = _steps_where(steps, "overflow")
-    summary |= parameter_server_figures(steps) | local_sgd_figures(steps)
+    summary |= family_figures(steps)
     summary |= compression_figures(steps, config.get("compress"))
     summary["warnings"] = outcome.warnings(evals)  # lines the CLI prints under the table; the status stays
     return summary
@@ -103,24 +104,6 @@ def summarize(
 def _steps_where(steps: pd.DataFrame, column: str) -> int:
     """Global steps with some row whose `column` (a bool) is true."""
     return int(steps.loc[steps[column].eq(True), "step"].nunique()) if column in steps else 0
-
-
-def local_sgd_figures(steps: pd.DataFrame) -> dict[str, Any]:
-    """Averaging rounds, bytes communicated and τ over time of a local SGD run (none otherwise)."""
-    rows = steps.dropna(subset=["tau"]) if "tau" in steps else steps.iloc[0:0]
-    if rows.empty:
-        return {}
-    # τ is the same on every worker for a step (decided from all-reduced values): one value per step.
-    per_step = rows.groupby("step")["tau"].first().sort_index().astype(int)
-    changed = per_step[per_step.ne(per_step.shift())]
-    return {
-        "averaging_rounds": int(rows["averaging_round"].max()),
-        "bytes_communicated": int(rows["bytes_sent"].sum()),  # all workers, over the local SGD steps
-        "tau_min": int(per_step.min()),
-        "tau_max": int(per_step.max()),
-        "tau_final": int(per_step.iloc[-1]),
-        "tau_changes": [[int(step), int(tau)] for step, tau in changed.items()],  # [first step, τ]
-    }
 
 
 def compression_figures(steps: pd.DataFrame, codec: str | None) -> dict[str, Any]:
@@ -135,18 +118,14 @@ def compression_figures(steps: pd.DataFrame, codec: str | None) -> dict[str, Any
     return {"compress": codec, "codec_ratio": float(rows["bytes_uncompressed"].sum() / sent) if sent else None}
 
 
-def parameter_server_figures(steps: pd.DataFrame) -> dict[str, Any]:
-    """Staleness, blocked time and traffic of a parameter-server run (none otherwise)."""
-    ps = steps.dropna(subset=["staleness"]) if "staleness" in steps else steps.iloc[0:0]
-    if ps.empty:
-        return {}
-    staleness = ps["staleness"].astype(float)
-    return {
-        "staleness_p50": float(staleness.quantile(0.5)),
-        "staleness_p95": float(staleness.quantile(0.95)),
-        "staleness_max": int(staleness.max()),
-        "wait_s_total": float(ps["wait_s"].sum()),  # summed over workers
-        "wait_s_per_step": float(ps["wait_s"].mean()),  # per worker step
-        "bytes_pushed_per_step": float(ps["bytes_sent"].mean()),  # per worker step
-        "bytes_pulled_per_step": float(ps["bytes_received"].mean()),
-    }
+def family_figures(steps: pd.DataFrame) -> dict[str, Any]:
+    """The figures of each strategy column family (strategies/step_columns.py) whose key column has rows
+    in this run: the parameter server's staleness, local SGD's τ; nothing for a family the run never used."""
+    figures: dict[str, Any] = {}
+    for family in STEP_COLUMN_FAMILIES:
+        if family.figures is None or family.key not in steps:
+            continue
+        rows = steps.dropna(subset=[family.key])
+        if not rows.empty:
+            figures |= family.figures(rows)
+    return figures

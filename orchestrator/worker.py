@@ -16,11 +16,14 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
+from distrain.orchestrator.metrics import SCHEMA
 from distrain.orchestrator.tasks import build_task
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
 from distrain.strategies.collective import free_address
 from distrain.strategies.elastic_bsp import GroupBroken, param_digest
-from distrain.strategies.registry import strategy_class
+from distrain.strategies.pipeline import PipelineShape
+from distrain.strategies.step_columns import family_columns
+from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import seeded
 from distrain.trainers.schedule import LRSchedule
@@ -29,33 +32,8 @@ from distrain.trainers.task import BatchReader
 
 EVAL_BATCH = 512  # test samples per evaluation batch
 
-STEP_COLUMNS = (
-    "worker",
-    "step",
-    "slice",
-    "epoch",
-    "loss",
-    "lr",
-    "samples",
-    "compute_s",
-    "comm_s",
-    "bytes_sent",
-    "bytes_received",
-    "wall_time",
-    "wait_s",
-    "read_version",
-    "applied_version",
-    "staleness",
-    "clock",
-    "min_clock",
-    "dropped",
-    "backup",
-    "tau",
-    "averaging_round",
-    "nonfinite",
-    "overflow",
-    "bytes_uncompressed",
-)
+# The columns of a step row, in the schema's order (the strategies' column families included).
+STEP_COLUMNS = tuple(n for n in SCHEMA.names if n not in ("run_id", "kind", "test_loss", "test_accuracy", "eval_s"))
 
 
 class TrainWorker:
@@ -101,8 +79,9 @@ class TrainWorker:
         if config.pipelined:  # this actor keeps one stage (rank = replica x S + stage), see strategies/pipeline.py
             from distrain.trainers.pipeline_split import plan_stages, stage_module
 
-            self.stage_plan = plan_stages(model, self.task.split_points(), config.pipeline_stages)
-            self.stage = self.rank % config.pipeline_stages
+            stages = PipelineShape.of(config).stages
+            self.stage_plan = plan_stages(model, self.task.split_points(), stages)
+            self.stage = self.rank % stages
             model = stage_module(model, self.stage_plan, self.stage)
         self.trainer = LocalTrainer(
             model,
@@ -273,16 +252,8 @@ class TrainWorker:
                 "bytes_sent": comm.bytes_sent,
                 "bytes_received": comm.bytes_received,
                 "wall_time": time.time() - self.run_start,
-                "wait_s": comm.wait_s,
-                "read_version": comm.read_version,
-                "applied_version": comm.applied_version,
-                "staleness": comm.staleness,
-                "clock": comm.clock,
-                "min_clock": comm.min_clock,
-                "dropped": comm.dropped,
-                "backup": comm.backup,
-                "tau": comm.tau,
-                "averaging_round": comm.averaging_round,
+                # the strategies' column families: `CommStats` fields of the same names
+                **{column: getattr(comm, column) for column in family_columns()},
                 "nonfinite": comm.nonfinite,
                 "overflow": True if self.strategy.overflow_skips > overflows else None,
                 "bytes_uncompressed": comm.bytes_uncompressed,

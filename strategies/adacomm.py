@@ -34,8 +34,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from distrain.errors import ConfigError
+from distrain.strategies.base import ColumnPlot, StepColumns
 
 _SECONDS = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*s\s*$")
 _STEPS = re.compile(r"^\s*(\d+)\s*$")
@@ -133,3 +135,55 @@ class AdaComm:
         decayed = lr < self.highest  # else still at the peak, or climbing through warmup
         self.tau = adacomm_tau(self.tau0, self.loss0, mean_loss, self.tau_max, self.lr0, lr if decayed else None)
         return True
+
+
+def local_sgd_figures(rows: Any) -> dict[str, Any]:
+    """summary.json: averaging rounds, bytes communicated and τ over time of a local SGD run, from its step
+    rows that carry a τ (a pandas DataFrame)."""
+    # τ is the same on every worker for a step (decided from all-reduced values): one value per step.
+    per_step = rows.groupby("step")["tau"].first().sort_index().astype(int)
+    changed = per_step[per_step.ne(per_step.shift())]
+    return {
+        "averaging_rounds": int(rows["averaging_round"].max()),
+        "bytes_communicated": int(rows["bytes_sent"].sum()),  # all workers, over the local SGD steps
+        "tau_min": int(per_step.min()),
+        "tau_max": int(per_step.max()),
+        "tau_final": int(per_step.iloc[-1]),
+        "tau_changes": [[int(step), int(tau)] for step, tau in changed.items()],  # [first step, τ]
+    }
+
+
+def local_sgd_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """`distrain run`'s closing rows of a local SGD run (none for another run)."""
+    from distrain.units import size_text
+
+    if summary.get("averaging_rounds") is None:
+        return []
+    return [
+        ("averaging rounds", str(summary["averaging_rounds"])),
+        ("communicated (all workers)", size_text(summary["bytes_communicated"])),
+        ("tau min / max / final", f"{summary['tau_min']} / {summary['tau_max']} / {summary['tau_final']}"),
+    ]
+
+
+# What local SGD's step rows carry (its τ, chosen by this module's rule), and what they make.
+LOCAL_SGD_STEP_COLUMNS = StepColumns(
+    {
+        "tau": "int32",  # local steps in the averaging period this step belongs to
+        "averaging_round": "int64",  # averaging rounds completed after this step
+    },
+    key="tau",
+    figures=local_sgd_figures,
+    closing_rows=local_sgd_rows,
+    closing_place="end",
+    plots=(
+        ColumnPlot(
+            "tau_over_time.png",
+            "tau",
+            "over_time",
+            "Local steps between averaging (tau), as AdaComm chose them",
+            "tau",
+            "tau (local steps between averages) over wall time, for runs whose tau changed.",
+        ),
+    ),
+)

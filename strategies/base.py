@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -55,6 +55,50 @@ class StrategyOptions:
 @dataclass(frozen=True)
 class NoOptions(StrategyOptions):
     """A strategy without flags of its own."""
+
+
+@dataclass(frozen=True)
+class PlanningSetting:
+    """One option of a strategy that the planner's step-time model sets (planning/planner.py), by its role
+    in the model: "period" (steps between synchronisations: local SGD's τ, DiLoCo's H), "bound" (clocks a
+    worker may run ahead: SSP's s) or "backups" (workers beyond those a round waits for: k-of-n)."""
+
+    option: str
+    role: str
+    default: int  # what `distrain run` gives it
+
+
+@dataclass(frozen=True)
+class ColumnPlot:
+    """A report plot of one step column, drawn by the report's generic drawers (reporting/plots.py):
+    "histogram" (each run's share of steps per integer value) or "over_time" (the value over wall time,
+    drawn only when some run's value changed)."""
+
+    file: str  # e.g. "staleness_hist.png"
+    column: str
+    kind: str  # "histogram" | "over_time"
+    title: str
+    axis_label: str  # the value's axis: x of a histogram, y of a plot over time
+    caption: str
+
+
+@dataclass(frozen=True)
+class StepColumns:
+    """A family of per-step columns that a kind of strategy fills through `CommStats` (the parameter
+    server's, local SGD's), with what the run's records make of them. Declared once, by the strategies'
+    module that owns the columns (strategies/step_columns.py lists them); metrics.parquet, summary.json
+    and the report carry them without naming a column or an option."""
+
+    columns: dict[str, str]  # name -> Arrow type, in the schema's order
+    key: str = ""  # the column whose non-null rows are this family's; "" : no figures
+    # summary.json's figures from those rows (a DataFrame of the step rows that have `key`, never empty)
+    figures: Callable[[Any], dict[str, Any]] | None = None
+    report_column: tuple[str, str, str] | None = None  # the report table's (header, summary key, format)
+    plots: tuple[ColumnPlot, ...] = ()
+    # `distrain run`'s closing table: (label, value) rows from summary.json ([] where its keys are absent),
+    # placed after the run's traffic rows ("traffic") or at the end, before the schedule's ("end")
+    closing_rows: Callable[[dict[str, Any]], list[tuple[str, str]]] | None = None
+    closing_place: str = "traffic"
 
 
 class NonFinite(Exception):
@@ -129,6 +173,11 @@ class Strategy(ABC):
     metric_columns: ClassVar[dict[str, str]] = {}  # column -> Arrow type: "float64", "int64", "int32", "bool"
     # What `--compress` compresses under this strategy, for `distrain strategies` ("": it cannot apply one).
     compresses: ClassVar[str] = ""
+    # The options the report's strategy column states (`settings_text`, `run_settings_text`), so its
+    # "settings that differ" leaves them out (reporting/report.py).
+    described_options: ClassVar[tuple[str, ...]] = ()
+    # The options the planner's step-time model sets for this strategy (planning/planner.py).
+    planning: ClassVar[tuple[PlanningSetting, ...]] = ()
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         self.config = config
@@ -147,9 +196,28 @@ class Strategy(ABC):
         return {}
 
     @classmethod
+    def keeps_own_books(cls, config: RunConfig) -> bool:
+        """Whether this run of it keeps books of the work (who computed which portion, which gradients a
+        round took) that replacing a worker in place would upset (the failure policy's `own_books`)."""
+        return False
+
+    @classmethod
+    def settings_text(cls, config: dict[str, Any]) -> str:
+        """What the report shows right after the strategy's name, for the run or one phase of its schedule
+        (" s=2", " tau=8 adaptive (10%, max 16)"), from a run's flat config.yaml values (any may be absent:
+        a run of an earlier version)."""
+        return ""
+
+    @classmethod
+    def run_settings_text(cls, config: dict[str, Any]) -> str:
+        """What the report shows at the end for the run's own strategy, never a schedule's phase
+        (" staleness-lr", " backup-workers=1")."""
+        return ""
+
+    @classmethod
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
         """Figures for summary.json that its driver-side actors hold, asked once the run is over
-        (`actors`: the declared names, e.g. "ps_shards" (orchestrator/ps.py's ShardGroup))."""
+        (`actors`: the declared names, e.g. "ps_shards" (orchestrator/shard_group.py's ShardGroup))."""
         return {}
 
     @classmethod

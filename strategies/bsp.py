@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions
+from distrain.strategies.base import CommStats, PlanningSetting, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.network import Link
 from distrain.strategies.ps import PSStrategy
-from distrain.strategies.registry import STRATEGIES
+from distrain.strategies.strategy_lookup import STRATEGIES
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
@@ -93,6 +93,20 @@ class BSP(Strategy):
     # --workers MIN..MAX: ElasticBSP over the collective (strategies/elastic_bsp.py), BSPOverPS and
     # BSPBackupTasks over the PS (rounds of the current members)
     elastic_transports = ("collective", "ps")
+    described_options = ("backup_workers", "backup_tasks", "portions")
+    planning = (PlanningSetting("backup_workers", "backups", 0),)
+
+    @classmethod
+    def keeps_own_books(cls, config: RunConfig) -> bool:
+        options = config.options_of(cls.name)
+        return bool(options.backup_workers or options.backup_tasks)
+
+    @classmethod
+    def run_settings_text(cls, config: dict[str, Any]) -> str:
+        text = f" backup-workers={config['backup_workers']}" if config.get("backup_workers") else ""
+        if config.get("backup_tasks"):
+            text += " backup-tasks" + (f" portions={config['portions']}" if config.get("portions") else "")
+        return text
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)

@@ -4,6 +4,9 @@ which must not import torch just to say which rule they want)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from distrain.strategies.base import ColumnPlot, StepColumns
 
 
 @dataclass(frozen=True)
@@ -13,7 +16,7 @@ class ConsistencyRule:
     staleness_lr: bool = False  # bounded mode: divide η by the gradient's staleness
     accept: int | None = None  # rounds mode: gradients that close a round (k-of-n); None = every worker
     portions: int = 0  # portions mode: portions per round
-    history: int = 0  # sandblaster mode: L-BFGS memory m (pairs each shard keeps slices of)
+    lbfgs_memory: int = 0  # sandblaster mode: L-BFGS memory m (pairs each shard keeps slices of)
     # rounds mode under --workers MIN..MAX (`ParameterShard.set_round_members`): a round closes on the
     # current members' pushes (k = members - backups of them under k-of-n), and its rate is rescaled from
     # the global batch of `slots` gradients the schedule's rate is for to the round's, by `lr_scaling`.
@@ -34,8 +37,8 @@ class ConsistencyRule:
         return cls("portions", portions=portions)
 
     @classmethod
-    def sandblaster(cls, history: int) -> ConsistencyRule:
-        return cls("sandblaster", history=history)
+    def sandblaster(cls, lbfgs_memory: int) -> ConsistencyRule:
+        return cls("sandblaster", lbfgs_memory=lbfgs_memory)
 
     @classmethod
     def ssp(cls, staleness: int, staleness_lr: bool = False) -> ConsistencyRule:
@@ -47,3 +50,67 @@ class ConsistencyRule:
     @classmethod
     def asynchronous(cls, staleness_lr: bool = False) -> ConsistencyRule:
         return cls("bounded", None, staleness_lr)
+
+
+def parameter_server_figures(ps: Any) -> dict[str, Any]:
+    """summary.json: staleness, blocked time and traffic of a parameter-server run, from its step rows
+    that carry a staleness (a pandas DataFrame)."""
+    staleness = ps["staleness"].astype(float)
+    return {
+        "staleness_p50": float(staleness.quantile(0.5)),
+        "staleness_p95": float(staleness.quantile(0.95)),
+        "staleness_max": int(staleness.max()),
+        "wait_s_total": float(ps["wait_s"].sum()),  # summed over workers
+        "wait_s_per_step": float(ps["wait_s"].mean()),  # per worker step
+        "bytes_pushed_per_step": float(ps["bytes_sent"].mean()),  # per worker step
+        "bytes_pulled_per_step": float(ps["bytes_received"].mean()),
+    }
+
+
+def parameter_server_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """`distrain run`'s closing rows of a parameter-server run (none for a run without its figures)."""
+    from distrain.units import size_text
+
+    rows = []
+    if summary.get("staleness_p95") is not None:
+        rows += [
+            (
+                "staleness p50 / p95 / max",
+                f"{summary['staleness_p50']:g} / {summary['staleness_p95']:g} / {summary['staleness_max']}",
+            ),
+            ("time blocked (all workers)", f"{summary['wait_s_total']:.2f} s"),
+            (
+                "pushed / pulled per step",
+                f"{size_text(summary['bytes_pushed_per_step'])} / {size_text(summary['bytes_pulled_per_step'])}",
+            ),
+        ]
+    if summary.get("staleness_lr") is not None:  # async, ssp: what their shards applied
+        rows.append(("staleness-aware rate (lr / staleness)", "on" if summary["staleness_lr"] else "off"))
+    return rows
+
+
+# What every parameter-server strategy's step rows carry (null under all-reduce), and what they make.
+PS_STEP_COLUMNS = StepColumns(
+    {
+        "wait_s": "float64",  # seconds this step was blocked by the consistency rule
+        "read_version": "int64",  # shard version the gradient was computed on
+        "applied_version": "int64",  # shard version when it was applied
+        "staleness": "int64",  # applied - read (largest over the shards)
+        "clock": "int64",  # the worker's clock after this push
+        "min_clock": "int64",  # the slowest worker's clock when this step's pull completed
+    },
+    key="staleness",
+    figures=parameter_server_figures,
+    report_column=("staleness p95", "staleness_p95", "g"),
+    closing_rows=parameter_server_rows,
+    plots=(
+        ColumnPlot(
+            "staleness_hist.png",
+            "staleness",
+            "histogram",
+            "Staleness of applied gradients",
+            "staleness (versions between read and apply)",
+            "Staleness of applied gradients (parameter-server strategies).",
+        ),
+    ),
+)

@@ -50,10 +50,17 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
+from distrain.strategies.base import (
+    CommStats,
+    PlanningSetting,
+    Strategy,
+    StrategyContext,
+    StrategyOptions,
+    all_finite,
+)
 from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.network import Link
-from distrain.strategies.registry import STRATEGIES
+from distrain.strategies.strategy_lookup import STRATEGIES
 
 if TYPE_CHECKING:
     import torch
@@ -163,6 +170,21 @@ class DiLoCo(Strategy):
     # default task (test accuracy 0.95 at 4.5 s, then oscillating down to 0.90 by epoch 12); 0.01 ends at 0.99.
     run_defaults = {"lr": 0.01}
     elastic_transports = ("collective",)  # --workers MIN..MAX: ElasticDiLoCo (strategies/elastic_diloco.py)
+    described_options = ("sync_every", "outer_optimizer", "outer_lr", "outer_momentum", "fragments", "overlap_steps",
+                         "mix_alpha")  # fmt: skip
+    planning = (PlanningSetting("sync_every", "period", DEFAULT_SYNC_EVERY),)
+
+    @classmethod
+    def settings_text(cls, config: dict[str, Any]) -> str:
+        c = config
+        if c.get("sync_every") is None:
+            return ""
+        outer = c.get("outer_optimizer") or "sgd"
+        momentum = f" nesterov {c['outer_momentum']:g}" if outer == "sgd" and c.get("outer_momentum") else ""
+        text = f" H={c['sync_every']} outer {outer} lr {c.get('outer_lr'):g}{momentum}"
+        if (c.get("fragments") or 1) > 1:
+            text += f" fragments={c['fragments']} overlap={c.get('overlap_steps', 0)} alpha={c.get('mix_alpha', 0):g}"
+        return text
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:

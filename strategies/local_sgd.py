@@ -40,10 +40,17 @@ from typing import TYPE_CHECKING, Any
 from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.adacomm import AdaComm, TauInterval
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions, all_finite
+from distrain.strategies.base import (
+    CommStats,
+    PlanningSetting,
+    Strategy,
+    StrategyContext,
+    StrategyOptions,
+    all_finite,
+)
 from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.network import Link
-from distrain.strategies.registry import STRATEGIES
+from distrain.strategies.strategy_lookup import STRATEGIES
 from distrain.trainers.schedule import scaled_lr
 
 if TYPE_CHECKING:
@@ -120,6 +127,17 @@ class LocalSGD(Strategy):
     Options = LocalSGDOptions
     compresses = "theta's change at a round (optimizer state and AdaComm's statistics travel in float32)"
     elastic_transports = ("collective",)  # --workers MIN..MAX: ElasticLocalSGD (strategies/elastic_bsp.py)
+    described_options = ("tau", "adaptive_tau", "tau_interval", "tau_max")
+    planning = (PlanningSetting("tau", "period", DEFAULT_TAU),)
+
+    @classmethod
+    def settings_text(cls, config: dict[str, Any]) -> str:
+        if config.get("tau") is None:
+            return ""
+        text = f" tau={config['tau']}"
+        if config.get("adaptive_tau"):
+            text += f" adaptive ({config.get('tau_interval')}, max {config.get('tau_max')})"
+        return text
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:

@@ -32,8 +32,11 @@ This module imports no torch at import time: config.py reads `PIPELINE_SCHEDULES
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from distrain.errors import ConfigError
+from distrain.strategies.activation_meter import ActivationMeter
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, all_finite
 
 if TYPE_CHECKING:
@@ -69,6 +72,60 @@ TIMELINE_STEPS = range(1, 4)  # which of an actor's steps (counted from 0) keep 
 def bubble_fraction(stages: int, microbatches: int) -> float:
     """The idle fraction of GPipe and 1F1B with equal stages: (S - 1) / (M + S - 1)."""
     return (stages - 1) / (microbatches + stages - 1)
+
+
+def in_flight_fraction(schedule: str, stages: int, microbatches: int, stage: int) -> float:
+    """The share of a replica's batch whose activations stage `stage` holds at once: GPipe runs every
+    forward before any backward (all M micro-batches); 1F1B at most S - stage of them."""
+    if schedule == "1f1b":
+        return min(microbatches, stages - stage) / microbatches
+    return 1.0
+
+
+@dataclass(frozen=True)
+class PipelineShape:
+    """A run's pipeline as the rest of distrain asks for it (the memory estimate, the placement, the
+    worker's stage, the checks): --pipeline-stages, --microbatches and --pipeline-schedule are read from
+    the config here, so no other module names them."""
+
+    stages: int  # S: actors per replica, one stage each
+    micro: int  # M: micro-batches each replica's batch is cut into
+    schedule: str  # one of PIPELINE_SCHEDULES
+
+    @classmethod
+    def of(cls, config: RunConfig) -> PipelineShape:
+        section = config.section("strategy")
+        return cls(section.pipeline_stages, section.microbatches, section.pipeline_schedule)
+
+    def in_flight(self, stage: int) -> float:
+        """The share of a replica's batch whose activations stage `stage` holds at once."""
+        return in_flight_fraction(self.schedule, self.stages, self.micro, stage)
+
+
+def check_pipeline_task(task: Any, config: RunConfig) -> None:
+    """--pipeline-stages S: the task's model is an nn.Sequential with at least S - 1 places to cut, without
+    tied weights, and the task has a `criterion` for the last stage to run (ConfigError otherwise)."""
+    from distrain.trainers.pipeline_split import plan_stages
+    from distrain.trainers.task import Task
+
+    if type(task).criterion is Task.criterion:
+        raise ConfigError(
+            f"--pipeline-stages needs the task to define forward() and criterion() (the last stage runs the "
+            f"criterion); {type(task).__name__} defines only loss()"
+        )
+    plan_stages(task.build_model(), task.split_points(), PipelineShape.of(config).stages)
+
+
+def stages_hint(stages: int) -> str:
+    """The memory refusal's suggestion (orchestrator/memory.py), in the flag's own words."""
+    return f"--pipeline-stages {stages} splits it so each stage fits"
+
+
+def with_stages(config: RunConfig, stages: int) -> RunConfig:
+    """`config` cut into `stages` stages (what the memory refusal suggests): its micro-batches kept where it
+    already was a pipeline, one otherwise."""
+    shape = PipelineShape.of(config)
+    return config.replace(pipeline_stages=stages, microbatches=shape.micro if shape.stages > 1 else 1)
 
 
 class _Timer:
@@ -107,38 +164,6 @@ def _install_wait_timer() -> None:
 
     timed._distrain_timed = True  # type: ignore[attr-defined]
     schedules._wait_batch_p2p = timed
-
-
-class _ActivationMeter:
-    """Bytes of tensors autograd saves for backward, live and at most, counted through
-    `saved_tensors_hooks` (parameters, which autograd also saves, excluded; views of one tensor count
-    once each, so this is an upper bound on what a caching allocator would hold)."""
-
-    def __init__(self, param_storage: int) -> None:
-        self.param_storage = param_storage
-        self.live = 0
-        self.peak = 0
-
-    def pack(self, t: torch.Tensor) -> Any:
-        if t.untyped_storage().data_ptr() == self.param_storage:
-            return t
-        return _Held(t, self)
-
-    @staticmethod
-    def unpack(held: Any) -> torch.Tensor:
-        return held.t if isinstance(held, _Held) else held
-
-
-class _Held:
-    __slots__ = ("t", "n", "meter")
-
-    def __init__(self, t: torch.Tensor, meter: _ActivationMeter) -> None:
-        self.t, self.n, self.meter = t, t.numel() * t.element_size(), meter
-        meter.live += self.n
-        meter.peak = max(meter.peak, meter.live)
-
-    def __del__(self) -> None:  # the graph that saved it is freed (after its backward)
-        self.meter.live -= self.n
 
 
 class _Captured(Exception):
@@ -298,7 +323,7 @@ class PipelineBSP(Strategy):
         self._mbs: list[Any] = []
         _install_wait_timer()
         self._time_stage_calls()
-        self.meter = _ActivationMeter(trainer.params_flat.untyped_storage().data_ptr())
+        self.meter = ActivationMeter(trainer.params_flat.untyped_storage().data_ptr())
 
     def _loss(self, output: Any, which: torch.Tensor) -> torch.Tensor:
         """The task's criterion on the last stage. The schedule hands the loss function one "target"

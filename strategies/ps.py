@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
-from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions
+from distrain.strategies.base import CommStats, PlanningSetting, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.network import Link
-from distrain.strategies.registry import STRATEGIES
+from distrain.strategies.strategy_lookup import STRATEGIES
 
 if TYPE_CHECKING:
     from distrain.compression import CodecSpec
@@ -141,6 +141,12 @@ class AsyncOptions(StrategyOptions):
 class OnArrival(PSStrategy):
     """async and ssp: the shards apply each gradient as it arrives (the bounded rule)."""
 
+    described_options = ("staleness_lr",)
+
+    @classmethod
+    def run_settings_text(cls, config: dict[str, Any]) -> str:
+        return " staleness-lr" if config.get("staleness_lr") else ""
+
     @classmethod
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
         # What the shards' rule did, for summary.json (config.yaml holds the option; ssp --staleness 0 applies none).
@@ -184,6 +190,8 @@ class SSPOptions(StrategyOptions):
 class SSP(OnArrival):
     name = "ssp"
     Options = SSPOptions
+    described_options = ("staleness", "staleness_lr")
+    planning = (PlanningSetting("staleness", "bound", DEFAULT_STALENESS),)
     # Under --workers MIN..MAX the units are shared (whoever asks; a slot may be empty) and the shards
     # measure the bound among the members' clocks (`ParameterShard.set_members`).
     elastic = True
@@ -192,3 +200,12 @@ class SSP(OnArrival):
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
         options = config.options_of(cls.name)
         return ConsistencyRule.ssp(options.staleness, options.staleness_lr)
+
+    @classmethod
+    def settings_text(cls, config: dict[str, Any]) -> str:
+        return f" s={config['staleness']}" if config.get("staleness") is not None else ""
+
+    @classmethod
+    def run_settings_text(cls, config: dict[str, Any]) -> str:
+        # SSP(0) is BSP: it divides by no staleness, whatever the option says
+        return super().run_settings_text(config) if config.get("staleness") != 0 else ""

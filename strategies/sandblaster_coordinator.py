@@ -9,9 +9,10 @@ It never holds a vector: the shards hold θ, the accumulators and the L-BFGS his
 A pass is either a gradient pass (summed loss and gradient at θ) or a loss pass (summed loss at a line
 search's trial point). Its P = --tasks-per-pass portions go to workers as they ask (fast workers take
 more); with --backup-tasks, once none is left to hand out, an idle worker gets a copy of an outstanding
-portion (MapReduce's rule, as in orchestrator/backup_tasks.py). A worker reported lost (`worker_lost`)
-gives its outstanding portions back to the front of the queue. The shards count each portion once,
-whichever copy arrives first; the pass closes when every portion has been taken by every shard.
+portion, and a worker reported lost (`worker_lost`) gives its outstanding portions back to the front of the
+queue: the pass's `PortionQueue` (strategies/portion_queue.py, shared with the backup tasks' scheduler).
+The shards count each portion once, whichever copy arrives first; the pass closes when every portion has
+been taken by every shard.
 
 One outer iteration (= one global step of the run):
 - gd: a gradient pass, then θ ← θ − η·g.
@@ -24,14 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from distrain.strategies.lbfgs import Armijo, direction_coefficients, keep_pair
+from distrain.strategies.portion_queue import PortionQueue
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,7 @@ class SandblasterCoordinator:
     def _open(self, kind: str) -> None:
         """Hand out the portions of a new pass (the shards have already opened it)."""
         self.kind = kind
-        self.unassigned: deque[int] = deque(range(self.portions))
-        self.running: dict[int, list[tuple[int, float]]] = {}  # portion -> [(worker, start time)]
-        self.done: set[int] = set()
+        self.queue = PortionQueue(self.portions)
         self.closing = False
 
     async def start(self) -> None:
@@ -134,21 +132,11 @@ class SandblasterCoordinator:
     def _next_for(self, worker: int) -> PortionTask | None:
         if self.closing:
             return None
-        if self.unassigned:
-            return self._assign(worker, self.unassigned.popleft(), copy=False)
-        if self.backup_tasks and worker not in self.slow:
-            candidates = [
-                (holders[0][0] not in self.slow, holders[0][1], portion)
-                for portion, holders in self.running.items()
-                if len(holders) == 1 and holders[0][0] != worker
-            ]
-            if candidates:
-                self.it["reissued"] += 1
-                return self._assign(worker, min(candidates)[2], copy=True)
-        return None
-
-    def _assign(self, worker: int, portion: int, copy: bool) -> PortionTask:
-        self.running.setdefault(portion, []).append((worker, time.monotonic()))
+        taken = self.queue.next_for(worker, self.slow, copies=self.backup_tasks)
+        if taken is None:
+            return None
+        portion, copy = taken
+        self.it["reissued"] += copy
         self.totals["portions_issued"] += 1
         return PortionTask(self.pass_id, self.kind, portion, self.portions, self.iteration, copy)
 
@@ -172,30 +160,18 @@ class SandblasterCoordinator:
     async def complete(self, pass_id: int, portion: int, copy: bool, counted: bool) -> None:
         """Portion `portion` of pass `pass_id` is in every shard (`counted`: this copy was the one kept)."""
         async with self.changed:
-            if pass_id != self.pass_id or portion in self.done:
-                return  # a copy whose twin was first, or a pass already closed
-            self.done.add(portion)
-            self.running.pop(portion, None)
+            if pass_id != self.pass_id or not self.queue.complete(portion):
+                return  # a pass already closed, or a copy whose twin was first
             if counted and copy:
                 self.it["backups_used"] += 1
-            if len(self.done) == self.portions and not self.closing:
+            if self.queue.all_done and not self.closing:
                 self.closing = True
                 self._background(self._close())
 
     async def worker_lost(self, worker: int) -> int:
         """Give `worker`'s outstanding portions back (front of the queue); returns how many."""
         async with self.changed:
-            back = 0
-            for portion, holders in list(self.running.items()):
-                rest = [h for h in holders if h[0] != worker]
-                if len(rest) == len(holders):
-                    continue
-                if rest:
-                    self.running[portion] = rest
-                else:
-                    del self.running[portion]
-                    self.unassigned.appendleft(portion)
-                    back += 1
+            back = self.queue.worker_lost(worker)
             self.it["reissued"] += back
             self.changed.notify_all()
             return back

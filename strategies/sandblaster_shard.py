@@ -1,6 +1,6 @@
 """The parameter-server shard under Sandblaster: a `ParameterShard` that also holds its `ShardState`.
 
-orchestrator/ps.py starts this class for the "sandblaster" rule. It keeps the standard shard's θ (the
+orchestrator/shard_group.py starts this class for the "sandblaster" rule. It keeps the standard shard's θ (the
 float32 slice that `pull`, `snapshot` and checkpoints read) equal to the float64 master copy in the
 `ShardState` after every move, so evaluation, checkpoints and phase logic need nothing new. Workers call
 `sb_point` (θ of a pass) and `sb_add` (a portion's sums); the coordinator calls `sb_call` (one
@@ -51,7 +51,7 @@ class SandblasterShard(ParameterShard):
         optimizer_state: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(shard_id, num_workers, rule, optimizer, theta, optimizer_state)
-        self.sb = ShardState(theta, rule.history, optimizer.weight_decay or 0.0)
+        self.sb = ShardState(theta, rule.lbfgs_memory, optimizer.weight_decay or 0.0)
 
     async def sb_point(self, pass_id: int) -> np.ndarray | None:
         """θ (or the trial point) of pass `pass_id`, float32; None once that pass is closed."""

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from distrain.errors import ConfigError
-from distrain.registry import Registry
+from distrain.name_registry import Registry
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from distrain.registry import Registry
+from distrain.name_registry import Registry
 from distrain.trainers.datasets import DatasetInfo
 
 MODELS: Registry[Callable[[DatasetInfo], nn.Module]] = Registry("model")

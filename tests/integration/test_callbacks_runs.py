@@ -1,6 +1,6 @@
 """distrain.Callback: hooks into a run, a stop request that ends it cleanly, the TensorBoard writer (its
 event files read back). A Tune sweep of a user task ranked by the task's own target metric (Tune's
-reporter is a callback) is in tests/test_user_task_acceptance.py."""
+reporter is a callback) is in tests/integration/test_user_task_acceptance.py."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ node is removed without warning and the run shrinks back to MIN. Checked from th
 the shards' books: every (epoch, step, slice) unit exactly once, rounds (versions) only moving
 forward, each round made of the gradients of that round's members (1, then 3, then 1 again), joiners
 entering at a round boundary with the live shards' parameters. The same with backup workers (k-of-n,
-k = members - b). The round logic without Ray: tests/test_elastic_rounds.py."""
+k = members - b). The round logic without Ray: tests/unit/test_elastic_rounds.py."""
 
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ import pytest
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, ResourceError
-from distrain.orchestrator.report_plots import PlotRun, plot_pipeline_timeline
 from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
+from distrain.reporting.plots import PlotRun, plot_pipeline_timeline
 from distrain.strategies.pipeline import bubble_fraction
 from tests.helpers import final_params
 

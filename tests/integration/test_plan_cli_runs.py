@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from distrain.cli import app
 from distrain.config import RunConfig
-from distrain.orchestrator import auto_strategy, planner
+from distrain.planning import auto_strategy, planner
 from tests.unit.test_cli_errors import no_ray  # noqa: F401 - the fixture: fail if Ray would start
 
 runner = CliRunner()
@@ -75,8 +75,8 @@ def test_fit_strategy_auto_calibrates_chooses_and_records_like_the_cli(tmp_path,
     """distrain.fit(strategy="auto") goes through auto_strategy.make_concrete, as `distrain run` does: a
     real (short) calibration, a concrete strategy run, and the choice recorded in all three places."""
     import distrain
-    from distrain.orchestrator.report import Run
-    from distrain.orchestrator.report_prediction import prediction_rows
+    from distrain.reporting.prediction import prediction_rows
+    from distrain.reporting.report import Run
 
     result = distrain.fit(strategy="auto", model="mlp", workers=2, max_steps=16, eval_every=0,
                           checkpoint_every=0, run_dir=str(tmp_path / "run"), progress=False)  # fmt: skip

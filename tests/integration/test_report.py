@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from distrain.cli import app
 from distrain.config import RunConfig
-from distrain.orchestrator import report as report_module
-from distrain.orchestrator.report import COLUMNS, load_runs, plot_runs
-from distrain.orchestrator.report_plots import (
+from distrain.orchestrator.run import run_training
+from distrain.reporting import report as report_module
+from distrain.reporting.plots import (
     plot_accuracy,
     plot_bytes,
     plot_loss,
@@ -28,7 +28,7 @@ from distrain.orchestrator.report_plots import (
     plot_throughput,
     plot_time_split,
 )
-from distrain.orchestrator.run import run_training
+from distrain.reporting.report import COLUMNS, load_runs, plot_runs
 from distrain.units import size_text
 
 runner = CliRunner()

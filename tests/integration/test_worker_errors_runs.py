@@ -2,7 +2,7 @@
 
 Issue 13: a truncated MNIST file used to be found only inside the worker actors' constructors, taken
 for a dead worker, and retried (forever with --max-failures -1). The driver's preflight finds such
-files now (tests/test_datasets_files.py); these tests switch that check off to reach the workers'
+files now (tests/unit/test_datasets_files.py); these tests switch that check off to reach the workers'
 own handling, which still matters when the files differ between the driver's node and a worker's.
 """
 

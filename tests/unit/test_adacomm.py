@@ -8,7 +8,7 @@ import pytest
 
 from distrain.errors import ConfigError
 from distrain.strategies.adacomm import AdaComm, TauInterval, adacomm_tau
-from distrain.strategies.phases import Phase, parse_schedule
+from distrain.strategies.strategy_schedule import Phase, parse_schedule
 
 
 def test_tau_follows_the_square_root_of_the_loss_ratio():

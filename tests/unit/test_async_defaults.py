@@ -20,7 +20,7 @@ from distrain.cli import app
 from distrain.config import RunConfig
 from distrain.errors import ConfigError
 from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
-from distrain.strategies.registry import strategy_class
+from distrain.strategies.strategy_lookup import strategy_class
 
 
 def shard_rule(**kw) -> ConsistencyRule:

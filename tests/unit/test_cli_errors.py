@@ -427,7 +427,7 @@ class SweepStarts(Exception):
 
 @pytest.fixture
 def sweep_starts(monkeypatch):
-    from distrain.orchestrator import tune
+    from distrain.tuning import tune
 
     def start(*args, **kwargs):
         raise SweepStarts()

@@ -140,8 +140,8 @@ def test_run_help_for_a_task_lists_its_constructor_arguments():
 
 
 def test_model_and_dataset_help_list_the_catalog():
-    """--help names every built-in model and data set (trainers/catalog.py), `--model linear` included."""
-    from distrain.trainers.catalog import DATASET_READS_FILES, MODEL_NAMES
+    """--help names every built-in model and data set (trainers/builtin_names.py), `--model linear` included."""
+    from distrain.trainers.builtin_names import DATASET_READS_FILES, MODEL_NAMES
 
     text = flat(help_text("run"))
     model = re.search(r"--model <str> (.*?)\[default", text).group(1)

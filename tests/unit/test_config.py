@@ -359,7 +359,7 @@ def test_flag_errors_need_neither_torch_nor_ray():
 
 def test_static_name_lists_match_the_registries_and_torch():
     from distrain.config import OPTIMIZER_NAMES, REFUSED_OPTIMIZER_NAMES
-    from distrain.trainers.catalog import DATASET_READS_FILES, MODEL_NAMES
+    from distrain.trainers.builtin_names import DATASET_READS_FILES, MODEL_NAMES
     from distrain.trainers.datasets import DATASETS
     from distrain.trainers.models import MODELS
     from distrain.trainers.optim_state import OPTIMIZERS, REFUSED, _torch_optimizers

@@ -1,7 +1,7 @@
 """Elastic BSP over the parameter server without Ray (issue 18): a round closes on the pushes of its
 members (not a fixed N), a rank enters at a round boundary, a leaver's gradient of the open round is
 taken out, k = members - b under backup workers, and the rate follows the round's global batch under
---lr-scaling. The runs themselves: tests/test_elastic_bsp.py."""
+--lr-scaling. The runs themselves: tests/integration/test_elastic_bsp.py."""
 
 from __future__ import annotations
 

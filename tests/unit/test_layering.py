@@ -1,5 +1,5 @@
-"""The package's layering: cli -> api -> orchestrator (and config) -> strategies -> compression -> trainers ->
-foundation.
+"""The package's layering: cli -> api -> tuning -> reporting -> planning -> orchestrator (and config) ->
+strategies -> compression -> trainers -> foundation.
 
 A module may import its own layer and the layers below it, never one above, anywhere in the module
 (function-level imports included; `if TYPE_CHECKING:` blocks, which never run, excepted). So a strategy
@@ -15,11 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = [
     ("cli", {"cli", "sweep_display", "run_progress"}),
     ("api", {"api"}),
+    ("tuning", {"tuning"}),
+    ("reporting", {"reporting"}),
+    ("planning", {"planning"}),
     ("orchestrator", {"orchestrator", "config"}),
     ("strategies", {"strategies"}),
     ("compression", {"compression"}),
     ("trainers", {"trainers"}),
-    ("foundation", {"errors", "registry", "plugins", "fields"}),
+    ("foundation", {"errors", "name_registry", "plugins", "fields"}),
 ]
 RANK = {top: rank for rank, (_, tops) in enumerate(LAYERS) for top in tops}
 

@@ -1,5 +1,5 @@
 """Elastic membership's books without Ray (issue 18): the dispatcher's members, who may leave, the
-display's lines. The runs themselves: tests/test_elastic.py."""
+display's lines. The runs themselves: tests/integration/test_elastic.py."""
 
 from __future__ import annotations
 

@@ -109,7 +109,7 @@ def test_the_timeline_plot_draws_each_stages_spans_and_is_absent_without_them():
 
     import pandas as pd
 
-    from distrain.orchestrator.report_plots import PlotRun, plot_pipeline_timeline
+    from distrain.reporting.plots import PlotRun, plot_pipeline_timeline
 
     # Two stages, M = 2, GPipe: stage 1 starts after stage 0's first forward.
     spans = {

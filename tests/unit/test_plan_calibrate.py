@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from distrain.orchestrator.plan_calibrate import round_spread, steady_figures_of
-from distrain.orchestrator.planner import expected_max
+from distrain.planning.calibrate import round_spread, steady_figures_of
+from distrain.planning.planner import expected_max
 
 
 def _rows(compute: dict[int, list[float]], comm: dict[tuple[int, int], float] | None = None) -> pd.DataFrame:
@@ -47,7 +47,7 @@ def test_round_spread_ignores_a_burst_that_slows_every_worker_at_once():
 
 
 def test_a_stretch_within_the_single_workers_noise_is_no_contention():
-    from distrain.orchestrator.plan_calibrate import contention_slope
+    from distrain.planning.calibrate import contention_slope
 
     assert contention_slope(1.05, [0.010, 0.0104, 0.0098]) == (0.0, pytest.approx(0.06))  # 6% noise: none
     assert contention_slope(1.5, [0.010, 0.0104, 0.0098])[0] == pytest.approx(0.5)  # well past it: measured

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from distrain.cli import app
 from distrain.config import RunConfig
 from distrain.errors import ConfigError
-from distrain.orchestrator import auto_strategy, planner
+from distrain.planning import auto_strategy, planner
 from distrain.units import parse_duration, parse_flops, parse_worker_counts
 from tests.unit.test_cli_errors import no_ray  # noqa: F401 - the fixture: fail if Ray would start
 
@@ -172,8 +172,8 @@ def test_run_strategy_auto_runs_the_concrete_choice(tmp_path, monkeypatch):
 
 
 def test_report_sets_the_prediction_against_the_measured_steady_step(tmp_path):
-    from distrain.orchestrator.report import Run
-    from distrain.orchestrator.report_prediction import prediction_rows, prediction_section
+    from distrain.reporting.prediction import prediction_rows, prediction_section
+    from distrain.reporting.report import Run
 
     # two workers, 20 steps each, 10 ms apart after a slow first step: the steady step is 10 ms
     rows = [

@@ -11,9 +11,9 @@ import torch
 
 from distrain.compression import parse_codec
 from distrain.config import RunConfig
-from distrain.orchestrator import planner
-from distrain.orchestrator.plan_calibrate import traffic_figures
 from distrain.orchestrator.run_checks import check_runnable
+from distrain.planning import planner
+from distrain.planning.calibrate import traffic_figures
 from distrain.strategies import compressed_collective
 from distrain.strategies.compressed_collective import CompressedAllReduce
 from distrain.strategies.partition import partition

@@ -1,4 +1,4 @@
-"""The planner's analytic model (orchestrator/planner.py): its identities, checked against direct counts
+"""The planner's analytic model (planning/planner.py): its identities, checked against direct counts
 and real tensors; the straggler order statistics against simulation; the recommendation's rules."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from distrain.config import RunConfig
-from distrain.orchestrator import memory, planner
-from distrain.orchestrator.planner import Calibration, Hardware
+from distrain.orchestrator import memory
+from distrain.planning import planner
+from distrain.planning.planner import Calibration, Hardware
 
 
 def _cal(**changes) -> Calibration:

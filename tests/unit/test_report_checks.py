@@ -75,7 +75,7 @@ def report(two_runs, tmp_path_factory):
 
 
 def test_strategy_text_names_each_strategy_with_its_settings():
-    from distrain.orchestrator.report import strategy_text
+    from distrain.reporting.report import strategy_text
 
     def text(**kw):
         return strategy_text(RunConfig(**kw).to_dict())
@@ -95,7 +95,7 @@ def test_strategy_text_names_each_strategy_with_its_settings():
 
 
 def test_distinct_dirs_keeps_the_first_spelling_of_each_directory(tmp_path):
-    from distrain.orchestrator.report import distinct_dirs
+    from distrain.reporting.report import distinct_dirs
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

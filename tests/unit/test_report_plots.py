@@ -2,7 +2,7 @@
 metrics.parquet as a run writes them, with made-up figures): no Ray, seconds. What a reader sees: the
 time axes start at each run's first step, log loss axes read 0.2 / 1 / 2, legends name no output-only
 setting and cover no bar, and a full-batch (Sandblaster) run is reported with its passes plot.
-tests/test_report.py runs the same code on real runs."""
+tests/integration/test_report.py runs the same code on real runs."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
-from distrain.orchestrator.report import load_runs, plot_runs, render
-from distrain.orchestrator.report_plots import (
+from distrain.reporting.plots import (
     PLOTS,
     plot_accuracy,
     plot_bytes,
@@ -27,6 +26,7 @@ from distrain.orchestrator.report_plots import (
     plot_throughput,
     plot_time_split,
 )
+from distrain.reporting.report import load_runs, plot_runs, render
 
 WORKERS = 2
 
@@ -162,7 +162,7 @@ def test_legends_cover_no_bar(runs, plot, tmp_path):
 
 
 def test_the_smoothing_window_is_not_set_by_a_full_batch_run_s_few_iterations(tmp_path, runs):
-    from distrain.orchestrator.report_plots import smoothing_window
+    from distrain.reporting.plots import smoothing_window
 
     plotted = plot_runs(load_runs(runs))
     sand = recorded_run(tmp_path, "sand", 10.0, ps=True, full_batch=True, steps=5, strategy="sandblaster",

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from distrain.flag_table import run_options
-from distrain.orchestrator import plan_run, report
 from distrain.orchestrator.files import timestamped
+from distrain.planning import command as plan_run
+from distrain.reporting import report
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from distrain.orchestrator.backup_tasks import PortionScheduler
+from distrain.orchestrator.portion_scheduler import PortionScheduler
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
 

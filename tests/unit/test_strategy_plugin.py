@@ -65,7 +65,7 @@ def test_the_plugin_s_options_nest_in_config_yaml_and_load_back(plugin, tmp_path
 
 
 def test_tune_sweeps_a_plugin_s_option_for_the_trials_that_run_it(plugin, tmp_path, monkeypatch):
-    from distrain.orchestrator.sweep_spec import VARIANTS, Choice, SweepSpec, parse_param, plugin_strategies
+    from distrain.tuning.sweep_spec import VARIANTS, Choice, SweepSpec, parse_param, plugin_strategies
 
     monkeypatch.chdir(Path(plugin.rpartition(":")[0]).parent)
     strategies = plugin_strategies(Choice(("easgd.py:EASGD", "bsp")))  # relative: made absolute for the trials

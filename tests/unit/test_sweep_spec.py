@@ -9,7 +9,8 @@ import pytest
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, ResourceError
-from distrain.orchestrator.sweep_spec import (
+from distrain.orchestrator.trial_resources import trial_bundles, trial_cpus
+from distrain.tuning.sweep_spec import (
     VARIANTS,
     Choice,
     Range,
@@ -20,7 +21,6 @@ from distrain.orchestrator.sweep_spec import (
     sort_by_objective,
     trial_config,
 )
-from distrain.orchestrator.trial_resources import trial_bundles, trial_cpus
 
 
 def base(**kw) -> dict:
@@ -204,7 +204,7 @@ def _tune_spec(monkeypatch, tmp_path, *args: str) -> SweepSpec:
     def run_sweep(spec, *rest, **kwargs):
         raise _SweepStarted(spec)
 
-    monkeypatch.setitem(sys.modules, "distrain.orchestrator.tune", types.SimpleNamespace(run_sweep=run_sweep))
+    monkeypatch.setitem(sys.modules, "distrain.tuning.tune", types.SimpleNamespace(run_sweep=run_sweep))
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["tune", "--model", "mlp", "--epochs", "1", *args])
     assert isinstance(result.exception, _SweepStarted), result.output

@@ -197,7 +197,7 @@ def test_a_config_yaml_of_a_shipped_object_is_refused_in_one_line(tmp_path):
 
 
 # The README's own task file, and its fit-then-resume snippet, are run for real in
-# tests/test_user_task_acceptance.py (test_readme_fit_then_resume_trains_the_same_task).
+# tests/integration/test_user_task_acceptance.py (test_readme_fit_then_resume_trains_the_same_task).
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 

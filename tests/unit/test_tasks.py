@@ -1,7 +1,7 @@
 """The task contract (`distrain.Task`), import paths for users' code, and their one-line errors.
 
 Unit tests: no Ray. The runs of a user task through the CLI and `distrain.fit` are in
-tests/test_user_task_acceptance.py.
+tests/integration/test_user_task_acceptance.py.
 """
 
 from __future__ import annotations

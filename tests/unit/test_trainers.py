@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from distrain.errors import ConfigError
-from distrain.registry import Registry
+from distrain.name_registry import Registry
 from distrain.strategies import STRATEGIES
 from distrain.trainers.datasets import DATASETS, DatasetInfo, load_dataset
 from distrain.trainers.local_trainer import LocalTrainer

@@ -1,4 +1,4 @@
-"""What `distrain tune` drops of Ray Tune's log on Ctrl-C (orchestrator/tune.py), without Ray running."""
+"""What `distrain tune` drops of Ray Tune's log on Ctrl-C (tuning/tune.py), without Ray running."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from distrain.orchestrator.tune import _quiet_interrupt_notices
+from distrain.tuning.tune import _quiet_interrupt_notices
 
 STOP = "Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run. ..."
 NO_METRICS = "Failed to fetch metrics for 1 trial(s):\n- DistrainTrial_c2cb5_00001: FileNotFoundError(...)"

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from distrain.strategies.base import ColumnPlot
+from distrain.strategies.step_columns import STEP_COLUMN_FAMILIES
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -327,41 +330,63 @@ def plot_step_times(runs: Sequence[PlotRun]) -> Figure | None:
     return fig
 
 
-def plot_staleness(runs: Sequence[PlotRun]) -> Figure | None:
-    data = [(run, run.steps("staleness")) for run in runs]
-    data = [(run, st) for run, st in data if not st.empty]
-    if not data:
-        return None
-    values = [st["staleness"].astype(int).to_numpy() for _, st in data]
-    fig, ax = _figure("Staleness of applied gradients", "staleness (versions between read and apply)", "share of steps")
-    ax.hist(
-        values,
-        bins=[b - 0.5 for b in range(max(v.max() for v in values) + 2)],
-        weights=[[1 / len(v)] * len(v) for v in values],
-        color=[run.color for run, _ in data],
-        label=[run.legend for run, _ in data],
-    )
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    _legend_below(fig, ax.get_legend_handles_labels()[0])
-    return fig
+def histogram_plot(spec: ColumnPlot) -> Callable[[Sequence[PlotRun]], Figure | None]:
+    """A declared "histogram" plot: each run's share of steps per integer value of `spec.column`."""
+
+    def draw(runs: Sequence[PlotRun]) -> Figure | None:
+        data = [(run, run.steps(spec.column)) for run in runs]
+        data = [(run, st) for run, st in data if not st.empty]
+        if not data:
+            return None
+        values = [st[spec.column].astype(int).to_numpy() for _, st in data]
+        fig, ax = _figure(spec.title, spec.axis_label, "share of steps")
+        ax.hist(
+            values,
+            bins=[b - 0.5 for b in range(max(v.max() for v in values) + 2)],
+            weights=[[1 / len(v)] * len(v) for v in values],
+            color=[run.color for run, _ in data],
+            label=[run.legend for run, _ in data],
+        )
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        _legend_below(fig, ax.get_legend_handles_labels()[0])
+        return fig
+
+    return draw
 
 
-def plot_tau(runs: Sequence[PlotRun]) -> Figure | None:
-    """τ over time, only when some run's τ changed (a constant τ is in the legend already)."""
-    data = [(run, run.steps("tau")) for run in runs]
-    data = [(run, st) for run, st in data if not st.empty]
-    if not any(st["tau"].nunique() > 1 for _, st in data):
-        return None
-    fig, ax = _figure("Local steps between averaging (tau), as AdaComm chose them", WALL, "tau")
-    for run, st in data:
-        for i, seg in enumerate(_segments(run, st)):
-            ax.step(seg["wall_time"], seg["tau"], where="post", color=run.color, label=run.legend if i == 0 else None)
-            changed = seg[seg["tau"].ne(seg["tau"].shift())]
-            ax.plot(changed["wall_time"], changed["tau"], "o", ms=4, color=run.color)
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.set_ylim(bottom=0)
-    _mark_events(ax, [run for run, _ in data])  # only the runs this plot draws
-    return fig
+def over_time_plot(spec: ColumnPlot) -> Callable[[Sequence[PlotRun]], Figure | None]:
+    """A declared "over_time" plot: `spec.column` over wall time, only when some run's value changed (a
+    constant one is in the legend already)."""
+    column = spec.column
+
+    def draw(runs: Sequence[PlotRun]) -> Figure | None:
+        data = [(run, run.steps(column)) for run in runs]
+        data = [(run, st) for run, st in data if not st.empty]
+        if not any(st[column].nunique() > 1 for _, st in data):
+            return None
+        fig, ax = _figure(spec.title, WALL, spec.axis_label)
+        for run, st in data:
+            for i, seg in enumerate(_segments(run, st)):
+                label = run.legend if i == 0 else None
+                ax.step(seg["wall_time"], seg[column], where="post", color=run.color, label=label)
+                changed = seg[seg[column].ne(seg[column].shift())]
+                ax.plot(changed["wall_time"], changed[column], "o", ms=4, color=run.color)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.set_ylim(bottom=0)
+        _mark_events(ax, [run for run, _ in data])  # only the runs this plot draws
+        return fig
+
+    return draw
+
+
+COLUMN_PLOT_KINDS = {"histogram": histogram_plot, "over_time": over_time_plot}
+
+
+def column_plot(spec: ColumnPlot) -> Callable[[Sequence[PlotRun]], Figure | None]:
+    """The drawing function of a plot a strategy column family declares (strategies/step_columns.py)."""
+    draw = COLUMN_PLOT_KINDS[spec.kind](spec)
+    draw.__name__ = draw.__qualname__ = f"plot_{spec.column}"
+    return draw
 
 
 def bytes_per_worker(run: PlotRun) -> pd.DataFrame:
@@ -496,6 +521,13 @@ class Plot:
     caption: str
 
 
+DECLARED_PLOTS: dict[str, Plot] = {
+    spec.file: Plot(column_plot(spec), spec.caption) for family in STEP_COLUMN_FAMILIES for spec in family.plots
+}
+# Two of them under the names earlier versions exported them by (tests and notebooks call these).
+plot_staleness = DECLARED_PLOTS["staleness_hist.png"].draw
+plot_tau = DECLARED_PLOTS["tau_over_time.png"].draw
+
 PLOTS: dict[str, Plot] = {
     "accuracy_vs_time.png": Plot(plot_accuracy, "Test accuracy at each evaluation against wall time."),
     "accuracy_vs_progress.png": Plot(
@@ -528,10 +560,8 @@ PLOTS: dict[str, Plot] = {
     "step_time_per_worker.png": Plot(
         plot_step_times, "Distribution of compute + communication time per step, per worker."
     ),
-    "staleness_hist.png": Plot(plot_staleness, "Staleness of applied gradients (parameter-server strategies)."),
-    "tau_over_time.png": Plot(
-        plot_tau, "tau (local steps between averages) over wall time, for runs whose tau changed."
-    ),
+    # the plots the strategies' column families declare (the parameter server's staleness, local SGD's τ)
+    **DECLARED_PLOTS,
     "pipeline_timeline.png": Plot(
         plot_pipeline_timeline,
         "A pipeline's stages (replica 0) over a few steps: each micro-batch's forward (F) and backward (B); gaps "

@@ -40,9 +40,9 @@ from distrain.orchestrator import address, cluster, interrupts
 from distrain.orchestrator.callbacks import Callback, RunInfo
 from distrain.orchestrator.files import atomic_write, atomic_write_text
 from distrain.orchestrator.remote_errors import strip_ansi
-from distrain.orchestrator.sweep_spec import Choice, Range, SweepSpec, flatten, sort_by_objective, trial_config
 from distrain.orchestrator.trial_resources import trial_bundles, trial_cpus, trial_gpus
 from distrain.trainers.schedule import scaled_lr
+from distrain.tuning.sweep_spec import Choice, Range, SweepSpec, flatten, sort_by_objective, trial_config
 
 FALLBACK_TARGET = Target("test_loss", "<=", 0.0)  # a user task with neither --target nor a default_target
 CONFIG_COLUMNS = ("batch_size", "lr_scaling", "warmup_epochs", "lr", "workers", "strategy")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from distrain.errors import ConfigError
+from distrain.name_registry import Registry
 from distrain.plugins import is_import_path, load_object
-from distrain.registry import Registry
 
 if TYPE_CHECKING:
     from distrain.strategies.base import Strategy

@@ -27,7 +27,7 @@ from distrain.errors import ConfigError, ResourceError
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.trial_resources import trial_cpus, trial_gpus
 from distrain.strategies import STRATEGIES
-from distrain.strategies.registry import strategy_class
+from distrain.strategies.strategy_lookup import strategy_class
 from distrain.units import parse_worker_counts
 
 SEARCHES = ("grid", "random")

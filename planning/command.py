@@ -18,9 +18,10 @@ import pandas as pd
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError
-from distrain.orchestrator import memory, planner
+from distrain.orchestrator import memory
 from distrain.orchestrator.files import atomic_write_text, fresh_dir
-from distrain.orchestrator.planner import Calibration, Hardware, Prediction, Recommendation
+from distrain.planning import planner
+from distrain.planning.planner import Calibration, Hardware, Prediction, Recommendation
 
 PLAN_FILE = "plan.json"
 
@@ -61,13 +62,13 @@ def make_plan(
 ) -> PlanResult:
     out.mkdir(parents=True, exist_ok=True)
     if calibration is None:
-        from distrain.orchestrator.plan_calibrate import calibrate
+        from distrain.planning.calibrate import calibrate
 
         calibration = calibrate(config, out, steps=steps, repeats=repeats)
     else:  # this machine's figures as measured then; the traffic of this plan's --compress and emulated link
         from dataclasses import replace
 
-        from distrain.orchestrator.plan_calibrate import traffic_figures
+        from distrain.planning.calibrate import traffic_figures
 
         calibration = replace(calibration, **traffic_figures(config, calibration.num_params))
     available = memory.local_available() if not config.address else None

@@ -4,11 +4,10 @@ Hosted as a Ray async actor, called by the workers of a `--backup-tasks` run (se
 `strategies/backup_tasks.py`). Rounds are global steps; the round open here is the one whose
 portions are handed out. A worker's request also reports the portion it just pushed.
 
-Speculation rule (MapReduce's "near the end of a phase"): once every portion of the open round has
-been handed out, a worker that asks for work gets a copy of an outstanding portion it does not hold
-that has no copy yet: first those held by workers flagged slow by the straggler detector, then the
-longest-running. Workers flagged slow never receive copies. A worker with nothing to take waits for
-the round to close. The first copy pushed is the one the shards keep; the rest are dropped there.
+Which portion goes to whom, copies included, is the round's `PortionQueue` (strategies/portion_queue.py,
+shared with Sandblaster's coordinator): MapReduce's rule, with the straggler detector's verdict as the
+slow set. A worker with nothing to take waits for the round to close. The first copy pushed is the one the
+shards keep; the rest are dropped there.
 A worker that left an elastic run (`worker_lost`) gives the portions only it held back to the front
 of the queue, to whoever is a member.
 """
@@ -16,12 +15,12 @@ of the queue, to whoever is a member.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+
+from distrain.strategies.portion_queue import PortionQueue
 
 
 @dataclass(frozen=True)
@@ -49,9 +48,7 @@ class PortionScheduler:
         self._open_round()
 
     def _open_round(self) -> None:
-        self.unassigned: deque[int] = deque(range(self.portions))
-        self.running: dict[int, list[tuple[int, float]]] = {}  # portion -> [(worker, start time)]
-        self.done: set[int] = set()
+        self.queue = PortionQueue(self.portions)
 
     async def acquire(
         self, worker: int, finished: tuple[int, int, list[Any]] | None, last_epoch: int, last_step: int
@@ -70,33 +67,18 @@ class PortionScheduler:
             task.add_done_callback(self.completions.discard)
         async with self.changed:
             while self.round < upto:
-                if self.unassigned:
-                    return self._assign(worker, self.unassigned.popleft(), copy=False)
-                portion = self._copy_for(worker)
-                if portion is not None:
-                    self.copies_issued += 1
-                    return self._assign(worker, portion, copy=True)
+                taken = self.queue.next_for(worker, self.slow)
+                if taken is not None:
+                    portion, copy = taken
+                    self.copies_issued += copy
+                    self.portions_issued += 1
+                    epoch, step = divmod(self.round, self.steps_per_epoch)
+                    return Assignment(epoch, step, portion, self._tag(), copy)
                 await self.changed.wait()
             return None
 
-    def _assign(self, worker: int, portion: int, copy: bool) -> Assignment:
-        self.running.setdefault(portion, []).append((worker, time.monotonic()))
-        self.portions_issued += 1
-        epoch, step = divmod(self.round, self.steps_per_epoch)
-        return Assignment(epoch, step, portion, self._tag(), copy)
-
     def _tag(self) -> int:
         return self.round - self.start_step + self.first_tag
-
-    def _copy_for(self, worker: int) -> int | None:
-        if worker in self.slow:
-            return None
-        candidates = [
-            (holders[0][0] not in self.slow, holders[0][1], portion)
-            for portion, holders in self.running.items()
-            if len(holders) == 1 and holders[0][0] != worker
-        ]
-        return min(candidates)[2] if candidates else None
 
     async def _complete_when_pushed(self, tag: int, portion: int, pushes: list[Any]) -> None:
         try:
@@ -109,11 +91,9 @@ class PortionScheduler:
             self._complete(tag, portion)
 
     def _complete(self, tag: int, portion: int) -> None:
-        if tag != self._tag() or portion in self.done:
-            return  # a copy of a portion already done, or a round already closed
-        self.done.add(portion)
-        self.running.pop(portion, None)
-        if len(self.done) == self.portions:
+        if tag != self._tag() or not self.queue.complete(portion):
+            return  # a round already closed, or a copy of a portion already done
+        if self.queue.all_done:
             self.round += 1
             self._open_round()
         self.changed.notify_all()
@@ -121,17 +101,7 @@ class PortionScheduler:
     async def worker_lost(self, worker: int) -> int:
         """`worker` left: the portions only it held go back to the front of the queue; returns how many."""
         async with self.changed:
-            back = 0
-            for portion, holders in list(self.running.items()):
-                rest = [h for h in holders if h[0] != worker]
-                if len(rest) == len(holders):
-                    continue
-                if rest:
-                    self.running[portion] = rest
-                else:
-                    del self.running[portion]
-                    self.unassigned.appendleft(portion)
-                    back += 1
+            back = self.queue.worker_lost(worker)
             self.reissued += back
             self.changed.notify_all()
             return back

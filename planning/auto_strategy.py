@@ -1,6 +1,6 @@
 """`distrain run --strategy auto`: the plan's recommendation, made concrete before the run starts.
 
-The planner calibrates on this cluster (a short calibration: orchestrator/plan_calibrate.py) and
+The planner calibrates on this cluster (a short calibration: planning/calibrate.py) and
 recommends a strategy, a transport and its settings (τ, H, s) for the run's worker count. The run is
 then an ordinary run of that strategy: config.yaml records the concrete strategy (so `--config` repeats
 it without planning again) with the choice and its reason as a comment on top; summary.json's
@@ -10,16 +10,23 @@ it without planning again) with the choice and its reason as a comment on top; s
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from distrain.orchestrator.files import atomic_write_text
+# The record of the choice is the run's (the orchestrator writes it, the report reads it); re-exported here
+# because a choice and its record are one subject to callers of this module.
+from distrain.orchestrator.auto_choice import (  # noqa: F401
+    AUTO,
+    CHOICE_FILE,
+    recorded_choice,
+    recorded_strategy,
+    summary_entry,
+    write_choice,
+    yaml_header,
+)
 
-AUTO = "auto"
-CHOICE_FILE = "prediction.json"
 CALIBRATION_STEPS = 24  # a run pays for its plan: short (steps cost ms; each tiny run's start-up costs seconds)
 CALIBRATION_REPEATS = 1  # and once: `distrain plan` repeats each tiny run (medians) when the choice matters more
 
@@ -65,8 +72,8 @@ def choose(
     which the calibration's tiny runs train too."""
     from distrain.config import RunConfig
     from distrain.orchestrator import memory
-    from distrain.orchestrator.plan_calibrate import calibrate
-    from distrain.orchestrator.planner import recommend
+    from distrain.planning.calibrate import calibrate
+    from distrain.planning.planner import recommend
 
     probe = RunConfig.resolve(config_file, dict(config_values, strategy="bsp", transport="", schedule=""))
     if task_object is not None:
@@ -89,35 +96,3 @@ def choose(
         "calibration": cal.to_dict(),
     }
     return overrides, record
-
-
-def yaml_header(auto: dict[str, Any] | None) -> str:
-    if not auto:
-        return ""
-    settings = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in auto["settings"].items())
-    return (
-        f"# --strategy auto chose {auto['strategy']} ({auto['transport']}) {settings}".rstrip()
-        + f"\n# because {auto['reason']}\n"
-    )
-
-
-def summary_entry(auto: dict[str, Any]) -> dict[str, Any]:
-    keys = ("requested", "strategy", "transport", "settings", "reason")
-    return {k: auto.get(k) for k in keys} | {"predicted_step_s": auto["predicted"]["step_s"]}
-
-
-def write_choice(run_dir: Path, auto: dict[str, Any]) -> None:
-    atomic_write_text(run_dir / CHOICE_FILE, json.dumps(auto, indent=2, default=str) + "\n")
-
-
-def recorded_choice(run_dir: Path) -> dict[str, Any] | None:
-    file = run_dir / CHOICE_FILE
-    return json.loads(file.read_text()) if file.is_file() else None
-
-
-def recorded_strategy(run_dir: Path) -> str | None:
-    """The concrete strategy a run was started with (what `--resume ... --strategy auto` means)."""
-    from distrain.config import RunConfig
-
-    file = run_dir / "config.yaml"
-    return RunConfig.load_yaml(file).get("strategy") if file.is_file() else None

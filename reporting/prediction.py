@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from distrain.orchestrator.auto_strategy import recorded_choice
-from distrain.orchestrator.plan_calibrate import steady_figures_of
+from distrain.orchestrator.auto_choice import recorded_choice
+from distrain.planning.calibrate import steady_figures_of
+from distrain.reporting.markdown import markdown_table
 
 if TYPE_CHECKING:
-    from distrain.orchestrator.report import Run
+    from distrain.reporting.report import Run
 
 COLUMNS = ["run", "strategy", "predicted step ms", "measured step ms", "error"]
 
@@ -33,8 +34,6 @@ def prediction_rows(runs: Sequence[Run]) -> list[list[str]]:
 
 
 def prediction_section(runs: Sequence[Run]) -> str:
-    from distrain.orchestrator.report import markdown_table
-
     rows = prediction_rows(runs)
     if not rows:
         return ""

@@ -33,7 +33,7 @@ import pandas as pd
 
 from distrain.config import RunConfig
 from distrain.orchestrator import memory
-from distrain.orchestrator.planner import Calibration
+from distrain.planning.planner import Calibration, settings_for
 
 WARMUP_FRACTION = 0.25  # the first quarter of a run's steps (at least 2) is start-up, not steady state
 
@@ -125,7 +125,7 @@ def _probes(nbytes: int, reps: int) -> dict[str, float]:
     """All-reduce latency/bandwidth (two actors, gloo) and an echo of the model's gradient."""
     import ray
 
-    from distrain.orchestrator.plan_probe import Probe
+    from distrain.planning.probe import Probe
 
     a, b = Probe.remote(), Probe.remote()
     try:
@@ -187,15 +187,16 @@ def calibrate(config: RunConfig, out: Path, steps: int = 40, reps: int = 20, rep
     # The tiny runs measure this machine as it is: no codec, no emulated link; the planner adds what the
     # run's --compress and --comm-delay-ms / --comm-bandwidth change from their own figures (traffic_figures)
     base = config.replace(
-        schedule="", strategy="bsp", transport="collective", backup_workers=0, address="", compress=None,
-        comm_delay_ms=0.0, comm_bandwidth=None,
+        schedule="", strategy="bsp", transport="collective", address="", compress=None, comm_delay_ms=0.0,
+        comm_bandwidth=None, **settings_for("bsp", "backups", 0),
     )  # fmt: skip
     try:
         t0 = time.time()
         for r in range(repeats):  # interleaved: a burst of load hits one repeat of each, not every run of one
             _tiny(base, where, f"bsp-1-r{r}", steps, workers=1)
             # Two workers that never average (τ past the run's end): contention apart from synchronisation
-            _tiny(base.replace(strategy="local-sgd", tau=10 * steps), where, f"local-2-r{r}", steps, workers=2)
+            never = settings_for("local-sgd", "period", 10 * steps)
+            _tiny(base.replace(strategy="local-sgd", **never), where, f"local-2-r{r}", steps, workers=2)
             _tiny(base, where, f"bsp-2-r{r}", steps, workers=2)
             async_cfg = base.replace(strategy="async", transport="ps", ps_shards=1)
             _tiny(async_cfg, where, f"async-1-r{r}", steps, workers=1)
@@ -224,7 +225,7 @@ def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], 
     spread = [float(x) for x in (two["round_spread"] or alone["spread"])]
     # BSP at N=2 over the same run without averaging: what synchronising costs here, against the model's
     ring2 = (2 * probe["alpha"] + num_params * 4 / probe["beta"]) * s2
-    from distrain.orchestrator.planner import expected_max
+    from distrain.planning.planner import expected_max
 
     modelled = ring2 + c * s2 * (expected_max(spread, 2) - 1)
     sync2 = max(0.0, two["step_s"] - alone["step_s"])

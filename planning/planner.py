@@ -1,6 +1,6 @@
 """The planner's analytic model: step time, traffic and memory of each strategy at N workers.
 
-Pure arithmetic on a `Calibration` (what `plan_calibrate.py` measured on the cluster at hand) and a
+Pure arithmetic on a `Calibration` (what `calibrate.py` measured on the cluster at hand) and a
 `Hardware` (the measured link, or a what-if one): no Ray, no torch. The formulas are those of
 /work/shared/reference/algorithms.md, "All-reduce costs" and "Memory per worker":
 
@@ -16,7 +16,7 @@ What a small machine adds, and the model has to say so rather than ignore: N wor
 share the cores with each other, the driver and whatever else runs there, so each one's whole step
 (compute, overhead, CPU-bound loopback communication) stretches. With L processes' worth of other load
 on C cores a worker gets C/(N+L) of them, so its step grows as (N+L)/(1+L) = 1 + (N-1)/(1+L): linear in
-N, with a slope that is measured (a step at N=2 concurrently over N=1, see plan_calibrate.py), not
+N, with a slope that is measured (a step at N=2 concurrently over N=1, see calibrate.py), not
 assumed; and never below N/C, the floor of a machine with C cores to itself.
 
 Stragglers: a synchronous round lasts as long as its slowest member, so BSP's expected step is the
@@ -34,9 +34,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from distrain.strategies.diloco import DEFAULT_SYNC_EVERY
-from distrain.strategies.local_sgd import DEFAULT_TAU
-from distrain.strategies.ps import DEFAULT_STALENESS
+from distrain.strategies.base import PlanningSetting
+from distrain.strategies.pipeline import bubble_fraction  # noqa: F401 - the model's pipeline term, its owner's
+from distrain.strategies.strategy_lookup import strategy_class
 
 FLOAT_BYTES = 4
 
@@ -96,11 +96,6 @@ def naive_root_bytes(nbytes: int, workers: int) -> float:
     return 2 * (workers - 1) * nbytes
 
 
-def bubble_fraction(stages: int, microbatches: int) -> float:
-    """Idle fraction of a GPipe / 1F1B pipeline: (S-1)/(M+S-1)."""
-    return (stages - 1) / (microbatches + stages - 1)
-
-
 def expected_max(samples: list[float], n: int) -> float:
     """E[max of n independent draws] from the empirical distribution of `samples` (with replacement):
     sum_i x_(i) [(i/m)^n - ((i-1)/m)^n] over the sorted samples."""
@@ -151,7 +146,7 @@ PRESETS: dict[str, Hardware] = {
 
 @dataclass
 class Calibration:
-    """What was measured on the cluster at hand (plan_calibrate.py), or read back from plan.json."""
+    """What was measured on the cluster at hand (calibrate.py), or read back from plan.json."""
 
     task: str
     batch_size: int
@@ -253,13 +248,39 @@ class Prediction:
         return asdict(self) | {"step_s": self.step_s, "samples_per_s": self.samples_per_s}
 
 
-# Strategies the planner compares, with the settings it plans them at (a user's own are kept): the
-# defaults `distrain run` gives them, read from the strategies' own options (one source of truth).
-DEFAULT_SETTINGS = {
-    "ssp": {"staleness": DEFAULT_STALENESS},
-    "local-sgd": {"tau": DEFAULT_TAU},
-    "diloco": {"sync_every": DEFAULT_SYNC_EVERY},
-}
+# The settings the planner plans each strategy at (a user's own are kept) are the strategy's declared
+# `planning` options at the defaults `distrain run` gives them (strategies/base.py `PlanningSetting`),
+# each read by its role in the model: "period", "bound" or "backups".
+def _planning(strategy: str) -> dict[str, PlanningSetting]:
+    """The strategy's planned options by role."""
+    return {p.role: p for p in strategy_class(strategy).planning}
+
+
+def default(strategy: str, role: str) -> int:
+    """The `distrain run` default of the strategy's option with this role."""
+    return _planning(strategy)[role].default
+
+
+def settings_for(strategy: str, role: str, value: int) -> dict[str, int]:
+    """The run options (name -> value) that set the strategy's option with this role to `value`."""
+    return {_planning(strategy)[role].option: value}
+
+
+def _value(strategy: str, settings: dict[str, Any], role: str) -> int:
+    p = _planning(strategy).get(role)
+    return int(settings.get(p.option, p.default)) if p else 0
+
+
+def _setting_text(strategy: str, settings: dict[str, Any]) -> str:
+    """The planned options as flags ("--tau 8"); one that is off by default is named only when on."""
+    flags = []
+    for p in strategy_class(strategy).planning:
+        value = int(settings.get(p.option, p.default))
+        if value or p.default:
+            flags.append(f"--{p.option.replace('_', '-')} {value}")
+    return " ".join(flags)
+
+
 CANDIDATES = [("bsp", "collective"), ("bsp", "ps"), ("ssp", "ps"), ("async", "ps"), ("local-sgd", "collective"),
               ("diloco", "collective")]  # fmt: skip
 
@@ -280,17 +301,18 @@ def predict(
     hw: Hardware | None = None,
     settings: dict[str, Any] | None = None,
     shards: int = 1,
-    backup_workers: int = 0,
 ) -> Prediction:
     """Predicted steady-state step of one worker. `hw` None: this machine as calibrated (contention
-    included); a Hardware: one worker per machine on that link (no time-sharing)."""
-    s = DEFAULT_SETTINGS.get(strategy, {}) | (settings or {})
+    included); a Hardware: one worker per machine on that link (no time-sharing). `settings`: the
+    strategy's options (its declared `planning` ones count), at their run defaults where not given."""
+    s = settings or {}
+    backups = _value(strategy, s, "backups")
     here = hw is None
     alpha = cal.allreduce_latency_s if here else hw.latency_s
     beta = cal.allreduce_bandwidth if here else hw.bandwidth
     n = cal.grad_bytes
     ps = transport == "ps"
-    busy = workers + backup_workers
+    busy = workers + backups
     stretch = cal.stretch(busy) if here else 1.0  # CPU-bound loopback transfers stretch with compute
     compute = _compute(cal, hw, workers, busy)
     if here:
@@ -303,7 +325,7 @@ def predict(
     comm = overlap = wait = 0.0
     sent = 0.0
     fan_in = 1
-    setting = ""
+    setting = _setting_text(strategy, s)
     emulated = here and cal.link_emulated  # the run's --comm-delay-ms / --comm-bandwidth, not the probed link
     codec = [(str(k), float(b)) for k, b in cal.codec_parts]  # --compress: the codec's transfers; [] none
     if ps:
@@ -325,10 +347,9 @@ def predict(
             # throughput bound by the shard: P gradients per step can be served no faster than shard_busy
             comm = max(comm, shard_busy - compute)
         elif strategy == "ssp":
-            staleness = int(s["staleness"])
+            bound = _value(strategy, s, "bound")
             comm = max(call, shard_busy - compute)
-            wait = sync_wait / (staleness + 1)
-            setting = f"--staleness {staleness}"
+            wait = sync_wait / (bound + 1)
         else:  # bsp over the PS: every worker waits for the round
             comm = call + max(0.0, shard_busy - call)
             wait = sync_wait
@@ -343,22 +364,20 @@ def predict(
             return t
 
         if strategy == "local-sgd":
-            tau = int(s["tau"])
+            period = _value(strategy, s, "period")
             copies = n * cal.optimizer_copies  # θ and the optimizer state travel together (θ's change coded)
             parts = codec + ([("ring", copies)] if copies else []) if codec else [("ring", n + copies)]
-            rounds = cal.rounds_per_step(tau, workers)
+            rounds = cal.rounds_per_step(period, workers)
             comm = round_s(parts) * rounds
             wait = sync_wait * scale * rounds
             sent = wire_bytes(parts, workers) * rounds
-            setting = f"--tau {tau}"
         elif strategy == "diloco":
-            h = int(s["sync_every"])
+            period = _value(strategy, s, "period")
             parts = codec or [("ring", n)]  # the pseudo-gradient
-            rounds = cal.rounds_per_step(h, workers)
+            rounds = cal.rounds_per_step(period, workers)
             comm = round_s(parts) * rounds
             wait = sync_wait * scale * rounds
             sent = wire_bytes(parts, workers) * rounds
-            setting = f"--sync-every {h}"
         elif codec:  # bsp, compressed: the codec's all-reduce runs after backward, nothing hidden
             comm = round_s(codec)
             wait = sync_wait * scale
@@ -379,8 +398,6 @@ def predict(
                 comm = max(comm, link - hidden)
             wait = sync_wait * scale
             sent = ring_bytes_per_worker(n, workers)
-    if strategy == "bsp" and backup_workers:
-        setting = f"--backup-workers {backup_workers}"
     memory = cal.memory_per_worker + (2 * n if strategy == "diloco" else 0)  # θ_g and outer momentum
     return Prediction(
         strategy,
@@ -411,14 +428,15 @@ def plan_table(
 
 # ---------------------------------------------------------------------------------------------- stragglers
 def straggler_costs(
-    cal: Calibration, workers: int, backups: int = 1, staleness: int = DEFAULT_STALENESS
+    cal: Calibration, workers: int, backups: int = 1, staleness: int | None = None
 ) -> dict[str, float]:
     """Expected round time of BSP at N (relative to a step without stragglers), and what k-of-n with b
-    backups and SSP(s) bring it down to."""
+    backups and SSP(s) bring it down to (s: SSP's run default unless given)."""
+    bound = default("ssp", "bound") if staleness is None else staleness
     bsp = expected_max(cal.spread, workers)
     kofn = expected_order_stat(cal.spread, workers, workers + backups)
-    ssp = 1.0 + (bsp - 1.0) / (staleness + 1)
-    return {"bsp": bsp, f"k_of_n_b{backups}": kofn, f"ssp_s{staleness}": ssp}
+    ssp = 1.0 + (bsp - 1.0) / (bound + 1)
+    return {"bsp": bsp, f"k_of_n_b{backups}": kofn, f"ssp_s{bound}": ssp}
 
 
 # ---------------------------------------------------------------------------------------------- recommendation
@@ -462,17 +480,18 @@ def recommend(
         )
         return Recommendation("bsp", bsp.transport, {}, f"{why}; predicted {bsp.samples_per_s:.0f} samples/s", bsp)
     if bsp.wait_s / bsp.step_s >= STRAGGLER_SHARE and cal.ps_usable:  # SSP runs over the parameter server
-        ssp = predict(cal, "ssp", "ps", workers, hw, {"staleness": DEFAULT_STALENESS})
+        bound = default("ssp", "bound")
+        ssp = predict(cal, "ssp", "ps", workers, hw, settings_for("ssp", "bound", bound))
         if fits(ssp) and ssp.samples_per_s > bsp.samples_per_s:
             return Recommendation(
-                "ssp", "ps", {"staleness": DEFAULT_STALENESS},
-                f"waiting for stragglers is {bsp.wait_s / bsp.step_s:.0%} of a BSP step; SSP({DEFAULT_STALENESS}) "
+                "ssp", "ps", settings_for("ssp", "bound", bound),
+                f"waiting for stragglers is {bsp.wait_s / bsp.step_s:.0%} of a BSP step; SSP({bound}) "
                 f"absorbs it: {ssp.samples_per_s:.0f} against {bsp.samples_per_s:.0f} samples/s",
                 ssp,
             )  # fmt: skip
-    ring = predict(cal, "local-sgd", "collective", workers, hw, {"tau": 1})
-    tau = max(2, math.ceil((ring.comm_s + ring.wait_s) / (COMM_HIDDEN * ring.compute_s)))
-    local = predict(cal, "local-sgd", "collective", workers, hw, {"tau": min(tau, 50)})
+    ring = predict(cal, "local-sgd", "collective", workers, hw, settings_for("local-sgd", "period", 1))
+    period = max(2, math.ceil((ring.comm_s + ring.wait_s) / (COMM_HIDDEN * ring.compute_s)))
+    local = predict(cal, "local-sgd", "collective", workers, hw, settings_for("local-sgd", "period", min(period, 50)))
     if local.samples_per_s <= bsp.samples_per_s * 1.1 and fits(bsp):  # not worth the staler replicas
         return Recommendation(
             "bsp", bsp.transport, {},
@@ -480,17 +499,17 @@ def recommend(
             f"over 10% faster; predicted {bsp.samples_per_s:.0f} samples/s",
             bsp,
         )  # fmt: skip
-    if tau <= 50:
+    if period <= 50:
         return Recommendation(
-            "local-sgd", "collective", {"tau": tau},
-            f"communication and waiting are {share:.0%} of a BSP step; averaging every {tau} steps brings them "
+            "local-sgd", "collective", settings_for("local-sgd", "period", period),
+            f"communication and waiting are {share:.0%} of a BSP step; averaging every {period} steps brings them "
             f"under {COMM_HIDDEN:.0%}: {local.samples_per_s:.0f} against {bsp.samples_per_s:.0f} samples/s",
             local,
         )  # fmt: skip
-    h = min(500, max(50, tau))
-    dl = predict(cal, "diloco", "collective", workers, hw, {"sync_every": h})
+    h = min(500, max(50, period))
+    dl = predict(cal, "diloco", "collective", workers, hw, settings_for("diloco", "period", h))
     return Recommendation(
-        "diloco", "collective", {"sync_every": h},
+        "diloco", "collective", settings_for("diloco", "period", h),
         f"communication is {share:.0%} of a BSP step; it needs over 50 local steps per round, where DiLoCo's "
         f"outer optimizer is made for: H={h}, {dl.samples_per_s:.0f} against {bsp.samples_per_s:.0f} samples/s",
         dl,

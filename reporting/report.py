@@ -4,7 +4,7 @@ Every input must be a run directory (config.yaml, summary.json, metrics.parquet)
 `DistrainError` naming the path, raised before anything is written. A directory given twice is
 reported once. Everything is rendered in memory first and then written; a report directory that
 cannot be written is one `DistrainError`, with whatever this report had written removed. The plots
-themselves are in `report_plots.py`; each is written only when some run has its data.
+themselves are in `plots.py`; each is written only when some run has its data.
 """
 
 from __future__ import annotations
@@ -24,32 +24,38 @@ import pyarrow as pa
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.files import atomic_write, fresh_dir
-from distrain.orchestrator.report_plots import DPI, PLOTS, Failure, PlotRun, Switch, smoothing_window
+from distrain.reporting.markdown import markdown_table
+from distrain.reporting.plots import DPI, PLOTS, Failure, PlotRun, Switch, smoothing_window
+from distrain.reporting.prediction import prediction_section
+from distrain.strategies.step_columns import STEP_COLUMN_FAMILIES
+from distrain.strategies.strategy_lookup import STRATEGIES, strategy_class
 from distrain.units import size_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from distrain.strategies.base import Strategy
+
 RUN_FILES = ("config.yaml", "summary.json", "metrics.parquet")
+# The strategies' column families (strategies/step_columns.py) each may bring a column of the table: the
+# parameter server's "staleness p95".
+FAMILY_COLUMNS = [family.report_column for family in STEP_COLUMN_FAMILIES if family.report_column]
 COLUMNS = (
     "run", "strategy", "workers", "final accuracy", "time to target (s)", "samples/s (steady state)",
-    "staleness p95", "bytes/step", "failures",
+    *(header for header, _, _ in FAMILY_COLUMNS), "bytes/step", "failures",
 )  # fmt: skip
 FIGURES: dict[str, str | Callable[[float], str]] = {  # summary.json key -> format spec or formatter,
     # for the columns between "workers" and "failures"
     "final_test_accuracy": ".4f",
     "time_to_target_s": ".1f",
     "steady_state_samples_per_s": ",.0f",
-    "staleness_p95": "g",
+    **{key: spec for _, key, spec in FAMILY_COLUMNS},
     "bytes_per_step": size_text,  # "680.0 kB", as the run's closing summary prints it
 }
-# Settings the strategy column already states (with the strategy that reads them), and ones that say
-# where a run was written or ran rather than what it did: left out of "settings that differ".
-SHOWN_WITH_STRATEGY = (
-    "strategy", "schedule", "transport", "ps_shards", "staleness", "staleness_lr", "backup_workers",
-    "backup_tasks", "portions", "tau", "adaptive_tau", "tau_interval", "tau_max", "sync_every",
-    "outer_optimizer", "outer_lr", "outer_momentum", "fragments", "overlap_steps", "mix_alpha", "compress",
-)  # fmt: skip
+# Settings the strategy column already states (with the strategy that reads them: each built-in
+# strategy's `described_options`, added by `shown_with_strategy`), and ones that say where a run was
+# written or ran rather than what it did: left out of "settings that differ".
+RUN_SETTINGS_SHOWN = ("strategy", "schedule", "transport", "ps_shards", "compress")
 NOT_SETTINGS = ("run_dir", "tensorboard", "address", "data_dir", "resume")
 
 
@@ -134,10 +140,27 @@ def _failures(summary: dict[str, Any]) -> int:
     return len(value) if isinstance(value, list | dict) else int(value)
 
 
+def _strategy(name: str) -> type[Strategy] | None:
+    """The strategy class `name` means, or None (a plugin that cannot be imported here, a strategy of an
+    earlier version): the report then shows the name alone."""
+    try:
+        return strategy_class(name)
+    except DistrainError:
+        return None
+
+
+def shown_with_strategy() -> set[str]:
+    """Every setting the strategy column states: the run's own and each built-in strategy's options."""
+    import distrain.strategies  # noqa: F401 - registers the built-in strategies
+
+    return set(RUN_SETTINGS_SHOWN) | {o for name in STRATEGIES.names() for o in STRATEGIES.get(name).described_options}
+
+
 def strategy_text(config: dict[str, Any], strategy: str | None = None) -> str:
     """The strategy and the settings that make it what it is: "ssp s=2 (ps)", "local-sgd tau=8 adaptive
-    (10%, max 16)", "bsp (ps, 2 shards) backup-workers=1", "schedule bsp:2 -> local-sgd tau=8".
-    With `strategy`, one phase of the config's schedule."""
+    (10%, max 16)", "bsp (ps, 2 shards) backup-workers=1", "schedule bsp:2 -> local-sgd tau=8" (each
+    strategy's own part from its `settings_text` and `run_settings_text`). With `strategy`, one phase of
+    the config's schedule."""
     c = config
     if strategy is None and c.get("schedule"):
         entries = [e.strip().partition(":") for e in str(c["schedule"]).split(",")]
@@ -145,32 +168,18 @@ def strategy_text(config: dict[str, Any], strategy: str | None = None) -> str:
         phases = [strategy_text(c, name).replace(name, f"{name}:{n}" if n else name, 1) for name, _, n in entries]
         return "schedule " + " -> ".join(phases)
     name = strategy or str(c.get("strategy", "?"))
-    text = name
-    if name == "ssp" and c.get("staleness") is not None:
-        text += f" s={c['staleness']}"
-    if name == "local-sgd" and c.get("tau") is not None:
-        text += f" tau={c['tau']}"
-        if c.get("adaptive_tau"):
-            text += f" adaptive ({c.get('tau_interval')}, max {c.get('tau_max')})"
-    if name == "diloco" and c.get("sync_every") is not None:
-        outer = c.get("outer_optimizer") or "sgd"
-        momentum = f" nesterov {c['outer_momentum']:g}" if outer == "sgd" and c.get("outer_momentum") else ""
-        text += f" H={c['sync_every']} outer {outer} lr {c.get('outer_lr'):g}{momentum}"
-        if (c.get("fragments") or 1) > 1:
-            text += f" fragments={c['fragments']} overlap={c.get('overlap_steps', 0)} alpha={c.get('mix_alpha', 0):g}"
-    transport = c.get("transport") if strategy is None else ("ps" if name in ("async", "ssp") else None)
+    cls = _strategy(name)
+    text = name + (cls.settings_text(c) if cls else "")
+    # a phase runs on its strategy's default transport (a schedule names no transport per phase)
+    default_transport = cls.transports[0] if cls else None
+    transport = c.get("transport") if strategy is None else (default_transport if default_transport == "ps" else None)
     if transport == "ps":
         shards = c.get("ps_shards") or 1
         text += " (ps)" if shards == 1 else f" (ps, {shards} shards)"
     if strategy is None:
         if c.get("compress"):
             text += f" + {c['compress']}"
-        if c.get("staleness_lr") and not (name == "ssp" and c.get("staleness") == 0):  # SSP(0) applies none
-            text += " staleness-lr"
-        if c.get("backup_workers"):
-            text += f" backup-workers={c['backup_workers']}"
-        if c.get("backup_tasks"):
-            text += " backup-tasks" + (f" portions={c['portions']}" if c.get("portions") else "")
+        text += cls.run_settings_text(c) if cls else ""
     return text
 
 
@@ -204,7 +213,7 @@ def differing_settings(runs: Sequence[Run]) -> list[str]:
     keys: list[str] = []
     for run in runs:
         keys += [k for k in run.config if k not in keys]
-    skip = set(SHOWN_WITH_STRATEGY) | set(NOT_SETTINGS)
+    skip = shown_with_strategy() | set(NOT_SETTINGS)
     return [k for k in keys if k not in skip and len({_cell(r.config.get(k)) for r in runs}) > 1]
 
 
@@ -262,14 +271,6 @@ def plot_runs(runs: Sequence[Run]) -> list[PlotRun]:
         textwrap.fill(legend_text(run, differing), 95, subsequent_indent="  ", break_on_hyphens=False) for run in runs
     ]
     return [plot_run(run, f"C{i % 10}", legend) for i, (run, legend) in enumerate(zip(runs, legends, strict=True))]
-
-
-def markdown_table(rows: Sequence[Sequence[str]], columns: Sequence[str] = COLUMNS, numeric_from: int = 2) -> str:
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
-
-    align = ["---"] * numeric_from + ["---:"] * (len(columns) - numeric_from)
-    return "\n".join([line(columns), line(align), *(line(r) for r in rows)]) + "\n"
 
 
 def _common(runs: Sequence[Run], key: str) -> str | None:
@@ -336,8 +337,7 @@ def render(runs: Sequence[Run]) -> dict[str, bytes]:
     w = smoothing_window(plotted)
     text = "# distrain report\n\n" + setup_text(runs) + "\n"
     text += "\n".join(f"- `{run.label}`: `{run.path}`" for run in runs) + "\n\n"
-    text += markdown_table(table_rows(runs)) + "\n"
-    from distrain.orchestrator.report_prediction import prediction_section
+    text += markdown_table(table_rows(runs), COLUMNS) + "\n"
 
     sections = (settings_section(runs), events_section(plotted), prediction_section(runs))
     text += "".join(s + "\n" for s in sections if s)
