@@ -245,44 +245,18 @@ def _run(
 
     overrides["task_args"] = parse_task_args(task_arg) if task_arg else None
     overrides["optimizer_args"] = parse_optimizer_args(optimizer_arg) if optimizer_arg else None
-    if resume is not None:
-        if config is not None:
-            raise DistrainError("--resume uses the run's own config.yaml; drop --config")
-        from distrain.orchestrator.auto_strategy import resumed_values  # auto: the choice the run made
+    if resume is not None and config is not None:
+        raise DistrainError("--resume uses the run's own config.yaml; drop --config")
+    from distrain import api  # the front door a notebook uses too: one code path from the spec on
 
-        overrides = resumed_values(resume, overrides)
-
-        with RunDisplay(run_dir=str(resume)) as display:  # at once: torch and Ray take seconds to load
-            from distrain.orchestrator.resume import resume_config  # loads torch
-
-            cfg = display.configured(resume_config(resume, overrides))
-            from distrain.orchestrator.run import run_training
-
-            result = run_training(cfg, display.on_event, resume=True)
-        print_summary(result.summary, result.run_dir)
-        _exit_if_diverged(result.summary)
-        return
-    if config is not None and run_dir is None:
-        # A finished run's config.yaml names that run's directory; repeating it must not collide with
-        # (or overwrite) it, so the repeat gets a fresh default directory.
-        recorded = RunConfig.load_yaml(config).get("run_dir") or ""
-        if recorded and Path(recorded).is_dir() and any(Path(recorded).iterdir()):
-            overrides["run_dir"] = ""
-            out.print(
-                f"{recorded} already holds a run; the repeat gets a new run directory",
-                markup=False,
-                highlight=False,
-            )
-    from distrain.orchestrator.auto_strategy import make_concrete  # --strategy auto: the plan's choice, first
-
-    overrides, auto = make_concrete(
-        overrides, str(config) if config else None, lambda line: out.print(line, markup=False, highlight=False)
-    )
-    with RunDisplay(run_dir=overrides.get("run_dir") or "") as display:  # at once: torch and Ray take seconds
-        cfg = display.configured(RunConfig.resolve(str(config) if config else None, overrides))  # loads torch
-        from distrain.orchestrator.run import run_training  # Ray loads only from here on
-
-        result = run_training(cfg, display.on_event, auto=auto)
+    # The display first: torch and Ray take seconds to load, the settings' checks among them.
+    with RunDisplay(run_dir=str(resume) if resume is not None else overrides.get("run_dir") or "") as display:
+        if resume is not None:
+            prepared = api.prepare_resume(resume, overrides)
+        else:
+            prepared = api.prepare(str(config) if config else None, overrides, say=display.say)
+        display.configured(prepared.config)
+        result = api.train(prepared, display.on_event)
     print_summary(result.summary, result.run_dir)
     _exit_if_diverged(result.summary)
 
@@ -920,6 +894,11 @@ class RunDisplay:
             self.spinner, Text(f"preparing {self.where}: {self.stage}  {clock_text(self.clock() - self.since)}")
         )
         return line
+
+    def say(self, text: str) -> None:
+        """A line of the command's own (e.g. --strategy auto's choice), above the preparing line."""
+        with self.lock:
+            self._say(text)
 
     def _say(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False)
