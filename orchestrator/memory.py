@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ResourceError
+from distrain.units import parse_bytes  # noqa: F401 (memory.parse_bytes: cluster.py reads it here)
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
@@ -234,16 +235,6 @@ def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
         per_shard=per_shard if shards else 0,
         stages=config.pipeline_stages,
     )
-
-
-def parse_bytes(text: str) -> int:
-    """'20GiB', '512MiB', '2e10' -> bytes."""
-    units = {"kib": 2**10, "mib": MiB, "gib": GiB, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
-    t = text.strip().lower()
-    for unit, factor in units.items():
-        if t.endswith(unit):
-            return int(float(t.removesuffix(unit)) * factor)
-    return int(float(t))
 
 
 def local_available() -> int:
