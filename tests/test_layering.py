@@ -14,7 +14,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
-    ("cli", {"cli", "sweep_display", "run_progress"}),
+    ("cli", {"cli", "commands", "sweep_display", "run_progress"}),
     ("api", {"api"}),
     ("orchestrator", {"orchestrator"}),
     ("config", {"config"}),
