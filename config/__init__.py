@@ -1,12 +1,13 @@
 """The run's spec layer: `RunConfig` and what builds, reads, writes and checks it. Below the orchestrator
 (it imports nothing of it), above the strategies (whose `Options` it holds).
 
-- `sections.py`: the frozen section dataclasses, each field a documented `setting`, and fixed choices
+- `sections.py`: the frozen section dataclasses, each field a documented `setting`, and fixed choices;
+  `strategy_section.py`: the strategy section (strategy, transport, link, codec, pipeline) and its checks
 - `parsing.py`: values as flags and YAML write them (--workers MIN..MAX, --target, --chaos, ...), `overlay`
 - `strategy_options.py`: the strategies a run uses and their own options
 - `resolve.py`: flat values into the frozen sections (defaults that depend on other choices)
 - `yaml_io.py`: config.yaml out, any config file in (nested, or the flat files of earlier versions)
-- `checks.py`: the registry of checks; `section_checks.py` and `cross_checks.py` register theirs
+- `checks.py`: the registry of checks; `section_checks.py` and `strategy_section.py` register theirs
 - `run_config.py`: `RunConfig` itself
 
 Everything callers import lives here under its old name (`from distrain.config import RunConfig`).
@@ -15,8 +16,8 @@ Everything callers import lives here under its old name (`from distrain.config i
 from __future__ import annotations
 
 # The checks register themselves on import (checks.py orders them by stage).
-from distrain.config import cross_checks as _cross_checks  # noqa: F401
 from distrain.config import section_checks as _section_checks  # noqa: F401
+from distrain.config import strategy_section as _strategy_section  # noqa: F401
 from distrain.config.checks import config_check
 from distrain.config.parsing import (
     CHAOS_KINDS,

@@ -3,8 +3,8 @@ raises a `ConfigError` whose one line names the flag and the fix, and reads only
 
 `RunConfig.validate` runs them stage by stage (`STAGES`), in the order each stage's were registered, so
 no one method needs to know every option: a section's checks of its own values are declared with the
-sections (`section_checks.py`, stage "values"), those across sections by the concern that owns them
-(`cross_checks.py`, "across"), a strategy's in its `Options.check`. The "last" stage runs after all the
+sections (`section_checks.py`, stage "values"), those across sections by the section that owns them
+(`strategy_section.py`, "across"), a strategy's in its `Options.check`. The "last" stage runs after all the
 others (the optimizer's constructor, which loads torch: every other mistake is found without it).
 """
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from distrain.config import yaml_io
+from distrain.config import strategy_section, yaml_io
 from distrain.config.checks import run_checks
 from distrain.config.parsing import (
     ChaosEvent,
@@ -175,16 +175,16 @@ class RunConfig:
         """Worker actors (ranks) the run has room for: --workers (an elastic run's MAX) plus any backup
         workers, times --pipeline-stages (each replica of the model is S actors, one per stage). Under a
         range the backups are among the MAX (a round applies members - b gradients)."""
-        return (self.worker_slots + (0 if self.elastic else self.backup_workers)) * self.pipeline_stages
+        return strategy_section.replicas_per_step(self) * strategy_section.stages(self)
 
     @property
     def pipelined(self) -> bool:
-        return self.pipeline_stages > 1
+        return strategy_section.stages(self) > 1
 
     @property
     def samples_per_step(self) -> int:
         """Samples handed out per step: with backup workers, b x B more than the update uses."""
-        return (self.worker_slots + (0 if self.elastic else self.backup_workers)) * self.batch_size
+        return strategy_section.replicas_per_step(self) * self.batch_size
 
     @property
     def straggler_delays(self) -> dict[int, float]:
@@ -192,7 +192,7 @@ class RunConfig:
 
     @property
     def chaos_events(self) -> list[ChaosEvent]:
-        return parse_chaos(self.chaos, self.worker_slots * self.pipeline_stages, self.ps_shards)
+        return parse_chaos(self.chaos, self.worker_slots * strategy_section.stages(self), self.ps_shards)
 
     @property
     def uses_gpus(self) -> bool:

@@ -1,6 +1,6 @@
 """Each section's checks of its own values (ranges, choices, syntax), registered with `config_check` in
-the order of the sections; checks across sections are in `cross_checks.py`. Messages name the flag and
-the fix. No torch, no Ray."""
+the order of the sections (the strategy section's, across sections, are with it: `strategy_section.py`),
+and last the optimizer's constructor (torch). Messages name the flag and the fix. No Ray."""
 
 from __future__ import annotations
 
@@ -182,3 +182,12 @@ def builtin_option_error(config: RunConfig, name: str, where: str = "") -> Confi
         "pass your task's settings with --task-arg key=value"
         + (" and its target with --target" if name == "target_accuracy" else "")
     )
+
+
+@config_check(stage="last")
+def check_optimizer_arguments(config: RunConfig) -> None:
+    """Last: the optimizer's own constructor checks its arguments, which needs torch (every other flag
+    error is found without it, in well under a second)."""
+    from distrain.trainers.optim_state import check_optimizer
+
+    check_optimizer(config.optimizer, config.optimizer_args, config.momentum, config.weight_decay)

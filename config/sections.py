@@ -2,7 +2,8 @@
 (its flag, help text, section, shown default), and the fixed choices those fields take.
 
 These are the declarations flags, YAML keys, `--help`, the README's flag tables and Tune's dimensions are
-made from. The checks of their values are registered next door (`section_checks.py`, `cross_checks.py`).
+made from. The checks of their values are registered next door (`section_checks.py`; the strategy section
+and its checks: `strategy_section.py`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from distrain.config.strategy_section import StrategySection
 from distrain.fields import FieldInfo, fields_of, setting
 from distrain.trainers.catalog import DATASET_READS_FILES, MODEL_NAMES
 
@@ -190,65 +192,6 @@ class Optimization:
         "traffic stay float32; fp16 adds a dynamic loss scale, checkpointed). Not --compress bf16, which "
         "changes only what travels.",
         "optimizer",
-    )
-
-
-@dataclass(frozen=True)
-class StrategySection:
-    """The consistency strategy, its transport, a schedule of strategies, and each strategy's own options."""
-
-    strategy: str = setting(
-        "bsp", "Consistency strategy (see `distrain strategies`), or auto: what `distrain plan` recommends.", "strategy"
-    )
-    transport: str = setting(
-        "",
-        "collective (all-reduce) or ps (parameter server); empty: the strategy's default (ps for async and ssp, "
-        "collective for bsp and local-sgd).",
-        "strategy",
-        "per strategy",
-    )
-    ps_shards: int | None = setting(
-        None, "Parameter-server shards K; default 1 (async, ssp, bsp --transport ps).", "strategy"
-    )
-    schedule: str = setting(
-        "", "Strategies in sequence, switching at epoch marks: name[:epochs],... e.g. bsp:2,local-sgd.", "strategy"
-    )
-    comm_delay_ms: float = setting(
-        0.0, "Emulated network latency: every transfer takes at least this long, ms (experiments).", "strategy"
-    )
-    comm_bandwidth: str | None = setting(
-        None,
-        "Emulated link bandwidth per worker, e.g. 100mbit, 25gbit, 12.5MB/s: every transfer takes at least "
-        "--comm-delay-ms + bytes / RATE (experiments).",
-        "strategy",
-        metavar="RATE",
-    )
-    compress: str | None = setting(
-        None,
-        "Compress the strategy's traffic: fp16, bf16, int8, topk:FRACTION or powersgd:RANK (the last three with "
-        "error feedback); gradients under bsp, pushes on the parameter server, theta's change under local-sgd, "
-        "pseudo-gradients under diloco.",
-        "strategy",
-        metavar="CODEC",
-    )
-    pipeline_stages: int = setting(
-        1,
-        "Pipeline (model) parallelism: cut the model into S stages, one actor each; --workers R replicas of the "
-        "pipeline make S x R actors (actor rank = replica x S + stage).",
-        "strategy",
-        metavar="S",
-    )
-    microbatches: int = setting(
-        1,
-        "Micro-batches M each replica's batch is cut into, with --pipeline-stages (M divides --batch-size).",
-        "strategy",
-        metavar="M",
-    )
-    pipeline_schedule: str = setting(
-        "gpipe", "Pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b (PipeDream-Flush).", "strategy"
-    )
-    options: dict[str, Any] = setting(
-        {}, "Each strategy's own options (its `Options` dataclass), by strategy name; see `distrain strategies`."
     )
 
 

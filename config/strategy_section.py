@@ -1,18 +1,81 @@
-"""Checks across sections, each registered by the concern that owns it: the emulated link and the codec
-(`--compress`, `--comm-delay-ms`, `--comm-bandwidth`), each strategy's own options (their `check`), the
-pipeline, an elastic --workers range, and last the optimizer's constructor (torch). No Ray."""
+"""The strategy section of the run's spec, and its checks: the consistency strategy, its transport, a
+schedule of strategies, the traffic's codec and emulated link (`--compress`, `--comm-delay-ms`,
+`--comm-bandwidth`), the pipeline, each strategy's own options; its checks across sections are
+registered here (stage "across"): the link and codec, each strategy's `Options.check`, the pipeline, and
+an elastic --workers range (which strategies can change membership). No torch, no Ray at import.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from distrain.config.checks import config_check
-from distrain.config.parsing import format_workers
 from distrain.errors import ConfigError
+from distrain.fields import setting
 
 if TYPE_CHECKING:
     from distrain.config.run_config import RunConfig
+
+
+@dataclass(frozen=True)
+class StrategySection:
+    """The consistency strategy, its transport, a schedule of strategies, and each strategy's own options."""
+
+    strategy: str = setting(
+        "bsp", "Consistency strategy (see `distrain strategies`), or auto: what `distrain plan` recommends.", "strategy"
+    )
+    transport: str = setting(
+        "",
+        "collective (all-reduce) or ps (parameter server); empty: the strategy's default (ps for async and ssp, "
+        "collective for bsp and local-sgd).",
+        "strategy",
+        "per strategy",
+    )
+    ps_shards: int | None = setting(
+        None, "Parameter-server shards K; default 1 (async, ssp, bsp --transport ps).", "strategy"
+    )
+    schedule: str = setting(
+        "", "Strategies in sequence, switching at epoch marks: name[:epochs],... e.g. bsp:2,local-sgd.", "strategy"
+    )
+    comm_delay_ms: float = setting(
+        0.0, "Emulated network latency: every transfer takes at least this long, ms (experiments).", "strategy"
+    )
+    comm_bandwidth: str | None = setting(
+        None,
+        "Emulated link bandwidth per worker, e.g. 100mbit, 25gbit, 12.5MB/s: every transfer takes at least "
+        "--comm-delay-ms + bytes / RATE (experiments).",
+        "strategy",
+        metavar="RATE",
+    )
+    compress: str | None = setting(
+        None,
+        "Compress the strategy's traffic: fp16, bf16, int8, topk:FRACTION or powersgd:RANK (the last three with "
+        "error feedback); gradients under bsp, pushes on the parameter server, theta's change under local-sgd, "
+        "pseudo-gradients under diloco.",
+        "strategy",
+        metavar="CODEC",
+    )
+    pipeline_stages: int = setting(
+        1,
+        "Pipeline (model) parallelism: cut the model into S stages, one actor each; --workers R replicas of the "
+        "pipeline make S x R actors (actor rank = replica x S + stage).",
+        "strategy",
+        metavar="S",
+    )
+    microbatches: int = setting(
+        1,
+        "Micro-batches M each replica's batch is cut into, with --pipeline-stages (M divides --batch-size).",
+        "strategy",
+        metavar="M",
+    )
+    pipeline_schedule: str = setting(
+        "gpipe", "Pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b (PipeDream-Flush).", "strategy"
+    )
+    options: dict[str, Any] = setting(
+        {}, "Each strategy's own options (its `Options` dataclass), by strategy name; see `distrain strategies`."
+    )
 
 
 @config_check(stage="across")
@@ -94,7 +157,7 @@ def check_elastic(config: RunConfig) -> None:
     the others are refused naming those that can."""
     if not config.elastic:
         return
-    given = f"--workers {format_workers(config.workers, config.max_workers)}"
+    given = f"--workers {config.workers}..{config.max_workers}"
     from distrain.strategies import STRATEGIES
 
     able = [name for name in STRATEGIES.names() if STRATEGIES.get(name).elastic]
@@ -127,10 +190,12 @@ def check_elastic(config: RunConfig) -> None:
             raise ConfigError(f"{given} does not compose with {flag}; use a fixed --workers N or drop {flag}")
 
 
-@config_check(stage="last")
-def check_optimizer_arguments(config: RunConfig) -> None:
-    """Last: the optimizer's own constructor checks its arguments, which needs torch (every other flag
-    error is found without it, in well under a second)."""
-    from distrain.trainers.optim_state import check_optimizer
+def stages(config: RunConfig) -> int:
+    """--pipeline-stages S: the actors each replica of the model is cut into (1: no pipeline)."""
+    return config.section("strategy").pipeline_stages
 
-    check_optimizer(config.optimizer, config.optimizer_args, config.momentum, config.weight_decay)
+
+def replicas_per_step(config: RunConfig) -> int:
+    """Replicas whose batches one step hands out: --workers (an elastic run's MAX) plus any backup workers
+    (under a range the backups are among the MAX)."""
+    return config.worker_slots + (0 if config.elastic else config.backup_workers)
