@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ResourceError
-from distrain.units import parse_bytes  # noqa: F401 (memory.parse_bytes: cluster.py reads it here)
+from distrain.units import parse_bytes
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
