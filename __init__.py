@@ -12,6 +12,9 @@ The public API (imported lazily, so `distrain --help` starts without loading tor
 - `distrain.Strategy`, `distrain.StrategyOptions`, `distrain.CommStats`, `distrain.setting`: write your own
   strategy in one file (see examples/strategies/easgd.py) and pass it as `strategy="file.py:Name"`.
 - `distrain.RunConfig`: the run's spec, one frozen section per concern plus each strategy's options.
+
+These names are the public surface (docs/architecture.md, "The public surface"); every other module of the
+package is internal.
 """
 
 from __future__ import annotations

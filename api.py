@@ -66,9 +66,6 @@ def fit(
     the run directory record the choice and its reason.
     """
     from distrain.orchestrator.remote_errors import plain_ray_logs_when_piped
-    from distrain.orchestrator.run import run_training
-    from distrain.orchestrator.tasks import attach_task_object
-    from distrain.planning.auto_strategy import make_concrete
 
     plain_ray_logs_when_piped()  # a script's output sent to a file or a pipe: no colour codes in it
 
@@ -80,12 +77,7 @@ def fit(
     if resume is not None:
         if task is not None or config is not None:
             raise ConfigError("resume continues a run with its own task and config.yaml; drop task= and config=")
-        from distrain.orchestrator.resume import resume_config
-        from distrain.planning.auto_strategy import resumed_values
-
-        cfg = resume_config(resume, resumed_values(resume, options))
-        result = run_training(cfg, handler, resume=True, callbacks=callbacks)
-        return FitResult(result.run_dir, result.summary)
+        return train(prepare_resume(resume, options), handler, callbacks=callbacks)
     if "task" in options:
         raise ConfigError("pass the task as fit(task=...), not as an option")
     task_path, task_args, task_object = _task_reference(task)
@@ -94,14 +86,64 @@ def fit(
     overrides = dict(options) | ({"task": task_path} if task_path else {})
     if task_args:  # an instance's constructor arguments
         overrides["task_args"] = task_args
-    config_file = str(config) if config else None
-    # strategy="auto": calibrate and choose, as `distrain run --strategy auto` does (the same code)
     say = _print_line if progress and on_event is None else _quiet
+    run = prepare(str(config) if config else None, overrides, say=say, task_object=task_object)
+    return train(run, handler, callbacks=callbacks)
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run's spec, checked, and how it starts: what `prepare` and `prepare_resume` build and `train` runs."""
+
+    config: RunConfig
+    auto: dict[str, Any] | None = None  # --strategy auto: the record of the choice (planning/auto_strategy.py)
+    resume: bool = False  # go on from the run directory's latest checkpoint
+
+
+def prepare(
+    config_file: str | None,
+    overrides: dict[str, Any],
+    *,
+    say: Callable[[str], None] = lambda line: None,
+    task_object: Any = None,
+) -> PreparedRun:
+    """The spec of a new run: defaults < the YAML file < `overrides` (those not None), with `strategy
+    auto` made concrete first (a short calibration; `say` reports it). `fit` calls this after reading its
+    arguments, `distrain run` after reading its flags: one code path. A config file that names a run
+    directory already holding a run (a finished run's config.yaml, repeated) gets a fresh default one."""
+    from distrain.planning.auto_strategy import make_concrete
+
+    if config_file and overrides.get("run_dir") is None:
+        recorded = RunConfig.load_yaml(config_file).get("run_dir") or ""
+        if recorded and Path(recorded).is_dir() and any(Path(recorded).iterdir()):
+            overrides = dict(overrides, run_dir="")
+            say(f"{recorded} already holds a run; the repeat gets a new run directory")
     overrides, auto = make_concrete(overrides, config_file, say, task_object)
-    cfg = RunConfig.resolve(config_file, overrides)
+    config = RunConfig.resolve(config_file, overrides)  # loads torch
     if task_object is not None:
-        attach_task_object(cfg, task_object)
-    result = run_training(cfg, handler, callbacks=callbacks, auto=auto)
+        from distrain.orchestrator.tasks import attach_task_object  # loads torch
+
+        attach_task_object(config, task_object)
+    return PreparedRun(config, auto)
+
+
+def prepare_resume(run_dir: str | Path, overrides: dict[str, Any]) -> PreparedRun:
+    """The spec of a run resumed from `run_dir`: its config.yaml with only resumable `overrides` changed
+    (`strategy auto` read as the strategy the run chose), checked against its latest checkpoint."""
+    from distrain.orchestrator.resume import resume_config
+    from distrain.planning.auto_strategy import resumed_values
+
+    return PreparedRun(resume_config(run_dir, resumed_values(run_dir, overrides)), resume=True)
+
+
+def train(
+    run: PreparedRun, on_event: Callable[[Any], None] | None = None, *, callbacks: list[Any] | None = None
+) -> FitResult:
+    """Train a prepared run; `on_event` gets its events, `callbacks` its hooks. `fit` and `distrain run`
+    both end here (Ray loads only from here on)."""
+    from distrain.orchestrator.run import run_training
+
+    result = run_training(run.config, on_event, resume=run.resume, callbacks=callbacks, auto=run.auto)
     return FitResult(result.run_dir, result.summary)
 
 

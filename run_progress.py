@@ -1,4 +1,4 @@
-"""What `distrain run`'s display works out besides drawing (cli.RunDisplay): the run's clock (time
+"""What `distrain run`'s display works out besides drawing (commands/run_display.RunDisplay): the run's clock (time
 elapsed since the run's start, the same in the live bar and in piped lines, and the time left) and
 the heartbeat that keeps piped output from going silent for long. Knows neither Ray, torch nor rich.
 """

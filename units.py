@@ -1,6 +1,6 @@
 """Quantities written with units on the command line: data rates (`--comm-bandwidth`, and the planner's
-`--bandwidth`), and amounts of bytes as summaries print them. No torch, no Ray: the CLI validates with
-it before anything starts."""
+`--bandwidth`), sizes (`--worker-memory`), and amounts of bytes as summaries print them. No torch, no Ray:
+the CLI validates with it before anything starts."""
 
 from __future__ import annotations
 
@@ -33,6 +33,16 @@ def parse_rate(text: str, flag: str = "--comm-bandwidth") -> float:
     if not (rate > 0 and math.isfinite(rate)):
         raise ConfigError(f"{flag} must be a positive rate, got {text!r}")
     return rate
+
+
+def parse_bytes(text: str) -> int:
+    """'20GiB', '512MiB', '2e10' -> bytes (--worker-memory, the memory overrides); ValueError if not a size."""
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    t = text.strip().lower()
+    for unit, factor in units.items():
+        if t.endswith(unit):
+            return int(float(t.removesuffix(unit)) * factor)
+    return int(float(t))
 
 
 def rate_text(bytes_per_s: float) -> str:

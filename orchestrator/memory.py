@@ -43,6 +43,7 @@ from distrain.errors import ResourceError
 
 # in_flight_fraction: the pipeline's own rule, still read here by callers of earlier versions
 from distrain.strategies.pipeline import PipelineShape, in_flight_fraction, stages_hint, with_stages  # noqa: F401
+from distrain.units import parse_bytes
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
@@ -228,16 +229,6 @@ def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
         per_shard=per_shard if shards else 0,
         stages=pipeline.stages,
     )
-
-
-def parse_bytes(text: str) -> int:
-    """'20GiB', '512MiB', '2e10' -> bytes."""
-    units = {"kib": 2**10, "mib": MiB, "gib": GiB, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
-    t = text.strip().lower()
-    for unit, factor in units.items():
-        if t.endswith(unit):
-            return int(float(t.removesuffix(unit)) * factor)
-    return int(float(t))
 
 
 def local_available() -> int:

@@ -1,5 +1,5 @@
-"""The package's layering: cli -> api -> tuning -> reporting -> planning -> orchestrator (and config) ->
-strategies -> compression -> trainers -> foundation.
+"""The package's layering: cli -> api -> tuning -> reporting -> planning -> orchestrator -> config (the run's
+spec) -> strategies -> compression -> trainers -> foundation.
 
 A module may import its own layer and the layers below it, never one above, anywhere in the module
 (function-level imports included; `if TYPE_CHECKING:` blocks, which never run, excepted). So a strategy
@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = [
-    ("cli", {"cli", "sweep_display", "run_progress"}),
+    ("cli", {"cli", "commands", "sweep_display", "run_progress"}),
     ("api", {"api"}),
     ("tuning", {"tuning"}),
     ("reporting", {"reporting"}),
     ("planning", {"planning"}),
-    ("orchestrator", {"orchestrator", "config"}),
+    ("orchestrator", {"orchestrator"}),
+    ("config", {"config"}),
     ("strategies", {"strategies"}),
     ("compression", {"compression"}),
     ("trainers", {"trainers"}),
@@ -33,9 +35,10 @@ def product_modules() -> list[Path]:
     return files
 
 
-def runtime_imports(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, distrain submodule) of every import that can run (TYPE_CHECKING blocks skipped)."""
-    found = []
+def runtime_imports(tree: ast.AST, with_names: bool = False) -> list[Any]:
+    """(line, distrain submodule) of every import that can run (TYPE_CHECKING blocks skipped); with
+    `with_names`, the imported names instead, each as `module.name` (a submodule, or a name in one)."""
+    found: list[Any] = []
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -43,11 +46,18 @@ def runtime_imports(tree: ast.AST) -> list[tuple[int, str]]:
                 visit(child)
             return
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("distrain."):
-            found.append((node.lineno, node.module))
+            if with_names:
+                found.extend(f"{node.module}.{alias.name}" for alias in node.names)
+            else:
+                found.append((node.lineno, node.module))
         elif isinstance(node, ast.ImportFrom) and node.module == "distrain":
-            found.extend((node.lineno, f"distrain.{alias.name}") for alias in node.names)
+            found.extend(
+                f"distrain.{alias.name}" if with_names else (node.lineno, f"distrain.{alias.name}")
+                for alias in node.names
+            )
         elif isinstance(node, ast.Import):
-            found.extend((node.lineno, a.name) for a in node.names if a.name.startswith("distrain."))
+            names = [a.name for a in node.names if a.name.startswith("distrain.")]
+            found.extend(names if with_names else [(node.lineno, name) for name in names])
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -66,6 +76,53 @@ def test_no_import_runs_upward():
             if target in RANK and RANK[target] < RANK[top]:
                 upward.append(f"{path.relative_to(ROOT)}:{line} ({LAYERS[RANK[top]][0]}) imports {module}")
     assert not upward, "imports that run upward:\n" + "\n".join(upward)
+
+
+def module_name(path: Path) -> str:
+    return ".".join(("distrain", *path.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Product module -> the product modules it imports where it runs (function-level imports included,
+    `if TYPE_CHECKING:` blocks not); `from pkg import mod` counts as an import of `mod`."""
+    files = {module_name(p): p for p in product_modules()}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        for target in runtime_imports(ast.parse(path.read_text(), str(path)), with_names=True):
+            while target not in files and "." in target:
+                target = target.rpartition(".")[0]
+            if target in files and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            if nxt == goal:
+                return True
+            seen.add(nxt)
+            todo.append(nxt)
+    return False
+
+
+def test_the_spec_layer_is_in_no_import_cycle():
+    """config (the spec) imports nothing that imports it back, function-level imports counted."""
+    graph = import_graph()
+    spec = [name for name in graph if name == "distrain.config" or name.startswith("distrain.config.")]
+    assert len(spec) > 5  # the walk found the package's modules
+    cyclic = []
+    for name in spec:
+        for target in graph[name]:
+            if not target.startswith("distrain.config") and reaches(graph, target, name):
+                cyclic.append(f"{name} -> {target} -> ... -> {name}")
+    assert not cyclic, "import cycles through the spec layer:\n" + "\n".join(cyclic)
+
+
+def test_the_cycle_check_sees_a_function_level_import(tmp_path):
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert reaches(graph, "b", "a") and not reaches(graph, "a", "d")
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):

@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from distrain import cli
 from distrain.cli import RunDisplay, app
+from distrain.commands import console as cli_console
 from distrain.config import RunConfig
 
 runner = CliRunner()
@@ -107,7 +107,7 @@ def test_figure_by_hand():
 @pytest.fixture
 def piped(monkeypatch):
     buf = io.StringIO()
-    monkeypatch.setattr(cli, "out", Console(file=buf, force_terminal=False, width=200))
+    monkeypatch.setattr(cli_console, "out", Console(file=buf, force_terminal=False, width=200))
     return buf
 
 
@@ -335,7 +335,7 @@ def test_distrain_run_shows_the_line_before_checking_the_settings(monkeypatch):
     """RunConfig.resolve loads torch (seconds): the line is on the screen before it starts, and a
     refusal still ends the command the usual way (one line, exit 2)."""
     console, buf = terminal()
-    monkeypatch.setattr(cli, "out", console)
+    monkeypatch.setattr(cli_console, "out", console)
     on_screen = []
     resolve = RunConfig.resolve
 

@@ -1,0 +1,48 @@
+"""`distrain report`: the runs' comparison table (and report.md, the plots), the predicted-against-
+measured table for runs that carry a prediction, and where the report went."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+from distrain.commands.console import print_wide, say, warn
+
+
+def report(run_dirs: list[Path], out_dir: Path | None) -> None:
+    from distrain.reporting.report import (
+        COLUMNS,
+        choose_out_dir,
+        distinct_dirs,
+        load_runs,
+        table_rows,
+        write_report,
+    )
+
+    run_dirs, repeats = distinct_dirs(run_dirs)
+    runs = load_runs(run_dirs)
+    target = choose_out_dir(out_dir)
+    written = write_report(runs, target)
+    table = Table(title=Text(f"distrain report: {len(runs)} run(s)"))
+    for i, name in enumerate(COLUMNS):
+        table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i == 0)
+    for row in table_rows(runs):
+        table.add_row(*row)
+    print_wide(table)
+    from distrain.reporting.prediction import COLUMNS as PREDICTED
+    from distrain.reporting.prediction import prediction_rows
+
+    predicted = prediction_rows(runs)
+    if predicted:
+        table = Table(title=Text("predicted against measured step time"))
+        for i, name in enumerate(PREDICTED):
+            table.add_column(name, justify="left" if i < 2 else "right")
+        for row in predicted:
+            table.add_row(*row)
+        print_wide(table)
+    files = ", ".join(p.name for p in written)
+    say(f"report in {target}/ ({files})")
+    for path, kept in repeats:  # said, not silently dropped
+        warn(f"note: {str(path)!r} is the same run directory as {str(kept)!r}; it is reported once")

@@ -1,0 +1,97 @@
+"""`distrain run`: its options (every run option, generated), its flags made into overrides, then the
+API's one front door (`api.prepare` or `api.prepare_resume`, then `api.train`: what `distrain.fit`
+calls too) under the run's display; the closing table, and the exit code of a diverged run."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.text import Text
+
+from distrain.commands import console as consoles
+from distrain.commands.options import own_option, parse_task_args, run_options
+from distrain.commands.run_display import RunDisplay
+from distrain.commands.run_summary import print_summary
+from distrain.config import parse_optimizer_args
+from distrain.errors import DistrainError, RunFailed
+
+DIVERGED_EXIT_CODE = 3  # not 2: files were written (the metrics, the summary); not 1: no bug either
+# What `distrain run` exits with (README "Exit codes", and `distrain run --help`). 1 is left to bugs
+# (a traceback, the worker's own error among them).
+EXIT_CODES = {
+    0: "completed",
+    2: "bad input",
+    DIVERGED_EXIT_CODE: "diverged",
+    RunFailed.exit_code: "failed after it started (--max-failures used up, disk full)",
+    130: "interrupted (SIGINT)",
+    143: "interrupted (SIGTERM)",
+}
+
+HELP = f"""Train one model with one strategy; writes runs/<id>/ (config, metrics, summary, checkpoints).
+
+Every on/off flag also has a --no- form (e.g. --no-staleness-lr) that turns off what --config turns on.
+
+Exit codes: {", ".join(f"{code} {what}" for code, what in EXIT_CODES.items())}."""
+
+
+def parameters(plugin_values: dict[str, Any]) -> list[inspect.Parameter]:
+    """`run`'s own options (--config, --resume) around every run option: every section's, every
+    built-in strategy's options, and those of a strategy (task) named by import path in `plugin_values`."""
+    return [
+        own_option(
+            "config", Path | None, None, "--config", help="YAML file of config keys; flags given here override it."
+        ),
+        *run_options(plugin_values=plugin_values),
+        own_option(
+            "resume",
+            Path | None,
+            None,
+            "--resume",
+            help="Continue the run in this directory from its latest checkpoint (e.g. after its driver was killed); "
+            "only length, evaluation, checkpoint, timeout, fault and resource flags may change.",
+            show_default=False,
+            rich_help_panel="checkpointing",
+        ),
+    ]
+
+
+def run(
+    config: Path | None = None,
+    resume: Path | None = None,
+    task_arg: list[str] | None = None,
+    optimizer_arg: list[str] | None = None,
+    run_dir: str | None = None,
+    **flags: Any,
+) -> None:
+    overrides = dict(flags, run_dir=run_dir)
+    overrides["task_args"] = parse_task_args(task_arg) if task_arg else None
+    overrides["optimizer_args"] = parse_optimizer_args(optimizer_arg) if optimizer_arg else None
+    if resume is not None and config is not None:
+        raise DistrainError("--resume uses the run's own config.yaml; drop --config")
+    from distrain import api  # the front door a notebook uses too: one code path from the spec on
+
+    # The display first: torch and Ray take seconds to load, the settings' checks among them.
+    with RunDisplay(run_dir=str(resume) if resume is not None else overrides.get("run_dir") or "") as display:
+        if resume is not None:
+            prepared = api.prepare_resume(resume, overrides)
+        else:
+            prepared = api.prepare(str(config) if config else None, overrides, say=display.say)
+        display.configured(prepared.config)
+        result = api.train(prepared, display.on_event)
+    print_summary(result.summary, result.run_dir)
+    exit_if_diverged(result.summary)
+
+
+def exit_if_diverged(summary: dict[str, Any]) -> None:
+    """A diverged run (stopped by --on-nonfinite stop, or judged at its end: too many updates skipped, a
+    final evaluation that is not finite): one line on stderr that says why, and exit code 3."""
+    if summary.get("status") != "diverged":
+        return
+    from distrain.orchestrator.outcome import diverged_line
+
+    line = Text("error: ", style="bold red") + Text(diverged_line(summary["diverged"]))
+    consoles.err.print(line, highlight=False)
+    raise typer.Exit(DIVERGED_EXIT_CODE)

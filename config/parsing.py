@@ -1,0 +1,183 @@
+"""Reading the values written on a command line or in YAML: --optimizer-arg, --straggler, --target,
+--workers N|MIN..MAX, --chaos, and `overlay` (flags over a file, a trial's values over a sweep's base).
+Each problem is one `ConfigError` line naming the flag and its syntax. No torch, no Ray."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from distrain.config.sections import DECAY_DEPENDENT_FIELDS, OPTIMIZER_DEPENDENT_FIELDS
+from distrain.config.strategy_options import strategy_dependent_fields
+from distrain.errors import ConfigError
+
+
+def parse_optimizer_args(specs: list[str]) -> dict[str, Any]:
+    """["KEY=VALUE", ...] (--optimizer-arg) -> {key: value}, each value read as YAML (0.9, [0.9, 0.99], true)."""
+    args: dict[str, Any] = {}
+    for spec in specs:
+        key, sep, text = spec.partition("=")
+        key = key.strip()
+        try:
+            value = yaml.safe_load(text) if sep else None
+        except yaml.YAMLError:
+            sep = ""
+        if not sep or not key.isidentifier() or text.strip() == "":
+            raise ConfigError(f"--optimizer-arg {spec!r} must be KEY=VALUE, e.g. betas=[0.9,0.99] or nesterov=true")
+        args[key] = value
+    return args
+
+
+def parse_stragglers(specs: list[str], workers: int) -> dict[int, float]:
+    """["RANK:SECONDS", ...] -> {rank: seconds added to each of that worker's steps}."""
+    delays: dict[int, float] = {}
+    for spec in specs:
+        rank_text, sep, seconds_text = spec.partition(":")
+        try:
+            rank, seconds = int(rank_text), float(seconds_text)
+        except ValueError:
+            rank, seconds = -1, -1.0
+        if not sep or not 0 <= rank < workers or not (seconds >= 0 and math.isfinite(seconds)):
+            raise ConfigError(f"--straggler {spec!r} must be RANK:SECONDS with 0 <= RANK < {workers} and SECONDS >= 0")
+        delays[rank] = seconds
+    return delays
+
+
+TARGET_SYNTAX = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*(\S+)\s*$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A quality target: the first evaluation at which `metric op value` holds is its time to target."""
+
+    metric: str  # an evaluation column, e.g. test_accuracy, test_loss, test_perplexity
+    op: str  # ">=" or "<="
+    value: float
+
+    def reached(self, x: float | None) -> bool:
+        if x is None or math.isnan(x):
+            return False
+        return x >= self.value if self.op == ">=" else x <= self.value
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+
+def parse_target(text: str) -> Target:
+    """ "test_accuracy>=0.95", "loss<=0.3" (metric names get the test_ prefix of the metrics file)."""
+    match = TARGET_SYNTAX.match(text)
+    value = math.nan
+    if match:
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            pass
+    if not match or not math.isfinite(value):
+        raise ConfigError(f"--target {text!r} must be METRIC>=VALUE or METRIC<=VALUE, e.g. test_accuracy>=0.95")
+    metric = match.group(1) if match.group(1).startswith("test_") else f"test_{match.group(1)}"
+    return Target(metric, match.group(2), value)
+
+
+WORKER_RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")
+
+
+def parse_workers(value: Any) -> tuple[int, int]:
+    """--workers as (MIN, MAX): N -> (N, 0), a fixed size; "MIN..MAX" -> (MIN, MAX), an elastic range
+    (MIN == MAX is a fixed size too). The CLI's string and YAML's int or string go through here alike."""
+    if isinstance(value, tuple | list) and len(value) == 2:  # (min, max) as `worker_range` gives it
+        low, high = int(value[0]), int(value[1])
+        return parse_workers(f"{low}..{high}") if high else parse_workers(low)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    shape = f"--workers must be an integer, got {value!r} (or a range MIN..MAX, e.g. 2..4)"
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ConfigError(f"--workers must be >= 1, got {value}")
+        return value, 0
+    text = str(value).strip() if isinstance(value, str) else ""
+    if text.lstrip("-").isdigit():
+        return parse_workers(int(text))
+    match = WORKER_RANGE.match(text)
+    if not match:
+        raise ConfigError(shape)
+    low, high = int(match.group(1)), int(match.group(2))
+    if low < 1:
+        raise ConfigError(f"--workers {text}: MIN must be >= 1, got {low}")
+    if low > high:
+        raise ConfigError(f"--workers {text}: MIN ({low}) is above MAX ({high}); write MIN..MAX with MIN <= MAX")
+    return low, (high if high > low else 0)
+
+
+def format_workers(workers: int, max_workers: int) -> int | str:
+    """How --workers is written back (config.yaml, summaries): N, or "MIN..MAX"."""
+    return f"{workers}..{max_workers}" if max_workers else workers
+
+
+CHAOS_KINDS = ("kill-worker", "kill-ps", "hang-worker", "kill-node")
+
+
+@dataclass(frozen=True)
+class ChaosEvent:
+    """One injected fault: `kind` at global step `step`, on worker/shard `target` (None: the default one)."""
+
+    kind: str
+    step: int
+    target: int | None
+
+
+def parse_chaos(specs: list[str], workers: int, ps_shards: int | None) -> list[ChaosEvent]:
+    """["kill-worker@STEP[:RANK]", "kill-ps@STEP[:SHARD]", ...] -> events sorted by step."""
+    events = []
+    for spec in specs:
+        kind, _, rest = spec.partition("@")
+        step_text, sep, target_text = rest.partition(":")
+        try:
+            step, target = int(step_text), (int(target_text) if sep else None)
+        except ValueError:
+            step, target = -1, None
+        if kind not in CHAOS_KINDS or step < 1 or (target is not None and target < 0):
+            raise ConfigError(
+                f"--chaos {spec!r} must be KIND@STEP[:TARGET] with STEP >= 1, KIND one of: {', '.join(CHAOS_KINDS)}"
+            )
+        if kind == "kill-ps" and ps_shards is None:
+            raise ConfigError(f"--chaos {spec!r} needs the parameter-server transport; add --transport ps")
+        limit = ps_shards if kind == "kill-ps" else workers
+        if kind == "kill-node" and target is not None:
+            raise ConfigError(f"--chaos {spec!r}: kill-node takes no target; write kill-node@STEP")
+        if target is not None and target >= (limit or 0):
+            raise ConfigError(f"--chaos {spec!r}: target {target} does not exist (0 <= TARGET < {limit})")
+        events.append(ChaosEvent(kind, step, target))
+    return sorted(events, key=lambda e: e.step)
+
+
+def overlay(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` over `values` (flags over a file, a trial's values over a sweep's base).
+
+    What `values` resolved for its own strategy or optimizer (transport, strategy parameters,
+    momentum) was resolved for that choice; a different one given here starts from its own
+    defaults unless those fields are given too. A data set that reads no files drops the old
+    --data-dir; one that does keeps it (mnist and cifar10 may well share a directory)."""
+    merged = dict(values)
+    given = dict(given)
+    if "strategy" in given and given["strategy"] != merged.get("strategy", given["strategy"]):
+        for name in strategy_dependent_fields():
+            merged.pop(name, None)
+    if "optimizer" in given and str(given["optimizer"]).lower() != str(merged.get("optimizer", "sgd")).lower():
+        for name in OPTIMIZER_DEPENDENT_FIELDS:  # momentum and constructor arguments were the old optimizer's
+            merged.pop(name, None)
+    elif isinstance(merged.get("optimizer_args"), dict) and isinstance(given.get("optimizer_args"), dict):
+        given["optimizer_args"] = merged["optimizer_args"] | given["optimizer_args"]  # flags add to the file's
+    if "lr_decay" in given and given["lr_decay"] != merged.get("lr_decay", "none"):
+        for name in DECAY_DEPENDENT_FIELDS:
+            merged.pop(name, None)
+    if given.get("dataset", merged.get("dataset")) != merged.get("dataset"):
+        from distrain.trainers.builtin_names import DATASET_READS_FILES
+
+        if DATASET_READS_FILES.get(given["dataset"]) is False:
+            merged.pop("data_dir", None)
+    merged.update(given)
+    return merged
