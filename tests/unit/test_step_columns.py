@@ -112,7 +112,7 @@ def test_bsp_keeps_books_of_its_own_only_with_backup_workers_or_tasks():
 
 
 def test_the_closing_table_rows_come_from_the_families_in_their_places():
-    from distrain.cli import _family_rows
+    from distrain.commands.run_summary import _family_rows
 
     ps = {"staleness_p50": 1.0, "staleness_p95": 2.0, "staleness_max": 3, "wait_s_total": 0.5,
           "bytes_pushed_per_step": 1000.0, "bytes_pulled_per_step": 2000.0, "staleness_lr": True}  # fmt: skip
