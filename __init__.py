@@ -11,6 +11,9 @@ The public API (imported lazily, so `distrain --help` starts without loading tor
   a full disk); a diverged run is no exception: its result's `status` is "diverged".
 - `distrain.Strategy`, `distrain.StrategyOptions`, `distrain.CommStats`, `distrain.setting`: write your own
   strategy in one file (see examples/strategies/easgd.py) and pass it as `strategy="file.py:Name"`.
+- `distrain.Channel`, `distrain.Traffic`: what a strategy sends through (`self.channel`: all-reduce,
+  broadcast, all-gather, reduce-scatter, push/pull, by named stream) and what a transfer cost; the run's
+  --compress, emulated link and byte counts apply to every stream.
 - `distrain.RunConfig`: the run's spec, one frozen section per concern plus each strategy's options.
 
 These names are the public surface (docs/architecture.md, "The public surface"); every other module of the
@@ -25,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Callback",
     "ClassificationTask",
+    "Channel",
     "CommStats",
     "ConfigError",
     "FitResult",
@@ -33,6 +37,7 @@ __all__ = [
     "Strategy",
     "StrategyOptions",
     "Task",
+    "Traffic",
     "fit",
     "setting",
     "__version__",
@@ -45,6 +50,7 @@ if TYPE_CHECKING:
     from distrain.fields import setting
     from distrain.orchestrator.callbacks import Callback
     from distrain.strategies.base import CommStats, Strategy, StrategyOptions
+    from distrain.strategies.channel import Channel, Traffic
     from distrain.trainers.task import ClassificationTask, Task
 
 _LAZY = {
@@ -60,6 +66,8 @@ _LAZY = {
     "StrategyOptions": "distrain.strategies.base",
     "CommStats": "distrain.strategies.base",
     "setting": "distrain.fields",
+    "Channel": "distrain.strategies.channel",  # a strategy's transfers (Strategy.channel)
+    "Traffic": "distrain.strategies.channel",
 }
 
 

@@ -6,6 +6,12 @@ import torch
 
 from distrain.compression.base import Codec, Encoded
 
+# Found by compression/spec.py (read, not imported). Summed in 16 bits as encoded; no residual.
+CODECS = [
+    {"name": "fp16", "class": "CastCodec", "reduction": "sum", "order": 10},
+    {"name": "bf16", "class": "CastCodec", "reduction": "sum", "order": 20},
+]
+
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 

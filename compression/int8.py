@@ -11,6 +11,8 @@ import torch
 
 from distrain.compression.base import Codec, Encoded
 
+CODECS = [{"name": "int8", "class": "Int8Codec", "error_feedback": True, "order": 30}]  # see compression/spec.py
+
 CHUNK = 1024
 
 

@@ -27,13 +27,30 @@ orthonormal P, Q and the vectors, and `decode` is P·Qᵀ. `CompressedAllReduce`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from distrain.compression.base import Codec, Encoded
-from distrain.compression.spec import CodecSpec
+from distrain.compression.spec import FLAG
 from distrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from distrain.compression.spec import CodecSpec
+
+# Found by compression/spec.py (read, not imported): its encode runs the all-reduces (P, then Q) itself.
+CODECS = [
+    {
+        "name": "powersgd",
+        "class": "PowerSGDCodec",
+        "argument": "rank",
+        "error_feedback": True,
+        "needs_shapes": True,
+        "reduction": "rounds",
+        "order": 50,
+    }
+]
 
 AllReduce = Callable[[torch.Tensor], None]  # sums a tensor across the ranks, in place
 
@@ -94,7 +111,7 @@ class PowerSGDCodec(Codec):
     def _require_shapes(self) -> None:
         if self.shapes is None:
             raise ConfigError(
-                f"--compress {self.spec} needs whole matrices: the tensors' shapes are not known here "
+                f"{FLAG} {self.spec} needs whole matrices: the tensors' shapes are not known here "
                 "(a parameter-server shard holds a flat slice); use it with an all-reduce strategy"
             )
 
@@ -140,7 +157,8 @@ class PowerSGDCodec(Codec):
         reduce(q_all)
         q_all.div_(world_size)
         self.qs = [q.clone() for q in self._split(q_all, [(cols, r) for _, _, cols, r in self.matrices])]
-        return Encoded({"p": p_all, "q": q_all, "vectors": vectors}, self.numel)
+        # In the order they were all-reduced (compressed_collective.wire_parts counts them so).
+        return Encoded({"vectors": vectors, "p": p_all, "q": q_all}, self.numel)
 
     def _redraw(self, shape: torch.Size) -> torch.Tensor:
         generator = torch.Generator().manual_seed(int(self.rng.randint(1_000_000_000)))

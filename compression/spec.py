@@ -1,10 +1,30 @@
-"""`--compress` as data: which codec, with which argument. Torch-free (the CLI validates flags with it)."""
+"""`--compress` as data: which codec, with which argument. Torch-free (the CLI validates flags with it).
+
+Codecs are found, not listed: every module of this package that declares a module-level `CODECS`
+literal is one, e.g. (compression/sign.py)
+
+    CODECS = [{"name": "sign", "class": "SignCodec", "error_feedback": True, "order": 60}]
+
+Keys: `name` (what --compress takes), `class` (the `Codec` subclass in that module), `argument`
+(None, "fraction": name:FRACTION in (0, 1], or "rank": name:RANK >= 1), `error_feedback` (the sender
+keeps a residual), `needs_shapes` (it compresses whole matrices, so it is built with the tensors'
+shapes), `reduction` (how workers combine it, strategies/compressed_collective.py: "gather", the
+default: every rank's encoding all-gathered and decoded; "sum": summed as encoded (the casts);
+"rounds": the codec's encode runs the all-reduces itself (PowerSGD)), `order` (place in the lists
+shown). The declaration is read from the module's source (`ast.literal_eval`), so parsing a flag
+imports no codec and no torch; the codec's module is imported by `CodecSpec.build()`. A new codec is
+one file in this package.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import math
+import pkgutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 
@@ -13,50 +33,111 @@ if TYPE_CHECKING:
 
     from distrain.compression.base import Codec
 
-CODECS: tuple[str, ...] = ("fp16", "bf16", "int8", "topk:FRACTION", "powersgd:RANK")
-_CHOICES = "choose fp16, bf16, int8, topk:FRACTION or powersgd:RANK"
-_PLAIN = ("fp16", "bf16", "int8")
+FLAG = "--compress"  # the option's one spelling: other modules' messages name it through this
+_DEFAULTS: dict[str, Any] = {
+    "argument": None,
+    "error_feedback": False,
+    "needs_shapes": False,
+    "reduction": "gather",
+    "order": 1000,
+}
+_EXAMPLE = {"fraction": "0.01", "rank": "4"}
+
+
+def _declared(path: Path) -> list[dict[str, Any]]:
+    """The `CODECS` literal of a module's source ([] if it declares none)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(node, ast.AnnAssign):
+            target = node.target
+        if isinstance(target, ast.Name) and target.id == "CODECS" and node.value is not None:
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def _discover() -> dict[str, dict[str, Any]]:
+    here = Path(__file__).parent
+    found: dict[str, dict[str, Any]] = {}
+    for module in pkgutil.iter_modules([str(here)]):
+        if module.ispkg or module.name == "spec":
+            continue
+        for declared in _declared(here / f"{module.name}.py"):
+            entry = {**_DEFAULTS, **declared, "module": f"distrain.compression.{module.name}"}
+            if entry["name"] in found:
+                raise RuntimeError(f"codec {entry['name']!r} is declared twice ({found[entry['name']]['module']})")
+            if entry["argument"] not in (None, "fraction", "rank"):
+                raise RuntimeError(f"codec {entry['name']!r}: argument must be None, 'fraction' or 'rank'")
+            found[entry["name"]] = entry
+    return dict(sorted(found.items(), key=lambda kv: (kv[1]["order"], kv[0])))
+
+
+REGISTRY: dict[str, dict[str, Any]] = _discover()
+
+
+def _syntax(entry: dict[str, Any]) -> str:
+    return entry["name"] + (f":{entry['argument'].upper()}" if entry["argument"] else "")
+
+
+CODECS: tuple[str, ...] = tuple(_syntax(e) for e in REGISTRY.values())
+_CHOICES = "choose " + (", ".join(CODECS[:-1]) + " or " + CODECS[-1] if len(CODECS) > 1 else CODECS[0])
+
+
+def _missing(name: str, argument: str) -> ConfigError:
+    upper = argument.upper()
+    return ConfigError(
+        f"{FLAG} {name}: the {argument} is missing; write {name}:{upper}, e.g. {name}:{_EXAMPLE[argument]}"
+    )
 
 
 @dataclass(frozen=True)
 class CodecSpec:
-    name: str  # "fp16" | "bf16" | "int8" | "topk" | "powersgd"
-    fraction: float | None = None  # topk only, in (0, 1]
-    rank: int | None = None  # powersgd only, >= 1
+    name: str  # a declared codec's name (see the module docstring)
+    fraction: float | None = None  # codecs taking a fraction (topk), in (0, 1]
+    rank: int | None = None  # codecs taking a rank (powersgd), >= 1
 
     def __post_init__(self) -> None:
         text = str(self)
-        if self.name in _PLAIN:
+        entry = REGISTRY.get(self.name)
+        if entry is None:
+            raise ConfigError(f"{FLAG}: unknown codec {self.name!r}; {_CHOICES}")
+        argument = entry["argument"]
+        if argument is None:
             if self.fraction is not None or self.rank is not None:
-                raise ConfigError(f"--compress {text}: {self.name} takes no argument; {_CHOICES}")
-        elif self.name == "topk":
+                raise ConfigError(f"{FLAG} {text}: {self.name} takes no argument; {_CHOICES}")
+        elif argument == "fraction":
             if self.rank is not None:
-                raise ConfigError(f"--compress {text}: topk takes a fraction, not a rank (topk:FRACTION)")
+                raise ConfigError(
+                    f"{FLAG} {text}: {self.name} takes a fraction, not a rank ({self.name}:FRACTION)"
+                )
             if self.fraction is None:
-                raise ConfigError("--compress topk: the fraction is missing; write topk:FRACTION, e.g. topk:0.01")
+                raise _missing(self.name, "fraction")
             if isinstance(self.fraction, bool) or not isinstance(self.fraction, int | float):
-                raise ConfigError(f"--compress {text}: the fraction must be a number in (0, 1]")
+                raise ConfigError(f"{FLAG} {text}: the fraction must be a number in (0, 1]")
             if not 0 < self.fraction <= 1:  # NaN fails this too
-                raise ConfigError(f"--compress {text}: the fraction must be in (0, 1]")
-        elif self.name == "powersgd":
-            if self.fraction is not None:
-                raise ConfigError(f"--compress {text}: powersgd takes a rank, not a fraction (powersgd:RANK)")
-            if self.rank is None:
-                raise ConfigError("--compress powersgd: the rank is missing; write powersgd:RANK, e.g. powersgd:4")
-            if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-                raise ConfigError(f"--compress {text}: the rank must be an integer >= 1")
+                raise ConfigError(f"{FLAG} {text}: the fraction must be in (0, 1]")
         else:
-            raise ConfigError(f"--compress: unknown codec {self.name!r}; {_CHOICES}")
+            if self.fraction is not None:
+                raise ConfigError(f"{FLAG} {text}: {self.name} takes a rank, not a fraction ({self.name}:RANK)")
+            if self.rank is None:
+                raise _missing(self.name, "rank")
+            if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+                raise ConfigError(f"{FLAG} {text}: the rank must be an integer >= 1")
 
     @property
     def error_feedback(self) -> bool:
         """Whether the sender keeps a residual (biased codecs); the casts lose too little to need one."""
-        return self.name in ("int8", "topk", "powersgd")
+        return bool(REGISTRY[self.name]["error_feedback"])
 
     @property
     def needs_shapes(self) -> bool:
         """Whether the codec needs the tensors' shapes (PowerSGD compresses whole matrices)."""
-        return self.name == "powersgd"
+        return bool(REGISTRY[self.name]["needs_shapes"])
+
+    @property
+    def reduction(self) -> str:
+        """How the workers combine its encodings: "gather", "sum" or "rounds" (see the module docstring)."""
+        return str(REGISTRY[self.name]["reduction"])
 
     def __str__(self) -> str:
         if self.fraction is not None:
@@ -66,22 +147,11 @@ class CodecSpec:
         return self.name
 
     def build(self, shapes: Sequence[tuple[int, ...]] | None = None) -> Codec:
-        """The codec (imports torch). `shapes` cut the flat buffer into tensors; only PowerSGD uses them."""
-        if self.name in ("fp16", "bf16"):
-            from distrain.compression.cast import CastCodec
-
-            return CastCodec(self)
-        if self.name == "int8":
-            from distrain.compression.int8 import Int8Codec
-
-            return Int8Codec(self)
-        if self.name == "topk":
-            from distrain.compression.topk import TopKCodec
-
-            return TopKCodec(self)
-        from distrain.compression.powersgd import PowerSGDCodec
-
-        return PowerSGDCodec(self, shapes)
+        """The codec (imports its module, and torch). `shapes` cut the flat buffer into tensors; only
+        codecs that declare `needs_shapes` take them."""
+        entry = REGISTRY[self.name]
+        cls = getattr(importlib.import_module(entry["module"]), entry["class"])
+        return cls(self, shapes) if entry["needs_shapes"] else cls(self)
 
 
 def parse_codec(text: str) -> CodecSpec | None:
@@ -93,24 +163,24 @@ def parse_codec(text: str) -> CodecSpec | None:
     if name == "none" and not sep:
         return None
     shown = raw.replace("\n", " ")
-    if name in _PLAIN:
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise ConfigError(f"{FLAG}: unknown codec {shown!r}; {_CHOICES}")
+    argument = entry["argument"]
+    if argument is None:
         if sep:
-            raise ConfigError(f"--compress {shown}: {name} takes no argument; {_CHOICES}")
+            raise ConfigError(f"{FLAG} {shown}: {name} takes no argument; {_CHOICES}")
         return CodecSpec(name)
-    if name == "topk":
-        if not arg:
-            raise ConfigError("--compress topk: the fraction is missing; write topk:FRACTION, e.g. topk:0.01")
+    if not arg:
+        raise _missing(name, argument)
+    if argument == "fraction":
         try:
             fraction = float(arg)
         except ValueError:
-            raise ConfigError(f"--compress {shown}: the fraction must be a number in (0, 1]") from None
+            raise ConfigError(f"{FLAG} {shown}: the fraction must be a number in (0, 1]") from None
         if not math.isfinite(fraction) or not 0 < fraction <= 1:
-            raise ConfigError(f"--compress {shown}: the fraction must be in (0, 1]")
-        return CodecSpec("topk", fraction=fraction)
-    if name == "powersgd":
-        if not arg:
-            raise ConfigError("--compress powersgd: the rank is missing; write powersgd:RANK, e.g. powersgd:4")
-        if not (arg.isascii() and arg.isdigit()) or int(arg) < 1:
-            raise ConfigError(f"--compress {shown}: the rank must be an integer >= 1")
-        return CodecSpec("powersgd", rank=int(arg))
-    raise ConfigError(f"--compress: unknown codec {shown!r}; {_CHOICES}")
+            raise ConfigError(f"{FLAG} {shown}: the fraction must be in (0, 1]")
+        return CodecSpec(name, fraction=fraction)
+    if not (arg.isascii() and arg.isdigit()) or int(arg) < 1:
+        raise ConfigError(f"{FLAG} {shown}: the rank must be an integer >= 1")
+    return CodecSpec(name, rank=int(arg))

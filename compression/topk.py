@@ -10,6 +10,10 @@ import torch
 
 from distrain.compression.base import Codec, Encoded
 
+CODECS = [  # see compression/spec.py
+    {"name": "topk", "class": "TopKCodec", "argument": "fraction", "error_feedback": True, "order": 40}
+]
+
 
 def topk_count(fraction: float, n: int) -> int:
     return min(n, max(1, math.ceil(fraction * n)))

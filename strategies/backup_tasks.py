@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from distrain.compression.spec import FLAG
 from distrain.errors import ConfigError
 from distrain.strategies.base import CommStats, StrategyContext
 from distrain.strategies.consistency import ConsistencyRule
@@ -43,7 +44,7 @@ class BSPBackupTasks(PSStrategy):
     @classmethod
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
         raise ConfigError(
-            f"--compress does not apply to --backup-tasks portions; drop --compress {codec} or the backup tasks"
+            f"{FLAG} does not apply to --backup-tasks portions; drop {FLAG} {codec} or the backup tasks"
         )
 
     name = "bsp"
@@ -95,7 +96,7 @@ class BSPBackupTasks(PSStrategy):
             self.waited, self.received = time.perf_counter() - t0, 0
             if assignment.tag > self.held:
                 self.received = self.trainer.nbytes
-                waited, versions = self.client.pull_at(assignment.tag, self.trainer.params_flat.numpy())
+                waited, versions = self.channel.ps.pull_at(assignment.tag, self.trainer.params_flat.numpy())
                 self.waited += waited
                 self.held = min(versions)
                 if max(versions) > assignment.tag:
@@ -114,7 +115,7 @@ class BSPBackupTasks(PSStrategy):
         # A non-finite portion gradient is never pushed; skipped, the portion counts as done with nothing.
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
         grads = trainer.grads_flat.numpy() if ok else None
-        pushes = self.client.push_portion_async(a.tag, a.portion, grads, lr)
+        pushes = self.channel.push_portion_async(a.tag, a.portion, grads, lr)
         self.next_request = self._request((a.tag, a.portion, pushes))
         self.in_flight.append(pushes)
         return CommStats(

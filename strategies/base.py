@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from distrain.compression.spec import FLAG
 from distrain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
     from distrain.compression import CodecSpec
     from distrain.config import RunConfig
+    from distrain.strategies.channel import Channel, Traffic
     from distrain.strategies.ps_shard import ConsistencyRule
     from distrain.trainers.local_trainer import LocalTrainer
 
@@ -146,6 +148,18 @@ class CommStats:
     lr: float | None = None  # the rate the update was applied at, where the strategy set its own (elastic BSP)
     extra: dict[str, Any] = field(default_factory=dict)  # the strategy's own `metric_columns`, by name
 
+    def add(self, traffic: Traffic) -> CommStats:
+        """Count a channel transfer's seconds and bytes on this row (returns the row). `bytes_uncompressed`
+        appears once any transfer ran under a codec, float32 transfers counting as they were sent."""
+        if traffic.uncompressed is not None or self.bytes_uncompressed is not None:
+            mine = self.bytes_sent if self.bytes_uncompressed is None else self.bytes_uncompressed
+            theirs = traffic.sent if traffic.uncompressed is None else traffic.uncompressed
+            self.bytes_uncompressed = mine + theirs
+        self.seconds += traffic.seconds
+        self.bytes_sent += traffic.sent
+        self.bytes_received += traffic.received
+        return self
+
 
 class Strategy(ABC):
     name: ClassVar[str]
@@ -171,8 +185,10 @@ class Strategy(ABC):
     # where the user set none; a schedule's phases share the run's settings, set by its first strategy.
     run_defaults: ClassVar[dict[str, Any]] = {}
     metric_columns: ClassVar[dict[str, str]] = {}  # column -> Arrow type: "float64", "int64", "int32", "bool"
-    # What `--compress` compresses under this strategy, for `distrain strategies` ("": it cannot apply one).
-    compresses: ClassVar[str] = ""
+    # What `--compress` compresses under this strategy, for `distrain strategies` ("": it cannot apply one,
+    # e.g. its traffic does not go through its channel). By default: the streams it sends on its channel.
+    compresses: ClassVar[str] = "what it sends on its channel (float32 where a stream is declared exact)"
+    _channel: Channel | None = None  # see `channel`
     # The options the report's strategy column states (`settings_text`, `run_settings_text`), so its
     # "settings that differ" leaves them out (reporting/report.py).
     described_options: ClassVar[tuple[str, ...]] = ()
@@ -183,6 +199,16 @@ class Strategy(ABC):
         self.config = config
         self.ctx = ctx
         self.options: Any = config.options_of(self.name)
+
+    @property
+    def channel(self) -> Channel:
+        """This worker's channel (strategies/channel.py): every transfer to the other workers and to the
+        shards, under the run's codec, emulated link and byte accounting. Made on first use."""
+        if self._channel is None:
+            from distrain.strategies.channel import Channel
+
+            self._channel = Channel(self.config, self.ctx)
+        return self._channel
 
     @classmethod
     def driver_actors(cls, config: RunConfig) -> tuple[str, ...]:
@@ -244,7 +270,7 @@ class Strategy(ABC):
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
         """Refuse (ConfigError, one line) a `--compress` codec this strategy's traffic cannot carry."""
         if not cls.compresses:
-            raise ConfigError(f"--strategy {cls.name} does not apply --compress; drop --compress {codec}")
+            raise ConfigError(f"--strategy {cls.name} does not apply {FLAG}; drop {FLAG} {codec}")
 
     def setup(self, trainer: LocalTrainer) -> None:  # noqa: B027 - optional hook
         """Join transports; every worker calls this at the same time."""
@@ -342,5 +368,7 @@ class Strategy(ABC):
     def load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Restore what `extra_state` gave, after `setup`, when a run resumes (or recovers) from a checkpoint."""
 
-    def teardown(self) -> None:  # noqa: B027 - optional hook
-        """Leave transports."""
+    def teardown(self) -> None:
+        """Leave transports (the channel's group; an override calls this too)."""
+        if self._channel is not None:
+            self._channel.close()

@@ -7,7 +7,6 @@ every replica) and the parameter server (the shards apply the round's mean and s
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,16 +15,13 @@ from typing import TYPE_CHECKING, Any
 from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.base import CommStats, PlanningSetting, Strategy, StrategyContext, StrategyOptions
-from distrain.strategies.compressing import compressed_stream
 from distrain.strategies.consistency import ConsistencyRule
-from distrain.strategies.network import Link
 from distrain.strategies.ps import PSStrategy
 from distrain.strategies.strategy_lookup import STRATEGIES
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
-    from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce
-    from distrain.strategies.compressed_collective import CompressedAllReduce
+    from distrain.strategies.channel import GradientReduce
     from distrain.strategies.ps_client import PushPullResult
     from distrain.trainers.local_trainer import LocalTrainer
 
@@ -110,9 +106,7 @@ class BSP(Strategy):
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        self.group: CollectiveGroup | None = None
-        self.overlap: OverlappedAllReduce | None = None
-        self.compressed: CompressedAllReduce | None = None
+        self.grads: GradientReduce | None = None
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
@@ -161,61 +155,27 @@ class BSP(Strategy):
         return figures
 
     def setup(self, trainer: LocalTrainer) -> None:
-        from distrain.strategies.collective import CollectiveGroup, OverlappedAllReduce, backend_for
-
-        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
-        link = Link.of(self.config)  # one emulated link per worker, shared by its transfers
-        self.group = CollectiveGroup(
-            self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s, link
-        )
+        self.channel.join()
         # Replicas start equal because the seed fixes the init; the broadcast makes it a fact.
-        self.group.broadcast_(trainer.params_flat, src=0)
-        # --compress: the whole gradient goes through the codec after backward, one compressed all-reduce
-        # per step (PowerSGD needs every matrix whole; error feedback is kept per worker), so compressed
-        # BSP does not overlap communication with backward.
-        self.compressed = compressed_stream(self.config, self.ctx.world_size, [p.shape for p in trainer.params], link)
-        if self.ctx.world_size > 1 and self.compressed is None:
-            self.overlap = OverlappedAllReduce(trainer.params, trainer.grads_flat, self.ctx.world_size, link=link)
+        self.channel.broadcast(trainer.params_flat, src=0)
+        # Launched bucket by bucket during backward; under --compress the whole gradient goes through the
+        # codec after backward instead (the channel decides: PowerSGD needs every matrix whole).
+        self.grads = self.channel.gradient_all_reduce("grads", trainer.params, trainer.grads_flat)
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
-        from distrain.strategies.collective import ring_allreduce_bytes
-
-        assert self.group is not None, "setup() must run before step()"
-        if self.compressed is not None:
-            return self._compressed_step(trainer, lr)
-        # The buckets' all-reduces were launched during backward; comm_s is what is left to wait for.
-        seconds = self.overlap.finish() if self.overlap else self.group.all_reduce_mean_(trainer.grads_flat)
+        assert self.grads is not None, "setup() must run before step()"
+        traffic = self.grads.finish()
         # Decided on the all-reduced gradient, which every replica holds: all skip (or stop) together.
         applied = self.usable_gradient(trainer, "all-reduced gradient")
         if applied:
             trainer.apply_update(lr)
-        moved = ring_allreduce_bytes(trainer.nbytes, self.ctx.world_size)
-        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved, nonfinite=None if applied else True)
-
-    def _compressed_step(self, trainer: LocalTrainer, lr: float) -> CommStats:
-        assert self.compressed is not None
-        t0 = time.perf_counter()
-        trainer.unscale_grads_()  # no-op: --precision fp16 and --compress are refused together (config.py)
-        sent = self.compressed.all_reduce_mean_(trainer.grads_flat)
-        seconds = time.perf_counter() - t0
-        applied = self.usable_gradient(trainer, "all-reduced gradient")
-        if applied:
-            trainer.apply_update(lr)
-        return CommStats(
-            seconds=seconds,
-            bytes_sent=sent,
-            bytes_received=sent,
-            bytes_uncompressed=self.compressed.last_raw_bytes,
-            nonfinite=None if applied else True,
-        )
+        return CommStats(nonfinite=None if applied else True).add(traffic)
 
     def teardown(self) -> None:
-        if self.overlap is not None:
-            self.overlap.remove()
-            self.overlap = None
-        if self.group is not None:
-            self.group.destroy()
-            self.group = None
+        if self.grads is not None:
+            self.grads.remove()
+            self.grads = None
+        super().teardown()
 
 
 class BSPOverPS(PSStrategy):

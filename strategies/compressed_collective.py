@@ -1,14 +1,17 @@
 """A compressed all-reduce: one stream of traffic (a worker's gradients, or its pseudo-gradients) under
-one codec (`--compress`, see distrain/compression).
+one codec (`--compress`, see distrain/compression). The channel's (strategies/channel.py) engine for
+compressed streams between workers; strategies reach it only through the channel.
 
-Which collective each codec uses, and the bytes it counts (what this worker puts on the wire, per
-transfer, times the collective's factor; the emulated link is charged with exactly that):
-- fp16 / bf16: all-reduce in that dtype (the sum is taken in 16 bits), then the mean in fp32; no error
+Which collective each codec uses (its declared `reduction`, compression/spec.py), and the bytes it
+counts (what this worker puts on the wire, per transfer, times the collective's factor; the emulated
+link is charged with exactly that):
+- "sum", fp16 / bf16: all-reduce in that dtype (the sum is taken in 16 bits), then the mean in fp32; no error
   feedback. Bytes: 2(P-1)/P x payload (a ring all-reduce).
-- int8 / top-k: quantised values cannot be summed as they are, so every rank all-gathers every rank's
-  encoded parts (packed into one byte buffer: one transfer) and averages the decoded values. Error
+- "gather", the default (int8, top-k): quantised values cannot be summed as they are, so every rank
+  all-gathers every rank's encoded parts (packed into one byte buffer: one transfer) and averages the
+  decoded values. Error
   feedback per stream on this worker: e <- (x + e) - D(C(x + e)). Bytes: (P-1) x payload.
-- PowerSGD: three all-reduces (the uncompressed vectors in fp32, then P, then Q), each 2(P-1)/P of its
+- "rounds", PowerSGD: three all-reduces (the uncompressed vectors in fp32, then P, then Q), each 2(P-1)/P of its
   payload; error feedback as the hook's: e <- (x + e) - (the decoded mean). It needs the tensors' shapes.
 With one rank the codec still runs (decode(encode(x + e)), the residual kept), nothing is sent, and the
 bytes are 0: a single worker computes what the compressed multi-worker run would.
@@ -23,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from distrain.compression.base import Encoded, ErrorFeedback
-from distrain.compression.spec import CodecSpec
+from distrain.compression.spec import FLAG, CodecSpec
 from distrain.errors import ConfigError
 from distrain.strategies.collective import ring_allreduce_bytes
 from distrain.strategies.network import Link
@@ -42,7 +45,7 @@ class CompressedAllReduce:
     ) -> None:
         if spec.needs_shapes and shapes is None:
             raise ConfigError(
-                f"--compress {spec} needs whole matrices: this transport holds flat slices of the parameters "
+                f"{FLAG} {spec} needs whole matrices: this transport holds flat slices of the parameters "
                 "(the parameter server's shards); use an all-reduce strategy, or another codec"
             )
         if shapes is not None:
@@ -71,8 +74,8 @@ class CompressedAllReduce:
             raise ValueError(f"expected {self.numel} values, got {buffer.numel()}")
         self.last_raw_bytes = ring_allreduce_bytes(self.numel * 4, self.world_size)
         self.sent = 0
-        name = self.spec.name
-        if name == "powersgd":
+        reduction = self.spec.reduction
+        if reduction == "rounds":
             corrected = buffer.detach().to(torch.float32) + self.feedback.residual
             if self.world_size > 1:
                 enc = self.codec.encode(corrected, all_reduce=self._ring_sum_, world_size=self.world_size)
@@ -80,14 +83,14 @@ class CompressedAllReduce:
                 enc = self.codec.encode(corrected)
             out = self.codec.decode(enc)
             self.feedback.residual = corrected.sub_(out)
-        elif name in ("fp16", "bf16"):
+        elif reduction == "sum":
             enc = self.codec.encode(buffer)
             if self.world_size > 1:
                 self._ring_sum_(enc.parts["values"])
             out = self.codec.decode(enc)
             if self.world_size > 1:
                 out.div_(self.world_size)
-        else:  # int8, topk: all-gather the encoded parts, decode each rank's, average
+        else:  # "gather": all-gather the encoded parts, decode each rank's, average
             enc = self.feedback.encode(buffer)
             if self.world_size > 1:
                 out = torch.zeros(self.numel, dtype=torch.float32)
@@ -136,14 +139,14 @@ class CompressedAllReduce:
     def state_dict(self) -> dict:
         """The residual and PowerSGD's warm start, for checkpoints (tensors, ints and lists only)."""
         state: dict = {"codec": str(self.spec), "residual": self.feedback.residual.clone()}
-        if self.spec.name == "powersgd":
+        if hasattr(self.codec, "state_dict"):  # a stateful codec (PowerSGD's warm start)
             state["powersgd"] = self.codec.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("codec") != str(self.spec):
             raise ConfigError(
-                f"--compress {self.spec}: the checkpoint's compression state is for {state.get('codec')!r}"
+                f"{FLAG} {self.spec}: the checkpoint's compression state is for {state.get('codec')!r}"
             )
         residual = state["residual"]
         if residual.numel() != self.numel:
@@ -166,11 +169,11 @@ def wire_parts(spec: CodecSpec, shapes: Sequence[tuple[int, ...]]) -> list[tuple
     numel = sum(int(torch.Size(s).numel()) for s in shapes)
     codec = spec.build([torch.Size(s) for s in shapes]) if spec.needs_shapes else spec.build()
     enc = codec.encode(torch.randn(numel, generator=torch.Generator().manual_seed(0)))
-    if spec.name == "powersgd":  # three all-reduces (vectors, P, Q), each skipped when empty (_ring_sum_)
-        return [("ring", _nbytes(enc.parts[k])) for k in ("vectors", "p", "q") if enc.parts[k].numel()]
-    if spec.name in ("fp16", "bf16"):  # one all-reduce in 16 bits
+    if spec.reduction == "rounds":  # one all-reduce per part (PowerSGD: vectors, P, Q), each skipped when empty
+        return [("ring", _nbytes(t)) for t in enc.parts.values() if t.numel()]
+    if spec.reduction == "sum":  # one all-reduce of the encoded values (16 bits)
         return [("ring", _nbytes(enc.parts["values"]))]
-    return [("gather", enc.nbytes)]  # int8, top-k: the packed parts, all-gathered
+    return [("gather", enc.nbytes)]  # the packed parts, all-gathered
 
 
 def _nbytes(t: torch.Tensor) -> int:

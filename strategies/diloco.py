@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,16 +57,13 @@ from distrain.strategies.base import (
     StrategyOptions,
     all_finite,
 )
-from distrain.strategies.compressing import compressed_stream
-from distrain.strategies.network import Link
 from distrain.strategies.strategy_lookup import STRATEGIES
 
 if TYPE_CHECKING:
     import torch
 
     from distrain.config import RunConfig
-    from distrain.strategies.collective import CollectiveGroup
-    from distrain.strategies.compressed_collective import CompressedAllReduce
+    from distrain.strategies.channel import Pending
     from distrain.trainers.local_trainer import LocalTrainer
 
 DEFAULT_SYNC_EVERY = 8
@@ -196,7 +192,6 @@ class DiLoCo(Strategy):
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        self.group: CollectiveGroup | None = None
         self.fragments: list[Fragment] = []  # θ_g fragment by fragment (one fragment: DiLoCo itself)
         self.t = 0  # inner steps since the period began (fragment p syncs when t % H == its offset)
         self.outer_steps = 0  # fragment outer steps completed (one fragment: DiLoCo's outer steps)
@@ -211,31 +206,23 @@ class DiLoCo(Strategy):
             )
 
     def setup(self, trainer: LocalTrainer) -> None:
-        from distrain.strategies.collective import CollectiveGroup, backend_for
-
-        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
-        self.group = CollectiveGroup(
-            self.ctx.rank,
-            self.ctx.world_size,
-            self.ctx.rendezvous,
-            backend,
-            self.config.collective_timeout_s,
-            Link.of(self.config),
-        )
-        self.group.broadcast_(trainer.params_flat, src=0)  # replicas start from one θ_g
+        self.channel.join()
+        self.channel.broadcast(trainer.params_flat, src=0)  # replicas start from one θ_g
         o: DiLoCoOptions = self.options
         spans = fragment_spans([p.numel() for p in trainer.params], o.fragments)
         self.fragments = [
             Fragment.create(lo, hi, (i * o.sync_every) // o.fragments, trainer.params_flat, o)
             for i, (lo, hi) in enumerate(spans)
         ]
-        # --compress: each fragment's pseudo-gradient is its own stream (error feedback, PowerSGD warm start)
+        # Each fragment's pseudo-gradient is a stream of its own (under --compress: its own error feedback
+        # and PowerSGD warm start, which needs the fragment's tensor shapes).
         starts = [0]
         for p in trainer.params:
             starts.append(starts[-1] + p.numel())
-        for f in self.fragments:
+        for i, f in enumerate(self.fragments):
+            f.stream = "pseudo_grads" if len(self.fragments) == 1 else f"pseudo_grads.{i}"
             shapes = [p.shape for p, start in zip(trainer.params, starts, strict=False) if f.lo <= start < f.hi]
-            f.stream = compressed_stream(self.config, self.ctx.world_size, shapes, self.group.link)
+            self.channel.open(f.stream, shapes=shapes)
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         # An inner step is the replica's own: decided on its own loss and gradient (skipped: no update).
@@ -279,41 +266,19 @@ class DiLoCo(Strategy):
         return stats
 
     def _launch(self, f: Fragment, trainer: LocalTrainer, stats: CommStats, due: int) -> None:
-        """Start the all-reduce of this fragment's pseudo-gradient θ_g − θ_i (in the background)."""
-        import torch.distributed as dist
-
-        from distrain.strategies.collective import ring_allreduce_bytes
-
-        assert self.group is not None
+        """Start the all-reduce of this fragment's pseudo-gradient θ_g − θ_i (in the background; under
+        --compress the codec runs now, blocking, and the mean still waits until `due`)."""
         f.delta = f.param.data - trainer.params_flat[f.lo : f.hi]
-        if f.stream is not None:  # --compress: the compressed all-reduce runs now; the mean waits until due
-            t0 = time.perf_counter()
-            sent = f.stream.all_reduce_mean_(f.delta)
-            stats.seconds += time.perf_counter() - t0
-            f.work, f.deadline, f.due, f.since = _Done(), 0.0, due, 0
-            stats.bytes_sent += sent
-            stats.bytes_received += sent
-            stats.bytes_uncompressed = (stats.bytes_uncompressed or 0) + f.stream.last_raw_bytes
-            return
-        nbytes = ring_allreduce_bytes(f.delta.numel() * f.delta.element_size(), self.ctx.world_size)
-        if self.ctx.world_size > 1:
-            f.deadline = self.group.link.reserve(nbytes)  # the emulated link carries it from now on
-            f.work = dist.all_reduce(f.delta, op=dist.ReduceOp.SUM, async_op=True)
-        else:
-            f.work = _Done()
+        f.work = self.channel.all_reduce_async(f.stream, f.delta)
+        stats.add(f.work.traffic)
         f.due, f.since = due, 0
-        stats.bytes_sent += nbytes
-        stats.bytes_received += nbytes
 
     def _arrive(self, f: Fragment, trainer: LocalTrainer, stats: CommStats, alpha: float) -> None:
         """Wait for the fragment's mean pseudo-gradient, step its outer optimizer, mix θ_g into the replica:
         θ_i ← α·θ_i + (1 − α)·θ_g (α = 0: the replica takes θ_g)."""
-        assert self.group is not None and f.work is not None and f.delta is not None
-        t0 = time.perf_counter()
-        f.work.wait()
-        self.group.link.hold_until(f.deadline)
-        stats.seconds += time.perf_counter() - t0
-        delta = f.delta if f.stream is not None else f.delta.div_(self.ctx.world_size)  # a codec's is the mean
+        assert f.work is not None and f.delta is not None
+        stats.seconds += f.work.wait()
+        delta = f.delta
         # Every replica holds the same mean, so all agree. Skipped, the round is discarded: the replica's
         # fragment goes back to θ_g (its inner optimizer state stays as it is).
         if self.finite(all_finite(delta), "averaged pseudo-gradient"):
@@ -352,11 +317,6 @@ class DiLoCo(Strategy):
         for f in self.fragments:
             import_flat_state(f.outer, [f.param], flat.slice(f.lo, f.hi) if flat.vectors else flat)
 
-    def teardown(self) -> None:
-        if self.group is not None:
-            self.group.destroy()
-            self.group = None
-
 
 @dataclass
 class Fragment:
@@ -369,11 +329,10 @@ class Fragment:
     param: torch.nn.Parameter
     outer: torch.optim.Optimizer
     since: int = 0  # inner steps since its last sync was launched
-    work: Any = None  # the all-reduce in flight
+    work: Pending | None = None  # the all-reduce in flight
     delta: torch.Tensor | None = None
     due: int = 0  # the inner step at which it is mixed in
-    deadline: float = 0.0  # the emulated link's completion time
-    stream: CompressedAllReduce | None = None  # --compress: the fragment's compressed all-reduce
+    stream: str = "pseudo_grads"  # the channel's stream for its pseudo-gradient
 
     @classmethod
     def create(cls, lo: int, hi: int, offset: int, params_flat: torch.Tensor, options: DiLoCoOptions) -> Fragment:
@@ -381,13 +340,6 @@ class Fragment:
 
         param = torch.nn.Parameter(params_flat[lo:hi].detach().clone())
         return cls(lo, hi, offset, param, options.make_outer_optimizer(param))
-
-
-class _Done:
-    """The all-reduce of a single worker: nothing to wait for."""
-
-    def wait(self) -> None:
-        return None
 
 
 def fragment_spans(sizes: list[int], fragments: int) -> list[tuple[int, int]]:

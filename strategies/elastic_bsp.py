@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 from typing import TYPE_CHECKING
 
 from distrain.strategies.base import CommStats
 from distrain.strategies.bsp import BSP
 from distrain.strategies.local_sgd import LocalSGD
-from distrain.strategies.network import Link
 from distrain.trainers.schedule import scaled_lr
 
 if TYPE_CHECKING:
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
 
     from distrain.config import RunConfig
     from distrain.strategies.base import StrategyContext
-    from distrain.strategies.collective import CollectiveGroup
+    from distrain.strategies.channel import Channel
     from distrain.trainers.local_trainer import LocalTrainer
 
 
@@ -59,30 +57,17 @@ class ReformedGroup:
     """The process group of an elastic strategy over the collective transport (BSP, local SGD, DiLoCo):
     none until the driver forms one (`reform`), and a new one at every membership change."""
 
-    group: CollectiveGroup | None
+    channel: Channel
     config: RunConfig
     ctx: StrategyContext
 
     def reform(self, rank: int, size: int, rendezvous: str) -> None:
         """Leave the old group (a broken one too) and join a new one of `size` ranks at `rendezvous`."""
-        from distrain.strategies.collective import CollectiveGroup, backend_for
-
-        self._leave()
-        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
-        self.group = CollectiveGroup(
-            rank, size, rendezvous, backend, self.config.collective_timeout_s, Link.of(self.config)
-        )
-
-    def _leave(self) -> None:
-        if self.group is not None:
-            try:
-                self.group.destroy()
-            except Exception:  # noqa: BLE001 - a broken group may fail to tear down; a new one replaces it
-                pass
-            self.group = None
+        self.channel.leave(quiet=True)
+        self.channel.join(rank, size, rendezvous)
 
     def teardown(self) -> None:
-        self._leave()
+        self.channel.leave(quiet=True)
 
 
 class ElasticBSP(ReformedGroup, BSP):
@@ -123,29 +108,20 @@ class ElasticBSP(ReformedGroup, BSP):
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         import torch
-        import torch.distributed as dist
 
-        from distrain.strategies.collective import ring_allreduce_bytes
-
-        group: CollectiveGroup | None = self.group
-        assert group is not None, "reform() must run before step()"
+        assert self.channel.joined, "reform() must run before step()"
+        size = self.channel.world_size
         n = trainer.grads_flat.numel()
         buffer = torch.empty(n + 2, dtype=trainer.grads_flat.dtype, device=trainer.grads_flat.device)
         buffer[:n].copy_(trainer.grads_flat)
         buffer[n], buffer[n + 1] = self.weight, lr * self.weight
-        t0 = time.perf_counter()
-        moved = ring_allreduce_bytes(buffer.numel() * buffer.element_size(), group.world_size)
-        if group.world_size > 1:
-            done = group.link.reserve(moved, t0)
-            try:
-                dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
-            except (RuntimeError, OSError) as e:  # gloo: a closed peer, or the group's timeout
-                raise GroupBroken(str(e)) from e
-            group.link.hold_until(done)
-        seconds = time.perf_counter() - t0
+        try:
+            traffic = self.channel.all_reduce("grads", buffer, op="sum")
+        except (RuntimeError, OSError) as e:  # gloo: a closed peer, or the group's timeout
+            raise GroupBroken(str(e)) from e
         units = int(round(float(buffer[n])))
         if units == 0:  # nobody had a unit (never dealt so): nothing to apply
-            return CommStats(seconds=seconds, extra={"members": group.world_size})
+            return CommStats(seconds=traffic.seconds, extra={"members": size})
         trainer.grads_flat.copy_(buffer[:n]).div_(units)
         rate = float(buffer[n + 1]) / units
         rate *= lr_factor(
@@ -155,13 +131,10 @@ class ElasticBSP(ReformedGroup, BSP):
         if applied:
             trainer.apply_update(rate)
         return CommStats(
-            seconds=seconds,
-            bytes_sent=moved,
-            bytes_received=moved,
             nonfinite=None if applied else True,
             lr=rate if math.isfinite(rate) else None,
-            extra={"members": group.world_size},
-        )
+            extra={"members": size},
+        ).add(traffic)
 
 class ElasticLocalSGD(ReformedGroup, LocalSGD):
     """Local SGD over the collective transport under --workers MIN..MAX: the driver deals blocks of τ
@@ -203,8 +176,8 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
         self.sitting = True
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
-        assert self.group is not None, "reform() must run before step()"
-        size = self.group.world_size
+        assert self.channel.joined, "reform() must run before step()"
+        size = self.channel.world_size
         if getattr(self, "sitting", False):
             self.sitting = False
             return CommStats(tau=self.tau, averaging_round=self.rounds, extra={"members": size})
@@ -229,11 +202,8 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
         """The block's averaging round: Σ w·(θ_i − θ_anchor), Σ w·state_i, Σ w in one all-reduce, w = 1 for
         a member that took a step. Raises GroupBroken (after going back to the last average) if it fails."""
         import torch
-        import torch.distributed as dist
 
-        from distrain.strategies.collective import ring_allreduce_bytes
-
-        assert self.group is not None
+        assert self.channel.joined
         trainer = self.trainer
         n = trainer.numel
         opt = trainer.flat_optimizer_state()
@@ -242,18 +212,13 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
         parts += [v.to(trainer.params_flat.device) * w for v in opt.vectors.values()]
         parts.append(torch.tensor([w], dtype=trainer.params_flat.dtype, device=trainer.params_flat.device))
         buffer = torch.cat(parts)
-        t0 = time.perf_counter()
-        if self.group.world_size > 1:
-            moved = ring_allreduce_bytes(buffer.numel() * buffer.element_size(), self.group.world_size)
-            done = self.group.link.reserve(moved, t0)
-            try:
-                dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
-            except (RuntimeError, OSError) as e:
-                trainer.params_flat.copy_(self.anchor)  # the block is undone: back to the last average
-                trainer.load_flat_optimizer_state(self.anchor_optimizer)
-                self.took = 0
-                raise GroupBroken(str(e)) from e
-            self.group.link.hold_until(done)
+        try:
+            traffic = self.channel.all_reduce("params", buffer, op="sum")
+        except (RuntimeError, OSError) as e:
+            trainer.params_flat.copy_(self.anchor)  # the block is undone: back to the last average
+            trainer.load_flat_optimizer_state(self.anchor_optimizer)
+            self.took = 0
+            raise GroupBroken(str(e)) from e
         members = float(buffer[-1])
         if members > 0:
             buffer.div_(members)
@@ -266,5 +231,5 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
         self.rounds += 1
         self.pending, self.took = 0, 0
         if rows.get("comm_s"):  # the round's time and bytes go on the block's last row
-            rows["comm_s"][-1] += time.perf_counter() - t0
+            rows["comm_s"][-1] += traffic.seconds
             rows["averaging_round"][-1] = self.rounds

@@ -22,7 +22,6 @@ fragments synchronise inside a block, so a change of members could only wait for
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats, all_finite
@@ -67,8 +66,8 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
         self.sitting = True
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
-        assert self.group is not None, "reform() must run before step()"
-        size = self.group.world_size
+        assert self.channel.joined, "reform() must run before step()"
+        size = self.channel.world_size
         stats = CommStats(tau=self.options.sync_every, averaging_round=self.outer_steps, extra={"members": size})
         if self.sitting:
             self.sitting = False
@@ -90,26 +89,17 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
         on their quotient, every member continuing from the new θ_g. Raises GroupBroken (after undoing the
         block) when the all-reduce fails."""
         import torch
-        import torch.distributed as dist
 
-        from distrain.strategies.collective import ring_allreduce_bytes
-
-        assert self.group is not None
+        assert self.channel.joined
         trainer, (f,) = self.trainer, self.fragments
         w = 1.0 if self.took else 0.0
         local = trainer.params_flat
         buffer = torch.cat([(f.param.data - local) * w, torch.tensor([w], dtype=local.dtype, device=local.device)])
-        t0 = time.perf_counter()
-        moved = 0
-        if self.group.world_size > 1:
-            moved = ring_allreduce_bytes((buffer.numel() - 1) * buffer.element_size(), self.group.world_size)
-            done = self.group.link.reserve(moved, t0)
-            try:
-                dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
-            except (RuntimeError, OSError) as e:
-                self._undo_block()
-                raise GroupBroken(str(e)) from e
-            self.group.link.hold_until(done)
+        try:
+            traffic = self.channel.all_reduce("pseudo_grads", buffer, op="sum")
+        except (RuntimeError, OSError) as e:
+            self._undo_block()
+            raise GroupBroken(str(e)) from e
         members = float(buffer[-1])
         if members > 0:
             delta = buffer[:-1].div_(members)
@@ -122,9 +112,9 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
         self.block_start_optimizer = trainer.flat_optimizer_state()
         self.took = 0
         if rows.get("comm_s"):  # the round's time and bytes go on the block's last row
-            rows["comm_s"][-1] += time.perf_counter() - t0
-            rows["bytes_sent"][-1] += moved
-            rows["bytes_received"][-1] += moved
+            rows["comm_s"][-1] += traffic.seconds
+            rows["bytes_sent"][-1] += traffic.sent
+            rows["bytes_received"][-1] += traffic.received
             rows["averaging_round"][-1] = self.outer_steps
 
     def _undo_block(self) -> None:

@@ -48,8 +48,6 @@ from distrain.strategies.base import (
     StrategyOptions,
     all_finite,
 )
-from distrain.strategies.compressing import compressed_stream
-from distrain.strategies.network import Link
 from distrain.strategies.strategy_lookup import STRATEGIES
 from distrain.trainers.schedule import scaled_lr
 
@@ -57,8 +55,6 @@ if TYPE_CHECKING:
     import torch
 
     from distrain.config import RunConfig
-    from distrain.strategies.collective import CollectiveGroup
-    from distrain.strategies.compressed_collective import CompressedAllReduce
     from distrain.trainers.local_trainer import LocalTrainer
 
 DEFAULT_TAU = 8
@@ -151,7 +147,6 @@ class LocalSGD(Strategy):
         super().__init__(config, ctx)
         options: LocalSGDOptions = self.options
         assert options.tau is not None
-        self.group: CollectiveGroup | None = None
         self.adacomm: AdaComm | None = None
         if options.adaptive_tau:
             assert options.tau_interval is not None and options.tau_max is not None
@@ -168,26 +163,13 @@ class LocalSGD(Strategy):
         self.interval_steps = 0
         self.lr = 0.0
         self.anchor: torch.Tensor | None = None  # θ after the last round (equal on every worker)
-        self.compressed: CompressedAllReduce | None = None  # --compress: θ's change goes through it
 
     def setup(self, trainer: LocalTrainer) -> None:
-        from distrain.strategies.collective import CollectiveGroup, backend_for
-
-        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
-        self.group = CollectiveGroup(
-            self.ctx.rank,
-            self.ctx.world_size,
-            self.ctx.rendezvous,
-            backend,
-            self.config.collective_timeout_s,
-            Link.of(self.config),
-        )
+        self.channel.join()
         # Replicas start equal (same seed, or the same loaded state); the broadcast makes it a fact.
-        self.group.broadcast_(trainer.params_flat, src=0)
+        self.channel.broadcast(trainer.params_flat, src=0)
         self.anchor = trainer.params_flat.clone()
-        self.compressed = compressed_stream(
-            self.config, self.ctx.world_size, [p.shape for p in trainer.params], self.group.link
-        )
+        self.channel.open("params", shapes=[p.shape for p in trainer.params])  # θ's change (a codec's shapes)
         self.interval_start = time.perf_counter()
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
@@ -222,30 +204,18 @@ class LocalSGD(Strategy):
         """One averaging round: θ, the optimizer's state vectors and the AdaComm statistics, in one all-reduce."""
         import torch
 
-        from distrain.strategies.collective import ring_allreduce_bytes
-
-        assert self.group is not None and self.anchor is not None, "setup() must run before step()"
+        assert self.anchor is not None, "setup() must run before step()"
         opt = trainer.flat_optimizer_state()
         n = trainer.numel
         elapsed = time.perf_counter() - self.interval_start
         stats = torch.tensor([self.loss_sum, float(self.loss_count), elapsed], dtype=trainer.params_flat.dtype)
         vectors = [v.to(trainer.params_flat.device) for v in opt.vectors.values()]
         # θ travels as its change since the last round: mean(θ_i) = θ_anchor + mean(θ_i - θ_anchor) exactly,
-        # but small deltas average with far less float32 rounding than whole parameters do.
-        delta = trainer.params_flat - self.anchor
-        rest = torch.cat([*vectors, stats.to(trainer.params_flat.device)])
-        if self.compressed is None:
-            buffer = torch.cat([delta, rest])
-            seconds = self.group.all_reduce_mean_(buffer)
-            moved = ring_allreduce_bytes(buffer.numel() * buffer.element_size(), self.ctx.world_size)
-            raw = None
-        else:  # --compress: θ's change through the codec; optimizer state and statistics as they are
-            t0 = time.perf_counter()
-            sent = self.compressed.all_reduce_mean_(delta)
-            seconds = time.perf_counter() - t0 + self.group.all_reduce_mean_(rest)
-            buffer = torch.cat([delta, rest])
-            exact = ring_allreduce_bytes(rest.numel() * rest.element_size(), self.ctx.world_size)
-            moved, raw = sent + exact, self.compressed.last_raw_bytes + exact
+        # but small deltas average with far less float32 rounding than whole parameters do. The optimizer
+        # state and the statistics stay float32 under --compress (a lossy code of them would make the
+        # replicas disagree on what they hold or on τ): the channel sends them after θ's change.
+        buffer = torch.cat([trainer.params_flat - self.anchor, *vectors, stats.to(trainer.params_flat.device)])
+        traffic = self.channel.all_reduce("params", buffer, exact_tail=buffer.numel() - n)
         # Every worker holds the same averaged buffer, so all agree. Skipped, the round is discarded:
         # each replica goes back to the last average (its local optimizer state stays as it is).
         finite = self.finite(all_finite(buffer), "averaged parameters")
@@ -266,13 +236,7 @@ class LocalSGD(Strategy):
                 self.tau = self.adacomm.tau
                 self.interval_start = time.perf_counter()
                 self.interval_steps = 0
-        return CommStats(
-            seconds=seconds,
-            bytes_sent=moved,
-            bytes_received=moved,
-            bytes_uncompressed=raw,
-            nonfinite=None if finite else True,
-        )
+        return CommStats(nonfinite=None if finite else True).add(traffic)
 
     def extra_state(self) -> dict[str, Any]:
         """τ in force, rounds so far and AdaComm's F_0, η_0 and highest rate: the same on every worker (they
@@ -289,8 +253,3 @@ class LocalSGD(Strategy):
             saved = state["adacomm"]
             self.adacomm.tau, self.adacomm.loss0 = int(saved["tau"]), saved["loss0"]
             self.adacomm.lr0, self.adacomm.highest = saved["lr0"], float(saved["highest"])
-
-    def teardown(self) -> None:
-        if self.group is not None:
-            self.group.destroy()
-            self.group = None

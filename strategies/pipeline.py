@@ -267,9 +267,10 @@ class PipelineBSP(Strategy):
 
     @classmethod
     def check_codec(cls, config: RunConfig, codec: Any) -> None:
+        from distrain.compression.spec import FLAG
         from distrain.errors import ConfigError
 
-        raise ConfigError(f"--compress does not compose with --pipeline-stages; drop one of them (--compress {codec})")
+        raise ConfigError(f"{FLAG} does not compose with --pipeline-stages; drop one of them ({FLAG} {codec})")
 
     @property
     def counts_samples(self) -> bool:
@@ -290,30 +291,24 @@ class PipelineBSP(Strategy):
 
     # ------------------------------------------------------------------ set-up
     def setup(self, trainer: LocalTrainer) -> None:
-        import torch.distributed as dist
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        from distrain.strategies.collective import CollectiveGroup, backend_for
-
-        backend = backend_for(self.ctx.device, self.config.gpus_per_worker)
-        self.group = CollectiveGroup(
-            self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s
-        )
+        self.channel.join()
         S, R = self.stages, self.replicas
         # Every rank makes every group, in one order (torch.distributed requires it).
         self.pipe_group = None
         for r in range(R):
-            group = dist.new_group([r * S + s for s in range(S)])
+            group = self.channel.subgroup([r * S + s for s in range(S)])  # the stages' p2p (torch's schedule)
             if r == self.replica:
                 self.pipe_group = group
         self.dp_group = None
         if R > 1:
             for s in range(S):
-                group = dist.new_group([r * S + s for r in range(R)])
+                group = self.channel.subgroup([r * S + s for r in range(R)])
                 if s == self.stage:
                     self.dp_group = group
             # Replicas start equal because the seed fixes the init; the broadcast makes it a fact.
-            dist.broadcast(trainer.params_flat, src=self.stage, group=self.dp_group)
+            self.channel.broadcast(trainer.params_flat, src=self.stage, subgroup=self.dp_group)
         self.trainer = trainer
         if not self.last:  # gloo sends and receives only contiguous tensors (a pooling layer's output may not be)
             trainer.model.register_forward_hook(lambda module, args, out: out.contiguous())
@@ -442,17 +437,11 @@ class PipelineBSP(Strategy):
         return trainer.last_loss
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
-        import torch.distributed as dist
+        from distrain.strategies.channel import Traffic
 
-        from distrain.strategies.collective import ring_allreduce_bytes
-
-        t0 = time.perf_counter()
-        moved = 0
-        if self.dp_group is not None:
-            dist.all_reduce(trainer.grads_flat, op=dist.ReduceOp.SUM, group=self.dp_group)
-            trainer.grads_flat.div_(self.replicas)
-            moved = ring_allreduce_bytes(trainer.nbytes, self.replicas)
-        seconds = time.perf_counter() - t0
+        traffic = Traffic()
+        if self.dp_group is not None:  # the stage's gradient, averaged with its R copies
+            traffic = self.channel.all_reduce("grads", trainer.grads_flat, subgroup=self.dp_group)
         # Decided on the all-reduced gradient, which every copy of the stage holds: they skip together.
         # (Other stages decide on their own gradients: a non-finite loss makes every stage's non-finite.)
         applied = self.finite(all_finite(trainer.grads_flat), "all-reduced gradient")
@@ -461,12 +450,8 @@ class PipelineBSP(Strategy):
         extra = dict(self.stats)
         extra["mem_optim_bytes"] = optimizer_state_bytes(trainer.optimizer)
         sent, got = self.bytes_p2p
-        return CommStats(
-            seconds=seconds,
-            bytes_sent=moved + sent,
-            bytes_received=moved + got,
-            nonfinite=None if applied else True,
-            extra=extra,
+        return CommStats(bytes_sent=sent, bytes_received=got, nonfinite=None if applied else True, extra=extra).add(
+            traffic
         )
 
     # ------------------------------------------------------------------ evaluation
@@ -527,11 +512,6 @@ class PipelineBSP(Strategy):
 
     def spans(self) -> list[tuple[str, int, float, float]]:
         return list(getattr(self, "last_spans", []))
-
-    def teardown(self) -> None:
-        if getattr(self, "group", None) is not None:
-            self.group.destroy()
-            self.group = None
 
 
 def optimizer_state_bytes(optimizer: Any) -> int:

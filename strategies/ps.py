@@ -10,45 +10,39 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from distrain.compression.spec import FLAG
 from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.base import CommStats, PlanningSetting, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.consistency import ConsistencyRule
-from distrain.strategies.network import Link
 from distrain.strategies.strategy_lookup import STRATEGIES
 
 if TYPE_CHECKING:
     from distrain.compression import CodecSpec
     from distrain.config import RunConfig
-    from distrain.strategies.ps_client import PushPullResult
+    from distrain.strategies.ps_client import PSClient, PushPullResult
     from distrain.trainers.local_trainer import LocalTrainer
-
-# A PS wait gives up after PS_WAIT_FACTOR x --hang-timeout-s + PS_WAIT_MARGIN_S: later than the driver's
-# hang detection (1x) plus the start of a replacement, whose first push releases whoever waits.
-PS_WAIT_FACTOR = 3
-PS_WAIT_MARGIN_S = 30.0
-
 
 class PSStrategy(Strategy):
     transports = ("ps",)
     compresses = "gradient pushes, the residual kept on the worker (pulls stay float32)"
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
-        from distrain.strategies.ps_client import PSClient
-
         super().__init__(config, ctx)
-        timeout = config.hang_timeout_s * PS_WAIT_FACTOR + PS_WAIT_MARGIN_S
-        self.client = PSClient(list(ctx.ps_shards), list(ctx.ps_bounds), ctx.rank, timeout, Link.of(config))
         self.clock = 0  # iterations this worker has pushed
         self.rounds = self.ps_rule(config).mode == "rounds"  # only rounds drop gradients (k-of-n)
-        self.encoders: list[Any] = []  # --compress: one error-feedback encoder per shard's slice
+
+    @property
+    def client(self) -> PSClient:
+        """The channel's client of the shards (versions read, waits for a round, snapshots)."""
+        return self.channel.ps
 
     @classmethod
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
         super().check_codec(config, codec)
         if codec.needs_shapes:
             raise ConfigError(
-                f"--compress {codec} needs whole matrices, but a parameter-server shard holds a flat slice of "
+                f"{FLAG} {codec} needs whole matrices, but a parameter-server shard holds a flat slice of "
                 "the parameters; use fp16, bf16, int8 or topk:FRACTION there, or --transport collective"
             )
 
@@ -58,36 +52,16 @@ class PSStrategy(Strategy):
 
     def setup(self, trainer: LocalTrainer) -> None:
         # The shards hold this worker's clock: a worker started after a restore continues from it.
-        self.clock = self.client.pull(trainer.params_flat.numpy())
-        if self.config.compress:
-            from distrain.compression import parse_codec
-            from distrain.compression.base import ErrorFeedback
-
-            codec = parse_codec(self.config.compress)
-            if codec is not None:
-                built = codec.build()
-                self.encoders = [ErrorFeedback(built, stop - start) for start, stop in self.ctx.ps_bounds]
+        self.clock = self.channel.pull(trainer.params_flat.numpy())
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         # A non-finite gradient never reaches the shards. Skipped, the push still carries the clock
         # (None for the gradient): the worker takes part in its round, contributing nothing.
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
-        grads: Any = trainer.grads_flat.numpy() if ok else None
-        sent, raw = trainer.nbytes, None
-        if ok and self.encoders:  # each shard's slice encoded, its residual kept here for the next push
-            g = trainer.grads_flat
-            grads = [
-                (self.config.compress, ef.encode(g[start:stop]))
-                for ef, (start, stop) in zip(self.encoders, self.ctx.ps_bounds, strict=True)
-            ]
-            sent, raw = sum(e.nbytes for _, e in grads), trainer.nbytes
-        result = self.client.push_pull(self.clock, grads, lr, trainer.params_flat.numpy())
+        grads = trainer.grads_flat if ok else None
+        result, traffic = self.channel.push_pull("grads", self.clock, grads, lr, trainer.params_flat.numpy())
         self._advance(result)
         return CommStats(
-            seconds=result.seconds,
-            bytes_sent=sent,
-            bytes_uncompressed=raw,
-            bytes_received=trainer.nbytes,
             wait_s=result.wait_s,
             read_version=result.read_version,
             applied_version=result.applied_version,
@@ -96,7 +70,7 @@ class PSStrategy(Strategy):
             min_clock=result.min_clock,
             dropped=result.dropped if self.rounds else None,
             nonfinite=None if ok else True,
-        )
+        ).add(traffic)
 
     def _advance(self, result: PushPullResult) -> None:
         self.clock += 1

@@ -9,8 +9,10 @@ center variable x~, which moves towards their mean (beta = workers x alpha, the 
     x_i <- x_i - alpha (x_i - x~)        x~ <- x~ + beta (mean_i x_i - x~)
 
 Every worker holds the same x~ (it is computed from the same all-reduce), so it is checkpointed once.
-This file uses only distrain's public strategy contract (`distrain.Strategy` and friends) and its collective
-transport: an option dataclass (two flags), one metric column, a summary figure, checkpointed state.
+This file uses only distrain's public API (`from distrain import ...`): the strategy contract, an option
+dataclass (two flags), metric columns, a summary figure, checkpointed state, and the strategy's channel
+(`self.channel`) for its one all-reduce: --compress, --comm-delay-ms, --comm-bandwidth and the byte
+counts apply to it with no code here.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from typing import Any
 import torch
 
 from distrain import CommStats, ConfigError, Strategy, StrategyOptions, setting
-from distrain.strategies.collective import CollectiveGroup, ring_allreduce_bytes  # the collective transport
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,9 @@ class EASGD(Strategy):
     metric_columns = {"center_distance": "float64", "elastic_round": "int64"}
 
     def setup(self, trainer: Any) -> None:
-        backend = "nccl" if self.ctx.device.startswith("cuda") else "gloo"
-        self.group = CollectiveGroup(
-            self.ctx.rank, self.ctx.world_size, self.ctx.rendezvous, backend, self.config.collective_timeout_s
-        )
-        self.group.broadcast_(trainer.params_flat, src=0)
+        self.channel.join()
+        self.channel.broadcast(trainer.params_flat, src=0)
+        self.channel.open("params", shapes=[p.shape for p in trainer.params])  # whole tensors (for PowerSGD)
         self.center = trainer.params_flat.detach().clone()
         self.pending = 0  # local steps since the last elastic round
         self.rounds = 0  # elastic rounds so far (checkpointed: a resumed run goes on counting)
@@ -69,16 +68,15 @@ class EASGD(Strategy):
         alpha = self.options.elasticity
         beta = alpha * self.ctx.world_size
         mean = trainer.params_flat.detach().clone()
-        seconds = self.group.all_reduce_mean_(mean)
+        traffic = self.channel.all_reduce("params", mean)
         distance = float(torch.linalg.vector_norm(trainer.params_flat - self.center))
         with torch.no_grad():
             trainer.params_flat.sub_(alpha * (trainer.params_flat - self.center))
             self.center.add_(beta * (mean - self.center))
         self.pending = 0
         self.rounds += 1
-        moved = ring_allreduce_bytes(trainer.nbytes, self.ctx.world_size)
         extra = {"center_distance": distance, "elastic_round": self.rounds}
-        return CommStats(seconds=seconds, bytes_sent=moved, bytes_received=moved, extra=extra)
+        return CommStats(extra=extra).add(traffic)
 
     def export_state(self, trainer: Any) -> dict[str, Any]:
         """The checkpointed model is the center variable (EASGD's output), not this worker's replica."""
@@ -103,6 +101,3 @@ class EASGD(Strategy):
             "elastic_rounds": max((r for r in steps.get("elastic_round", []) if r is not None), default=0),
             "mean_center_distance": sum(distances) / len(distances) if distances else None,
         }
-
-    def teardown(self) -> None:
-        self.group.destroy()

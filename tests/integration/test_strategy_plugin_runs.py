@@ -14,6 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from distrain import cli
+from distrain.config import RunConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "strategies" / "easgd.py"
 runner = CliRunner()
@@ -64,3 +65,27 @@ def test_a_plugin_strategy_trains_records_its_columns_and_resumes_its_state(plug
     assert steps[steps["epoch"] == 0]["elastic_round"].notna().all()  # the first epoch's rows kept their columns
 
 
+@pytest.mark.usefixtures("ray_cluster")
+def test_the_plugin_s_averaging_is_compressed_counted_and_delayed_by_the_channel(plugin, tmp_path):
+    """easgd.py has no code for --compress, --comm-delay-ms or byte counts: its channel applies them."""
+    import math
+
+    from distrain.orchestrator.run import run_training
+
+    delay_ms = 60.0
+    config = RunConfig(
+        strategy=plugin, elasticity=0.2, easgd_period=4, model="mlp", epochs=1, max_steps=8, segment_steps=8,
+        eval_every=0, compress="int8", comm_delay_ms=delay_ms, run_dir=str(tmp_path / "easgd-int8"),
+    )  # fmt: skip
+    run = run_training(config)
+    model = torch.load(run.run_dir / "checkpoints" / "final.pt", weights_only=False)["model"]
+    n = sum(t.numel() for t in model.values())
+    steps = pd.read_parquet(run.run_dir / "metrics.parquet").query("kind == 'step'")
+    rounds = steps[steps["center_distance"].notna()]
+    assert len(rounds) == 2 * 2  # steps 4 and 8, on both workers
+    int8 = n + 4 * math.ceil(n / 1024)  # int8 values and one scale a chunk, all-gathered by 2 workers
+    assert (rounds["bytes_sent"] == int8).all() and (rounds["bytes_uncompressed"] == 4 * n).all()
+    assert (rounds["comm_s"] >= delay_ms / 1000).all()  # each round is one transfer on the emulated link
+    others = steps[steps["center_distance"].isna()]
+    assert (others["bytes_sent"] == 0).all() and (others["comm_s"] == 0).all()  # local steps: nothing sent
+    assert run.summary["compress"] == "int8" and run.summary["codec_ratio"] == pytest.approx(4 * n / int8)
