@@ -1,5 +1,5 @@
 """The controller loop of BSP and local SGD over the collective transport under `--workers MIN..MAX`
-(issue 18; strategies/elastic_bsp.py has the worker side of both).
+(issue 18; strategies/elastic_group.py has the group both share, bsp.py, local_sgd.py and diloco.py the worker sides).
 
 Under the collective transport every member holds the whole state (θ, optimizer state, fp16 loss
 scale) and trains in lock-step, so a membership change means a new process group. The loop runs in
@@ -24,7 +24,7 @@ hung one is found when the group's timeout passes. `kill-node` is a node lost.
 
 A node lost without warning fails the block's all-reduce: gloo raises on the closed peer
 connection (or, at worst, the group's --collective-timeout-s passes), the survivors abandon the
-round without applying it (`GroupBroken`, strategies/elastic_bsp.py) and return the rounds they
+round without applying it (`GroupBroken`, strategies/elastic_group.py) and return the rounds they
 completed. Rounds every survivor completed stand (an all-reduce completes only with every member's
 share, the lost one's included); the rest are redone after the re-form, which broadcasts from a
 survivor at that round (in the rare case where some survivors completed a round the others did not,

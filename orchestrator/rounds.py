@@ -8,7 +8,7 @@ number of rounds. With N members a round takes the next N units, so the update's
 the epoch's remaining units are re-divided among whoever is there; every unit is dealt exactly once
 (again only if its round was abandoned). Where the units run out before a round is full (the end of
 an epoch, of the run, or a cut), a member sits the round out with a placeholder (slice -1, see
-strategies/elastic_bsp.py): blocks never cross an epoch (an evaluation reads the model at its end)
+strategies/local_sgd.py ElasticLocalSGD): blocks never cross an epoch (an evaluation reads the model at its end)
 nor a cut (a checkpoint, or a step boundary a draining node waits for).
 """
 

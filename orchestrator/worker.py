@@ -20,7 +20,7 @@ from distrain.orchestrator.metrics import SCHEMA
 from distrain.orchestrator.tasks import build_task
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
 from distrain.strategies.collective import free_address
-from distrain.strategies.elastic_bsp import GroupBroken, param_digest
+from distrain.strategies.elastic_group import GroupBroken, param_digest
 from distrain.strategies.pipeline import PipelineShape
 from distrain.strategies.step_columns import family_columns
 from distrain.strategies.strategy_lookup import strategy_class

@@ -34,7 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from distrain.strategies.base import PlanningSetting
+from distrain.strategies.declarations import PlanningSetting
 from distrain.strategies.pipeline import bubble_fraction  # noqa: F401 - the model's pipeline term, its owner's
 from distrain.strategies.strategy_lookup import strategy_class
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from distrain.strategies.base import ColumnPlot
+from distrain.strategies.declarations import ColumnPlot
 from distrain.strategies.step_columns import STEP_COLUMN_FAMILIES
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distrain.errors import ConfigError
-from distrain.strategies.base import ColumnPlot, StepColumns
+from distrain.strategies.declarations import ColumnPlot, StepColumns
 
 _SECONDS = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*s\s*$")
 _STEPS = re.compile(r"^\s*(\d+)\s*$")

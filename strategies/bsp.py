@@ -7,6 +7,7 @@ every replica) and the parameter server (the shards apply the round's mean and s
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.base import CommStats, PlanningSetting, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.consistency import ConsistencyRule
+from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
 from distrain.strategies.ps import PSStrategy
-from distrain.strategies.strategy_lookup import STRATEGIES
+from distrain.strategies.strategy_names import STRATEGIES
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
@@ -86,7 +88,7 @@ class BSP(Strategy):
     transports = ("collective", "ps")
     Options = BSPOptions
     compresses = "the gradient all-reduce (collective); gradient pushes (ps)"
-    # --workers MIN..MAX: ElasticBSP over the collective (strategies/elastic_bsp.py), BSPOverPS and
+    # --workers MIN..MAX: ElasticBSP over the collective (below), BSPOverPS and
     # BSPBackupTasks over the PS (rounds of the current members)
     elastic_transports = ("collective", "ps")
     described_options = ("backup_workers", "backup_tasks", "portions")
@@ -116,8 +118,6 @@ class BSP(Strategy):
             return PipelineBSP
         if config.transport != "ps":
             if config.elastic:  # --workers MIN..MAX: a group re-formed as members come and go
-                from distrain.strategies.elastic_bsp import ElasticBSP
-
                 return ElasticBSP
             return cls
         if config.options_of("bsp").backup_tasks:
@@ -238,3 +238,70 @@ class BSPOverPS(PSStrategy):
                 self.skip -= 1
                 continue
             yield unit
+
+
+class ElasticBSP(ReformedGroup, BSP):
+    """BSP over the collective transport whose group can change size between rounds."""
+
+    elastic = True
+    metric_columns = {"members": "int32"}  # the group's size when the row's round ran
+
+    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        super().__init__(config, ctx)
+        self.weight = 0.0  # this member's share of the round: 1 for a unit, 0 sitting one out
+
+    @classmethod
+    def block_rounds(cls, config: RunConfig) -> int:
+        """Rounds the driver deals at a time (between two boundaries where the group may change)."""
+        return config.segment_steps
+
+    @property
+    def slices_per_step(self) -> int:
+        return self.config.worker_slots  # a step is MAX slices whatever the membership
+
+    def setup(self, trainer: LocalTrainer) -> None:
+        """No group yet: the driver forms one among the members (`reform`) before the first round."""
+
+    def reformed(self, trainer: LocalTrainer) -> None:
+        """After a re-form's broadcast (nothing of BSP's own depends on the state)."""
+
+    def compute_gradients(self, trainer: LocalTrainer, batch: object) -> float:
+        self.weight = 1.0
+        return super().compute_gradients(trainer, batch)
+
+    def sit_out(self, trainer: LocalTrainer) -> None:
+        """This member has no unit in this round: it joins the all-reduce with nothing to add."""
+        self.weight = 0.0
+        trainer.grads_flat.zero_()
+        # Under fp16 every replica must unscale after the all-reduce alike (`usable_gradient`).
+        trainer._grads_scaled = trainer.scaler is not None
+
+    def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
+        import torch
+
+        assert self.channel.joined, "reform() must run before step()"
+        size = self.channel.world_size
+        n = trainer.grads_flat.numel()
+        buffer = torch.empty(n + 2, dtype=trainer.grads_flat.dtype, device=trainer.grads_flat.device)
+        buffer[:n].copy_(trainer.grads_flat)
+        buffer[n], buffer[n + 1] = self.weight, lr * self.weight
+        try:
+            traffic = self.channel.all_reduce("grads", buffer, op="sum")
+        except (RuntimeError, OSError) as e:  # gloo: a closed peer, or the group's timeout
+            raise GroupBroken(str(e)) from e
+        units = int(round(float(buffer[n])))
+        if units == 0:  # nobody had a unit (never dealt so): nothing to apply
+            return CommStats(seconds=traffic.seconds, extra={"members": size})
+        trainer.grads_flat.copy_(buffer[:n]).div_(units)
+        rate = float(buffer[n + 1]) / units
+        rate *= lr_factor(
+            units, self.config.worker_slots, self.config.batch_size, self.config.base_batch_size, self.config.lr_scaling
+        )
+        applied = self.usable_gradient(trainer, "all-reduced gradient")
+        if applied:
+            trainer.apply_update(rate)
+        return CommStats(
+            nonfinite=None if applied else True,
+            lr=rate if math.isfinite(rate) else None,
+            extra={"members": size},
+        ).add(traffic)

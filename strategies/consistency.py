@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from distrain.strategies.base import ColumnPlot, StepColumns
+from distrain.strategies.declarations import ColumnPlot, StepColumns
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ from distrain.strategies.base import (
     StrategyOptions,
     all_finite,
 )
-from distrain.strategies.strategy_lookup import STRATEGIES
+from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
+from distrain.strategies.strategy_names import STRATEGIES
 from distrain.trainers.schedule import scaled_lr
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class LocalSGD(Strategy):
     transports = ("collective",)
     Options = LocalSGDOptions
     compresses = "theta's change at a round (optimizer state and AdaComm's statistics travel in float32)"
-    elastic_transports = ("collective",)  # --workers MIN..MAX: ElasticLocalSGD (strategies/elastic_bsp.py)
+    elastic_transports = ("collective",)  # --workers MIN..MAX: ElasticLocalSGD (below)
     described_options = ("tau", "adaptive_tau", "tau_interval", "tau_max")
     planning = (PlanningSetting("tau", "period", DEFAULT_TAU),)
 
@@ -138,8 +139,6 @@ class LocalSGD(Strategy):
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
         if config.elastic:  # re-formed at averaging boundaries (orchestrator/elastic_collective.py)
-            from distrain.strategies.elastic_bsp import ElasticLocalSGD
-
             return ElasticLocalSGD
         return cls
 
@@ -253,3 +252,102 @@ class LocalSGD(Strategy):
             saved = state["adacomm"]
             self.adacomm.tau, self.adacomm.loss0 = int(saved["tau"]), saved["loss0"]
             self.adacomm.lr0, self.adacomm.highest = saved["lr0"], float(saved["highest"])
+
+
+class ElasticLocalSGD(ReformedGroup, LocalSGD):
+    """Local SGD over the collective transport under --workers MIN..MAX: the driver deals blocks of τ
+    rounds (`block_rounds`), each member takes a local step on each of its units, and the block ends in
+    the averaging round (`settle`), so a block boundary is an averaging boundary: every member holds
+    the one averaged model there, and that is where the group is re-formed. A local step's rate follows
+    the global batch of the members, as BSP's does (`lr_factor` of the group's size); the average is
+    over the members that took a step in the block (one with only placeholders adds nothing). If the
+    averaging all-reduce fails (a peer lost), the block is undone: the replica goes back to the last
+    average (parameters and optimizer state) and its rows are dropped; its units are redone."""
+
+    elastic = True
+    metric_columns = {"members": "int32"}
+
+    @classmethod
+    def block_rounds(cls, config: RunConfig) -> int:
+        tau = config.options_of("local-sgd").tau
+        assert tau is not None
+        return tau
+
+    @property
+    def slices_per_step(self) -> int:
+        return self.config.worker_slots
+
+    def setup(self, trainer: LocalTrainer) -> None:
+        """No group yet (`reform`); the last average is the start."""
+        self.trainer = trainer
+        self.reformed(trainer)
+        self.took = 0  # local steps taken in this block
+
+    def reformed(self, trainer: LocalTrainer) -> None:
+        """After a re-form's broadcast: every member's last average is the state it was given."""
+        self.anchor = trainer.params_flat.clone()
+        self.anchor_optimizer = trainer.flat_optimizer_state()
+        self.pending, self.took = 0, 0
+
+    def sit_out(self, trainer: LocalTrainer) -> None:
+        """No unit for this member in this round: no local step at all (its optimizer state stays)."""
+        self.sitting = True
+
+    def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
+        assert self.channel.joined, "reform() must run before step()"
+        size = self.channel.world_size
+        if getattr(self, "sitting", False):
+            self.sitting = False
+            return CommStats(tau=self.tau, averaging_round=self.rounds, extra={"members": size})
+        c = self.config
+        rate = lr * lr_factor(size, c.worker_slots, c.batch_size, c.base_batch_size, c.lr_scaling)
+        ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
+        if ok:
+            trainer.apply_update(rate)
+            self.took += 1
+        return CommStats(
+            tau=self.tau,
+            averaging_round=self.rounds,
+            nonfinite=None if ok else True,
+            lr=rate,
+            extra={"members": size},
+        )
+
+    def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
+        return None  # blocks never cross an epoch: `settle` averages at its end already
+
+    def settle(self, rows: dict[str, list]) -> None:
+        """The block's averaging round: Σ w·(θ_i − θ_anchor), Σ w·state_i, Σ w in one all-reduce, w = 1 for
+        a member that took a step. Raises GroupBroken (after going back to the last average) if it fails."""
+        import torch
+
+        assert self.channel.joined
+        trainer = self.trainer
+        n = trainer.numel
+        opt = trainer.flat_optimizer_state()
+        w = 1.0 if self.took else 0.0
+        parts = [(trainer.params_flat - self.anchor) * w]
+        parts += [v.to(trainer.params_flat.device) * w for v in opt.vectors.values()]
+        parts.append(torch.tensor([w], dtype=trainer.params_flat.dtype, device=trainer.params_flat.device))
+        buffer = torch.cat(parts)
+        try:
+            traffic = self.channel.all_reduce("params", buffer, op="sum")
+        except (RuntimeError, OSError) as e:
+            trainer.params_flat.copy_(self.anchor)  # the block is undone: back to the last average
+            trainer.load_flat_optimizer_state(self.anchor_optimizer)
+            self.took = 0
+            raise GroupBroken(str(e)) from e
+        members = float(buffer[-1])
+        if members > 0:
+            buffer.div_(members)
+            self.anchor.add_(buffer[:n])
+            for i, key in enumerate(opt.vectors):
+                opt.vectors[key] = buffer[(i + 1) * n : (i + 2) * n].cpu()
+        trainer.params_flat.copy_(self.anchor)
+        trainer.load_flat_optimizer_state(opt)
+        self.anchor_optimizer = opt
+        self.rounds += 1
+        self.pending, self.took = 0, 0
+        if rows.get("comm_s"):  # the round's time and bytes go on the block's last row
+            rows["comm_s"][-1] += traffic.seconds
+            rows["averaging_round"][-1] = self.rounds

@@ -15,7 +15,7 @@ from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.base import CommStats, PlanningSetting, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.consistency import ConsistencyRule
-from distrain.strategies.strategy_lookup import STRATEGIES
+from distrain.strategies.strategy_names import STRATEGIES
 
 if TYPE_CHECKING:
     from distrain.compression import CodecSpec

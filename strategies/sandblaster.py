@@ -31,7 +31,7 @@ from distrain.strategies.base import CommStats, Strategy, StrategyContext, Strat
 from distrain.strategies.bsp import BACKUP_TASKS_HELP
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.ps import PSStrategy
-from distrain.strategies.strategy_lookup import STRATEGIES
+from distrain.strategies.strategy_names import STRATEGIES
 
 if TYPE_CHECKING:
     from distrain.compression import CodecSpec

@@ -6,8 +6,8 @@ table column and plots are made from this list, so none of those modules names a
 from __future__ import annotations
 
 from distrain.strategies.adacomm import LOCAL_SGD_STEP_COLUMNS
-from distrain.strategies.base import StepColumns
 from distrain.strategies.consistency import PS_STEP_COLUMNS
+from distrain.strategies.declarations import StepColumns
 
 # BSP over the parameter server with backup workers or backup tasks (strategies/bsp.py): figures of their
 # own come from the portion scheduler and the shards (`actor_figures`), not from these columns.

@@ -6,13 +6,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from distrain.errors import ConfigError
-from distrain.name_registry import Registry
 from distrain.plugins import is_import_path, load_object
+from distrain.strategies.strategy_names import STRATEGIES
 
 if TYPE_CHECKING:
     from distrain.strategies.base import Strategy
 
-STRATEGIES: Registry[type[Strategy]] = Registry("strategy")
 _PLUGINS: dict[str, type[Strategy]] = {}
 
 

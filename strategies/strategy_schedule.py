@@ -20,7 +20,7 @@ class Phase:
 
 
 def parse_schedule(text: str, epochs: int) -> list[Phase]:
-    from distrain.strategies.strategy_lookup import STRATEGIES
+    from distrain.strategies.strategy_names import STRATEGIES
 
     entries = [e.strip() for e in text.split(",")]
     usage = "write it as name[:epochs],... e.g. bsp:2,local-sgd"

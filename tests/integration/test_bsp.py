@@ -57,13 +57,13 @@ def test_elastic_bsp_local_sgd_and_diloco_alone_are_one_worker_sgd_at_its_batch_
     """--workers 1..2 where only one worker fits: each round is one member's unit of B samples (a step's
     two slices in turn), at the rate the linear rule gives B (the schedule's for 2 x B, halved), with
     momentum carried across rounds: exactly a fixed one-worker run at batch B (orchestrator/rounds.py,
-    strategies/elastic_bsp.py)."""
+    strategies/bsp.py ElasticBSP)."""
     kw = dict(momentum=0.9, lr_scaling="linear", batch_size=16, segment_steps=4)
     alone = run_training(plain_sgd(tmp_path, "alone", workers=1, **kw))
     assert alone.summary["steps_completed"] == 30
     # Local SGD alone the same: its local steps at that rate, each block's average over one member; and
     # DiLoCo with outer SGD at lr 1 without momentum, whose outer step then sets θ_g to the one θ_i
-    # (strategies/elastic_diloco.py; its inner momentum is the replica's own and carries across blocks).
+    # (strategies/diloco.py ElasticDiLoCo; its inner momentum is the replica's own and carries across blocks).
     diloco = {"sync_every": 3, "outer_lr": 1.0, "outer_momentum": 0.0}
     for strategy, extra in (("bsp", {}), ("local-sgd", {"tau": 3}), ("diloco", diloco)):
         cfg = plain_sgd(tmp_path, strategy, strategy=strategy, workers="1..2", cpus_per_worker=5, max_steps=15)

@@ -1,6 +1,6 @@
 """Elastic BSP over the collective (issue 18), without Ray: how the remaining units of an epoch are
 dealt out in lock-step rounds as the membership changes (orchestrator/rounds.py), and the rate a round
-is applied at under each --lr-scaling rule (strategies/elastic_bsp.py)."""
+is applied at under each --lr-scaling rule (strategies/elastic_group.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from distrain.orchestrator.rounds import PLACEHOLDER, RoundPlan, real_units
-from distrain.strategies.elastic_bsp import lr_factor
+from distrain.strategies.elastic_group import lr_factor
 
 
 def _run(plan: RoundPlan, memberships: list[list[int]], rounds: int) -> list[dict[int, list]]:
