@@ -81,6 +81,15 @@ def _syntax(entry: dict[str, Any]) -> str:
 
 CODECS: tuple[str, ...] = tuple(_syntax(e) for e in REGISTRY.values())
 _CHOICES = "choose " + (", ".join(CODECS[:-1]) + " or " + CODECS[-1] if len(CODECS) > 1 else CODECS[0])
+# `--compress`'s help lists what is found here (so a new codec file shows up in --help and the README table)
+CODEC_HELP = (
+    ", ".join(CODECS[:-1])
+    + " or "
+    + CODECS[-1]
+    + " (with error feedback: "
+    + ", ".join(e["name"] for e in REGISTRY.values() if e["error_feedback"])
+    + ")"
+)
 
 
 def _missing(name: str, argument: str) -> ConfigError:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from distrain.compression.spec import CODEC_HELP
 from distrain.config.checks import config_check
 from distrain.errors import ConfigError
 from distrain.fields import setting
@@ -51,8 +52,8 @@ class StrategySection:
     )
     compress: str | None = setting(
         None,
-        "Compress the strategy's traffic: fp16, bf16, int8, topk:FRACTION or powersgd:RANK (the last three with "
-        "error feedback); gradients under bsp, pushes on the parameter server, theta's change under local-sgd, "
+        f"Compress the strategy's traffic: {CODEC_HELP}; gradients under bsp, pushes on the parameter server, "
+        "theta's change under local-sgd, "
         "pseudo-gradients under diloco.",
         "strategy",
         metavar="CODEC",
