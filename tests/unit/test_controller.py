@@ -25,6 +25,7 @@ from distrain.orchestrator.resume import recorded_rows
 from tests.unit.dummy_group import DummyGroup
 
 STEPS = 12  # every run here: 12 global steps (--max-steps), one epoch
+RunConfig()  # the first config built checks its optimizer with torch.optim, which imports for seconds: here, once
 
 
 def config(tmp_path: Path, **options) -> RunConfig:
