@@ -62,7 +62,7 @@ class Controller:
                     self.recover(lost, list(attempt.pending))
                 except DistrainError:  # past --max-failures: record what there is, then say so
                     self.machine.to(Stage.FAILED)
-                    self.hooks.end(attempt._finish(Status.FAILED, checkpoint=False), quiet=True)
+                    self.hooks.end(attempt.finish(Status.FAILED, checkpoint=False), quiet=True)
                     raise
                 self.group.restart()
                 self.machine.to(Stage.STARTING)

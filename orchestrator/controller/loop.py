@@ -160,7 +160,7 @@ class PhaseLoop:
             dispatch.done(handle)
             self.heard[rank] = time.monotonic()
             self.react(kind, rank, payload, result)
-            a._save_complete(set(self.eval_parts) | dispatch.evals_outstanding(), dispatch.checkpoints_outstanding())
+            a.save_complete(set(self.eval_parts) | dispatch.evals_outstanding(), dispatch.checkpoints_outstanding())
             if self.scaling is not None:
                 self.scaling.drained()
         if not self.work.finished:
