@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from distrain.config import RunConfig
@@ -141,6 +143,7 @@ class Attempt:
         try:
             return self._train()
         except NoSpace as full:  # the disk filled up under a write: record the run as failed where it fits
+            self.machine.to(Stage.FAILED)
             raise self._no_space(full) from None
 
     def _train(self) -> RunResult:
@@ -221,28 +224,7 @@ class Attempt:
                 self.hooks.end(self.finish(Status(status), checkpoint=False), quiet=True)
 
     def _no_space(self, full: NoSpace) -> RunFailed:
-        """A write found the disk full (a checkpoint, metrics.parquet or summary.json). Every write is
-        atomic, so what was written before is whole and the newest complete checkpoint is still the
-        latest. The summary says `failed` if there is room for it (it goes first: it is small), then
-        the metrics; the one line says what was and was not written, and how to go on."""
-        self.machine.to(Stage.FAILED)
-        epochs_done = self.steps_done // self.steps_per_epoch if self.steps_per_epoch else 0
-        summary_file = self.run_dir / "summary.json"
-        existed = summary_file.is_file()
-        summary = self._summary(Status.FAILED, epochs_done)
-        try:
-            atomic_write_text(summary_file, json.dumps(summary, indent=2) + "\n")
-            written = True
-        except NoSpace:
-            written = False
-        try:
-            self.sink.write(self.run_dir / "metrics.parquet")
-        except NoSpace:  # the older file stays whole: it has the rows up to the last checkpoint at least
-            pass
-        self.hooks.end(summary, quiet=True)
-        point = self.state.point
-        line = outcome.no_space_line(full.filename, point.path, point.global_step, self.run_dir, written, existed)
-        return RunFailed(line)
+        return record_no_space(self, full, atomic_write_text)
 
     # ------------------------------------------------------------------ decisions and display
     def result(self, handle: Any, rank: int, timeout: float | None = None) -> Any:
@@ -418,3 +400,28 @@ class Attempt:
         if self.membership is not None:
             summary["membership"] = self.membership.summary(self.group.members())
         return summary
+
+
+def record_no_space(attempt: Attempt, full: NoSpace, write_text: Callable[[Path, str], None]) -> RunFailed:
+    """A write found the disk full (a checkpoint, metrics.parquet or summary.json). Every write is
+    atomic, so what was written before is whole and the newest complete checkpoint is still the
+    latest. The summary says `failed` if there is room for it (it goes first: it is small; written
+    with `write_text`), then the metrics; the one line says what was and was not written, and how to
+    go on."""
+    epochs_done = attempt.steps_done // attempt.steps_per_epoch if attempt.steps_per_epoch else 0
+    summary_file = attempt.run_dir / "summary.json"
+    existed = summary_file.is_file()
+    summary = attempt._summary(Status.FAILED, epochs_done)
+    try:
+        write_text(summary_file, json.dumps(summary, indent=2) + "\n")
+        written = True
+    except NoSpace:
+        written = False
+    try:
+        attempt.sink.write(attempt.run_dir / "metrics.parquet")
+    except NoSpace:  # the older file stays whole: it has the rows up to the last checkpoint at least
+        pass
+    attempt.hooks.end(summary, quiet=True)
+    point = attempt.state.point
+    line = outcome.no_space_line(full.filename, point.path, point.global_step, attempt.run_dir, written, existed)
+    return RunFailed(line)
