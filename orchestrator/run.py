@@ -47,7 +47,6 @@ from distrain.orchestrator.resume import recorded_rows, resume_checkpoint, total
 from distrain.orchestrator.run_checks import check_init_from, check_runnable
 from distrain.orchestrator.tasks import save_task_object
 
-_recorded = recorded
 
 
 class _Driver(Attempt):
