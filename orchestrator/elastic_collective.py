@@ -166,8 +166,10 @@ class ElasticCollective:
             self.source = min((r for r in results if done[r] == kept), default=None)
             for i, (rank, gone) in enumerate(sorted(lost.items())):  # the abandoned rounds' units: on the first
                 self._leave(rank, leave_cause(gone), gone, redo if i == 0 else [], without_row.get(rank, []))
-            if lost and not self._leaves(next(iter(lost.values())), len(d.members()) + 1):
-                raise next(iter(lost.values()))  # below MIN: a failure (restart from a checkpoint)
+            if lost:  # the policy decides on the first (a peer's failure names no rank: this call's)
+                rank, gone = next(iter(lost.items()))
+                if not self._leaves(RunLost(gone.kind, rank, gone.detail), len(d.members()) + 1):
+                    raise gone  # below MIN: a failure (restart from a checkpoint)
             if not lost:  # a broken group with everyone still here (a timeout): re-form all the same
                 self.changes.append({"cause": "group broken"})
         return sorted(set(finished)), last_loss
@@ -231,7 +233,7 @@ class ElasticCollective:
             state = self.group.state(src, self.config.hang_timeout_s)
             epochs = d.steps_done // d.steps_per_epoch
             d.save(step_checkpoint_name(d.steps_done), state, epochs, d.steps_done)  # fills entry's path
-            if not self._leaves(RunLost("node", ranks[0], "draining"), len(staying) + 1):
+            if not ranks or not self._leaves(RunLost("node", ranks[0], "draining"), len(staying) + 1):
                 continue  # leaving would go below MIN: they stay until it goes
             for rank in ranks:
                 self._leave(rank, "node draining", None, [], [])
