@@ -23,8 +23,6 @@ from typing import Any
 
 from distrain.config import RunConfig, Target
 
-STOPPED = "stopped"  # summary.json status of a run a callback stopped
-
 
 @dataclass
 class RunInfo:

@@ -16,7 +16,7 @@ stopped before it) it is recorded as not fired, with the reason. Every event is 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 
@@ -58,6 +58,28 @@ def refuse_on_cluster(events: list[ChaosEvent]) -> None:
             )
 
 
+class Faults(Protocol):
+    """How a fault is done to an actor: `RayFaults` for real ones, a test's for its fake workers."""
+
+    def kill(self, actor: Any) -> None: ...
+
+    def hang(self, actor: Any) -> None: ...
+
+    def kill_node(self, workers: list[Any]) -> tuple[str | None, str | None]:
+        """Kill the node of one of `workers`: (the node, None) or (None, why it could not be)."""
+
+
+class RayFaults:
+    def kill(self, actor: Any) -> None:
+        ray.kill(actor, no_restart=True)  # ends the actor's process, exactly as a crash would
+
+    def hang(self, actor: Any) -> None:
+        actor.hang.remote()
+
+    def kill_node(self, workers: list[Any]) -> tuple[str | None, str | None]:
+        return kill_node_of(workers)
+
+
 class ChaosMonkey:
     def __init__(self, events: list[ChaosEvent]) -> None:
         self.events = list(events)
@@ -85,14 +107,18 @@ class ChaosMonkey:
         for i in [i for i in self.waiting if self.events[i].step <= start_step]:
             self._not_fired(i, f"the run was resumed from step {start_step}, past it")
 
-    def strike(self, steps_done: int, workers: list[Any], shards: list[Any]) -> list[ChaosEvent]:
-        """Inject every event due at `steps_done`; returns those injected."""
+    def strike(
+        self, steps_done: int, workers: list[Any], shards: list[Any], faults: Faults | None = None
+    ) -> list[ChaosEvent]:
+        """Inject every event due at `steps_done` into `workers` (None: a slot with no worker) and
+        `shards`, by `faults` (Ray's, unless a test's worker group brings its own); returns those injected."""
+        faults = faults or RayFaults()
         due = [i for i in self.waiting if self.events[i].step <= steps_done]
         injected = []
         for i in due:
             self.waiting.remove(i)
             event, record = self.events[i], self.records[i]
-            reason = self._inject(event, record, workers, shards)
+            reason = self._inject(event, record, workers, shards, faults)
             if reason is not None:
                 record["reason"] = reason
                 continue
@@ -100,7 +126,9 @@ class ChaosMonkey:
             injected.append(event)
         return injected
 
-    def _inject(self, event: ChaosEvent, record: dict[str, Any], workers: list[Any], shards: list[Any]) -> str | None:
+    def _inject(
+        self, event: ChaosEvent, record: dict[str, Any], workers: list[Any], shards: list[Any], faults: Faults
+    ) -> str | None:
         """Inject `event`; returns why it could not be, or None."""
         if event.kind in ("kill-worker", "hang-worker"):
             rank = len(workers) - 1 if event.target is None else event.target
@@ -108,17 +136,17 @@ class ChaosMonkey:
             if workers[rank] is None:  # an elastic run's slot with no worker now
                 return f"worker {rank} is not a member of the run at that step"
             if event.kind == "kill-worker":
-                ray.kill(workers[rank], no_restart=True)
+                faults.kill(workers[rank])
             else:  # from then on it answers nothing (the driver holds its work, so nothing runs before it)
-                workers[rank].hang.remote()
+                faults.hang(workers[rank])
         elif event.kind == "kill-ps":
             index = event.target or 0
             record["target"] = index
             if index >= len(shards):  # a --schedule phase without the parameter-server transport
                 return "no parameter-server shard is running at that step"
-            ray.kill(shards[index], no_restart=True)
+            faults.kill(shards[index])
         elif event.kind == "kill-node":
-            record["node"], reason = kill_node_of([w for w in workers if w is not None])
+            record["node"], reason = faults.kill_node([w for w in workers if w is not None])
             return reason
         return None
 

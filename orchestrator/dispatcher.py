@@ -1,9 +1,9 @@
 """The work dispatcher of one phase: which worker gets which call next, and what is in flight.
 
-The controller loop (`_Driver._loop`, orchestrator/run.py) waits on `pending` and reacts to results;
-this class decides what to send and keeps the books of what was sent. It calls nothing itself: every
-call goes through `submit(kind, rank, payload) -> handle` (the driver's makes the Ray actor call), so
-it is tested without Ray (tests/unit/test_dispatcher.py).
+The controller's phase loop (orchestrator/controller/loop.py) waits on `pending` and reacts to
+results; this class decides what to send and keeps the books of what was sent. It calls nothing
+itself: every call goes through `submit(kind, rank, payload) -> handle` (the loop's asks the
+`WorkerGroup`), so it is tested without Ray (tests/unit/test_dispatcher.py).
 
 A call, as kept in `pending` (handle -> call), is (kind, rank, payload):
 - "segment": units of the `WorkPlan` to train (static plans keep two queued per worker, shared one);

@@ -3,8 +3,9 @@
     decide(loss, ledger, situation) -> Decision
 
 One pure function over plain data (no Ray, no actors), so every rule is tested on its own
-(tests/unit/test_failure_policy.py). The driver (orchestrator/run.py) gathers the inputs and carries the
-decision out: `replacement.replace_worker` (replace), `run._recover` (restart), or raising (fail).
+(tests/unit/test_failure_policy.py). The controller (orchestrator/controller/) gathers the inputs and
+carries the decision out: `replacement.replace_worker` (replace), `Controller.recover` (restart),
+`ElasticScaling.leave` (leave), or raising (fail).
 
 The rules, in order:
 - The worker's own code raised (reading data, building the model, a bug): it would raise again, so it
@@ -14,8 +15,10 @@ The rules, in order:
   without backup workers or tasks (their k-of-n rounds and portions keep their own books), for one known
   training worker (dead or hung) whose placement bundle is on a live node (a dead node's bundle may be
   unplaceable). Every other loss *restarts* every actor from the restore point (orchestrator/recovery.py).
-- Under `--workers MIN..MAX` a lost worker whose run stays at MIN or above never gets here: it is a
-  leave (orchestrator/membership.py), not a failure; only a loss that would go below MIN is decided here.
+- Under `--workers MIN..MAX` (`Situation.elastic_min` set) a lost worker (dead, hung, its node lost or
+  draining) that is a member, and whose run stays at MIN or above without it, *leaves*
+  (orchestrator/membership.py): the run goes on without a restart, and it is not counted as a failure.
+  A loss that would go below MIN is decided like any other.
 - Either way it counts against --max-failures (-1: no bound); past the bound the run fails with one line
   that names the last good checkpoint and the `--resume` command for the run's directory, or says that
   no checkpoint was taken (nothing to resume: start again). The ledger still records the loss as what
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 REPLACE, RESTART, FAIL = "replace", "restart", "fail"
+# Under --workers MIN..MAX: the worker leaves the run, which goes on without a restart (not a failure).
+LEAVE = "leave"
 
 # A kind of loss besides those of `RunLost` ("worker", "shard", "hang", "node"): a worker's call
 # raised an error of the worker's own code.
@@ -76,11 +81,14 @@ class Situation:
     own_books: bool = False  # backup workers or backup tasks
     workers: int = 0  # training workers: ranks 0 .. workers-1
     host_alive: bool = False  # the lost worker's placement bundle is on a live node
+    elastic_min: int = 0  # --workers MIN..MAX: MIN (0: a fixed-size run)
+    members: int = 0  # elastic: workers in the run now, the lost one included if it is a member
+    member: bool = False  # elastic: the lost worker is one of them
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # REPLACE, RESTART or FAIL
+    action: str  # REPLACE, RESTART, LEAVE or FAIL
     reason: str  # one line: why; for FAIL, what the run stops with
     remedy: str | None = None  # REPLACE or RESTART: what the loss called for, also when the bound stops
     # the run (the ledger records it as that); None for the worker's own error, which is no loss
@@ -89,6 +97,9 @@ class Decision:
 def decide(loss: Loss, ledger: LedgerView, situation: Situation) -> Decision:
     if loss.kind == USER_CODE:
         return Decision(FAIL, f"{loss}; it would again, so it is never retried")
+    if _leaves(loss, situation):
+        stays = f"the run stays at {situation.members - 1} workers, MIN {situation.elastic_min} or more"
+        return Decision(LEAVE, stays, LEAVE)
     remedy, why = _remedy(loss, situation)
     number = ledger.failures + 1
     if ledger.max_failures != -1 and number > ledger.max_failures:
@@ -106,6 +117,13 @@ def _what_is_left(ledger: LedgerView) -> str:
         )
     run_dir = ledger.run_dir or str(PurePath(ledger.checkpoint).parent.parent)  # RUN/checkpoints/NAME
     return f"last good checkpoint: {ledger.checkpoint}; continue with `distrain run --resume {run_dir}`"
+
+
+def _leaves(loss: Loss, s: Situation) -> bool:
+    """An elastic run's member lost while the others keep it at MIN or above: a leave, not a failure."""
+    if not s.elastic_min or loss.kind not in ("worker", "hang", "node") or loss.target is None:
+        return False
+    return s.member and s.members - 1 >= s.elastic_min
 
 
 def _remedy(loss: Loss, s: Situation) -> tuple[str, str]:

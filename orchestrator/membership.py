@@ -15,26 +15,27 @@ v2's autoscaling coordinator asks with `request_resources` instead; a pending gr
 the bundles the run would use, and is taken as soon as it is placed).
 The controller loop polls the pending groups (`ready_ranks`, no wait) between results.
 
-- Join (orchestrator/run.py `_Driver._join`): a worker actor starts in the slot's group and is set up
-  against the live shards, which give it θ, the optimizer state's home and its clock: nothing is read
-  from disk. Then it is fed units like everyone else.
-- Preemption (`draining` below, `_Driver._preempted`): a node the cluster is draining (a spot node
+- Join (the controller's scaling policy, orchestrator/controller/scaling.py): a worker actor starts
+  in the slot's group and is set up against the live shards, which give it θ, the optimizer state's
+  home and its clock: nothing is read from disk. Then it is fed units like everyone else.
+- Preemption (`draining` below, `ElasticScaling._preempted`): a node the cluster is draining (a spot node
   about to go: `ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`, or the autoscaler) is seen
   within --- at most half a second --- of the drain request. The run asks for a checkpoint at once
   (the shards' snapshot, from a member off that node, behind its queued segment, while the loop goes
-  on), and once it is written (`_Driver._drained`) the members on that node leave as below (cause
+  on), and once it is written (`ElasticScaling.drained`) the members on that node leave as below (cause
   "node draining"); their slots' new groups are not placed on a draining node. Where leaving would take the
   run below MIN, they stay until the node goes, and the failure path restarts from that checkpoint.
-- Leave (`leave` below): a lost worker (dead, hung, its node removed or drained) while the run is
-  above MIN. Its queued calls are taken back: its segments' units go back to the shared work queue and
+- Leave (`ElasticScaling.leave`): a lost worker (dead, hung, its node removed or drained) that the
+  failure policy lets leave (orchestrator/failure_policy.py: the run stays at MIN or above without
+  it). Its queued calls are taken back: its segments' units go back to the shared work queue and
   are redone by whoever is free (each unit keeps exactly one metrics row), its evaluation or checkpoint
   call goes to another member. Its slot gets a fresh pending group, so it joins again once placed. A
-  leave is not a failure: --max-failures counts only losses that take the run below MIN, which take
-  the failure policy's path (orchestrator/failure_policy.py).
+  leave is not a failure: --max-failures counts only losses that would take the run below MIN, which
+  the policy decides as in a fixed-size run.
 
 Under the collective transport (BSP, local SGD) the same placement and books are used, but the loop
-is orchestrator/elastic_collective.py: members change only at a boundary all of them share, where the
-process group is re-formed from their in-memory state (`reforms`).
+runs in blocks (orchestrator/elastic_collective.py): members change only at a boundary all of them
+share, where the process group is re-formed from their in-memory state (`reforms`).
 
 Everything that happened is kept in `events` (summary.json's `membership`) and emitted as
 `MembershipChanged` for the display.
@@ -43,8 +44,9 @@ Everything that happened is kept in `events` (summary.json's `membership`) and e
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
@@ -52,11 +54,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from distrain.config import RunConfig, format_workers
 from distrain.errors import ResourceError
-from distrain.orchestrator.recovery import RunLost, discard
+from distrain.orchestrator import failure_policy
+from distrain.orchestrator.failure_policy import LedgerView, Situation, decide
+from distrain.orchestrator.recovery import RunLost
 from distrain.orchestrator.trial_resources import num_shards
-
-if TYPE_CHECKING:
-    from distrain.orchestrator.dispatcher import Dispatcher
 
 JOIN, LEAVE = "join", "leave"
 
@@ -179,7 +180,8 @@ class ElasticPlacement:
 
 
 class Membership:
-    """The books of an elastic run's membership; `driver` is the `_Driver` (orchestrator/run.py)."""
+    """The books of an elastic run's membership: who is in, who joined or left and why, drains, re-forms.
+    The controller's scaling policy (orchestrator/controller/scaling.py) writes them."""
 
     def __init__(self, config: RunConfig, placement: ElasticPlacement) -> None:
         self.config = config
@@ -194,65 +196,48 @@ class Membership:
     def members(self, workers: list[Any]) -> list[int]:
         return [rank for rank, worker in enumerate(workers) if worker is not None]
 
-    def joinable(self, workers: list[Any]) -> list[int]:
+    def joinable(self, members: list[int]) -> list[int]:
         """Slots placed now that have no worker yet."""
-        return [rank for rank in self.placement.ready_ranks() if workers[rank] is None]
+        return [rank for rank in self.placement.ready_ranks() if rank not in members]
 
-    def record(self, driver: Any, change: str, rank: int, cause: str, units_redone: int = 0) -> dict[str, Any]:
-        members = len(self.members(driver.workers))
+    def renew(self, rank: int) -> None:
+        """`rank` left: its slot asks for room again (placed wherever there is room)."""
+        self.placement.renew(rank)
+
+    def record(
+        self,
+        change: str,
+        rank: int,
+        cause: str,
+        members: int,
+        step: int,
+        wall_time: float,
+        emit: Callable[[MembershipChanged], None],
+        units_redone: int = 0,
+    ) -> dict[str, Any]:
+        """Book a join or leave (`members`: the count after it) and tell the display."""
         event = {
             "change": change,
             "rank": rank,
             "cause": cause,
-            "step": driver.steps_done,
-            "wall_time": time.time() - driver.run_start,
+            "step": step,
+            "wall_time": wall_time,
             "members": members,
             "units_redone": units_redone,
         }
         self.events.append(event)
-        driver.emit(MembershipChanged(driver.steps_done, change, rank, cause, members, units_redone))
+        emit(MembershipChanged(step, change, rank, cause, members, units_redone))
         return event
 
     def can_leave(self, workers: list[Any], lost: RunLost) -> bool:
-        """Whether `lost` is a leave (the run stays at or above MIN) rather than a failure."""
+        """Whether `lost` is a leave (the run stays at or above MIN) rather than a failure: the failure
+        policy's rule (orchestrator/failure_policy.py), asked with no failure counted."""
         rank = lost.target
-        if lost.kind not in ("worker", "hang", "node") or rank is None or rank >= len(workers):
-            return False
-        return workers[rank] is not None and len(self.members(workers)) - 1 >= self.config.workers
+        members = self.members(workers)
+        situation = Situation(elastic_min=self.config.workers, members=len(members), member=rank in members)
+        return decide(lost.loss, LedgerView(0, -1), situation).action == failure_policy.LEAVE
 
-    def leave(self, driver: Any, lost: RunLost, dispatch: Dispatcher, cause: str | None = None) -> None:
-        """Worker `lost.target` leaves: its work goes to the others, its slot asks for room again."""
-        rank = lost.target
-        assert rank is not None
-        ray.kill(driver.workers[rank], no_restart=True)  # a hung worker must not push again
-        driver.workers[rank] = None
-        lost_calls = dispatch.take(rank)
-        discard([ref for ref, _ in lost_calls], min(10.0, self.config.collective_timeout_s))
-        units_redone = 0
-        for _, (kind, _, payload) in lost_calls:
-            if kind == "segment":
-                dispatch.work.requeue(payload)
-                units_redone += len(payload)
-        if driver.portion_scheduler is not None:  # backup tasks: the portions it held go to the others
-            ray.get(driver.portion_scheduler.worker_lost.remote(rank), timeout=self.config.hang_timeout_s)
-        # Its clock goes back to the one of its last segment whose rows came in (as a replacement's:
-        # orchestrator/replacement.py), so the shards' books agree with what the driver counted; it
-        # is raised again to the members' least when the slot is filled (`ParameterShard.set_members`).
-        if driver.shards is not None and driver.confirmed_clock:
-            shards = driver.shards.shards
-            driver._shard_call([s.rebase_clock.remote(rank, driver.confirmed_clock[rank]) for s in shards])
-        driver.sync_members()  # whoever waited on its clock goes on
-        self.samples_redone += units_redone * self.config.batch_size
-        self.placement.renew(rank)
-        event = self.record(driver, LEAVE, rank, cause or _cause(lost), units_redone)
-        event["detail"] = lost.detail
-        for _, (kind, _, payload) in lost_calls:  # evaluations and checkpoints: on another member
-            if kind in ("eval", "state"):
-                dispatch.call(kind, dispatch.evaluator(), payload)
-        dispatch.members = self.members(driver.workers)
-        dispatch.feed_all()  # the others take its units now
-
-    def draining(self, workers: list[Any], every_s: float = 0.5) -> dict[str, list[int]]:
+    def draining(self, members: list[int], every_s: float = 0.5) -> dict[str, list[int]]:
         """Nodes newly found draining (`ray._private.state.state.get_draining_nodes()`, as Ray Train v2's
         PreemptionWatcher polls it; at most every `every_s`), each with the members running on it."""
         now = time.monotonic()
@@ -267,21 +252,21 @@ class Membership:
             return {}
         self.drained |= nodes
         found: dict[str, list[int]] = {node: [] for node in nodes}
-        for rank in self.members(workers):
+        for rank in members:
             node = self.placement.node_of(rank)
             if node in found:
                 found[node].append(rank)
         return found
 
-    def summary(self, workers: list[Any]) -> dict[str, Any]:
+    def summary(self, members: list[int]) -> dict[str, Any]:
         low, high = self.config.worker_range
         counts = [e["members"] for e in self.events]
         return {
             "workers": format_workers(low, high),
             "min": low,
             "max": high,
-            "peak_members": max(counts, default=len(self.members(workers))),
-            "final_members": len(self.members(workers)),
+            "peak_members": max(counts, default=len(members)),
+            "final_members": len(members),
             "joins": sum(1 for e in self.events if e["change"] == JOIN and e["cause"] not in ("start", "restart")),
             "leaves": sum(1 for e in self.events if e["change"] == LEAVE),
             "samples_redone": self.samples_redone,
@@ -305,7 +290,7 @@ def _shard_group(count: int, cpus: float) -> PlacementGroup:
     return placement_group(bundles, strategy="PACK")
 
 
-def _cause(lost: RunLost) -> str:
+def leave_cause(lost: RunLost) -> str:
     """Why a worker left, in words; Ray says when an actor died with its node."""
     cause = lost.__cause__
     if lost.kind == "node" or (cause is not None and "node" in str(cause).lower() and "died" in str(cause).lower()):

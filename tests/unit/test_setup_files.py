@@ -82,3 +82,19 @@ def test_cluster_doc_describes_the_fault_tolerance_that_exists():
     for flag in ("--max-failures", "--checkpoint-steps", "--hang-timeout-s", "--chaos", "--workers", "--resume"):
         assert flag in text and flag in flags, flag
     assert "MIN..MAX" in text and "replaced in place" in text and "restarts" in text
+
+
+def test_every_product_package_is_in_the_wheel():
+    """pyproject.toml lists the packages by hand (the repository root is the package): a new folder of
+    product code left off the list would import in this checkout and be missing from an installed wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    skip = {"tests", "benchmarks", "examples", "notebooks", "docs", "build"}
+    found = {
+        ".".join(("distrain", *p.parent.relative_to(ROOT).parts))
+        for p in ROOT.rglob("__init__.py")
+        if not ({".venv", *skip} & set(p.relative_to(ROOT).parts)) and "egg-info" not in str(p)
+    }
+    assert found - listed == set(), f"packages missing from pyproject.toml: {sorted(found - listed)}"
+    assert len(found) > 8

@@ -1,0 +1,122 @@
+"""What the controller asks of its workers and parameter-server shards: the `WorkerGroup` protocol.
+
+The controller (orchestrator/controller/attempt.py) decides; a group carries out. Two implement it:
+`RayWorkerGroup` (orchestrator/controller/ray_group.py: actors, placement groups, `ray.wait`,
+`ray.kill`) and the tests' plain-Python one (tests/unit/dummy_group.py), which lets the controller be
+driven through failures, restarts, joins, leaves, chaos events and interrupts without Ray.
+
+A call is made with `submit(kind, rank, payload)` ("segment", "eval", "state"; see
+orchestrator/dispatcher.py) and returns a handle; `wait` says which handles are ready; `result` gives
+a handle's value or raises `RunLost` (orchestrator/recovery.py) for a lost actor, with kind
+`USER_CODE` and the worker's error as its `__cause__` when the worker's own code raised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from distrain.config import RunConfig
+from distrain.orchestrator.chaos import ChaosMonkey
+from distrain.trainers.optim_state import FlatOptimizerState
+
+
+@dataclass
+class PhaseSetup:
+    """What a phase's transport looks like to the controller once it is set up."""
+
+    ps_mode: str | None = None  # the shards' consistency rule's mode ("rounds", "bounded", ...); None: no shards
+    clocks: list[int] = field(default_factory=list)  # each worker's clock on the shards
+    step_offset: int = 0  # global step minus the shards' round number
+
+
+class WorkerGroup(Protocol):
+    # ------------------------------------------------------------------ workers
+    def members(self) -> list[int]:
+        """Ranks with a worker now (every rank of a fixed-size run)."""
+
+    def start(self, ranks: list[int]) -> None:
+        """Start a worker in each of `ranks` (in its placement slot)."""
+
+    def describe(self, ranks: list[int], timeout: float) -> list[dict[str, Any]]:
+        """Each worker's facts once it is up (steps_per_epoch, num_params, node_id), in `ranks` order."""
+
+    def load_state(self, ranks: list[int], state: dict[str, Any], timeout: float) -> None:
+        """Load a restore point's (or a phase switch's) state into each of `ranks`."""
+
+    def enter_phase(
+        self,
+        phase: RunConfig,
+        optimizer: FlatOptimizerState | None,
+        counters: dict[str, Any] | None,
+        start_step: int,
+        steps_per_epoch: int,
+    ) -> PhaseSetup:
+        """Set a phase's strategy up on every member: driver-side actors (shards, schedulers) first,
+        started from the first member's θ and `optimizer`, the shards' `counters` when a run goes on."""
+
+    def leave_phase(self, timeout: float) -> None:
+        """Between phases: every worker leaves its transport; the phase's driver-side actors go."""
+
+    def state(self, rank: int, timeout: float | None) -> dict[str, Any]:
+        """Worker `rank`'s state to checkpoint (a PS snapshot under the PS), now."""
+
+    def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> Any:
+        """Make a call on worker `rank`; the handle `wait` and `result` take."""
+
+    def wait(self, handles: list[Any], timeout: float, num_returns: int = 1) -> list[Any]:
+        """Handles among `handles` whose result is in: up to `num_returns`, once that many are (or
+        `timeout` passed)."""
+
+    def result(self, handle: Any, rank: int, timeout: float | None = None) -> Any:
+        """The call's value, or RunLost."""
+
+    def discard(self, handles: list[Any], timeout: float) -> None:
+        """Read and drop results nobody needs (a lost worker's queued calls)."""
+
+    def kill(self, rank: int) -> None:
+        """End worker `rank` (dead, hung or leaving); its slot is empty after."""
+
+    def set_up(self, rank: int, phase: RunConfig) -> Any:
+        """Set a worker started during a phase (a replacement, a joiner) up against the live shards;
+        the handle of that call, which the loop waits on with the others."""
+
+    def host_alive(self, rank: int | None) -> bool:
+        """Whether `rank`'s placement is on a live node (a replacement can start there)."""
+
+    # ------------------------------------------------------------------ shards and driver-side actors
+    def has_shards(self) -> bool: ...
+
+    def shard_counters(self) -> list[dict[str, Any]]:
+        """Every shard's version and clocks; RunLost when one is dead or silent."""
+
+    def rebase_clock(self, rank: int, clock: int) -> None: ...
+
+    def set_members(self, members: list[int]) -> None: ...
+
+    def set_round_members(self, members: list[int], entering: list[int], start: int) -> bool:
+        """BSP rounds over the PS: who each round waits for from round `start`; False if a shard refused."""
+
+    def worker_lost(self, rank: int, timeout: float) -> None:
+        """The portion scheduler (backup tasks, Sandblaster) hands `rank`'s portions out again."""
+
+    def mark_slow(self, ranks: list[int]) -> None: ...
+
+    def strike(self, chaos: ChaosMonkey, steps_done: int) -> None:
+        """Inject the --chaos faults due at `steps_done`."""
+
+    # ------------------------------------------------------------------ the end
+    def actor_figures(self, config: RunConfig) -> dict[str, Any] | None:
+        """The strategy's figures from its driver-side actors (`Strategy.actor_figures`); None when
+        they cannot answer (a failed run's actors may be gone)."""
+
+    def shard_nodes(self) -> list[str]: ...
+
+    def shutdown(self) -> None:
+        """Leave the transports cleanly after a completed run."""
+
+    def kill_all(self) -> None:
+        """End every actor of the attempt (a failure ends it)."""
+
+    def restart(self) -> None:
+        """A fresh placement for the next attempt (after a node loss the old one may be unplaceable)."""
