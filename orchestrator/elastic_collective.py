@@ -1,7 +1,8 @@
 """The TRAINING stage of BSP and local SGD over the collective transport under `--workers MIN..MAX`
 (issue 18; strategies/elastic_group.py has the group both share, bsp.py and local_sgd.py the worker
-sides): the controller's phase loop (orchestrator/controller/loop.py) hands such a phase to `ElasticCollective`, which runs it in blocks
-over the controller's `RayWorkerGroup` and books joins and leaves in the same `Membership`. Whether a
+sides): the controller's phase loop (orchestrator/controller/loop.py) hands such a phase to
+`ElasticCollective`, which runs it in blocks over the controller's `RayWorkerGroup` and books joins and
+leaves in the same `Membership`. Whether a
 lost member leaves or the attempt ends is the failure policy's decision (`LEAVE` while the run keeps
 MIN), as in every other run.
 

@@ -329,7 +329,7 @@ class ParameterShard:
         """Elastic rounds: `members` take part in the rounds from now on, `entering` ones from round
         `from_round` (their clock is set to it: they pull θ of that round and push for it). Refused
         (False, nothing changed) when that round has closed here already; the driver then names a later
-        one (orchestrator/run.py `_Driver._sync_rounds`). A rank no longer a member loses the gradient it
+        one (orchestrator/controller/scaling.py `ElasticScaling`). A rank no longer a member loses the gradient it
         left in the open round, which may close the round now."""
         async with self.changed:
             if entering and self.version > from_round:
