@@ -24,7 +24,7 @@ from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.orchestrator.controller.group import PhaseSetup
 from distrain.orchestrator.recovery import RunLost
 from distrain.orchestrator.resume import steps_per_epoch
-from distrain.strategies.registry import strategy_class
+from distrain.strategies.strategy_lookup import strategy_class
 
 
 @dataclass
