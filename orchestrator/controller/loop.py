@@ -177,8 +177,11 @@ class PhaseLoop:
             if diverged:  # --on-nonfinite stop: keep the rows up to that step, then end the run
                 a.sink.add_steps(result)
                 raise Diverged(**diverged[0])
-            if result["clock"]:
-                a.confirmed_clock[rank : rank + 1] = result["clock"][-1:]
+            # The clock of its last row that has one: backup tasks' rows carry none (a portion is not a
+            # clock tick), and a None rebased onto the shards at a leave would break their books.
+            clocks = [c for c in result["clock"] if c is not None]
+            if clocks:
+                a.confirmed_clock[rank : rank + 1] = clocks[-1:]
             a.record_rows(result)
             a.watch_stragglers(result)
             self.dispatch.completed(rank, payload)  # shared plans: the evaluations and checkpoints this makes due

@@ -64,6 +64,7 @@ class DummyGroup:
     shard_dies_at: int | None = None  # the shards die once this global step is reached
     interrupt_at: int | None = None  # KeyboardInterrupt from `wait` once this many steps are done
     placed: dict[int, int] = field(default_factory=dict)  # elastic: slot -> steps done before it is placed
+    clockless: bool = False  # rows carry no clock, as backup tasks' portions do
 
     def __post_init__(self) -> None:
         self.workers: dict[int, Worker] = {}
@@ -199,7 +200,7 @@ class DummyGroup:
             self.steps_done = max(self.steps_done, global_step + 1)
             self.clocks[worker.rank] += 1
             values = [worker.rank, global_step, slice_, epoch, 1.0 / (1 + global_step), 0.1, 32]
-            values += [0.01, 0.0, float(global_step), self.clocks[worker.rank]]
+            values += [0.01, 0.0, float(global_step), None if self.clockless else self.clocks[worker.rank]]
             for column, value in zip(rows, values, strict=True):
                 rows[column].append(value)
         return rows

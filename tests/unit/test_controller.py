@@ -146,6 +146,19 @@ def test_an_elastic_run_takes_in_a_joiner_and_lets_a_member_leave_without_a_fail
     assert every_unit_once(cfg)  # the leaver's units were redone by the others
 
 
+def test_a_leave_after_rows_without_a_clock_rebases_no_clock_onto_the_shards(tmp_path):
+    """Backup tasks' rows carry no clock: a member leaving after them must not have its shard clock set
+    to None (a shard then fails comparing clocks: the run ended `failed` in CI once)."""
+    cfg = config(tmp_path, strategy="async", workers="1..3", checkpoint_steps=0, segment_steps=2)
+    group = DummyGroup(cfg, placed={0: 0, 1: 0, 2: 4}, die={1: 8}, clockless=True)  # 1 sent rows before it died
+    ctl, _ = controller(cfg, group)
+    s = ctl.run().summary
+    assert s["status"] == "completed" and s["membership"]["leaves"] == 1
+    rebased = [args for name, args in group.log if name == "rebase_clock"]
+    assert rebased and all(isinstance(clock, int) for _, clock in rebased), rebased
+    assert all(isinstance(clock, int) for clock in group.clocks)
+
+
 def test_an_elastic_leave_that_would_go_below_min_is_a_failure_decided_by_the_policy(tmp_path):
     cfg = config(tmp_path, strategy="async", workers="2..3")
     group = DummyGroup(cfg, placed={0: 0, 1: 0}, die={1: 6})
