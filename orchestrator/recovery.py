@@ -89,6 +89,11 @@ def classify(error: BaseException, rank: int, transport: str) -> RunLost | None:
             return RunLost("shard", None, "a parameter-server shard died")
         if isinstance(cause, ray.exceptions.GetTimeoutError):
             return RunLost("hang", None, "a parameter-server wait passed its timeout")
+        # The worker's own link to Ray broke (its node's raylet is going away, e.g. the node was removed):
+        # Ray's client raises an OSError from its own code (`ray._raylet.check_status`) in whatever call
+        # the worker was making. Not the user's error: the worker is as good as lost.
+        if isinstance(cause, OSError) and raised_inside_ray(error.traceback_str):
+            return RunLost("worker", rank, f"its link to Ray broke ({cause})")
         # Only the error types torch.distributed raises (RuntimeError, DistBackendError, OSError) can
         # mean a lost peer; a ValueError that happens to say "timeout" is the worker's own, deterministic.
         text = str(cause).lower()
@@ -101,6 +106,12 @@ def classify(error: BaseException, rank: int, transport: str) -> RunLost | None:
             return None
         return RunLost("worker", rank, type(error).__name__)
     return None
+
+
+def raised_inside_ray(traceback_str: str) -> bool:
+    """Whether a remote traceback's innermost frame is Ray's own code (its Cython core or internals)."""
+    frames = [line.strip() for line in traceback_str.splitlines() if line.strip().startswith("File ")]
+    return bool(frames) and any(mark in frames[-1] for mark in ("ray/includes/", "ray/_raylet", "ray/_private/"))
 
 
 @dataclass

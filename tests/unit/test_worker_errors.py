@@ -33,6 +33,32 @@ def test_a_gloo_runtime_error_is_a_lost_peer():
     assert lost is not None and lost.kind == "worker"
 
 
+RAY_FRAME = 'File "python/ray/includes/common.pxi", line 117, in ray._raylet.check_status'
+USER_FRAME = 'File "/home/me/my_task.py", line 12, in load'
+
+
+@pytest.mark.parametrize("transport", ["ps", "collective"])
+def test_an_os_error_from_ray_s_own_client_is_a_lost_worker(transport):
+    """Its node removed under it, a worker's ray.get raised `OSError: Broken pipe` from Ray's core (seen
+    in CI under node churn): the worker is lost, not failing in the user's code."""
+    error = ray.exceptions.RayTaskError(
+        "TrainWorker.run_segment",
+        f"Traceback (most recent call last):\n  {USER_FRAME}\n  {RAY_FRAME}\n",
+        OSError("Broken pipe"),
+    )
+    lost = classify(error, 2, transport)
+    assert lost is not None and lost.kind == "worker" and lost.target == 2
+
+
+def test_an_os_error_from_the_user_s_code_is_still_the_user_s():
+    error = ray.exceptions.RayTaskError(
+        "TrainWorker.run_segment",
+        f"Traceback (most recent call last):\n  {RAY_FRAME}\n  {USER_FRAME}\n",
+        OSError("No such file"),
+    )
+    assert classify(error, 0, "ps") is None
+
+
 def test_a_worker_whose_constructor_raised_is_not_a_lost_actor():
     died = ray.exceptions.ActorDiedError(task_error(ValueError("bad data")))
     assert died.actor_init_failed
@@ -53,8 +79,6 @@ def mnist(root, train_images: int, train_labels: int, cut: int = 0):
     return root
 
 
-
-
 def run(tmp_path, data_dir, **overrides):
     events = []
     config = RunConfig(
@@ -62,5 +86,3 @@ def run(tmp_path, data_dir, **overrides):
         run_dir=str(tmp_path / "run"), **overrides,
     )  # fmt: skip
     return config, events, lambda: run_training(config, events.append)
-
-
