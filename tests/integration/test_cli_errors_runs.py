@@ -5,58 +5,10 @@ All but the last test fail before Ray would start, and a guard makes starting Ra
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
-from typer.testing import CliRunner
 
 from distrain.cli import app
-
-runner = CliRunner()
-
-
-def assert_one_line_error(result, *fragments: str) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1, result.output
-    line = lines[0]
-    assert "error:" in line
-    for fragment in fragments:
-        assert fragment in line, (fragment, line)
-    assert result.stdout == ""  # the error goes to stderr
-    assert result.stderr.strip() == line.strip()
-    return line
-
-
-@contextlib.contextmanager
-def tcp_server(answer):
-    """A local TCP server (in a thread) that accepts every connection and calls answer(conn) on it;
-    yields its HOST:PORT."""
-    import socket
-    import threading
-
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    held = []
-
-    def serve():
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:  # closed: the test is over
-                return
-            held.append(conn)
-            answer(conn)
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield f"127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        server.close()
-        for conn in held:
-            conn.close()
+from tests.unit.test_cli_errors import EXPECTED_REFUSAL, assert_one_line_error, runner, tcp_server
 
 
 def silent(conn):
@@ -71,7 +23,6 @@ def test_address_probe_lets_a_real_gcs_through(ray_cluster):
     address.probe(gcs)
 
 
-EXPECTED_REFUSAL = "error: no Ray cluster answers at {where}: something accepts connections there but does not speak"
 
 
 @pytest.mark.integration

@@ -7,38 +7,12 @@ import json
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 from distrain.cli import app
 from distrain.config import RunConfig
 from distrain.planning import auto_strategy, planner
 from tests.unit.test_cli_errors import no_ray  # noqa: F401 - the fixture: fail if Ray would start
-
-runner = CliRunner()
-
-
-def _calibration(**changes) -> planner.Calibration:
-    base = dict(
-        task="mlp on digits", batch_size=32, num_params=85_002, compute_s=0.002, effective_cores=1.5,
-        spread=[0.9, 1.0, 1.0, 1.1, 1.6], allreduce_latency_s=2e-4, allreduce_bandwidth=1e9, sync_scale=0.5,
-        ps_call_s=3e-3, ps_bandwidth=5e8, ps_apply_s=1e-3, memory_per_worker=500 * 2**20,
-        memory_per_shard=480 * 2**20, flops_per_sample=3e5,
-    )  # fmt: skip
-    return planner.Calibration(**(base | changes))
-
-
-
-
-
-
-
-
-
-
-
-
-
-
+from tests.unit.test_plan_cli import runner
 
 
 @pytest.mark.integration

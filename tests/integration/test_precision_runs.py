@@ -6,88 +6,13 @@ overflows fp16 at the starting scale, and bf16 on the bundled data.
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
-import torch
-from torch import nn
 
 import distrain
-from distrain.config import RunConfig
-from distrain.strategies.base import CommStats, Strategy, StrategyContext
-from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.task import ClassificationTask
-
-
-def mlp(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-
-
-class Direct(ClassificationTask):
-    """Cross-entropy of an MLP on random digits-shaped inputs (no data set needed)."""
-
-    def loss(self, model, batch):
-        return nn.functional.cross_entropy(model(batch[0]), batch[1])
-
-
-
-
-def trainer(precision: str, seed: int = 0, task=None) -> LocalTrainer:
-    return LocalTrainer(mlp(seed), task or Direct(), "sgd", 0.1, 0.0, 0.0, precision=precision)
-
-
-class Lockstep(Strategy):
-    """The smallest strategy: the gradient as it is (as after an all-reduce), then the update."""
-
-    name = "lockstep-test"
-
-    def step(self, trainer, lr):
-        if self.usable_gradient(trainer, "gradient"):
-            trainer.apply_update(lr)
-            return CommStats()
-        return CommStats(nonfinite=True)
-
-
-def strategy(on_nonfinite: str = "stop") -> Lockstep:
-    config = RunConfig(on_nonfinite=on_nonfinite)
-    s = Lockstep.__new__(Lockstep)
-    s.config, s.ctx, s.options = config, StrategyContext(0, 1, "cpu"), None
-    return s
-
-
-
-
-
-
-
-
-class Loud(Direct):
-    """A loss 1e4 times larger: its fp16 backward overflows at the starting scale of 2**16."""
-
-    def loss(self, model, batch):
-        return super().loss(model, batch) * 1e4
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
+from tests.unit.test_precision import steps
 
 # ---------------------------------------------------------------------------------------- real runs
-def steps(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    return df[df["kind"] == "step"]
 
 
 class LoudDigits(ClassificationTask):

@@ -8,21 +8,10 @@ import re
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
 from distrain import cli
 from distrain.cli import app
-
-runner = CliRunner()
-
-
-
-
-
-
-
-
-
+from tests.unit.test_progress_display import runner
 
 # ---------------------------------------------------------------- the display when not on a terminal
 
@@ -67,9 +56,6 @@ def test_piped_run_prints_epoch_lines_with_the_summarys_samples_per_s(ray_cluste
 
 
 
-def terminal(width: int = 160) -> tuple[Console, io.StringIO]:
-    buf = io.StringIO()
-    return Console(file=buf, force_terminal=True, width=width, color_system=None), buf
 
 
 

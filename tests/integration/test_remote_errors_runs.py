@@ -11,28 +11,7 @@ from pathlib import Path
 import pytest
 
 import distrain
-
-ESC = "\x1b["
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
+from tests.unit.test_remote_errors import ESC
 
 TASK = textwrap.dedent(
     """

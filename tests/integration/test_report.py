@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
 from distrain.cli import app
 from distrain.config import RunConfig
@@ -30,8 +29,8 @@ from distrain.reporting.plots import (
 )
 from distrain.reporting.report import COLUMNS, load_runs, plot_runs
 from distrain.units import size_text
+from tests.unit.test_report_checks import runner
 
-runner = CliRunner()
 PLOTS = (
     "accuracy_vs_time.png", "accuracy_vs_progress.png", "loss_vs_time.png", "loss_vs_bytes.png",
     "bytes_vs_time.png", "throughput_vs_time.png", "time_split.png", "step_time_per_worker.png",

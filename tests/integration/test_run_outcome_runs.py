@@ -19,31 +19,19 @@ import errno
 import json
 import textwrap
 
-import pyarrow as pa
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from distrain.cli import app
 from distrain.orchestrator.checkpoint import latest_checkpoint, load_checkpoint
-from distrain.orchestrator.metrics import MetricsSink
+from tests.unit.test_run_outcome import REGRESSION
 
 runner = CliRunner()
 
 
-def table(steps: list[dict], evals: list[dict] | None = None) -> pa.Table:
-    """A metrics table as the driver's sink holds it: step rows, then evaluation rows."""
-    sink = MetricsSink("r")
-    for row in steps:
-        sink.add_steps({k: [v] for k, v in row.items()})
-    for i, metrics in enumerate(evals or []):
-        sink.add_eval(i, 10 * (i + 1), metrics, wall_time=float(100 + i), eval_s=0.1)
-    return sink.table()
 
 
-def step(n: int, worker: int = 0, nonfinite: bool | None = None, overflow: bool | None = None) -> dict:
-    return {"worker": worker, "step": n, "epoch": 0, "loss": 1.0, "samples": 8, "compute_s": 0.01, "comm_s": 0.0,
-            "bytes_sent": 100, "wall_time": float(n), "nonfinite": nonfinite, "overflow": overflow}  # fmt: skip
 
 
 
@@ -73,53 +61,6 @@ def step(n: int, worker: int = 0, nonfinite: bool | None = None, overflow: bool 
 
 
 # ---------------------------------------------------------------- tiny real runs through the CLI
-REGRESSION = """
-    import os
-    import time
-
-    import torch
-    from torch.utils.data import TensorDataset
-
-    import distrain
-
-
-    def in_a_worker():
-        import ray
-
-        return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
-
-
-    class Plain(distrain.Task):
-        def __init__(self, n=256):
-            self.n, self.calls = n, 0
-
-        def build_model(self):
-            return torch.nn.Linear(4, 1)
-
-        def datasets(self):
-            g = torch.Generator().manual_seed(0)
-            x = torch.randn(self.n, 4, generator=g)
-            y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
-            return TensorDataset(x[:192], y[:192]), TensorDataset(x[192:], y[192:])
-
-        def loss(self, model, batch):
-            x, y = batch
-            return ((model(x).squeeze(-1) - y) ** 2).mean()
-
-        def metrics(self, model, batch):
-            x, y = batch
-            return {"mae": (model(x).squeeze(-1) - y).abs().mean().item()}
-
-
-    class ExitsAtStep3(Plain):
-        '''The user's code ends its own process at its third training step (in a worker, every attempt).'''
-
-        def loss(self, model, batch):
-            self.calls += 1
-            if self.calls == 3 and in_a_worker():
-                os._exit(3)
-            return super().loss(model, batch)
-"""
 
 
 def error_lines(result) -> list[str]:

@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from distrain import cli
 from distrain.config import RunConfig
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "strategies" / "easgd.py"
-runner = CliRunner()
+from tests.unit.test_strategy_plugin import EXAMPLE, invoke
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +22,6 @@ def plugin(tmp_path_factory):
     return f"{path}:EASGD"
 
 
-def invoke(args: list[str]):
-    cli.prepare_commands(args)  # what `distrain` itself does before parsing
-    try:
-        return runner.invoke(cli.app, args, env={"COLUMNS": "200"})
-    finally:
-        cli.prepare_commands([])
 
 
 

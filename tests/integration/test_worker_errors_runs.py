@@ -10,28 +10,14 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from distrain.config import RunConfig
 from distrain.errors import ConfigError
 from distrain.orchestrator import run_checks
 from distrain.orchestrator.recovery import Failure
-from distrain.orchestrator.run import run_training
-from tests.unit.test_datasets_files import write_idx_images, write_idx_labels
-
+from tests.unit.test_worker_errors import mnist, run
 
 # ---------------------------------------------------------------- on a real Ray, the preflight switched off
-def mnist(root, train_images: int, train_labels: int, cut: int = 0):
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    for split, n, m in (("train", train_images, train_labels), ("t10k", 40, 40)):
-        write_idx_images(raw / f"{split}-images-idx3-ubyte", np.zeros((n, 28, 28), np.uint8))
-        write_idx_labels(raw / f"{split}-labels-idx1-ubyte", np.zeros(m, np.uint8))
-    if cut:
-        path = raw / "train-images-idx3-ubyte"
-        path.write_bytes(path.read_bytes()[:-cut])
-    return root
 
 
 @pytest.fixture
@@ -39,13 +25,6 @@ def no_preflight_data_check(monkeypatch):
     monkeypatch.setattr(run_checks, "check_dataset", lambda *args, **kwargs: None)  # preflight's check
 
 
-def run(tmp_path, data_dir, **overrides):
-    events = []
-    config = RunConfig(
-        model="mlp", dataset="mnist", data_dir=str(data_dir), epochs=1, max_steps=4, workers=2, batch_size=8,
-        run_dir=str(tmp_path / "run"), **overrides,
-    )  # fmt: skip
-    return config, events, lambda: run_training(config, events.append)
 
 
 def test_truncated_files_seen_only_by_the_workers_fail_once_with_the_one_line_error(
