@@ -154,10 +154,11 @@ class TrainWorker:
         rendezvous: str,
         ps_shards: list[Any],
         ps_bounds: list[tuple[int, int]],
-        portion_scheduler: Any = None,
+        driver_actors: dict[str, Any] | None = None,
         phase_config: RunConfig | None = None,
     ) -> None:
-        """Join the transport of the run's strategy, or of `phase_config`'s (one phase of a --schedule)."""
+        """Join the transport of the run's strategy, or of `phase_config`'s (one phase of a --schedule);
+        `driver_actors`: the handles of the driver-side actors it declared, by spec name."""
         self._built()
         config = phase_config or self.config
         ctx = StrategyContext(
@@ -167,7 +168,7 @@ class TrainWorker:
             rendezvous,
             tuple(ps_shards),
             tuple(ps_bounds),
-            portion_scheduler,
+            dict(driver_actors or {}),
             self.total_steps,
         )
         impl = strategy_class(config.strategy).implementation(config)

@@ -51,8 +51,8 @@ class BSPBackupTasks(PSStrategy):
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        assert ctx.portion_scheduler is not None, "backup tasks need the orchestrator's portion scheduler"
-        self.scheduler = ctx.portion_scheduler
+        assert "portion_scheduler" in ctx.driver_actors, "backup tasks need the driver's portion scheduler"
+        self.scheduler = ctx.driver_actors["portion_scheduler"]
         self.trainer: LocalTrainer | None = None
         self.held = 0  # shard version of the θ this replica holds
         self.current: Any = None  # the Assignment being computed

@@ -10,8 +10,9 @@ A strategy is one module. Its class declares everything the rest of distrain lea
   flags, YAML nests them under the strategy's name, Tune can sweep them; `resolved` fills defaults that
   depend on the run, `check` refuses bad values (one line each);
 - `transports` it runs on (the first is its default), `independent_workers` (no epoch barrier);
-- `driver_actors(config)`: the actors the driver starts for it, by name ("ps_shards",
-  "portion_scheduler"; resolved in orchestrator/actors.py, so no import runs upward);
+- `driver_actors(config)`: the actors the driver starts for it, as specs (strategies/driver_actor.py:
+  class, Ray options, constructor arguments from the phase; the controller starts them and hands each
+  worker their handles in `StrategyContext.driver_actors`);
 - `metric_columns`: extra per-step columns it fills through `CommStats.extra`;
 - `summary_figures(steps)` and `actor_figures(config, actors)`: extra figures for summary.json, from its
   step rows and from its driver-side actors;
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from distrain.compression.spec import FLAG
 from distrain.errors import ConfigError
 from distrain.strategies.declarations import ColumnPlot, PlanningSetting, StepColumns  # noqa: F401 - the contract's
+from distrain.strategies.driver_actor import DriverActor, ps_shards
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +83,9 @@ class StrategyContext:
     rendezvous: str = ""  # "host:port" of rank 0's TCP store, for the collective transport
     ps_shards: tuple[Any, ...] = ()  # parameter-server shard actor handles
     ps_bounds: tuple[tuple[int, int], ...] = ()  # each shard's [start, stop) of the flat vector
-    portion_scheduler: Any = None  # backup tasks: the orchestrator's actor that hands out portions
+    # The strategy's driver-side actors' handles, by spec name (`Strategy.driver_actors`), e.g. backup
+    # tasks' "portion_scheduler".
+    driver_actors: Mapping[str, Any] = field(default_factory=dict)
     total_steps: int = 0  # the run's length in global steps (0: not known), e.g. for --tau-interval 10%
 
 
@@ -168,10 +172,12 @@ class Strategy(ABC):
         return self._channel
 
     @classmethod
-    def driver_actors(cls, config: RunConfig) -> tuple[str, ...]:
-        """The driver-side actors this run of the strategy needs, by name (orchestrator/actors.py):
-        "ps_shards" for the parameter-server transport, "portion_scheduler" for backup tasks."""
-        return ("ps_shards",) if cls.implementation(config).ps_rule(config) is not None else ()
+    def driver_actors(cls, config: RunConfig) -> tuple[DriverActor, ...]:
+        """The driver-side actors this run (or phase) of the strategy needs, in the order they start: specs
+        (strategies/driver_actor.py) the controller starts before the workers set up. By default the
+        parameter-server shards under the strategy's rule, where it has one; an override adds its own."""
+        rule = cls.implementation(config).ps_rule(config)
+        return (ps_shards(rule),) if rule is not None else ()
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -200,7 +206,7 @@ class Strategy(ABC):
     @classmethod
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
         """Figures for summary.json that its driver-side actors hold, asked once the run is over
-        (`actors`: the declared names, e.g. "ps_shards" (orchestrator/shard_group.py's ShardGroup))."""
+        (`actors`: their handles by spec name, e.g. "ps_shards" (strategies/ps_shard_group.py's ShardGroup))."""
         return {}
 
     @classmethod

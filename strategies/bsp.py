@@ -17,6 +17,7 @@ from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.base import CommStats, PlanningSetting, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.consistency import ConsistencyRule
+from distrain.strategies.driver_actor import DriverActor
 from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
 from distrain.strategies.ps import PSStrategy
 from distrain.strategies.strategy_names import STRATEGIES
@@ -127,10 +128,15 @@ class BSP(Strategy):
         return BSPOverPS
 
     @classmethod
-    def driver_actors(cls, config: RunConfig) -> tuple[str, ...]:
+    def driver_actors(cls, config: RunConfig) -> tuple[DriverActor, ...]:
         if config.transport != "ps":
             return ()
-        return ("ps_shards", "portion_scheduler") if config.options_of("bsp").backup_tasks else ("ps_shards",)
+        shards = super().driver_actors(config)
+        if config.options_of("bsp").backup_tasks:
+            from distrain.strategies.portion_scheduler import PORTION_SCHEDULER
+
+            return (*shards, PORTION_SCHEDULER)
+        return shards
 
     @classmethod
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """A parameter-server shard: one contiguous slice of θ, its optimizer state, a version, worker clocks.
 
-Hosted as a Ray *async* actor (see `orchestrator/shard_group.py`). Every consistency rule is enforced here,
+Hosted as a Ray *async* actor (see `strategies/ps_shard_group.py`). Every consistency rule is enforced here,
 with one `asyncio.Condition`: a worker's combined push-then-pull call waits on it, and every update
 notifies it. No worker ever polls.
 

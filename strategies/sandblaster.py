@@ -30,6 +30,7 @@ from distrain.fields import setting
 from distrain.strategies.base import CommStats, Strategy, StrategyContext, StrategyOptions
 from distrain.strategies.bsp import BACKUP_TASKS_HELP
 from distrain.strategies.consistency import ConsistencyRule
+from distrain.strategies.driver_actor import PS_SHARDS, ActorSetup, DriverActor
 from distrain.strategies.ps import PSStrategy
 from distrain.strategies.strategy_names import STRATEGIES
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 BATCH_OPTIMIZERS = ("lbfgs", "gd")
 LINE_SEARCH_TRIALS = 20
+COORDINATOR = "sandblaster_coordinator"  # its driver-side actor's name (the workers' handle, its figures)
 DEFAULT_TASKS_PER_WORKER = 4
 
 
@@ -111,8 +113,8 @@ class Sandblaster(PSStrategy):
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        assert ctx.portion_scheduler is not None, "sandblaster needs the driver's coordinator"
-        self.coordinator = ctx.portion_scheduler
+        assert COORDINATOR in ctx.driver_actors, "sandblaster needs the driver's coordinator"
+        self.coordinator = ctx.driver_actors[COORDINATOR]
         self.held_pass = -1  # the pass whose θ params_flat holds
         self.record: dict[str, Any] = {}
         self.comm_s = 0.0
@@ -130,8 +132,22 @@ class Sandblaster(PSStrategy):
         return ConsistencyRule.sandblaster(config.options_of(cls.name).history)
 
     @classmethod
-    def driver_actors(cls, config: RunConfig) -> tuple[str, ...]:
-        return ("ps_shards", "sandblaster_coordinator")
+    def driver_actors(cls, config: RunConfig) -> tuple[DriverActor, ...]:
+        """The shards, then the coordinator that drives them (it is built with their handles)."""
+        from distrain.strategies.sandblaster_coordinator import SandblasterCoordinator
+
+        def args(setup: ActorSetup) -> dict[str, Any]:
+            shards = setup.started[PS_SHARDS].shards
+            return {"shards": shards, "start_iteration": setup.start_step, **cls.coordinator_args(setup.phase)}
+
+        coordinator = DriverActor(
+            COORDINATOR,
+            SandblasterCoordinator,
+            args=args,
+            ready=lambda actor, setup: [actor.start.remote()],  # opens the first pass on the shards
+            notices=("worker_lost", "mark_slow"),
+        )
+        return (*super().driver_actors(config), coordinator)
 
     @classmethod
     def check_data(cls, config: RunConfig, num_samples: int) -> None:
@@ -155,7 +171,7 @@ class Sandblaster(PSStrategy):
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
         import ray
 
-        coordinator = actors.get("sandblaster_coordinator")
+        coordinator = actors.get(COORDINATOR)
         return {f"sandblaster_{k}": v for k, v in ray.get(coordinator.stats.remote()).items()} if coordinator else {}
 
     @classmethod

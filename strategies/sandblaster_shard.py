@@ -1,6 +1,6 @@
 """The parameter-server shard under Sandblaster: a `ParameterShard` that also holds its `ShardState`.
 
-orchestrator/shard_group.py starts this class for the "sandblaster" rule. It keeps the standard shard's θ (the
+strategies/ps_shard_group.py starts this class for the "sandblaster" rule. It keeps the standard shard's θ (the
 float32 slice that `pull`, `snapshot` and checkpoints read) equal to the float64 master copy in the
 `ShardState` after every move, so evaluation, checkpoints and phase logic need nothing new. Workers call
 `sb_point` (θ of a pass) and `sb_add` (a portion's sums); the coordinator calls `sb_call` (one

@@ -2,8 +2,10 @@
 
 It owns everything of a run attempt that is Ray's: the `TrainWorker` actors (one per rank, in its
 placement-group bundle; an elastic run's only in the slots placed), the driver-side actors a strategy
-asks for (`Strategy.driver_actors`: the parameter-server shards, the portion scheduler, Sandblaster's
-coordinator), `ray.wait`, `ray.get` with a lost actor turned into `RunLost`, and `ray.kill`.
+declares (`Strategy.driver_actors`: specs, strategies/driver_actor.py, started here generically in the
+order given and handed to the workers by name), `ray.wait`, `ray.get` with a lost actor turned into
+`RunLost`, and `ray.kill`. Of those actors it knows one by name: the PS shards (`PS_SHARDS`), the
+transport the controller itself speaks to (clocks, versions, round membership).
 """
 
 from __future__ import annotations
@@ -15,23 +17,16 @@ from typing import Any
 import ray
 
 from distrain.config import RunConfig
-from distrain.errors import ConfigError, DistrainError
+from distrain.errors import DistrainError
 from distrain.orchestrator import cluster
 from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.orchestrator.controller.group import PhaseSetup
 from distrain.orchestrator.failure_policy import USER_CODE
-from distrain.orchestrator.portion_scheduler import PortionScheduler
 from distrain.orchestrator.recovery import RunLost, classify, discard, kill_all
-from distrain.orchestrator.shard_group import ShardGroup
 from distrain.orchestrator.worker import TrainWorker
+from distrain.strategies.driver_actor import PS_SHARDS, ActorSetup, DriverActor, checked, start_in_order
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
-
-# The driver-side actors a strategy may ask for by name (`Strategy.driver_actors`): the parameter-server
-# shards (strategies/ps_shard.py, grouped by orchestrator/shard_group.py) and backup tasks' portion scheduler.
-# Sandblaster's coordinator (strategies/sandblaster_coordinator.py) reaches the workers in the same slot
-# as the portion scheduler: it is the one that hands out their portions.
-DRIVER_ACTORS = frozenset({"ps_shards", "portion_scheduler", "sandblaster_coordinator"})
 
 
 def get(refs: Any, timeout: float | None = None) -> Any:
@@ -55,6 +50,12 @@ def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run
         )
         .remote(config, rank, run_start)
     )
+
+
+def launch_actor(spec: DriverActor, setup: ActorSetup) -> Any:
+    """A driver-side actor of `spec`'s class, with its Ray options (no placement: it holds no CPU by default)."""
+    options = {"num_cpus": spec.num_cpus, "max_concurrency": spec.concurrency(setup.workers)}
+    return ray.remote(spec.actor).options(**options).remote(**spec.args(setup))
 
 
 def bundle_alive(placement: cluster.Placement, rank: int | None) -> bool:
@@ -83,8 +84,10 @@ class RayWorkerGroup:
         self.actors = actors  # everything started, killed on the way out (run_training's list)
         self.on_started = on_started  # (workers up, workers) as they come up
         self.workers: list[Any] = [None] * config.num_worker_actors
-        self.shards: ShardGroup | None = None
-        self.portion_scheduler: Any = None  # backup tasks' scheduler, or Sandblaster's coordinator
+        # The phase's driver-side actors: their specs, handles by spec name, the Ray actors behind them.
+        self.driver_specs: tuple[DriverActor, ...] = ()
+        self.driver: dict[str, Any] = {}
+        self.driver_processes: list[Any] = []
         self.impl = strategy_class(config.strategy).implementation(config)
 
     # ------------------------------------------------------------------ workers
@@ -139,66 +142,66 @@ class RayWorkerGroup:
         timeout = self.config.collective_timeout_s
         declared = strategy_class(phase.strategy)
         self.impl = impl = declared.implementation(phase)
-        actors = declared.driver_actors(phase)  # what the strategy needs the driver to start
-        unknown = set(actors) - DRIVER_ACTORS
-        if unknown:
-            raise ConfigError(
-                f"--strategy {phase.strategy} asks for unknown driver actors {sorted(unknown)}; "
-                f"known: {', '.join(sorted(DRIVER_ACTORS))}"
-            )
-        rule = impl.ps_rule(phase)
-        if "ps_shards" in actors:
-            assert rule is not None, f"{declared.__name__} asks for ps_shards but has no consistency rule"
-            first = self.members()[0]
-            theta = self.result(self.workers[first].flat_params.remote(), first, timeout)
-            where = self.placement.shards(self.config.num_worker_actors, phase.ps_shards or 1)
-            self.shards = ShardGroup(phase, rule, theta, optimizer, where)
-            self.actors.extend(self.shards.shards)
-            if counters is not None:  # the shards' versions and clocks go on
-                clock = max(counters["clocks"]) if rule.mode == "bounded" else counters["version"]
-                clocks = [clock] * self.config.num_worker_actors
-                self._shard_call([s.set_counters.remote(counters["version"], clocks) for s in self.shards.shards])
-        else:
-            counters = None
-        if "portion_scheduler" in actors:
-            portions = phase.options_of("bsp").portions
-            first_tag = counters["version"] if counters is not None else 0  # the shards' version right now
-            self.portion_scheduler = (
-                ray.remote(PortionScheduler)
-                .options(num_cpus=0, max_concurrency=max(64, 4 * len(self.workers)))
-                .remote(portions, steps_per_epoch, start_step, first_tag)
-            )
-            self.actors.append(self.portion_scheduler)
-        if "sandblaster_coordinator" in actors:
-            from distrain.strategies.sandblaster_coordinator import SandblasterCoordinator
-
-            assert self.shards is not None, "the coordinator drives the parameter-server shards"
-            self.portion_scheduler = (
-                ray.remote(SandblasterCoordinator)
-                .options(num_cpus=0, max_concurrency=max(64, 4 * len(self.workers)))
-                .remote(self.shards.shards, start_iteration=start_step, **declared.coordinator_args(phase))
-            )
-            self._shard_call([self.portion_scheduler.start.remote()])
-            self.actors.append(self.portion_scheduler)
+        specs = checked(phase.strategy, declared.driver_actors(phase))  # what the strategy needs started
+        if all(spec.name != PS_SHARDS for spec in specs):
+            counters = None  # versions and clocks go on only where there are shards to hold them
+        workers = self.config.num_worker_actors
+        setup = ActorSetup(
+            phase,
+            workers,
+            start_step,
+            steps_per_epoch,
+            optimizer,
+            counters,
+            started=self.driver,
+            params=lambda: self._first_params(timeout),
+            shard_slots=lambda count: self.placement.shards(workers, count),
+        )
+        self._start_driver_actors(specs, setup)
         first = self.workers[self.members()[0]]  # an elastic run's slot 0 may have no worker
-        rendezvous = "" if "ps_shards" in actors else get(first.rendezvous_address.remote())
-        shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
+        rendezvous = "" if self.shards is not None else get(first.rendezvous_address.remote())
         ranks = self.members()
-        refs = [self.workers[r].setup.remote(rendezvous, shards, bounds, self.portion_scheduler, phase) for r in ranks]
+        refs = [self._setup_call(r, rendezvous, phase) for r in ranks]
         for ref, rank in zip(refs, ranks, strict=True):
             self.result(ref, rank, timeout)
         if self.shards is None:
             return PhaseSetup()
         now = self._shard_call([self.shards.shards[0].counters.remote()])[0]
-        assert rule is not None
+        rule = impl.ps_rule(phase)
+        assert rule is not None, f"{declared.__name__} asks for {PS_SHARDS} but has no consistency rule"
         return PhaseSetup(rule.mode, list(now["clocks"]), start_step - now["version"])
+
+    def _first_params(self, timeout: float) -> Any:
+        """The first member's flat θ (the shards start from it)."""
+        first = self.members()[0]
+        return self.result(self.workers[first].flat_params.remote(), first, timeout)
+
+    def _start_driver_actors(self, specs: tuple[DriverActor, ...], setup: ActorSetup) -> None:
+        """Start the phase's driver-side actors in order (`setup.started` is this group's `driver`)."""
+        self.driver_specs = specs
+        self.driver.clear()
+        self.driver_processes = []
+        try:
+            start_in_order(specs, setup, launch_actor, self._shard_call, self.driver_processes)
+        finally:  # watched and killed with the workers, those started before a failure included
+            self.actors.extend(self.driver_processes)
+
+    def _setup_call(self, rank: int, rendezvous: str, phase: RunConfig) -> Any:
+        """Worker `rank`'s setup for `phase`: the transport's addresses and every driver-side actor's handle."""
+        shards, bounds = (self.shards.shards, self.shards.bounds) if self.shards else ([], [])
+        return self.workers[rank].setup.remote(rendezvous, shards, bounds, dict(self.driver), phase)
+
+    @property
+    def shards(self) -> Any:
+        """The phase's PS shards (strategies/ps_shard_group.py's ShardGroup), if it has them."""
+        return self.driver.get(PS_SHARDS)
 
     def leave_phase(self, timeout: float) -> None:
         get([w.shutdown.remote() for w in self.workers], timeout=timeout)
-        if self.shards is not None:
-            for shard in self.shards.shards:
-                ray.kill(shard, no_restart=True)
-            self.shards = None
+        for actor in self.driver_processes:  # the next phase starts its own
+            ray.kill(actor, no_restart=True)
+        self.driver.clear()
+        self.driver_specs, self.driver_processes = (), []
 
     def state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         return self.result(self.workers[rank].state.remote(), rank, timeout)
@@ -238,8 +241,7 @@ class RayWorkerGroup:
 
     def set_up(self, rank: int, phase: RunConfig) -> Any:
         assert self.shards is not None
-        shards, bounds = self.shards.shards, self.shards.bounds
-        return self.workers[rank].setup.remote("", shards, bounds, self.portion_scheduler, phase)
+        return self._setup_call(rank, "", phase)
 
     def host_alive(self, rank: int | None) -> bool:
         return bundle_alive(self.placement, rank)
@@ -249,7 +251,8 @@ class RayWorkerGroup:
         return self.shards is not None
 
     def _shard_call(self, refs: list[Any]) -> list[Any]:
-        """ray.get of calls to the shards, where a dead or silent shard ends the attempt (RunLost)."""
+        """ray.get of calls to the shards (or another driver-side actor), where a dead or silent one ends
+        the attempt (RunLost)."""
         try:
             return ray.get(refs, timeout=self.config.hang_timeout_s)
         except ray.exceptions.GetTimeoutError as e:
@@ -273,28 +276,26 @@ class RayWorkerGroup:
         assert self.shards is not None
         return all(self._shard_call([s.set_round_members.remote(members, entering, start) for s in self.shards.shards]))
 
+    def _listening(self, notice: str) -> list[Any]:
+        """The phase's driver-side actors that take `notice` (their spec's `notices`)."""
+        return [self.driver[spec.name] for spec in self.driver_specs if notice in spec.notices]
+
     def worker_lost(self, rank: int, timeout: float) -> None:
-        if self.portion_scheduler is not None:
-            ray.get(self.portion_scheduler.worker_lost.remote(rank), timeout=timeout)
+        refs = [actor.worker_lost.remote(rank) for actor in self._listening("worker_lost")]
+        if refs:
+            ray.get(refs, timeout=timeout)
 
     def mark_slow(self, ranks: list[int]) -> None:
-        if self.portion_scheduler is not None:
-            self.portion_scheduler.mark_slow.remote(ranks)
+        for actor in self._listening("mark_slow"):
+            actor.mark_slow.remote(ranks)
 
     def strike(self, chaos: ChaosMonkey, steps_done: int) -> None:
         chaos.strike(steps_done, self.workers, self.shards.shards if self.shards else [])
 
     # ------------------------------------------------------------------ the end
     def actor_figures(self, config: RunConfig) -> dict[str, Any] | None:
-        actors = {
-            "ps_shards": self.shards,
-            "portion_scheduler": self.portion_scheduler,
-            "sandblaster_coordinator": self.portion_scheduler,
-        }
         try:  # asks the actors (PS shards, scheduler); a failed run's may be gone: the metrics still tell
-            return strategy_class(config.strategy).actor_figures(
-                config, {name: actor for name, actor in actors.items() if actor is not None}
-            )
+            return strategy_class(config.strategy).actor_figures(config, dict(self.driver))
         except ray.exceptions.RayError:
             return None
 
@@ -319,7 +320,8 @@ class RayWorkerGroup:
     def restart(self) -> None:
         """A fresh placement group: after a node loss the old one may be unplaceable."""
         self.workers = [None] * self.config.num_worker_actors
-        self.shards, self.portion_scheduler = None, None
+        self.driver.clear()
+        self.driver_specs, self.driver_processes = (), []
         cluster.release(self.placement)
         self.placement = None  # type: ignore[assignment]
         self.placement = cluster.place(self.config)

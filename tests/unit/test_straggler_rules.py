@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from distrain.orchestrator.portion_scheduler import PortionScheduler
 from distrain.orchestrator.stragglers import StragglerDetector
+from distrain.strategies.portion_scheduler import PortionScheduler
 from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
 
 SGD = OptimizerSpec("sgd", 0.0, 0.0)

@@ -1,17 +1,20 @@
-"""Starting, reading and stopping the parameter-server shard actors."""
+"""Starting and reading the parameter-server shard actors: what the PS shards' driver-actor spec builds
+(`driver_actor.ps_shards`); the controller kills them with the phase's other driver-side actors."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
 
-from distrain.config import RunConfig
 from distrain.strategies.partition import partition
 from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
 from distrain.strategies.sandblaster_shard import SandblasterShard
 from distrain.trainers.optim_state import FlatOptimizerState
+
+if TYPE_CHECKING:
+    from distrain.config import RunConfig
 
 
 class ShardGroup:

@@ -1,8 +1,8 @@
 """The portion scheduler of backup tasks: hands out a round's portions, and copies of the stragglers'.
 
-Hosted as a Ray async actor, called by the workers of a `--backup-tasks` run (see
-`strategies/backup_tasks.py`). Rounds are global steps; the round open here is the one whose
-portions are handed out. A worker's request also reports the portion it just pushed.
+Hosted as a Ray async actor (`PORTION_SCHEDULER` below is its spec), called by the workers of a
+`--backup-tasks` run (see `strategies/backup_tasks.py`). Rounds are global steps; the round open here is the
+one whose portions are handed out. A worker's request also reports the portion it just pushed.
 
 Which portion goes to whom, copies included, is the round's `PortionQueue` (strategies/portion_queue.py,
 shared with Sandblaster's coordinator): MapReduce's rule, with the straggler detector's verdict as the
@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 
+from distrain.strategies.driver_actor import ActorSetup, DriverActor
 from distrain.strategies.portion_queue import PortionQueue
 
 
@@ -119,3 +120,19 @@ class PortionScheduler:
             "rounds": self.round - self.start_step,
             "reissued": self.reissued,
         }
+
+
+def _scheduler_args(setup: ActorSetup) -> dict[str, Any]:
+    counters = setup.counters  # the shards' version right now is the open round's tag
+    return {
+        "portions": setup.phase.options_of("bsp").portions,
+        "steps_per_epoch": setup.steps_per_epoch,
+        "start_step": setup.start_step,
+        "first_tag": counters["version"] if counters is not None else 0,
+    }
+
+
+# Backup tasks' driver-side actor (`BSP.driver_actors` under --backup-tasks), after the shards.
+PORTION_SCHEDULER = DriverActor(
+    "portion_scheduler", PortionScheduler, args=_scheduler_args, notices=("worker_lost", "mark_slow")
+)
