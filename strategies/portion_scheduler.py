@@ -1,4 +1,5 @@
-"""The portion scheduler of backup tasks: hands out a round's portions, and copies of the stragglers'.
+"""The portion scheduler of backup tasks: hands out a round's portions, and copies of the stragglers'; and
+`PortionHandout`, what it shares with Sandblaster's coordinator (strategies/sandblaster_coordinator.py).
 
 Hosted as a Ray async actor (`PORTION_SCHEDULER` below is its spec), called by the workers of a
 `--backup-tasks` run (see `strategies/backup_tasks.py`). Rounds are global steps; the round open here is the
@@ -10,6 +11,10 @@ slow set. A worker with nothing to take waits for the round to close. The first 
 shards keep; the rest are dropped there.
 A worker that left an elastic run (`worker_lost`) gives the portions only it held back to the front
 of the queue, to whoever is a member.
+
+Both actors that hand out portions (this one per round, the coordinator per data pass) are one
+`PortionHandout`: the open queue under one condition, the straggler verdict, the driver's two notices
+(`worker_lost`, `mark_slow`) and the completions that wait on the shards in the background.
 """
 
 from __future__ import annotations
@@ -33,19 +38,61 @@ class Assignment:
     copy: bool  # a speculative copy of a portion another worker is computing
 
 
-class PortionScheduler:
+class PortionHandout:
+    """The async side of handing out a `PortionQueue` (a subclass opens `self.queue` and counts what a
+    lost worker gave back in `_gave_back`): every change is made under `changed` and wakes the waiters."""
+
+    queue: PortionQueue
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Condition()
+        self.slow: set[int] = set()  # the straggler detector's verdict: no copies for them, theirs copied first
+        self.tasks: set[asyncio.Task[Any]] = set()  # background completions (and the coordinator's closings)
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self.tasks.discard)
+
+    @staticmethod
+    async def _pushed(pushes: list[Any]) -> list[Any] | None:
+        """The shards' answers to a portion's pushes, once every shard has taken it; None when the pusher
+        died with its push refs (OwnerDiedError): whether every shard took it is unknown, so the portion
+        stays outstanding, `worker_lost` hands it out again, and the shards count it once."""
+        try:
+            return list(await asyncio.gather(*pushes))
+        except ray.exceptions.RayError:
+            return None
+
+    def _gave_back(self, portions: int) -> None:
+        """Count `portions` a lost worker held, handed out again."""
+
+    async def worker_lost(self, worker: int) -> int:
+        """`worker` left: the portions only it held go back to the front of the queue; returns how many."""
+        async with self.changed:
+            back = self.queue.worker_lost(worker)
+            self._gave_back(back)
+            self.changed.notify_all()
+            return back
+
+    async def mark_slow(self, workers: list[int]) -> None:
+        """The straggler detector's current verdict (the driver forwards it)."""
+        async with self.changed:
+            self.slow = set(workers)
+            self.changed.notify_all()
+
+
+class PortionScheduler(PortionHandout):
     def __init__(self, portions: int, steps_per_epoch: int, start_step: int, first_tag: int = 0) -> None:
+        super().__init__()
         self.portions = portions
         self.steps_per_epoch = steps_per_epoch
         self.start_step = start_step
         self.first_tag = first_tag  # the shards' version at start_step (0, or a restored run's counter)
         self.round = start_step  # global step whose portions are handed out now
-        self.changed = asyncio.Condition()
-        self.slow: set[int] = set()
         self.copies_issued = 0
         self.portions_issued = 0
         self.reissued = 0  # portions a leaver held, handed out again
-        self.completions: set[asyncio.Task[None]] = set()  # pending _complete_when_pushed tasks
         self._open_round()
 
     def _open_round(self) -> None:
@@ -63,9 +110,7 @@ class PortionScheduler:
         upto = last_epoch * self.steps_per_epoch + last_step + 1
         if finished is not None:
             # Done once the shards have it; meanwhile the worker may already take its next portion.
-            task = asyncio.create_task(self._complete_when_pushed(*finished))
-            self.completions.add(task)
-            task.add_done_callback(self.completions.discard)
+            self._background(self._complete_when_pushed(*finished))
         async with self.changed:
             while self.round < upto:
                 taken = self.queue.next_for(worker, self.slow)
@@ -82,11 +127,7 @@ class PortionScheduler:
         return self.round - self.start_step + self.first_tag
 
     async def _complete_when_pushed(self, tag: int, portion: int, pushes: list[Any]) -> None:
-        try:
-            await asyncio.gather(*pushes)
-        except ray.exceptions.RayError:
-            # The pusher died with its push refs: whether every shard took it is unknown, so the portion
-            # stays outstanding; `worker_lost` hands it out again, and the shards count it once.
+        if await self._pushed(pushes) is None:
             return
         async with self.changed:
             self._complete(tag, portion)
@@ -99,19 +140,8 @@ class PortionScheduler:
             self._open_round()
         self.changed.notify_all()
 
-    async def worker_lost(self, worker: int) -> int:
-        """`worker` left: the portions only it held go back to the front of the queue; returns how many."""
-        async with self.changed:
-            back = self.queue.worker_lost(worker)
-            self.reissued += back
-            self.changed.notify_all()
-            return back
-
-    async def mark_slow(self, workers: list[int]) -> None:
-        """The straggler detector's current verdict (the driver forwards it)."""
-        async with self.changed:
-            self.slow = set(workers)
-            self.changed.notify_all()
+    def _gave_back(self, portions: int) -> None:
+        self.reissued += portions
 
     def stats(self) -> dict[str, int]:
         return {

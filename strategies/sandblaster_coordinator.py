@@ -1,7 +1,7 @@
 """Sandblaster's coordinator: cuts every data pass into portions, and drives the batch optimiser.
 
-Hosted by the driver as a Ray async actor (`Sandblaster.driver_actors` declares it; orchestrator/run.py
-starts it next to the shards and hands it to the workers in the context's `portion_scheduler` slot).
+Hosted by the driver as a Ray async actor (`Sandblaster.driver_actors` declares it as a spec, after the
+shards it is built with; the workers reach it as `ctx.driver_actors["sandblaster_coordinator"]`).
 It never holds a vector: the shards hold θ, the accumulators and the L-BFGS history
 (`lbfgs.ShardState`), and the coordinator only sends them commands and adds up the scalars they return
 (loss sums, squared norms, their slices' Gram matrices).
@@ -10,7 +10,8 @@ A pass is either a gradient pass (summed loss and gradient at θ) or a loss pass
 search's trial point). Its P = --tasks-per-pass portions go to workers as they ask (fast workers take
 more); with --backup-tasks, once none is left to hand out, an idle worker gets a copy of an outstanding
 portion, and a worker reported lost (`worker_lost`) gives its outstanding portions back to the front of the
-queue: the pass's `PortionQueue` (strategies/portion_queue.py, shared with the backup tasks' scheduler).
+queue: the pass's `PortionQueue` (strategies/portion_queue.py), handed out as the backup tasks' scheduler
+hands out a round's (both are a `PortionHandout`, strategies/portion_scheduler.py).
 The shards count each portion once, whichever copy arrives first; the pass closes when every portion has
 been taken by every shard.
 
@@ -32,6 +33,7 @@ import numpy as np
 
 from distrain.strategies.lbfgs import Armijo, direction_coefficients, keep_pair
 from distrain.strategies.portion_queue import PortionQueue
+from distrain.strategies.portion_scheduler import PortionHandout
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class LocalShards(ShardCalls):
         return [getattr(s, method)(*args) for s in self.shards]
 
 
-class SandblasterCoordinator:
+class SandblasterCoordinator(PortionHandout):
     def __init__(
         self,
         shards: Any,
@@ -73,6 +75,7 @@ class SandblasterCoordinator:
         start_iteration: int = 0,
         line_search_trials: int = 20,
     ) -> None:
+        super().__init__()
         # Ray actor handles arrive as a list; tests hand a ShardCalls (e.g. LocalShards) directly.
         self.shards = shards if isinstance(shards, ShardCalls) else ShardCalls(list(shards))
         self.method = batch_optimizer
@@ -81,8 +84,6 @@ class SandblasterCoordinator:
         self.lr = lr
         self.trials = line_search_trials
         self.iteration = start_iteration
-        self.changed = asyncio.Condition()
-        self.slow: set[int] = set()
         self.records: dict[int, dict[str, Any]] = {}
         self.totals = {
             "data_passes": 0,
@@ -93,7 +94,6 @@ class SandblasterCoordinator:
             "backups_used": 0,
         }
         self.pass_id = 0
-        self.tasks: set[asyncio.Task[None]] = set()  # background completions and closings
         self._new_iteration()
         self._open("grad")
 
@@ -140,22 +140,11 @@ class SandblasterCoordinator:
         self.totals["portions_issued"] += 1
         return PortionTask(self.pass_id, self.kind, portion, self.portions, self.iteration, copy)
 
-    def _background(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
     async def _complete_when_pushed(self, pass_id: int, portion: int, copy: bool, pushes: list[Any]) -> None:
-        import ray
-
-        try:
-            verdicts = await asyncio.gather(*pushes) if pushes else [True]
-        except ray.exceptions.RayError:
-            # The pushing worker died and its push refs with it (OwnerDiedError): whether the push reached
-            # every shard is unknown, so the portion stays outstanding; `worker_lost` hands it out again and
-            # the shards' record counts it once however many of them the first push reached.
-            return
-        await self.complete(pass_id, portion, copy, bool(verdicts[0]))
+        # The shards' record counts a portion once however many of them a dead pusher's push reached.
+        verdicts = await self._pushed(pushes) if pushes else [True]
+        if verdicts is not None:
+            await self.complete(pass_id, portion, copy, bool(verdicts[0]))
 
     async def complete(self, pass_id: int, portion: int, copy: bool, counted: bool) -> None:
         """Portion `portion` of pass `pass_id` is in every shard (`counted`: this copy was the one kept)."""
@@ -168,20 +157,8 @@ class SandblasterCoordinator:
                 self.closing = True
                 self._background(self._close())
 
-    async def worker_lost(self, worker: int) -> int:
-        """Give `worker`'s outstanding portions back (front of the queue); returns how many."""
-        async with self.changed:
-            back = self.queue.worker_lost(worker)
-            self.it["reissued"] += back
-            self.changed.notify_all()
-            return back
-
-    async def mark_slow(self, workers: list[int]) -> None:
-        """The straggler detector's verdict (the driver forwards it): slow workers get no copies, and
-        their portions are copied first."""
-        async with self.changed:
-            self.slow = set(workers)
-            self.changed.notify_all()
+    def _gave_back(self, portions: int) -> None:
+        self.it["reissued"] += portions  # this iteration's figure, as backup copies count
 
     # ------------------------------------------------------------------ the optimiser
     async def _close(self) -> None:
