@@ -11,6 +11,8 @@ The public API (imported lazily, so `distrain --help` starts without loading tor
   a full disk); a diverged run is no exception: its result's `status` is "diverged".
 - `distrain.Strategy`, `distrain.StrategyOptions`, `distrain.CommStats`, `distrain.setting`: write your own
   strategy in one file (see examples/strategies/easgd.py) and pass it as `strategy="file.py:Name"`.
+- `distrain.DriverActor`, `distrain.ActorSetup`: an actor of the strategy's own that the driver starts beside
+  the workers (`Strategy.driver_actors`); each worker reaches it as `self.ctx.driver_actors[name]`.
 - `distrain.Channel`, `distrain.Traffic`: what a strategy sends through (`self.channel`: all-reduce,
   broadcast, all-gather, reduce-scatter, push/pull, by named stream) and what a transfer cost; the run's
   --compress, emulated link and byte counts apply to every stream.
@@ -26,11 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 __all__ = [
+    "ActorSetup",
     "Callback",
     "ClassificationTask",
     "Channel",
     "CommStats",
     "ConfigError",
+    "DriverActor",
     "FitResult",
     "RunConfig",
     "RunFailed",
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
     from distrain.orchestrator.callbacks import Callback
     from distrain.strategies.base import CommStats, Strategy, StrategyOptions
     from distrain.strategies.channel import Channel, Traffic
+    from distrain.strategies.driver_actor import ActorSetup, DriverActor
     from distrain.trainers.task import ClassificationTask, Task
 
 _LAZY = {
@@ -68,6 +73,8 @@ _LAZY = {
     "setting": "distrain.fields",
     "Channel": "distrain.strategies.channel",  # a strategy's transfers (Strategy.channel)
     "Traffic": "distrain.strategies.channel",
+    "DriverActor": "distrain.strategies.driver_actor",  # a strategy's own driver-side actor (driver_actors)
+    "ActorSetup": "distrain.strategies.driver_actor",
 }
 
 

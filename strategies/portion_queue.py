@@ -1,7 +1,7 @@
 """The portions of one round (backup tasks) or one data pass (Sandblaster), as both schedulers hand them out:
 MapReduce's rule for backup copies, and a lost worker's portions back to the front. Pure: no Ray, no asyncio
-(the actors that hold a queue, orchestrator/portion_scheduler.py and strategies/sandblaster_coordinator.py,
-take their own locks around it).
+(the actors that hold a queue, both a `PortionHandout` of strategies/portion_scheduler.py, take their own
+locks around it).
 
 Speculation rule ("near the end of a phase"): once every portion has been handed out, a worker that asks
 gets a copy of an outstanding portion it does not hold and that has no copy yet: first those held by workers
