@@ -126,8 +126,8 @@ def checked(strategy: str, specs: Any) -> tuple[DriverActor, ...]:
     names = [getattr(s, "name", None) for s in specs]
     if not all(isinstance(s, DriverActor) for s in specs):
         raise ConfigError(
-            f"--strategy {strategy}: driver_actors() returned {specs!r}; it returns DriverActor specs now "
-            "(distrain.strategies.driver_actor; the PS shards: ps_shards(rule)), not names"
+            f"--strategy {strategy}: driver_actors() returned {specs!r}; it returns distrain.DriverActor specs "
+            "now, not names (a PS rule's shards: super().driver_actors(config))"
         )
     if len(set(names)) != len(names):
         raise ConfigError(f"--strategy {strategy}: driver_actors() names an actor twice: {names}")

@@ -137,7 +137,7 @@ def test_theta_is_asked_of_the_worker_once_per_phase():
 
 
 def test_bad_declarations_are_refused_with_the_way_over():
-    with pytest.raises(ConfigError, match=r"returns DriverActor specs now .*not names"):
+    with pytest.raises(ConfigError, match=r"returns distrain.DriverActor specs now, not names"):
         checked("mine.py:Mine", ("ps_shards", "portion_scheduler"))  # a plugin written for the old names
     with pytest.raises(ConfigError, match="names an actor twice"):
         checked("mine.py:Mine", (DriverActor("a", dict), DriverActor("a", list)))
