@@ -98,7 +98,8 @@ class WorkerGroup(Protocol):
         """BSP rounds over the PS: who each round waits for from round `start`; False if a shard refused."""
 
     def worker_lost(self, rank: int, timeout: float) -> None:
-        """The portion scheduler (backup tasks, Sandblaster) hands `rank`'s portions out again."""
+        """The driver-side actors that take the notice (backup tasks' scheduler, Sandblaster's coordinator)
+        hand `rank`'s portions out again."""
 
     def mark_slow(self, ranks: list[int]) -> None: ...
 
