@@ -10,6 +10,7 @@ transport the controller itself speaks to (clocks, versions, round membership).
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,7 @@ from distrain.orchestrator.controller.group import PhaseSetup
 from distrain.orchestrator.failure_policy import USER_CODE
 from distrain.orchestrator.recovery import RunLost, classify, discard, kill_all
 from distrain.orchestrator.worker import TrainWorker
+from distrain.plugins import is_lone_module
 from distrain.strategies.driver_actor import PS_SHARDS, ActorSetup, DriverActor, checked, start_in_order
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
@@ -54,6 +56,11 @@ def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run
 
 def launch_actor(spec: DriverActor, setup: ActorSetup) -> Any:
     """A driver-side actor of `spec`'s class, with its Ray options (no placement: it holds no CPU by default)."""
+    module = inspect.getmodule(spec.actor)
+    if module is not None and (module.__name__.startswith("distrain_user_") or is_lone_module(module)):
+        # A plugin file's class: its module exists under that name only in this process (plugins.py), so
+        # the actor's process could not import it; the class travels by value instead.
+        ray.cloudpickle.register_pickle_by_value(module)
     options = {"num_cpus": spec.num_cpus, "max_concurrency": spec.concurrency(setup.workers)}
     return ray.remote(spec.actor).options(**options).remote(**spec.args(setup))
 
