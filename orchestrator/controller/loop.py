@@ -301,7 +301,7 @@ class BlockLoop:
         if lost or redo:
             if redo:
                 plan.requeue(redo)
-                self.a.membership.samples_redone += len(redo) * self.config.batch_size  # type: ignore[union-attr]
+                self.scaling.membership.samples_redone += len(redo) * self.config.batch_size
             source = min((r for r in results if done[r] == kept), default=None)
             self.scaling.lost(lost, redo, without_row, source)
         return sorted(set(finished)), last_loss

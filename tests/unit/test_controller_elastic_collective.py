@@ -64,21 +64,24 @@ def test_a_joiner_is_built_outside_the_group_and_joins_at_a_block_boundary_by_a_
 
 
 def test_a_draining_node_gets_a_checkpoint_at_the_step_boundary_then_its_members_leave(tmp_path):
-    cfg = elastic_bsp(tmp_path, "1..2", checkpoint_steps=0)  # no periodic checkpoint: the drain's is the only one
-    group = DummyGroup(cfg, placed={0: 0, 1: 0}, drain={1: 3})  # slot 1's node drains once 3 steps are done
+    cfg = elastic_bsp(tmp_path, "1..3", checkpoint_steps=0)  # no periodic checkpoint: the drain's is the only one
+    # Two members of 3 slots: a block of 4 rounds is 8 units, so the drain (seen once 2 steps are done) is
+    # first seen mid-step, and the next block ends at the step boundary where the checkpoint is taken.
+    group = DummyGroup(cfg, placed={0: 0, 1: 0}, drain={1: 2})
     _, s, _ = run(cfg, group)
     assert s["status"] == "completed" and s["failures"] == 0
     m = s["membership"]
     assert changes(s)[2:] == [("leave", 1, "node draining")]
     (drain,) = m["drain_checkpoints"]
     leave = m["events"][2]
-    assert drain["node"] == "node-1" and drain["ranks"] == [1] and drain["step"] == leave["step"] >= 3
+    assert drain["node"] == "node-1" and drain["ranks"] == [1] and drain["step"] == leave["step"] >= 2
     assert drain["path"] is not None and Path(drain["path"]).name == f"step-{drain['step']:08d}.pt"
     assert load_checkpoint(Path(drain["path"]))["global_step"] == drain["step"]  # written before it left
     assert ("kill", 1) in group.log and ("renew", 1) in group.log  # its slot asks for room again
     assert leave["units_redone"] == 0 and leave["units_without_row"] == []  # left between blocks: nothing lost
     shrink = m["reforms"][-1]
     assert (shrink["members"], shrink["source"], shrink["step"]) == ([0], 0, drain["step"]) and agreed(shrink)
+    assert shrink["units_done"] == drain["step"] * cfg.worker_slots  # at a step boundary: nothing of the next
     assert step_rows(cfg) == all_units(cfg)
 
 
