@@ -34,8 +34,9 @@ The controller loop polls the pending groups (`ready_ranks`, no wait) between re
   the policy decides as in a fixed-size run.
 
 Under the collective transport (BSP, local SGD) the same placement and books are used, but the loop
-runs in blocks (orchestrator/elastic_collective.py): members change only at a boundary all of them
-share, where the process group is re-formed from their in-memory state (`reforms`).
+runs in blocks (orchestrator/controller/collective_scaling.py, its scaling policy): members change only
+at a boundary all of them share, where the process group is re-formed from their in-memory state
+(`reforms`).
 
 Everything that happened is kept in `events` (summary.json's `membership`) and emitted as
 `MembershipChanged` for the display.
@@ -150,6 +151,11 @@ class ElasticPlacement:
         except Exception:  # noqa: BLE001 - a group being removed or rescheduled
             return None
 
+    def draining_nodes(self) -> set[str]:
+        """The cluster's nodes being drained now (`ray._private.state.state.get_draining_nodes()`, as Ray
+        Train v2's PreemptionWatcher polls it)."""
+        return set(ray._private.state.state.get_draining_nodes())
+
     def worker(self, rank: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(self.groups[rank], placement_group_bundle_index=0)
 
@@ -190,8 +196,9 @@ class Membership:
         self.samples_redone = 0
         self.drained: set[str] = set()  # draining nodes already handled
         self._last_drain_poll = 0.0
+        self.drain_poll_s = 0.5  # how often `draining` asks the cluster (a test's dummy cluster: every time)
         self.drain_checkpoints: list[dict[str, Any]] = []  # written because a node was draining
-        self.reforms: list[dict[str, Any]] = []  # collective transport: each new process group (elastic_collective.py)
+        self.reforms: list[dict[str, Any]] = []  # collective transport: each new group (collective_scaling.py)
 
     def members(self, workers: list[Any]) -> list[int]:
         return [rank for rank, worker in enumerate(workers) if worker is not None]
@@ -237,15 +244,15 @@ class Membership:
         situation = Situation(elastic_min=self.config.workers, members=len(members), member=rank in members)
         return decide(lost.loss, LedgerView(0, -1), situation).action == failure_policy.LEAVE
 
-    def draining(self, members: list[int], every_s: float = 0.5) -> dict[str, list[int]]:
-        """Nodes newly found draining (`ray._private.state.state.get_draining_nodes()`, as Ray Train v2's
-        PreemptionWatcher polls it; at most every `every_s`), each with the members running on it."""
+    def draining(self, members: list[int]) -> dict[str, list[int]]:
+        """Nodes newly found draining (`ElasticPlacement.draining_nodes`; at most every `drain_poll_s`),
+        each with the members running on it."""
         now = time.monotonic()
-        if now - self._last_drain_poll < every_s:
+        if now - self._last_drain_poll < self.drain_poll_s:
             return {}
         self._last_drain_poll = now
         try:
-            nodes = set(ray._private.state.state.get_draining_nodes()) - self.drained
+            nodes = self.placement.draining_nodes() - self.drained
         except Exception:  # noqa: BLE001 - a GCS that cannot answer now: look again next time
             return {}
         if not nodes:

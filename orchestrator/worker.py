@@ -305,8 +305,8 @@ class TrainWorker:
         return state
 
     def reform(self, rendezvous: str, group_rank: int, group_size: int, src: int) -> dict[str, Any]:
-        """Elastic BSP over the collective (orchestrator/elastic_collective.py): join the new group, then
-        take the whole replica state (parameters, optimizer state, fp16 loss scale, the strategy's own)
+        """Elastic BSP over the collective (orchestrator/controller/collective_scaling.py): join the new
+        group, then take the whole replica state (parameters, optimizer state, fp16 loss scale, the strategy's own)
         by broadcast from group rank `src`, a member that trained on: nothing is read from disk. Returns
         the parameters' digests before and after, and the seconds it took."""
         import torch.distributed as dist

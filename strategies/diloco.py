@@ -185,7 +185,7 @@ class DiLoCo(Strategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
-        if config.elastic:  # re-formed at outer-step boundaries (orchestrator/elastic_collective.py)
+        if config.elastic:  # re-formed at outer-step boundaries (orchestrator/controller/collective_scaling.py)
             return ElasticDiLoCo
         return cls
 
@@ -360,8 +360,8 @@ def fragment_spans(sizes: list[int], fragments: int) -> list[tuple[int, int]]:
 
 
 # DiLoCo under `--workers MIN..MAX` (issue 18).
-# It runs through the same re-form loop as elastic local SGD (orchestrator/elastic_collective.py): the
-# driver deals blocks of H = `--sync-every` rounds, each member takes an inner step on each of its units
+# It runs through the same re-form loop as elastic local SGD (orchestrator/controller/collective_scaling.py):
+# the driver deals blocks of H = `--sync-every` rounds, each member takes an inner step on each of its units
 # (a placeholder unit: no step, its inner optimizer state stays), and the block ends in the outer round
 # (`settle`), so a block boundary is an outer-step boundary: every member holds θ_g there, and that is
 # the only place the group re-forms. The outer round all-reduces [Σ w·(θ_g − θ_i), Σ w] with w = 1 for a

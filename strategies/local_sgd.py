@@ -138,7 +138,7 @@ class LocalSGD(Strategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
-        if config.elastic:  # re-formed at averaging boundaries (orchestrator/elastic_collective.py)
+        if config.elastic:  # re-formed at averaging boundaries (orchestrator/controller/collective_scaling.py)
             return ElasticLocalSGD
         return cls
 

@@ -14,11 +14,14 @@ a handle's value or raises `RunLost` (orchestrator/recovery.py) for a lost actor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from distrain.config import RunConfig
 from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.trainers.optim_state import FlatOptimizerState
+
+if TYPE_CHECKING:
+    from distrain.orchestrator.recovery import RunLost
 
 
 @dataclass
@@ -83,6 +86,30 @@ class WorkerGroup(Protocol):
 
     def host_alive(self, rank: int | None) -> bool:
         """Whether `rank`'s placement is on a live node (a replacement can start there)."""
+
+    # ------------------------------------------------------------------ a collective group re-formed (elastic)
+    # Under the collective transport a membership change means a new process group
+    # (orchestrator/controller/collective_scaling.py): joiners are built outside the group, and at a block
+    # boundary every member joins a fresh rendezvous and takes the whole state from one source.
+    def start_joiner(self, rank: int) -> Any:
+        """Start a worker in slot `rank` that is not a member yet; the handle of its start-up, which
+        `wait` (timeout 0) says is in once the worker is built."""
+
+    def admit(self, rank: int, handle: Any, phase: RunConfig, timeout: float) -> bool:
+        """The joiner `rank` whose start-up `handle` is in: set it up for `phase` outside any group and
+        make it a member; False (no member, nothing raised) when it died being built."""
+
+    def rendezvous_address(self, rank: int) -> str:
+        """A fresh rendezvous address hosted by member `rank` (the new group's rank 0)."""
+
+    def reform(self, rank: int, address: str, index: int, size: int, source: int) -> Any:
+        """Member `rank` joins the group at `address` as group rank `index` of `size` and takes the state
+        broadcast from group rank `source`; the handle's result: {"before", "after": the parameters'
+        digest, "seconds"}."""
+
+    def probe(self, rank: int, timeout: float) -> RunLost | None:
+        """Whether member `rank` still answers (before a re-form, which would wait for a dead one):
+        None, or what it is (`RunLost` "worker" with Ray's error as its cause, or "hang")."""
 
     # ------------------------------------------------------------------ shards and driver-side actors
     def has_shards(self) -> bool: ...

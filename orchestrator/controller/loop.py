@@ -5,8 +5,11 @@ replace it in place (orchestrator/replacement.py), let it leave (an elastic run 
 policy, orchestrator/controller/scaling.py), or end the attempt (the controller restarts it, or stops
 the run past --max-failures).
 
-An elastic run over the collective transport changes members only at boundaries every member shares:
-its phases run in blocks (orchestrator/elastic_collective.py), with the same scaling policy's books.
+An elastic run over the collective transport changes members only at boundaries every member shares,
+so its phases run in lock-step blocks (`BlockLoop`), between which its scaling policy
+(orchestrator/controller/collective_scaling.py, `needs_blocks`) takes joiners in, lets draining nodes'
+members go and re-forms the process group; a member lost in a block goes through the same failure
+policy (LEAVE while the run keeps MIN, else the attempt ends).
 """
 
 from __future__ import annotations
@@ -15,15 +18,18 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from distrain.orchestrator.checkpoint import checkpoint_name, step_checkpoint_name
+from distrain.orchestrator.controller.collective_scaling import CollectiveScaling, needs_blocks
 from distrain.orchestrator.controller.run_state import Diverged
 from distrain.orchestrator.controller.status import Stage
-from distrain.orchestrator.dispatcher import Dispatcher
+from distrain.orchestrator.dispatcher import Dispatcher, evaluates
 from distrain.orchestrator.failure_policy import LEAVE, REPLACE, USER_CODE
 from distrain.orchestrator.membership import JOIN
 from distrain.orchestrator.phases import PhaseSpan
 from distrain.orchestrator.recovery import RunLost
 from distrain.orchestrator.replacement import replace_worker, replacement_ready
-from distrain.orchestrator.work import WorkPlan
+from distrain.orchestrator.rounds import RoundPlan, real_units
+from distrain.orchestrator.work import Unit, WorkPlan
 
 if TYPE_CHECKING:
     from distrain.orchestrator.controller.attempt import Attempt
@@ -31,11 +37,8 @@ if TYPE_CHECKING:
 
 def run_phase(attempt: Attempt, phase: PhaseSpan) -> None:
     """Train `phase` to its end step."""
-    config = attempt.phase_config or attempt.config
-    if attempt.membership is not None and attempt.impl.elastic and config.transport == "collective":
-        from distrain.orchestrator.elastic_collective import ElasticCollective
-
-        ElasticCollective(attempt).run(phase.end_step, phase.start_step)  # re-formed groups
+    if needs_blocks(attempt):
+        BlockLoop(attempt, phase.end_step, phase.start_step).run()  # re-formed groups between blocks
     else:
         PhaseLoop(attempt, phase.end_step, phase.start_step).run()
 
@@ -203,3 +206,130 @@ class PhaseLoop:
             name, step = payload
             a.saves[step] = (name, result)
             self.go_on(rank)  # a --chaos fault at this step waited for its checkpoint
+
+
+class BlockLoop:
+    """The TRAINING stage of an elastic phase over the collective transport: lock-step blocks dealt to
+    every member (orchestrator/rounds.py), the scaling policy's turn at each boundary between them."""
+
+    def __init__(self, attempt: Attempt, total: int, start_step: int) -> None:
+        self.a = attempt
+        config = self.config = attempt.config
+        self.plan = RoundPlan(total, attempt.steps_per_epoch, config.worker_slots, start_step, config.checkpoint_steps)
+        attempt.total_steps = total
+        self.chaos = attempt.state.chaos
+        self.plan.hold = self.chaos.next_step()  # blocks stop at the next --chaos step until the fault is injected
+        self.scaling = CollectiveScaling(attempt, self.plan)
+        self.last_loss = float("nan")
+
+    def run(self) -> None:
+        a, config, plan, scaling = self.a, self.config, self.plan, self.scaling
+        metrics: dict[str, float] = {}
+        stopping = False
+        scaling.begin()
+        while not plan.finished:
+            scaling.boundary()
+            if not stopping and a.hooks.poll():  # a callback asked to stop: finish the step dealt
+                stopping = True
+                a.total_steps = plan.stop()
+                for epoch in plan.completed_by_stop:
+                    metrics = self._evaluate(epoch, metrics)
+                if plan.finished:  # the step dealt last was complete already
+                    break
+            if plan.hold is not None and plan.steps_done >= plan.hold:  # every unit before it done: strike
+                a.group.strike(self.chaos, plan.steps_done)
+                plan.hold = self.chaos.next_step()  # the next block finds the fault as a crash would be found
+            scaling.settle()
+            rounds = a.impl.block_rounds(config)  # BSP: --segment-steps; local SGD: τ (a block ends in its average)
+            block = plan.deal(scaling.members, rounds, to_step_boundary=scaling.to_step_boundary)
+            if not block:
+                raise RuntimeError("elastic round plan stalled before all units were done")  # a bug
+            finished, loss = self._run_block(block)
+            scaling.settle()  # a member lost: the survivors agree again before anyone reads the model
+            if loss is not None:
+                self.last_loss = loss
+            a.steps_done = a.state.steps_done = plan.steps_done
+            epoch = next(iter(block.values()))[0][0]
+            a.progress(epoch, a.total_steps, self.last_loss, metrics)
+            for done in finished:
+                metrics = self._evaluate(done, metrics)
+            self._checkpoints(finished)
+
+    def _run_block(self, block: dict[int, list[Unit]]) -> tuple[list[int], float | None]:
+        """Run one block on every member; returns the epochs it completed and its last loss. A member
+        lost on the way goes to the scaling policy (a leave, or below MIN the attempt ends) and the
+        block's abandoned rounds go back to the plan."""
+        a, plan, group = self.a, self.plan, self.a.group
+        calls = {group.submit("segment", rank, units): rank for rank, units in block.items()}
+        results: dict[int, dict[str, list[Any]]] = {}
+        lost: dict[int, RunLost] = {}
+        waiting = dict(calls)
+        deadline = time.monotonic() + self.config.hang_timeout_s + self.config.collective_timeout_s
+        while waiting:
+            ready = group.wait(list(waiting), 1.0, num_returns=len(waiting))
+            for handle in ready:
+                rank = waiting.pop(handle)
+                try:
+                    results[rank] = a.result(handle, rank)
+                except RunLost as gone:
+                    if gone.kind == USER_CODE:
+                        raise
+                    lost[rank] = gone
+            if waiting and time.monotonic() > deadline:  # hung: nobody answers past the group's timeout
+                for rank in waiting.values():
+                    lost[rank] = RunLost("hang", rank, f"no answer for {self.config.hang_timeout_s:g} s")
+                waiting = {}
+        rounds = len(next(iter(block.values())))
+        done = {rank: r["broken"][0]["rounds"] if "broken" in r else rounds for rank, r in results.items()}
+        kept = min(done.values(), default=0)  # rounds every survivor applied: they stand
+        last_loss = None
+        finished: list[int] = []
+        for rows in results.values():
+            rows.pop("broken", None)
+            rows = {k: v[:kept] for k, v in rows.items()}  # a round only some survivors completed is undone
+            if rows["step"]:
+                a.record_rows(rows)
+                last_loss = rows["loss"][-1]
+        redo: list[Unit] = []
+        without_row: dict[int, list[Unit]] = {}
+        for rank, units in block.items():
+            applied, abandoned = real_units(units[:kept]), real_units(units[kept:])
+            finished += plan.complete(applied)
+            redo += abandoned
+            if rank in lost:
+                without_row[rank] = applied
+        if lost or redo:
+            if redo:
+                plan.requeue(redo)
+                self.scaling.membership.samples_redone += len(redo) * self.config.batch_size
+            source = min((r for r in results if done[r] == kept), default=None)
+            self.scaling.lost(lost, redo, without_row, source)
+        return sorted(set(finished)), last_loss
+
+    # ------------------------------------------------------------------ evaluations and checkpoints
+    def _evaluate(self, epoch: int, metrics: dict[str, float]) -> dict[str, float]:
+        a = self.a
+        last = (self.plan.total_steps - 1) // a.steps_per_epoch
+        if not evaluates(epoch, last, self.config.eval_every):
+            return metrics
+        rank = self.scaling.members[0]
+        handle = a.group.submit("eval", rank, epoch, whole_test_set=True)
+        result = a.result(handle, rank, self.config.hang_timeout_s)
+        step = min((epoch + 1) * a.steps_per_epoch, self.plan.total_steps)
+        return a.record_eval(epoch, [result], step, self.last_loss)
+
+    def _checkpoints(self, finished: list[int]) -> None:
+        a, plan, config = self.a, self.plan, self.config
+        due: list[tuple[str, int]] = []
+        every = config.checkpoint_every
+        for epoch in finished:
+            if every and (epoch + 1) % every == 0 and (epoch + 1) * a.steps_per_epoch <= plan.total_steps:
+                due.append((checkpoint_name(epoch + 1), (epoch + 1) * a.steps_per_epoch))
+        step = plan.steps_done
+        if config.checkpoint_steps and plan.aligned and step % config.checkpoint_steps == 0 and step < plan.total_steps:
+            due.append((step_checkpoint_name(step), step))
+        for name, at in due:
+            if at != step or not plan.aligned:
+                continue
+            state = a.group.state(self.scaling.members[0], config.hang_timeout_s)
+            a.save(name, state, at // a.steps_per_epoch, at)

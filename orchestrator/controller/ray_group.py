@@ -95,6 +95,7 @@ class RayWorkerGroup:
         self.driver_specs: tuple[DriverActor, ...] = ()
         self.driver: dict[str, Any] = {}
         self.driver_processes: list[Any] = []
+        self.joining: dict[int, Any] = {}  # elastic collective: slot -> a worker being built, not a member yet
         self.impl = strategy_class(config.strategy).implementation(config)
 
     # ------------------------------------------------------------------ workers
@@ -226,10 +227,6 @@ class RayWorkerGroup:
         ready, _ = ray.wait(handles, num_returns=num_returns, timeout=timeout)
         return ready
 
-    def rendezvous_address(self, rank: int) -> str:
-        """A fresh rendezvous address hosted by worker `rank` (a collective group re-formed around it)."""
-        return self.result(self.workers[rank].rendezvous_address.remote(), rank)
-
     def result(self, handle: Any, rank: int, timeout: float | None = None) -> Any:
         try:
             return get(handle, timeout=timeout)
@@ -252,6 +249,40 @@ class RayWorkerGroup:
 
     def host_alive(self, rank: int | None) -> bool:
         return bundle_alive(self.placement, rank)
+
+    # ------------------------------------------------------------------ a collective group re-formed (elastic)
+    def start_joiner(self, rank: int) -> Any:
+        worker = start_worker(self.config, self.placement, rank, self.run_start)
+        self.actors.append(worker)
+        self.joining[rank] = worker
+        return worker.describe.remote()
+
+    def admit(self, rank: int, handle: Any, phase: RunConfig, timeout: float) -> bool:
+        worker = self.joining.pop(rank)
+        try:
+            ray.get(handle)
+            ray.get(worker.setup.remote("", [], [], dict(self.driver), phase), timeout=timeout)
+        except ray.exceptions.RayActorError:  # it died being built (its node went)
+            return False
+        self.workers[rank] = worker
+        return True
+
+    def rendezvous_address(self, rank: int) -> str:
+        return self.result(self.workers[rank].rendezvous_address.remote(), rank)
+
+    def reform(self, rank: int, address: str, index: int, size: int, source: int) -> Any:
+        return self.workers[rank].reform.remote(address, index, size, source)
+
+    def probe(self, rank: int, timeout: float) -> RunLost | None:
+        try:
+            ray.get(self.workers[rank].describe.remote(), timeout=timeout)
+        except ray.exceptions.RayActorError as e:
+            gone = RunLost("worker", rank, type(e).__name__)
+            gone.__cause__ = e  # `leave_cause` reads a node's death from it
+            return gone
+        except ray.exceptions.GetTimeoutError:
+            return RunLost("hang", rank, "no answer before the re-form")
+        return None
 
     # ------------------------------------------------------------------ shards and driver-side actors
     def has_shards(self) -> bool:
@@ -329,6 +360,7 @@ class RayWorkerGroup:
         self.workers = [None] * self.config.num_worker_actors
         self.driver.clear()
         self.driver_specs, self.driver_processes = (), []
+        self.joining = {}
         cluster.release(self.placement)
         self.placement = None  # type: ignore[assignment]
         self.placement = cluster.place(self.config)

@@ -6,8 +6,15 @@ and a checkpoint carry), and every row is a deterministic function of its unit.
 Faults are scripted: `die` kills a worker as it reaches a global step (its later calls raise
 `RunLost`, as a dead actor's do), `shard_dies_at` kills the parameter-server shards there, the chaos
 faults of `--chaos` kill or hang a worker through the same books, `interrupt_at` raises
-KeyboardInterrupt from the wait once that many steps are done (SIGINT reaching the driver), and
-`placed` says which slots an elastic run has room for from which step on.
+KeyboardInterrupt from the wait once that many steps are done (SIGINT reaching the driver),
+`placed` says which slots an elastic run has room for from which step on, and `drain` which slots'
+node is drained (preempted) from which step on.
+
+An elastic run over the collective transport trains in lock-step blocks: the block's segment calls run
+together, round by round (`_run_block`), the model's weight then counting the group's updates; a
+member that dies in a round breaks it for everyone (the survivors return the rounds before it and
+`broken`, as strategies/elastic_group.py's `GroupBroken` does), and a re-form gives every member the
+source's weight (its digest: the weight).
 """
 
 from __future__ import annotations
@@ -27,6 +34,12 @@ from distrain.orchestrator.resume import steps_per_epoch
 from distrain.strategies.strategy_lookup import strategy_class
 
 
+def empty_rows() -> dict[str, list[Any]]:
+    """A segment's result: the metrics rows' columns, no row yet."""
+    columns = ("worker", "step", "slice", "epoch", "loss", "lr", "samples", "compute_s", "comm_s", "wall_time")
+    return {column: [] for column in (*columns, "clock")}
+
+
 @dataclass
 class Worker:
     rank: int
@@ -42,6 +55,7 @@ class Call:
     rank: int
     payload: Any
     worker: Worker
+    outcome: Any = None  # an elastic collective block's segment: its result, computed with the block's others
 
 
 class Faults:
@@ -65,6 +79,8 @@ class DummyGroup:
     interrupt_at: int | None = None  # KeyboardInterrupt from `wait` once this many steps are done
     placed: dict[int, int] = field(default_factory=dict)  # elastic: slot -> steps done before it is placed
     clockless: bool = False  # rows carry no clock, as backup tasks' portions do
+    drain: dict[int, int] = field(default_factory=dict)  # elastic: slot -> steps done before its node drains
+    room_again: bool = False  # elastic: a slot given back is placed again at once (else never again)
 
     def __post_init__(self) -> None:
         self.workers: dict[int, Worker] = {}
@@ -80,6 +96,8 @@ class DummyGroup:
         self.clocks: list[int] = [0] * self.config.num_worker_actors
         self.spe = steps_per_epoch(self.config)
         self.restarts = 0
+        self.joining: dict[int, Worker] = {}  # elastic collective: slot -> a worker built, not a member yet
+        self.blocks = self.config.elastic and self.config.transport == "collective"
 
     # ------------------------------------------------------------------ workers
     def members(self) -> list[int]:
@@ -95,10 +113,13 @@ class DummyGroup:
 
     def renew(self, rank: int) -> None:
         self.log.append(("renew", rank))
-        self.placed[rank] = self.steps_done + 10**9  # no room again for it in this test
+        self.placed[rank] = self.steps_done if self.room_again else self.steps_done + 10**9
 
     def node_of(self, rank: int) -> str:
-        return "node-0"
+        return f"node-{rank}" if rank in self.drain else "node-0"
+
+    def draining_nodes(self) -> set[str]:
+        return {f"node-{rank}" for rank, at in self.drain.items() if self.steps_done >= at}
 
     def start(self, ranks: list[int]) -> None:
         self.log.append(("start", list(ranks)))
@@ -149,6 +170,8 @@ class DummyGroup:
         if self.interrupt_at is not None and self.steps_done >= self.interrupt_at:
             self.interrupt_at = None
             raise KeyboardInterrupt
+        if self.blocks:
+            self._run_block()
         dead = [h for h in sorted(handles) if not self.calls[h].worker.alive]
         oldest: dict[int, int] = {}
         for h in sorted(self.calls):
@@ -159,6 +182,8 @@ class DummyGroup:
     def _can_run(self, call: Call) -> bool:
         if call.worker.hung:
             return False
+        if call.outcome is not None:  # its block has run
+            return True
         if call.kind != "segment" or self.config.transport != "collective":
             return True
         epoch, step, _ = call.payload[0]
@@ -170,8 +195,12 @@ class DummyGroup:
         worker = call.worker
         if not worker.alive:
             raise RunLost("worker", rank, "ActorDiedError")
-        if call.kind == "setup":
+        if call.kind in ("setup", "describe"):
             return None
+        if call.kind == "reform":
+            return self._reformed(call)
+        if call.outcome is not None:
+            return call.outcome
         if call.kind == "state":
             return self.state(rank, timeout)
         if call.kind == "eval":
@@ -179,8 +208,7 @@ class DummyGroup:
         return self._segment(worker, call.payload)
 
     def _segment(self, worker: Worker, units: list[tuple[int, int, int]]) -> dict[str, list[Any]]:
-        rows: dict[str, list[Any]] = {c: [] for c in ("worker", "step", "slice", "epoch", "loss", "lr", "samples")}
-        rows |= {c: [] for c in ("compute_s", "comm_s", "wall_time", "clock")}
+        rows = empty_rows()
         for epoch, step, slice_ in units:
             global_step = epoch * self.spe + step
             if self.config.transport == "collective" and any(not w.alive for w in self.workers.values()):
@@ -195,15 +223,47 @@ class DummyGroup:
                 self.shard_dies_at, self.shards_dead = None, True
                 raise RunLost("shard", None, "a parameter-server shard died")
             worker.value += 1
-            self.trained[(global_step, slice_)] += 1
-            self.units_by_rank[worker.rank] += 1
-            self.steps_done = max(self.steps_done, global_step + 1)
-            self.clocks[worker.rank] += 1
-            values = [worker.rank, global_step, slice_, epoch, 1.0 / (1 + global_step), 0.1, 32]
-            values += [0.01, 0.0, float(global_step), None if self.clockless else self.clocks[worker.rank]]
-            for column, value in zip(rows, values, strict=True):
-                rows[column].append(value)
+            self._train(worker, (epoch, step, slice_), rows)
         return rows
+
+    def _train(self, worker: Worker, unit: tuple[int, int, int], rows: dict[str, list[Any]]) -> None:
+        """Book `worker`'s training of `unit` and append its row to `rows`."""
+        epoch, step, slice_ = unit
+        global_step = epoch * self.spe + step
+        self.trained[(global_step, slice_)] += 1
+        self.units_by_rank[worker.rank] += 1
+        self.steps_done = max(self.steps_done, global_step + 1)
+        self.clocks[worker.rank] += 1
+        values = [worker.rank, global_step, slice_, epoch, 1.0 / (1 + global_step), 0.1, 32]
+        values += [0.01, 0.0, float(global_step), None if self.clockless else self.clocks[worker.rank]]
+        for column, value in zip(rows, values, strict=True):
+            rows[column].append(value)
+
+    def _run_block(self) -> None:
+        """The elastic collective block submitted last (its segment calls not run yet), in lock-step
+        rounds: each round every member applies the round's one update (a placeholder unit, slice -1,
+        trains nothing but takes part); a member due to die in a round (or killed before it) breaks
+        that round and the rest for every member."""
+        block = [call for call in self.calls.values() if call.kind == "segment" and call.outcome is None]
+        if not block:
+            return
+        for call in block:
+            call.outcome = empty_rows()
+        for i in range(len(block[0].payload)):
+            for call in block:
+                epoch, step, slice_ = call.payload[i]
+                due = self.die.get(call.worker.rank)
+                if slice_ >= 0 and due is not None and epoch * self.spe + step >= due:
+                    del self.die[call.worker.rank]
+                    call.worker.alive = False
+            if not all(call.worker.alive for call in block):  # the round's all-reduce fails on every survivor
+                for call in block:
+                    call.outcome["broken"] = [{"rounds": i}]
+                return
+            for call in block:
+                call.worker.value += 1
+                if call.payload[i][2] >= 0:
+                    self._train(call.worker, call.payload[i], call.outcome)
 
     def _alive(self, rank: int) -> Worker:
         worker = self.workers[rank]
@@ -222,6 +282,48 @@ class DummyGroup:
 
     def host_alive(self, rank: int | None) -> bool:
         return rank is not None
+
+    # ------------------------------------------------------------------ a collective group re-formed (elastic)
+    def start_joiner(self, rank: int) -> int:
+        self.log.append(("start_joiner", rank))
+        self.incarnations[rank] += 1
+        self.joining[rank] = worker = Worker(rank, self.incarnations[rank])
+        handle = next(self.ids)
+        self.calls[handle] = Call("describe", rank, None, worker)
+        return handle
+
+    def admit(self, rank: int, handle: int, phase: RunConfig, timeout: float) -> bool:
+        worker = self.joining.pop(rank)
+        self.calls.pop(handle, None)
+        if not worker.alive:
+            return False
+        self.log.append(("admit", rank))
+        self.workers[rank] = worker
+        return True
+
+    def rendezvous_address(self, rank: int) -> str:
+        self._alive(rank)
+        return f"dummy://{rank}/{next(self.ids)}"
+
+    def reform(self, rank: int, address: str, index: int, size: int, source: int) -> int:
+        """The state comes from group rank `source` of the members (group ranks in `members()` order)."""
+        self.log.append(("reform", (rank, self.members()[source])))
+        handle = next(self.ids)
+        self.calls[handle] = Call(
+            "reform", rank, (self.workers[self.members()[source]], self.workers[rank].value), self.workers[rank]
+        )
+        return handle
+
+    def _reformed(self, call: Call) -> dict[str, Any]:
+        source, before = call.payload
+        call.worker.value = source.value
+        return {"before": f"{before:g}", "after": f"{source.value:g}", "seconds": 0.0}
+
+    def probe(self, rank: int, timeout: float) -> RunLost | None:
+        worker = self.workers[rank]
+        if not worker.alive:
+            return RunLost("worker", rank, "ActorDiedError")
+        return RunLost("hang", rank, "no answer before the re-form") if worker.hung else None
 
     # ------------------------------------------------------------------ shards
     def has_shards(self) -> bool:
@@ -271,4 +373,5 @@ class DummyGroup:
         self.log.append(("restart", None))
         self.restarts += 1
         self.workers.clear()
+        self.joining.clear()
         self.shards, self.shards_dead = False, False

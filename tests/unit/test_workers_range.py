@@ -79,7 +79,7 @@ def test_a_range_refused_for_a_strategy_that_cannot_change_membership_names_thos
     assert RunConfig(workers="2..3", strategy="bsp", transport="ps", backup_workers=1).num_worker_actors == 3
     tasks = RunConfig(workers="2..4", strategy="bsp", transport="ps", backup_tasks=True, batch_size=8)
     assert tasks.elastic and tasks.options_of("bsp").portions == 8  # 2 x MAX
-    # BSP over the collective transport re-forms its group (orchestrator/elastic_collective.py).
+    # BSP over the collective transport re-forms its group (orchestrator/controller/collective_scaling.py).
     assert RunConfig(workers="2..3", strategy="bsp").elastic
     assert RunConfig(workers="2..3", strategy="local-sgd").elastic  # re-formed at its averaging rounds
     with pytest.raises(ConfigError, match="--adaptive-tau does not compose with --workers MIN..MAX"):

@@ -1,0 +1,230 @@
+"""Elastic membership (`--workers MIN..MAX`) over the collective transport (BSP, local SGD, DiLoCo; issue
+18) as the controller's scaling policy: `CollectiveScaling`, the counterpart of the parameter-server
+transport's `ElasticScaling` (scaling.py), with the same books (orchestrator/membership.py's
+`Membership`). strategies/elastic_group.py has the group the strategies share, bsp.py and local_sgd.py
+the worker sides.
+
+Under the collective transport every member holds the whole state (θ, optimizer state, fp16 loss
+scale) and trains in lock-step, so a membership change means a new process group, and members change
+only at a boundary all of them share. So the phase loop runs such a phase in *blocks* (`needs_blocks`;
+`BlockLoop` in loop.py): the next `--segment-steps` rounds (local SGD: τ, the block ending in its
+average) are dealt to every member at once (orchestrator/rounds.py) and the loop waits for all of them.
+Between blocks is the step boundary every member shares, where the loop evaluates an epoch just
+completed and takes the checkpoints due (from one member: all are equal), and this policy
+- handles a draining node (preemption, `boundary`): at the next step boundary a checkpoint is written,
+  then the members on that node leave (cause "node draining"); their slots ask for room again elsewhere;
+- takes in joiners: a slot whose placement group got placed starts a worker as soon as it is seen
+  (`WorkerGroup.start_joiner`); once the worker is built (its data loaded) it joins at the next boundary;
+- re-forms the group when anything changed (`settle`, `_reform`): a fresh rendezvous address hosted by
+  the new group's rank 0, every member leaves its old group and joins the new one, and the whole
+  replica state is broadcast from a member that trained on (`WorkerGroup.reform`, `TrainWorker.reform`);
+  nothing is read from disk. Each re-form is recorded (membership summary `reforms`): who, the source,
+  the parameters' digest on every member before and after, and the seconds it took.
+
+`--chaos` works as in a fixed run: blocks stop at the next event's step (`WorkPlan.hold`), the fault
+is injected at that boundary, and the next block finds it as it would find a crash: a killed
+member's all-reduce peers fail, it leaves (a shrink while >= MIN) and its slot asks for room again; a
+hung one is found when the group's timeout passes. `kill-node` is a node lost.
+
+A node lost without warning fails the block's all-reduce: gloo raises on the closed peer
+connection (or, at worst, the group's --collective-timeout-s passes), the survivors abandon the
+round without applying it (`GroupBroken`, strategies/elastic_group.py) and return the rounds they
+completed. Rounds every survivor completed stand (an all-reduce completes only with every member's
+share, the lost one's included); the rest are redone after the re-form, which broadcasts from a
+survivor at that round (in the rare case where some survivors completed a round the others did not,
+the broadcast undoes it for them and their rows of it are dropped). The lost member's units in
+rounds that stand were applied, but their rows died with it: they are listed in its leave event
+(`units_without_row`) and never invented, as replacement.py does for BSP over the PS. Every loss goes
+through the failure policy (`lost`): a shrink, not a failure, while the membership stays >= MIN (its
+LEAVE); below MIN it ends the attempt (RunLost) and the controller restarts from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from distrain.orchestrator.checkpoint import step_checkpoint_name
+from distrain.orchestrator.controller.status import Stage
+from distrain.orchestrator.failure_policy import LEAVE as LEAVES
+from distrain.orchestrator.failure_policy import USER_CODE, Situation
+from distrain.orchestrator.membership import JOIN, LEAVE, Membership, leave_cause
+from distrain.orchestrator.recovery import RunLost
+
+if TYPE_CHECKING:
+    from distrain.orchestrator.controller.attempt import Attempt
+    from distrain.orchestrator.rounds import RoundPlan
+    from distrain.orchestrator.work import Unit
+
+
+def needs_blocks(attempt: Attempt) -> bool:
+    """Whether the phase runs in lock-step blocks with this policy: an elastic phase over the collective
+    transport (the parameter-server transport's members come and go between any two results)."""
+    config = attempt.phase_config or attempt.config
+    return attempt.membership is not None and attempt.impl.elastic and config.transport == "collective"
+
+
+class CollectiveScaling:
+    def __init__(self, attempt: Attempt, plan: RoundPlan) -> None:
+        assert attempt.membership is not None
+        self.a = attempt
+        self.group = attempt.group
+        self.config = attempt.config
+        self.plan = plan
+        self.membership: Membership = attempt.membership
+        self.members: list[int] = []  # the ranks of the current process group, in group-rank order
+        self.source: int | None = None  # after a loss: the survivor whose state the others take
+        self.joining: dict[int, Any] = {}  # rank -> the handle of its start-up (`WorkerGroup.start_joiner`)
+        self.changes: list[dict[str, Any]] = []  # membership events since the last re-form
+        self.drains: list[dict[str, Any]] = []  # draining nodes waiting for a step boundary
+
+    def begin(self) -> None:
+        """The phase's first process group, of the members it starts with."""
+        self._reform("start")
+
+    def boundary(self) -> None:
+        """At a block boundary: a draining node's checkpoint and leaves, joiners taken in (the group is
+        re-formed for them by `settle`, after the loop's --chaos strike)."""
+        self._preempted()
+        self._join()
+
+    def settle(self) -> None:
+        """Re-form the group if the membership changed since the last one (before anyone reads the model)."""
+        if self.changes:
+            self._reform("resize")
+
+    @property
+    def to_step_boundary(self) -> bool:
+        """A draining node waits for a step boundary (its checkpoint is taken there)."""
+        return bool(self.drains)
+
+    # ------------------------------------------------------------------ losses
+    def lost(
+        self, lost: dict[int, RunLost], redo: list[Unit], without_row: dict[int, list[Unit]], source: int | None
+    ) -> None:
+        """A block broke: members in `lost` are gone (each leaves while the failure policy says LEAVE;
+        below MIN the attempt ends: RunLost); `redo`: its abandoned rounds' units, back in the plan;
+        `without_row`: each lost member's units applied in rounds that stand; `source`: a survivor at
+        the round that stands, whose state the others take at the re-form."""
+        self.source = source
+        for i, (rank, gone) in enumerate(sorted(lost.items())):  # the abandoned rounds' units: on the first
+            self._leave(rank, leave_cause(gone), gone, redo if i == 0 else [], without_row.get(rank, []))
+        if lost:  # the policy decides on the first (a peer's failure names no rank: this call's)
+            rank, gone = next(iter(lost.items()))
+            if not self._leaves(RunLost(gone.kind, rank, gone.detail), len(self.a.members()) + 1):
+                raise gone  # below MIN: a failure (restart from a checkpoint)
+        else:  # a broken group with everyone still here (a timeout): re-form all the same
+            self.changes.append({"cause": "group broken"})
+
+    def _leaves(self, lost: RunLost, members: int) -> bool:
+        """The failure policy's word on `lost` (`members`: the run's size with it): a leave, or a failure."""
+        situation = Situation(elastic_min=self.config.workers, members=members, member=True)
+        return self.a.decide(lost, situation=situation).action == LEAVES
+
+    def _leave(self, rank: int, cause: str, lost: RunLost | None, redo: list[Unit], without_row: list[Unit]) -> None:
+        a = self.a
+        a.machine.to(Stage.RESIZING)
+        self.group.kill(rank)
+        self.membership.renew(rank)
+        members = len(a.members())
+        event = self.membership.record(LEAVE, rank, cause, members, a.steps_done, a.now(), a.emit, len(redo))
+        if lost is not None:
+            event["detail"] = lost.detail
+        event["units_without_row"] = [list(u) for u in without_row]
+        self.changes.append(event)
+
+    # ------------------------------------------------------------------ joins and drains
+    def _join(self) -> None:
+        """Start a worker in each newly placed slot; a built one joins at this boundary."""
+        a, group = self.a, self.group
+        for rank in self.membership.joinable(a.members()):
+            if rank not in self.joining:
+                self.joining[rank] = group.start_joiner(rank)
+        for rank, handle in list(self.joining.items()):
+            if not group.wait([handle], 0):
+                continue
+            del self.joining[rank]
+            if not group.admit(rank, handle, a.phase_config or a.config, self.config.collective_timeout_s):
+                self.membership.renew(rank)  # it died being built (its node went): ask for room again
+                continue
+            a.machine.to(Stage.RESIZING)
+            members = len(a.members())
+            self.changes.append(self.membership.record(JOIN, rank, "placed", members, a.steps_done, a.now(), a.emit))
+
+    def _preempted(self) -> None:
+        """A draining node: checkpoint at the next step boundary, then its members leave."""
+        for node, ranks in self.membership.draining(self.a.members()).items():
+            if ranks:
+                self.drains.append({"node": node, "ranks": ranks})
+        if not self.drains or not self.plan.aligned:
+            return
+        a = self.a
+        for drain in self.drains:
+            ranks = [r for r in drain["ranks"] if r in a.members()]
+            staying = [r for r in a.members() if r not in ranks]
+            entry = {"node": drain["node"], "step": a.steps_done, "path": None, "wall_time": None, "ranks": ranks}
+            self.membership.drain_checkpoints.append(entry)
+            src = (staying or ranks)[0]
+            state = self.group.state(src, self.config.hang_timeout_s)
+            epochs = a.steps_done // a.steps_per_epoch
+            a.save(step_checkpoint_name(a.steps_done), state, epochs, a.steps_done)  # fills entry's path
+            if not ranks or not self._leaves(RunLost("node", ranks[0], "draining"), len(staying) + 1):
+                continue  # leaving would go below MIN: they stay until it goes
+            for rank in ranks:
+                self._leave(rank, "node draining", None, [], [])
+        self.drains = []
+
+    # ------------------------------------------------------------------ the re-form
+    def _reform(self, cause: str) -> None:
+        """A new process group of the members, the state broadcast from one that trained on."""
+        a, group = self.a, self.group
+        for _attempt in range(3):
+            self._drop_dead()
+            members = a.members()
+            survivors = [r for r in members if r in self.members]
+            source = self.source if self.source in members else (survivors or members)[0]
+            address = group.rendezvous_address(members[0])
+            t0 = time.monotonic()
+            calls = {group.reform(r, address, i, len(members), members.index(source)): r for i, r in enumerate(members)}
+            results, failed = {}, {}
+            for handle, rank in calls.items():
+                try:
+                    results[rank] = a.result(handle, rank, self.config.collective_timeout_s + 10)
+                except RunLost as gone:  # its actor died, or (target None) its new group could not form
+                    if gone.kind == USER_CODE:
+                        raise
+                    failed[rank] = gone
+            if not failed:
+                break
+            for rank, gone in failed.items():  # died during the re-form: leave; the others form again
+                if gone.target == rank:
+                    self._leave(rank, leave_cause(gone), gone, [], [])
+        else:
+            raise next(iter(failed.values()))
+        seconds = round(time.monotonic() - t0, 3)
+        reform = {
+            "cause": cause,
+            "step": a.steps_done,
+            "units_done": sum(self.plan.units_done.values()),
+            "members": members,
+            "source": source,
+            "before": {str(r): results[r]["before"] for r in members},
+            "after": {str(r): results[r]["after"] for r in members},
+            "survivors": survivors,
+            "seconds": seconds,
+        }
+        self.membership.reforms.append(reform)
+        if self.changes and "change" in self.changes[-1]:
+            self.changes[-1]["setup_s"] = seconds  # the summary's reform_s adds these up
+        self.members, self.source, self.changes = members, None, []
+        a.machine.to(Stage.TRAINING)
+
+    def _drop_dead(self) -> None:
+        """Members whose actor is gone (a node lost while its results had come in) leave before the
+        re-form, which would otherwise wait --collective-timeout-s for them to join."""
+        for rank in self.a.members():
+            gone = self.group.probe(rank, self.config.collective_timeout_s)
+            if gone is not None:
+                self._leave(rank, leave_cause(gone), gone, [], [])
+        if len(self.a.members()) < self.config.workers:
+            raise RunLost("worker", None, "below --workers MIN before the re-form")
