@@ -54,6 +54,11 @@ class StrategyOptions:
     def check(self, run: RunConfig) -> None:  # noqa: B027 - optional hook
         """Raise ConfigError (naming the flag) for a value this run cannot use."""
 
+    def extra_replicas(self, run: RunConfig) -> int:
+        """Replicas each step hands a batch to beyond --workers (BSP's k-of-n backup workers): the
+        driver sizes the run's actors and its steps' samples with them (config/strategy_section.py)."""
+        return 0
+
 
 @dataclass(frozen=True)
 class NoOptions(StrategyOptions):

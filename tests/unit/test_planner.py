@@ -135,7 +135,7 @@ def test_the_planner_plans_each_strategy_at_the_settings_distrain_run_defaults_t
     flags = {"ssp": "staleness", "local-sgd": "tau", "diloco": "sync_every"}
     planned = {p.strategy: p.setting for p in planner.plan_table(_cal(), [4])}
     for strategy, field in flags.items():
-        run_default = getattr(RunConfig(strategy=strategy), field)
+        run_default = getattr(RunConfig(strategy=strategy).options_of(strategy), field)
         assert planned[strategy] == f"--{field.replace('_', '-')} {run_default}", strategy
     default = planner.predict(_cal(optimizer_copies=0), "diloco", "collective", 4)
     same = planner.predict(_cal(optimizer_copies=0), "diloco", "collective", 4, settings={"sync_every": 8})
