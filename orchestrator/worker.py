@@ -22,7 +22,7 @@ from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyCon
 from distrain.strategies.collective import free_address
 from distrain.strategies.elastic_group import GroupBroken, param_digest
 from distrain.strategies.pipeline import PipelineShape
-from distrain.strategies.step_columns import family_columns
+from distrain.strategies.step_columns import family_fields
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import seeded
@@ -252,8 +252,8 @@ class TrainWorker:
                 "bytes_sent": comm.bytes_sent,
                 "bytes_received": comm.bytes_received,
                 "wall_time": time.time() - self.run_start,
-                # the strategies' column families: `CommStats` fields of the same names
-                **{column: getattr(comm, column) for column in family_columns()},
+                # the strategies' column families: `CommStats` fields, by the families' declarations
+                **{column: getattr(comm, name) for column, name in family_fields().items()},
                 "nonfinite": comm.nonfinite,
                 "overflow": True if self.strategy.overflow_skips > overflows else None,
                 "bytes_uncompressed": comm.bytes_uncompressed,

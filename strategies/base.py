@@ -103,7 +103,7 @@ class CommStats:
     min_clock: int | None = None
     dropped: bool | None = None  # k-of-n / backup tasks: this gradient was late or a duplicate, not applied
     backup: bool | None = None  # backup tasks: this portion was a speculative copy of one already running
-    tau: int | None = None  # local SGD: the period this step belongs to
+    period: int | None = None  # local SGD, DiLoCo: steps in the averaging period this step belongs to
     averaging_round: int | None = None  # local SGD: averaging rounds completed after this step
     nonfinite: bool | None = None  # the loss, gradient or average was not finite: skipped (or the run stopped)
     bytes_uncompressed: int | None = None  # --compress: what bytes_sent would have been in float32
