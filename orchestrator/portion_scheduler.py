@@ -33,8 +33,8 @@ class Assignment:
 
 
 class PortionScheduler:
-    def __init__(self, portions: int, steps_per_epoch: int, start_step: int, first_tag: int = 0) -> None:
-        self.portions = portions
+    def __init__(self, per_round: int, steps_per_epoch: int, start_step: int, first_tag: int = 0) -> None:
+        self.per_round = per_round  # the round's portions (the shards' portion-rounds rule)
         self.steps_per_epoch = steps_per_epoch
         self.start_step = start_step
         self.first_tag = first_tag  # the shards' version at start_step (0, or a restored run's counter)
@@ -48,7 +48,7 @@ class PortionScheduler:
         self._open_round()
 
     def _open_round(self) -> None:
-        self.queue = PortionQueue(self.portions)
+        self.queue = PortionQueue(self.per_round)
 
     async def acquire(
         self, worker: int, finished: tuple[int, int, list[Any]] | None, last_epoch: int, last_step: int

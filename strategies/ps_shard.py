@@ -17,7 +17,7 @@ Rules (`ConsistencyRule`, definitions in shared/reference/algorithms.md):
   or a member fed again after it had no work, enters at a round boundary the driver names); under
   k-of-n on the first k = members - b of them. Its rate is rescaled for the round's global batch
   (`_round_rate`), and a leaver's gradient still waiting in the open round is taken out.
-- "portions" (backup tasks): round t is split into P portions, computed by whoever is free (the
+- "portion-rounds" (backup tasks): round t is split into P portions, computed by whoever is free (the
   orchestrator's scheduler hands them out and re-issues the last outstanding ones). A shard keeps
   the first gradient of each portion of the open round, drops copies and stale rounds, and applies
   the mean of the P portion gradients (= the global batch's mean gradient) once all have arrived.
@@ -231,7 +231,7 @@ class ParameterShard:
                 self.dropped[worker] += 1  # a copy whose twin was first, or a round already applied
                 return False
             self.round[portion] = grad
-            if len(self.round) == self.rule.portions:
+            if len(self.round) == self.rule.per_round:
                 self._apply_mean(lr)
             return True
 

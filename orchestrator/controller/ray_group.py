@@ -161,12 +161,11 @@ class RayWorkerGroup:
         else:
             counters = None
         if "portion_scheduler" in actors:
-            portions = phase.options_of("bsp").portions
             first_tag = counters["version"] if counters is not None else 0  # the shards' version right now
             self.portion_scheduler = (
                 ray.remote(PortionScheduler)
                 .options(num_cpus=0, max_concurrency=max(64, 4 * len(self.workers)))
-                .remote(portions, steps_per_epoch, start_step, first_tag)
+                .remote(rule.per_round, steps_per_epoch, start_step, first_tag)  # the shards' portions per round
             )
             self.actors.append(self.portion_scheduler)
         if "sandblaster_coordinator" in actors:
