@@ -125,7 +125,7 @@ class BSPBackupTasks(PSStrategy):
             wait_s=self.waited,
             read_version=a.tag,
             applied_version=a.tag,  # settled: None where the shards kept another copy
-            staleness=0,
+            lag=0,
             backup=a.copy,
             nonfinite=None if ok else True,
         )

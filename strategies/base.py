@@ -98,7 +98,7 @@ class CommStats:
     wait_s: float | None = None  # blocked by a consistency rule (PS strategies)
     read_version: int | None = None
     applied_version: int | None = None
-    staleness: int | None = None
+    lag: int | None = None  # PS: versions between a gradient's read and its apply (the "staleness" column)
     clock: int | None = None
     min_clock: int | None = None
     dropped: bool | None = None  # k-of-n / backup tasks: this gradient was late or a duplicate, not applied

@@ -12,7 +12,7 @@ from distrain.strategies.declarations import ColumnPlot, StepColumns
 @dataclass(frozen=True)
 class ConsistencyRule:
     mode: str  # "rounds" | "bounded" | "portion-rounds" | "sandblaster"
-    staleness: int | None = None  # bounded mode: max clock lead; None = unbounded (async)
+    bound: int | None = None  # bounded mode: max clock lead (SSP's --staleness); None = unbounded (async)
     staleness_lr: bool = False  # bounded mode: divide η by the gradient's staleness
     accept: int | None = None  # rounds mode: gradients that close a round (k-of-n); None = every worker
     per_round: int = 0  # portion-rounds mode (bsp's --backup-tasks): portions per round
@@ -99,6 +99,7 @@ PS_STEP_COLUMNS = StepColumns(
         "clock": "int64",  # the worker's clock after this push
         "min_clock": "int64",  # the slowest worker's clock when this step's pull completed
     },
+    fields={"staleness": "lag"},  # CommStats.lag: the column keeps the name runs have always had
     key="staleness",
     figures=parameter_server_figures,
     report_column=("staleness p95", "staleness_p95", "g"),

@@ -66,7 +66,7 @@ def test_ssp_zero_stays_bsp_with_three_workers_under_the_default():
         return replies
 
     replies = asyncio.run(scenario())
-    assert sorted(r.staleness for r in replies) == [0, 1, 2]
+    assert sorted(r.lag for r in replies) == [0, 1, 2]
     for reply in replies:
         np.testing.assert_allclose(reply.theta, [-6.0])  # θ - η·mean(g): one BSP step
 

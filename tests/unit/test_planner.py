@@ -68,7 +68,7 @@ def test_expected_order_statistics_match_a_simulation():
         draws = [sorted(rng.choice(spread) for _ in range(n + b))[n - 1] for _ in range(20_000)]
         assert planner.expected_order_stat(spread, n, n + b) == pytest.approx(sum(draws) / len(draws), rel=0.03)
     assert planner.expected_max(spread, 1) == pytest.approx(sum(spread) / len(spread))
-    costs = planner.straggler_costs(_cal(spread=spread), 8, backups=2, staleness=2)
+    costs = planner.straggler_costs(_cal(spread=spread), 8, backups=2, bound=2)
     assert costs["bsp"] > costs["ssp_s2"] > 1.0 and costs["k_of_n_b2"] < costs["bsp"]
 
 

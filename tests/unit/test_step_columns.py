@@ -133,7 +133,7 @@ def test_each_family_column_is_read_from_a_comm_stats_field_and_tau_keeps_its_na
 
     fields = family_fields()
     assert list(fields) == list(family_columns())  # the schema's columns, in its order
-    assert fields["tau"] == "period" and fields["staleness"] == "staleness"
+    assert fields["tau"] == "period" and fields["staleness"] == "lag" and fields["clock"] == "clock"
     stats = CommStats(period=4, averaging_round=2)
     row = {column: getattr(stats, name) for column, name in fields.items()}
     assert row["tau"] == 4 and row["averaging_round"] == 2 and "tau" in SCHEMA.names

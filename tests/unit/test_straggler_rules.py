@@ -33,7 +33,7 @@ def test_k_of_n_round_applies_the_first_n_gradients_and_drops_the_late_one():
     np.testing.assert_allclose(second.theta, [-2.0, -4.0])  # θ - η·mean(first two), the late one ignored
     np.testing.assert_allclose(late.theta, second.theta)
     assert not first.dropped and not second.dropped and late.dropped
-    assert late.version == 1 and late.applied_version == -1 and late.staleness == 1
+    assert late.version == 1 and late.applied_version == -1 and late.lag == 1
     assert s.version == 1 and s.dropped == [0, 1, 0]
     assert s.round_members == [[0, 2]]
 
