@@ -7,6 +7,7 @@ an elastic --workers range (which strategies can change membership). No torch, n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,17 @@ class StrategySection:
     options: dict[str, Any] = setting(
         {}, "Each strategy's own options (its `Options` dataclass), by strategy name; see `distrain strategies`."
     )
+
+
+# The channel's own fields (strategies/channel.py): the codec and the emulated link that every strategy's
+# traffic goes through, whatever the strategy. `distrain plan` takes them as flags; its calibration runs
+# without them (`traffic_defaults`) and adds what they change.
+TRAFFIC_FIELDS = ("compress", "comm_delay_ms", "comm_bandwidth")
+
+
+def traffic_defaults() -> dict[str, Any]:
+    """The channel's fields at their defaults: no codec, no emulated link."""
+    return {f.name: f.default for f in dataclasses.fields(StrategySection) if f.name in TRAFFIC_FIELDS}
 
 
 @config_check(stage="across")
