@@ -77,10 +77,11 @@ class TrainWorker:
         self.full_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.stage_plan = None
         if config.pipelined:  # this actor keeps one stage (rank = replica x S + stage), see strategies/pipeline.py
-            from distrain.trainers.pipeline_split import plan_stages, stage_module
+            from distrain.strategies.pipeline import plan_stages_for
+            from distrain.trainers.pipeline_split import stage_module
 
             stages = PipelineShape.of(config).stages
-            self.stage_plan = plan_stages(model, self.task.split_points(), stages)
+            self.stage_plan = plan_stages_for(model, self.task.split_points(), config)
             self.stage = self.rank % stages
             model = stage_module(model, self.stage_plan, self.stage)
         self.trainer = LocalTrainer(
