@@ -14,12 +14,14 @@ from rich.text import Text
 from distrain.commands import console as consoles
 from distrain.commands.console import print_wide, say
 from distrain.commands.options import own_option, parse_task_args, run_options
+from distrain.compression.spec import FLAG as CODEC_FLAG
 from distrain.config import RunConfig, parse_optimizer_args
+from distrain.config.strategy_section import TRAFFIC_FIELDS
 from distrain.errors import DistrainError
 from distrain.fields import SECTIONS
 
 PLAN_FLAGS = {"config", "resume", "workers", "strategy", "transport", "schedule", "run_dir"}  # plan's own, or moot
-PLAN_TRAFFIC_FLAGS = ("compress", "comm_delay_ms", "comm_bandwidth")  # what every strategy's traffic goes through
+PLAN_TRAFFIC_FLAGS = TRAFFIC_FIELDS  # what every strategy's traffic goes through (the channel's)
 
 HELP = """Predict step time, traffic and memory of every strategy at each worker count, calibrated on this
 cluster with a few real steps and micro-benchmarks; recommend one, with its reason."""
@@ -127,7 +129,7 @@ def print_plan(result: Any) -> None:
         f"x{1 + cal.contention_slope:.2f}; all-reduce "
         f"{cal.allreduce_latency_s * 1e6:.0f} us + {cal.allreduce_bandwidth / 1e6:.0f} MB/s; PS round trip "
         f"{cal.ps_call_s * 1e3:.1f} ms"
-        + (f"; --compress {cal.codec}" if cal.codec else "")
+        + (f"; {CODEC_FLAG} {cal.codec}" if cal.codec else "")
         + (
             f"; planned for the emulated link: {cal.link_latency_s * 1e3:g} ms per transfer"
             + (f" + {cal.link_bandwidth / 1e6:g} MB/s" if cal.link_bandwidth else "")

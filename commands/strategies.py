@@ -6,6 +6,7 @@ from distrain.commands import console as consoles
 
 
 def list_strategies() -> None:
+    from distrain.compression.spec import FLAG as CODEC_FLAG
     from distrain.fields import fields_of
     from distrain.strategies import STRATEGIES
 
@@ -17,4 +18,4 @@ def list_strategies() -> None:
         out.print(f"{'':<11}   transports: {', '.join(cls.transports)}" + (f"; options: {flags}" if flags else ""),
                   highlight=False)  # fmt: skip
         if cls.compresses:
-            out.print(f"{'':<11}   --compress applies to: {cls.compresses}", highlight=False)
+            out.print(f"{'':<11}   {CODEC_FLAG} applies to: {cls.compresses}", highlight=False)

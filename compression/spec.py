@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from distrain.compression.base import Codec
 
 FLAG = "--compress"  # the option's one spelling: other modules' messages name it through this
+KEY = "compress"  # its key in a run's config (config.yaml) and summary.json: other modules read it through this
 _DEFAULTS: dict[str, Any] = {
     "argument": None,
     "error_feedback": False,
@@ -161,6 +162,31 @@ class CodecSpec:
         entry = REGISTRY[self.name]
         cls = getattr(importlib.import_module(entry["module"]), entry["class"])
         return cls(self, shapes) if entry["needs_shapes"] else cls(self)
+
+
+def codec_of(run: Any) -> CodecSpec | None:
+    """The codec a run's traffic goes through (`run`: its RunConfig), or None."""
+    text = getattr(run, KEY)
+    return parse_codec(text) if text else None
+
+
+def codec_figures(steps: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """summary.json: the codec and its ratio, uncompressed over sent bytes of the compressed transfers
+    (None: nothing compressed yet), from the step rows (a DataFrame) and the run's flat config; nothing
+    without a codec."""
+    codec = config.get(KEY)
+    if not codec:
+        return {}
+    if "bytes_uncompressed" not in steps:
+        return {KEY: codec, "codec_ratio": None}
+    rows = steps.dropna(subset=["bytes_uncompressed"])
+    sent = rows["bytes_sent"].sum()
+    return {KEY: codec, "codec_ratio": float(rows["bytes_uncompressed"].sum() / sent) if sent else None}
+
+
+def codec_settings_text(config: dict[str, Any]) -> str:
+    """The report's strategy column adds the codec: " + int8" (nothing without one)."""
+    return f" + {config[KEY]}" if config.get(KEY) else ""
 
 
 def parse_codec(text: str) -> CodecSpec | None:

@@ -48,7 +48,8 @@ class RunConfig:
     Built from flat keys (flags, old config files) or nested sections (`from_mapping`). Building resolves
     what depends on other choices (the strategy's default transport, a strategy's default options, the
     task's absolute path) into new frozen objects, then checks every value; nothing is mutated after, and
-    `replace` builds a new config. Flat reads (`config.workers`, `config.tau`) reach into the sections.
+    `replace` builds a new config. Flat reads (`config.workers`) reach into the sections; a strategy's own
+    options are read through its Options only (`config.options_of("local-sgd").tau`).
     """
 
     def __init__(self, **values: Any) -> None:
@@ -66,12 +67,13 @@ class RunConfig:
         section = FIELD_SECTION.get(name)
         if section is not None and name != "options":
             return getattr(sections[section], name)
-        for options in sections["strategy"].options.values():
-            if hasattr(options, name):
-                return getattr(options, name)
-        known = option_fields()
-        if name in known:  # an option of a strategy this run does not use: its unset value
-            return known[name].default
+        # A strategy's option is its own (issue 27): read through its Options, never as a flat field.
+        owners = [n for n, options in sections["strategy"].options.items() if hasattr(options, name)]
+        if owners or name in known_option_fields():
+            owner = owners[0] if owners else _owner_of(name)
+            raise AttributeError(
+                f"{name!r} is an option of --strategy {owner}: read it as config.options_of({owner!r}).{name}"
+            )
         raise AttributeError(f"RunConfig has no field {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -285,6 +287,15 @@ class RunConfig:
                 f"unknown key(s) {', '.join(unknown)} in {source}; valid keys: {', '.join(cls.field_names(values))}"
             )
         return values, {k: v for k, v in overrides.items() if v is not None}
+
+
+def _owner_of(option: str) -> str:
+    """The first strategy (built-in, or imported by path so far) whose Options declare `option`."""
+    from distrain.strategies import STRATEGIES
+    from distrain.strategies.strategy_lookup import loaded_plugins
+
+    classes = [STRATEGIES.get(n) for n in STRATEGIES.names()] + loaded_plugins()
+    return next(c.name for c in classes if option in option_fields([c]))
 
 
 def _rebuild(values: dict[str, Any], task_object: Any) -> RunConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from distrain.compression.spec import FLAG as CODEC_FLAG
 from distrain.config.strategy_section import StrategySection
 from distrain.fields import FieldInfo, fields_of, setting
 from distrain.trainers.builtin_names import DATASET_READS_FILES, MODEL_NAMES
@@ -189,8 +190,8 @@ class Optimization:
     precision: str = setting(
         "fp32",
         "Forward pass dtype: fp32, bf16 or fp16 (torch.autocast; parameters, gradients, optimizer state and "
-        "traffic stay float32; fp16 adds a dynamic loss scale, checkpointed). Not --compress bf16, which "
-        "changes only what travels.",
+        "traffic stay float32; fp16 adds a dynamic loss scale, checkpointed). "
+        f"Not {CODEC_FLAG} bf16, which changes only what travels.",
         "optimizer",
     )
 

@@ -7,6 +7,7 @@ an elastic --workers range (which strategies can change membership). No torch, n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -79,6 +80,17 @@ class StrategySection:
     )
 
 
+# The channel's own fields (strategies/channel.py): the codec and the emulated link that every strategy's
+# traffic goes through, whatever the strategy. `distrain plan` takes them as flags; its calibration runs
+# without them (`traffic_defaults`) and adds what they change.
+TRAFFIC_FIELDS = ("compress", "comm_delay_ms", "comm_bandwidth")
+
+
+def traffic_defaults() -> dict[str, Any]:
+    """The channel's fields at their defaults: no codec, no emulated link."""
+    return {f.name: f.default for f in dataclasses.fields(StrategySection) if f.name in TRAFFIC_FIELDS}
+
+
 @config_check(stage="across")
 def check_link(config: RunConfig) -> None:
     """--compress, --comm-delay-ms, --comm-bandwidth: what every strategy's traffic goes through."""
@@ -143,9 +155,9 @@ def check_pipeline(config: RunConfig) -> None:
             "--pipeline-stages runs with --strategy bsp over the collective transport only (each stage's "
             "gradient is averaged with its replicas'); drop --pipeline-stages or use bsp"
         )
-    if config.compress is not None or config.backup_workers:
-        flag = "--compress" if config.compress is not None else "--backup-workers"
-        raise ConfigError(f"{flag} does not compose with --pipeline-stages; drop one of them")
+    # (--backup-workers, bsp's, needs the PS transport: refused above and by bsp's own check.)
+    if config.compress is not None:
+        raise ConfigError("--compress does not compose with --pipeline-stages; drop one of them")
     if config.comm_delay_ms or config.comm_bandwidth:
         raise ConfigError("--comm-delay-ms/--comm-bandwidth do not apply to pipeline traffic; drop them")
     if config.precision != "fp32":  # the schedule's stages run outside LocalTrainer's autocast and loss scale
@@ -173,12 +185,6 @@ def check_elastic(config: RunConfig) -> None:
             f"{given}: {what} cannot change its membership mid-run; use a fixed --workers N, or a strategy "
             f"that can: {', '.join(able)}"
         )
-    if config.backup_workers and config.workers - config.backup_workers < 1:
-        # Under a range the b backups are among the members: each round applies k = members - b.
-        raise ConfigError(
-            f"{given} with --backup-workers {config.backup_workers}: each round applies members - "
-            f"{config.backup_workers} gradients, none at MIN {config.workers}; raise MIN above {config.backup_workers}"
-        )
     for flag, used in (
         ("--pipeline-stages", config.pipelined),
         ("--straggler", bool(config.straggler)),
@@ -197,6 +203,7 @@ def stages(config: RunConfig) -> int:
 
 
 def replicas_per_step(config: RunConfig) -> int:
-    """Replicas whose batches one step hands out: --workers (an elastic run's MAX) plus any backup workers
-    (under a range the backups are among the MAX)."""
-    return config.worker_slots + (0 if config.elastic else config.backup_workers)
+    """Replicas whose batches one step hands out: --workers (an elastic run's MAX) plus those the run's
+    strategies add (`StrategyOptions.extra_replicas`: bsp's backup workers)."""
+    options = config.section("strategy").options.values()
+    return config.worker_slots + sum(o.extra_replicas(config) for o in options)

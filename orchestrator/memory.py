@@ -164,7 +164,7 @@ def stage_shares(config: RunConfig) -> list[tuple[int, int]]:
     its input included). A user's task: activations unknown (0), as without a pipeline."""
     import torch
 
-    from distrain.trainers.pipeline_split import plan_stages
+    from distrain.strategies.pipeline import plan_stages_for
 
     if config.task:
         from distrain.orchestrator.tasks import build_task
@@ -175,14 +175,14 @@ def stage_shares(config: RunConfig) -> list[tuple[int, int]]:
                 model = task.build_model()
         except Exception:  # noqa: BLE001 - a model that needs real tensors to build (loads weights, say)
             model = task.build_model()
-        plan = plan_stages(model, task.split_points(), PipelineShape.of(config).stages)
+        plan = plan_stages_for(model, task.split_points(), config)
         return [(plan.stage_params(s), 0) for s in range(plan.stages)]
     from distrain.trainers.models import MODELS
 
     info = _dataset_info(config.dataset)
     with torch.device("meta"):
         model = MODELS.get(config.model)(info)
-    plan = plan_stages(model, [], PipelineShape.of(config).stages)
+    plan = plan_stages_for(model, [], config)
     per_child = child_activation_values(config.model, config.dataset)
     values = [per_child.get(name, 0) for name in plan.children]
     shares = []

@@ -74,6 +74,7 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
     given.pop("run_dir", None)
     if given.get("init_from"):
         raise ConfigError("--resume continues from the run's own checkpoint; drop --init-from")
+    recorded_values = recorded.to_dict()
     for name, value in given.items():
         if name == "workers":  # ranges compare as ranges: "2..4" is the run's 2..4, "3" its 3
             if parse_workers(value) != (recorded.workers, recorded.max_workers):
@@ -83,10 +84,14 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
                     "run with --init-from its checkpoint"
                 )
             continue
-        if name not in RESUMABLE and value != getattr(recorded, name):
+        if name in RESUMABLE:
+            continue
+        # Flat keys as config.yaml holds them; an option of a strategy the run does not use is unset there.
+        has = recorded_values[name] if name in recorded_values else RunConfig.field_info(name).default
+        if _plain(value) != _plain(has):
             flag = "--" + name.replace("_", "-")
             raise ConfigError(
-                f"--resume cannot change {flag} (the run has {getattr(recorded, name)!r}, got {value!r}); drop it, "
+                f"--resume cannot change {flag} (the run has {has!r}, got {value!r}); drop it, "
                 "or start a new run with --init-from its checkpoint"
             )
     if recorded.lr_decay == "cosine":
@@ -114,8 +119,9 @@ def no_checkpoint(run_dir: Path) -> str:
 
 
 def _value(name: str, config: RunConfig) -> Any:
-    """`config`'s value of `name` as a recorded config holds it (--workers: N or "MIN..MAX")."""
-    return format_workers(config.workers, config.max_workers) if name == "workers" else getattr(config, name)
+    """`config`'s value of `name` as a recorded config holds it (--workers: N or "MIN..MAX"; a strategy's
+    option under its flat key, as to_dict writes it)."""
+    return config.to_dict()[name]
 
 
 def _same(name: str, recorded: Any, config: RunConfig) -> bool:
@@ -125,7 +131,7 @@ def _same(name: str, recorded: Any, config: RunConfig) -> bool:
             return parse_workers(recorded) == (config.workers, config.max_workers)
         except ConfigError:
             return False
-    return _plain(recorded) == _plain(getattr(config, name))
+    return _plain(recorded) == _plain(_value(name, config))
 
 
 def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[str, Any]]:
@@ -146,8 +152,11 @@ def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[st
     # the one the checkpoint was trained with (settings a later version added are not in old checkpoints).
     if recorded.get("optimizer") in LEGACY_MOMENTUM[1] and recorded.get("momentum") == LEGACY_MOMENTUM[0]:
         recorded = recorded | {"momentum": None}  # recorded before momentum became sgd's (never read)
+    current = config.to_dict()
     for name in RunConfig.field_names():
         if name in RESUMABLE or name in ("run_dir", "init_from") or name not in recorded:
+            continue
+        if name not in current:  # an option of a strategy this run does not use (older files record them all)
             continue
         if not _same(name, recorded[name], config):
             flag = "--" + name.replace("_", "-")

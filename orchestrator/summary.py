@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from distrain.compression.spec import codec_figures
 from distrain.config import Target, parse_workers
 from distrain.orchestrator import outcome
 from distrain.orchestrator.throughput import SteadyState
@@ -96,7 +97,7 @@ def summarize(
     if config.get("precision") == "fp16":
         summary["overflow_steps"] = _steps_where(steps, "overflow")
     summary |= family_figures(steps)
-    summary |= compression_figures(steps, config.get("compress"))
+    summary |= codec_figures(steps, config)
     summary["warnings"] = outcome.warnings(evals)  # lines the CLI prints under the table; the status stays
     return summary
 
@@ -104,18 +105,6 @@ def summarize(
 def _steps_where(steps: pd.DataFrame, column: str) -> int:
     """Global steps with some row whose `column` (a bool) is true."""
     return int(steps.loc[steps[column].eq(True), "step"].nunique()) if column in steps else 0
-
-
-def compression_figures(steps: pd.DataFrame, codec: str | None) -> dict[str, Any]:
-    """--compress: the codec and its ratio, uncompressed over sent bytes of the compressed transfers (None:
-    nothing compressed yet); nothing without a codec."""
-    if not codec:
-        return {}
-    if "bytes_uncompressed" not in steps:
-        return {"compress": codec, "codec_ratio": None}
-    rows = steps.dropna(subset=["bytes_uncompressed"])
-    sent = rows["bytes_sent"].sum()
-    return {"compress": codec, "codec_ratio": float(rows["bytes_uncompressed"].sum() / sent) if sent else None}
 
 
 def family_figures(steps: pd.DataFrame) -> dict[str, Any]:

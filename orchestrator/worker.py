@@ -22,7 +22,7 @@ from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyCon
 from distrain.strategies.collective import free_address
 from distrain.strategies.elastic_group import GroupBroken, param_digest
 from distrain.strategies.pipeline import PipelineShape
-from distrain.strategies.step_columns import family_columns
+from distrain.strategies.step_columns import family_fields
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import seeded
@@ -77,10 +77,11 @@ class TrainWorker:
         self.full_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.stage_plan = None
         if config.pipelined:  # this actor keeps one stage (rank = replica x S + stage), see strategies/pipeline.py
-            from distrain.trainers.pipeline_split import plan_stages, stage_module
+            from distrain.strategies.pipeline import plan_stages_for
+            from distrain.trainers.pipeline_split import stage_module
 
             stages = PipelineShape.of(config).stages
-            self.stage_plan = plan_stages(model, self.task.split_points(), stages)
+            self.stage_plan = plan_stages_for(model, self.task.split_points(), config)
             self.stage = self.rank % stages
             model = stage_module(model, self.stage_plan, self.stage)
         self.trainer = LocalTrainer(
@@ -253,8 +254,8 @@ class TrainWorker:
                 "bytes_sent": comm.bytes_sent,
                 "bytes_received": comm.bytes_received,
                 "wall_time": time.time() - self.run_start,
-                # the strategies' column families: `CommStats` fields of the same names
-                **{column: getattr(comm, column) for column in family_columns()},
+                # the strategies' column families: `CommStats` fields, by the families' declarations
+                **{column: getattr(comm, name) for column, name in family_fields().items()},
                 "nonfinite": comm.nonfinite,
                 "overflow": True if self.strategy.overflow_skips > overflows else None,
                 "bytes_uncompressed": comm.bytes_uncompressed,

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from distrain.config import RunConfig
+from distrain.config.strategy_section import traffic_defaults
 from distrain.orchestrator import memory
 from distrain.planning.planner import Calibration, settings_for
 
@@ -187,8 +188,8 @@ def calibrate(config: RunConfig, out: Path, steps: int = 40, reps: int = 20, rep
     # The tiny runs measure this machine as it is: no codec, no emulated link; the planner adds what the
     # run's --compress and --comm-delay-ms / --comm-bandwidth change from their own figures (traffic_figures)
     base = config.replace(
-        schedule="", strategy="bsp", transport="collective", address="", compress=None, comm_delay_ms=0.0,
-        comm_bandwidth=None, **settings_for("bsp", "backups", 0),
+        schedule="", strategy="bsp", transport="collective", address="", **traffic_defaults(),
+        **settings_for("bsp", "backups", 0),
     )  # fmt: skip
     try:
         t0 = time.time()
@@ -282,7 +283,7 @@ def traffic_figures(config: RunConfig, num_params: int) -> dict[str, Any]:
     read from its encoding of a real tensor of the model's shapes: compressed_collective.wire_parts; a PS
     push: each shard's slice encoded, summed, as ps_client counts it), the emulated link of
     --comm-delay-ms / --comm-bandwidth (network.Link, as the run builds it), and BSP's buckets."""
-    from distrain.compression import parse_codec
+    from distrain.compression.spec import codec_of
     from distrain.strategies.network import Link
 
     link = Link.of(config)
@@ -290,7 +291,7 @@ def traffic_figures(config: RunConfig, num_params: int) -> dict[str, Any]:
         "link_latency_s": link.latency_s, "link_bandwidth": link.bytes_per_s, "buckets": 1, "codec": None,
         "codec_parts": [], "ps_push_bytes": None,
     }  # fmt: skip
-    spec = parse_codec(config.compress) if config.compress else None
+    spec = codec_of(config)
     shapes = _param_shapes(config) if spec is not None or link.emulated else None
     if shapes is not None:
         import torch

@@ -428,11 +428,11 @@ def plan_table(
 
 # ---------------------------------------------------------------------------------------------- stragglers
 def straggler_costs(
-    cal: Calibration, workers: int, backups: int = 1, staleness: int | None = None
+    cal: Calibration, workers: int, backups: int = 1, bound: int | None = None
 ) -> dict[str, float]:
     """Expected round time of BSP at N (relative to a step without stragglers), and what k-of-n with b
     backups and SSP(s) bring it down to (s: SSP's run default unless given)."""
-    bound = default("ssp", "bound") if staleness is None else staleness
+    bound = default("ssp", "bound") if bound is None else bound
     bsp = expected_max(cal.spread, workers)
     kofn = expected_order_stat(cal.spread, workers, workers + backups)
     ssp = 1.0 + (bsp - 1.0) / (bound + 1)

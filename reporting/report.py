@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import pyarrow as pa
 
+from distrain.compression.spec import KEY as CODEC_KEY
+from distrain.compression.spec import codec_settings_text
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.files import atomic_write, fresh_dir
@@ -55,7 +57,7 @@ FIGURES: dict[str, str | Callable[[float], str]] = {  # summary.json key -> form
 # Settings the strategy column already states (with the strategy that reads them: each built-in
 # strategy's `described_options`, added by `shown_with_strategy`), and ones that say where a run was
 # written or ran rather than what it did: left out of "settings that differ".
-RUN_SETTINGS_SHOWN = ("strategy", "schedule", "transport", "ps_shards", "compress")
+RUN_SETTINGS_SHOWN = ("strategy", "schedule", "transport", "ps_shards", CODEC_KEY)
 NOT_SETTINGS = ("run_dir", "tensorboard", "address", "data_dir", "resume")
 
 
@@ -177,8 +179,7 @@ def strategy_text(config: dict[str, Any], strategy: str | None = None) -> str:
         shards = c.get("ps_shards") or 1
         text += " (ps)" if shards == 1 else f" (ps, {shards} shards)"
     if strategy is None:
-        if c.get("compress"):
-            text += f" + {c['compress']}"
+        text += codec_settings_text(c)
         text += cls.run_settings_text(c) if cls else ""
     return text
 

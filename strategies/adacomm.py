@@ -172,6 +172,7 @@ LOCAL_SGD_STEP_COLUMNS = StepColumns(
         "tau": "int32",  # local steps in the averaging period this step belongs to
         "averaging_round": "int64",  # averaging rounds completed after this step
     },
+    fields={"tau": "period"},  # CommStats.period: the column keeps the name runs have always had
     key="tau",
     figures=local_sgd_figures,
     closing_rows=local_sgd_rows,

@@ -3,7 +3,7 @@
 Each round's global batch is cut into P > N equal portions. Workers ask the orchestrator's portion
 scheduler for work as they free up; once every portion of the round is handed out, an idle worker
 gets a copy of one still outstanding (see `strategies/portion_scheduler.py`). The shards keep the first
-gradient of each portion and drop copies ("portions" rule in `ps_shard.py`), then apply the mean of
+gradient of each portion and drop copies ("portion-rounds" rule in `ps_shard.py`), then apply the mean of
 the P portion gradients: the mean gradient of the global batch, whoever computed which portion.
 
 A worker pushes a portion without waiting for the round, or even for the push: the request for its
@@ -125,7 +125,7 @@ class BSPBackupTasks(PSStrategy):
             wait_s=self.waited,
             read_version=a.tag,
             applied_version=a.tag,  # settled: None where the shards kept another copy
-            staleness=0,
+            lag=0,
             backup=a.copy,
             nonfinite=None if ok else True,
         )

@@ -56,6 +56,11 @@ class StrategyOptions:
     def check(self, run: RunConfig) -> None:  # noqa: B027 - optional hook
         """Raise ConfigError (naming the flag) for a value this run cannot use."""
 
+    def extra_replicas(self, run: RunConfig) -> int:
+        """Replicas each step hands a batch to beyond --workers (BSP's k-of-n backup workers): the
+        driver sizes the run's actors and its steps' samples with them (config/strategy_section.py)."""
+        return 0
+
 
 @dataclass(frozen=True)
 class NoOptions(StrategyOptions):
@@ -97,12 +102,12 @@ class CommStats:
     wait_s: float | None = None  # blocked by a consistency rule (PS strategies)
     read_version: int | None = None
     applied_version: int | None = None
-    staleness: int | None = None
+    lag: int | None = None  # PS: versions between a gradient's read and its apply (the "staleness" column)
     clock: int | None = None
     min_clock: int | None = None
     dropped: bool | None = None  # k-of-n / backup tasks: this gradient was late or a duplicate, not applied
     backup: bool | None = None  # backup tasks: this portion was a speculative copy of one already running
-    tau: int | None = None  # local SGD: the period this step belongs to
+    period: int | None = None  # local SGD, DiLoCo: steps in the averaging period this step belongs to
     averaging_round: int | None = None  # local SGD: averaging rounds completed after this step
     nonfinite: bool | None = None  # the loss, gradient or average was not finite: skipped (or the run stopped)
     bytes_uncompressed: int | None = None  # --compress: what bytes_sent would have been in float32

@@ -55,6 +55,10 @@ class BSPOptions(StrategyOptions):
             return dataclasses.replace(self, portions=2 * run.worker_slots)
         return self
 
+    def extra_replicas(self, run: RunConfig) -> int:
+        """k-of-n: b backup workers beyond --workers (under a range the backups are among the MAX)."""
+        return 0 if run.elastic else self.backup_workers
+
     def check(self, run: RunConfig) -> None:
         """Backup workers and backup tasks are ways of running BSP rounds on the parameter server."""
         if self.backup_workers < 0:
@@ -69,6 +73,13 @@ class BSPOptions(StrategyOptions):
             )
         if len(wanted) == 2:
             raise ConfigError("--backup-workers and --backup-tasks are alternatives; choose one")
+        if self.backup_workers and run.elastic and run.workers - self.backup_workers < 1:
+            # Under a range the b backups are among the members: each round applies k = members - b.
+            raise ConfigError(
+                f"--workers {run.workers}..{run.max_workers} with --backup-workers {self.backup_workers}: each "
+                f"round applies members - {self.backup_workers} gradients, none at MIN {run.workers}; raise MIN "
+                f"above {self.backup_workers}"
+            )
         if self.portions is not None and not self.backup_tasks:
             raise ConfigError("--portions splits rounds for --backup-tasks; add --backup-tasks or drop it")
         if self.backup_tasks:
@@ -133,9 +144,9 @@ class BSP(Strategy):
             return ()
         shards = super().driver_actors(config)
         if config.options_of("bsp").backup_tasks:
-            from distrain.strategies.portion_scheduler import PORTION_SCHEDULER
+            from distrain.strategies.portion_scheduler import portion_scheduler
 
-            return (*shards, PORTION_SCHEDULER)
+            return (*shards, portion_scheduler(cls.implementation(config).ps_rule(config)))
         return shards
 
     @classmethod

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from distrain.compression import parse_codec
+from distrain.compression.spec import codec_of
 from distrain.strategies.network import Link
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class Channel:
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         self.config = config
         self.ctx = ctx
-        self.codec: CodecSpec | None = parse_codec(config.compress) if config.compress else None
+        self.codec: CodecSpec | None = codec_of(config)
         self.link = Link.of(config)  # one emulated link per worker, shared by all its transfers
         self.group: CollectiveGroup | None = None
         self.streams: dict[str, Stream] = {}

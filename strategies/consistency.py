@@ -11,11 +11,11 @@ from distrain.strategies.declarations import ColumnPlot, StepColumns
 
 @dataclass(frozen=True)
 class ConsistencyRule:
-    mode: str  # "rounds" | "bounded" | "portions" | "sandblaster"
-    staleness: int | None = None  # bounded mode: max clock lead; None = unbounded (async)
+    mode: str  # "rounds" | "bounded" | "portion-rounds" | "sandblaster"
+    bound: int | None = None  # bounded mode: max clock lead (SSP's --staleness); None = unbounded (async)
     staleness_lr: bool = False  # bounded mode: divide η by the gradient's staleness
     accept: int | None = None  # rounds mode: gradients that close a round (k-of-n); None = every worker
-    portions: int = 0  # portions mode: portions per round
+    per_round: int = 0  # portion-rounds mode (bsp's --backup-tasks): portions per round
     lbfgs_memory: int = 0  # sandblaster mode: L-BFGS memory m (pairs each shard keeps slices of)
     # rounds mode under --workers MIN..MAX (`ParameterShard.set_round_members`): a round closes on the
     # current members' pushes (k = members - backups of them under k-of-n), and its rate is rescaled from
@@ -33,8 +33,8 @@ class ConsistencyRule:
         return cls("rounds", backups=backups, lr_scaling=lr_scaling, slots=slots)
 
     @classmethod
-    def backup_tasks(cls, portions: int) -> ConsistencyRule:
-        return cls("portions", portions=portions)
+    def backup_tasks(cls, per_round: int) -> ConsistencyRule:
+        return cls("portion-rounds", per_round=per_round)
 
     @classmethod
     def sandblaster(cls, lbfgs_memory: int) -> ConsistencyRule:
@@ -99,6 +99,7 @@ PS_STEP_COLUMNS = StepColumns(
         "clock": "int64",  # the worker's clock after this push
         "min_clock": "int64",  # the slowest worker's clock when this step's pull completed
     },
+    fields={"staleness": "lag"},  # CommStats.lag: the column keeps the name runs have always had
     key="staleness",
     figures=parameter_server_figures,
     report_column=("staleness p95", "staleness_p95", "g"),

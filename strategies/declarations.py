@@ -6,7 +6,7 @@ strategies/base.py (which re-exports them as part of the contract) so that the m
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -43,6 +43,9 @@ class StepColumns:
     and the report carry them without naming a column or an option."""
 
     columns: dict[str, str]  # name -> Arrow type, in the schema's order
+    # A column filled from a `CommStats` field of another name (local SGD's "tau" column holds the
+    # period, which DiLoCo's H fills too): column -> field; the others are the fields of their names.
+    fields: dict[str, str] = field(default_factory=dict)
     key: str = ""  # the column whose non-null rows are this family's; "" : no figures
     # summary.json's figures from those rows (a DataFrame of the step rows that have `key`, never empty)
     figures: Callable[[Any], dict[str, Any]] | None = None

@@ -239,7 +239,7 @@ class DiLoCo(Strategy):
                 self._launch(f, trainer, stats, due=self.t + overlap)
                 if overlap == 0:
                     self._arrive(f, trainer, stats, self.options.mix_alpha)
-        stats.tau = h  # the step rows' tau and averaging_round: H and outer steps so far
+        stats.period = h  # the step rows' period (column tau) and averaging_round: H and outer steps so far
         stats.averaging_round = self.outer_steps
         if not ok:
             stats.nonfinite = True
@@ -413,7 +413,7 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         assert self.channel.joined, "reform() must run before step()"
         size = self.channel.world_size
-        stats = CommStats(tau=self.options.sync_every, averaging_round=self.outer_steps, extra={"members": size})
+        stats = CommStats(period=self.options.sync_every, averaging_round=self.outer_steps, extra={"members": size})
         if self.sitting:
             self.sitting = False
             return stats

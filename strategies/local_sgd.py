@@ -186,7 +186,7 @@ class LocalSGD(Strategy):
             self.loss_count += 1
         tau = self.tau  # the period this step belongs to (a round may change it for the next one)
         stats = self.average(trainer) if self.pending >= self.tau else CommStats()
-        stats.tau = tau
+        stats.period = tau
         stats.averaging_round = self.rounds
         if not ok:
             stats.nonfinite = True
@@ -298,7 +298,7 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
         size = self.channel.world_size
         if getattr(self, "sitting", False):
             self.sitting = False
-            return CommStats(tau=self.tau, averaging_round=self.rounds, extra={"members": size})
+            return CommStats(period=self.tau, averaging_round=self.rounds, extra={"members": size})
         c = self.config
         rate = lr * lr_factor(size, c.worker_slots, c.batch_size, c.base_batch_size, c.lr_scaling)
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
@@ -306,7 +306,7 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
             trainer.apply_update(rate)
             self.took += 1
         return CommStats(
-            tau=self.tau,
+            period=self.tau,
             averaging_round=self.rounds,
             nonfinite=None if ok else True,
             lr=rate,

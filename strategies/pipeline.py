@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     from distrain.config import RunConfig
     from distrain.trainers.local_trainer import LocalTrainer
+    from distrain.trainers.pipeline_split import StagePlan
 
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
@@ -105,7 +106,6 @@ class PipelineShape:
 def check_pipeline_task(task: Any, config: RunConfig) -> None:
     """--pipeline-stages S: the task's model is an nn.Sequential with at least S - 1 places to cut, without
     tied weights, and the task has a `criterion` for the last stage to run (ConfigError otherwise)."""
-    from distrain.trainers.pipeline_split import plan_stages
     from distrain.trainers.task import Task
 
     if type(task).criterion is Task.criterion:
@@ -113,7 +113,18 @@ def check_pipeline_task(task: Any, config: RunConfig) -> None:
             f"--pipeline-stages needs the task to define forward() and criterion() (the last stage runs the "
             f"criterion); {type(task).__name__} defines only loss()"
         )
-    plan_stages(task.build_model(), task.split_points(), PipelineShape.of(config).stages)
+    plan_stages_for(task.build_model(), task.split_points(), config)
+
+
+def plan_stages_for(model: Any, split_points: list[str], config: RunConfig) -> StagePlan:
+    """`model` cut into the run's S stages (trainers/pipeline_split.py); a model that cannot be cut so is
+    refused in the flag's own words ("--pipeline-stages 9 needs 8 cuts but ...")."""
+    from distrain.trainers.pipeline_split import StageCutError, plan_stages
+
+    try:
+        return plan_stages(model, split_points, PipelineShape.of(config).stages)
+    except StageCutError as e:
+        raise ConfigError("--pipeline-stages" + e.detail) from None
 
 
 def stages_hint(stages: int) -> str:

@@ -1,7 +1,7 @@
 """The portion scheduler of backup tasks: hands out a round's portions, and copies of the stragglers'; and
 `PortionHandout`, what it shares with Sandblaster's coordinator (strategies/sandblaster_coordinator.py).
 
-Hosted as a Ray async actor (`PORTION_SCHEDULER` below is its spec), called by the workers of a
+Hosted as a Ray async actor (`portion_scheduler(rule)` below builds its spec), called by the workers of a
 `--backup-tasks` run (see `strategies/backup_tasks.py`). Rounds are global steps; the round open here is the
 one whose portions are handed out. A worker's request also reports the portion it just pushed.
 
@@ -25,6 +25,7 @@ from typing import Any
 
 import ray
 
+from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.driver_actor import ActorSetup, DriverActor
 from distrain.strategies.portion_queue import PortionQueue
 
@@ -64,8 +65,8 @@ class PortionHandout:
         except ray.exceptions.RayError:
             return None
 
-    def _gave_back(self, portions: int) -> None:
-        """Count `portions` a lost worker held, handed out again."""
+    def _gave_back(self, count: int) -> None:
+        """Count the `count` portions a lost worker held, handed out again."""
 
     async def worker_lost(self, worker: int) -> int:
         """`worker` left: the portions only it held go back to the front of the queue; returns how many."""
@@ -83,9 +84,9 @@ class PortionHandout:
 
 
 class PortionScheduler(PortionHandout):
-    def __init__(self, portions: int, steps_per_epoch: int, start_step: int, first_tag: int = 0) -> None:
+    def __init__(self, per_round: int, steps_per_epoch: int, start_step: int, first_tag: int = 0) -> None:
         super().__init__()
-        self.portions = portions
+        self.per_round = per_round  # the round's portions (the shards' portion-rounds rule)
         self.steps_per_epoch = steps_per_epoch
         self.start_step = start_step
         self.first_tag = first_tag  # the shards' version at start_step (0, or a restored run's counter)
@@ -96,7 +97,7 @@ class PortionScheduler(PortionHandout):
         self._open_round()
 
     def _open_round(self) -> None:
-        self.queue = PortionQueue(self.portions)
+        self.queue = PortionQueue(self.per_round)
 
     async def acquire(
         self, worker: int, finished: tuple[int, int, list[Any]] | None, last_epoch: int, last_step: int
@@ -140,8 +141,8 @@ class PortionScheduler(PortionHandout):
             self._open_round()
         self.changed.notify_all()
 
-    def _gave_back(self, portions: int) -> None:
-        self.reissued += portions
+    def _gave_back(self, count: int) -> None:
+        self.reissued += count
 
     def stats(self) -> dict[str, int]:
         return {
@@ -152,17 +153,17 @@ class PortionScheduler(PortionHandout):
         }
 
 
-def _scheduler_args(setup: ActorSetup) -> dict[str, Any]:
-    counters = setup.counters  # the shards' version right now is the open round's tag
-    return {
-        "portions": setup.phase.options_of("bsp").portions,
-        "steps_per_epoch": setup.steps_per_epoch,
-        "start_step": setup.start_step,
-        "first_tag": counters["version"] if counters is not None else 0,
-    }
+def portion_scheduler(rule: ConsistencyRule) -> DriverActor:
+    """Backup tasks' driver-side actor (`BSP.driver_actors` under --backup-tasks, after the shards): it
+    hands out the portions of the shards' portion-rounds `rule`, `per_round` of them a round."""
 
+    def args(setup: ActorSetup) -> dict[str, Any]:
+        counters = setup.counters  # the shards' version right now is the open round's tag
+        return {
+            "per_round": rule.per_round,
+            "steps_per_epoch": setup.steps_per_epoch,
+            "start_step": setup.start_step,
+            "first_tag": counters["version"] if counters is not None else 0,
+        }
 
-# Backup tasks' driver-side actor (`BSP.driver_actors` under --backup-tasks), after the shards.
-PORTION_SCHEDULER = DriverActor(
-    "portion_scheduler", PortionScheduler, args=_scheduler_args, notices=("worker_lost", "mark_slow")
-)
+    return DriverActor("portion_scheduler", PortionScheduler, args=args, notices=("worker_lost", "mark_slow"))

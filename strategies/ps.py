@@ -65,7 +65,7 @@ class PSStrategy(Strategy):
             wait_s=result.wait_s,
             read_version=result.read_version,
             applied_version=result.applied_version,
-            staleness=result.staleness,
+            lag=result.lag,
             clock=result.clock,
             min_clock=result.min_clock,
             dropped=result.dropped if self.rounds else None,

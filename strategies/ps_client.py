@@ -25,7 +25,7 @@ class PushPullResult:
     wait_s: float  # the longest block any shard imposed
     read_version: int  # shard 0's version the gradient was computed on
     applied_version: int  # shard 0's version when it was applied
-    staleness: int  # the largest t_apply - t_read over the shards
+    lag: int  # the largest t_apply - t_read over the shards
     clock: int
     min_clock: int  # the slowest worker's clock, as the least up-to-date shard saw it
     version: int  # the least version any shard returned: the round this worker computes next
@@ -86,7 +86,7 @@ class PSClient:
             wait_s=max(r.wait_s for r in replies),
             read_version=read[0],
             applied_version=replies[0].applied_version,
-            staleness=max(r.staleness for r in replies),
+            lag=max(r.lag for r in replies),
             clock=replies[0].clock,
             min_clock=min(r.min_clock for r in replies),
             version=min(r.version for r in replies),

@@ -17,7 +17,7 @@ Rules (`ConsistencyRule`, definitions in shared/reference/algorithms.md):
   or a member fed again after it had no work, enters at a round boundary the driver names); under
   k-of-n on the first k = members - b of them. Its rate is rescaled for the round's global batch
   (`_round_rate`), and a leaver's gradient still waiting in the open round is taken out.
-- "portions" (backup tasks): round t is split into P portions, computed by whoever is free (the
+- "portion-rounds" (backup tasks): round t is split into P portions, computed by whoever is free (the
   orchestrator's scheduler hands them out and re-issues the last outstanding ones). A shard keeps
   the first gradient of each portion of the open round, drops copies and stale rounds, and applies
   the mean of the P portion gradients (= the global batch's mean gradient) once all have arrived.
@@ -86,7 +86,7 @@ class Reply:
     theta: np.ndarray
     version: int  # updates applied to this shard so far: the read version of the next gradient
     applied_version: int  # version at which this push's gradient was applied (-1 for a plain pull)
-    staleness: int  # t_apply - t_read of this push (0 for a plain pull)
+    lag: int  # t_apply - t_read of this push (0 for a plain pull)
     wait_s: float  # seconds the call spent blocked by the consistency rule
     clock: int  # the worker's clock after this push
     min_clock: int  # slowest worker's clock when the pull completed
@@ -139,15 +139,15 @@ class ParameterShard:
         async with self.changed:
             dropped = False
             if self.rule.mode == "rounds":
-                applied, staleness, wait_s = await self._push_round(worker, clock, grad, lr)
+                applied, lag, wait_s = await self._push_round(worker, clock, grad, lr)
                 dropped = applied < 0
             else:
-                applied, staleness, wait_s = await self._push_bounded(worker, clock, grad, lr, read_version)
+                applied, lag, wait_s = await self._push_bounded(worker, clock, grad, lr, read_version)
             return Reply(
                 self.theta.copy(),
                 self.version,
                 applied,
-                staleness,
+                lag,
                 wait_s,
                 self.clocks[worker],
                 self._floor(),
@@ -231,7 +231,7 @@ class ParameterShard:
                 self.dropped[worker] += 1  # a copy whose twin was first, or a round already applied
                 return False
             self.round[portion] = grad
-            if len(self.round) == self.rule.portions:
+            if len(self.round) == self.rule.per_round:
                 self._apply_mean(lr)
             return True
 
@@ -252,21 +252,21 @@ class ParameterShard:
         self, worker: int, clock: int, grad: np.ndarray | None, lr: float, read_version: int
     ) -> tuple[int, int, float]:
         applied = self.version
-        staleness = applied - read_version
+        lag = applied - read_version
         rate = lr / self.num_workers
-        if self.rule.staleness_lr and staleness > 1:
-            rate /= staleness
+        if self.rule.staleness_lr and lag > 1:
+            rate /= lag
         if grad is not None:  # None: a skipped step, which only moves the clock
             self._apply(rate, grad)
         self.clocks[worker] = clock + 1
         self.changed.notify_all()
         wait_s = 0.0
-        bound = self.rule.staleness
+        bound = self.rule.bound
         if bound is not None and self.clocks[worker] - self._floor() > bound:
             t0 = time.perf_counter()
             await self.changed.wait_for(lambda: self.clocks[worker] - self._floor() <= bound)
             wait_s = time.perf_counter() - t0
-        return applied, staleness, wait_s
+        return applied, lag, wait_s
 
     def _apply(self, lr: float, grad: np.ndarray | None = None) -> None:
         """One optimizer step with `grad` (default: the shard's own buffer, where rounds sum)."""

@@ -151,9 +151,9 @@ class Sandblaster(PSStrategy):
 
     @classmethod
     def check_data(cls, config: RunConfig, num_samples: int) -> None:
-        portions = config.options_of(cls.name).tasks_per_pass
-        if portions > num_samples:
-            raise ConfigError(f"--tasks-per-pass ({portions}) exceeds the {num_samples} training samples; lower it")
+        per_pass = config.options_of(cls.name).tasks_per_pass
+        if per_pass > num_samples:
+            raise ConfigError(f"--tasks-per-pass ({per_pass}) exceeds the {num_samples} training samples; lower it")
 
     @classmethod
     def coordinator_args(cls, config: RunConfig) -> dict[str, Any]:
@@ -162,7 +162,7 @@ class Sandblaster(PSStrategy):
         return {
             "batch_optimizer": options.batch_optimizer,
             "tasks_per_pass": options.tasks_per_pass,
-            "backup_tasks": options.backup_tasks,
+            "copies": options.backup_tasks,
             "lr": config.lr,
             "line_search_trials": LINE_SEARCH_TRIALS,
         }
@@ -223,7 +223,7 @@ class Sandblaster(PSStrategy):
                 self.held_pass = task.pass_id
                 self.received += trainer.nbytes
             comm += time.perf_counter() - t0
-            lo, hi = task.portion * n // task.portions, (task.portion + 1) * n // task.portions
+            lo, hi = task.portion * n // task.of, (task.portion + 1) * n // task.of
             batch = reader.read(np.arange(lo, hi))
             grad = task.kind == "grad"
             loss_sum, count = trainer.portion_sums(batch, with_gradient=grad)

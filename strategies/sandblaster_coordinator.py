@@ -41,7 +41,7 @@ class PortionTask:
     pass_id: int
     kind: str  # "grad" | "loss"
     portion: int
-    portions: int
+    of: int  # the pass's portions (--tasks-per-pass): this one is `portion` of `of`
     iteration: int
     copy: bool  # a backup copy of a portion another worker holds
 
@@ -70,7 +70,7 @@ class SandblasterCoordinator(PortionHandout):
         shards: Any,
         batch_optimizer: str,
         tasks_per_pass: int,
-        backup_tasks: bool,
+        copies: bool,
         lr: float,
         start_iteration: int = 0,
         line_search_trials: int = 20,
@@ -79,8 +79,8 @@ class SandblasterCoordinator(PortionHandout):
         # Ray actor handles arrive as a list; tests hand a ShardCalls (e.g. LocalShards) directly.
         self.shards = shards if isinstance(shards, ShardCalls) else ShardCalls(list(shards))
         self.method = batch_optimizer
-        self.portions = tasks_per_pass
-        self.backup_tasks = backup_tasks
+        self.per_pass = tasks_per_pass
+        self.copies = copies  # --backup-tasks: copy a pass's outstanding portions to idle workers
         self.lr = lr
         self.trials = line_search_trials
         self.iteration = start_iteration
@@ -105,7 +105,7 @@ class SandblasterCoordinator(PortionHandout):
     def _open(self, kind: str) -> None:
         """Hand out the portions of a new pass (the shards have already opened it)."""
         self.kind = kind
-        self.queue = PortionQueue(self.portions)
+        self.queue = PortionQueue(self.per_pass)
         self.closing = False
 
     async def start(self) -> None:
@@ -132,13 +132,13 @@ class SandblasterCoordinator(PortionHandout):
     def _next_for(self, worker: int) -> PortionTask | None:
         if self.closing:
             return None
-        taken = self.queue.next_for(worker, self.slow, copies=self.backup_tasks)
+        taken = self.queue.next_for(worker, self.slow, copies=self.copies)
         if taken is None:
             return None
         portion, copy = taken
         self.it["reissued"] += copy
         self.totals["portions_issued"] += 1
-        return PortionTask(self.pass_id, self.kind, portion, self.portions, self.iteration, copy)
+        return PortionTask(self.pass_id, self.kind, portion, self.per_pass, self.iteration, copy)
 
     async def _complete_when_pushed(self, pass_id: int, portion: int, copy: bool, pushes: list[Any]) -> None:
         # The shards' record counts a portion once however many of them a dead pusher's push reached.
@@ -157,8 +157,8 @@ class SandblasterCoordinator(PortionHandout):
                 self.closing = True
                 self._background(self._close())
 
-    def _gave_back(self, portions: int) -> None:
-        self.it["reissued"] += portions  # this iteration's figure, as backup copies count
+    def _gave_back(self, count: int) -> None:
+        self.it["reissued"] += count  # this iteration's figure, as backup copies count
 
     # ------------------------------------------------------------------ the optimiser
     async def _close(self) -> None:

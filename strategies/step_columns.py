@@ -25,3 +25,8 @@ STEP_COLUMN_FAMILIES: tuple[StepColumns, ...] = (PS_STEP_COLUMNS, BACKUP_STEP_CO
 def family_columns() -> dict[str, str]:
     """Every family's columns, name -> Arrow type, in order."""
     return {name: kind for family in STEP_COLUMN_FAMILIES for name, kind in family.columns.items()}
+
+
+def family_fields() -> dict[str, str]:
+    """Every family's columns, name -> the `CommStats` field a step row takes it from, in order."""
+    return {name: family.fields.get(name, name) for family in STEP_COLUMN_FAMILIES for name in family.columns}

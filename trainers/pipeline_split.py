@@ -45,11 +45,20 @@ class StagePlan:
         return sum(self.stage_params(s) for s in range(stage))
 
 
+class StageCutError(ConfigError):
+    """The model cannot be cut into the stages asked for. `detail` continues the name of the flag that asked,
+    which the pipeline strategy gives (strategies/pipeline.py `plan_stages_for`): trainers know no flags."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("pipeline" + detail)
+        self.detail = detail
+
+
 def cut_candidates(model: nn.Module, split_points: list[str]) -> list[int]:
     """Indices of the children before which the model may be cut."""
     if not isinstance(model, nn.Sequential):
-        raise ConfigError(
-            f"--pipeline-stages needs a model that is an nn.Sequential (its stages run in order); "
+        raise StageCutError(
+            f" needs a model that is an nn.Sequential (its stages run in order); "
             f"build_model() returned {type(model).__name__}"
         )
     names = [name for name, _ in model.named_children()]
@@ -67,8 +76,8 @@ def balanced_bounds(sizes: list[int], candidates: list[int], stages: int) -> tup
     """S contiguous stages cut only at `candidates`, minimising the largest stage's parameter count
     (exact, by dynamic programming over the candidate cuts; ties go to the earliest cuts)."""
     if stages - 1 > len(candidates):
-        raise ConfigError(
-            f"--pipeline-stages {stages} needs {stages - 1} cuts but the model has {len(candidates)} places to cut "
+        raise StageCutError(
+            f" {stages} needs {stages - 1} cuts but the model has {len(candidates)} places to cut "
             f"(at most {len(candidates) + 1} stages)"
         )
     points = [0, *candidates, len(sizes)]
@@ -107,8 +116,8 @@ def plan_stages(model: nn.Module, split_points: list[str], stages: int) -> Stage
     for name, child in children:
         for p in child.parameters():
             if id(p) in owners:  # a tied weight used by two stages would get two different updates
-                raise ConfigError(
-                    f"--pipeline-stages: a parameter is shared by children {owners[id(p)]!r} and {name!r} "
+                raise StageCutError(
+                    f": a parameter is shared by children {owners[id(p)]!r} and {name!r} "
                     "(tied weights); untie them to run the model as a pipeline"
                 )
             owners[id(p)] = name

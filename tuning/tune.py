@@ -477,7 +477,9 @@ def results_table(
             run: RunConfig | None = trial_config(spec.base, params)
         elif recorded is not None and recorded.is_file():
             run = RunConfig.from_mapping(RunConfig.load_yaml(recorded), str(recorded))
-            params = {name: getattr(run, name) for name in spec.dimensions}
+            # Flat keys, as swept() gives a running trial's: only the options its strategy reads.
+            recorded_values = run.to_dict()
+            params = {name: recorded_values[name] for name in spec.dimensions if name in recorded_values}
         else:
             run, params = None, {}
         row: dict[str, Any] = {"trial_id": trial_id}

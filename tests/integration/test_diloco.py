@@ -88,7 +88,8 @@ def test_the_default_diloco_run_reaches_the_usual_accuracy_on_the_bundled_data(t
     """`distrain run --strategy diloco` as shipped: cnn on digits, 12 epochs, H = 8, outer Nesterov SGD
     (lr 0.7, momentum 0.9), inner SGD at DiLoCo's own default rate 0.01."""
     config = RunConfig(strategy="diloco", run_dir=str(tmp_path / "default"))
-    assert (config.lr, config.sync_every, config.outer_lr, config.outer_momentum) == (0.01, 8, 0.7, 0.9)
+    options = config.options_of("diloco")
+    assert (config.lr, options.sync_every, options.outer_lr, options.outer_momentum) == (0.01, 8, 0.7, 0.9)
     run = run_training(config)
     assert run.summary["final_test_accuracy"] >= 0.95, run.summary
     assert run.summary["time_to_target_s"] is not None

@@ -79,7 +79,8 @@ def test_default_adacomm_run_changes_tau_on_the_bundled_data(tmp_path):
     interval 10% of the run, τ_max = 16) re-chooses τ; only the model is the small MLP, to keep it quick
     (the interval is a share of the steps, so the model's speed does not change when τ is re-chosen)."""
     config = RunConfig(strategy="local-sgd", adaptive_tau=True, model="mlp", eval_every=0, run_dir=str(tmp_path / "a"))
-    assert (config.tau, config.tau_interval, config.tau_max) == (8, "10%", 16)
+    options = config.options_of("local-sgd")
+    assert (options.tau, options.tau_interval, options.tau_max) == (8, "10%", 16)
     run = run_training(config)
     changes = run.summary["tau_changes"]
     assert changes[0] == [0, 8] and len(changes) >= 2, changes

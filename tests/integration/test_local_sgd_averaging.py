@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent(
 
         trainer.compute_gradients(batch(0))
         first = strategy.step(trainer, 0.1)  # local step 1 of 2: no communication
-        assert first.bytes_sent == 0 and first.seconds == 0 and first.averaging_round == 0 and first.tau == 2
+        assert first.bytes_sent == 0 and first.seconds == 0 and first.averaging_round == 0 and first.period == 2
         trainer.compute_gradients(batch(1))
         # Step 2 by hand, to see the replica just before its round.
         trainer.apply_update(0.1)

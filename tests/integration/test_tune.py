@@ -156,4 +156,4 @@ def test_strategy_fields_go_only_to_the_strategies_that_read_them(tmp_path):
     recorded = {
         s: RunConfig.from_mapping(RunConfig.load_yaml(Path(d) / "config.yaml")) for s, d in results["run_dir"].items()
     }
-    assert (recorded["bsp"].staleness, recorded["ssp"].staleness) == (None, 1)
+    assert recorded["ssp"].options_of("ssp").staleness == 1 and "staleness" not in recorded["bsp"].to_dict()

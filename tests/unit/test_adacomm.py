@@ -114,9 +114,9 @@ def test_a_share_of_the_run_becomes_steps_once_the_run_length_is_known():
 def test_default_tau_max_lets_tau_rise_above_tau0():
     from distrain.config import RunConfig
 
-    config = RunConfig(strategy="local-sgd", adaptive_tau=True)
-    assert (config.tau, config.tau_interval, config.tau_max) == (8, "10%", 16)
-    rule = AdaComm(config.tau, config.tau_max, TauInterval.parse(config.tau_interval).for_run(264))
+    options = RunConfig(strategy="local-sgd", adaptive_tau=True).options_of("local-sgd")
+    assert (options.tau, options.tau_interval, options.tau_max) == (8, "10%", 16)
+    rule = AdaComm(options.tau, options.tau_max, TauInterval.parse(options.tau_interval).for_run(264))
     rule.start(0.1)
     rule.after_round(1.0, 0.1, 0.0, 8)  # F_0
     assert rule.after_round(2.25, 0.1, 0.0, 27) and rule.tau == 12  # loss rose 2.25x: sqrt -> 1.5 x τ_0

@@ -34,7 +34,7 @@ def test_the_staleness_aware_rate_is_on_by_default_for_async_and_ssp_and_explici
     assert shard_rule(strategy="ssp", staleness=4, workers=3, ps_shards=2).staleness_lr is True
     # --no-staleness-lr (False given) wins, through a flag or a config file
     assert shard_rule(strategy="async", staleness_lr=False).staleness_lr is False
-    assert RunConfig.resolve(None, {"strategy": "ssp", "staleness_lr": False}).staleness_lr is False
+    assert RunConfig.resolve(None, {"strategy": "ssp", "staleness_lr": False}).options_of("ssp").staleness_lr is False
     # an explicit --momentum is used as given, the rate still damped
     assert RunConfig(strategy="async", momentum=0.9).momentum == 0.9
     assert shard_rule(strategy="async", momentum=0.9).staleness_lr is True
@@ -66,7 +66,7 @@ def test_ssp_zero_stays_bsp_with_three_workers_under_the_default():
         return replies
 
     replies = asyncio.run(scenario())
-    assert sorted(r.staleness for r in replies) == [0, 1, 2]
+    assert sorted(r.lag for r in replies) == [0, 1, 2]
     for reply in replies:
         np.testing.assert_allclose(reply.theta, [-6.0])  # θ - η·mean(g): one BSP step
 

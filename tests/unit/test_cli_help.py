@@ -122,7 +122,7 @@ def test_bool_flags_keep_their_no_form():
     """The help lists --no-... forms once, in a sentence, but they still parse."""
     assert "--no-staleness-lr" in help_text("run")
     cfg = RunConfig.resolve(None, {"strategy": "ssp", "staleness_lr": False})
-    assert cfg.staleness_lr is False
+    assert cfg.options_of("ssp").staleness_lr is False
     result = runner.invoke(app, ["run", "--no-backup-tasks", "--workers", "0"])
     assert "No such option" not in result.output and result.exit_code == 2
 

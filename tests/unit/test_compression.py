@@ -304,3 +304,17 @@ def test_import_does_not_load_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_codec_s_summary_figures_and_report_text_come_from_its_own_spec_module():
+    """summary.json's "compress"/"codec_ratio" and the report's " + CODEC" (issue 27: declared by the
+    compression package, read by the summary and the report without naming the option)."""
+    import pandas as pd
+
+    from distrain.compression.spec import codec_figures, codec_settings_text
+
+    steps = pd.DataFrame({"bytes_sent": [10, 30, 5], "bytes_uncompressed": [40, 120, None]})
+    assert codec_figures(steps, {"compress": "int8"}) == {"compress": "int8", "codec_ratio": 4.0}
+    assert codec_figures(steps[["bytes_sent"]], {"compress": "int8"}) == {"compress": "int8", "codec_ratio": None}
+    assert codec_figures(steps, {"compress": None}) == {} and codec_figures(steps, {}) == {}
+    assert codec_settings_text({"compress": "topk:0.01"}) == " + topk:0.01" and codec_settings_text({}) == ""

@@ -324,11 +324,13 @@ def test_backup_workers_add_actors_and_samples_but_not_to_the_update_batch():
 
 def test_backup_tasks_default_to_two_portions_per_worker_and_a_new_strategy_drops_them(tmp_path):
     cfg = RunConfig(transport="ps", workers=3, batch_size=16, backup_tasks=True)
-    assert cfg.portions == 6 and cfg.num_worker_actors == 3 and cfg.samples_per_step == 48
+    assert cfg.options_of("bsp").portions == 6 and cfg.num_worker_actors == 3 and cfg.samples_per_step == 48
     path = tmp_path / "c.yaml"
     path.write_text(cfg.to_yaml())
     again = RunConfig.resolve(str(path), {"strategy": "ssp"})
-    assert again.transport == "ps" and not again.backup_tasks and again.portions is None
+    assert again.transport == "ps" and again.options_of("ssp") is not None
+    with pytest.raises(KeyError, match="'bsp' is not used by this run"):
+        again.options_of("bsp")  # neither backup_tasks nor portions came along
 
 
 # ---------------------------------------------------------------- specs: frozen, resolved, nested
@@ -390,8 +392,21 @@ def test_building_resolves_defaults_into_new_objects_and_records_them():
     assert cfg.transport == "collective" and cfg.ps_shards is None
     ssp = RunConfig(strategy="ssp")
     assert (ssp.transport, ssp.ps_shards, ssp.options_of("ssp").staleness) == ("ps", 1, 2)
-    assert RunConfig(strategy="bsp", transport="ps", backup_tasks=True, workers=2).portions == 4
-    assert ssp.tau is None  # an option of a strategy this run does not use: its unset value
+    assert RunConfig(strategy="bsp", transport="ps", backup_tasks=True, workers=2).options_of("bsp").portions == 4
+
+
+def test_a_strategy_option_is_not_a_config_attribute_and_the_error_says_where_it_lives():
+    """Issue 27: options are read through their strategy's Options only; the flat read names the owner,
+    whether the run uses that strategy or not. Section fields stay flat reads."""
+    ssp = RunConfig(strategy="ssp")
+    with pytest.raises(AttributeError, match=r"'staleness' is an option of --strategy ssp: .*options_of\('ssp'\)"):
+        ssp.staleness  # noqa: B018 - the read is the test
+    with pytest.raises(AttributeError, match=r"'tau' is an option of --strategy local-sgd: .*options_of"):
+        ssp.tau  # noqa: B018
+    assert not hasattr(ssp, "backup_workers")
+    with pytest.raises(AttributeError, match="RunConfig has no field 'no_such_thing'"):
+        ssp.no_such_thing  # noqa: B018
+    assert (ssp.workers, ssp.compress, ssp.ps_shards) == (2, None, 1)  # section fields: flat reads
 
 
 def test_a_schedule_holds_every_phase_s_options_and_yaml_nests_them(tmp_path):

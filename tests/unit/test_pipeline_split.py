@@ -41,8 +41,10 @@ def test_balanced_bounds_minimise_the_largest_stage(seed):
 
 
 def test_more_stages_than_cuts_is_one_line():
-    with pytest.raises(ConfigError, match="--pipeline-stages 4 needs 3 cuts but the model has 2 places"):
+    # the trainers' words; the pipeline strategy prefixes its flag (test below, and test_cli_errors.py)
+    with pytest.raises(ConfigError, match=r"^pipeline 4 needs 3 cuts but the model has 2 places") as raised:
         balanced_bounds([1, 2, 3], [1, 2], 4)
+    assert raised.value.detail.startswith(" 4 needs 3 cuts")
 
 
 def test_split_points_choose_where_to_cut_and_unknown_ones_are_refused():
@@ -134,3 +136,22 @@ def test_the_timeline_plot_draws_each_stages_spans_and_is_absent_without_them():
     assert len(bars) == 8
     assert [t.get_text() for t in ax.texts][:4] == ["F0", "F1", "B1", "B0"]
     assert plot_pipeline_timeline([PlotRun("r", "r", "C0", rows.drop(columns="pipe_spans"), {})]) is None
+
+
+def test_a_model_that_cannot_be_cut_is_refused_in_the_pipeline_flag_s_words_by_the_pipeline_strategy():
+    """trainers/pipeline_split.py knows no flag (issue 27): its StageCutError carries the detail and the
+    pipeline strategy names --pipeline-stages (the message the CLI has always shown)."""
+    from distrain.config import RunConfig
+    from distrain.strategies.pipeline import plan_stages_for
+    from distrain.trainers.pipeline_split import StageCutError
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
+    with pytest.raises(StageCutError) as raw:
+        plan_stages(model, [], 5)
+    assert "--pipeline-stages" not in str(raw.value)
+    config = RunConfig(pipeline_stages=5, workers=1)
+    with pytest.raises(ConfigError, match=r"^--pipeline-stages 5 needs 4 cuts but the model has 2 places to cut"):
+        plan_stages_for(model, [], config)
+    with pytest.raises(ConfigError, match=r"^--pipeline-stages needs a model that is an nn\.Sequential"):
+        plan_stages_for(nn.Linear(2, 2), [], config)
+    assert plan_stages_for(model, [], RunConfig(pipeline_stages=2, workers=1)).stages == 2

@@ -124,7 +124,8 @@ def test_an_automatic_choice_is_recorded_so_config_repeats_it(tmp_path):
     text = (plan.run_dir / "config.yaml").read_text()
     assert text.startswith("# --strategy auto chose local-sgd (collective) --tau 6\n# because communication")
     repeated = RunConfig.resolve(str(plan.run_dir / "config.yaml"), {"run_dir": ""})
-    assert repeated.strategy == "local-sgd" and repeated.tau == 6  # --config repeats the concrete choice
+    # --config repeats the concrete choice
+    assert repeated.strategy == "local-sgd" and repeated.options_of("local-sgd").tau == 6
     assert auto_strategy.recorded_strategy(plan.run_dir) == "local-sgd"  # what --resume --strategy auto compares
     assert auto_strategy.recorded_choice(plan.run_dir) == choice
     assert auto_strategy.summary_entry(choice)["predicted_step_s"] == 0.01
@@ -163,7 +164,7 @@ def test_run_strategy_auto_runs_the_concrete_choice(tmp_path, monkeypatch):
     monkeypatch.setattr(run_module, "run_training", fake_run)
     result = runner.invoke(app, ["run", "--strategy", "auto", "--workers", "2", "--run-dir", str(tmp_path / "r")])
     assert isinstance(result.exception, Stop)
-    assert seen["asked"] == "auto" and seen["cfg"].strategy == "ssp" and seen["cfg"].staleness == 2
+    assert seen["asked"] == "auto" and seen["cfg"].strategy == "ssp" and seen["cfg"].options_of("ssp").staleness == 2
     assert seen["auto"]["reason"] == "stragglers"
 
 

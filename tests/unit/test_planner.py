@@ -68,7 +68,7 @@ def test_expected_order_statistics_match_a_simulation():
         draws = [sorted(rng.choice(spread) for _ in range(n + b))[n - 1] for _ in range(20_000)]
         assert planner.expected_order_stat(spread, n, n + b) == pytest.approx(sum(draws) / len(draws), rel=0.03)
     assert planner.expected_max(spread, 1) == pytest.approx(sum(spread) / len(spread))
-    costs = planner.straggler_costs(_cal(spread=spread), 8, backups=2, staleness=2)
+    costs = planner.straggler_costs(_cal(spread=spread), 8, backups=2, bound=2)
     assert costs["bsp"] > costs["ssp_s2"] > 1.0 and costs["k_of_n_b2"] < costs["bsp"]
 
 
@@ -135,7 +135,7 @@ def test_the_planner_plans_each_strategy_at_the_settings_distrain_run_defaults_t
     flags = {"ssp": "staleness", "local-sgd": "tau", "diloco": "sync_every"}
     planned = {p.strategy: p.setting for p in planner.plan_table(_cal(), [4])}
     for strategy, field in flags.items():
-        run_default = getattr(RunConfig(strategy=strategy), field)
+        run_default = getattr(RunConfig(strategy=strategy).options_of(strategy), field)
         assert planned[strategy] == f"--{field.replace('_', '-')} {run_default}", strategy
     default = planner.predict(_cal(optimizer_copies=0), "diloco", "collective", 4)
     same = planner.predict(_cal(optimizer_copies=0), "diloco", "collective", 4, settings={"sync_every": 8})

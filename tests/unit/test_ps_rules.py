@@ -54,7 +54,7 @@ def test_bsp_round_applies_the_mean_once_all_workers_pushed():
     np.testing.assert_allclose(second.theta, expected)
     assert s.version == 1 and first.version == second.version == 1
     assert first.wait_s > 0 and second.wait_s == 0
-    assert first.staleness == second.staleness == 0
+    assert first.lag == second.lag == 0
 
 
 def test_bounded_rule_applies_on_arrival_at_rate_over_n_and_reports_staleness():
@@ -67,8 +67,8 @@ def test_bounded_rule_applies_on_arrival_at_rate_over_n_and_reports_staleness():
     a, b = asyncio.run(scenario())
     np.testing.assert_allclose(a.theta, [-0.5, -0.5])  # η/N per gradient
     np.testing.assert_allclose(b.theta, [-1.0, -1.0])
-    assert (a.applied_version, a.staleness) == (0, 0)
-    assert (b.applied_version, b.staleness) == (1, 1)
+    assert (a.applied_version, a.lag) == (0, 0)
+    assert (b.applied_version, b.lag) == (1, 1)
 
 
 def test_staleness_aware_rate_divides_by_tau():
@@ -79,7 +79,7 @@ def test_staleness_aware_rate_divides_by_tau():
         return await s.push_pull(0, 3, np.array([1.0], np.float32), 1.0, 0)  # read at 0, applied at 3
 
     reply = asyncio.run(scenario())
-    assert reply.staleness == 3
+    assert reply.lag == 3
     np.testing.assert_allclose(reply.theta, [-1.0 / 3])
 
 

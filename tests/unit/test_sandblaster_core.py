@@ -157,7 +157,7 @@ class Workers:
         points = [s.point(task.pass_id) for s in self.states]
         if any(p is None for p in points):
             return False
-        grad, loss_sum, count = portion_sums(np.concatenate(points), task.portion, task.portions, task.kind)
+        grad, loss_sum, count = portion_sums(np.concatenate(points), task.portion, task.of, task.kind)
         counted = [
             s.add(task.pass_id, task.portion, None if grad is None else grad[a:b], loss_sum, count)
             for s, (a, b) in zip(self.states, self.bounds, strict=True)

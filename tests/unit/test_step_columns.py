@@ -123,3 +123,17 @@ def test_the_closing_table_rows_come_from_the_families_in_their_places():
     local = {"averaging_rounds": 4, "bytes_communicated": 10, "tau_min": 2, "tau_max": 8, "tau_final": 8}
     assert _family_rows(local, "end")[-1] == ("tau min / max / final", "2 / 8 / 8")
     assert _family_rows(local, "traffic") == [] and _family_rows({}, "end") == []
+
+
+def test_each_family_column_is_read_from_a_comm_stats_field_and_tau_keeps_its_name():
+    """The step rows' "tau" column (local SGD's period, DiLoCo's H) is CommStats.period: the option's name
+    stays local SGD's, the column's name stays what metrics.parquet has always held."""
+    from distrain.strategies.base import CommStats
+    from distrain.strategies.step_columns import family_columns, family_fields
+
+    fields = family_fields()
+    assert list(fields) == list(family_columns())  # the schema's columns, in its order
+    assert fields["tau"] == "period" and fields["staleness"] == "lag" and fields["clock"] == "clock"
+    stats = CommStats(period=4, averaging_round=2)
+    row = {column: getattr(stats, name) for column, name in fields.items()}
+    assert row["tau"] == 4 and row["averaging_round"] == 2 and "tau" in SCHEMA.names

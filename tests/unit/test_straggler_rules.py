@@ -33,7 +33,7 @@ def test_k_of_n_round_applies_the_first_n_gradients_and_drops_the_late_one():
     np.testing.assert_allclose(second.theta, [-2.0, -4.0])  # θ - η·mean(first two), the late one ignored
     np.testing.assert_allclose(late.theta, second.theta)
     assert not first.dropped and not second.dropped and late.dropped
-    assert late.version == 1 and late.applied_version == -1 and late.staleness == 1
+    assert late.version == 1 and late.applied_version == -1 and late.lag == 1
     assert s.version == 1 and s.dropped == [0, 1, 0]
     assert s.round_members == [[0, 2]]
 
@@ -80,7 +80,7 @@ async def take(scheduler: PortionScheduler, worker: int, finished=None, upto=(0,
 
 def test_scheduler_hands_out_every_portion_once_then_copies_outstanding_ones():
     async def scenario():
-        sched = PortionScheduler(portions=3, steps_per_epoch=10, start_step=0)
+        sched = PortionScheduler(per_round=3, steps_per_epoch=10, start_step=0)
         a = [await take(sched, 0), await take(sched, 1), await take(sched, 0)]
         assert [x.portion for x in a] == [0, 1, 2] and not any(x.copy for x in a)
         # Worker 0 is done with portion 0 and asks again: all are handed out, so it gets a copy
@@ -107,7 +107,7 @@ def test_scheduler_hands_out_every_portion_once_then_copies_outstanding_ones():
 
 def test_scheduler_copies_slow_workers_portions_first_and_never_gives_them_copies():
     async def scenario():
-        sched = PortionScheduler(portions=3, steps_per_epoch=4, start_step=4)  # resumed at epoch 1
+        sched = PortionScheduler(per_round=3, steps_per_epoch=4, start_step=4)  # resumed at epoch 1
         await sched.mark_slow([2])
         first = [await take(sched, w, upto=(1, 3)) for w in (2, 0, 1)]
         assert first[0].epoch == 1 and first[0].step == 0 and first[0].tag == 0

@@ -64,7 +64,7 @@ def test_trial_config_switches_strategy_defaults_like_resolve():
     bsp = trial_config(b, {"strategy": "bsp"}, "some/dir")
     assert (bsp.transport, bsp.ps_shards, bsp.run_dir, bsp.eval_every) == ("collective", None, "some/dir", 1)
     ssp = trial_config(base(), {"strategy": "ssp", "staleness": 4})
-    assert (ssp.transport, ssp.ps_shards, ssp.staleness) == ("ps", 1, 4)
+    assert (ssp.transport, ssp.ps_shards, ssp.options_of("ssp").staleness) == ("ps", 1, 4)
 
 
 def test_trial_config_switches_optimizer_and_data_set_defaults_like_resolve(tmp_path):
@@ -96,12 +96,12 @@ def test_a_strategy_field_goes_only_to_the_strategies_that_read_it():
     spec = SweepSpec(base(), {"strategy": Choice(("bsp", "ssp")), "staleness": Choice((0, 2)), "lr": Choice((0.1,))})
     spec.validate()
     assert spec.num_trials() == 3
-    runs = {(c.strategy, c.staleness) for c in spec.sample_configs()}
+    runs = {(c.strategy, c.to_dict().get("staleness")) for c in spec.sample_configs()}
     assert runs == {("bsp", None), ("ssp", 0), ("ssp", 2)}
     assert set(spec.axes()) == {VARIANTS, "lr"}
     point = {VARIANTS: {"strategy": "ssp", "staleness": 2}, "lr": 0.1}
     assert flatten(point) == {"strategy": "ssp", "staleness": 2, "lr": 0.1}
-    assert trial_config(base(), point).staleness == 2
+    assert trial_config(base(), point).options_of("ssp").staleness == 2
     # three strategies, two of their fields: each strategy gets its own (local-sgd tau, ssp staleness)
     mixed = SweepSpec(
         base(),
