@@ -26,3 +26,21 @@ def test_no_integration_test_sits_under_tests_unit():
 def test_every_test_file_is_in_one_of_the_two_layers():
     loose = sorted(p.name for p in TESTS.glob("test_*.py"))
     assert loose == [], f"test files outside tests/unit and tests/integration: {loose}"
+
+
+def test_the_slowest_files_are_scheduled_first_and_unit_files_last():
+    """`make test` hands files to its two xdist workers in collection order (tests/conftest.py): the
+    files named there as slowest must exist (a renamed one would silently lose its place) and come first,
+    in their order; the other integration files next, in their own order; the unit files last."""
+    from types import SimpleNamespace
+
+    from tests.conftest import INTEGRATION_DIR, SLOWEST_FILES, _schedule_rank
+
+    assert len(set(SLOWEST_FILES)) == len(SLOWEST_FILES)
+    assert [name for name in SLOWEST_FILES if not (INTEGRATION_DIR / name).is_file()] == []
+    paths = [
+        TESTS / "unit" / "test_layers.py", INTEGRATION_DIR / "test_bsp.py", INTEGRATION_DIR / SLOWEST_FILES[1],
+        INTEGRATION_DIR / "test_diloco.py", INTEGRATION_DIR / SLOWEST_FILES[0], INTEGRATION_DIR / SLOWEST_FILES[1],
+    ]  # fmt: skip
+    items = [SimpleNamespace(path=p, n=i) for i, p in enumerate(paths)]
+    assert [i.n for i in sorted(items, key=_schedule_rank)] == [4, 2, 5, 1, 3, 0]
