@@ -56,10 +56,10 @@ SLOWEST_FILES = [
 
 
 # Files whose tests fail when another test competes with them for the 2 cores: churn on a simulated cluster
-# (ray.cluster_utils.Cluster) whose nodes are declared dead after 1.5 s without a heartbeat
-# (health_check_period_ms 500 x 3), so a starved raylet is a lost node and the churn's counts change (seen
-# at load 17-26 on a shared machine). They are marked `alone`; `make test` runs them after the two-worker
-# part, one test at a time.
+# (ray.cluster_utils.Cluster) that counts every leave and join, where a starved worker is declared hung
+# (--hang-timeout-s 30) and a starved raylet lost (1.5 s health checks), each an extra leave and join
+# (seen at load 17-26 on a shared machine). They are marked `alone`; `make test` runs them after the
+# two-worker part, one test at a time.
 ALONE_FILES = [
     "test_elastic.py",
     "test_elastic_bsp.py",
