@@ -1,11 +1,16 @@
 """Elastic membership (issue 18) on a simulated multi-node cluster (ray.cluster_utils.Cluster, in a
-subprocess: one Ray per process). One run over the parameter server (async; SSP, whose bound then
-holds among the members), `--workers 1..3`, sees
+subprocess: one Ray per process). One SSP run over the parameter server (its bound then holds among
+the members), `--workers 1..3`, sees
 everything in turn: the head has room for MIN; a node added mid-run grows it to MAX; that node is
 drained for preemption (a checkpoint is written, its workers move off); a second node brings the run
 back to MAX; that node is then removed without warning and the run shrinks again. Checked from the
 recorded metrics: every sample of each epoch exactly once, versions and clocks only moving forward,
-joiners starting from the live shards' parameters."""
+joiners starting from the live shards' parameters.
+
+Only SSP churns here (async did too, until issue 27 cut CI time): async is the same strategy base
+(strategies/ps.py `OnArrival`: the same shards, units and membership code) with an infinite bound,
+i.e. SSP's path minus the waits that `ParameterShard.set_members` must release; the second run cost
+CI over a minute and checked no line SSP's does not reach."""
 
 from __future__ import annotations
 
@@ -94,10 +99,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("strategy", ["async", "ssp"])
-def test_workers_join_leave_and_move_off_a_draining_node_with_every_sample_once(tmp_path, strategy):
+def test_workers_join_leave_and_move_off_a_draining_node_with_every_sample_once(tmp_path):
     run_dir = tmp_path / "r"
-    args = [sys.executable, "-c", SCRIPT, str(run_dir), strategy]
+    args = [sys.executable, "-c", SCRIPT, str(run_dir), "ssp"]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))

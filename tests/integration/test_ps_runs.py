@@ -25,21 +25,33 @@ def steps_of(run_dir) -> pd.DataFrame:
     return df[df["kind"] == "step"]
 
 
-def test_ssp_zero_and_bsp_over_ps_equal_bsp_allreduce(tmp_path):
-    allreduce = final_params(run_training(cfg(tmp_path, "allreduce")).run_dir)
+@pytest.fixture(scope="module")
+def allreduce(tmp_path_factory):
+    """The all-reduce runs several tests compare against, each run once: plain SGD and momentum SGD."""
+    base = tmp_path_factory.mktemp("allreduce")
+    return {
+        name: final_params(run_training(cfg(base, name, **kw)).run_dir)
+        for name, kw in (("sgd", {}), ("momentum", dict(momentum=0.9)))
+    }
+
+
+def test_ssp_zero_and_bsp_over_ps_equal_bsp_allreduce(tmp_path, allreduce):
     bsp_ps = run_training(cfg(tmp_path, "bsp-ps", transport="ps", ps_shards=2))
     ssp0 = run_training(cfg(tmp_path, "ssp0", strategy="ssp", staleness=0, ps_shards=3))
-    assert (final_params(bsp_ps.run_dir) - allreduce).abs().max().item() <= 1e-5
-    assert (final_params(ssp0.run_dir) - allreduce).abs().max().item() <= 1e-5
+    assert (final_params(bsp_ps.run_dir) - allreduce["sgd"]).abs().max().item() <= 1e-5
+    assert (final_params(ssp0.run_dir) - allreduce["sgd"]).abs().max().item() <= 1e-5
     rows = steps_of(ssp0.run_dir)
     assert (rows["staleness"] <= 1).all()  # N=2 pushes per clock: the second is one version late
     assert len(rows) == 30 * 2
 
 
-def test_bsp_over_ps_equals_allreduce_with_momentum_and_adam(tmp_path):
+def test_bsp_over_ps_equals_allreduce_with_momentum_and_adam(tmp_path, allreduce):
     for opt in (dict(momentum=0.9), dict(optimizer="adam", momentum=None, lr=0.01)):  # adam takes no momentum
         name = opt.get("optimizer", "sgd")
-        a = final_params(run_training(cfg(tmp_path, f"ar-{name}", **opt)).run_dir)
+        if name == "sgd":
+            a = allreduce["momentum"]
+        else:
+            a = final_params(run_training(cfg(tmp_path, f"ar-{name}", **opt)).run_dir)
         b = final_params(run_training(cfg(tmp_path, f"ps-{name}", transport="ps", ps_shards=2, **opt)).run_dir)
         assert (a - b).abs().max().item() <= 1e-5, name
 
@@ -77,20 +89,18 @@ def test_async_with_a_straggler_reaches_accuracy_and_sees_staleness(tmp_path):
     assert summary["bytes_pushed_per_step"] == summary["bytes_pulled_per_step"] > 0
 
 
-def test_checkpoint_moves_between_transports(tmp_path):
-    """20 steps BSP-over-PS, then 20 more all-reduce from its checkpoint == 40 steps all-reduce."""
-    kw = dict(momentum=0.9, max_steps=40)
-    straight = run_training(cfg(tmp_path, "straight", **kw))
-    first = run_training(cfg(tmp_path, "first", transport="ps", ps_shards=2, **(kw | {"max_steps": 20})))
+def test_checkpoint_moves_between_transports(tmp_path, allreduce):
+    """15 steps BSP-over-PS, then 15 more all-reduce from its checkpoint == 30 steps all-reduce (the
+    module's straight runs: 30 steps each)."""
+    kw = dict(momentum=0.9)
+    first = run_training(cfg(tmp_path, "first", transport="ps", ps_shards=2, **(kw | {"max_steps": 15})))
     assert_compact_checkpoint(first.run_dir / "checkpoints" / "final.pt")  # the shards' snapshot, compact
     second = run_training(cfg(tmp_path, "second", init_from=str(first.run_dir / "checkpoints" / "final.pt"), **kw))
-    assert second.summary["steps_completed"] == 40
-    assert (final_params(second.run_dir) - final_params(straight.run_dir)).abs().max().item() <= 1e-5
-    # and back: all-reduce checkpoint at 20 steps into SSP(0) for the rest equals the straight run too
-    head = run_training(cfg(tmp_path, "head", **(kw | {"max_steps": 20, "momentum": 0.0})))
+    assert second.summary["steps_completed"] == 30
+    assert (final_params(second.run_dir) - allreduce["momentum"]).abs().max().item() <= 1e-5
+    # and back: all-reduce checkpoint at 15 steps into SSP(0) for the rest equals the straight run too
+    head = run_training(cfg(tmp_path, "head", max_steps=15))
     tail = run_training(
-        cfg(tmp_path, "tail", strategy="ssp", staleness=0, init_from=str(head.run_dir / "checkpoints" / "final.pt"),
-            **(kw | {"momentum": 0.0}))
-    )  # fmt: skip
-    plain = run_training(cfg(tmp_path, "plain", **(kw | {"momentum": 0.0})))
-    assert (final_params(tail.run_dir) - final_params(plain.run_dir)).abs().max().item() <= 1e-5
+        cfg(tmp_path, "tail", strategy="ssp", staleness=0, init_from=str(head.run_dir / "checkpoints" / "final.pt"))
+    )
+    assert (final_params(tail.run_dir) - allreduce["sgd"]).abs().max().item() <= 1e-5

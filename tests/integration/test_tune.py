@@ -32,23 +32,30 @@ def summary(run_dir: str) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
-def test_grid_results_best_yaml_and_resource_accounting(tmp_path, ray_cluster):
+def test_grid_results_best_yaml_resource_accounting_and_strategy_fields(tmp_path, ray_cluster):
     """A 2x2 grid (batch size x strategy, one of them on a PS shard) of 2-worker, 1-epoch runs.
 
-    Each bsp trial needs 2 x 1.5 + 0.01 CPUs, each async trial one more for its shard: on 8 CPUs at
-    most two run at once, and never two async ones. Without a bundle per actor Tune would start all four."""
+    Each bsp trial needs 2 x 1.5 + 0.01 CPUs, each ssp trial one more for its shard: on 8 CPUs at
+    most two run at once, and never two ssp ones. Without a bundle per actor Tune would start all four.
+    --staleness 1 goes only to the strategy that reads it: the ssp trials have it, the bsp ones none.
+    The trial count is printed before the cluster line, and the time left once the first trial ends."""
     sweep = tmp_path / "sweep"
     output = tune(
-        "--batch-sizes", "16,32", "--strategies", "bsp,async", "--epochs", "1", "--workers", "2",
+        "--batch-sizes", "16,32", "--strategies", "bsp,ssp", "--staleness", "1", "--epochs", "1", "--workers", "2",
         "--cpus-per-worker", "1.5", "--target-accuracy", "0.5", "--sweep-dir", str(sweep),
     )  # fmt: skip
+    assert output.index("4 trial(s), grid search") < output.index("cluster ")
+    assert "1/4 done, ~" in output and "4/4 done" in output
     results = pd.read_parquet(sweep / "results.parquet")
     assert len(results) == 4 and len(pd.read_csv(sweep / "results.csv")) == 4
     for column in CONFIG_COLUMNS + ["final_accuracy", "time_to_target_s", "samples_per_s", "stopped_early", "run_dir"]:
         assert column in results.columns
     assert set(zip(results["batch_size"], results["strategy"], strict=True)) == {
-        (16, "bsp"), (32, "bsp"), (16, "async"), (32, "async")
+        (16, "bsp"), (32, "bsp"), (16, "ssp"), (32, "ssp")
     }  # fmt: skip
+    by_strategy = results.groupby("strategy")["staleness"]
+    assert by_strategy.apply(lambda v: v.isna().all()).to_dict() == {"bsp": True, "ssp": False}
+    assert (results.loc[results["strategy"] == "ssp", "staleness"] == 1).all()
     assert (results["status"] == "completed").all() and not results["stopped_early"].any()
     assert (results["workers"] == 2).all() and (results["final_accuracy"] > 0.5).all()
 
@@ -56,6 +63,10 @@ def test_grid_results_best_yaml_and_resource_accounting(tmp_path, ray_cluster):
     for _, row in results.iterrows():
         recorded = RunConfig.from_mapping(RunConfig.load_yaml(Path(row["run_dir"]) / "config.yaml"))
         assert (recorded.batch_size, recorded.strategy) == (row["batch_size"], row["strategy"])
+        if row["strategy"] == "ssp":
+            assert recorded.options_of("ssp").staleness == 1
+        else:
+            assert "staleness" not in recorded.to_dict()
         assert (Path(row["run_dir"]) / "metrics.parquet").is_file()
         assert summary(row["run_dir"])["final_test_accuracy"] == pytest.approx(row["final_accuracy"])
         assert summary(row["run_dir"])["time_to_target_s"] == pytest.approx(row["time_to_target_s"])
@@ -74,7 +85,7 @@ def test_grid_results_best_yaml_and_resource_accounting(tmp_path, ray_cluster):
     windows = []
     for _, row in results.iterrows():
         need = trial_cpus(RunConfig.from_mapping(RunConfig.load_yaml(Path(row["run_dir"]) / "config.yaml")))
-        assert row["reserved_cpus"] == pytest.approx(need)  # 3.01 (bsp) or 4.01 (async + shard)
+        assert row["reserved_cpus"] == pytest.approx(need)  # 3.01 (bsp) or 4.01 (ssp + shard)
         s = summary(row["run_dir"])
         windows.append((s["started_at"], s["started_at"] + s["wall_time_s"], need))
     for start, _, _ in windows:
@@ -141,19 +152,3 @@ def test_resume_restarts_an_interrupted_sweep(tmp_path):
     for run_dir in after["run_dir"]:
         assert (Path(run_dir) / "metrics.parquet").is_file()
     assert "best.yaml" in resumed.output
-
-
-def test_strategy_fields_go_only_to_the_strategies_that_read_them(tmp_path):
-    """--strategies bsp,ssp --staleness 1 is one bsp trial (no staleness) and one ssp trial (staleness 1);
-    the trial count is printed before the cluster line, and the time left once the first trial ends."""
-    sweep = tmp_path / "sweep"
-    output = tune("--strategies", "bsp,ssp", "--staleness", "1", "--epochs", "1", "--sweep-dir", str(sweep))
-    assert output.index("2 trial(s), grid search") < output.index("cluster ")
-    assert "1/2 done, ~" in output and "2/2 done" in output
-    results = pd.read_parquet(sweep / "results.parquet").set_index("strategy")
-    assert sorted(results.index) == ["bsp", "ssp"] and (results["status"] == "completed").all()
-    assert pd.isna(results.loc["bsp", "staleness"]) and results.loc["ssp", "staleness"] == 1
-    recorded = {
-        s: RunConfig.from_mapping(RunConfig.load_yaml(Path(d) / "config.yaml")) for s, d in results["run_dir"].items()
-    }
-    assert recorded["ssp"].options_of("ssp").staleness == 1 and "staleness" not in recorded["bsp"].to_dict()
