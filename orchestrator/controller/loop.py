@@ -179,6 +179,9 @@ class PhaseLoop:
                 raise Diverged(**diverged[0])
             # The clock of its last row that has one: backup tasks' rows carry none (a portion is not a
             # clock tick), and a None rebased onto the shards at a leave would break their books.
+            channel = result.pop("channel_state", None)  # not a metrics column: the codec state for a checkpoint
+            if channel:
+                a.channel_states.add(rank, channel[0])
             clocks = [c for c in result["clock"] if c is not None]
             if clocks:
                 a.confirmed_clock[rank : rank + 1] = clocks[-1:]

@@ -109,7 +109,7 @@ class DummyGroup:
     def describe(self, ranks: list[int], timeout: float) -> list[dict[str, Any]]:
         return [{"steps_per_epoch": self.spe, "num_params": 1, "node_id": "node-0"} for _ in ranks]
 
-    def load_state(self, ranks: list[int], state: dict[str, Any], timeout: float) -> None:
+    def load_state(self, ranks: list[int], state: dict[str, Any], timeout: float, per_rank=None) -> None:
         self.log.append(("load_state", float(state["model"]["w"])))
         for rank in ranks:
             self.workers[rank].value = float(state["model"]["w"])
