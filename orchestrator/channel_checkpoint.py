@@ -30,6 +30,19 @@ class ChannelStates:
 
     def __init__(self) -> None:
         self.by_step: dict[int, dict[int, dict[str, Any]]] = {}
+        self.reported: dict[int, int] = {}  # rank -> steps done at the end of its latest segment back
+        # Whether a checkpoint waits for every member's segment up to its step (a static plan under a
+        # codec): under the PS a step's rows can all be in (the count of units) before a slower rank's
+        # segment ending there, with its residuals, is back. A shared plan's members need not pass the step.
+        self.wait = False
+
+    def reported_to(self, rank: int, end: int) -> None:
+        """Rank `rank`'s segment ending after `end` steps came back (with its state, if one was due)."""
+        self.reported[rank] = max(self.reported.get(rank, 0), end)
+
+    def complete(self, step: int, members: list[int]) -> bool:
+        """Whether a checkpoint at `step` may be written now as far as the codec state goes."""
+        return not self.wait or all(self.reported.get(rank, 0) >= step for rank in members)
 
     def add(self, rank: int, snapshot: dict[str, Any]) -> None:
         """`snapshot`: a segment's {"step": steps done, "state": its channel's state_dict()}."""

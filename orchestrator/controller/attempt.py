@@ -330,6 +330,8 @@ class Attempt:
                 return
             if any(s < step for s in outstanding_checkpoints):  # an earlier one's state is still to come
                 return
+            if not self.channel_states.complete(step, self.members()):  # a rank's residuals still to come
+                return
             name, state = self.saves.pop(step)
             self._save(name, state, epochs_before, step)
 

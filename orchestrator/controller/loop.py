@@ -52,6 +52,7 @@ class PhaseLoop:
         shared = attempt.impl.independent_workers or attempt.membership is not None
         every = config.checkpoint_steps
         self.work = WorkPlan(total, attempt.steps_per_epoch, n, config.segment_steps, shared, start_step, every)
+        attempt.channel_states.wait = bool((attempt.phase_config or config).compress) and not shared
         self.chaos = attempt.state.chaos
         self.work.hold = self.chaos.next_step()  # work stops at the next --chaos step until the fault is injected
         self.dispatch = Dispatcher(
@@ -182,6 +183,8 @@ class PhaseLoop:
             channel = result.pop("channel_state", None)  # not a metrics column: the codec state for a checkpoint
             if channel:
                 a.channel_states.add(rank, channel[0])
+            if payload:
+                a.channel_states.reported_to(rank, payload[-1][0] * a.steps_per_epoch + payload[-1][1] + 1)
             clocks = [c for c in result["clock"] if c is not None]
             if clocks:
                 a.confirmed_clock[rank : rank + 1] = clocks[-1:]

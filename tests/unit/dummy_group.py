@@ -111,6 +111,8 @@ class DummyGroup:
 
     def load_state(self, ranks: list[int], state: dict[str, Any], timeout: float, per_rank=None) -> None:
         self.log.append(("load_state", float(state["model"]["w"])))
+        if per_rank:  # each rank's own codec state (orchestrator/channel_checkpoint.py)
+            self.log.append(("load_channel", {r: per_rank[r]["channel"]["grads"]["residual"].tolist() for r in ranks}))
         for rank in ranks:
             self.workers[rank].value = float(state["model"]["w"])
 
@@ -203,6 +205,12 @@ class DummyGroup:
             values += [0.01, 0.0, float(global_step), None if self.clockless else self.clocks[worker.rank]]
             for column, value in zip(rows, values, strict=True):
                 rows[column].append(value)
+        end, every = (rows["step"][-1] + 1 if rows["step"] else 0), self.config.checkpoint_steps
+        total = self.config.epochs * self.spe
+        total = min(total, self.config.max_steps) if self.config.max_steps else total
+        if self.config.compress and end and ((every and end % every == 0) or end == total):
+            # as TrainWorker ships its channel's state with a segment that ends at a checkpoint: the rank's own
+            rows["channel_state"] = [{"step": end, "state": {"grads": {"residual": torch.tensor([worker.rank, end])}}}]
         return rows
 
     def _alive(self, rank: int) -> Worker:

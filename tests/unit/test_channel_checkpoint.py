@@ -54,3 +54,14 @@ def test_otherwise_the_residuals_start_at_zero_and_the_run_says_why():
     assert per_rank == {} and "topk:0.05" in notice
     assert restore(saved, [0, 1], None) == ({}, None)  # no codec now: nothing to restore, nothing to say
     assert restore(older, [0, 1], None) == ({}, None)
+
+
+def test_under_a_static_plan_a_checkpoint_waits_for_every_member_s_segment_up_to_its_step():
+    states = ChannelStates()
+    assert states.complete(8, [0, 1])  # not waiting (no codec, or a shared plan): as before
+    states.wait = True
+    states.reported_to(0, 12)  # rank 0 is ahead; rank 1's segment ending at 8 is not back yet
+    assert not states.complete(8, [0, 1])
+    states.reported_to(1, 8)
+    states.reported_to(1, 4)  # an older segment's answer does not move it back
+    assert states.complete(8, [0, 1]) and not states.complete(12, [0, 1])
