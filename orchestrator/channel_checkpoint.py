@@ -68,11 +68,11 @@ def restore(
     if not codec:
         return {}, None
     saved = checkpoint.get(KEY)
-    zero = f"the error-feedback state of --compress {codec} starts at zero"
+    zero = f"the codec's error-feedback state ({codec}) starts at zero"
     if saved is None:
         return {}, f"{zero}: the checkpoint holds none (an older version's, --init-from's or a mid-segment one)"
     if saved.get("codec") != codec:
-        return {}, f"{zero}: the checkpoint's is for --compress {saved.get('codec')}"
+        return {}, f"{zero}: the checkpoint's is for {saved.get('codec')}"
     ranks = saved.get("ranks", {})
     if set(ranks) != set(members):
         held = f"{len(ranks)} workers" if len(ranks) != len(members) else f"workers {sorted(ranks)}"

@@ -285,9 +285,9 @@ class TrainWorker:
         cannot speak for the others; shipping them with the segment needs no call that could wait
         behind a later segment."""
         end = last[0] * self.sharder.steps_per_epoch + last[1] + 1
-        if not self.strategy.config.compress or not self._checkpoint_after(end):
+        if not self._checkpoint_after(end):
             return
-        state = self.strategy.channel.state_dict()
+        state = self.strategy.channel.state_dict()  # empty without a codec
         if state:
             rows["channel_state"] = [{"step": end, "state": state}]
 

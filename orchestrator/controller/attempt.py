@@ -37,6 +37,7 @@ from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.tasks import build_task, run_target
 from distrain.orchestrator.throughput import SteadyState
+from distrain.strategies.channel import run_codec
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
 from distrain.trainers.task import reduce_metrics
@@ -109,7 +110,7 @@ class Attempt:
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
             keys = ("model", "optimizer", "strategy_state", "scaler")
-            per_rank, notice = channel_checkpoint.restore(self.checkpoint, ranks, self.config.compress)
+            per_rank, notice = channel_checkpoint.restore(self.checkpoint, ranks, run_codec(self.config))
             if notice is not None:
                 self.emit(Notice(notice))
             shared = {k: self.checkpoint[k] for k in keys if k in self.checkpoint}
@@ -342,8 +343,8 @@ class Attempt:
         this leaves a directory `distrain report` reads and `--resume` continues."""
         if not _finite_model(state):  # never a NaN checkpoint: the last good one stays the latest
             raise Diverged(steps_done, None, "parameters")
-        compress = (self.phase_config or self.config).compress
-        channel = self.channel_states.take(steps_done, self.members(), compress)
+        codec = run_codec(self.phase_config or self.config)
+        channel = self.channel_states.take(steps_done, self.members(), codec)
         if channel is not None:  # every rank's residuals at this step (see orchestrator/channel_checkpoint.py)
             state = state | {channel_checkpoint.KEY: channel}
         with self.machine.during(Stage.CHECKPOINTING):

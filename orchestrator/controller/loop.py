@@ -24,6 +24,7 @@ from distrain.orchestrator.phases import PhaseSpan
 from distrain.orchestrator.recovery import RunLost
 from distrain.orchestrator.replacement import replace_worker, replacement_ready
 from distrain.orchestrator.work import WorkPlan
+from distrain.strategies.channel import run_codec
 
 if TYPE_CHECKING:
     from distrain.orchestrator.controller.attempt import Attempt
@@ -52,7 +53,7 @@ class PhaseLoop:
         shared = attempt.impl.independent_workers or attempt.membership is not None
         every = config.checkpoint_steps
         self.work = WorkPlan(total, attempt.steps_per_epoch, n, config.segment_steps, shared, start_step, every)
-        attempt.channel_states.wait = bool((attempt.phase_config or config).compress) and not shared
+        attempt.channel_states.wait = run_codec(attempt.phase_config or config) is not None and not shared
         self.chaos = attempt.state.chaos
         self.work.hold = self.chaos.next_step()  # work stops at the next --chaos step until the fault is injected
         self.dispatch = Dispatcher(
