@@ -179,13 +179,13 @@ class PhaseLoop:
             if diverged:  # --on-nonfinite stop: keep the rows up to that step, then end the run
                 a.sink.add_steps(result)
                 raise Diverged(**diverged[0])
-            # The clock of its last row that has one: backup tasks' rows carry none (a portion is not a
-            # clock tick), and a None rebased onto the shards at a leave would break their books.
             channel = result.pop("channel_state", None)  # not a metrics column: the codec state for a checkpoint
             if channel:
                 a.channel_states.add(rank, channel[0])
             if payload:
                 a.channel_states.reported_to(rank, payload[-1][0] * a.steps_per_epoch + payload[-1][1] + 1)
+            # The clock of its last row that has one: backup tasks' rows carry none (a portion is not a
+            # clock tick), and a None rebased onto the shards at a leave would break their books.
             clocks = [c for c in result["clock"] if c is not None]
             if clocks:
                 a.confirmed_clock[rank : rank + 1] = clocks[-1:]
