@@ -22,7 +22,9 @@ from distrain.errors import DistrainError
 from distrain.orchestrator.files import atomic_write, atomic_write_text
 
 FORMAT = "distrain-checkpoint"
-VERSION = 1
+# 2: + "channel", each rank's codec state (orchestrator/channel_checkpoint.py). A version-1 checkpoint
+# loads as before: without the entry, the residuals start at zero. Readers go by the entries present.
+VERSION = 2
 
 
 LATEST = "latest.json"
@@ -56,7 +58,7 @@ def save_checkpoint(
         "epoch": epoch,  # epochs completed
         "global_step": global_step,  # steps completed
         **(extra or {}),  # "ps", "failures", "elapsed_s" (see orchestrator/recovery.py)
-        **state,  # "model", "optimizer"
+        **state,  # "model", "optimizer", and "channel" under a codec
     }
     path = directory / name
     atomic_write(path, lambda tmp: _save_to(payload, tmp))

@@ -75,7 +75,8 @@ def preflight(config: RunConfig, resume: bool = False, auto: dict[str, Any] | No
         )
     checkpoint = check_init_from(config, num_params)
     if checkpoint is not None:  # --init-from takes model, optimizer and step; a strategy's own state (local
-        checkpoint.pop("strategy_state", None)  # SGD's τ, say) belongs to the run that wrote it
+        checkpoint.pop("strategy_state", None)  # SGD's τ, say) belongs to the run that wrote it, as do
+        checkpoint.pop("channel", None)  # its workers' error-feedback residuals (orchestrator/channel_checkpoint.py)
     refuse_unreachable(config.chaos_events, total, int(checkpoint["global_step"]) if checkpoint else 0)
     claim = claim_run_dir(
         config.run_dir,

@@ -49,6 +49,7 @@ class TrainWorker:
         self.device = "cuda" if config.uses_gpus else "cpu"
         self.strategy: Any = None
         self.strategy_state: dict[str, Any] | None = None  # a checkpoint's, until the strategy is set up
+        self.channel_state: dict[str, Any] | None = None  # this rank's codec state from a checkpoint, likewise
         # An error while building the replica (the task, its data, its model) is raised by the first
         # call instead (`describe`, or `setup` for a replacement): the driver then gets the exception
         # itself (a ConfigError stays one line, a bug in the user's task keeps its traceback) and never
@@ -135,8 +136,9 @@ class TrainWorker:
         return free_address(ray.util.get_node_ip_address())
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Start from a checkpoint's model and (flat) optimizer state; the strategy's own state, if the
-        checkpoint has some, is handed to the strategy once `setup` has built it."""
+        """Start from a checkpoint's model and (flat) optimizer state; the strategy's own state and this
+        rank's codec state (`channel`: residuals, warm starts), if the checkpoint has them, are handed to
+        the strategy and its channel once `setup` has built them."""
         if self.stage_plan is not None:  # a full state dict: this stage's keys and flat slice
             from distrain.trainers.optim_state import FlatOptimizerState
 
@@ -149,6 +151,7 @@ class TrainWorker:
             }
         self.trainer.load_state_dict(state)
         self.strategy_state = state.get("strategy_state")
+        self.channel_state = state.get("channel")
 
     def setup(
         self,
@@ -179,6 +182,9 @@ class TrainWorker:
         saved, self.strategy_state = self.strategy_state, None
         if saved is not None and saved.get("strategy") == self.strategy.name:
             self.strategy.load_extra_state(saved["state"])
+        channel, self.channel_state = self.channel_state, None  # only the phase the checkpoint was taken in
+        if channel:
+            self.strategy.channel.load_state_dict(channel)
 
     # ------------------------------------------------------------------ training
     def run_segment(self, units: list[tuple[int, int, int]]) -> dict[str, list[Any]]:
@@ -270,7 +276,31 @@ class TrainWorker:
             rows = {c: [] for c in self.columns} | {"broken": [{"rounds": 0, "error": str(e)}]}
         if diverged is not None:
             rows["diverged"] = [diverged]  # not a metrics column: the driver takes it out
+        elif "broken" not in rows and units:
+            self._attach_channel_state(rows, units[-1])
         return rows
+
+    def _attach_channel_state(self, rows: dict[str, list[Any]], last: tuple[int, int, int]) -> None:
+        """A segment that ends where a checkpoint is taken (a step or epoch checkpoint, or the run's end)
+        carries this rank's codec state as it is there (not a metrics column: the driver takes it out and
+        puts every rank's into that checkpoint). The residuals differ per rank, so rank 0's `state` call
+        cannot speak for the others; shipping them with the segment needs no call that could wait
+        behind a later segment."""
+        end = last[0] * self.sharder.steps_per_epoch + last[1] + 1
+        if not self._checkpoint_after(end):
+            return
+        state = self.strategy.channel.state_dict()  # empty without a codec
+        if state:
+            rows["channel_state"] = [{"step": end, "state": state}]
+
+    def _checkpoint_after(self, end: int) -> bool:
+        """Whether a checkpoint is taken after `end` steps (as the dispatcher queues them)."""
+        spe, steps, epochs = self.sharder.steps_per_epoch, self.config.checkpoint_steps, self.config.checkpoint_every
+        return (
+            end == self.total_steps
+            or bool(steps and end % steps == 0)
+            or bool(epochs and end % spe == 0 and (end // spe) % epochs == 0)
+        )
 
     def _closes_period(self, step: int, global_step: int) -> bool:
         """Whether the replica must be one well-defined model after this step: it ends an epoch or the

@@ -136,6 +136,13 @@ def _ring(nbytes: int, world_size: int) -> int:
     return ring_allreduce_bytes(nbytes, world_size)
 
 
+def run_codec(config: RunConfig) -> str | None:
+    """The name of the codec a run's channels use (as `state_dict` states record it; None: float32), so
+    a checkpoint's codec state is compared without reading the flag elsewhere."""
+    codec = parse_codec(config.compress) if config.compress else None
+    return None if codec is None else str(codec)
+
+
 class Channel:
     """A worker's one way to the others and to the shards (see the module docstring)."""
 

@@ -16,8 +16,16 @@ def final_params(run_dir: Path) -> torch.Tensor:
 
 
 CHECKPOINT_KEYS = {"format", "version", "strategy", "model_name", "config", "epoch", "global_step"} | {
-    "failures", "elapsed_s", "model", "optimizer", "ps",
+    "failures", "elapsed_s", "model", "optimizer", "ps", "channel",
 }  # fmt: skip
+
+
+def tensors_in(value) -> list[torch.Tensor]:
+    """Every tensor in a nest of dicts and lists (a checkpoint's codec state)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else []
+    return [t for item in items for t in tensors_in(item)]
 
 
 def assert_compact_checkpoint(path: Path) -> dict:
@@ -26,6 +34,7 @@ def assert_compact_checkpoint(path: Path) -> dict:
     payload = load_checkpoint(Path(path))
     assert set(payload) <= CHECKPOINT_KEYS, set(payload) - CHECKPOINT_KEYS
     tensors = [*payload["model"].values(), *payload["optimizer"]["vectors"].values()]
+    tensors += tensors_in(payload.get("channel"))  # each rank's residuals under a codec
     size = sum(t.numel() * t.element_size() for t in tensors)
     assert Path(path).stat().st_size < size + 64 * 1024, (Path(path).stat().st_size, size)
     return payload

@@ -15,10 +15,17 @@ from typing import Any
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, RunFailed
-from distrain.orchestrator import auto_choice, interrupts, outcome
+from distrain.orchestrator import auto_choice, channel_checkpoint, interrupts, outcome
 from distrain.orchestrator.callbacks import Callbacks, RunInfo
 from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint
-from distrain.orchestrator.controller.events import EventHandler, Progress, RunResult, RunStarted, StragglersChanged
+from distrain.orchestrator.controller.events import (
+    EventHandler,
+    Notice,
+    Progress,
+    RunResult,
+    RunStarted,
+    StragglersChanged,
+)
 from distrain.orchestrator.controller.group import PhaseSetup, WorkerGroup
 from distrain.orchestrator.controller.run_state import Diverged, Plan, RunState, recorded
 from distrain.orchestrator.controller.status import Stage, StageMachine, Status
@@ -30,6 +37,7 @@ from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.tasks import build_task, run_target
 from distrain.orchestrator.throughput import SteadyState
+from distrain.strategies.channel import run_codec
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
 from distrain.trainers.task import reduce_metrics
@@ -80,6 +88,7 @@ class Attempt:
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
         self.steps_done = self.start_step
         self.saves: dict[int, tuple[str, dict[str, Any]]] = {}  # global step -> checkpoint waiting for its rows
+        self.channel_states = channel_checkpoint.ChannelStates()  # each rank's codec state, for its checkpoint
         self.pending: dict[Any, tuple[str, int, Any]] = {}  # calls in flight in the loop (handle -> what it is)
         self.phase_config: RunConfig | None = None  # the config of the phase running now (--schedule)
         # Worker replacement and leaves (PS transport): the shards' rule, each worker's clock after its
@@ -101,7 +110,11 @@ class Attempt:
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
             keys = ("model", "optimizer", "strategy_state", "scaler")
-            self.group.load_state(ranks, {k: self.checkpoint[k] for k in keys if k in self.checkpoint}, timeout)
+            per_rank, notice = channel_checkpoint.restore(self.checkpoint, ranks, run_codec(self.config))
+            if notice is not None:
+                self.emit(Notice(notice))
+            shared = {k: self.checkpoint[k] for k in keys if k in self.checkpoint}
+            self.group.load_state(ranks, shared, timeout, per_rank or None)
         if self.membership is not None:
             from distrain.orchestrator.membership import JOIN
 
@@ -318,6 +331,8 @@ class Attempt:
                 return
             if any(s < step for s in outstanding_checkpoints):  # an earlier one's state is still to come
                 return
+            if not self.channel_states.complete(step, self.members()):  # a rank's residuals still to come
+                return
             name, state = self.saves.pop(step)
             self._save(name, state, epochs_before, step)
 
@@ -328,6 +343,10 @@ class Attempt:
         this leaves a directory `distrain report` reads and `--resume` continues."""
         if not _finite_model(state):  # never a NaN checkpoint: the last good one stays the latest
             raise Diverged(steps_done, None, "parameters")
+        codec = run_codec(self.phase_config or self.config)
+        channel = self.channel_states.take(steps_done, self.members(), codec)
+        if channel is not None:  # every rank's residuals at this step (see orchestrator/channel_checkpoint.py)
+            state = state | {channel_checkpoint.KEY: channel}
         with self.machine.during(Stage.CHECKPOINTING):
             now = self.now()
             self.sink.write(self.run_dir / "metrics.parquet")
@@ -342,7 +361,7 @@ class Attempt:
                 extra=extra,
             )
             payload = {"model": state["model"], "optimizer": state["optimizer"], "global_step": steps_done}
-            for key in ("ps", "strategy_state", "scaler"):
+            for key in ("ps", "strategy_state", "scaler", channel_checkpoint.KEY):
                 if key in state:
                     payload[key] = state[key]
             self.state.point = RestorePoint(payload, steps_done, now, path)

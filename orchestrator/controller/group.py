@@ -44,8 +44,11 @@ class WorkerGroup(Protocol):
     def describe(self, ranks: list[int], timeout: float) -> list[dict[str, Any]]:
         """Each worker's facts once it is up (steps_per_epoch, num_params, node_id), in `ranks` order."""
 
-    def load_state(self, ranks: list[int], state: dict[str, Any], timeout: float) -> None:
-        """Load a restore point's (or a phase switch's) state into each of `ranks`."""
+    def load_state(
+        self, ranks: list[int], state: dict[str, Any], timeout: float, per_rank: dict[int, dict[str, Any]] | None = None
+    ) -> None:
+        """Load a restore point's (or a phase switch's) state into each of `ranks`, with `per_rank[rank]`'s
+        entries added for that rank (its own codec state: orchestrator/channel_checkpoint.py)."""
 
     def enter_phase(
         self,

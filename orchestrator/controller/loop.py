@@ -30,6 +30,7 @@ from distrain.orchestrator.recovery import RunLost
 from distrain.orchestrator.replacement import replace_worker, replacement_ready
 from distrain.orchestrator.rounds import RoundPlan, real_units
 from distrain.orchestrator.work import Unit, WorkPlan
+from distrain.strategies.channel import run_codec
 
 if TYPE_CHECKING:
     from distrain.orchestrator.controller.attempt import Attempt
@@ -55,6 +56,7 @@ class PhaseLoop:
         shared = attempt.impl.independent_workers or attempt.membership is not None
         every = config.checkpoint_steps
         self.work = WorkPlan(total, attempt.steps_per_epoch, n, config.segment_steps, shared, start_step, every)
+        attempt.channel_states.wait = run_codec(attempt.phase_config or config) is not None and not shared
         self.chaos = attempt.state.chaos
         self.work.hold = self.chaos.next_step()  # work stops at the next --chaos step until the fault is injected
         self.dispatch = Dispatcher(
@@ -180,6 +182,11 @@ class PhaseLoop:
             if diverged:  # --on-nonfinite stop: keep the rows up to that step, then end the run
                 a.sink.add_steps(result)
                 raise Diverged(**diverged[0])
+            channel = result.pop("channel_state", None)  # not a metrics column: the codec state for a checkpoint
+            if channel:
+                a.channel_states.add(rank, channel[0])
+            if payload:
+                a.channel_states.reported_to(rank, payload[-1][0] * a.steps_per_epoch + payload[-1][1] + 1)
             # The clock of its last row that has one: backup tasks' rows carry none (a portion is not a
             # clock tick), and a None rebased onto the shards at a leave would break their books.
             clocks = [c for c in result["clock"] if c is not None]

@@ -132,8 +132,10 @@ class RayWorkerGroup:
                 self.on_started(started, total)
                 last = time.monotonic()
 
-    def load_state(self, ranks: list[int], state: dict[str, Any], timeout: float) -> None:
-        refs = [self.workers[r].load_state.remote(state) for r in ranks]
+    def load_state(
+        self, ranks: list[int], state: dict[str, Any], timeout: float, per_rank: dict[int, dict[str, Any]] | None = None
+    ) -> None:
+        refs = [self.workers[r].load_state.remote(state | (per_rank or {}).get(r, {})) for r in ranks]
         for ref, rank in zip(refs, ranks, strict=True):
             self.result(ref, rank, timeout)
 

@@ -143,3 +143,56 @@ def test_parameter_server_pushes_are_compressed_per_shard_and_pulls_are_not(tmp_
     # Each shard's slice is its own int8 payload: n values and one scale per chunk of each slice.
     assert (rows["bytes_sent"] < n + 4 * (math.ceil(n / 1024) + 2)).all()
     assert (rows["bytes_sent"] >= n + 4 * math.ceil(n / 1024)).all()
+
+
+def notices_into(notices: list[str]):
+    """An event handler keeping the one-line notices a run gives (orchestrator/controller/events.py)."""
+    from distrain.orchestrator.controller.events import Notice
+
+    return lambda event: notices.append(event.text) if isinstance(event, Notice) else None
+
+
+@pytest.mark.parametrize("transport", [{}, {"transport": "ps", "ps_shards": 2}], ids=["collective", "ps"])
+def test_a_run_resumed_at_a_step_checkpoint_goes_on_with_every_rank_s_residuals(tmp_path, transport):
+    """BSP under topk (error feedback), 2 workers: a run stopped right after its step-8 checkpoint and
+    resumed ends bit-identical to the run taken straight through, because the checkpoint carries each
+    rank's residuals (they differ per rank) and each rank gets its own back. Without them the resumed
+    ranks' first pushes/all-reduces would send other values (shown once against the old code)."""
+    from distrain.orchestrator.resume import resume_config
+    from tests.helpers import assert_compact_checkpoint
+
+    kw = dict(compress="topk:0.05", checkpoint_steps=8, **transport)
+    straight = run_training(cfg(tmp_path, "straight", **kw))
+    parts = run_training(cfg(tmp_path, "parts", **(kw | {"max_steps": 16})))
+    ckpt = assert_compact_checkpoint(parts.run_dir / "checkpoints" / "step-00000008.pt")
+    assert ckpt["version"] == 2 and ckpt["channel"]["codec"] == "topk:0.05"
+    residuals = [s["grads"].get("reducer", {}).get("residual") for s in ckpt["channel"]["ranks"].values()]
+    if transport:  # towards the shards: one residual per shard slice
+        residuals = [torch.cat(s["grads"]["shards"]) for s in ckpt["channel"]["ranks"].values()]
+    assert len(residuals) == 2 and not torch.equal(residuals[0], residuals[1])  # local: each rank its own
+    assert all(r.numel() == final_params(parts.run_dir).numel() for r in residuals)
+    assert set(load_checkpoint(parts.run_dir / "checkpoints" / "final.pt")["channel"]["ranks"]) == {0, 1}
+    # Interrupted right after the step-8 checkpoint: latest.json names it, as it did then.
+    pointer = parts.run_dir / "checkpoints" / "latest.json"
+    pointer.write_text('{"name": "step-00000008.pt", "global_step": 8}\n')
+    notices: list[str] = []
+    resumed = run_training(resume_config(parts.run_dir, {"max_steps": 24}), on_event=notices_into(notices), resume=True)
+    assert not [n for n in notices if "error-feedback" in n]  # restored: nothing to say
+    assert torch.equal(final_params(resumed.run_dir), final_params(straight.run_dir))
+
+
+def test_a_checkpoint_without_codec_state_resumes_with_zero_residuals_and_says_so(tmp_path):
+    """A checkpoint written before the codec state was kept (no "channel" entry) still resumes: the
+    residuals start at zero, as they always did, and the run says so in one line."""
+    from distrain.orchestrator.resume import resume_config
+
+    parts = run_training(cfg(tmp_path, "old", compress="topk:0.05", max_steps=16))
+    path = parts.run_dir / "checkpoints" / "final.pt"
+    payload = load_checkpoint(path)
+    assert "channel" in payload
+    torch.save({k: v for k, v in payload.items() if k != "channel"} | {"version": 1}, path)  # as version 1 wrote it
+    notices: list[str] = []
+    resumed = run_training(resume_config(parts.run_dir, {"max_steps": 24}), on_event=notices_into(notices), resume=True)
+    assert resumed.summary["status"] == "completed"
+    said = [n for n in notices if "error-feedback" in n]
+    assert len(said) == 1 and "starts at zero" in said[0] and "holds none" in said[0], notices

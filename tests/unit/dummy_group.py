@@ -130,8 +130,10 @@ class DummyGroup:
     def describe(self, ranks: list[int], timeout: float) -> list[dict[str, Any]]:
         return [{"steps_per_epoch": self.spe, "num_params": 1, "node_id": "node-0"} for _ in ranks]
 
-    def load_state(self, ranks: list[int], state: dict[str, Any], timeout: float) -> None:
+    def load_state(self, ranks: list[int], state: dict[str, Any], timeout: float, per_rank=None) -> None:
         self.log.append(("load_state", float(state["model"]["w"])))
+        if per_rank:  # each rank's own codec state (orchestrator/channel_checkpoint.py)
+            self.log.append(("load_channel", {r: per_rank[r]["channel"]["grads"]["residual"].tolist() for r in ranks}))
         for rank in ranks:
             self.workers[rank].value = float(state["model"]["w"])
 
@@ -224,6 +226,12 @@ class DummyGroup:
                 raise RunLost("shard", None, "a parameter-server shard died")
             worker.value += 1
             self._train(worker, (epoch, step, slice_), rows)
+        end, every = (rows["step"][-1] + 1 if rows["step"] else 0), self.config.checkpoint_steps
+        total = self.config.epochs * self.spe
+        total = min(total, self.config.max_steps) if self.config.max_steps else total
+        if self.config.compress and end and ((every and end % every == 0) or end == total):
+            # as TrainWorker ships its channel's state with a segment that ends at a checkpoint: the rank's own
+            rows["channel_state"] = [{"step": end, "state": {"grads": {"residual": torch.tensor([worker.rank, end])}}}]
         return rows
 
     def _train(self, worker: Worker, unit: tuple[int, int, int], rows: dict[str, list[Any]]) -> None:

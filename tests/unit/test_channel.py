@@ -6,7 +6,9 @@ starts them at zero)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
+import pytest
 import torch
 
 from distrain.compression import parse_codec
@@ -103,3 +105,70 @@ def test_a_checkpoint_without_codec_state_starts_the_residuals_at_zero():
     assert torch.equal(run(ch, [x])[0], run(fresh, [x])[0])
     assert torch.equal(ch.streams["grads"].reducer.residual, fresh.streams["grads"].reducer.residual)
     assert channel(None).state_dict() == {}  # no codec: nothing to keep
+
+
+@pytest.mark.parametrize("codec", ["int8", "sign", "topk:0.05"])
+def test_every_codec_with_error_feedback_round_trips_its_residual_through_a_checkpoint(tmp_path, codec):
+    """What a checkpoint file carries (torch.save, loaded weights-only as checkpoints are) puts a fresh
+    channel where the unbroken one is: the same outputs from then on, the same residual at the end."""
+    xs = inputs(5)
+    unbroken = channel(codec)
+    expected = run(unbroken, xs)
+    first = channel(codec)
+    run(first, xs[:2])
+    torch.save(first.state_dict(), tmp_path / "state.pt")
+    resumed = channel(codec)
+    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    for got, want in zip(run(resumed, xs[2:]), expected[2:], strict=True):
+        assert torch.equal(got, want)
+    zero = channel(codec)  # the same inputs without the state: differs, so the state is what carried it
+    assert not all(torch.equal(a, b) for a, b in zip(run(zero, xs[2:]), expected[2:], strict=True))
+    assert torch.equal(resumed.streams["grads"].reducer.residual, unbroken.streams["grads"].reducer.residual)
+
+
+class FakeShards:
+    """The PS client's push_pull, recording what each push carried (no Ray)."""
+
+    def __init__(self) -> None:
+        self.pushed: list[Any] = []
+
+    def push_pull(self, clock, payload, lr, params):
+        self.pushed.append(payload)
+        return SimpleNamespace(seconds=0.0)
+
+
+def ps_channel(codec: str) -> Channel:
+    ctx = StrategyContext(rank=1, world_size=2, device="cpu", ps_bounds=((0, 120), (120, N)))
+    ch = Channel(RunConfig(compress=codec), ctx)
+    ch._ps = FakeShards()
+    return ch
+
+
+def push(ch: Channel, xs: list[torch.Tensor]) -> list[Any]:
+    import numpy as np
+
+    for clock, x in enumerate(xs):
+        ch.push_pull("grads", clock, x.clone(), 0.1, np.zeros(N, dtype=np.float32))
+    return ch._ps.pushed
+
+
+@pytest.mark.parametrize("codec", ["int8", "sign", "topk:0.05"])
+def test_the_per_shard_residuals_of_pushes_round_trip_too(tmp_path, codec):
+    xs = inputs(5)
+    expected = push(ps_channel(codec), xs)
+    first = ps_channel(codec)
+    push(first, xs[:2])
+    state = first.state_dict()
+    assert [r.numel() for r in state["grads"]["shards"]] == [120, N - 120]  # one residual per shard slice
+    torch.save(state, tmp_path / "state.pt")
+    resumed = ps_channel(codec)
+    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    decode = parse_codec(codec).build().decode
+
+    def sent(pushes: list[Any]) -> list[torch.Tensor]:  # what the shards would apply, slice after slice
+        return [torch.cat([decode(e) for _, e in p]) for p in pushes]
+
+    want = sent(expected[2:])
+    assert all(torch.equal(a, b) for a, b in zip(sent(push(resumed, xs[2:])), want, strict=True))
+    fresh = sent(push(ps_channel(codec), xs[2:]))  # without the state: other pushes
+    assert not all(torch.equal(a, b) for a, b in zip(fresh, want, strict=True))

@@ -84,6 +84,36 @@ def test_a_collective_worker_death_restarts_every_worker_from_the_restore_point(
     assert [e.then for e in events if isinstance(e, Failure)] == ["restarting from the checkpoint at step 4"]
 
 
+@pytest.mark.parametrize("transport", ["collective", "ps"])
+def test_a_restart_gives_each_rank_its_own_codec_state_of_the_restore_point(tmp_path, transport):
+    """Under a codec each rank's residuals go into every checkpoint (step 4, 8, the final) and a restart
+    loads each rank its own (orchestrator/channel_checkpoint.py); the dummy's residual is (rank, step it
+    was taken at). Under the PS the dummy's rank 0 runs to step 8 before rank 1's first segment is back:
+    the step-4 checkpoint waits for rank 1's residuals instead of being written without them."""
+    cfg = config(tmp_path, compress="topk:0.05", transport=transport)
+    if transport == "ps":  # a worker would be replaced (its residuals start at zero); a shard's loss restarts
+        group, restored = DummyGroup(cfg, shard_dies_at=10), 8
+    else:
+        group, restored = DummyGroup(cfg, die={1: 6}), 4
+    ctl, events = controller(cfg, group)
+    assert ctl.run().summary["status"] == "completed" and group.restarts == 1
+    assert ("load_state", float(restored)) in group.log
+    assert ("load_channel", {0: [0, restored], 1: [1, restored]}) in group.log  # each rank its own
+    for name, step in (("step-00000004.pt", 4), ("step-00000008.pt", 8), ("final.pt", STEPS)):
+        saved = load_checkpoint(Path(cfg.run_dir) / "checkpoints" / name)
+        assert saved["version"] == 2 and saved["channel"]["codec"] == "topk:0.05"
+        assert {r: s["grads"]["residual"].tolist() for r, s in saved["channel"]["ranks"].items()} == {
+            0: [0, step], 1: [1, step]
+        }
+    assert not [e for e in events if "error-feedback" in getattr(e, "text", "")]  # restored: nothing said
+
+
+def test_without_a_codec_a_checkpoint_holds_no_codec_state(tmp_path):
+    cfg = config(tmp_path)
+    controller(cfg, DummyGroup(cfg))[0].run()
+    assert "channel" not in load_checkpoint(Path(cfg.run_dir) / "checkpoints" / "final.pt")
+
+
 def test_a_parameter_server_worker_death_is_replaced_in_place_and_nothing_restarts(tmp_path):
     cfg = config(tmp_path, strategy="async")
     group = DummyGroup(cfg, die={1: 5})

@@ -133,10 +133,12 @@ def test_checkpoints_are_written_in_step_order_whatever_order_their_states_come_
     step 6 waits until step 4's state is in, so the latest checkpoint never moves back a step."""
     from types import SimpleNamespace
 
+    from distrain.orchestrator.channel_checkpoint import ChannelStates
     from distrain.orchestrator.run import _Driver
 
     written: list[int] = []
-    driver = SimpleNamespace(saves={}, steps_per_epoch=100, steps_done=8)
+    driver = SimpleNamespace(saves={}, steps_per_epoch=100, steps_done=8, channel_states=ChannelStates())
+    driver.members = lambda: [0]
     driver._save = lambda name, state, epochs, step: written.append(step)
     dispatch = Dispatcher(WorkPlan(8, 100, 1, 2, False, cut_every=2), FakeWorkers().submit, checkpoint_steps=2)
     for step in (4, 6):
