@@ -139,7 +139,7 @@ def _ring(nbytes: int, world_size: int) -> int:
 def run_codec(config: RunConfig) -> str | None:
     """The name of the codec a run's channels use (as `state_dict` states record it; None: float32), so
     a checkpoint's codec state is compared without reading the flag elsewhere."""
-    codec = parse_codec(config.compress) if config.compress else None
+    codec = codec_of(config)
     return None if codec is None else str(codec)
 
 
