@@ -13,7 +13,7 @@ from distrain.strategies.sandblaster_coordinator import LocalShards, Sandblaster
 
 
 def scheduler() -> PortionScheduler:
-    return PortionScheduler(portions=3, steps_per_epoch=10, start_step=0)
+    return PortionScheduler(per_round=3, steps_per_epoch=10, start_step=0)
 
 
 def coordinator() -> SandblasterCoordinator:
