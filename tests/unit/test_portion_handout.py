@@ -17,7 +17,7 @@ def scheduler() -> PortionScheduler:
 
 
 def coordinator() -> SandblasterCoordinator:
-    return SandblasterCoordinator(LocalShards([]), "gd", tasks_per_pass=3, backup_tasks=True, lr=0.1)
+    return SandblasterCoordinator(LocalShards([]), "gd", tasks_per_pass=3, copies=True, lr=0.1)
 
 
 async def take(handout: PortionHandout, worker: int) -> int:
