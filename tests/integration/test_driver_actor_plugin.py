@@ -14,6 +14,8 @@ from tests.unit.test_strategy_plugin import invoke
 PLUGIN = '''
 from typing import Any
 
+import ray
+
 from distrain import ActorSetup, CommStats, DriverActor, Strategy
 
 
@@ -52,13 +54,13 @@ class Tallied(Strategy):
     def step(self, trainer: Any, lr: float) -> CommStats:
         trainer.apply_update(lr)
         self.steps += 1
-        self.tally.add.remote(self.ctx.rank, self.steps)  # calls from one worker arrive in order
+        # Waited for: the driver reads the tally when the run ends, and a call still on its way from a
+        # worker could land after that read (CI saw a worker's steps missing from the figures).
+        ray.get(self.tally.add.remote(self.ctx.rank, self.steps))
         return CommStats(extra={"tallied_step": self.steps})
 
     @classmethod
     def actor_figures(cls, config: Any, actors: dict[str, Any]) -> dict[str, Any]:
-        import ray
-
         return {"tally": ray.get(actors["tally"].figures.remote())}
 '''
 
