@@ -23,18 +23,9 @@ setup: $(BIN)/.installed-dev
 run: $(BIN)/.installed
 	$(BIN)/distrain run
 
-# The suite in two parts. First all but the `alone` tests on two pytest-xdist workers, each with its own
-# session Ray, given a whole file at a time (a module's fixture runs once) in the collection order
-# tests/conftest.py sets (slowest files first), not xdist's by test count: the second worker uses what one
-# test leaves of the 2 cores (a test waits on Ray and actor start-up, paced steps, timeouts). Then the
-# `alone` files (tests/conftest.py ALONE_FILES: they fail when another test competes for the cores) one
-# test at a time. The second part runs even when the first failed; the target fails if either did.
-PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
-
 test: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not alone"; parallel=$$?; \
-	$(BIN)/python -m pytest -m alone && exit $$parallel
+	$(BIN)/python -m pytest
 
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
