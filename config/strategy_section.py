@@ -189,7 +189,7 @@ def check_elastic(config: RunConfig) -> None:
         ("--pipeline-stages", config.pipelined),
         ("--straggler", bool(config.straggler)),
         ("--schedule", bool(config.schedule)),
-        # The collective re-form (orchestrator/elastic_collective.py): a codec's per-rank error
+        # The collective re-form (orchestrator/controller/collective_scaling.py): a codec's per-rank error
         # feedback is not carried across group sizes.
         ("--compress", config.compress is not None and config.transport == "collective"),
     ):

@@ -71,7 +71,7 @@ class _PaceUntilRankTwoTrains(Callback):
 
 
 def test_collective_kill_worker_above_min_is_a_leave_and_rejoin_below_min_a_restart(tmp_path, ray_cluster):
-    """The same under BSP over the collective (orchestrator/elastic_collective.py): the fault is
+    """The same under BSP over the collective (orchestrator/controller/collective_scaling.py): the fault is
     injected at a block boundary, the next block's all-reduce fails on the killed peer, the survivors
     re-form without it and redo the block; a later kill of two of three at once restarts from the
     checkpoint. Every unit has exactly one row (kills land between blocks, so no applied unit loses
