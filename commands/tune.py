@@ -40,8 +40,24 @@ SWEPT_FLAGS = {
     "warmup_epochs": ("warmup_epochs", "--warmup-epochs"),
     "workers": ("workers", "--workers"),
     "strategies": ("strategy", "--strategies"),
-    "staleness": ("staleness", "--staleness"),
 }
+
+
+def strategy_sweep_flags() -> dict[str, str]:
+    """The sweep flags the built-in strategies declare for their own options (`Strategy.sweep_flags`):
+    option -> help. Each names one option and goes only to the trials of a strategy that reads it."""
+    from distrain.strategies import STRATEGIES
+
+    flags: dict[str, str] = {}
+    for name in STRATEGIES.names():
+        flags.update(STRATEGIES.get(name).sweep_flags)
+    return flags
+
+
+def swept_flags() -> dict[str, tuple[str, str]]:
+    """Every sweep flag: argument -> (the RunConfig field it varies, the flag as typed)."""
+    owned = {name: (name, "--" + name.replace("_", "-")) for name in strategy_sweep_flags()}
+    return {**SWEPT_FLAGS, **owned}
 
 # A sweep of more trials than this asks first (or takes --yes). A 4 x 4 x 2 grid (README's example is
 # 24 trials) is deliberate and starts at once; what this catches is the accident: one more axis than
@@ -66,7 +82,7 @@ def parameters() -> list[inspect.Parameter]:
         sweep("warmup_epochs", str | None, "Warmup epochs: a list (0,1) or a range (0:2)."),
         sweep("workers", str | None, "Worker counts per trial, e.g. 2,4."),
         sweep("strategies", str | None, "Strategies, e.g. bsp,ssp."),
-        sweep("staleness", str | None, "SSP staleness bounds, e.g. 0,2,8 (needs an ssp strategy)."),
+        *(sweep(name, str | None, text) for name, text in strategy_sweep_flags().items()),
         sweep("param", list[str] | None, "NAME=VALUES for any other config field (repeatable), e.g. momentum=0.8,0.9."),
         search("search", str, "grid", "grid (every combination) or random (--num-samples draws)."),
         search("num_samples", int, 1, "Random search: trials to draw; grid search: repeats of the grid."),
@@ -146,7 +162,7 @@ def tune(
     task_arg: list[str] | None = None,
     **flags: Any,
 ) -> None:
-    """The sweep: `flags` are the sweep flags (`SWEPT_FLAGS`) and the shared run options."""
+    """The sweep: `flags` are the sweep flags (`swept_flags()`) and the shared run options."""
     from distrain.tuning.sweep_spec import (
         SweepSpec,
         parse_dimension,
@@ -155,9 +171,10 @@ def tune(
         sweep_base,
     )
 
-    swept = {arg: flags.pop(arg) for arg in SWEPT_FLAGS}
+    every_flag = swept_flags()
+    swept = {arg: flags.pop(arg) for arg in every_flag}
     dimensions: dict[str, Any] = {}
-    for arg, (name, flag) in SWEPT_FLAGS.items():
+    for arg, (name, flag) in every_flag.items():
         if swept[arg] is not None:
             dimensions[name] = parse_dimension(name, swept[arg], flag)
     if "strategy" in dimensions:  # strategies named by path: absolute (trials run elsewhere), and loaded, so

@@ -160,6 +160,9 @@ class Strategy(ABC):
     described_options: ClassVar[tuple[str, ...]] = ()
     # The options the planner's step-time model sets for this strategy (planning/planner.py).
     planning: ClassVar[tuple[PlanningSetting, ...]] = ()
+    # The options `distrain tune` sweeps with a flag of their own (option -> the flag's help, e.g.
+    # --staleness 0,2,8); any other option is swept with --param NAME=VALUES.
+    sweep_flags: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         self.config = config

@@ -166,6 +166,7 @@ class SSP(OnArrival):
     Options = SSPOptions
     described_options = ("staleness", "staleness_lr")
     planning = (PlanningSetting("staleness", "bound", DEFAULT_STALENESS),)
+    sweep_flags = {"staleness": "SSP staleness bounds, e.g. 0,2,8 (needs an ssp strategy)."}
     # Under --workers MIN..MAX the units are shared (whoever asks; a slot may be empty) and the shards
     # measure the bound among the members' clocks (`ParameterShard.set_members`).
     elastic = True
