@@ -319,6 +319,12 @@ class TrainWorker:
             state["strategy_state"] = {"strategy": self.strategy.name, "state": extra}
         return state
 
+    def channel_state(self) -> dict[str, Any]:
+        """This rank's codec state as it is now (empty without a codec): once every call is done, the
+        state after its last segment (orchestrator/controller/attempt.py asks for the final checkpoint's
+        where a callback's stop moved the end after the segments were sent)."""
+        return self.strategy.channel.state_dict() if self.strategy is not None else {}
+
     def reform(self, rendezvous: str, group_rank: int, group_size: int, src: int) -> dict[str, Any]:
         """Elastic BSP over the collective (orchestrator/controller/collective_scaling.py): join the new
         group, then take the whole replica state (parameters, optimizer state, fp16 loss scale, the strategy's own)

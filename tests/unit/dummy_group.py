@@ -154,6 +154,12 @@ class DummyGroup:
         worker = self._alive(rank)
         return {"model": {"w": torch.tensor([worker.value])}, "optimizer": {"vectors": {}, "scalars": {}}}
 
+    def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
+        """As a segment ships it: the residual (rank, steps its worker applied)."""
+        worker = self._alive(rank)
+        self.log.append(("channel_state", rank))
+        return {"grads": {"residual": torch.tensor([rank, int(worker.value)])}} if self.config.compress else {}
+
     def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> int:
         handle = next(self.ids)
         self.calls[handle] = Call(kind, rank, payload, self.workers[rank])
