@@ -20,7 +20,11 @@ residuals would be worse than none. Which checkpoints those are:
   already, and a rank's residuals are those of every push it made so far. No moment has every member
   at the checkpoint's step (nor is the state itself only the steps before it: a resume redoes the units
   past it), so such a checkpoint records why it holds none (`WHY`), and a resume says so;
-- not a draining node's in an elastic run over the PS: taken mid-segment, a shared plan's as well.
+- not a draining node's: over the PS taken mid-segment (a shared plan's as well); over the collective
+  taken at a block boundary (orchestrator/controller/collective_scaling.py), where every member is at
+  its step, so asking them as the final checkpoint does would work, but a round a lost member broke may
+  have moved a survivor's residuals (encoded, never applied) and that is not pinned by any test yet:
+  left as it is, with the general notice.
 
 Restoring: each rank gets its own entry back (`restore`) when the run goes on with the same codec and the
 same ranks (--resume, a restart after a failure). Otherwise (a checkpoint from before this was kept, a
@@ -38,7 +42,7 @@ KEY = "channel"  # the checkpoint's entry (orchestrator/checkpoint.py, VERSION 2
 WHY = "channel_none"
 SHARED = "shared"  # a shared plan's: its members are at different steps (see above)
 BECAUSE = {
-    SHARED: "its workers were at different steps when it was taken (they run independently), so no "
+    SHARED: "its workers were at different steps when it was taken (units go to whichever worker asks), so no "
     "rank's residuals belong to its step",
 }
 
