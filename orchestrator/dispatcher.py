@@ -164,7 +164,7 @@ class Dispatcher:
                 self.queue_eval(r, epoch)
         due = self.schedule.step_crossed(before, self.work.steps_done)
         if due is not None:
-            self.queue_step_checkpoint(rank, due.step)
+            self.call("state", rank, (due.name, due.step))
 
     # ------------------------------------------------------------------ holds and stops
     def reached_hold(self) -> bool:
