@@ -16,7 +16,9 @@ Static plans queue an epoch's evaluation (and its epoch checkpoint) on each work
 last segment of that epoch, and a --checkpoint-steps checkpoint behind rank 0's segment that ends at
 that step (WorkPlan cuts segments there), so no worker ever waits for the driver: an actor runs its
 calls in order, so they see the state after exactly that step. Shared plans (independent workers)
-evaluate an epoch once its last unit is done. A --chaos `hold` stops the hand-out at its step
+evaluate an epoch once its last unit is done. Which checkpoints are due after which step is the
+`CheckpointSchedule`'s to say (orchestrator/checkpoint_schedule.py), the rule the workers ship their
+codec state by. A --chaos `hold` stops the hand-out at its step
 (WorkPlan.hold); the driver injects the fault once `reached_hold`, then `lift_hold`s.
 """
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from distrain.orchestrator.checkpoint import checkpoint_name, step_checkpoint_name
+from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
 from distrain.orchestrator.work import Unit, WorkPlan
 
 Call = tuple[str, int, Any]  # (kind, rank, payload)
@@ -60,6 +62,13 @@ class Dispatcher:
         # where one member (the lowest rank) scores the whole test set and takes the epoch checkpoints.
         self.members: list[int] = list(range(work.workers))
         self.elastic = False
+
+    @property
+    def schedule(self) -> CheckpointSchedule:
+        """Which checkpoints are due after which step (the workers ship their codec state by the same
+        rule); built on each use, as a callback's `stop` moves the plan's end."""
+        work = self.work
+        return CheckpointSchedule(work.total_steps, work.steps_per_epoch, self.checkpoint_every, self.checkpoint_steps)
 
     # ------------------------------------------------------------------ the books
     def call(self, kind: str, rank: int, payload: Any) -> None:
@@ -133,15 +142,15 @@ class Dispatcher:
         total, spe = self.work.total_steps, self.work.steps_per_epoch
         if evaluates(epoch, (total - 1) // spe, self.eval_every):
             self.call("eval", rank, epoch)
-        every = self.checkpoint_every
-        if rank == self.evaluator() and every and (epoch + 1) % every == 0 and (epoch + 1) * spe <= total:
-            self.call("state", 0, (checkpoint_name(epoch + 1), (epoch + 1) * spe))
+        due = self.schedule.epoch_checkpoint(epoch) if rank == self.evaluator() else None
+        if due is not None:
+            self.call("state", 0, (due.name, due.step))
 
     def queue_step_checkpoint(self, rank: int, step: int) -> None:
-        """A --checkpoint-steps checkpoint of the state after `step` steps, behind `rank`'s queue."""
-        every = self.checkpoint_steps
-        if every and step % every == 0 and step < self.work.total_steps:
-            self.call("state", rank, (step_checkpoint_name(step), step))
+        """A --checkpoint-steps checkpoint of the state after `step` steps, if due, behind `rank`'s queue."""
+        due = self.schedule.step_checkpoint(step)
+        if due is not None:
+            self.call("state", rank, (due.name, due.step))
 
     def completed(self, rank: int, units: list[Unit]) -> None:
         """`rank`'s segment `units` came back. Shared plans: evaluate the epochs this completed, and
@@ -153,9 +162,9 @@ class Dispatcher:
         for epoch in finished:
             for r in self.eval_ranks():
                 self.queue_eval(r, epoch)
-        every, after = self.checkpoint_steps, self.work.steps_done
-        if every and after // every > before // every:
-            self.queue_step_checkpoint(rank, after // every * every)
+        due = self.schedule.step_crossed(before, self.work.steps_done)
+        if due is not None:
+            self.call("state", rank, (due.name, due.step))
 
     # ------------------------------------------------------------------ holds and stops
     def reached_hold(self) -> bool:

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from distrain.config import LEGACY_MOMENTUM, RunConfig, format_workers, parse_workers
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.checkpoint import LATEST, latest_checkpoint, load_checkpoint_for
+from distrain.orchestrator.checkpoint_schedule import run_steps
 from distrain.orchestrator.metrics import SCHEMA, MetricsSink
 from distrain.trainers.datasets import DATASETS
 
@@ -176,8 +177,7 @@ def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[st
 
 def total_steps(config: RunConfig) -> int:
     """Global steps `config` trains for, from the data set's size (known without loading it)."""
-    steps = config.epochs * steps_per_epoch(config)
-    return min(steps, config.max_steps) if config.max_steps else steps
+    return run_steps(config.epochs, steps_per_epoch(config), config.max_steps)
 
 
 def steps_per_epoch(config: RunConfig) -> int:

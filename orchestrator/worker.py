@@ -16,6 +16,7 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
+from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
 from distrain.orchestrator.metrics import SCHEMA
 from distrain.orchestrator.tasks import build_task
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
@@ -99,8 +100,9 @@ class TrainWorker:
         # A full-batch strategy's step is one pass over the whole training set: one step per epoch.
         full_batch = strategy_class(config.strategy).full_batch
         self.sharder = EpochSharder(len(train), len(train) if full_batch else config.samples_per_step, config.seed)
-        total = config.epochs * self.sharder.steps_per_epoch
-        self.total_steps = min(total, config.max_steps) if config.max_steps else total
+        # The run's end, and where checkpoints are taken: as the driver's dispatcher queues them (one rule).
+        self.checkpoints = CheckpointSchedule.of_run(config, self.sharder.steps_per_epoch)
+        self.total_steps = self.checkpoints.total_steps
         self.schedule = LRSchedule.create(
             config.lr,
             config.global_batch_size,
@@ -229,7 +231,9 @@ class TrainWorker:
             overflows = self.strategy.overflow_skips  # fp16 loss-scale overflows before this step
             try:
                 comm = self.strategy.step(self.trainer, lr)
-                if self._closes_period(step, global_step):
+                # One well-defined model after an epoch's end or a checkpoint's step (CheckpointSchedule):
+                # strategies with local periods (local SGD, DiLoCo) average there.
+                if self.checkpoints.closes_period(global_step + 1):
                     extra = self.strategy.at_epoch_end(self.trainer)
                     if extra is not None:  # e.g. local SGD's closing average: counted in this step's row
                         comm.seconds += extra.seconds
@@ -287,31 +291,11 @@ class TrainWorker:
         cannot speak for the others; shipping them with the segment needs no call that could wait
         behind a later segment."""
         end = last[0] * self.sharder.steps_per_epoch + last[1] + 1
-        if not self._checkpoint_after(end):
+        if not self.checkpoints.taken_after(end):
             return
         state = self.strategy.channel.state_dict()  # empty without a codec
         if state:
             rows["channel_state"] = [{"step": end, "state": state}]
-
-    def _checkpoint_after(self, end: int) -> bool:
-        """Whether a checkpoint is taken after `end` steps (as the dispatcher queues them)."""
-        spe, steps, epochs = self.sharder.steps_per_epoch, self.config.checkpoint_steps, self.config.checkpoint_every
-        return (
-            end == self.total_steps
-            or bool(steps and end % steps == 0)
-            or bool(epochs and end % spe == 0 and (end // spe) % epochs == 0)
-        )
-
-    def _closes_period(self, step: int, global_step: int) -> bool:
-        """Whether the replica must be one well-defined model after this step: it ends an epoch or the
-        run (an evaluation or a switch reads it next), or a step checkpoint (--checkpoint-steps) is
-        taken here. Strategies with local periods (local SGD, DiLoCo) average there."""
-        every = self.config.checkpoint_steps
-        return (
-            step == self.sharder.steps_per_epoch - 1
-            or global_step == self.total_steps - 1
-            or bool(every and (global_step + 1) % every == 0)
-        )
 
     def _indices(self, epoch: int, step: int, slice_: int) -> np.ndarray:
         return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step)
@@ -334,6 +318,12 @@ class TrainWorker:
         if extra is not None:  # tagged: only the same strategy takes it back (not the next phase's)
             state["strategy_state"] = {"strategy": self.strategy.name, "state": extra}
         return state
+
+    def channel_state(self) -> dict[str, Any]:
+        """This rank's codec state as it is now (empty without a codec): once every call is done, the
+        state after its last segment (orchestrator/controller/attempt.py asks for the final checkpoint's
+        where a callback's stop moved the end after the segments were sent)."""
+        return self.strategy.channel.state_dict() if self.strategy is not None else {}
 
     def reform(self, rendezvous: str, group_rank: int, group_size: int, src: int) -> dict[str, Any]:
         """Elastic BSP over the collective (orchestrator/controller/collective_scaling.py): join the new

@@ -347,6 +347,8 @@ class Attempt:
         channel = self.channel_states.take(steps_done, self.members(), codec)
         if channel is not None:  # every rank's residuals at this step (see orchestrator/channel_checkpoint.py)
             state = state | {channel_checkpoint.KEY: channel}
+        elif codec and self._shared_plan():  # none can be of this step: a resume says why
+            state = state | {channel_checkpoint.WHY: channel_checkpoint.SHARED}
         with self.machine.during(Stage.CHECKPOINTING):
             now = self.now()
             self.sink.write(self.run_dir / "metrics.parquet")
@@ -361,7 +363,7 @@ class Attempt:
                 extra=extra,
             )
             payload = {"model": state["model"], "optimizer": state["optimizer"], "global_step": steps_done}
-            for key in ("ps", "strategy_state", "scaler", channel_checkpoint.KEY):
+            for key in ("ps", "strategy_state", "scaler", channel_checkpoint.KEY, channel_checkpoint.WHY):
                 if key in state:
                     payload[key] = state[key]
             self.state.point = RestorePoint(payload, steps_done, now, path)
@@ -381,11 +383,31 @@ class Attempt:
         if checkpoint and self.steps_done:
             # Every worker is done: the first member's state (a PS snapshot under the PS) is the final model.
             first = self.members()[0]
+            self._final_channel_states()
             final = self.group.state(first, self.config.hang_timeout_s)
             self.save(checkpoint_name(None), final, epochs_done, self.steps_done, progress=False)  # + metrics
         else:
             self.sink.write(self.run_dir / "metrics.parquet")
         return self._write_summary(status, epochs_done)
+
+    def _shared_plan(self) -> bool:
+        """Whether the phase's units go to whichever worker asks (orchestrator/work.py's shared plans: its
+        workers run independently, or an elastic run's over the PS), as the phase loop decides."""
+        from distrain.orchestrator.controller.collective_scaling import needs_blocks
+
+        return (self.impl.independent_workers or self.membership is not None) and not needs_blocks(self)
+
+    def _final_channel_states(self) -> None:
+        """Every member's codec state for the final checkpoint, where a segment did not ship it: no call
+        is in flight and nobody trains any more, so a member's state now is its state at the run's end.
+        A callback's stop moved the end after the segments ending there were sent (their workers could
+        not know to ship it), and a shared plan's members end their last segments at other steps."""
+        if not run_codec(self.phase_config or self.config):
+            return
+        for rank in self.channel_states.missing(self.steps_done, self.members()):
+            state = self.group.channel_state(rank, self.config.hang_timeout_s)
+            if state:
+                self.channel_states.add(rank, {"step": self.steps_done, "state": state})
 
     def _write_summary(self, status: Status, epochs_done: int, mitigation: bool = True) -> dict[str, Any]:
         summary = self._summary(status, epochs_done, mitigation)

@@ -67,6 +67,9 @@ class WorkerGroup(Protocol):
     def state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         """Worker `rank`'s state to checkpoint (a PS snapshot under the PS), now."""
 
+    def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
+        """Worker `rank`'s codec state now (orchestrator/channel_checkpoint.py; empty without a codec)."""
+
     def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> Any:
         """Make a call on worker `rank`; the handle `wait` and `result` take."""
 

@@ -216,6 +216,9 @@ class RayWorkerGroup:
     def state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         return self.result(self.workers[rank].state.remote(), rank, timeout)
 
+    def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
+        return self.result(self.workers[rank].channel_state.remote(), rank, timeout)
+
     def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> Any:
         worker = self.workers[rank]
         if kind == "segment":

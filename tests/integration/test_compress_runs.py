@@ -196,3 +196,28 @@ def test_a_checkpoint_without_codec_state_resumes_with_zero_residuals_and_says_s
     assert resumed.summary["status"] == "completed"
     said = [n for n in notices if "error-feedback" in n]
     assert len(said) == 1 and "starts at zero" in said[0] and "holds none" in said[0], notices
+
+
+def test_a_run_stopped_by_a_callback_resumes_from_its_final_checkpoint_with_every_rank_s_residuals(tmp_path):
+    """A callback's stop moves the end after the workers were sent the segments ending there, so none
+    of them shipped its residuals with them; the final checkpoint asks each worker for its own once all
+    are done. Resumed from it, the run ends bit-identical to the one taken straight through (without
+    the residuals the resumed ranks' first all-reduces would send other values)."""
+    from distrain.orchestrator.callbacks import Callback
+    from distrain.orchestrator.resume import resume_config
+
+    class StopEarly(Callback):
+        def on_rows(self, rows):
+            return True  # at the first rows back: the end moves to the last step handed out
+
+    kw = dict(compress="topk:0.05", segment_steps=4)
+    straight = run_training(cfg(tmp_path, "straight", **kw))
+    parts = run_training(cfg(tmp_path, "parts", **kw), callbacks=[StopEarly()])
+    assert parts.summary["status"] == "stopped"
+    final = load_checkpoint(parts.run_dir / "checkpoints" / "final.pt")
+    assert 0 < final["global_step"] < 24 and final["global_step"] % 4 == 0
+    assert set(final["channel"]["ranks"]) == {0, 1}
+    notices: list[str] = []
+    resumed = run_training(resume_config(parts.run_dir, {}), on_event=notices_into(notices), resume=True)
+    assert not [n for n in notices if "error-feedback" in n]  # restored: nothing to say
+    assert torch.equal(final_params(resumed.run_dir), final_params(straight.run_dir))

@@ -28,6 +28,7 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.orchestrator.chaos import ChaosMonkey
+from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
 from distrain.orchestrator.controller.group import PhaseSetup
 from distrain.orchestrator.recovery import RunLost
 from distrain.orchestrator.resume import steps_per_epoch
@@ -153,6 +154,12 @@ class DummyGroup:
         worker = self._alive(rank)
         return {"model": {"w": torch.tensor([worker.value])}, "optimizer": {"vectors": {}, "scalars": {}}}
 
+    def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
+        """As a segment ships it: the residual (rank, steps its worker applied)."""
+        worker = self._alive(rank)
+        self.log.append(("channel_state", rank))
+        return {"grads": {"residual": torch.tensor([rank, int(worker.value)])}} if self.config.compress else {}
+
     def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> int:
         handle = next(self.ids)
         self.calls[handle] = Call(kind, rank, payload, self.workers[rank])
@@ -226,10 +233,8 @@ class DummyGroup:
                 raise RunLost("shard", None, "a parameter-server shard died")
             worker.value += 1
             self._train(worker, (epoch, step, slice_), rows)
-        end, every = (rows["step"][-1] + 1 if rows["step"] else 0), self.config.checkpoint_steps
-        total = self.config.epochs * self.spe
-        total = min(total, self.config.max_steps) if self.config.max_steps else total
-        if self.config.compress and end and ((every and end % every == 0) or end == total):
+        end = rows["step"][-1] + 1 if rows["step"] else 0
+        if self.config.compress and CheckpointSchedule.of_run(self.config, self.spe).taken_after(end):
             # as TrainWorker ships its channel's state with a segment that ends at a checkpoint: the rank's own
             rows["channel_state"] = [{"step": end, "state": {"grads": {"residual": torch.tensor([worker.rank, end])}}}]
         return rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from distrain.orchestrator.channel_checkpoint import KEY, ChannelStates, restore
+from distrain.orchestrator.channel_checkpoint import KEY, SHARED, WHY, ChannelStates, restore
 
 
 def state(value: float) -> dict:
@@ -65,3 +65,17 @@ def test_under_a_static_plan_a_checkpoint_waits_for_every_member_s_segment_up_to
     states.reported_to(1, 8)
     states.reported_to(1, 4)  # an older segment's answer does not move it back
     assert states.complete(8, [0, 1]) and not states.complete(12, [0, 1])
+
+
+def test_a_checkpoint_that_could_hold_no_codec_state_says_why_in_the_notice():
+    per_rank, notice = restore({"model": {}, WHY: SHARED}, [0, 1], "topk:0.05")
+    assert per_rank == {} and "starts at zero" in notice and "at different steps" in notice
+    assert "\n" not in notice
+    per_rank, notice = restore({"model": {}, WHY: "a reason of a later version"}, [0, 1], "topk:0.05")
+    assert "holds none (an older version's" in notice  # a reason it does not know: the general line
+
+
+def test_missing_lists_the_members_whose_state_of_a_step_is_not_in():
+    states = ChannelStates()
+    states.add(1, {"step": 8, "state": state(1.0)})
+    assert states.missing(8, [0, 1, 2]) == [0, 2] and states.missing(4, [1]) == [1]

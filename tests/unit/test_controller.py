@@ -108,6 +108,44 @@ def test_a_restart_gives_each_rank_its_own_codec_state_of_the_restore_point(tmp_
     assert not [e for e in events if "error-feedback" in getattr(e, "text", "")]  # restored: nothing said
 
 
+def test_a_callback_stop_s_final_checkpoint_holds_every_rank_s_codec_state_at_the_stop(tmp_path):
+    """A callback's stop moves the run's end after the segments ending there were sent, so no worker
+    shipped its codec state with them: the final checkpoint asks each member for its state once every
+    call is done (the state at the stop's step: nobody trains any more) instead of going without."""
+    from distrain.orchestrator.callbacks import Callback, Callbacks
+
+    class StopEarly(Callback):
+        def on_rows(self, rows):
+            return True  # at the first rows back: the run ends at the last step handed out
+
+    cfg = config(tmp_path, compress="topk:0.05", checkpoint_steps=0, segment_steps=2)
+    group = DummyGroup(cfg)
+    plan = Plan(Path(cfg.run_dir), 1, None)
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    ctl = Controller(cfg, plan, RunState.create(cfg, plan), group, lambda event: None, Callbacks([StopEarly()]))
+    assert ctl.run().summary["status"] == "stopped"
+    saved = load_checkpoint(Path(cfg.run_dir) / "checkpoints" / "final.pt")
+    stop = saved["global_step"]
+    assert 0 < stop < STEPS and stop % 2 == 0  # the end moved to a segment's end
+    residuals = {r: s["grads"]["residual"].tolist() for r, s in saved["channel"]["ranks"].items()}
+    assert residuals == {0: [0, stop], 1: [1, stop]}  # each rank's own, taken at the stop
+
+
+def test_a_shared_plan_s_step_checkpoints_say_why_they_hold_no_codec_state_its_final_holds_all(tmp_path):
+    """Async under the PS hands units to whoever asks: no moment has every worker at a step checkpoint's
+    step, so it holds no codec state and says why (a resume from it words its notice by that); at the
+    end nobody trains any more, so the final checkpoint holds every worker's state as it is then."""
+    from distrain.orchestrator.channel_checkpoint import restore
+
+    cfg = config(tmp_path, strategy="async", transport="ps", compress="topk:0.05")
+    controller(cfg, DummyGroup(cfg))[0].run()
+    saved = load_checkpoint(Path(cfg.run_dir) / "checkpoints" / "step-00000008.pt")
+    assert "channel" not in saved and saved["channel_none"] == "shared"
+    assert "at different steps" in restore(saved, [0, 1], "topk:0.05")[1]
+    final = load_checkpoint(Path(cfg.run_dir) / "checkpoints" / "final.pt")
+    assert set(final["channel"]["ranks"]) == {0, 1} and "channel_none" not in final
+
+
 def test_without_a_codec_a_checkpoint_holds_no_codec_state(tmp_path):
     cfg = config(tmp_path)
     controller(cfg, DummyGroup(cfg))[0].run()
