@@ -6,20 +6,25 @@ the worker sides.
 
 Under the collective transport every member holds the whole state (θ, optimizer state, fp16 loss
 scale) and trains in lock-step, so a membership change means a new process group, and members change
-only at a boundary all of them share. So the phase loop runs such a phase in *blocks* (`needs_blocks`;
-`BlockLoop` in loop.py): the next `--segment-steps` rounds (local SGD: τ, the block ending in its
-average) are dealt to every member at once (orchestrator/rounds.py) and the loop waits for all of them.
-Between blocks is the step boundary every member shares, where the loop evaluates an epoch just
-completed and takes the checkpoints due (from one member: all are equal), and this policy
-- handles a draining node (preemption, `boundary`): at the next step boundary a checkpoint is written,
+only at a boundary all of them share. So such a phase's work comes in *blocks* (`needs_blocks`;
+orchestrator/block_dispatcher.py's `BlockDispatcher`, run by the controller's one loop, loop.py): the
+next `--segment-steps` rounds (local SGD: τ, the block ending in its average) are dealt to every member
+at once (orchestrator/rounds.py) and the next block goes out only once all of them are back. This policy
+has the same hooks from the loop as the parameter server's `ElasticScaling` (`begin`, `poll`,
+`situation`, `leave`, `drained`). At each block's end (`poll`, `_end_block`) it records the rows of the
+rounds that stand, lets the members lost in it leave through the loop's failure policy, re-forms, and
+the boundary's evaluation and checkpoints go out from one member (all are equal); once they are back,
+its turn at the boundary:
+- handles a draining node (preemption, `_preempted`): at the next step boundary a checkpoint is written,
   then the members on that node leave (cause "node draining"); their slots ask for room again elsewhere;
 - takes in joiners: a slot whose placement group got placed starts a worker as soon as it is seen
   (`WorkerGroup.start_joiner`); once the worker is built (its data loaded) it joins at the next boundary;
-- re-forms the group when anything changed (`settle`, `_reform`): a fresh rendezvous address hosted by
-  the new group's rank 0, every member leaves its old group and joins the new one, and the whole
-  replica state is broadcast from a member that trained on (`WorkerGroup.reform`, `TrainWorker.reform`);
-  nothing is read from disk. Each re-form is recorded (membership summary `reforms`): who, the source,
-  the parameters' digest on every member before and after, and the seconds it took.
+- re-forms the group when anything changed (`settle`, before the next block is dealt; `_reform`): a
+  fresh rendezvous address hosted by the new group's rank 0, every member leaves its old group and
+  joins the new one, and the whole replica state is broadcast from a member that trained on
+  (`WorkerGroup.reform`, `TrainWorker.reform`); nothing is read from disk. Each re-form is recorded
+  (membership summary `reforms`): who, the source, the parameters' digest on every member before and
+  after, and the seconds it took.
 
 `--chaos` works as in a fixed run: blocks stop at the next event's step (`WorkPlan.hold`), the fault
 is injected at that boundary, and the next block finds it as it would find a crash: a killed
@@ -35,8 +40,8 @@ survivor at that round (in the rare case where some survivors completed a round 
 the broadcast undoes it for them and their rows of it are dropped). The lost member's units in
 rounds that stand were applied, but their rows died with it: they are listed in its leave event
 (`units_without_row`) and never invented, as replacement.py does for BSP over the PS. Every loss goes
-through the failure policy (`lost`): a shrink, not a failure, while the membership stays >= MIN (its
-LEAVE); below MIN it ends the attempt (RunLost) and the controller restarts from the last checkpoint.
+through the failure policy (`lost`, the loop's `lose`): a shrink, not a failure, while the membership
+stays >= MIN (its LEAVE); below MIN it ends the attempt (RunLost) and the controller restarts from the last checkpoint.
 """
 
 from __future__ import annotations
