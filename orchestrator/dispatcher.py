@@ -101,6 +101,15 @@ class Dispatcher:
         """Steps whose checkpoint `state` calls are still queued."""
         return {payload[1] for kind, _, payload in self.pending.values() if kind == "state"}
 
+    def collect(self, rank: int, units: list[Unit], result: dict[str, Any]) -> bool:
+        """Whether a segment's result is held back (lock-step blocks: orchestrator/block_dispatcher.py);
+        here each is recorded as it comes."""
+        return False
+
+    def defer(self, lost: Any, rank: int | None) -> bool:
+        """Whether a loss waits for its block's end (lock-step blocks); here the loop decides at once."""
+        return False
+
     # ------------------------------------------------------------------ handing out work
     def feed(self, rank: int) -> None:
         """Queue segments on `rank` up to the depth, with the evaluations and checkpoints behind them."""

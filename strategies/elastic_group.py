@@ -2,12 +2,12 @@
 process group re-formed, from the members' in-memory state, whenever the membership changes. Their
 variants (`ElasticBSP`, `ElasticLocalSGD`, `ElasticDiLoCo`) sit beside the strategy each one runs.
 
-The driver (orchestrator/controller/loop.py's `BlockLoop`, its scaling policy in collective_scaling.py)
-deals each step's MAX slices out in *rounds*: one unit per member per round, so a round's update is the
-mean gradient of N' x B samples (N' the members now). The last round of an epoch may have fewer units
-than members: a member without one sits it out (a placeholder unit, slice -1) and adds a zero gradient
-of weight 0. So every round all-reduces one buffer [Σ g_i·w_i, Σ w_i, Σ lr_i·w_i] and divides by the
-count of real units.
+The driver (orchestrator/block_dispatcher.py's blocks in the controller's loop, its scaling policy in
+collective_scaling.py) deals each step's MAX slices out in *rounds*: one unit per member per round, so a
+round's update is the mean gradient of N' x B samples (N' the members now). The last round of an epoch
+may have fewer units than members: a member without one sits it out (a placeholder unit, slice -1) and
+adds a zero gradient of weight 0. So every round all-reduces one buffer [Σ g_i·w_i, Σ w_i, Σ lr_i·w_i] and
+divides by the count of real units.
 
 The learning rate follows the round's global batch: the schedule's rate (scaled for MAX x B, the
 run's configured global batch) times scale(count·B)/scale(MAX·B) under --lr-scaling (linear: count/MAX,

@@ -6,20 +6,25 @@ the worker sides.
 
 Under the collective transport every member holds the whole state (θ, optimizer state, fp16 loss
 scale) and trains in lock-step, so a membership change means a new process group, and members change
-only at a boundary all of them share. So the phase loop runs such a phase in *blocks* (`needs_blocks`;
-`BlockLoop` in loop.py): the next `--segment-steps` rounds (local SGD: τ, the block ending in its
-average) are dealt to every member at once (orchestrator/rounds.py) and the loop waits for all of them.
-Between blocks is the step boundary every member shares, where the loop evaluates an epoch just
-completed and takes the checkpoints due (from one member: all are equal), and this policy
-- handles a draining node (preemption, `boundary`): at the next step boundary a checkpoint is written,
+only at a boundary all of them share. So such a phase's work comes in *blocks* (`needs_blocks`;
+orchestrator/block_dispatcher.py's `BlockDispatcher`, run by the controller's one loop, loop.py): the
+next `--segment-steps` rounds (local SGD: τ, the block ending in its average) are dealt to every member
+at once (orchestrator/rounds.py) and the next block goes out only once all of them are back. This policy
+has the same hooks from the loop as the parameter server's `ElasticScaling` (`begin`, `poll`,
+`situation`, `leave`, `drained`). At each block's end (`poll`, `_end_block`) it records the rows of the
+rounds that stand, lets the members lost in it leave through the loop's failure policy, re-forms, and
+the boundary's evaluation and checkpoints go out from one member (all are equal); once they are back,
+its turn at the boundary:
+- handles a draining node (preemption, `_preempted`): at the next step boundary a checkpoint is written,
   then the members on that node leave (cause "node draining"); their slots ask for room again elsewhere;
 - takes in joiners: a slot whose placement group got placed starts a worker as soon as it is seen
   (`WorkerGroup.start_joiner`); once the worker is built (its data loaded) it joins at the next boundary;
-- re-forms the group when anything changed (`settle`, `_reform`): a fresh rendezvous address hosted by
-  the new group's rank 0, every member leaves its old group and joins the new one, and the whole
-  replica state is broadcast from a member that trained on (`WorkerGroup.reform`, `TrainWorker.reform`);
-  nothing is read from disk. Each re-form is recorded (membership summary `reforms`): who, the source,
-  the parameters' digest on every member before and after, and the seconds it took.
+- re-forms the group when anything changed (`settle`, before the next block is dealt; `_reform`): a
+  fresh rendezvous address hosted by the new group's rank 0, every member leaves its old group and
+  joins the new one, and the whole replica state is broadcast from a member that trained on
+  (`WorkerGroup.reform`, `TrainWorker.reform`); nothing is read from disk. Each re-form is recorded
+  (membership summary `reforms`): who, the source, the parameters' digest on every member before and
+  after, and the seconds it took.
 
 `--chaos` works as in a fixed run: blocks stop at the next event's step (`WorkPlan.hold`), the fault
 is injected at that boundary, and the next block finds it as it would find a crash: a killed
@@ -35,8 +40,8 @@ survivor at that round (in the rare case where some survivors completed a round 
 the broadcast undoes it for them and their rows of it are dropped). The lost member's units in
 rounds that stand were applied, but their rows died with it: they are listed in its leave event
 (`units_without_row`) and never invented, as replacement.py does for BSP over the PS. Every loss goes
-through the failure policy (`lost`): a shrink, not a failure, while the membership stays >= MIN (its
-LEAVE); below MIN it ends the attempt (RunLost) and the controller restarts from the last checkpoint.
+through the failure policy (`lost`, the loop's `lose`): a shrink, not a failure, while the membership
+stays >= MIN (its LEAVE); below MIN it ends the attempt (RunLost) and the controller restarts from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ from distrain.orchestrator.membership import JOIN, LEAVE, Membership, leave_caus
 from distrain.orchestrator.recovery import RunLost
 
 if TYPE_CHECKING:
+    from distrain.orchestrator.block_dispatcher import BlockDispatcher
     from distrain.orchestrator.controller.attempt import Attempt
-    from distrain.orchestrator.rounds import RoundPlan
+    from distrain.orchestrator.controller.loop import PhaseLoop
     from distrain.orchestrator.work import Unit
 
 
@@ -65,56 +71,120 @@ def needs_blocks(attempt: Attempt) -> bool:
 
 
 class CollectiveScaling:
-    def __init__(self, attempt: Attempt, plan: RoundPlan) -> None:
+    def __init__(self, attempt: Attempt, loop: PhaseLoop) -> None:
         assert attempt.membership is not None
         self.a = attempt
         self.group = attempt.group
         self.config = attempt.config
-        self.plan = plan
+        self.loop = loop  # its `lose` decides on a block's losses; its last loss and metrics go to the display
+        self.dispatch: BlockDispatcher = loop.dispatch  # type: ignore[assignment]
+        self.plan = self.dispatch.work
+        self.dispatch.before_deal = self.settle
         self.membership: Membership = attempt.membership
         self.members: list[int] = []  # the ranks of the current process group, in group-rank order
         self.source: int | None = None  # after a loss: the survivor whose state the others take
         self.joining: dict[int, Any] = {}  # rank -> the handle of its start-up (`WorkerGroup.start_joiner`)
         self.changes: list[dict[str, Any]] = []  # membership events since the last re-form
         self.drains: list[dict[str, Any]] = []  # draining nodes waiting for a step boundary
+        self.left: set[int] = set()  # members of the block just ended that left with it (`_end_block`)
 
     def begin(self) -> None:
         """The phase's first process group, of the members it starts with."""
         self._reform("start")
 
-    def boundary(self) -> None:
-        """At a block boundary: a draining node's checkpoint and leaves, joiners taken in (the group is
-        re-formed for them by `settle`, after the loop's --chaos strike)."""
+    def poll(self, stopping: bool = False) -> list[int]:
+        """The loop's turn for the policy: once the block out is whole, its books (`_end_block`); once
+        the boundary's evaluations and checkpoints are back too, the boundary: a draining node's
+        checkpoint and leaves, joiners taken in (the group is re-formed for them before the next block,
+        after the loop's --chaos strike). Joiners are timed from their admission by the re-form, so
+        nothing is returned. Blocks go on after a callback's stop (the step dealt last is finished)."""
+        dispatch = self.dispatch
+        if dispatch.block and not dispatch.back():
+            return []
+        if dispatch.block:
+            self._end_block()
+        if dispatch.pending or dispatch.turn_taken or self.plan.finished:
+            return []
         self._preempted()
         self._join()
+        dispatch.to_step_boundary = bool(self.drains)  # a draining node waits for a step boundary (its checkpoint)
+        dispatch.turn_taken = True
+        return []
 
     def settle(self) -> None:
         """Re-form the group if the membership changed since the last one (before anyone reads the model)."""
         if self.changes:
             self._reform("resize")
 
-    @property
-    def to_step_boundary(self) -> bool:
-        """A draining node waits for a step boundary (its checkpoint is taken there)."""
-        return bool(self.drains)
+    def fed(self, rank: int) -> None:
+        """A segment goes to `rank`: nothing to do (members change only at boundaries)."""
+
+    def drained(self) -> None:
+        """Nothing between results: a draining node's members leave at a boundary (`poll`)."""
+
+    # ------------------------------------------------------------------ a block's end
+    def _end_block(self) -> None:
+        """The block is whole: record the rows of the rounds that stand, the members lost in it leave
+        (through the loop's failure policy), the survivors agree again, then the boundary's
+        evaluations and checkpoints go out."""
+        a, loop = self.a, self.loop
+        end = self.dispatch.close()
+        for rows in end.rows.values():
+            if rows["step"]:
+                a.record_rows(rows)
+                loop.last_loss = rows["loss"][-1]
+        if end.redo:
+            self.membership.samples_redone += len(end.redo) * self.config.batch_size
+        if end.lost or end.redo:
+            self.lost(end.lost, end.redo, end.without_row, end.source)
+        self.settle()  # a member lost: the survivors agree again before anyone reads the model
+        a.steps_done = a.state.steps_done = self.plan.steps_done
+        a.progress(end.epoch, a.total_steps, loop.last_loss, loop.last_metrics)
+        self.dispatch.at_boundary(end.finished)
 
     # ------------------------------------------------------------------ losses
     def lost(
         self, lost: dict[int, RunLost], redo: list[Unit], without_row: dict[int, list[Unit]], source: int | None
     ) -> None:
-        """A block broke: members in `lost` are gone (each leaves while the failure policy says LEAVE;
-        below MIN the attempt ends: RunLost); `redo`: its abandoned rounds' units, back in the plan;
-        `without_row`: each lost member's units applied in rounds that stand; `source`: a survivor at
-        the round that stands, whose state the others take at the re-form."""
+        """A block broke: members in `lost` are gone; each leaves (its event recorded, whatever the
+        policy then says), and the loop's failure policy decides on the first: a leave while the run
+        keeps MIN, else the attempt ends (RunLost). `redo`: its abandoned rounds' units, back in the
+        plan; `without_row`: each lost member's units applied in rounds that stand; `source`: a
+        survivor at the round that stands, whose state the others take at the re-form."""
         self.source = source
         for i, (rank, gone) in enumerate(sorted(lost.items())):  # the abandoned rounds' units: on the first
             self._leave(rank, leave_cause(gone), gone, redo if i == 0 else [], without_row.get(rank, []))
         if lost:  # the policy decides on the first (a peer's failure names no rank: this call's)
             rank, gone = next(iter(lost.items()))
-            if not self._leaves(RunLost(gone.kind, rank, gone.detail), len(self.a.members()) + 1):
-                raise gone  # below MIN: a failure (restart from a checkpoint)
+            self.left = set(lost)
+            try:
+                self.loop.lose(gone if gone.target == rank else RunLost(gone.kind, rank, gone.detail), rank)
+            finally:
+                self.left = set()
         else:  # a broken group with everyone still here (a timeout): re-form all the same
             self.changes.append({"cause": "group broken"})
+
+    def situation(self, lost: RunLost) -> Situation:
+        """What the failure policy needs to know of the membership to decide on `lost`: the run's size
+        with it (a member of the block just ended has left already)."""
+        members = self.a.members()
+        gone = lost.target in self.left
+        return Situation(elastic_min=self.config.workers, members=len(members) + gone, member=True)
+
+    def leave(self, lost: RunLost) -> None:
+        """The failure policy's LEAVE for `lost`: a member of the block just ended left with it
+        (`lost`); one lost between blocks (its evaluation or checkpoint call) leaves now, its calls go to
+        another member. The group re-forms without it before the next block."""
+        rank = lost.target
+        assert rank is not None
+        if rank in self.left:
+            return
+        calls = self.dispatch.take(rank)
+        self.group.discard([handle for handle, _ in calls], min(10.0, self.config.collective_timeout_s))
+        self._leave(rank, leave_cause(lost), lost, [], [])
+        self.dispatch.members = [r for r in self.dispatch.members if r != rank]
+        for _, (kind, _, payload) in calls:
+            self.dispatch.call(kind, self.dispatch.members[0], payload)
 
     def _leaves(self, lost: RunLost, members: int) -> bool:
         """The failure policy's word on `lost` (`members`: the run's size with it): a leave, or a failure."""
@@ -217,6 +287,7 @@ class CollectiveScaling:
         if self.changes and "change" in self.changes[-1]:
             self.changes[-1]["setup_s"] = seconds  # the summary's reform_s adds these up
         self.members, self.source, self.changes = members, None, []
+        self.dispatch.members = list(members)
         a.machine.to(Stage.TRAINING)
 
     def _drop_dead(self) -> None:

@@ -38,8 +38,11 @@ class ElasticScaling:
         self.in_rounds = set(self.a.members())
         self.sync_members(entering=self.a.members())
 
-    def poll(self) -> list[int]:
-        """Between results: a draining node's checkpoint, joiners (returned), idle members out of the rounds."""
+    def poll(self, stopping: bool = False) -> list[int]:
+        """Between results: a draining node's checkpoint, joiners (returned), idle members out of the
+        rounds; nothing once a callback stopped the run (the plan ends at the step handed out last)."""
+        if stopping:
+            return []
         self._preempted()
         joined = self._join()
         self._leave_rounds_if_idle()

@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from distrain.orchestrator.callbacks import Callback, Callbacks
 from distrain.orchestrator.checkpoint import load_checkpoint
+from distrain.orchestrator.controller.events import Progress
+from distrain.orchestrator.controller.loop import PhaseLoop
 from distrain.orchestrator.controller.status import Stage
 from distrain.orchestrator.recovery import Failure
 from tests.unit.dummy_group import DummyGroup
@@ -141,3 +144,53 @@ def test_a_chaos_kill_is_found_by_the_next_block_and_the_member_leaves(tmp_path)
 
 def events_of(events: list, kind: type) -> list:
     return [e for e in events if isinstance(e, kind)]
+
+
+class StopAt(Callback):
+    """Asks the run to stop once a row of step `step` or later is in."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_rows(self, rows: dict) -> bool:
+        return max(rows["step"]) >= self.step
+
+
+def test_the_one_loop_runs_the_blocks_their_losses_a_chaos_hold_and_a_callback_stop(tmp_path, monkeypatch):
+    """Lock-step blocks are a work source of the same `PhaseLoop` as every other plan: the --chaos hold's
+    strike, the failure policy's decision on a member lost in a block and a callback's stop go through
+    that loop's own code."""
+    seen: dict[str, list] = {"loops": [], "lost": [], "strikes": []}
+    lose, go_on = PhaseLoop.lose, PhaseLoop.go_on
+
+    def spy_lose(self, lost, rank=None):
+        seen["lost"].append((lost.target, bool(self.dispatch.block)))
+        return lose(self, lost, rank)
+
+    def spy_go_on(self, rank):
+        seen["loops"].append(type(self.dispatch).__name__)
+        if self.dispatch.reached_hold():
+            seen["strikes"].append(self.a.steps_done)
+        return go_on(self, rank)
+
+    monkeypatch.setattr(PhaseLoop, "lose", spy_lose)
+    monkeypatch.setattr(PhaseLoop, "go_on", spy_go_on)
+    cfg = elastic_bsp(tmp_path, "1..3", chaos="kill-worker@6:2", max_steps=0, epochs=2)
+    group = DummyGroup(cfg, placed={0: 0, 1: 0, 2: 0})
+    ctl, events = controller(cfg, group)
+    ctl.hooks = Callbacks([StopAt(9)])
+    ctl.state.membership.drain_poll_s = 0
+    s = ctl.run().summary
+    assert set(seen["loops"]) == {"BlockDispatcher"}
+    assert seen["strikes"] == [6] and s["chaos"][0]["fired_step"] == 6  # struck by the loop at the hold
+    # The killed member is found by the next block; the loop's `lose` sets it aside until the block is
+    # whole, then decides on it (a leave: the run keeps MIN).
+    assert seen["lost"] == [(2, True), (2, False)]
+    assert changes(s)[3:] == [("leave", 2, "worker lost")] and s["failures"] == 0
+    # Stopped by the callback inside the first epoch: the step dealt last is finished, every
+    # unit before it has its one row, and the epoch cut short is evaluated at that step.
+    done = ctl.state.steps_done
+    assert s["status"] == "stopped" and 9 < done < group.spe
+    units = Counter({(step, r): 1 for step in range(done) for r in range(cfg.worker_slots)})
+    assert step_rows(cfg) == units
+    assert [(e.epoch, e.steps_done) for e in events_of(events, Progress) if e.evaluated] == [(0, done)]
