@@ -21,28 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from distrain.orchestrator.checkpoint import checkpoint_name, step_checkpoint_name
+from distrain.orchestrator.checkpoint_schedule import FINAL
 from distrain.orchestrator.dispatcher import Dispatcher, Submit, evaluates
 from distrain.orchestrator.recovery import RunLost
 from distrain.orchestrator.rounds import RoundPlan, real_units
 from distrain.orchestrator.work import Unit
-
-
-def checkpoints_due(
-    finished: list[int], step: int, total: int, steps_per_epoch: int, every_epochs: int, every_steps: int
-) -> list[tuple[str, int]]:
-    """The checkpoints (name, step) to take at a step boundary `step`, reached with the epochs `finished`:
-    an epoch checkpoint every `every_epochs` epochs ending here, a step checkpoint every `every_steps`
-    steps (none at the run's end: the final checkpoint is that)."""
-    spe = steps_per_epoch
-    due = [
-        (checkpoint_name(epoch + 1), (epoch + 1) * spe)
-        for epoch in finished
-        if every_epochs and (epoch + 1) % every_epochs == 0 and (epoch + 1) * spe <= total
-    ]
-    if every_steps and step % every_steps == 0 and step < total:
-        due.append((step_checkpoint_name(step), step))
-    return [(name, at) for name, at in due if at == step]
 
 
 @dataclass
@@ -81,6 +64,7 @@ class BlockDispatcher(Dispatcher):
         self.lost: dict[int, RunLost] = {}  # its members lost on the way
         self.turn_taken = False  # the scaling policy had its turn at this boundary: the next block may go
         self.to_step_boundary = False  # the next block ends at a step's end (a draining node's checkpoint)
+        self.checkpointed_at = -1  # the step whose checkpoints were queued last (each step's once)
         self.before_deal: Callable[[], None] = lambda: None  # the group re-formed if the membership changed
 
     # ------------------------------------------------------------------ a block's results
@@ -137,13 +121,14 @@ class BlockDispatcher(Dispatcher):
         first member (every member holds the same state; its calls run in order)."""
         plan, rank = self.work, self.members[0]
         self._evaluations(finished)
-        if not plan.aligned:  # mid-step (a member lost part of one): no checkpoint here
+        # Mid-step (a member lost part of one) nothing is due; a block that was abandoned whole moved no
+        # step, and the checkpoints of this step were queued at the boundary that reached it.
+        if not plan.aligned or plan.steps_done == self.checkpointed_at:
             return
-        spe, total = plan.steps_per_epoch, plan.total_steps
-        for name, step in checkpoints_due(
-            finished, plan.steps_done, total, spe, self.checkpoint_every, self.checkpoint_steps
-        ):
-            self.call("state", rank, (name, step))
+        self.checkpointed_at = plan.steps_done
+        for due in self.schedule.due_after(plan.steps_done):
+            if due.kind != FINAL:  # the controller takes the final one once every worker is done
+                self.call("state", rank, (due.name, due.step))
 
     # ------------------------------------------------------------------ dealing
     def feed(self, rank: int) -> None:

@@ -87,7 +87,11 @@ class Attempt:
         self.steps_per_epoch = 0  # known once the workers have loaded their data
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
         self.steps_done = self.start_step
-        self.saves: dict[int, tuple[str, dict[str, Any]]] = {}  # global step -> checkpoint waiting for its rows
+        # global step -> the checkpoints of it waiting for its rows (an epoch's and a step one may share a step)
+        self.saves: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        # Whether the phase's units go to whichever worker asks (orchestrator/work.py's shared plans: its
+        # workers run independently, or an elastic run's over the PS), as the phase loop set it up.
+        self.shared_plan = False
         self.channel_states = channel_checkpoint.ChannelStates()  # each rank's codec state, for its checkpoint
         self.pending: dict[Any, tuple[str, int, Any]] = {}  # calls in flight in the loop (handle -> what it is)
         self.phase_config: RunConfig | None = None  # the config of the phase running now (--schedule)
@@ -333,8 +337,8 @@ class Attempt:
                 return
             if not self.channel_states.complete(step, self.members()):  # a rank's residuals still to come
                 return
-            name, state = self.saves.pop(step)
-            self._save(name, state, epochs_before, step)
+            for name, state in self.saves.pop(step):
+                self._save(name, state, epochs_before, step)
 
     def save(self, name: str, state: dict[str, Any], epochs_done: int, steps_done: int, progress: bool = True) -> None:
         """Write a checkpoint: parameters, optimizer state and small metadata. The metrics rows go to
@@ -347,7 +351,7 @@ class Attempt:
         channel = self.channel_states.take(steps_done, self.members(), codec)
         if channel is not None:  # every rank's residuals at this step (see orchestrator/channel_checkpoint.py)
             state = state | {channel_checkpoint.KEY: channel}
-        elif codec and self._shared_plan():  # none can be of this step: a resume says why
+        elif codec and self.shared_plan:  # none can be of this step: a resume says why
             state = state | {channel_checkpoint.WHY: channel_checkpoint.SHARED}
         with self.machine.during(Stage.CHECKPOINTING):
             now = self.now()
@@ -389,13 +393,6 @@ class Attempt:
         else:
             self.sink.write(self.run_dir / "metrics.parquet")
         return self._write_summary(status, epochs_done)
-
-    def _shared_plan(self) -> bool:
-        """Whether the phase's units go to whichever worker asks (orchestrator/work.py's shared plans: its
-        workers run independently, or an elastic run's over the PS), as the phase loop decides."""
-        from distrain.orchestrator.controller.collective_scaling import needs_blocks
-
-        return (self.impl.independent_workers or self.membership is not None) and not needs_blocks(self)
 
     def _final_channel_states(self) -> None:
         """Every member's codec state for the final checkpoint, where a segment did not ship it: no call

@@ -62,7 +62,9 @@ class PhaseLoop:
         books["checkpoint_steps"] = every
         self.scaling: ElasticScaling | CollectiveScaling | None = None
         self.hang_limit = config.hang_timeout_s  # seconds a worker with calls queued may stay silent
-        if needs_blocks(attempt):  # lock-step blocks, the group re-formed between them
+        blocks = needs_blocks(attempt)
+        attempt.shared_plan = shared and not blocks  # a block's members all stop at its checkpoints' steps
+        if blocks:  # lock-step blocks, the group re-formed between them
             self.work: WorkPlan = RoundPlan(total, spe, config.worker_slots, start_step, every)
             rounds = attempt.impl.block_rounds(config)  # BSP: --segment-steps; local SGD: τ (ends in its average)
             self.dispatch: Dispatcher = BlockDispatcher(self.work, self._submit, rounds, **books)
@@ -233,5 +235,5 @@ class PhaseLoop:
                 self.last_metrics = a.record_eval(payload, self.eval_parts.pop(payload), evaluated, self.last_loss)
         else:  # "state": a periodic checkpoint, taken in the worker's queue right after its step
             name, step = payload
-            a.saves[step] = (name, result)
+            a.saves.setdefault(step, []).append((name, result))
             self.go_on(rank)  # a --chaos fault at this step waited for its checkpoint

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from distrain.orchestrator.block_dispatcher import BlockDispatcher, checkpoints_due
+from distrain.orchestrator.block_dispatcher import BlockDispatcher
 from distrain.orchestrator.recovery import RunLost
 from distrain.orchestrator.rounds import PLACEHOLDER, RoundPlan
 
@@ -108,17 +108,34 @@ def test_the_boundary_evaluates_the_epoch_and_checkpoints_on_the_first_member_on
     answer(d)
     end = d.close()
     d.at_boundary(end.finished)
-    assert calls.made[2:] == [("eval", 1, 0), ("state", 1, ("epoch-0001.pt", 2)), ("state", 1, ("step-00000002.pt", 2))]
+    assert calls.made[2:] == [("eval", 1, 0), ("state", 1, ("step-00000002.pt", 2)), ("state", 1, ("epoch-0001.pt", 2))]
     assert d.checkpoints_outstanding() == {2} and d.evals_outstanding() == {0}
 
 
-def test_checkpoints_due_at_a_step_boundary():
-    # epoch checkpoints every 2 epochs of 4 steps, step checkpoints every 4 steps; none at the run's end
-    assert checkpoints_due([1], 8, 12, 4, 2, 4) == [("epoch-0002.pt", 8), ("step-00000008.pt", 8)]
-    assert checkpoints_due([0], 4, 12, 4, 2, 4) == [("step-00000004.pt", 4)]
-    assert checkpoints_due([], 6, 12, 4, 2, 4) == []
-    assert checkpoints_due([2], 12, 12, 4, 1, 4) == [("epoch-0003.pt", 12)]  # the epoch's, not a step one
-    assert checkpoints_due([1], 9, 12, 4, 1, 0) == []  # the epoch ended before this boundary
+def test_the_boundary_queues_the_schedules_checkpoints_once_per_step_and_never_the_final_one():
+    # 4 steps of 2 slots, every step checkpointed; epochs of 2 steps, each checkpointed
+    d, calls = dispatcher(total=4, spe=2, slots=2, rounds=1, checkpoint_every=1, checkpoint_steps=1)
+    d.turn_taken = True
+    d.feed_all()
+    answer(d)
+    d.at_boundary(d.close().finished)  # step 1: its step checkpoint
+    assert [c for c in calls.made if c[0] == "state"] == [("state", 0, ("step-00000001.pt", 1))]
+    d.at_boundary([])  # the same step again (a block abandoned whole moves none): nothing more
+    assert len([c for c in calls.made if c[0] == "state"]) == 1
+    for handle in [h for h, c in d.pending.items() if c[0] == "state"]:
+        d.done(handle)
+    for _ in range(3):  # steps 2, 3 and 4 (the run's end: its epoch checkpoint, the final one is the controller's)
+        d.turn_taken = True
+        d.feed_all()
+        answer(d)
+        d.at_boundary(d.close().finished)
+        for handle in [h for h, c in d.pending.items() if c[0] != "segment"]:
+            d.done(handle)
+    states = [payload for kind, _, payload in calls.made if kind == "state"]
+    assert states == [
+        ("step-00000001.pt", 1), ("step-00000002.pt", 2), ("epoch-0001.pt", 2), ("step-00000003.pt", 3),
+        ("epoch-0002.pt", 4),
+    ]  # fmt: skip
 
 
 def test_the_chaos_hold_is_reached_only_at_a_boundary_after_the_policys_turn():

@@ -283,3 +283,14 @@ def test_a_resumed_run_goes_on_from_its_checkpoint_with_its_rows(tmp_path):
     assert every_unit_once(cfg)  # the rows before it read back, the rest trained now
     assert final_weight(cfg) == STEPS
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.tensor([float(start)]))
+
+
+def test_an_epoch_and_a_step_checkpoint_of_the_same_step_are_both_written(tmp_path):
+    # Epochs of 2 steps (2 x 256 of the digits' training set), an epoch checkpoint each and a step one
+    # every 2 steps: steps 2, 4, ... get both. Their states come back while the epoch's evaluation is
+    # still out, so both wait; neither may take the other's place.
+    cfg = config(tmp_path, batch_size=256, max_steps=6, checkpoint_every=1, checkpoint_steps=2, eval_every=1)
+    ctl, _ = controller(cfg, DummyGroup(cfg))
+    assert ctl.run().summary["status"] == "completed"
+    names = {p.name for p in (Path(cfg.run_dir) / "checkpoints").iterdir()}
+    assert {"epoch-0001.pt", "step-00000002.pt", "epoch-0002.pt", "step-00000004.pt", "final.pt"} <= names

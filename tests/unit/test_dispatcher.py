@@ -145,10 +145,10 @@ def test_checkpoints_are_written_in_step_order_whatever_order_their_states_come_
         dispatch.call("state", 0, (f"step-{step}.pt", step))
     assert dispatch.checkpoints_outstanding() == {4, 6}
     dispatch.done(1)  # step 6's state is in first
-    driver.saves[6] = ("step-6.pt", {})
+    driver.saves[6] = [("step-6.pt", {})]
     _Driver._save_complete(driver, set(), dispatch.checkpoints_outstanding())
     assert written == []  # not before step 4's
     dispatch.done(0)
-    driver.saves[4] = ("step-4.pt", {})
+    driver.saves[4] = [("step-4.pt", {})]
     _Driver._save_complete(driver, set(), dispatch.checkpoints_outstanding())
     assert written == [4, 6]
