@@ -39,13 +39,18 @@ def test_h1_with_plain_inner_and_outer_sgd_equals_bsp(tmp_path):
     assert one.summary["outer_steps"] == 30
 
 
-def test_plain_outer_sgd_is_parameter_averaging_and_nesterov_changes_it(tmp_path):
+@pytest.fixture(scope="module")
+def paper(tmp_path_factory):
+    """H = 4 with DiLoCo's outer Nesterov (momentum 0.9, lr 0.7), 30 steps straight through: two tests read it."""
+    return run_training(cfg(tmp_path_factory.mktemp("paper"), "paper", strategy="diloco", sync_every=4))
+
+
+def test_plain_outer_sgd_is_parameter_averaging_and_nesterov_changes_it(tmp_path, paper):
     local = run_training(cfg(tmp_path, "local", strategy="local-sgd", tau=4))  # plain SGD: θ only
     plain = run_training(cfg(tmp_path, "plain", strategy="diloco", sync_every=4, **PLAIN_OUTER))
     diff = (final_params(plain.run_dir) - final_params(local.run_dir)).abs()
     assert diff.max().item() <= 2e-5 and diff.mean().item() <= 5e-7
 
-    paper = run_training(cfg(tmp_path, "paper", strategy="diloco", sync_every=4))  # outer Nesterov 0.9, lr 0.7
     assert (final_params(paper.run_dir) - final_params(plain.run_dir)).abs().mean().item() > 1e-3
     rows = steps_of(paper.run_dir)
     # An outer step every 4 inner steps, and one more to close each epoch (and the run).
@@ -63,23 +68,31 @@ def test_plain_outer_sgd_is_parameter_averaging_and_nesterov_changes_it(tmp_path
     assert saved["state"]["outer_optimizer"]["vectors"]["momentum_buffer"].abs().sum() > 0
 
 
-def test_outer_steps_close_periods_at_step_checkpoints(tmp_path):
-    run = run_training(cfg(tmp_path, "ckpt", strategy="diloco", sync_every=4, checkpoint_steps=6, max_steps=12))
+CKPT6 = dict(strategy="diloco", sync_every=4, checkpoint_steps=6, max_steps=12)
+
+
+@pytest.fixture(scope="module")
+def ckpt6(tmp_path_factory):
+    """H = 4 with a step checkpoint every 6 steps, 12 steps, uninterrupted: two tests read it."""
+    return run_training(cfg(tmp_path_factory.mktemp("ckpt6"), "ckpt", **CKPT6))
+
+
+def test_outer_steps_close_periods_at_step_checkpoints(ckpt6):
+    run = ckpt6
     rows = steps_of(run.run_dir)
     synced = sorted(set(rows.loc[rows["bytes_sent"] > 0, "step"]))
     assert synced == [3, 5, 9, 11]  # every 4 inner steps, and before the checkpoints after steps 5 and 11
 
 
-def test_resume_continues_exactly_with_the_outer_optimizer_state(tmp_path):
-    """Inner plain SGD (stateless), outer Nesterov momentum: a run resumed from its epoch-2 checkpoint
-    ends where the same run taken straight through ends, because the checkpoint carries θ_g, the outer
-    momentum and the outer step count."""
+def test_resume_continues_exactly_with_the_outer_optimizer_state(tmp_path, paper):
+    """Inner plain SGD (stateless), outer Nesterov momentum: a run stopped at step 16 (a period's end:
+    4 outer steps have built the momentum) and resumed to step 30 ends where the same run taken straight
+    through ends, because the checkpoint carries θ_g, the outer momentum and the outer step count."""
     from distrain.orchestrator.resume import resume_config
 
-    kw = dict(strategy="diloco", sync_every=4, max_steps=0, checkpoint_every=1)
-    straight = run_training(cfg(tmp_path, "straight", epochs=3, **kw))
-    run_training(cfg(tmp_path, "parts", epochs=2, **kw))
-    resumed = run_training(resume_config(tmp_path / "parts", {"epochs": 3}), resume=True)
+    straight = paper
+    run_training(cfg(tmp_path, "parts", strategy="diloco", sync_every=4, max_steps=16))
+    resumed = run_training(resume_config(tmp_path / "parts", {"max_steps": 30}), resume=True)
     assert (final_params(resumed.run_dir) - final_params(straight.run_dir)).abs().max().item() <= 1e-6
     assert resumed.summary["outer_steps"] == straight.summary["outer_steps"]
 
@@ -116,15 +129,16 @@ def test_schedules_hand_over_to_and_from_diloco(tmp_path):
     assert out.summary["status"] == "completed"
 
 
-def test_a_worker_lost_mid_round_discards_the_round_and_ends_equal_to_the_uninterrupted_run(tmp_path):
+def test_a_worker_lost_mid_round_discards_the_round_and_ends_equal_to_the_uninterrupted_run(tmp_path, ckpt6):
     """torchft's choice: a round a worker dies in is discarded and every replica goes back to the last
     synchronised θ_g. Here that is the latest step checkpoint, which closes a period (an outer step), so
-    with a stateless inner optimizer the recovered run ends exactly where the uninterrupted one does."""
-    kw = dict(strategy="diloco", sync_every=4, checkpoint_steps=8, max_steps=24)
-    clean = run_training(cfg(tmp_path, "clean", **kw))
-    hit = run_training(cfg(tmp_path, "hit", chaos=("kill-worker@10:1",), **kw))
+    with a stateless inner optimizer the recovered run ends exactly where the uninterrupted one does
+    (the kill after step 8 lands in the round of steps 6-9; periods count from the step-6 checkpoint in
+    both runs: outer steps after steps 9 and 11)."""
+    clean = ckpt6
+    hit = run_training(cfg(tmp_path, "hit", chaos=("kill-worker@8:1",), **CKPT6))
     (event,) = hit.summary["failure_events"]
-    assert hit.summary["status"] == "completed" and (event["action"], event["restored_step"]) == ("restarted", 8), event
+    assert hit.summary["status"] == "completed" and (event["action"], event["restored_step"]) == ("restarted", 6), event
     assert (final_params(hit.run_dir) - final_params(clean.run_dir)).abs().max().item() <= 1e-6
     assert hit.summary["outer_steps"] == clean.summary["outer_steps"]
 
@@ -144,7 +158,6 @@ def test_fragments_sync_in_turn_and_overlap_with_inner_steps(tmp_path):
     carries its own part of θ, so a period moves what DiLoCo's one round moves. With τ = 1 each arrives
     one inner step after it left and is mixed in at α = 0.5; the run still trains."""
     kw = dict(strategy="diloco", sync_every=4, max_steps=0, epochs=2)
-    whole = run_training(cfg(tmp_path, "whole", **kw))
     stream = run_training(cfg(tmp_path, "stream", fragments=2, overlap_steps=1, mix_alpha=0.5, **kw))
     rows = steps_of(stream.run_dir)
     first = rows[(rows["worker"] == 0) & (rows["epoch"] == 0)].sort_values("step")
@@ -157,6 +170,6 @@ def test_fragments_sync_in_turn_and_overlap_with_inner_steps(tmp_path):
     frag1 = {sent[t - 1] for t in range(2, spe, 4)}
     frag0 = {sent[t - 1] for t in range(4, spe, 4)}
     assert len(frag0) == len(frag1) == 1 and frag0 != frag1  # each fragment has its own size
-    n = final_params(whole.run_dir).numel()
+    n = final_params(stream.run_dir).numel()  # the model's parameter count (the same for every run of it)
     assert frag0.pop() + frag1.pop() == 4 * n  # together one DiLoCo round's bytes (ring, P = 2, float32)
     assert stream.summary["status"] == "completed" and stream.summary["final_test_loss"] < 1.0, stream.summary

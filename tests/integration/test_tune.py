@@ -122,7 +122,9 @@ def test_asha_stops_an_absurd_learning_rate_early(tmp_path, ray_cluster):
 def test_resume_restarts_an_interrupted_sweep(tmp_path):
     """Interrupt a sweep (Tune's Ctrl-C handling, via SIGUSR1) while its first trial runs, one trial
     at a time; --resume (Tuner.restore) restarts that trial in a new run directory, runs the trial
-    that never started, and rewrites the sweep's results."""
+    that never started, and rewrites the sweep's results. Two epochs a trial: the interrupt follows the
+    first trial's config.yaml within 0.05 s, while its workers still start (test_signals' sweep test
+    interrupts a one-epoch trial the same way)."""
     sweep = tmp_path / "sweep"
 
     def interrupt_once_a_trial_runs() -> None:
@@ -133,7 +135,7 @@ def test_resume_restarts_an_interrupted_sweep(tmp_path):
 
     threading.Thread(target=interrupt_once_a_trial_runs, daemon=True).start()
     first = runner.invoke(app, [
-        "tune", "--model", "mlp", "--batch-sizes", "16,32", "--epochs", "5", "--max-concurrent-trials", "1",
+        "tune", "--model", "mlp", "--batch-sizes", "16,32", "--epochs", "2", "--max-concurrent-trials", "1",
         "--sweep-dir", str(sweep),
     ])  # fmt: skip
     assert "Traceback" not in first.output, first.output
