@@ -77,7 +77,9 @@ SCRIPT = textwrap.dedent(
 
 
     if __name__ == "__main__":
-        mp.spawn(rank_main, args=(int(sys.argv[1]),), nprocs=2, join=True)
+        # Forked, not spawned: the ranks start with torch and distrain already imported here (a spawned
+        # rank imports them again, about twice this script's CPU); nothing has run a torch op before.
+        mp.start_processes(rank_main, args=(int(sys.argv[1]),), nprocs=2, join=True, start_method="fork")
         print("OK")
     """
 )
