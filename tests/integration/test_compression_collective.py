@@ -118,7 +118,9 @@ CODECS_SCRIPT = textwrap.dedent(
 
 
     if __name__ == "__main__":
-        mp.spawn(rank_main, args=(int(sys.argv[1]),), nprocs=2, join=True)
+        # Forked, not spawned: the ranks start with torch and distrain already imported (a spawned rank
+        # imports them again); nothing has run a torch op before.
+        mp.start_processes(rank_main, args=(int(sys.argv[1]),), nprocs=2, join=True, start_method="fork")
         print("OK")
     """
 )
@@ -203,7 +205,9 @@ HOOK_SCRIPT = textwrap.dedent(
 
 
     if __name__ == "__main__":
-        mp.spawn(rank_main, args=(int(sys.argv[1]),), nprocs=2, join=True)
+        # Forked, not spawned: the ranks start with torch and distrain already imported (a spawned rank
+        # imports them again); nothing has run a torch op before.
+        mp.start_processes(rank_main, args=(int(sys.argv[1]),), nprocs=2, join=True, start_method="fork")
         print("OK")
     """
 )
