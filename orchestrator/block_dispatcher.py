@@ -42,19 +42,9 @@ class BlockEnd:
 
 
 class BlockDispatcher(Dispatcher):
-    def __init__(
-        self,
-        plan: RoundPlan,
-        submit: Submit,
-        rounds: int,
-        *,
-        eval_every: int = 0,
-        checkpoint_every: int = 0,
-        checkpoint_steps: int = 0,
-    ) -> None:
-        super().__init__(
-            plan, submit, eval_every=eval_every, checkpoint_every=checkpoint_every, checkpoint_steps=checkpoint_steps
-        )
+    def __init__(self, plan: RoundPlan, submit: Submit, rounds: int, **books: int) -> None:
+        """`books`: the `Dispatcher`'s --eval-every, --checkpoint-every and --checkpoint-steps."""
+        super().__init__(plan, submit, **books)
         self.work: RoundPlan = plan
         self.rounds = rounds  # BSP: --segment-steps; local SGD: τ (a block ends in its average)
         self.elastic = True  # one member scores the whole test set and takes the checkpoints

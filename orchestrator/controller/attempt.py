@@ -18,6 +18,7 @@ from distrain.errors import ConfigError, RunFailed
 from distrain.orchestrator import auto_choice, channel_checkpoint, interrupts, outcome
 from distrain.orchestrator.callbacks import Callbacks, RunInfo
 from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint
+from distrain.orchestrator.checkpoint_schedule import run_steps
 from distrain.orchestrator.controller.events import (
     EventHandler,
     Notice,
@@ -170,9 +171,7 @@ class Attempt:
         info: list[dict[str, Any]] = []
         try:
             info = self._start()
-            total = self.config.epochs * self.steps_per_epoch
-            if self.config.max_steps:
-                total = min(total, self.config.max_steps)
+            total = run_steps(self.config.epochs, self.steps_per_epoch, self.config.max_steps)  # as the workers count
             if self.start_step >= total:
                 raise ConfigError(
                     f"the checkpoint is at step {self.start_step}, past this run's {total} steps; "

@@ -58,8 +58,7 @@ class PhaseLoop:
         every, spe = config.checkpoint_steps, attempt.steps_per_epoch
         attempt.channel_states.wait = run_codec(attempt.phase_config or config) is not None and not shared
         self.chaos = attempt.state.chaos
-        books = {"eval_every": config.eval_every, "checkpoint_every": config.checkpoint_every}
-        books["checkpoint_steps"] = every
+        books = dict(eval_every=config.eval_every, checkpoint_every=config.checkpoint_every, checkpoint_steps=every)
         self.scaling: ElasticScaling | CollectiveScaling | None = None
         self.hang_limit = config.hang_timeout_s  # seconds a worker with calls queued may stay silent
         blocks = needs_blocks(attempt)
