@@ -19,7 +19,7 @@ from typing import Any
 
 from distrain.config import RunConfig, known_option_fields
 from distrain.errors import ConfigError
-from distrain.plugins import is_lone_module
+from distrain.plugins import USER_MODULE_PREFIX, is_lone_module
 
 
 @dataclass
@@ -183,7 +183,7 @@ def importable_path(cls: type) -> str | None:
         return None
     # A package or a module in one is imported by name; a lone file (`from my_task import Regression`,
     # next to a notebook) by its path, so that `distrain run --resume` from another folder still finds it.
-    if module.__name__.startswith("distrain_user_") or is_lone_module(module):
+    if module.__name__.startswith(USER_MODULE_PREFIX) or is_lone_module(module):
         return f"{Path(module.__file__).resolve()}:{cls.__qualname__}"
     return f"{module.__name__}:{cls.__qualname__}"
 

@@ -45,6 +45,8 @@ def absolute_import_path(text: str, flag: str) -> str:
     return text
 
 
+# The modules a task file is imported as (one per file, `_module_from_file`).
+USER_MODULE_PREFIX = "distrain_user_"
 SHIPPED_CODE_ENV = "DISTRAIN_SHIPPED_CODE"  # JSON {driver folder: shipped package name}, set in the workers
 
 
@@ -82,9 +84,10 @@ def _module_from_file(path: Path, flag: str, text: str) -> Any:
     if not path.is_file():
         raise ConfigError(f"{flag} {text!r}: no file {str(path)!r}")
     # One module per file, under a stable name, so importing it twice in a process (fit() twice in a
-    # notebook, a worker that builds the task again) reuses it and classes stay identical.
+    # notebook, a worker that builds the task again) reuses it and classes stay identical. (A warm worker
+    # drops these modules before it builds the next run's task: orchestrator/worker.py, `rebuild`.)
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    module_name = f"distrain_user_{path.stem}_{digest}"
+    module_name = f"{USER_MODULE_PREFIX}{path.stem}_{digest}"
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)

@@ -137,7 +137,11 @@ class Data:
     data_dir: str = setting("", "Directory holding torchvision's MNIST/ or cifar-10-batches-py/ files.", "data")
     epochs: int = setting(12, "Passes over the training set.", "data")
     max_steps: int = setting(0, "Stop after this many global steps (0: no limit beyond --epochs).", "data")
-    seed: int = setting(0, "Seeds model init and data order; equal seeds give equal runs on one transport.", "data")
+    seed: int = setting(
+        0,
+        "Seeds model init, data order and the workers' RNGs (dropout); equal seeds give equal runs on one transport.",
+        "data",
+    )
 
 
 @dataclass(frozen=True)

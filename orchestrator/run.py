@@ -21,7 +21,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import RunFailed
-from distrain.orchestrator import auto_choice, cluster, interrupts, memory
+from distrain.orchestrator import auto_choice, cluster, interrupts, memory, warm_pool
 from distrain.orchestrator.callbacks import Callback, Callbacks
 from distrain.orchestrator.chaos import refuse_on_cluster, refuse_unreachable
 from distrain.orchestrator.controller.attempt import Attempt, record_no_space
@@ -130,7 +130,10 @@ def run_training(
             save_task_object(config, plan.run_dir)  # a task object handed to fit(), for --resume
         state = RunState.create(config, plan)
         started = True
-        group = RayWorkerGroup(config, placement, state.run_start, actors, lambda up, n: emit(WorkersStarting(up, n)))
+        warm = warm_pool.applies(config.uses_gpus, ray_ends_with_run=connection.started_here)
+        group = RayWorkerGroup(
+            config, placement, state.run_start, actors, lambda up, n: emit(WorkersStarting(up, n)), warm
+        )
         if config.elastic:  # --workers MIN..MAX: its books go on across attempts
             state.membership = Membership(config, placement)  # type: ignore[arg-type]
 

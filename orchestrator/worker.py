@@ -6,7 +6,9 @@ segment's metrics rows as columns, so it is off the per-step path and gathers me
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 import time
 from typing import Any
 
@@ -19,6 +21,7 @@ from distrain.errors import ResourceError
 from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
 from distrain.orchestrator.metrics import SCHEMA
 from distrain.orchestrator.tasks import build_task
+from distrain.plugins import USER_MODULE_PREFIX
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
 from distrain.strategies.collective import free_address
 from distrain.strategies.elastic_group import GroupBroken, param_digest
@@ -26,7 +29,7 @@ from distrain.strategies.pipeline import PipelineShape
 from distrain.strategies.step_columns import family_fields
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
-from distrain.trainers.models import seeded
+from distrain.trainers.models import seed_globals, seeded
 from distrain.trainers.schedule import LRSchedule
 from distrain.trainers.sharding import EpochSharder
 from distrain.trainers.task import BatchReader
@@ -42,6 +45,7 @@ class TrainWorker:
 
     def __init__(self, config: RunConfig, rank: int, run_start: float) -> None:
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
+        seed_globals(config.seed, rank)  # dropout, augmentation: the same --seed draws the same (per rank)
         self.config = config
         self.rank = rank
         self.world_size = config.num_worker_actors
@@ -359,3 +363,27 @@ class TrainWorker:
         if self.strategy is not None:
             self.strategy.teardown()
             self.strategy = None
+
+    # ------------------------------------------------------------------ a warm worker (orchestrator/warm_pool.py)
+    def retire(self) -> str:
+        """After a completed run: leave the transports, drop the replica (model, data, reader threads) and
+        keep only the process, warm, for the next run in this Ray session. Returns this actor's node id."""
+        self.shutdown()
+        for reader in ("train_reader", "test_reader"):
+            if hasattr(self, reader):
+                getattr(self, reader).close()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()  # a strategy that left one behind: not the next run's
+        self.__dict__.clear()
+        gc.collect()
+        return ray.get_runtime_context().get_node_id()
+
+    def rebuild(self, config: RunConfig, rank: int, run_start: float) -> None:
+        """A warm worker taken for a new run: built as a fresh actor would be (its global RNGs seeded by
+        `__init__`; a task file imported again, so an edited one is read as it is now)."""
+        for name in [m for m in sys.modules if m.startswith(USER_MODULE_PREFIX)]:
+            del sys.modules[name]
+        self.__init__(config, rank, run_start)  # type: ignore[misc]
+
+    def alive(self) -> bool:
+        return True

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -65,6 +67,16 @@ def seeded(build: Callable[[], nn.Module], seed: int) -> nn.Module:
         return build()
 
 
+def seed_globals(seed: int, rank: int) -> None:
+    """Seed torch's, NumPy's and Python's global RNGs for worker `rank` of a run with `seed`: what the
+    task draws from them (dropout masks, random augmentation) is the same in every run with that seed,
+    in a fresh process or a warm one, and differs between ranks. (torch seeds a new process at random.)"""
+    state = np.random.SeedSequence([seed, rank]).generate_state(2)
+    torch.manual_seed(int(state[0]))
+    np.random.seed(int(state[1]))
+    random.seed(int(state[0]) ^ int(state[1]))
+
+
 def build_model(name: str, info: DatasetInfo, seed: int) -> nn.Module:
     """Build `name` with its initial weights fixed by `seed` (same seed, same weights on every worker)."""
     builder = MODELS.get(name)
@@ -76,4 +88,3 @@ def parameter_sizes(name: str, info: DatasetInfo) -> list[int]:
     with torch.device("meta"):
         model = MODELS.get(name)(info)
     return [p.numel() for p in model.parameters() if p.requires_grad]
-

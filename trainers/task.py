@@ -234,6 +234,8 @@ class BatchReader:
 
     def close(self) -> None:
         self._ahead = None
+        if self._reader is not None:
+            self._reader.close()
 
 
 class _Reading:
@@ -269,9 +271,18 @@ class _Reader:
             self._thread.start()
         return reading
 
+    def close(self) -> None:
+        """End the thread once it has read what it was given (a warm worker outlives its readers)."""
+        if self._thread is not None:
+            self._jobs.put(None)  # type: ignore[arg-type]
+            self._thread = None
+
     def _loop(self) -> None:
         while True:
-            fn, arg, reading = self._jobs.get()
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, arg, reading = job
             try:
                 reading.value = fn(arg)
             except BaseException as exc:  # handed to the training thread, which raises it in result()

@@ -16,16 +16,17 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distrain.config import RunConfig
 from distrain.errors import DistrainError
-from distrain.orchestrator import cluster
+from distrain.orchestrator import cluster, warm_pool
 from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.orchestrator.controller.group import PhaseSetup
 from distrain.orchestrator.failure_policy import USER_CODE
 from distrain.orchestrator.recovery import RunLost, classify, discard, kill_all
 from distrain.orchestrator.worker import TrainWorker
-from distrain.plugins import is_lone_module
+from distrain.plugins import USER_MODULE_PREFIX, is_lone_module
 from distrain.strategies.driver_actor import PS_SHARDS, ActorSetup, DriverActor, checked, start_in_order
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
@@ -41,23 +42,39 @@ def get(refs: Any, timeout: float | None = None) -> Any:
         raise
 
 
-def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run_start: float) -> Any:
-    """A TrainWorker actor for `rank`, in its placement-group bundle."""
-    return (
-        ray.remote(TrainWorker)
-        .options(
-            num_cpus=config.cpus_per_worker,
-            num_gpus=config.gpus_per_worker,
-            scheduling_strategy=placement.worker(rank),
+def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run_start: float, warm: bool) -> Any:
+    """A TrainWorker actor for `rank`, in its placement-group bundle; or, for a run whose workers may be
+    kept warm (orchestrator/warm_pool.py), an idle one on the bundle's node, else a fresh one that asks
+    for no CPU and is pinned to that node (the bundle holds the CPU; the actor can outlive the group)."""
+    node = worker_node(placement, rank) if warm else None
+    if node is None:
+        return (
+            ray.remote(TrainWorker)
+            .options(
+                num_cpus=config.cpus_per_worker,
+                num_gpus=config.gpus_per_worker,
+                scheduling_strategy=placement.worker(rank),
+            )
+            .remote(config, rank, run_start)
         )
-        .remote(config, rank, run_start)
-    )
+    worker = warm_pool.take(node)
+    if worker is not None:
+        worker.rebuild.remote(config, rank, run_start)  # runs before any later call: an actor's calls keep their order
+        return worker
+    pinned = NodeAffinitySchedulingStrategy(node, soft=False)
+    return ray.remote(TrainWorker).options(num_cpus=0, scheduling_strategy=pinned).remote(config, rank, run_start)
+
+
+def worker_node(placement: cluster.Placement, rank: int) -> str | None:
+    """The node id of worker `rank`'s bundle (None: an elastic run's slot not placed)."""
+    node_of = getattr(placement, "node_of", None)  # an elastic run's ElasticPlacement: one group per slot
+    return node_of(rank) if node_of is not None else placement.worker_node(rank)
 
 
 def launch_actor(spec: DriverActor, setup: ActorSetup) -> Any:
     """A driver-side actor of `spec`'s class, with its Ray options (no placement: it holds no CPU by default)."""
     module = inspect.getmodule(spec.actor)
-    if module is not None and (module.__name__.startswith("distrain_user_") or is_lone_module(module)):
+    if module is not None and (module.__name__.startswith(USER_MODULE_PREFIX) or is_lone_module(module)):
         # A plugin file's class: its module exists under that name only in this process (plugins.py), so
         # the actor's process could not import it; the class travels by value instead.
         ray.cloudpickle.register_pickle_by_value(module)
@@ -84,8 +101,10 @@ class RayWorkerGroup:
         run_start: float,
         actors: list[Any],
         on_started: Callable[[int, int], None] = lambda started, total: None,
+        warm: bool = False,
     ) -> None:
         self.config = config
+        self.warm = warm  # workers kept warm after a completed run (orchestrator/warm_pool.py)
         self.placement = placement
         self.run_start = run_start
         self.actors = actors  # everything started, killed on the way out (run_training's list)
@@ -110,7 +129,7 @@ class RayWorkerGroup:
 
     def start(self, ranks: list[int]) -> None:
         for rank in ranks:
-            self.workers[rank] = start_worker(self.config, self.placement, rank, self.run_start)
+            self.workers[rank] = start_worker(self.config, self.placement, rank, self.run_start, self.warm)
             self.actors.append(self.workers[rank])
 
     def describe(self, ranks: list[int], timeout: float) -> list[dict[str, Any]]:
@@ -257,7 +276,7 @@ class RayWorkerGroup:
 
     # ------------------------------------------------------------------ a collective group re-formed (elastic)
     def start_joiner(self, rank: int) -> Any:
-        worker = start_worker(self.config, self.placement, rank, self.run_start)
+        worker = start_worker(self.config, self.placement, rank, self.run_start, self.warm)
         self.actors.append(worker)
         self.joining[rank] = worker
         return worker.describe.remote()
@@ -351,11 +370,18 @@ class RayWorkerGroup:
             return []
 
     def shutdown(self) -> None:
-        """Destroy process groups cleanly after a completed run (the actors are killed afterwards anyway)."""
+        """Destroy process groups cleanly after a completed run; a warm group's workers then go to the warm
+        pool, as many as it keeps (those the pool does not keep are killed on the way out, as always)."""
+        live = [w for w in self.workers if w is not None]
         try:
-            ray.get([w.shutdown.remote() for w in self.workers if w is not None], timeout=10)
+            if not self.warm:
+                ray.get([w.shutdown.remote() for w in live], timeout=10)
+                return
+            nodes = ray.get([w.retire.remote() for w in live], timeout=10)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
-            pass
+            return
+        for worker in warm_pool.keep(live, nodes):
+            self.actors.remove(worker)
 
     def kill_all(self) -> None:
         kill_all(self.actors)  # (the books stay until `restart`: a failed run's summary reads them)

@@ -1,0 +1,42 @@
+"""The warm pool's books (orchestrator/warm_pool.py), without Ray: how many it keeps, and that an
+earlier Ray session's handles are never handed out."""
+
+from __future__ import annotations
+
+import pytest
+
+from distrain.orchestrator import warm_pool
+
+
+@pytest.fixture
+def session(monkeypatch):
+    current = {"name": "one"}
+    monkeypatch.setattr(warm_pool, "_current_session", lambda: current["name"])
+    monkeypatch.setattr(warm_pool, "_idle", {})
+    return current
+
+
+def test_keeps_only_as_many_as_the_capacity(session, monkeypatch):
+    monkeypatch.setenv(warm_pool.WARM_ENV, "3")
+    assert warm_pool.keep(["a", "b"], ["n1", "n2"]) == ["a", "b"]
+    assert warm_pool.keep(["c", "d"], ["n1", "n1"]) == ["c"]  # room for one more
+    assert warm_pool._idle_here() == {"n1": ["a", "c"], "n2": ["b"]}
+
+
+def test_a_new_session_forgets_the_old_handles(session):
+    warm_pool.keep(["a"], ["n1"])
+    session["name"] = "two"  # ray.shutdown() and ray.init() again: those actors are gone
+    assert warm_pool._idle_here() == {}
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", 0), ("5", 5), ("-1", 0), ("many", warm_pool.DEFAULT_CAPACITY)])
+def test_capacity_from_the_environment(monkeypatch, value, expected):
+    monkeypatch.setenv(warm_pool.WARM_ENV, value)
+    assert warm_pool.capacity() == expected
+
+
+def test_applies_only_to_cpu_workers_on_a_ray_that_outlives_the_run(monkeypatch):
+    monkeypatch.delenv(warm_pool.WARM_ENV, raising=False)
+    assert warm_pool.applies(uses_gpus=False, ray_ends_with_run=False)
+    assert not warm_pool.applies(uses_gpus=True, ray_ends_with_run=False)
+    assert not warm_pool.applies(uses_gpus=False, ray_ends_with_run=True)
