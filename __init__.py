@@ -3,6 +3,7 @@
 The public API (imported lazily, so `distrain --help` starts without loading torch or Ray):
 
 - `distrain.fit(task=..., **options)` -> `distrain.FitResult`: train, the way `distrain run` does.
+- `distrain.load_model(run_dir_or_checkpoint)`, `FitResult.model()`: the task's model with a run's weights.
 - `distrain.Task`: subclass it to train your own model, data, loss and metrics.
 - `distrain.ClassificationTask`: the built-in task (a registered model on a registered data set).
 - `distrain.Callback`: hooks into a run (start, rows, evaluations, checkpoints, end) that may stop it.
@@ -43,6 +44,7 @@ __all__ = [
     "Task",
     "Traffic",
     "fit",
+    "load_model",
     "setting",
     "__version__",
 ]
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from distrain.errors import ConfigError, RunFailed
     from distrain.fields import setting
     from distrain.orchestrator.callbacks import Callback
+    from distrain.orchestrator.trained_model import load_model
     from distrain.strategies.base import CommStats, Strategy, StrategyOptions
     from distrain.strategies.channel import Channel, Traffic
     from distrain.strategies.driver_actor import ActorSetup, DriverActor
@@ -60,6 +63,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "fit": "distrain.api",
+    "load_model": "distrain.orchestrator.trained_model",  # a run's model back, with its weights
     "FitResult": "distrain.api",
     "Callback": "distrain.orchestrator.callbacks",
     "Task": "distrain.trainers.task",

@@ -38,6 +38,13 @@ class FitResult:
     def status(self) -> str:
         return str(self.summary.get("status"))
 
+    def model(self) -> Any:
+        """The task's model with the run's final weights (a stopped run's: its last checkpoint's), on the
+        CPU and in eval mode (`distrain.load_model(run_dir)`)."""
+        from distrain.orchestrator.trained_model import load_model
+
+        return load_model(self.run_dir)
+
 
 def fit(
     task: Any = None,

@@ -100,8 +100,9 @@ def save_task_object(config: RunConfig, run_dir: Path) -> None:
     atomic_write(run_dir / TASK_FILE, lambda tmp: Path(tmp).write_bytes(data))
 
 
-def load_task_object(config: RunConfig, run_dir: Path) -> None:
-    """`--resume` of a run whose task was a shipped object: attach the object its task.pkl holds."""
+def load_task_object(config: RunConfig, run_dir: Path, doing: str = "--resume") -> None:
+    """`--resume` (or `doing`: what the errors name) of a run whose task was a shipped object: attach the
+    object its task.pkl holds."""
     if not config.task.startswith(OBJECT_PREFIX):
         return
     import pickle
@@ -109,14 +110,14 @@ def load_task_object(config: RunConfig, run_dir: Path) -> None:
     name, path = config.task.removeprefix(OBJECT_PREFIX), run_dir / TASK_FILE
     if not path.is_file():
         raise ConfigError(
-            f"--resume {str(run_dir)!r}: the run's task was a {name} object handed to distrain.fit and {TASK_FILE}, "
+            f"{doing} {str(run_dir)!r}: the run's task was a {name} object handed to distrain.fit and {TASK_FILE}, "
             "which holds it, is missing; start a new run with --init-from its checkpoint"
         )
     try:
         task = pickle.loads(path.read_bytes())
     except Exception as e:  # e.g. a module the object's class lives in is not importable here
         raise ConfigError(
-            f"--resume {str(run_dir)!r}: cannot load the run's {name} task from {TASK_FILE} ({type(e).__name__}: {e}); "
+            f"{doing} {str(run_dir)!r}: cannot load the run's {name} task from {TASK_FILE} ({type(e).__name__}: {e}); "
             "resume where the run was started, with the modules it imported"
         ) from None
     attach_task_object(config, task)
