@@ -84,7 +84,7 @@ def fit(
     if resume is not None:
         if task is not None or config is not None:
             raise ConfigError("resume continues a run with its own task and config.yaml; drop task= and config=")
-        return train(prepare_resume(resume, options), handler, callbacks=callbacks)
+        return train(prepare_resume(resume, options), handler, callbacks=callbacks, keep_ray=True)
     if "task" in options:
         raise ConfigError("pass the task as fit(task=...), not as an option")
     task_path, task_args, task_object = _task_reference(task)
@@ -95,7 +95,7 @@ def fit(
         overrides["task_args"] = task_args
     say = _print_line if progress and on_event is None else _quiet
     run = prepare(str(config) if config else None, overrides, say=say, task_object=task_object)
-    return train(run, handler, callbacks=callbacks)
+    return train(run, handler, callbacks=callbacks, keep_ray=True)
 
 
 @dataclass(frozen=True)
@@ -144,13 +144,20 @@ def prepare_resume(run_dir: str | Path, overrides: dict[str, Any]) -> PreparedRu
 
 
 def train(
-    run: PreparedRun, on_event: Callable[[Any], None] | None = None, *, callbacks: list[Any] | None = None
+    run: PreparedRun,
+    on_event: Callable[[Any], None] | None = None,
+    *,
+    callbacks: list[Any] | None = None,
+    keep_ray: bool = False,
 ) -> FitResult:
     """Train a prepared run; `on_event` gets its events, `callbacks` its hooks. `fit` and `distrain run`
-    both end here (Ray loads only from here on)."""
+    both end here (Ray loads only from here on). `keep_ray` (fit): a local Ray this run starts stays up
+    for the next run in the process, until it exits; `distrain run` stops the Ray it started."""
     from distrain.orchestrator.run import run_training
 
-    result = run_training(run.config, on_event, resume=run.resume, callbacks=callbacks, auto=run.auto)
+    result = run_training(
+        run.config, on_event, resume=run.resume, callbacks=callbacks, auto=run.auto, keep_ray=keep_ray
+    )
     return FitResult(result.run_dir, result.summary)
 
 

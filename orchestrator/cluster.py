@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import logging
@@ -196,8 +197,33 @@ def start_local_ray(num_cpus: int) -> None:
         raise
 
 
-def connect(config: RunConfig) -> RayConnection:
-    """Reuse an initialised Ray, connect to `--address`, or start a local Ray sized for the run."""
+# The local Ray a `distrain.fit` started and keeps for the next fit in this process (as Ray Train's
+# `fit` leaves the Ray it started): (its session directory, the connection that stops it at exit).
+_kept: tuple[str, RayConnection] | None = None
+
+
+def _session_dir() -> str | None:
+    node = _local_node()
+    return node.get_session_dir_path() if node is not None else None
+
+
+def _stop_kept() -> None:
+    """Stop the kept Ray (at exit, or for a run it cannot serve), unless the user replaced it since."""
+    global _kept
+    kept, _kept = _kept, None
+    if kept is not None and ray.is_initialized() and _session_dir() == kept[0]:
+        kept[1].close()
+
+
+def connect(config: RunConfig, keep: bool = False) -> RayConnection:
+    """Reuse an initialised Ray, connect to `--address`, or start a local Ray sized for the run. With
+    `keep` (distrain.fit), a local Ray started here stays up for the next run in this process (its warm
+    workers with it: orchestrator/warm_pool.py) and stops at exit; a later run it is too small for, or
+    one for `--address`, stops it and starts over."""
+    global _kept
+    if _kept is not None and ray.is_initialized() and _session_dir() == _kept[0]:
+        if config.address or cpus_needed(config) > ray.cluster_resources().get("CPU", 0.0):
+            _stop_kept()
     if ray.is_initialized():
         if config.address:  # a dead --address is refused as a fresh process would refuse it
             address.reachable(config.address)
@@ -210,6 +236,14 @@ def connect(config: RunConfig) -> RayConnection:
         # with 2 cores (oversubscribed, as with torchrun), instead of waiting forever for resources.
         needed = int(-(-cpus_needed(config) // 1))
         start_local_ray(max(os.cpu_count() or 1, needed))
+        session = _session_dir()
+        if keep and session is not None:
+            # Registered after ray.init's own exit handler, so it runs first (atexit: last in, first out);
+            # a second registration of the same function is dropped first.
+            atexit.unregister(_stop_kept)
+            atexit.register(_stop_kept)
+            _kept = (session, RayConnection(started_here=True))
+            return RayConnection(started_here=False)  # not this run's to stop
     return RayConnection(started_here=True)
 
 

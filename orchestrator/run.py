@@ -94,9 +94,11 @@ def run_training(
     resume: bool = False,
     callbacks: list[Callback] | None = None,
     auto: dict[str, Any] | None = None,
+    keep_ray: bool = False,
 ) -> RunResult:
     """Run `config` to its end. `on_event` gets the display's events; `callbacks` (orchestrator/callbacks.py)
-    get the run's hooks and may stop it early (status "stopped")."""
+    get the run's hooks and may stop it early (status "stopped"). `keep_ray` (distrain.fit): a local Ray
+    started for the run stays up for the next one in this process (cluster.connect)."""
     emit = on_event or (lambda event: None)
     hooks = Callbacks(callbacks)
     if config.tensorboard:
@@ -113,7 +115,7 @@ def run_training(
     state: RunState | None = None
     try:
         emit(Preparing(_connecting(config), plan.run_dir))
-        connection = cluster.connect(config)
+        connection = cluster.connect(config, keep=keep_ray)
         cluster.check_resources(config)
         unused = cluster.unused_gpus(config)
         if unused:
