@@ -25,7 +25,7 @@ class Handed(Exception):
 
 @pytest.fixture
 def handed(monkeypatch):
-    def train(prepared, on_event=None, *, callbacks=None):
+    def train(prepared, on_event=None, *, callbacks=None, keep_ray=False):
         raise Handed(prepared)
 
     monkeypatch.setattr(api, "train", train)

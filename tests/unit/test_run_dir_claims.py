@@ -105,7 +105,7 @@ def test_release_removes_what_the_claim_created_and_nothing_else(tmp_path):
 def test_a_run_refused_after_the_claim_leaves_no_directory(tmp_path, monkeypatch):
     """A refusal once the directory is claimed (here: Ray cannot be reached) gives the claim back."""
 
-    def unreachable(config):
+    def unreachable(config, keep=False):
         raise DistrainError("cannot reach the Ray cluster")
 
     monkeypatch.setattr(cluster, "connect", unreachable)
