@@ -15,7 +15,7 @@ from typing import Any
 from distrain.errors import ConfigError
 
 # The help panels (and YAML sections) of `distrain run`, in the order --help shows them.
-SECTIONS = ("resources", "data", "optimizer", "strategy", "checkpointing", "faults", "stragglers", "output")
+SECTIONS = ("resources", "data", "optimizer", "strategy", "layout", "checkpointing", "faults", "stragglers", "output")
 
 
 def setting(

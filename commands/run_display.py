@@ -16,6 +16,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from distrain.commands import console as consoles
+from distrain.config.layout_section import grid_text, layout_of
 from distrain.orchestrator import interrupts
 from distrain.run_progress import Heartbeat, RunClock, clock_text, heartbeat_seconds
 
@@ -115,6 +116,10 @@ class RunDisplay:
         self.stage = "loading Ray and torch"
         return cfg
 
+    def _grid(self) -> str:
+        """The run's workers as its grid says them: "2 workers", "2 replicas x 2 shards"."""
+        return grid_text(layout_of(self.cfg.to_dict(), self.cfg.worker_slots))
+
     def _prepared(self) -> None:
         if self.preparing is not None:
             self.preparing.stop()
@@ -195,8 +200,8 @@ class RunDisplay:
         elif isinstance(event, RunStarted):
             self._prepared()
             self._say(
-                f"run dir {event.run_dir}  |  {short_strategy(self.cfg.strategy)} x {self.cfg.to_dict()['workers']} "
-                f"workers on {event.nodes} node(s)  |  {describe_task(self.cfg)} ({event.num_params:,} params)"
+                f"run dir {event.run_dir}  |  {short_strategy(self.cfg.strategy)} x {self._grid()} "
+                f"on {event.nodes} node(s)  |  {describe_task(self.cfg)} ({event.num_params:,} params)"
                 f"  |  {event.total_steps} steps"
             )
             self.started = event

@@ -13,6 +13,7 @@ from rich.text import Text
 from distrain.commands import console as consoles
 from distrain.commands.run_display import short_strategy
 from distrain.config import RunConfig
+from distrain.config.layout_section import grid_text
 from distrain.errors import DistrainError
 from distrain.units import size_text
 
@@ -35,13 +36,18 @@ def membership_row(summary: dict[str, Any]) -> tuple[str, str] | None:
     )
 
 
+def grid_of(summary: dict[str, Any]) -> str:
+    """The workers as summary.json's `layout` says them (a summary written before it: N workers)."""
+    return grid_text(summary.get("layout") or {"replicas": summary["workers"]})
+
+
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     table = Table(title=Text(f"distrain run {summary['run_id']}"), show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     rows = [] if summary.get("status") == "completed" else [("status", str(summary.get("status")))]
     rows += [
-        ("strategy", f"{short_strategy(summary['strategy'])} x {summary['workers']} workers"),
+        ("strategy", f"{short_strategy(summary['strategy'])} x {grid_of(summary)}"),
         (
             ("model / data", f"{summary['model']} / {summary['dataset']}")
             if summary.get("task") in (None, "classification")

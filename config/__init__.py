@@ -2,7 +2,8 @@
 (it imports nothing of it), above the strategies (whose `Options` it holds).
 
 - `sections.py`: the frozen section dataclasses, each field a documented `setting`, and fixed choices;
-  `strategy_section.py`: the strategy section (strategy, transport, link, codec, pipeline) and its checks
+  `strategy_section.py`: the strategy section (strategy, transport, link, codec, pipeline) and its checks;
+  `layout_section.py`: the layout section (--fsdp: a replica sharded over D workers) and its checks
 - `parsing.py`: values as flags and YAML write them (--workers MIN..MAX, --target, --chaos, ...), `overlay`
 - `strategy_options.py`: the strategies a run uses and their own options
 - `resolve.py`: flat values into the frozen sections (defaults that depend on other choices)
@@ -16,6 +17,7 @@ Everything callers import lives here under its old name (`from distrain.config i
 from __future__ import annotations
 
 # The checks register themselves on import (checks.py orders them by stage).
+from distrain.config import layout_section as _layout_section  # noqa: F401
 from distrain.config import section_checks as _section_checks  # noqa: F401
 from distrain.config import strategy_section as _strategy_section  # noqa: F401
 from distrain.config.checks import config_check

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from distrain.config import strategy_section, yaml_io
+from distrain.config import layout_section, strategy_section, yaml_io
 from distrain.config.checks import run_checks
 from distrain.config.parsing import (
     ChaosEvent,
@@ -169,24 +169,35 @@ class RunConfig:
     def global_batch_size(self) -> int:
         """Samples whose gradients make one update (the learning rate is scaled for this). An elastic
         run's is the MAX's: under the strategies that take a range each update is one worker's B samples
-        whatever the membership, so the rate is the one the fixed run at MAX uses (README, elastic)."""
-        return self.worker_slots * self.batch_size
+        whatever the membership, so the rate is the one the fixed run at MAX uses (README, elastic). A
+        sharded replica (--fsdp D) is D data-parallel ranks: R x D x B."""
+        return self.worker_slots * layout_section.shards_per_replica(self) * self.batch_size
 
     @property
     def num_worker_actors(self) -> int:
         """Worker actors (ranks) the run has room for: --workers (an elastic run's MAX) plus any backup
         workers, times --pipeline-stages (each replica of the model is S actors, one per stage). Under a
         range the backups are among the MAX (a round applies members - b gradients)."""
-        return strategy_section.replicas_per_step(self) * strategy_section.stages(self)
+        return strategy_section.replicas_per_step(self) * self.replica_size
+
+    @property
+    def replica_size(self) -> int:
+        """Worker actors one replica of the model spans: --fsdp D x --pipeline-stages S (config/layout_section.py)."""
+        return layout_section.shards_per_replica(self) * strategy_section.stages(self)
 
     @property
     def pipelined(self) -> bool:
         return strategy_section.stages(self) > 1
 
     @property
+    def sharded(self) -> bool:
+        """--fsdp D > 1: each replica's parameters, gradients and optimizer state are cut D ways."""
+        return layout_section.shards_per_replica(self) > 1
+
+    @property
     def samples_per_step(self) -> int:
         """Samples handed out per step: with backup workers, b x B more than the update uses."""
-        return strategy_section.replicas_per_step(self) * self.batch_size
+        return strategy_section.replicas_per_step(self) * layout_section.shards_per_replica(self) * self.batch_size
 
     @property
     def straggler_delays(self) -> dict[int, float]:
@@ -194,7 +205,7 @@ class RunConfig:
 
     @property
     def chaos_events(self) -> list[ChaosEvent]:
-        return parse_chaos(self.chaos, self.worker_slots * strategy_section.stages(self), self.ps_shards)
+        return parse_chaos(self.chaos, self.worker_slots * self.replica_size, self.ps_shards)
 
     @property
     def uses_gpus(self) -> bool:

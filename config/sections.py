@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distrain.compression.spec import FLAG as CODEC_FLAG
+from distrain.config.layout_section import LayoutSection
 from distrain.config.strategy_section import StrategySection
 from distrain.fields import FieldInfo, fields_of, setting
 from distrain.trainers.builtin_names import DATASET_READS_FILES, MODEL_NAMES
@@ -92,7 +93,8 @@ class Resources:
     worker_memory: str = setting(
         "",
         "A worker's memory budget for its training state (parameters, gradients, optimizer state, activations), "
-        "e.g. 3GiB: a run whose largest worker would hold more is refused, naming the --pipeline-stages that fit.",
+        "e.g. 3GiB: a run whose largest worker would hold more is refused, naming the --pipeline-stages or "
+        "--fsdp that fit.",
         "resources",
         metavar="BYTES",
     )
@@ -289,6 +291,7 @@ SECTION_CLASSES: dict[str, type] = {
     "data": Data,
     "optimizer": Optimization,
     "strategy": StrategySection,
+    "layout": LayoutSection,
     "checkpointing": Checkpointing,
     "faults": Faults,
     "stragglers": Stragglers,

@@ -27,7 +27,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
 from distrain.orchestrator import address, code_shipping, interrupts, leftovers, memory, trial_resources
-from distrain.strategies.pipeline import PipelineShape
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -308,13 +307,14 @@ def reserve(config: RunConfig, timeout_s: float = 60.0) -> PlacementGroup:
 
 
 def reserve_replicas(config: RunConfig, timeout_s: float = 60.0) -> list[PlacementGroup]:
-    """A pipeline's placement: one group per replica, its S stages packed (STRICT_PACK where one node
-    can hold them, PACK otherwise), and the replicas spread: each replica's group is steered, softly
-    (`_soft_target_node_id`), to the node holding the fewest replicas so far that can hold S more
-    stages. Stages pass activations every micro-batch, so they belong together; replicas exchange a
-    stage's gradient once per step, so they can be apart, and apart they use more nodes' memory and
-    a node's loss takes fewer replicas with it. Ray places a group elsewhere when its target is busy."""
-    stages = PipelineShape.of(config).stages
+    """A grouped replica's placement (a pipeline's S stages, a sharded replica's D shards): one group per
+    replica, its workers packed (STRICT_PACK where one node can hold them, PACK otherwise), and the
+    replicas spread: each replica's group is steered, softly (`_soft_target_node_id`), to the node
+    holding the fewest replicas so far that can hold its workers. Stages pass activations every
+    micro-batch and shards gather every layer, so they belong together; replicas exchange gradients
+    once per step, so they can be apart, and apart they use more nodes' memory and a node's loss takes
+    fewer replicas with it. Ray places a group elsewhere when its target is busy."""
+    stages = config.replica_size  # a replica's actors: its stages x shards
     bundle = bundles(config)[0]
     nodes = {n["NodeID"]: dict(n["Resources"]) for n in ray.nodes() if n["Alive"]}
     groups = []
@@ -356,7 +356,7 @@ def _wait_ready(groups: list[PlacementGroup], config: RunConfig, timeout_s: floa
     except ray.exceptions.GetTimeoutError:
         for pg in groups:
             remove_placement_group(pg)
-        how = "a replica's stages packed" if config.pipelined else config.placement
+        how = "a replica's workers packed" if config.replica_size > 1 else config.placement
         raise ResourceError(
             f"could not place {config.num_worker_actors} workers ({how}) within {timeout_s:.0f}s; "
             "the cluster is busy or too small"
@@ -435,8 +435,8 @@ def place(config: RunConfig) -> Placement:
             raise
         return elastic  # type: ignore[return-value]  # the same interface (worker, shards, owned)
     if group is None:
-        if config.pipelined:
-            return Placement(reserve_replicas(config), 0, owned=True, per_group=PipelineShape.of(config).stages)
+        if config.replica_size > 1:  # a replica of S stages x D shards: one group, one node where it fits
+            return Placement(reserve_replicas(config), 0, owned=True, per_group=config.replica_size)
         return Placement([reserve(config)], 0, owned=True)
     wanted = trial_resources.trial_bundles(config)
     if [b.get("CPU", 0.0) for b in group.bundle_specs] != [b["CPU"] for b in wanted]:

@@ -39,6 +39,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from distrain.config.layout_section import can_shard, shards_hint, shards_per_replica, with_shards
 from distrain.errors import ResourceError
 
 # in_flight_fraction: the pipeline's own rule, still read here by callers of earlier versions
@@ -194,6 +195,35 @@ def stage_shares(config: RunConfig) -> list[tuple[int, int]]:
     return shares
 
 
+def _meta_model(config: RunConfig) -> Any:
+    """The run's model built on the meta device (shapes only), as its workers build it."""
+    import torch
+
+    if config.task:
+        from distrain.orchestrator.tasks import build_task
+
+        task = build_task(config)
+        try:
+            with torch.device("meta"):
+                return task.build_model()
+        except Exception:  # noqa: BLE001 - a model that needs real tensors to build (loads weights, say)
+            return task.build_model()
+    from distrain.trainers.models import MODELS
+
+    with torch.device("meta"):
+        return MODELS.get(config.model)(_dataset_info(config.dataset))
+
+
+def largest_fsdp_unit(config: RunConfig) -> int:
+    """Parameter values of the largest module `fully_shard` gathers at once (trainers/sharded_trainer.py)."""
+    from distrain.trainers.sharded_trainer import fsdp_units
+
+    model = _meta_model(config)
+    units = [sum(p.numel() for p in unit.parameters()) for unit in fsdp_units(model)]
+    own = sum(p.numel() for p in model.parameters(recurse=False))  # the root's own, gathered with it
+    return max([own, *units])
+
+
 def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
     """What the run's worker actors (and parameter-server shards) will hold, in bytes."""
     from distrain.orchestrator.trial_resources import num_shards
@@ -213,7 +243,10 @@ def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
         model_bytes, activation_bytes = max(held, key=sum)
     else:
         per_sample = activation_values(config.model, config.dataset) if builtin else 0
-        model_bytes = num_params * FLOAT_BYTES * copies
+        # --fsdp D: 1/D of every copy, plus the largest unit's parameters gathered whole while it runs.
+        model_bytes = -(-num_params // shards_per_replica(config)) * FLOAT_BYTES * copies
+        if config.sharded:
+            model_bytes += largest_fsdp_unit(config) * FLOAT_BYTES
         activation_bytes = ACTIVATION_FACTOR * config.batch_size * per_sample * FLOAT_BYTES
     shards = num_shards(config)
     # A shard holds θ, a gradient sum and the optimizer state for its slice.
@@ -267,17 +300,30 @@ def check_worker(config: RunConfig, est: MemoryEstimate) -> None:
     if est.training_state <= budget:
         return
     what = f"the largest of {est.stages} pipeline stages" if est.stages > 1 else "one worker"
+    if config.sharded:
+        what = f"each of a replica's {shards_per_replica(config)} shards"
     line = (
         f"{what} would hold ~{est.training_state / MiB:.1f} MiB ({est.model / MiB:.1f} MiB of parameters, "
         f"gradients and optimizer state, {est.activations / MiB:.1f} MiB of activations), over --worker-memory "
         f"{config.worker_memory} ({budget / MiB:.1f} MiB)"
     )
-    fits = fewest_stages(config, budget)
-    if fits:
-        line += "; " + stages_hint(fits)
+    stages = None if config.sharded else fewest_stages(config, budget)
+    shards = fewest_shards(config, budget) if can_shard(config) else None
+    ways = ([stages_hint(stages)] if stages else []) + ([shards_hint(shards)] if shards else [])
+    if ways:
+        line += "; " + " or ".join(ways)
     else:
         line += "; use a smaller --model or --batch-size, or a larger budget"
     raise ResourceError(line)
+
+
+def fewest_shards(config: RunConfig, budget: int, most: int = 64) -> int | None:
+    """The fewest --fsdp shards (more than the run's) whose worker fits `budget`, up to `most`; or None."""
+    num_params = sum(p.numel() for p in _meta_model(config).parameters() if p.requires_grad)
+    for shards in range(max(shards_per_replica(config) + 1, 2), most + 1):
+        if estimate(with_shards(config, shards), num_params).training_state <= budget:
+            return shards
+    return None
 
 
 def fewest_stages(config: RunConfig, budget: int) -> int | None:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distrain.config import LEGACY_MOMENTUM, RunConfig, format_workers, parse_workers
+from distrain.config.layout_section import GLOBAL_BATCH, LAYOUT_FIELDS, global_batch_of
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.checkpoint import LATEST, latest_checkpoint, load_checkpoint_for
 from distrain.orchestrator.checkpoint_schedule import run_steps
@@ -56,6 +57,36 @@ ADDED_COLUMNS = ("overflow",)
 IDENTITY = ("strategy", "transport", "model", "dataset", "workers", "batch_size", "seed", "optimizer")
 
 
+def relayout_allowed(config: RunConfig) -> bool:
+    """Whether a run so configured keeps its update at another layout (config/layout_section.py's
+    `LAYOUT_FIELDS`) with the same global batch R x D x B: BSP over the collective transport at a fixed
+    size, without a schedule or a codec (whose error feedback is per rank). Its steps then take the same
+    samples in the same order (trainers/sharding.py), and its checkpoints hold the whole model and
+    optimizer state, which any layout restores (a pipeline's stages and a sharded replica's shards are
+    gathered before a checkpoint is written)."""
+    return (
+        config.strategy == "bsp"
+        and config.transport == "collective"
+        and not config.elastic
+        and not config.schedule
+        and config.compress is None
+    )
+
+
+def check_relayout(recorded: dict[str, Any], config: RunConfig) -> None:
+    """A resume at another layout keeps the global batch (ConfigError otherwise, naming the flags)."""
+    changed = sorted(n for n in LAYOUT_FIELDS if n in recorded and not _same(n, recorded[n], config))
+    low, high = parse_workers(recorded["workers"])
+    before = global_batch_of(recorded, high or low)
+    if changed and before != config.global_batch_size:
+        flags = ", ".join("--" + n.replace("_", "-") for n in changed)
+        raise ConfigError(
+            f"--resume cannot change {flags} here: the global batch ({GLOBAL_BATCH}) would go "
+            f"from {before} to {config.global_batch_size}, and the data order with it; keep it at {before}, or "
+            "start a new run with --init-from its checkpoint"
+        )
+
+
 def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
     """The configuration of the run in `run_dir`, with the (resumable) flags in `overrides` applied."""
     path = Path(run_dir)
@@ -76,7 +107,10 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
     if given.get("init_from"):
         raise ConfigError("--resume continues from the run's own checkpoint; drop --init-from")
     recorded_values = recorded.to_dict()
+    relayout = relayout_allowed(recorded)
     for name, value in given.items():
+        if relayout and name in LAYOUT_FIELDS:
+            continue  # checked as a whole once the new config is built
         if name == "workers":  # ranges compare as ranges: "2..4" is the run's 2..4, "3" its 3
             if parse_workers(value) != (recorded.workers, recorded.max_workers):
                 has = format_workers(recorded.workers, recorded.max_workers)
@@ -102,8 +136,16 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> RunConfig:
                     f"--resume cannot change --{name.replace('_', '-')} of a run with --lr-decay cosine: the run's "
                     "length is the cosine's horizon, so the rate would jump; drop it"
                 )
-    values = recorded.to_dict() | {k: v for k, v in given.items() if k in RESUMABLE} | {"run_dir": str(path)}
+    kept = RESUMABLE | LAYOUT_FIELDS if relayout else RESUMABLE
+    values = recorded.to_dict() | {k: v for k, v in given.items() if k in kept} | {"run_dir": str(path)}
     config = RunConfig.from_mapping(values, str(recorded_file))
+    if relayout:
+        if config.elastic:
+            raise ConfigError(
+                f"--resume cannot change --workers to a range (the run has {recorded.workers}); drop it, or start "
+                "a new run with --init-from its checkpoint"
+            )
+        check_relayout(recorded_values, config)
     from distrain.orchestrator.tasks import load_task_object  # torch: only once the flags are checked
 
     load_task_object(config, path)  # a task object handed to distrain.fit: the very one, from task.pkl
@@ -143,7 +185,12 @@ def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[st
         raise ConfigError(no_checkpoint(Path(config.run_dir)))
     payload = load_checkpoint_for(path, config.model, num_params)
     recorded = payload.get("config") or {}
+    relayout = relayout_allowed(config) and "workers" in recorded and "batch_size" in recorded
+    if relayout:
+        check_relayout(recorded, config)
     for name in IDENTITY:
+        if relayout and name in LAYOUT_FIELDS:
+            continue
         if not _same(name, recorded.get(name), config):
             raise DistrainError(
                 f"checkpoint {str(path)!r} was written by another run ({name} {recorded.get(name)!r}, "
@@ -156,6 +203,8 @@ def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[st
     current = config.to_dict()
     for name in RunConfig.field_names():
         if name in RESUMABLE or name in ("run_dir", "init_from") or name not in recorded:
+            continue
+        if relayout and name in LAYOUT_FIELDS:
             continue
         if name not in current:  # an option of a strategy this run does not use (older files record them all)
             continue

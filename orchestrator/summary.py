@@ -10,6 +10,7 @@ import pandas as pd
 
 from distrain.compression.spec import codec_figures
 from distrain.config import Target, parse_workers
+from distrain.config.layout_section import global_batch_of, layout_of
 from distrain.orchestrator import outcome
 from distrain.orchestrator.throughput import SteadyState
 from distrain.strategies.step_columns import STEP_COLUMN_FAMILIES
@@ -68,7 +69,8 @@ def summarize(
         summary |= {"model": config["model"], "dataset": config["dataset"]}
     summary |= {
         "workers": config["workers"],  # N, or an elastic run's "MIN..MAX" (its membership: `elastic`)
-        "global_batch_size": slots * config["batch_size"],
+        "layout": layout_of(config, slots),
+        "global_batch_size": global_batch_of(config, slots),
         "epochs_completed": epochs_completed,
         "steps_completed": int(steps["step"].max()) + 1 if not steps.empty else 0,
         # final_test_loss, final_test_accuracy (classification), final_test_<name> for every task metric

@@ -31,6 +31,7 @@ from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
 from distrain.trainers.models import seed_globals, seeded
 from distrain.trainers.schedule import LRSchedule
+from distrain.trainers.sharded_trainer import ShardedTrainer
 from distrain.trainers.sharding import EpochSharder
 from distrain.trainers.task import BatchReader
 
@@ -90,7 +91,9 @@ class TrainWorker:
             self.stage_plan = plan_stages_for(model, self.task.split_points(), config)
             self.stage = self.rank % stages
             model = stage_module(model, self.stage_plan, self.stage)
-        self.trainer = LocalTrainer(
+        # A sharded replica's trainer keeps the whole model until its strategy's `setup` shards it.
+        trainer_class = ShardedTrainer if config.sharded else LocalTrainer
+        self.trainer = trainer_class(
             model,
             self.task,
             config.optimizer,

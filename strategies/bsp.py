@@ -128,6 +128,10 @@ class BSP(Strategy):
             from distrain.strategies.pipeline import PipelineBSP
 
             return PipelineBSP
+        if config.sharded:
+            from distrain.strategies.sharded_bsp import ShardedBSP
+
+            return ShardedBSP
         if config.transport != "ps":
             if config.elastic:  # --workers MIN..MAX: a group re-formed as members come and go
                 return ElasticBSP

@@ -241,6 +241,15 @@ class Channel:
         self._group()
         return dist.new_group(ranks)
 
+    def device_mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
+        """torch's DeviceMesh over every worker of the run (rank order, row-major over `shape`), for the
+        parallelism torch runs itself on the run's group (FSDP2: strategies/sharded_bsp.py)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self._group()
+        device = "cuda" if self.ctx.device.startswith("cuda") else "cpu"
+        return init_device_mesh(device, shape, mesh_dim_names=names)
+
     def all_reduce(
         self, name: str, tensor: torch.Tensor, op: str = "mean", exact_tail: int = 0, subgroup: Any = None
     ) -> Traffic:

@@ -139,18 +139,9 @@ class LocalTrainer:
         self.optimizer.step()
 
     # ------------------------------------------------------------------ evaluation
-    @torch.no_grad()
     def evaluate(self, batches: Iterable[Any]) -> dict[str, tuple[float, float]]:
         """(sum, count) of the task's loss and metrics over `batches` (see `trainers/task.py`)."""
-        self.model.eval()
-        totals: dict[str, tuple[float, float]] = {}
-        for batch in batches:
-            with autocast(self.precision, self.device):
-                scores = self.task.evaluate_batch(self.model, to_device(batch, self.device))
-            for name, (s, c) in scores.items():
-                before = totals.get(name, (0.0, 0.0))
-                totals[name] = (before[0] + s, before[1] + c)
-        return totals
+        return evaluate_model(self.model, self.task, batches, self.precision, self.device)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -179,3 +170,19 @@ class LocalTrainer:
 
     def load_flat_optimizer_state(self, flat: FlatOptimizerState) -> None:
         import_flat_state(self.optimizer, [self.flat_param], flat)
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module, task: Task, batches: Iterable[Any], precision: str, device: torch.device
+) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the task's loss and metrics of `model` over `batches` (see `trainers/task.py`)."""
+    model.eval()
+    totals: dict[str, tuple[float, float]] = {}
+    for batch in batches:
+        with autocast(precision, device):
+            scores = task.evaluate_batch(model, to_device(batch, device))
+        for name, (s, c) in scores.items():
+            before = totals.get(name, (0.0, 0.0))
+            totals[name] = (before[0] + s, before[1] + c)
+    return totals

@@ -185,8 +185,14 @@ def _is_vector(key: str, states: list[dict], params: list[nn.Parameter]) -> bool
     return all(torch.is_tensor(s[key]) and s[key].shape == p.shape for s, p in zip(states, params, strict=True))
 
 
-def export_flat_state(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> FlatOptimizerState:
+def export_flat_state(
+    optimizer: torch.optim.Optimizer, params: list[nn.Parameter], whole: Any = None
+) -> FlatOptimizerState:
+    """The optimizer's state over `params` in flat form. `whole` makes each state tensor whole first (a
+    sharded replica's: every shard's pieces gathered, trainers/sharded_trainer.py)."""
     states = [optimizer.state.get(p, {}) for p in params]
+    if whole is not None:
+        states = [{k: whole(v) if torch.is_tensor(v) else v for k, v in s.items()} for s in states]
     if not any(states):
         return FlatOptimizerState()
     vectors: dict[str, torch.Tensor] = {}
@@ -213,8 +219,12 @@ def _scalar_placement(optimizer: torch.optim.Optimizer, p: nn.Parameter) -> dict
     return {"dtype": dtype, "device": p.device if on_device else torch.device("cpu")}
 
 
-def import_flat_state(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], flat: FlatOptimizerState) -> None:
-    """Replace the optimizer's per-parameter state with `flat` (which must cover exactly `params`)."""
+def import_flat_state(
+    optimizer: torch.optim.Optimizer, params: list[nn.Parameter], flat: FlatOptimizerState, place: Any = None
+) -> None:
+    """Replace the optimizer's per-parameter state with `flat` (which must cover exactly `params`).
+    `place(whole, p)` makes parameter `p`'s state tensor from its whole value (a sharded replica keeps
+    its own shard, trainers/sharded_trainer.py); by default a copy on `p`'s device and dtype."""
     optimizer.state.clear()
     if not flat.vectors and not flat.scalars:
         return
@@ -227,7 +237,8 @@ def import_flat_state(optimizer: torch.optim.Optimizer, params: list[nn.Paramete
         n = p.numel()
         state: dict = {}
         for key, vec in flat.vectors.items():
-            state[key] = vec[offset : offset + n].view_as(p).to(device=p.device, dtype=p.dtype).clone()
+            whole = vec[offset : offset + n].view(p.shape)
+            state[key] = place(whole, p) if place is not None else whole.to(device=p.device, dtype=p.dtype).clone()
         for key, value in flat.scalars.items():
             state[key] = torch.tensor(value, **_scalar_placement(optimizer, p))
         optimizer.state[p] = state

@@ -76,7 +76,8 @@ def test_a_worker_memory_budget_refuses_one_worker_and_names_the_stages_that_fit
         memory.check_worker(one, memory.estimate(one, 4 * 4160))
     assert str(info.value) == (
         "one worker would hold ~0.3 MiB (0.3 MiB of parameters, gradients and optimizer state, 0.0 MiB of "
-        "activations), over --worker-memory 100KiB (0.1 MiB); --pipeline-stages 4 splits it so each stage fits"
+        "activations), over --worker-memory 100KiB (0.1 MiB); --pipeline-stages 4 splits it so each stage fits or "
+        "--fsdp 4 shards it so each worker fits"
     )
     four = RunConfig(**wide, pipeline_stages=4, microbatches=2)
     memory.check_worker(four, memory.estimate(four, 4 * 4160))  # 65 KiB a stage: accepted

@@ -1,0 +1,132 @@
+"""The layout section: how one replica of the model is spread over workers (the *inner* parallelism).
+
+A run is R replicas (`--workers R`, the outer dimension every strategy works across) of D x S workers
+each: D-way sharded data parallelism inside the replica (`--fsdp D`: torch's FSDP2 `fully_shard`,
+ZeRO-3: parameters, gradients and optimizer state cut D ways) and S pipeline stages (the strategy
+section's `--pipeline-stages`). Actor rank = replica x (D x S) + shard; data-parallel rank (r, d) takes
+slice r x D + d of each step's R x D x B samples. No torch, no Ray at import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from distrain.config.checks import config_check
+from distrain.errors import ConfigError
+from distrain.fields import setting
+
+if TYPE_CHECKING:
+    from distrain.config.run_config import RunConfig
+
+
+@dataclass(frozen=True)
+class LayoutSection:
+    """How one replica is spread over workers: sharded data parallelism inside it."""
+
+    fsdp: int = setting(
+        1,
+        "Sharded data parallelism inside each replica (FSDP2, ZeRO-3): D workers hold 1/D of its parameters, "
+        "gradients and optimizer state each and take their own samples; --workers R such replicas make R x D "
+        "workers and a global batch of R x D x --batch-size.",
+        "layout",
+        metavar="D",
+    )
+    reshard_after_forward: bool = setting(
+        True,
+        "--fsdp: free each layer's gathered parameters after its forward and gather them again for the backward "
+        "(less memory, 3(D-1)/D x the parameter bytes moved per step instead of 2(D-1)/D).",
+        "layout",
+    )
+
+
+# The flags that say how many replicas there are, how each is spread over workers, and each worker's
+# batch (a BSP run may change them on --resume where the global batch stays: orchestrator/resume.py).
+LAYOUT_FIELDS = frozenset(
+    {"workers", "batch_size", "fsdp", "reshard_after_forward", "pipeline_stages", "microbatches", "pipeline_schedule"}
+)
+
+
+# How messages name the global batch a run's layout makes.
+GLOBAL_BATCH = "--workers x --fsdp x --batch-size"
+
+
+def shards_hint(shards: int) -> str:
+    """The memory refusal's suggestion (orchestrator/memory.py), in this flag's words."""
+    return f"--fsdp {shards} shards it so each worker fits"
+
+
+def shards_per_replica(config: RunConfig) -> int:
+    """D: the workers one replica's parameters are sharded over (1: not sharded)."""
+    return config.section("layout").fsdp
+
+
+def with_shards(config: RunConfig, shards: int) -> RunConfig:
+    """`config` with each replica sharded over `shards` workers (what the memory refusal tries)."""
+    return config.replace(fsdp=shards)
+
+
+def can_shard(config: RunConfig) -> bool:
+    """Whether sharding composes with the rest of `config` (`check_layout` at D = 2)."""
+    try:
+        check_layout(with_shards(config, 2))
+    except ConfigError:
+        return False
+    return True
+
+
+def global_batch_of(recorded: dict[str, Any], slots: int) -> int:
+    """R x D x B of a run from its flat recorded values (config.yaml, a checkpoint's config) and its
+    replicas `slots` (a fixed --workers, or a range's MAX); runs recorded before --fsdp had D = 1."""
+    return slots * int(recorded.get("fsdp") or 1) * int(recorded["batch_size"])
+
+
+def grid_text(layout: dict[str, Any]) -> str:
+    """How the display and the summary table name the workers of a `layout_of` grid: "2 workers", or a
+    grouped replica's, "2 replicas x 2 shards" (--fsdp), "1 replica x 4 stages" (--pipeline-stages). A
+    summary written before the grid was recorded has only its replicas: N workers."""
+    shards, stages = layout.get("fsdp", 1), layout.get("pipeline_stages", 1)
+    if shards * stages == 1:
+        return f"{layout['replicas']} workers"
+    replicas = "1 replica" if layout["replicas"] == 1 else f"{layout['replicas']} replicas"
+    return replicas + (f" x {shards} shards" if shards > 1 else "") + (f" x {stages} stages" if stages > 1 else "")
+
+
+def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:
+    """The run's R x D x S grid from its flat recorded values, for summary.json: replicas (--workers: N,
+    or an elastic run's "MIN..MAX"), shards per replica, pipeline stages, and the worker actors in all
+    (`slots` replicas: N, or the range's MAX)."""
+    shards, stages = int(recorded.get("fsdp") or 1), int(recorded.get("pipeline_stages") or 1)
+    return {
+        "replicas": recorded["workers"],
+        "fsdp": shards,
+        "pipeline_stages": stages,
+        "workers_per_replica": shards * stages,
+        "worker_actors": slots * shards * stages,
+    }
+
+
+@config_check(stage="across")
+def check_layout(config: RunConfig) -> None:
+    """--fsdp D >= 1; sharded replicas run under BSP over the collective transport so far (FSDP's own
+    reduce-scatter inside a replica, all-reduce across replicas: HSDP), alone."""
+    d = shards_per_replica(config)
+    if d < 1:
+        raise ConfigError(f"--fsdp must be >= 1, got {d}")
+    if d == 1:
+        return
+    if config.schedule or config.strategy != "bsp" or config.transport != "collective":
+        raise ConfigError(
+            f"--fsdp {d} runs with --strategy bsp over the collective transport so far (the other strategies "
+            "across sharded replicas are not built yet); drop --fsdp or use bsp"
+        )
+    for flag, used in (
+        ("--pipeline-stages", config.pipelined),
+        ("--workers MIN..MAX", config.elastic),
+        ("--compress", config.compress is not None),
+        ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
+        # FSDP's own reduce-scatter moves the gradient, outside the loss scale and the channel.
+        ("--precision " + config.precision, config.precision != "fp32"),
+    ):
+        if used:
+            raise ConfigError(f"--fsdp {d} does not compose with {flag} yet; drop one of them")

@@ -1,0 +1,94 @@
+"""The layout section (--fsdp D): what it makes of the run's shape, what it refuses, the resume rule at
+another layout, FSDP's traffic per step, and the units `fully_shard` wraps. No Ray."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from distrain.config import RunConfig
+from distrain.config.layout_section import grid_text, layout_of
+from distrain.errors import ConfigError
+from distrain.orchestrator.checkpoint import LATEST
+from distrain.orchestrator.resume import resume_config
+from distrain.strategies.bsp import BSP
+from distrain.strategies.sharded_bsp import ShardedBSP, fsdp_bytes_per_step
+from distrain.trainers.sharded_trainer import fsdp_units
+
+
+def test_a_sharded_replica_is_d_workers_and_d_batches():
+    config = RunConfig(workers=2, fsdp=4, batch_size=16)
+    config.validate()
+    assert (config.num_worker_actors, config.replica_size, config.global_batch_size) == (8, 4, 128)
+    assert config.samples_per_step == 128 and config.sharded
+    assert BSP.implementation(config) is ShardedBSP
+    assert RunConfig(workers=2).replica_size == 1 and not RunConfig(workers=2).sharded
+    assert layout_of(config.to_dict(), 2) == {
+        "replicas": 2, "fsdp": 4, "pipeline_stages": 1, "workers_per_replica": 4, "worker_actors": 8,
+    }  # fmt: skip
+    assert config.to_nested()["layout"] == {"fsdp": 4, "reshard_after_forward": True}
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (dict(fsdp=0), r"^--fsdp must be >= 1, got 0$"),
+        (dict(fsdp=2, strategy="async"), r"^--fsdp 2 runs with --strategy bsp over the collective transport"),
+        (dict(fsdp=2, transport="ps"), r"^--fsdp 2 runs with --strategy bsp over the collective transport"),
+        (dict(fsdp=2, pipeline_stages=2), r"^--fsdp 2 does not compose with --pipeline-stages yet"),
+        (dict(fsdp=2, workers="1..2"), r"^--fsdp 2 does not compose with --workers MIN..MAX yet"),
+        (dict(fsdp=2, compress="topk:0.1"), r"^--fsdp 2 does not compose with --compress yet"),
+        (dict(fsdp=2, precision="bf16"), r"^--fsdp 2 does not compose with --precision bf16 yet"),
+    ],
+)
+def test_what_sharding_refuses_in_one_line(given, message):
+    with pytest.raises(ConfigError, match=message) as caught:
+        RunConfig(**given).validate()
+    assert "\n" not in str(caught.value)
+
+
+def test_fsdp_traffic_per_worker_and_step():
+    """HSDP: (2 or 1 all-gathers + 1 reduce-scatter) x (D-1)/D x the bytes, plus 2(R-1)/R of a shard."""
+    assert fsdp_bytes_per_step(4000, 1, 4, True) == 3 * 3000
+    assert fsdp_bytes_per_step(4000, 1, 4, False) == 2 * 3000
+    assert fsdp_bytes_per_step(4000, 2, 2, True) == 3 * 2000 + 2000
+    assert fsdp_bytes_per_step(4000, 1, 1, True) == 0
+
+
+def test_fully_shard_units_are_the_layers_holding_parameters():
+    blocks = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 2), nn.ReLU())
+    model.add_module("blocks", blocks)
+    assert fsdp_units(model) == [model[1], blocks[0], blocks[1]]
+
+
+def _recorded_run(tmp_path, **kw):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / LATEST).write_text('{"name": "step-00000004.pt", "global_step": 4}\n')
+    (run / "config.yaml").write_text(RunConfig(run_dir=str(run), **kw).to_yaml())
+    return run
+
+
+def test_resume_may_change_the_layout_of_a_bsp_run_at_the_same_global_batch(tmp_path):
+    run = _recorded_run(tmp_path, workers=1, fsdp=4, batch_size=16)
+    moved = resume_config(run, {"fsdp": 2, "batch_size": 32})
+    assert (moved.fsdp, moved.batch_size, moved.global_batch_size) == (2, 32, 64)
+    assert resume_config(run, {"fsdp": 1, "workers": 2, "batch_size": 32}).num_worker_actors == 2
+    refused = r"^--resume cannot change --batch-size here: .* from 64 to 128, and the data order with it; keep it at 64"
+    with pytest.raises(ConfigError, match=refused):
+        resume_config(run, {"batch_size": 32})
+    with pytest.raises(ConfigError, match=r"^--resume cannot change --workers to a range"):
+        resume_config(run, {"workers": "1..2", "fsdp": 1})
+
+
+def test_resume_keeps_the_layout_of_other_strategies(tmp_path):
+    run = _recorded_run(tmp_path, workers=2, strategy="local-sgd", batch_size=16)
+    with pytest.raises(ConfigError, match=r"^--resume cannot change --workers \(the run has 2, got 4\)"):
+        resume_config(run, {"workers": 4, "batch_size": 8})
+
+
+def test_the_display_names_the_grid():
+    assert grid_text({"replicas": 2, "fsdp": 2, "pipeline_stages": 1}) == "2 replicas x 2 shards"
+    assert grid_text({"replicas": 1, "fsdp": 1, "pipeline_stages": 4}) == "1 replica x 4 stages"
+    assert grid_text({"replicas": "2..4"}) == "2..4 workers"  # a summary from before the grid was recorded

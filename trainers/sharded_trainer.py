@@ -1,0 +1,197 @@
+"""The local step of a sharded replica (`--fsdp D`): torch's FSDP2 holds 1/D of the model on each worker.
+
+The worker builds the whole model from the run's seed, as every worker does, so the D workers of a
+replica start from the same values; `shard` then hands it to `fully_shard` over the run's device mesh
+(("replicate", "shard") = (R, D): HSDP, a reduce-scatter of each layer's gradient inside the replica and
+an all-reduce of the shards across replicas) and keeps only this worker's shard. Parameters, gradients
+and optimizer state are DTensors from then on; the optimizer steps them per tensor (every optimizer
+distrain runs is element-wise, so a shard's update is the whole tensor's update, cut).
+
+Checkpoints stay layout-free: `whole_state` gathers the whole model state dict and the optimizer state
+in distrain's flat form (trainers/optim_state.py), so a sharded run's checkpoint restores at any --fsdp,
+at any --pipeline-stages or in one process, and `load_state_dict` takes such a state at any D.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from distrain.trainers.local_trainer import evaluate_model
+from distrain.trainers.optim_state import (
+    FlatOptimizerState,
+    export_flat_state,
+    import_flat_state,
+    make_optimizer,
+)
+from distrain.trainers.task import Task, to_device
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The modules `fully_shard` wraps one by one before the root (each gathers its parameters just
+    before it runs and frees them after): the root's children that hold parameters, descending into
+    containers that are never called themselves (ModuleList, ModuleDict)."""
+    units: list[nn.Module] = []
+    for child in model.children():
+        if isinstance(child, nn.ModuleList | nn.ModuleDict):
+            units += fsdp_units(child)
+        elif any(True for _ in child.parameters()):
+            units.append(child)
+    return units
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value, gathered from every shard (a collective: every worker calls it, in the
+    same order); a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class ShardedTrainer:
+    """`LocalTrainer`'s part for a sharded replica (the worker and `ShardedBSP` use these members)."""
+
+    scaler = None  # fp32 only (config/layout_section.py refuses --precision with --fsdp)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: Task,
+        optimizer: str,
+        lr: float,
+        momentum: float | None,
+        weight_decay: float | None,
+        device: torch.device | str = "cpu",
+        optimizer_args: dict[str, Any] | None = None,
+        precision: str = "fp32",
+    ) -> None:
+        self.device = torch.device(device)
+        self.precision = precision
+        self.model = model.to(self.device)
+        self.task = task
+        self.numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self._optimizer_spec = (optimizer, lr, momentum, weight_decay, optimizer_args)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._pending_optimizer: FlatOptimizerState | None = None  # a checkpoint's, until `shard`
+        self.last_loss = float("nan")
+
+    # ------------------------------------------------------------------ sharding
+    def shard(self, mesh: Any, reshard_after_forward: bool = True) -> None:
+        """Cut the model over `mesh` (every worker of the run calls this at once) and make the optimizer
+        over this worker's shards."""
+        from torch.distributed.fsdp import fully_shard
+
+        for unit in fsdp_units(self.model):
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(self.model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        name, lr, momentum, weight_decay, args = self._optimizer_spec
+        self.optimizer = make_optimizer(name, self.params, lr, momentum, weight_decay, args)
+        if self._pending_optimizer is not None:
+            self._import_optimizer(self._pending_optimizer)
+            self._pending_optimizer = None
+
+    @property
+    def nbytes(self) -> int:
+        """Parameter bytes this worker holds: its shards once sharded (the whole model before)."""
+        return sum(_local(p).numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
+
+    def grad_bytes(self) -> int:
+        return sum(_local(p.grad).numel() * p.grad.element_size() for p in self.params if p.grad is not None)
+
+    def optimizer_bytes(self) -> int:
+        assert self.optimizer is not None
+        return sum(
+            _local(v).numel() * v.element_size()
+            for state in self.optimizer.state.values()
+            for v in state.values()
+            if torch.is_tensor(v) and v.dim() > 0
+        )
+
+    # ------------------------------------------------------------------ the step
+    def compute_gradients(self, batch: Any) -> float:
+        """Forward and backward of the task's loss on this worker's batch; FSDP leaves each shard's
+        gradient averaged over the replica's D workers (and, across replicas, over all of them)."""
+        assert self.optimizer is not None, "shard() comes first"
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.task.loss(self.model, to_device(batch, self.device))
+        if not (torch.is_tensor(loss) and loss.dim() == 0):
+            shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
+            raise TypeError(f"{type(self.task).__name__}.loss must return a scalar tensor, got {shape}")
+        loss.float().backward()
+        self.last_loss = float(loss.detach())
+        return self.last_loss
+
+    def local_grad_sum(self) -> torch.Tensor:
+        """The sum of this worker's gradient shards (NaN or inf if any value is), for the run-wide check."""
+        total = torch.zeros((), dtype=torch.float64)
+        for p in self.params:
+            if p.grad is not None:
+                total += _local(p.grad).double().sum().cpu()
+        return total
+
+    def unscale_grads_(self) -> None:
+        """No loss scale under fp32 (`Strategy.usable_gradient`'s contract)."""
+
+    def apply_update(self, lr: float) -> None:
+        assert self.optimizer is not None
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+
+    def evaluate(self, batches: Iterable[Any]) -> dict[str, tuple[float, float]]:
+        return evaluate_model(self.model, self.task, batches, self.precision, self.device)
+
+    # ------------------------------------------------------------------ state
+    def whole_state(self) -> dict[str, Any]:
+        """The whole model state dict and flat optimizer state, gathered from every shard (a collective:
+        every worker of the run calls it at once)."""
+        assert self.optimizer is not None
+        model = {k: _whole(v).detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        flat = export_flat_state(self.optimizer, self.params, whole=_whole)
+        return {"model": model, "optimizer": flat.to_dict()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.whole_state()
+
+    def scaler_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A whole (layout-free) state: before `shard` into the model as it is, after it into each shard."""
+        flat = FlatOptimizerState.from_dict(state["optimizer"])
+        if self.optimizer is None:
+            self.model.load_state_dict(state["model"])
+            self._pending_optimizer = flat
+            return
+        with torch.no_grad():
+            own = self.model.state_dict()
+            for key, value in state["model"].items():
+                _local(own[key]).copy_(_local(_shard_of(value, own[key])))
+        self._import_optimizer(flat)
+
+    def _import_optimizer(self, flat: FlatOptimizerState) -> None:
+        assert self.optimizer is not None
+        import_flat_state(self.optimizer, self.params, flat, place=_shard_of)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This worker's piece of a DTensor; a plain tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _shard_of(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`whole` cut as `like` is cut (a DTensor: this worker's shard of it, taken without communication,
+    since every worker holds the whole value); a plain copy otherwise."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    whole = whole.detach().to(device=like.device, dtype=like.dtype)
+    if isinstance(like, DTensor):
+        return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
+    return whole.clone()
