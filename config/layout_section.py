@@ -1,10 +1,12 @@
 """The layout section: how one replica of the model is spread over workers (the *inner* parallelism).
 
-A run is R replicas (`--workers R`, the outer dimension every strategy works across) of D x S workers
-each: D-way sharded data parallelism inside the replica (`--fsdp D`: torch's FSDP2 `fully_shard`,
-ZeRO-3: parameters, gradients and optimizer state cut D ways) and S pipeline stages (the strategy
-section's `--pipeline-stages`). Actor rank = replica x (D x S) + shard; data-parallel rank (r, d) takes
-slice r x D + d of each step's R x D x B samples. No torch, no Ray at import.
+A run is R replicas (`--workers R`, the outer dimension every strategy works across) of D x T x S
+workers each: D-way sharded data parallelism inside the replica (`--fsdp D`: torch's FSDP2
+`fully_shard`, ZeRO-3: parameters, gradients and optimizer state cut D ways), T-way tensor parallelism
+(`--tensor-parallel T`: the task's planned layers split, trainers/tensor_parallel.py) and S pipeline
+stages (the strategy section's `--pipeline-stages`). Actor rank = (replica x D + shard) x T + tp;
+data-parallel rank (r, d) takes slice r x D + d of each step's R x D x B samples, and its T workers
+share it. No torch, no Ray at import.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ class LayoutSection:
         "layout",
         metavar="D",
     )
+    tensor_parallel: int = setting(
+        1,
+        "Tensor parallelism inside each replica: T workers split the layers the task's plan names "
+        "(Task.tensor_parallel_plan; the built-in mlp has one) and share one slice of each step's samples.",
+        "layout",
+        metavar="T",
+    )
     reshard_after_forward: bool = setting(
         True,
         "--fsdp: free each layer's gathered parameters after its forward and gather them again for the backward "
@@ -43,10 +52,21 @@ class LayoutSection:
 # The flags that say how many replicas there are, how each is spread over workers, and each worker's
 # batch (a BSP run may change them on --resume where the global batch stays: orchestrator/resume.py).
 LAYOUT_FIELDS = frozenset(
-    {"workers", "batch_size", "fsdp", "reshard_after_forward", "pipeline_stages", "microbatches", "pipeline_schedule"}
+    {
+        "workers",
+        "batch_size",
+        "fsdp",
+        "tensor_parallel",
+        "reshard_after_forward",
+        "pipeline_stages",
+        "microbatches",
+        "pipeline_schedule",
+    }
 )
 
 
+# The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py).
+CUT_REPLICA_STRATEGIES = ("bsp", "diloco")
 # How messages name the global batch a run's layout makes.
 GLOBAL_BATCH = "--workers x --fsdp x --batch-size"
 
@@ -59,6 +79,11 @@ def shards_hint(shards: int) -> str:
 def shards_per_replica(config: RunConfig) -> int:
     """D: the workers one replica's parameters are sharded over (1: not sharded)."""
     return config.section("layout").fsdp
+
+
+def tp_degree(config: RunConfig) -> int:
+    """T: the workers of a replica that split its planned layers and share its samples (1: none)."""
+    return config.section("layout").tensor_parallel
 
 
 def with_shards(config: RunConfig, shards: int) -> RunConfig:
@@ -85,11 +110,19 @@ def grid_text(layout: dict[str, Any]) -> str:
     """How the display and the summary table name the workers of a `layout_of` grid: "2 workers", or a
     grouped replica's, "2 replicas x 2 shards" (--fsdp), "1 replica x 4 stages" (--pipeline-stages). A
     summary written before the grid was recorded has only its replicas: N workers."""
-    shards, stages = layout.get("fsdp", 1), layout.get("pipeline_stages", 1)
-    if shards * stages == 1:
+    parts = [
+        f"{n} {what}"
+        for n, what in (
+            (layout.get("fsdp", 1), "shards"),
+            (layout.get("tensor_parallel", 1), "tensor-parallel"),
+            (layout.get("pipeline_stages", 1), "stages"),
+        )
+        if n > 1
+    ]
+    if not parts:
         return f"{layout['replicas']} workers"
     replicas = "1 replica" if layout["replicas"] == 1 else f"{layout['replicas']} replicas"
-    return replicas + (f" x {shards} shards" if shards > 1 else "") + (f" x {stages} stages" if stages > 1 else "")
+    return " x ".join([replicas, *parts])
 
 
 def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:
@@ -97,28 +130,33 @@ def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:
     or an elastic run's "MIN..MAX"), shards per replica, pipeline stages, and the worker actors in all
     (`slots` replicas: N, or the range's MAX)."""
     shards, stages = int(recorded.get("fsdp") or 1), int(recorded.get("pipeline_stages") or 1)
+    tp = int(recorded.get("tensor_parallel") or 1)
     return {
         "replicas": recorded["workers"],
         "fsdp": shards,
+        "tensor_parallel": tp,
         "pipeline_stages": stages,
-        "workers_per_replica": shards * stages,
-        "worker_actors": slots * shards * stages,
+        "workers_per_replica": shards * tp * stages,
+        "worker_actors": slots * shards * tp * stages,
     }
 
 
 @config_check(stage="across")
 def check_layout(config: RunConfig) -> None:
-    """--fsdp D >= 1; sharded replicas run under BSP over the collective transport so far (FSDP's own
-    reduce-scatter inside a replica, all-reduce across replicas: HSDP), alone."""
-    d = shards_per_replica(config)
-    if d < 1:
-        raise ConfigError(f"--fsdp must be >= 1, got {d}")
-    if d == 1:
+    """--fsdp D >= 1 and --tensor-parallel T >= 1; a replica cut over workers runs under BSP over the
+    collective transport so far (FSDP's own reduce-scatter inside a replica, all-reduce across replicas:
+    HSDP), alone."""
+    d, t = shards_per_replica(config), tp_degree(config)
+    for flag, value in (("--fsdp", d), ("--tensor-parallel", t)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if d * t == 1:
         return
-    if config.schedule or config.strategy != "bsp" or config.transport != "collective":
+    given = " ".join(f for f, v in ((f"--fsdp {d}", d), (f"--tensor-parallel {t}", t)) if v > 1)
+    if config.schedule or config.strategy not in CUT_REPLICA_STRATEGIES or config.transport != "collective":
         raise ConfigError(
-            f"--fsdp {d} runs with --strategy bsp over the collective transport so far (the other strategies "
-            "across sharded replicas are not built yet); drop --fsdp or use bsp"
+            f"{given} runs with --strategy bsp or diloco over the collective transport so far (the other "
+            "strategies across cut replicas are not built yet); drop it or use one of those"
         )
     for flag, used in (
         ("--pipeline-stages", config.pipelined),
@@ -129,4 +167,4 @@ def check_layout(config: RunConfig) -> None:
         ("--precision " + config.precision, config.precision != "fp32"),
     ):
         if used:
-            raise ConfigError(f"--fsdp {d} does not compose with {flag} yet; drop one of them")
+            raise ConfigError(f"{given} does not compose with {flag} yet; drop one of them")

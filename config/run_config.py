@@ -182,8 +182,15 @@ class RunConfig:
 
     @property
     def replica_size(self) -> int:
-        """Worker actors one replica of the model spans: --fsdp D x --pipeline-stages S (config/layout_section.py)."""
-        return layout_section.shards_per_replica(self) * strategy_section.stages(self)
+        """Worker actors one replica spans: --fsdp D x --tensor-parallel T x --pipeline-stages S
+        (config/layout_section.py)."""
+        per_stage = layout_section.shards_per_replica(self) * layout_section.tp_degree(self)
+        return per_stage * strategy_section.stages(self)
+
+    @property
+    def replica_grid(self) -> tuple[int, int, int]:
+        """(D, T, S): the FSDP shards, tensor-parallel workers and pipeline stages of one replica."""
+        return layout_section.shards_per_replica(self), layout_section.tp_degree(self), strategy_section.stages(self)
 
     @property
     def pipelined(self) -> bool:
@@ -191,8 +198,8 @@ class RunConfig:
 
     @property
     def sharded(self) -> bool:
-        """--fsdp D > 1: each replica's parameters, gradients and optimizer state are cut D ways."""
-        return layout_section.shards_per_replica(self) > 1
+        """--fsdp D > 1 or --tensor-parallel T > 1: each replica's parameters are cut over its workers."""
+        return layout_section.shards_per_replica(self) * layout_section.tp_degree(self) > 1
 
     @property
     def samples_per_step(self) -> int:

@@ -72,20 +72,38 @@ class Embed(nn.Module):
         return self.tokens(x) + self.positions[: x.shape[1]]
 
 
+class Attention(nn.Module):
+    """Causal multi-head self-attention with separate q, k, v and output projections, so tensor
+    parallelism can split it Megatron style: q, k, v column-wise (each worker computes whole heads of
+    its own), the output row-wise. The head count is read from the projections' width (`-1` below), so
+    the same code runs on a worker's share of the heads."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.head_dim = dim // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+
+        def heads(proj: nn.Module) -> torch.Tensor:
+            return proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+
+        out = nn.functional.scaled_dot_product_attention(heads(self.q), heads(self.k), heads(self.v), is_causal=True)
+        return self.o(out.transpose(1, 2).reshape(b, t, -1))
+
+
 class Block(nn.Module):
     """Pre-norm causal self-attention and MLP (no dropout: the loss is deterministic)."""
 
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.attn = Attention(dim, heads)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = x.shape[1]
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
-        h = self.norm1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
 
@@ -125,6 +143,17 @@ class CharLM(distrain.Task):
 
     def derived_metrics(self, means):
         return {"perplexity": math.exp(means["loss"])}
+
+    def tensor_parallel_plan(self, tp):
+        """--tensor-parallel T: each block's attention heads and MLP split T ways (embeddings, norms and
+        the output head stay whole)."""
+        if self.heads % tp:
+            raise ValueError(f"its {self.heads} attention heads do not split {tp} ways")
+        plan = {}
+        for i in range(1, self.layers + 1):  # model[0] is the embedding, model[layers + 1] the head
+            plan |= {f"{i}.attn.{p}": "colwise" for p in "qkv"} | {f"{i}.attn.o": "rowwise"}
+            plan |= {f"{i}.mlp.0": "colwise", f"{i}.mlp.2": "rowwise"}
+        return plan
 
     def split_points(self):
         return [str(i) for i in range(1, self.layers + 2)]  # before each block and before the head

@@ -39,7 +39,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from distrain.config.layout_section import can_shard, shards_hint, shards_per_replica, with_shards
+from distrain.config.layout_section import can_shard, shards_hint, shards_per_replica, tp_degree, with_shards
 from distrain.errors import ResourceError
 
 # in_flight_fraction: the pipeline's own rule, still read here by callers of earlier versions
@@ -224,6 +224,20 @@ def largest_fsdp_unit(config: RunConfig) -> int:
     return max([own, *units])
 
 
+def tp_held_params(config: RunConfig) -> int:
+    """Parameter values one tensor-parallel worker holds under the task's plan (trainers/tensor_parallel.py)."""
+    from distrain.trainers.tensor_parallel import BUILTIN_PLANS, local_params
+
+    tp = tp_degree(config)
+    if config.task:
+        from distrain.orchestrator.tasks import build_task
+
+        plan = build_task(config).tensor_parallel_plan(tp)
+    else:
+        plan = BUILTIN_PLANS.get(config.model)
+    return local_params(_meta_model(config), plan or {}, tp)
+
+
 def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
     """What the run's worker actors (and parameter-server shards) will hold, in bytes."""
     from distrain.orchestrator.trial_resources import num_shards
@@ -243,9 +257,11 @@ def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
         model_bytes, activation_bytes = max(held, key=sum)
     else:
         per_sample = activation_values(config.model, config.dataset) if builtin else 0
-        # --fsdp D: 1/D of every copy, plus the largest unit's parameters gathered whole while it runs.
-        model_bytes = -(-num_params // shards_per_replica(config)) * FLOAT_BYTES * copies
-        if config.sharded:
+        # --tensor-parallel T: the worker's part of the planned layers; --fsdp D: 1/D of every copy of
+        # that, plus the largest unit's parameters gathered whole while it runs.
+        held = tp_held_params(config) if tp_degree(config) > 1 else num_params
+        model_bytes = -(-held // shards_per_replica(config)) * FLOAT_BYTES * copies
+        if shards_per_replica(config) > 1:
             model_bytes += largest_fsdp_unit(config) * FLOAT_BYTES
         activation_bytes = ACTIVATION_FACTOR * config.batch_size * per_sample * FLOAT_BYTES
     shards = num_shards(config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from distrain.config import RunConfig
+from distrain.config.layout_section import tp_degree
 from distrain.errors import ConfigError
 from distrain.orchestrator.files import check_creatable_dir
 from distrain.strategies.pipeline import check_pipeline_task
@@ -38,6 +39,8 @@ def check_runnable(config: RunConfig) -> int:
     num_params = sum(sizes)
     if config.pipelined:
         check_pipeline(config)
+    if tp_degree(config) > 1:
+        check_tensor_parallel(config)
     for strategy in config.strategy_classes:
         strategy.check_model(config, sizes)
         strategy.check_data(config, num_samples)
@@ -51,6 +54,16 @@ def check_pipeline(config: RunConfig) -> None:
     from distrain.orchestrator.tasks import build_task
 
     check_pipeline_task(build_task(config), config)
+
+
+def check_tensor_parallel(config: RunConfig) -> None:
+    """--tensor-parallel T: the task's plan splits its model T ways (trainers/tensor_parallel.py)."""
+    from distrain.orchestrator.tasks import build_task
+    from distrain.trainers.tensor_parallel import check_plan, plan_of
+
+    task, tp = build_task(config), tp_degree(config)
+    who = f"--task {config.task}" if config.task else f"--model {config.model}"
+    check_plan(task.build_model(), plan_of(task, tp, who), tp, who)
 
 
 def check_init_from(config: RunConfig, num_params: int) -> dict[str, Any] | None:

@@ -166,6 +166,13 @@ def local_sgd_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def outer_steps_figure(steps: dict[str, list[Any]]) -> dict[str, Any]:
+    """DiLoCo's `outer_steps` (plain and across cut replicas) from the rows' `averaging_round` column. A
+    schedule's other phases leave the column empty (None, or NaN once it went through pandas)."""
+    rounds = [r for r in steps.get("averaging_round", []) if r is not None and r == r]
+    return {"outer_steps": int(max(rounds)) if rounds else 0}
+
+
 # What local SGD's step rows carry (its τ, chosen by this module's rule), and what they make.
 LOCAL_SGD_STEP_COLUMNS = StepColumns(
     {

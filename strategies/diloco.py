@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
+from distrain.strategies.adacomm import outer_steps_figure
 from distrain.strategies.base import (
     CommStats,
     PlanningSetting,
@@ -140,6 +141,12 @@ class DiLoCoOptions(StrategyOptions):
             raise ConfigError(f"--outer-momentum applies to --outer-optimizer sgd, not {self.outer_optimizer}; drop it")
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+        if run.sharded and (self.fragments > 1 or self.overlap_steps > 0):
+            flag = "--fragments" if self.fragments > 1 else "--overlap-steps"
+            raise ConfigError(
+                f"{flag} (Streaming DiLoCo) is not built across cut replicas (--fsdp, --tensor-parallel) yet; "
+                f"drop {flag}"
+            )
         if run.elastic and (self.fragments > 1 or self.overlap_steps > 0):
             # Fragments synchronise inside a block; a change of members could only wait for all to land.
             flag = "--fragments" if self.fragments > 1 else "--overlap-steps"
@@ -148,13 +155,15 @@ class DiLoCoOptions(StrategyOptions):
                 f"or drop {flag}"
             )
 
-    def make_outer_optimizer(self, param: torch.nn.Parameter) -> torch.optim.Optimizer:
+    def make_outer_optimizer(self, params: torch.nn.Parameter | list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        """The outer optimizer over θ_g: one flat parameter (a fragment), or a cut replica's parts."""
         from distrain.trainers.optim_state import make_optimizer
 
+        params = params if isinstance(params, list) else [params]
         if self.outer_optimizer == "sgd":
             momentum = self.outer_momentum or 0.0
-            return make_optimizer("sgd", [param], self.outer_lr, momentum, None, {"nesterov": momentum > 0})
-        return make_optimizer(self.outer_optimizer, [param], self.outer_lr)
+            return make_optimizer("sgd", params, self.outer_lr, momentum, None, {"nesterov": momentum > 0})
+        return make_optimizer(self.outer_optimizer, params, self.outer_lr)
 
 
 @STRATEGIES.register("diloco", "DiLoCo: H inner steps, then an outer optimizer step on the averaged pseudo-gradient")
@@ -185,6 +194,10 @@ class DiLoCo(Strategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.sharded:  # replicas cut over workers (--fsdp, --tensor-parallel): outer steps part by part
+            from distrain.strategies.sharded_diloco import ShardedDiLoCo
+
+            return ShardedDiLoCo
         if config.elastic:  # re-formed at outer-step boundaries (orchestrator/controller/collective_scaling.py)
             return ElasticDiLoCo
         return cls
@@ -296,9 +309,7 @@ class DiLoCo(Strategy):
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
-        # a schedule's other phases leave the column empty (None, or NaN once it went through pandas)
-        rounds = [r for r in steps.get("averaging_round", []) if r is not None and r == r]
-        return {"outer_steps": int(max(rounds)) if rounds else 0}
+        return outer_steps_figure(steps)
 
     def extra_state(self) -> dict[str, Any]:
         """The outer optimizers' state (one flat form over all fragments, as for a single one) and the

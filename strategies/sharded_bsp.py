@@ -1,8 +1,11 @@
-"""BSP across sharded replicas (`--fsdp D`, `BSP.implementation` picks it): HSDP with torch's FSDP2.
+"""BSP across cut replicas (`--fsdp D`, `--tensor-parallel T`; `BSP.implementation` picks it): HSDP with
+torch's FSDP2, and tensor parallelism inside.
 
-R x D worker actors; actor rank = replica x D + shard, and data-parallel rank (replica, shard) takes
-slice replica x D + shard of each step's R x D x B samples (the default work plan: slice = rank). The
-run's device mesh is (R, D) = ("replicate", "shard"); `fully_shard` over it (trainers/sharded_trainer.py)
+R x D x T worker actors; actor rank = (replica x D + shard) x T + tp, and data-parallel rank
+(replica, shard) takes slice replica x D + shard of each step's R x D x B samples, its T workers
+sharing it. The run's device mesh is (R, D, T) = ("replicate", "shard", "tp"): the task's plan splits
+its layers over "tp" first (trainers/tensor_parallel.py), then `fully_shard` over ("replicate",
+"shard") (trainers/sharded_trainer.py)
 all-gathers each layer's parameters inside the replica before the layer runs, reduce-scatters its
 gradient inside the replica, and all-reduces the gradient shards across the R replicas. Every worker
 then holds the mean gradient over all R x D batches for its own shard and steps its own optimizer on
@@ -17,7 +20,7 @@ across replicas 2(R-1)/R x the shard's bytes) and its comm seconds are the run-w
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats, Strategy, StrategyContext
@@ -28,7 +31,8 @@ if TYPE_CHECKING:
 
 SHARDED_COLUMNS = {
     "replica": "int32",
-    "shard": "int32",  # the worker's place within its replica (0..D-1)
+    "shard": "int32",  # the worker's FSDP rank within its replica (0..D-1)
+    "tp": "int32",  # its tensor-parallel rank (0..T-1)
     "mem_param_bytes": "int64",  # parameter bytes this worker holds: its shards
     "mem_grad_bytes": "int64",
     "mem_optim_bytes": "int64",
@@ -51,20 +55,36 @@ class ShardedBSP(Strategy):
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        self.shards = config.replica_size  # D (a sharded replica has no pipeline stages)
-        self.replicas = ctx.world_size // self.shards
-        self.replica, self.shard = divmod(ctx.rank, self.shards)
+        self.shards, self.tp, _ = config.replica_grid
+        self.replicas = ctx.world_size // (self.shards * self.tp)
+        # rank = (replica x D + shard) x T + tp: a data-parallel rank's T workers are neighbours.
+        self.dp_rank, self.tp_rank = divmod(ctx.rank, self.tp)
+        self.replica, self.shard = divmod(self.dp_rank, self.shards)
         self.whole: dict[str, Any] | None = None
+
+    @property
+    def slices_per_step(self) -> int:
+        """R x D data-parallel ranks; a rank's T tensor-parallel workers share its slice."""
+        return self.replicas * self.shards
+
+    def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+        # The work plan gives actor r slice r; its slice is its data-parallel rank's.
+        for epoch, step, _ in units:
+            yield epoch, step, self.dp_rank
+
+    @property
+    def counts_samples(self) -> bool:
+        """A data-parallel rank's T workers share its batch: the first counts it."""
+        return self.tp_rank == 0
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         self.channel.join()
-        if self.replicas > 1:
-            mesh = self.channel.device_mesh((self.replicas, self.shards), ("replicate", "shard"))
-        else:
-            mesh = self.channel.device_mesh((self.shards,), ("shard",))
+        mesh = self.channel.device_mesh((self.replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
         trainer.shard(mesh, self.config.reshard_after_forward)
+        # FSDP moves a tensor-parallel worker's own part of the parameters (tensor parallelism's
+        # activation all-reduces are not counted here).
         self.traffic = fsdp_bytes_per_step(
-            trainer.numel * 4, self.replicas, self.shards, self.config.reshard_after_forward
+            trainer.tp_numel * 4, self.replicas, self.shards, self.config.reshard_after_forward
         )
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
@@ -82,6 +102,7 @@ class ShardedBSP(Strategy):
         extra = {
             "replica": self.replica,
             "shard": self.shard,
+            "tp": self.tp_rank,
             "mem_param_bytes": trainer.nbytes,
             "mem_grad_bytes": trainer.grad_bytes(),
             "mem_optim_bytes": trainer.optimizer_bytes(),
@@ -103,7 +124,7 @@ class ShardedBSP(Strategy):
     def evaluate(self, trainer: ShardedTrainer, batches: Iterable[Any]) -> dict[str, tuple[float, float]]:  # type: ignore[override]
         """Every worker of the replica runs the forward passes; its first worker's scores count."""
         totals = trainer.evaluate(batches)
-        return totals if self.shard == 0 else {}
+        return totals if self.shard == 0 and self.tp_rank == 0 else {}
 
     # ------------------------------------------------------------------ state
     def at_epoch_end(self, trainer: ShardedTrainer) -> CommStats | None:  # type: ignore[override]

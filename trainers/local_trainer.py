@@ -78,10 +78,7 @@ class LocalTrainer:
         self.model.train()
         self.grads_flat.zero_()
         with autocast(self.precision, self.device):
-            loss = self.task.loss(self.model, to_device(batch, self.device))
-        if not (torch.is_tensor(loss) and loss.dim() == 0):
-            shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
-            raise TypeError(f"{type(self.task).__name__}.loss must return a scalar tensor, got {shape}")
+            loss = scalar_loss(self.task, self.task.loss(self.model, to_device(batch, self.device)))
         loss = loss.float()
         if self.scaler is not None:
             (loss * self.scaler.scale).backward()
@@ -170,6 +167,14 @@ class LocalTrainer:
 
     def load_flat_optimizer_state(self, flat: FlatOptimizerState) -> None:
         import_flat_state(self.optimizer, [self.flat_param], flat)
+
+
+def scalar_loss(task: Task, loss: Any) -> torch.Tensor:
+    """`loss` as the task's `loss` returned it, refused (TypeError, naming the task) unless a scalar tensor."""
+    if not (torch.is_tensor(loss) and loss.dim() == 0):
+        shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
+        raise TypeError(f"{type(task).__name__}.loss must return a scalar tensor, got {shape}")
+    return loss
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
-"""The local step of a sharded replica (`--fsdp D`): torch's FSDP2 holds 1/D of the model on each worker.
+"""The local step of a cut replica: torch's FSDP2 holds 1/D of the model on each worker (`--fsdp D`),
+after tensor parallelism has split the task's planned layers T ways (`--tensor-parallel T`).
 
 The worker builds the whole model from the run's seed, as every worker does, so the D workers of a
 replica start from the same values; `shard` then hands it to `fully_shard` over the run's device mesh
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distrain.trainers.local_trainer import evaluate_model
+from distrain.trainers.local_trainer import evaluate_model, scalar_loss
 from distrain.trainers.optim_state import (
     FlatOptimizerState,
     export_flat_state,
@@ -43,7 +44,7 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     return units
 
 
-def _whole(t: torch.Tensor) -> torch.Tensor:
+def whole_tensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's whole value, gathered from every shard (a collective: every worker calls it, in the
     same order); a plain tensor as it is."""
     from torch.distributed.tensor import DTensor
@@ -79,14 +80,24 @@ class ShardedTrainer:
         self.last_loss = float("nan")
 
     # ------------------------------------------------------------------ sharding
-    def shard(self, mesh: Any, reshard_after_forward: bool = True) -> None:
-        """Cut the model over `mesh` (every worker of the run calls this at once) and make the optimizer
-        over this worker's shards."""
+    def shard(self, mesh: Any, reshard_after_forward: bool = True, across_replicas: bool = True) -> None:
+        """Cut the model over `mesh`, ("replicate", "shard", "tp") = (R, D, T) (every worker of the run
+        calls this at once): the task's plan over "tp", then FSDP over the data-parallel workers (those of
+        every replica, HSDP; or, without `across_replicas`, the replica's own: each replica steps alone),
+        and make the optimizer over this worker's parts."""
         from torch.distributed.fsdp import fully_shard
 
-        for unit in fsdp_units(self.model):
-            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
-        fully_shard(self.model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        from distrain.trainers.tensor_parallel import apply_plan
+
+        tp = mesh["tp"].size()
+        if tp > 1:  # the plan was checked before the run started (orchestrator/run_checks.py)
+            apply_plan(self.model, self.task.tensor_parallel_plan(tp) or {}, mesh["tp"])
+        self.tp_numel = sum(local_part(p).numel() for p in self.model.parameters() if p.requires_grad)
+        dp = mesh["replicate", "shard"] if across_replicas else mesh["shard"]
+        if dp.size() > 1:
+            for unit in fsdp_units(self.model):
+                fully_shard(unit, mesh=dp, reshard_after_forward=reshard_after_forward)
+            fully_shard(self.model, mesh=dp, reshard_after_forward=reshard_after_forward)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         name, lr, momentum, weight_decay, args = self._optimizer_spec
         self.optimizer = make_optimizer(name, self.params, lr, momentum, weight_decay, args)
@@ -97,15 +108,15 @@ class ShardedTrainer:
     @property
     def nbytes(self) -> int:
         """Parameter bytes this worker holds: its shards once sharded (the whole model before)."""
-        return sum(_local(p).numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
+        return sum(local_part(p).numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
 
     def grad_bytes(self) -> int:
-        return sum(_local(p.grad).numel() * p.grad.element_size() for p in self.params if p.grad is not None)
+        return sum(local_part(p.grad).numel() * p.grad.element_size() for p in self.params if p.grad is not None)
 
     def optimizer_bytes(self) -> int:
         assert self.optimizer is not None
         return sum(
-            _local(v).numel() * v.element_size()
+            local_part(v).numel() * v.element_size()
             for state in self.optimizer.state.values()
             for v in state.values()
             if torch.is_tensor(v) and v.dim() > 0
@@ -118,10 +129,7 @@ class ShardedTrainer:
         assert self.optimizer is not None, "shard() comes first"
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.task.loss(self.model, to_device(batch, self.device))
-        if not (torch.is_tensor(loss) and loss.dim() == 0):
-            shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
-            raise TypeError(f"{type(self.task).__name__}.loss must return a scalar tensor, got {shape}")
+        loss = scalar_loss(self.task, self.task.loss(self.model, to_device(batch, self.device)))
         loss.float().backward()
         self.last_loss = float(loss.detach())
         return self.last_loss
@@ -131,7 +139,7 @@ class ShardedTrainer:
         total = torch.zeros((), dtype=torch.float64)
         for p in self.params:
             if p.grad is not None:
-                total += _local(p.grad).double().sum().cpu()
+                total += local_part(p.grad).double().sum().cpu()
         return total
 
     def unscale_grads_(self) -> None:
@@ -151,8 +159,8 @@ class ShardedTrainer:
         """The whole model state dict and flat optimizer state, gathered from every shard (a collective:
         every worker of the run calls it at once)."""
         assert self.optimizer is not None
-        model = {k: _whole(v).detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        flat = export_flat_state(self.optimizer, self.params, whole=_whole)
+        model = {k: whole_tensor(v).detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        flat = export_flat_state(self.optimizer, self.params, whole=whole_tensor)
         return {"model": model, "optimizer": flat.to_dict()}
 
     def state_dict(self) -> dict[str, Any]:
@@ -171,22 +179,22 @@ class ShardedTrainer:
         with torch.no_grad():
             own = self.model.state_dict()
             for key, value in state["model"].items():
-                _local(own[key]).copy_(_local(_shard_of(value, own[key])))
+                local_part(own[key]).copy_(local_part(shard_of(value, own[key])))
         self._import_optimizer(flat)
 
     def _import_optimizer(self, flat: FlatOptimizerState) -> None:
         assert self.optimizer is not None
-        import_flat_state(self.optimizer, self.params, flat, place=_shard_of)
+        import_flat_state(self.optimizer, self.params, flat, place=shard_of)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_part(t: torch.Tensor) -> torch.Tensor:
     """This worker's piece of a DTensor; a plain tensor itself."""
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _shard_of(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def shard_of(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """`whole` cut as `like` is cut (a DTensor: this worker's shard of it, taken without communication,
     since every worker holds the whole value); a plain copy otherwise."""
     from torch.distributed.tensor import DTensor, distribute_tensor

@@ -100,6 +100,13 @@ class Task:
         """Optimizer parameter groups (torch.optim's format); None: one group of every parameter."""
         return None
 
+    def tensor_parallel_plan(self, tp: int) -> dict[str, Any] | None:
+        """How `--tensor-parallel tp` splits the model: submodule name -> "colwise" or "rowwise" (an
+        nn.Linear's outputs or inputs cut tp ways, Megatron style), or a torch `ParallelStyle`; modules
+        not named stay whole. None: the model cannot be split (tp > 1 is refused); raise ValueError
+        to refuse this tp, saying why (attention heads that do not divide, say)."""
+        return None
+
     def deterministic_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """The loss with the model in eval mode (no dropout, batch-norm running statistics)."""
         was_training = model.training
@@ -149,6 +156,11 @@ class ClassificationTask(Task):
         from distrain.trainers.models import MODELS
 
         return MODELS.get(self.model)(DATASETS.get(self.dataset).info)
+
+    def tensor_parallel_plan(self, tp: int) -> dict[str, Any] | None:
+        from distrain.trainers.tensor_parallel import BUILTIN_PLANS
+
+        return BUILTIN_PLANS.get(self.model)
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         from distrain.trainers.datasets import load_dataset

@@ -11,9 +11,11 @@ from distrain.config.layout_section import grid_text, layout_of
 from distrain.errors import ConfigError
 from distrain.orchestrator.checkpoint import LATEST
 from distrain.orchestrator.resume import resume_config
+from distrain.orchestrator.run_checks import check_runnable
 from distrain.strategies.bsp import BSP
 from distrain.strategies.sharded_bsp import ShardedBSP, fsdp_bytes_per_step
 from distrain.trainers.sharded_trainer import fsdp_units
+from distrain.trainers.tensor_parallel import BUILTIN_PLANS, check_plan, local_params
 
 
 def test_a_sharded_replica_is_d_workers_and_d_batches():
@@ -24,17 +26,18 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
     assert BSP.implementation(config) is ShardedBSP
     assert RunConfig(workers=2).replica_size == 1 and not RunConfig(workers=2).sharded
     assert layout_of(config.to_dict(), 2) == {
-        "replicas": 2, "fsdp": 4, "pipeline_stages": 1, "workers_per_replica": 4, "worker_actors": 8,
+        "replicas": 2, "fsdp": 4, "tensor_parallel": 1, "pipeline_stages": 1, "workers_per_replica": 4,
+        "worker_actors": 8,
     }  # fmt: skip
-    assert config.to_nested()["layout"] == {"fsdp": 4, "reshard_after_forward": True}
+    assert config.to_nested()["layout"] == {"fsdp": 4, "tensor_parallel": 1, "reshard_after_forward": True}
 
 
 @pytest.mark.parametrize(
     "given, message",
     [
         (dict(fsdp=0), r"^--fsdp must be >= 1, got 0$"),
-        (dict(fsdp=2, strategy="async"), r"^--fsdp 2 runs with --strategy bsp over the collective transport"),
-        (dict(fsdp=2, transport="ps"), r"^--fsdp 2 runs with --strategy bsp over the collective transport"),
+        (dict(fsdp=2, strategy="async"), r"^--fsdp 2 runs with --strategy bsp or diloco over the collective"),
+        (dict(fsdp=2, transport="ps"), r"^--fsdp 2 runs with --strategy bsp or diloco over the collective"),
         (dict(fsdp=2, pipeline_stages=2), r"^--fsdp 2 does not compose with --pipeline-stages yet"),
         (dict(fsdp=2, workers="1..2"), r"^--fsdp 2 does not compose with --workers MIN..MAX yet"),
         (dict(fsdp=2, compress="topk:0.1"), r"^--fsdp 2 does not compose with --compress yet"),
@@ -91,4 +94,50 @@ def test_resume_keeps_the_layout_of_other_strategies(tmp_path):
 def test_the_display_names_the_grid():
     assert grid_text({"replicas": 2, "fsdp": 2, "pipeline_stages": 1}) == "2 replicas x 2 shards"
     assert grid_text({"replicas": 1, "fsdp": 1, "pipeline_stages": 4}) == "1 replica x 4 stages"
+    assert grid_text({"replicas": 2, "fsdp": 2, "tensor_parallel": 2}) == "2 replicas x 2 shards x 2 tensor-parallel"
     assert grid_text({"replicas": "2..4"}) == "2..4 workers"  # a summary from before the grid was recorded
+
+
+def test_tensor_parallel_workers_share_a_slice():
+    config = RunConfig(workers=2, fsdp=2, tensor_parallel=2, batch_size=16)
+    config.validate()
+    assert (config.num_worker_actors, config.replica_size, config.global_batch_size) == (8, 4, 64)
+    assert BSP.implementation(config) is ShardedBSP and RunConfig(tensor_parallel=2).sharded
+    with pytest.raises(ConfigError, match=r"^--tensor-parallel must be >= 1, got 0$"):
+        RunConfig(tensor_parallel=0).validate()
+    with pytest.raises(ConfigError, match=r"^--tensor-parallel 2 runs with --strategy bsp or diloco over"):
+        RunConfig(tensor_parallel=2, strategy="local-sgd").validate()
+
+
+def test_a_plan_is_checked_against_the_model_in_one_line():
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    plan = BUILTIN_PLANS["mlp"]
+    check_plan(mlp, plan, 4, "--model mlp")  # 256 columns and rows split 4 ways
+    for bad, message in [
+        ((None, 2), r"^--tensor-parallel 2 needs a tensor-parallel plan and --model mlp has none; define"),
+        ((plan, 3), r"^--tensor-parallel 3 does not divide '1''s 256 outputs \(colwise\); pick T that divides it$"),
+        (({"9": "colwise"}, 2), r"^--tensor-parallel 2: the plan names '9', which --model mlp's model does not have$"),
+        (({"1": "diagonal"}, 2), r"^--tensor-parallel 2: the plan's style 'diagonal' for '1' is not one of"),
+        (({"2": "colwise"}, 2), r"^--tensor-parallel 2: '2' is a ReLU; 'colwise'/'rowwise' split nn.Linear$"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            check_plan(mlp, *bad, "--model mlp")
+    # One worker of two holds half of each split weight, half of the colwise bias, the rowwise bias whole.
+    assert local_params(mlp, plan, 2) == (64 * 256 + 256) // 2 + 256 * 256 // 2 + 256 + 256 * 10 + 10
+
+
+def test_the_builtin_models_without_a_plan_are_refused_before_anything_starts():
+    with pytest.raises(ConfigError, match=r"^--tensor-parallel 2 needs a tensor-parallel plan and --model cnn has"):
+        check_runnable(RunConfig(model="cnn", tensor_parallel=2))
+    assert check_runnable(RunConfig(model="mlp", tensor_parallel=2)) == 85002
+
+
+def test_diloco_across_cut_replicas_is_its_own_implementation_without_fragments():
+    from distrain.strategies.diloco import DiLoCo
+    from distrain.strategies.sharded_diloco import ShardedDiLoCo
+
+    config = RunConfig(strategy="diloco", workers=2, fsdp=2)
+    config.validate()
+    assert DiLoCo.implementation(config) is ShardedDiLoCo
+    with pytest.raises(ConfigError, match=r"^--fragments \(Streaming DiLoCo\) is not built across cut replicas"):
+        RunConfig(strategy="diloco", workers=2, tensor_parallel=2, sync_every=4, fragments=2).validate()

@@ -1,0 +1,140 @@
+"""DiLoCo across cut replicas (`--strategy diloco --fsdp D` and/or `--tensor-parallel T`;
+`DiLoCo.implementation` picks it): the inner steps are each replica's own FSDP (and TP) steps, the outer
+step works shard by shard.
+
+Each replica's D x T workers run FSDP over the replica's "shard" dimension only (no HSDP: nothing
+crosses replicas during the inner steps), so after H inner steps replica i holds θ_i cut the same way
+on every replica. Every worker keeps θ_g for its own part, as DTensors shaped like its parameters, with
+the outer optimizer over them; the pseudo-gradient of its part, θ_g − θ_i, is averaged over the R
+workers that hold the same part in the other replicas (the mesh's "replicate" group) and the outer
+optimizer steps it. So a round moves 1/(D x T) of the model per worker, and no worker ever holds the
+whole model or its whole pseudo-gradient. Streaming DiLoCo (--fragments), --compress and elastic
+membership are not built across cut replicas (DiLoCoOptions.check refuses them).
+
+Checkpoints hold the whole θ_g (the model) and the whole outer optimizer state, gathered at period ends
+as ShardedBSP gathers the model, so they restore at any layout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from distrain.strategies.adacomm import outer_steps_figure
+from distrain.strategies.base import CommStats, StrategyContext
+from distrain.strategies.sharded_bsp import ShardedBSP, fsdp_bytes_per_step
+
+if TYPE_CHECKING:
+    from distrain.config import RunConfig
+    from distrain.trainers.sharded_trainer import ShardedTrainer
+
+
+class ShardedDiLoCo(ShardedBSP):
+    name = "diloco"
+
+    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        super().__init__(config, ctx)  # self.options: DiLoCo's (this class's name)
+        self.t = 0  # inner steps since the last outer step
+        self.outer_steps = 0
+        self.whole_outer: dict[str, Any] | None = None
+
+    @classmethod
+    def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
+        return outer_steps_figure(steps)
+
+    def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
+        import torch
+
+        self.channel.join()
+        mesh = self.channel.device_mesh((self.replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
+        trainer.shard(mesh, self.config.reshard_after_forward, across_replicas=False)
+        self.across = mesh["replicate"].get_group()  # the workers holding this worker's part elsewhere
+        self.trainer = trainer
+        # θ_g: this worker's part of every parameter (DTensors, as the parameters), with its outer optimizer.
+        self.globals = [torch.nn.Parameter(p.detach().clone()) for p in trainer.params]
+        self.outer = self.options.make_outer_optimizer(self.globals)
+        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, 1, self.shards, self.config.reshard_after_forward)
+
+    def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
+        stats = super().step(trainer, lr)  # the inner step: the replica's own FSDP step
+        self.t += 1
+        if self.t % self.options.sync_every == 0:
+            stats = self._outer_step(stats)
+        stats.period = self.options.sync_every
+        stats.averaging_round = self.outer_steps
+        return stats
+
+    def at_epoch_end(self, trainer: ShardedTrainer) -> CommStats | None:  # type: ignore[override]
+        """Close the period (an outer step if inner steps were taken since the last), then gather the
+        whole θ_g and outer optimizer state for the checkpoint (every worker takes part)."""
+        from distrain.trainers.optim_state import export_flat_state
+        from distrain.trainers.sharded_trainer import whole_tensor
+
+        stats = self._outer_step(CommStats()) if self.t > 0 else CommStats()
+        gathered = super().at_epoch_end(trainer)
+        assert gathered is not None
+        outer = export_flat_state(self.outer, self.globals, whole=whole_tensor)
+        self.whole_outer = {"outer_steps": self.outer_steps, "outer_optimizer": outer.to_dict()}
+        stats.seconds += gathered.seconds
+        stats.averaging_round = self.outer_steps
+        return stats
+
+    def _outer_step(self, stats: CommStats) -> CommStats:
+        """Average this part's pseudo-gradient θ_g − θ_i across the replicas, step the outer optimizer on
+        it, and start the replica from the new θ_g."""
+        import torch
+        import torch.distributed as dist
+
+        from distrain.trainers.sharded_trainer import local_part
+
+        t0 = time.perf_counter()
+        pairs = zip(self.globals, self.trainer.params, strict=True)
+        deltas = [local_part(g.detach()) - local_part(p.detach()) for g, p in pairs]
+        flat = torch.cat([d.reshape(-1) for d in deltas])
+        if self.replicas > 1:
+            dist.all_reduce(flat, group=self.across)
+            flat.div_(self.replicas)
+        moved = 2 * (self.replicas - 1) * flat.numel() * flat.element_size() // self.replicas
+        total = flat.sum().reshape(1).double()
+        dist.all_reduce(total)  # every worker decides alike
+        if self.finite(bool(total.isfinite()), "averaged pseudo-gradient"):
+            offset = 0
+            for g in self.globals:
+                part = local_part(g)
+                g.grad = _like(g, flat[offset : offset + part.numel()].view_as(part))
+                offset += part.numel()
+            self.outer.step()
+            for g in self.globals:
+                g.grad = None
+        else:
+            stats.nonfinite = True
+        with torch.no_grad():
+            for g, p in zip(self.globals, self.trainer.params, strict=True):
+                local_part(p).copy_(local_part(g))
+        self.t = 0
+        self.outer_steps += 1
+        stats.seconds += time.perf_counter() - t0
+        stats.bytes_sent += moved
+        stats.bytes_received += moved
+        return stats
+
+    # ------------------------------------------------------------------ state
+    def extra_state(self) -> dict[str, Any] | None:
+        """The whole outer optimizer state and the outer steps, as gathered at the last period end."""
+        return self.whole_outer
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        from distrain.trainers.optim_state import FlatOptimizerState, import_flat_state
+        from distrain.trainers.sharded_trainer import shard_of
+
+        self.outer_steps = int(state["outer_steps"])
+        import_flat_state(self.outer, self.globals, FlatOptimizerState.from_dict(state["outer_optimizer"]), shard_of)
+
+
+def _like(param: Any, local: Any) -> Any:
+    """`local` as `param`'s gradient: a DTensor placed as `param` is, or the plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor):
+        return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
+    return local
