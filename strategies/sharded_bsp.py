@@ -77,15 +77,24 @@ class ShardedBSP(Strategy):
         """A data-parallel rank's T workers share its batch: the first counts it."""
         return self.tp_rank == 0
 
+    # FSDP spans every replica's data-parallel workers (HSDP); a subclass whose replicas step alone
+    # between synchronisations (ShardedDiLoCo) keeps it inside the replica.
+    fsdp_across_replicas = True
+
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
+        self.mesh = self.join_mesh(trainer)
+
+    def join_mesh(self, trainer: ShardedTrainer) -> Any:
+        """Join the run's group, make the (R, D, T) mesh, cut the trainer's model over it, and count what
+        FSDP moves per step: a tensor-parallel worker's own part of the parameters (tensor parallelism's
+        activation all-reduces are not counted here)."""
         self.channel.join()
         mesh = self.channel.device_mesh((self.replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
-        trainer.shard(mesh, self.config.reshard_after_forward)
-        # FSDP moves a tensor-parallel worker's own part of the parameters (tensor parallelism's
-        # activation all-reduces are not counted here).
-        self.traffic = fsdp_bytes_per_step(
-            trainer.tp_numel * 4, self.replicas, self.shards, self.config.reshard_after_forward
-        )
+        reshard = self.config.reshard_after_forward
+        trainer.shard(mesh, reshard, across_replicas=self.fsdp_across_replicas)
+        fsdp_replicas = self.replicas if self.fsdp_across_replicas else 1
+        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, fsdp_replicas, self.shards, reshard)
+        return mesh
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         import torch.distributed as dist

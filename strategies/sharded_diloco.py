@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.adacomm import outer_steps_figure
 from distrain.strategies.base import CommStats, StrategyContext
-from distrain.strategies.sharded_bsp import ShardedBSP, fsdp_bytes_per_step
+from distrain.strategies.sharded_bsp import ShardedBSP
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 class ShardedDiLoCo(ShardedBSP):
     name = "diloco"
+    fsdp_across_replicas = False  # the inner steps are each replica's own
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)  # self.options: DiLoCo's (this class's name)
@@ -45,15 +46,12 @@ class ShardedDiLoCo(ShardedBSP):
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         import torch
 
-        self.channel.join()
-        mesh = self.channel.device_mesh((self.replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
-        trainer.shard(mesh, self.config.reshard_after_forward, across_replicas=False)
+        mesh = self.join_mesh(trainer)
         self.across = mesh["replicate"].get_group()  # the workers holding this worker's part elsewhere
         self.trainer = trainer
         # θ_g: this worker's part of every parameter (DTensors, as the parameters), with its outer optimizer.
         self.globals = [torch.nn.Parameter(p.detach().clone()) for p in trainer.params]
         self.outer = self.options.make_outer_optimizer(self.globals)
-        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, 1, self.shards, self.config.reshard_after_forward)
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         stats = super().step(trainer, lr)  # the inner step: the replica's own FSDP step
