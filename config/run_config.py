@@ -9,6 +9,7 @@ declared in `sections.py` (resolved by `resolve.py`) plus each strategy's own op
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -184,8 +185,7 @@ class RunConfig:
     def replica_size(self) -> int:
         """Worker actors one replica spans: --fsdp D x --tensor-parallel T x --pipeline-stages S
         (config/layout_section.py)."""
-        per_stage = layout_section.shards_per_replica(self) * layout_section.tp_degree(self)
-        return per_stage * strategy_section.stages(self)
+        return math.prod(self.replica_grid)
 
     @property
     def replica_grid(self) -> tuple[int, int, int]:
@@ -199,7 +199,8 @@ class RunConfig:
     @property
     def sharded(self) -> bool:
         """--fsdp D > 1 or --tensor-parallel T > 1: each replica's parameters are cut over its workers."""
-        return layout_section.shards_per_replica(self) * layout_section.tp_degree(self) > 1
+        shards, tp, _ = self.replica_grid
+        return shards * tp > 1
 
     @property
     def samples_per_step(self) -> int:

@@ -163,26 +163,13 @@ def child_activation_values(model: str, dataset: str) -> dict[str, int]:
 def stage_shares(config: RunConfig) -> list[tuple[int, int]]:
     """Per pipeline stage: (trainable parameter values, activation values one sample produces in it,
     its input included). A user's task: activations unknown (0), as without a pipeline."""
-    import torch
-
     from distrain.strategies.pipeline import plan_stages_for
 
-    if config.task:
-        from distrain.orchestrator.tasks import build_task
-
-        task = build_task(config)
-        try:
-            with torch.device("meta"):  # sizes only: nothing allocated
-                model = task.build_model()
-        except Exception:  # noqa: BLE001 - a model that needs real tensors to build (loads weights, say)
-            model = task.build_model()
+    task, model = _meta_model(config)
+    if task is not None:
         plan = plan_stages_for(model, task.split_points(), config)
         return [(plan.stage_params(s), 0) for s in range(plan.stages)]
-    from distrain.trainers.models import MODELS
-
     info = _dataset_info(config.dataset)
-    with torch.device("meta"):
-        model = MODELS.get(config.model)(info)
     plan = plan_stages_for(model, [], config)
     per_child = child_activation_values(config.model, config.dataset)
     values = [per_child.get(name, 0) for name in plan.children]
@@ -195,8 +182,9 @@ def stage_shares(config: RunConfig) -> list[tuple[int, int]]:
     return shares
 
 
-def _meta_model(config: RunConfig) -> Any:
-    """The run's model built on the meta device (shapes only), as its workers build it."""
+def _meta_model(config: RunConfig) -> tuple[Any, Any]:
+    """(the user's task or None for the built-in one, the run's model built on the meta device: shapes
+    only, nothing allocated), as its workers build them."""
     import torch
 
     if config.task:
@@ -205,41 +193,45 @@ def _meta_model(config: RunConfig) -> Any:
         task = build_task(config)
         try:
             with torch.device("meta"):
-                return task.build_model()
+                return task, task.build_model()
         except Exception:  # noqa: BLE001 - a model that needs real tensors to build (loads weights, say)
-            return task.build_model()
+            return task, task.build_model()
     from distrain.trainers.models import MODELS
 
     with torch.device("meta"):
-        return MODELS.get(config.model)(_dataset_info(config.dataset))
+        return None, MODELS.get(config.model)(_dataset_info(config.dataset))
 
 
-def largest_fsdp_unit(config: RunConfig) -> int:
-    """Parameter values of the largest module `fully_shard` gathers at once (trainers/sharded_trainer.py)."""
-    from distrain.trainers.sharded_trainer import fsdp_units
+@dataclass(frozen=True)
+class CutSizes:
+    """The parameter values a cut replica's worker memory depends on (--tensor-parallel, --fsdp), from one
+    build of the model: its trainable total, one tensor-parallel worker's part of it under the task's plan
+    (the total at T = 1), and the largest module `fully_shard` gathers whole at once."""
 
-    model = _meta_model(config)
-    units = [sum(p.numel() for p in unit.parameters()) for unit in fsdp_units(model)]
-    own = sum(p.numel() for p in model.parameters(recurse=False))  # the root's own, gathered with it
-    return max([own, *units])
+    total: int
+    held: int
+    largest_unit: int
+
+    @classmethod
+    def of(cls, config: RunConfig) -> CutSizes:
+        from distrain.trainers.sharded_trainer import fsdp_units
+        from distrain.trainers.tensor_parallel import BUILTIN_PLANS, local_params
+
+        task, model = _meta_model(config)
+        total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        tp = tp_degree(config)
+        held = total
+        if tp > 1:
+            plan = task.tensor_parallel_plan(tp) if task is not None else BUILTIN_PLANS.get(config.model)
+            held = local_params(model, plan or {}, tp)
+        units = [sum(p.numel() for p in unit.parameters()) for unit in fsdp_units(model)]
+        own = sum(p.numel() for p in model.parameters(recurse=False))  # the root's own, gathered with it
+        return cls(total, held, max([own, *units]))
 
 
-def tp_held_params(config: RunConfig) -> int:
-    """Parameter values one tensor-parallel worker holds under the task's plan (trainers/tensor_parallel.py)."""
-    from distrain.trainers.tensor_parallel import BUILTIN_PLANS, local_params
-
-    tp = tp_degree(config)
-    if config.task:
-        from distrain.orchestrator.tasks import build_task
-
-        plan = build_task(config).tensor_parallel_plan(tp)
-    else:
-        plan = BUILTIN_PLANS.get(config.model)
-    return local_params(_meta_model(config), plan or {}, tp)
-
-
-def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
-    """What the run's worker actors (and parameter-server shards) will hold, in bytes."""
+def estimate(config: RunConfig, num_params: int, cut: CutSizes | None = None) -> MemoryEstimate:
+    """What the run's worker actors (and parameter-server shards) will hold, in bytes. A cut replica's
+    figures come from `cut` (`CutSizes.of(config)` when not given)."""
     from distrain.orchestrator.trial_resources import num_shards
     from distrain.trainers.datasets import DATASETS
 
@@ -259,10 +251,13 @@ def estimate(config: RunConfig, num_params: int) -> MemoryEstimate:
         per_sample = activation_values(config.model, config.dataset) if builtin else 0
         # --tensor-parallel T: the worker's part of the planned layers; --fsdp D: 1/D of every copy of
         # that, plus the largest unit's parameters gathered whole while it runs.
-        held = tp_held_params(config) if tp_degree(config) > 1 else num_params
-        model_bytes = -(-held // shards_per_replica(config)) * FLOAT_BYTES * copies
-        if shards_per_replica(config) > 1:
-            model_bytes += largest_fsdp_unit(config) * FLOAT_BYTES
+        if config.sharded:
+            cut = cut or CutSizes.of(config)
+            shards = shards_per_replica(config)
+            model_bytes = -(-cut.held // shards) * FLOAT_BYTES * copies
+            model_bytes += cut.largest_unit * FLOAT_BYTES if shards > 1 else 0
+        else:
+            model_bytes = num_params * FLOAT_BYTES * copies
         activation_bytes = ACTIVATION_FACTOR * config.batch_size * per_sample * FLOAT_BYTES
     shards = num_shards(config)
     # A shard holds θ, a gradient sum and the optimizer state for its slice.
@@ -335,9 +330,9 @@ def check_worker(config: RunConfig, est: MemoryEstimate) -> None:
 
 def fewest_shards(config: RunConfig, budget: int, most: int = 64) -> int | None:
     """The fewest --fsdp shards (more than the run's) whose worker fits `budget`, up to `most`; or None."""
-    num_params = sum(p.numel() for p in _meta_model(config).parameters() if p.requires_grad)
+    cut = CutSizes.of(config)  # the model's sizes do not change with D: built once for every candidate
     for shards in range(max(shards_per_replica(config) + 1, 2), most + 1):
-        if estimate(with_shards(config, shards), num_params).training_state <= budget:
+        if estimate(with_shards(config, shards), cut.total, cut).training_state <= budget:
             return shards
     return None
 

@@ -459,7 +459,9 @@ class PipelineBSP(Strategy):
         if applied:
             trainer.apply_update(lr)
         extra = dict(self.stats)
-        extra["mem_optim_bytes"] = optimizer_state_bytes(trainer.optimizer)
+        from distrain.trainers.optim_state import state_bytes
+
+        extra["mem_optim_bytes"] = state_bytes(trainer.optimizer)
         sent, got = self.bytes_p2p
         return CommStats(bytes_sent=sent, bytes_received=got, nonfinite=None if applied else True, extra=extra).add(
             traffic
@@ -523,14 +525,6 @@ class PipelineBSP(Strategy):
 
     def spans(self) -> list[tuple[str, int, float, float]]:
         return list(getattr(self, "last_spans", []))
-
-
-def optimizer_state_bytes(optimizer: Any) -> int:
-    import torch
-
-    return sum(
-        v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
-    )
 
 
 def _send_tensor(t: torch.Tensor, dst: int, group: Any) -> None:

@@ -82,7 +82,7 @@ class ShardedBSP(Strategy):
     fsdp_across_replicas = True
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
-        self.mesh = self.join_mesh(trainer)
+        self.join_mesh(trainer)
 
     def join_mesh(self, trainer: ShardedTrainer) -> Any:
         """Join the run's group, make the (R, D, T) mesh, cut the trainer's model over it, and count what
@@ -99,6 +99,8 @@ class ShardedBSP(Strategy):
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         import torch.distributed as dist
 
+        from distrain.trainers.optim_state import state_bytes
+
         t0 = time.perf_counter()
         # Every worker holds a different shard: the sum over all of them decides for all (a NaN or inf
         # anywhere makes it so), so the R x D workers skip, or stop, together.
@@ -114,7 +116,7 @@ class ShardedBSP(Strategy):
             "tp": self.tp_rank,
             "mem_param_bytes": trainer.nbytes,
             "mem_grad_bytes": trainer.grad_bytes(),
-            "mem_optim_bytes": trainer.optimizer_bytes(),
+            "mem_optim_bytes": state_bytes(trainer.optimizer),
         }
         return CommStats(
             seconds=seconds,

@@ -209,6 +209,20 @@ def export_flat_state(
     return FlatOptimizerState(vectors, scalars)
 
 
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors this process holds: a DTensor's (a sharded replica's) local
+    part, every other tensor whole, scalars such as Adam's step included."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value):
+                local = value.to_local() if isinstance(value, DTensor) else value
+                total += local.numel() * local.element_size()
+    return total
+
+
 def _scalar_placement(optimizer: torch.optim.Optimizer, p: nn.Parameter) -> dict[str, Any]:
     """Where torch itself keeps a scalar state entry: on the parameter's device for fused steps and for
     ASGD (whose eta and mu live there), else on the CPU; float64 only under a float64 default dtype."""

@@ -113,15 +113,6 @@ class ShardedTrainer:
     def grad_bytes(self) -> int:
         return sum(local_part(p.grad).numel() * p.grad.element_size() for p in self.params if p.grad is not None)
 
-    def optimizer_bytes(self) -> int:
-        assert self.optimizer is not None
-        return sum(
-            local_part(v).numel() * v.element_size()
-            for state in self.optimizer.state.values()
-            for v in state.values()
-            if torch.is_tensor(v) and v.dim() > 0
-        )
-
     # ------------------------------------------------------------------ the step
     def compute_gradients(self, batch: Any) -> float:
         """Forward and backward of the task's loss on this worker's batch; FSDP leaves each shard's
