@@ -28,6 +28,7 @@ VERSION = 2
 
 
 LATEST = "latest.json"
+CHECKPOINTS = "checkpoints"  # the run directory's folder of them
 
 
 def checkpoint_name(epoch: int | None) -> str:
@@ -106,8 +107,42 @@ def load_checkpoint_for(path: str | Path, model: str, num_params: int) -> dict[s
             f"checkpoint {str(path)!r} holds a {payload.get('model_name')!r} model, not {model!r}; "
             f"pass --model {payload.get('model_name')} or another checkpoint"
         )
+    directory = sharded_dir(payload, Path(path))
+    if directory is not None:  # a sharded run's: its shards' metadata tells the sizes
+        from distrain.trainers.sharded_checkpoint import saved_values
+
+        if saved_values(directory) < num_params:
+            raise DistrainError(f"checkpoint {str(path)!r} does not fit this model's {num_params} parameters")
+        return payload
     found = sum(t.numel() for t in payload["model"].values() if t.is_floating_point())
     vectors = payload["optimizer"].get("vectors", {})
     if any(v.numel() != num_params for v in vectors.values()) or found < num_params:
         raise DistrainError(f"checkpoint {str(path)!r} does not fit this model's {num_params} parameters")
     return payload
+
+
+def sharded_dir(payload: dict[str, Any], path: Path) -> Path | None:
+    """The folder of a sharded run's checkpoint shards (beside its file), or None for a whole checkpoint."""
+    ref = payload.get("sharded")
+    if ref is None:
+        return None
+    directory = path.parent / ref["dir"]
+    from distrain.trainers.sharded_checkpoint import is_complete
+
+    if not is_complete(directory):
+        raise DistrainError(f"checkpoint {str(path)!r} names the shards folder {str(directory)!r}, which is incomplete")
+    return directory
+
+
+def whole_checkpoint(payload: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """`payload` holding the whole model and optimizer state (and a strategy's state) in memory: a sharded
+    run's checkpoint read from its shards in this process (DCP puts the pieces together), for what loads
+    it whole (a run without sharding, --init-from, the trained model); any other checkpoint as it is."""
+    directory = sharded_dir(payload, Path(path))
+    if directory is None:
+        return payload
+    from distrain.trainers.sharded_checkpoint import read_whole
+
+    ref = payload["sharded"]
+    whole = read_whole(directory, ref["model_keys"], ref["param_names"], payload.get("strategy_state"))
+    return {k: v for k, v in payload.items() if k != "sharded"} | whole

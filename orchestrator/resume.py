@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from distrain.config import LEGACY_MOMENTUM, RunConfig, format_workers, parse_workers
 from distrain.config.layout_section import GLOBAL_BATCH, LAYOUT_FIELDS, global_batch_of
 from distrain.errors import ConfigError, DistrainError
-from distrain.orchestrator.checkpoint import LATEST, latest_checkpoint, load_checkpoint_for
+from distrain.orchestrator.checkpoint import LATEST, latest_checkpoint, load_checkpoint_for, whole_checkpoint
 from distrain.orchestrator.checkpoint_schedule import run_steps
 from distrain.orchestrator.metrics import SCHEMA, MetricsSink
 from distrain.trainers.datasets import DATASETS
@@ -221,7 +221,8 @@ def resume_checkpoint(config: RunConfig, num_params: int) -> tuple[Path, dict[st
             f"{config.run_dir!r} is finished (its checkpoint is at step {step} of {total}); nothing to resume. "
             "To train it further, raise --epochs or --max-steps"
         )
-    return path, payload
+    # A sharded run's checkpoint: a sharded run reads its shards on its workers, any other layout whole.
+    return path, payload if config.sharded else whole_checkpoint(payload, path)
 
 
 def total_steps(config: RunConfig) -> int:

@@ -133,8 +133,11 @@ def run_training(
         state = RunState.create(config, plan)
         started = True
         warm = warm_pool.applies(config.uses_gpus, ray_ends_with_run=connection.started_here)
+        # The workers know where the run's directory is (a sharded replica writes its own checkpoint
+        # shards there), whatever the working directory of their processes.
+        at_run_dir = config.replace(run_dir=str(plan.run_dir.resolve()))
         group = RayWorkerGroup(
-            config, placement, state.run_start, actors, lambda up, n: emit(WorkersStarting(up, n)), warm
+            at_run_dir, placement, state.run_start, actors, lambda up, n: emit(WorkersStarting(up, n)), warm
         )
         if config.elastic:  # --workers MIN..MAX: its books go on across attempts
             state.membership = Membership(config, placement)  # type: ignore[arg-type]

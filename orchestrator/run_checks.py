@@ -68,11 +68,12 @@ def check_tensor_parallel(config: RunConfig) -> None:
 
 def check_init_from(config: RunConfig, num_params: int) -> dict[str, Any] | None:
     """The --init-from checkpoint (when there is one), checked against the model."""
-    from distrain.orchestrator.checkpoint import load_checkpoint_for  # torch.load
+    from distrain.orchestrator.checkpoint import load_checkpoint_for, whole_checkpoint  # torch.load
     from distrain.trainers.optim_state import FlatOptimizerState, state_fits
 
     checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
     if checkpoint is not None:
+        checkpoint = whole_checkpoint(checkpoint, config.init_from)  # a sharded run's, put together: any layout
         recorded = (checkpoint.get("config") or {}).get("optimizer")
         flat = FlatOptimizerState.from_dict(checkpoint["optimizer"])
         args = (config.optimizer, config.momentum, config.weight_decay, config.optimizer_args)

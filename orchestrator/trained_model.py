@@ -44,12 +44,12 @@ def load_model(path: str | Path) -> Any:
     """The task's model (a torch `nn.Module`) with the weights of the checkpoint `path` names (see
     `checkpoint_of`), on the CPU and in eval mode."""
     from distrain.config import RunConfig
-    from distrain.orchestrator.checkpoint import load_checkpoint
+    from distrain.orchestrator.checkpoint import load_checkpoint, whole_checkpoint
     from distrain.orchestrator.tasks import build_task, load_task_object
     from distrain.trainers.models import seeded
 
     checkpoint, run_dir = checkpoint_of(path)
-    payload = load_checkpoint(checkpoint)
+    payload = whole_checkpoint(load_checkpoint(checkpoint), checkpoint)
     config = RunConfig.from_mapping(payload["config"])
     load_task_object(config, run_dir, "load_model")  # a task object handed to distrain.fit: the very one, from task.pkl
     model = seeded(build_task(config).build_model, config.seed)

@@ -10,6 +10,7 @@ import gc
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
+from distrain.orchestrator.checkpoint import CHECKPOINTS
 from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
 from distrain.orchestrator.metrics import SCHEMA
 from distrain.orchestrator.tasks import build_task
@@ -158,6 +160,9 @@ class TrainWorker:
                 "model": {k: v for k, v in state["model"].items() if k in keys},
                 "optimizer": flat.to_dict(),
             }
+        if "sharded" in state:  # a sharded checkpoint: the directory, in this run's checkpoints folder
+            path = Path(self.config.run_dir) / CHECKPOINTS / state["sharded"]["dir"]
+            state = state | {"sharded": state["sharded"] | {"path": str(path)}}
         self.trainer.load_state_dict(state)
         self.strategy_state = state.get("strategy_state")
         self.channel_state = state.get("channel")
@@ -251,6 +256,11 @@ class TrainWorker:
                         comm.averaging_round = extra.averaging_round
                         comm.nonfinite = comm.nonfinite or extra.nonfinite
                         comm.extra.update(extra.extra)
+                if self.checkpoints.taken_after(global_step + 1):  # sharded replicas write their own
+                    directory = Path(self.config.run_dir) / CHECKPOINTS
+                    blocked = self.strategy.checkpoint_shards(self.trainer, global_step + 1, directory)
+                    if blocked is not None:
+                        comm.extra["ckpt_block_s"] = blocked
             except NonFinite as e:  # --on-nonfinite stop: this step's row, then back to the driver
                 comm = CommStats(nonfinite=True)
                 diverged = {"step": global_step, "worker": self.rank, "what": str(e)}

@@ -17,6 +17,7 @@ A strategy is one module. Its class declares everything the rest of distrain lea
 - `summary_figures(steps)` and `actor_figures(config, actors)`: extra figures for summary.json, from its
   step rows and from its driver-side actors;
 - `extra_state` / `load_extra_state`: state of its own that checkpoints carry and `--resume` restores.
+- `checkpoint_shards`: workers that write their own shards of a checkpoint (sharded replicas) do it here.
 
 This module imports neither torch nor Ray: `distrain strategies`, `--help` and flag errors need only the
 declarations.
@@ -28,6 +29,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from distrain.compression.spec import FLAG
@@ -330,6 +332,13 @@ class Strategy(ABC):
     def export_state(self, trainer: LocalTrainer) -> dict[str, Any]:
         """The state to checkpoint: model state dict and flat optimizer state."""
         return trainer.state_dict()
+
+    def checkpoint_shards(self, trainer: LocalTrainer, step: int, directory: Path) -> float | None:
+        """Called on every worker after the step a checkpoint follows (`step` steps done). A strategy
+        whose workers write their own shards (sharded replicas) begins that here, in `directory`, and
+        returns the seconds training was blocked; None (the rule): the driver writes the checkpoint from
+        the state `export_state` gives."""
+        return None
 
     def extra_state(self) -> dict[str, Any] | None:
         """State of the strategy's own that a checkpoint keeps (asked of every worker; None: nothing),

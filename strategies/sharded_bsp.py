@@ -15,12 +15,19 @@ FSDP's collectives run inside forward and backward, on the run's process group b
 channel's calls, so a row's bytes are the model's (per rank and step: all-gather in forward and, with
 --reshard-after-forward, again in backward, (D-1)/D x the parameter bytes each; reduce-scatter (D-1)/D;
 across replicas 2(R-1)/R x the shard's bytes) and its comm seconds are the run-wide finiteness check's.
+
+Checkpoints: at each step a checkpoint is due after, every worker begins writing its own shards through
+torch.distributed.checkpoint in a background thread (`checkpoint_shards`, trainers/sharded_checkpoint.py)
+and the row records the seconds training was blocked (`ckpt_block_s`); rank 0's `export_state` hands the
+driver a reference to that directory, which the driver writes into the checkpoint file once the
+directory is complete. No worker ever holds the whole model or optimizer state.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats, Strategy, StrategyContext
@@ -36,6 +43,7 @@ SHARDED_COLUMNS = {
     "mem_param_bytes": "int64",  # parameter bytes this worker holds: its shards
     "mem_grad_bytes": "int64",
     "mem_optim_bytes": "int64",
+    "ckpt_block_s": "float64",  # seconds a checkpoint's save blocked this worker (steps a checkpoint follows)
 }
 
 
@@ -60,7 +68,7 @@ class ShardedBSP(Strategy):
         # rank = (replica x D + shard) x T + tp: a data-parallel rank's T workers are neighbours.
         self.dp_rank, self.tp_rank = divmod(ctx.rank, self.tp)
         self.replica, self.shard = divmod(self.dp_rank, self.shards)
-        self.whole: dict[str, Any] | None = None
+        self.saved: dict[str, Any] | None = None  # the last checkpoint begun: its directory and step
 
     @property
     def slices_per_step(self) -> int:
@@ -92,6 +100,9 @@ class ShardedBSP(Strategy):
         mesh = self.channel.device_mesh((self.replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
         reshard = self.config.reshard_after_forward
         trainer.shard(mesh, reshard, across_replicas=self.fsdp_across_replicas)
+        from distrain.trainers.sharded_checkpoint import AsyncSaver
+
+        self.saver = AsyncSaver()
         fsdp_replicas = self.replicas if self.fsdp_across_replicas else 1
         self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, fsdp_replicas, self.shards, reshard)
         return mesh
@@ -138,15 +149,39 @@ class ShardedBSP(Strategy):
         return totals if self.shard == 0 and self.tp_rank == 0 else {}
 
     # ------------------------------------------------------------------ state
-    def at_epoch_end(self, trainer: ShardedTrainer) -> CommStats | None:  # type: ignore[override]
-        """Gather the whole model and optimizer state (every worker takes part); rank 0, which the driver
-        asks for checkpoints, keeps it: checkpoints restore at any layout."""
-        t0 = time.perf_counter()
-        whole = trainer.whole_state()
-        self.whole = whole if self.ctx.rank == 0 else None
-        return CommStats(seconds=time.perf_counter() - t0)
+    def checkpoint_shards(self, trainer: ShardedTrainer, step: int, directory: Path) -> float:  # type: ignore[override]
+        """Begin writing this worker's shards of the state after `step` steps (every worker at once);
+        returns the seconds training was blocked."""
+        import torch
+        import torch.distributed as dist
+
+        from distrain.trainers.sharded_checkpoint import state_dir_name
+        from distrain.trainers.sharded_trainer import local_part
+
+        total = torch.zeros((), dtype=torch.float64)
+        for p in trainer.params:
+            total += local_part(p.detach()).double().sum()
+        dist.all_reduce(total)  # never a NaN checkpoint: the driver refuses one that says so
+        name = state_dir_name(step)
+        entries = trainer.checkpoint_entries() | self.checkpoint_entries(trainer)
+        blocked = self.saver.save(entries, directory / name, step)
+        self.saved = {"dir": name, "step": step, "finite": bool(total.isfinite())} | trainer.checkpoint_keys()
+        return blocked
+
+    def teardown(self) -> None:
+        """The save in flight is written before the group it runs over goes (a warm worker's next run
+        must not meet this run's save thread in its collectives)."""
+        saver = getattr(self, "saver", None)
+        if saver is not None:
+            saver.wait()
+        super().teardown()
+
+    def checkpoint_entries(self, trainer: ShardedTrainer) -> dict[str, Any]:
+        """The strategy's own tensors for the checkpoint (none under BSP)."""
+        return {}
 
     def export_state(self, trainer: ShardedTrainer) -> dict[str, Any]:  # type: ignore[override]
-        if self.whole is None:
-            raise RuntimeError("a sharded replica's state is gathered at period ends; none has been reached yet")
-        return self.whole
+        """A reference to the last checkpoint this worker began (the driver waits for it to be complete)."""
+        if self.saved is None:
+            raise RuntimeError("a sharded replica's state is saved at checkpoint steps; none has been reached yet")
+        return {"sharded": dict(self.saved)}

@@ -11,8 +11,9 @@ optimizer steps it. So a round moves 1/(D x T) of the model per worker, and no w
 whole model or its whole pseudo-gradient. Streaming DiLoCo (--fragments), --compress and elastic
 membership are not built across cut replicas (DiLoCoOptions.check refuses them).
 
-Checkpoints hold the whole θ_g (the model) and the whole outer optimizer state, gathered at period ends
-as ShardedBSP gathers the model, so they restore at any layout.
+Checkpoints: a period ends at every checkpoint, so θ_g is the model there; each worker writes its part of
+the outer optimizer's state beside its model shards (`checkpoint_entries`), and a run at any layout reads
+its own parts back (`load_extra_state`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from distrain.trainers.sharded_trainer import ShardedTrainer
 
 
+OUTER = "outer"  # the outer optimizer's entries in a sharded checkpoint (trainers/sharded_checkpoint.py)
+
+
 class ShardedDiLoCo(ShardedBSP):
     name = "diloco"
     fsdp_across_replicas = False  # the inner steps are each replica's own
@@ -37,7 +41,6 @@ class ShardedDiLoCo(ShardedBSP):
         super().__init__(config, ctx)  # self.options: DiLoCo's (this class's name)
         self.t = 0  # inner steps since the last outer step
         self.outer_steps = 0
-        self.whole_outer: dict[str, Any] | None = None
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -63,17 +66,8 @@ class ShardedDiLoCo(ShardedBSP):
         return stats
 
     def at_epoch_end(self, trainer: ShardedTrainer) -> CommStats | None:  # type: ignore[override]
-        """Close the period (an outer step if inner steps were taken since the last), then gather the
-        whole θ_g and outer optimizer state for the checkpoint (every worker takes part)."""
-        from distrain.trainers.optim_state import export_flat_state
-        from distrain.trainers.sharded_trainer import whole_tensor
-
+        """Close the period: an outer step if inner steps were taken since the last."""
         stats = self._outer_step(CommStats()) if self.t > 0 else CommStats()
-        gathered = super().at_epoch_end(trainer)
-        assert gathered is not None
-        outer = export_flat_state(self.outer, self.globals, whole=whole_tensor)
-        self.whole_outer = {"outer_steps": self.outer_steps, "outer_optimizer": outer.to_dict()}
-        stats.seconds += gathered.seconds
         stats.averaging_round = self.outer_steps
         return stats
 
@@ -117,16 +111,29 @@ class ShardedDiLoCo(ShardedBSP):
         return stats
 
     # ------------------------------------------------------------------ state
+    def checkpoint_entries(self, trainer: ShardedTrainer) -> dict[str, Any]:
+        """The outer optimizer's state, each worker its part (θ_g is the model at a period's end)."""
+        from distrain.trainers.sharded_checkpoint import optimizer_entries
+
+        return optimizer_entries(self.outer, self.globals, trainer.names, OUTER)
+
     def extra_state(self) -> dict[str, Any] | None:
-        """The whole outer optimizer state and the outer steps, as gathered at the last period end."""
-        return self.whole_outer
+        """The outer steps; the outer optimizer's state is in the checkpoint's shards, under OUTER."""
+        return {"outer_steps": self.outer_steps, "outer_optimizer": {"sharded": OUTER}}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
+        """From a sharded checkpoint (each worker reads its part) or a whole one (each cuts its part)."""
         from distrain.trainers.optim_state import FlatOptimizerState, import_flat_state
+        from distrain.trainers.sharded_checkpoint import load_optimizer_entries
         from distrain.trainers.sharded_trainer import shard_of
 
         self.outer_steps = int(state["outer_steps"])
-        import_flat_state(self.outer, self.globals, FlatOptimizerState.from_dict(state["outer_optimizer"]), shard_of)
+        outer = state["outer_optimizer"]
+        if "sharded" in outer:
+            assert self.trainer.loaded_from is not None, "a sharded strategy state comes with sharded shards"
+            load_optimizer_entries(self.outer, self.globals, self.trainer.names, self.trainer.loaded_from, OUTER)
+        else:
+            import_flat_state(self.outer, self.globals, FlatOptimizerState.from_dict(outer), shard_of)
 
 
 def _like(param: Any, local: Any) -> Any:

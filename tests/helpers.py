@@ -6,12 +6,14 @@ from pathlib import Path
 
 import torch
 
-from distrain.orchestrator.checkpoint import load_checkpoint
+from distrain.orchestrator.checkpoint import load_checkpoint, whole_checkpoint
 
 
 def final_params(run_dir: Path) -> torch.Tensor:
-    """The final model parameters of a run, flattened in the model's parameter order."""
-    state = load_checkpoint(Path(run_dir) / "checkpoints" / "final.pt")["model"]
+    """The final model parameters of a run, flattened in the model's parameter order (a sharded run's
+    checkpoint put together from its shards)."""
+    path = Path(run_dir) / "checkpoints" / "final.pt"
+    state = whole_checkpoint(load_checkpoint(path), path)["model"]
     return torch.cat([t.reshape(-1).double() for t in state.values()])
 
 

@@ -223,7 +223,7 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return total
 
 
-def _scalar_placement(optimizer: torch.optim.Optimizer, p: nn.Parameter) -> dict[str, Any]:
+def scalar_placement(optimizer: torch.optim.Optimizer, p: nn.Parameter) -> dict[str, Any]:
     """Where torch itself keeps a scalar state entry: on the parameter's device for fused steps and for
     ASGD (whose eta and mu live there), else on the CPU; float64 only under a float64 default dtype."""
     dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
@@ -254,7 +254,7 @@ def import_flat_state(
             whole = vec[offset : offset + n].view(p.shape)
             state[key] = place(whole, p) if place is not None else whole.to(device=p.device, dtype=p.dtype).clone()
         for key, value in flat.scalars.items():
-            state[key] = torch.tensor(value, **_scalar_placement(optimizer, p))
+            state[key] = torch.tensor(value, **scalar_placement(optimizer, p))
         optimizer.state[p] = state
         offset += n
 

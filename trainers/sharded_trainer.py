@@ -8,14 +8,17 @@ an all-reduce of the shards across replicas) and keeps only this worker's shard.
 and optimizer state are DTensors from then on; the optimizer steps them per tensor (every optimizer
 distrain runs is element-wise, so a shard's update is the whole tensor's update, cut).
 
-Checkpoints stay layout-free: `whole_state` gathers the whole model state dict and the optimizer state
-in distrain's flat form (trainers/optim_state.py), so a sharded run's checkpoint restores at any --fsdp,
-at any --pipeline-stages or in one process, and `load_state_dict` takes such a state at any D.
+Checkpoints: each worker writes its own shards through torch.distributed.checkpoint
+(`checkpoint_entries`, trainers/sharded_checkpoint.py) and reads its own pieces back at any D or T
+(`load_state_dict` with a {"sharded": directory} reference); a whole (layout-free) state, such as an
+unsharded run's checkpoint, loads too, each worker cutting its shard out of it. `whole_state` gathers the
+whole model and flat optimizer state (a collective), for callers that want it in memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -77,6 +80,8 @@ class ShardedTrainer:
         self._optimizer_spec = (optimizer, lr, momentum, weight_decay, optimizer_args)
         self.optimizer: torch.optim.Optimizer | None = None
         self._pending_optimizer: FlatOptimizerState | None = None  # a checkpoint's, until `shard`
+        self.loaded_from: Path | None = None  # the sharded checkpoint this worker started from, if any
+        self._pending_dir: Path | None = None  # that checkpoint, until `shard` has cut the model
         self.last_loss = float("nan")
 
     # ------------------------------------------------------------------ sharding
@@ -98,12 +103,17 @@ class ShardedTrainer:
             for unit in fsdp_units(self.model):
                 fully_shard(unit, mesh=dp, reshard_after_forward=reshard_after_forward)
             fully_shard(self.model, mesh=dp, reshard_after_forward=reshard_after_forward)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]  # the checkpoints' keys for the optimizer state
+        self.params = [p for _, p in named]
         name, lr, momentum, weight_decay, args = self._optimizer_spec
         self.optimizer = make_optimizer(name, self.params, lr, momentum, weight_decay, args)
         if self._pending_optimizer is not None:
             self._import_optimizer(self._pending_optimizer)
             self._pending_optimizer = None
+        if self._pending_dir is not None:
+            self._load_sharded(self._pending_dir)
+            self._pending_dir = None
 
     @property
     def nbytes(self) -> int:
@@ -160,8 +170,31 @@ class ShardedTrainer:
     def scaler_state(self) -> dict[str, Any]:
         return {}
 
+    def checkpoint_entries(self) -> dict[str, torch.Tensor]:
+        """This worker's pieces of the model and optimizer state, as DCP entries (no copy, no collective)."""
+        from distrain.trainers.sharded_checkpoint import MODEL, optimizer_entries
+
+        assert self.optimizer is not None
+        entries = {f"{MODEL}/{k}": v for k, v in self.model.state_dict().items()}
+        return entries | optimizer_entries(self.optimizer, self.params, self.names)
+
+    def checkpoint_keys(self) -> dict[str, list[str]]:
+        """The model's state dict keys and its trainable parameters' names, in order (a reader of the
+        shards in one process puts the state back in this order: DCP's own is another)."""
+        return {"model_keys": list(self.model.state_dict()), "param_names": list(self.names)}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A whole (layout-free) state: before `shard` into the model as it is, after it into each shard."""
+        """A sharded checkpoint ({"sharded": {"path": directory}}: each worker reads its own pieces, once
+        the model is cut) or a whole (layout-free) state: before `shard` into the model as it is, after
+        it into each shard."""
+        if "sharded" in state:
+            directory = Path(state["sharded"]["path"])
+            self.loaded_from = directory
+            if self.optimizer is None:
+                self._pending_dir = directory
+            else:
+                self._load_sharded(directory)
+            return
         flat = FlatOptimizerState.from_dict(state["optimizer"])
         if self.optimizer is None:
             self.model.load_state_dict(state["model"])
@@ -172,6 +205,14 @@ class ShardedTrainer:
             for key, value in state["model"].items():
                 local_part(own[key]).copy_(local_part(shard_of(value, own[key])))
         self._import_optimizer(flat)
+
+    def _load_sharded(self, directory: Path) -> None:
+        """Every worker of the run at once: its pieces of the model and optimizer state (DCP reshards)."""
+        from distrain.trainers.sharded_checkpoint import load_model_entries, load_optimizer_entries
+
+        assert self.optimizer is not None
+        load_model_entries(self.model, directory)
+        load_optimizer_entries(self.optimizer, self.params, self.names, directory)
 
     def _import_optimizer(self, flat: FlatOptimizerState) -> None:
         assert self.optimizer is not None

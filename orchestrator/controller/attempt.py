@@ -17,7 +17,7 @@ from distrain.config import RunConfig
 from distrain.errors import ConfigError, RunFailed
 from distrain.orchestrator import auto_choice, channel_checkpoint, interrupts, outcome
 from distrain.orchestrator.callbacks import Callbacks, RunInfo
-from distrain.orchestrator.checkpoint import checkpoint_name, save_checkpoint
+from distrain.orchestrator.checkpoint import CHECKPOINTS, checkpoint_name, save_checkpoint
 from distrain.orchestrator.checkpoint_schedule import run_steps
 from distrain.orchestrator.controller.events import (
     EventHandler,
@@ -41,6 +41,7 @@ from distrain.orchestrator.throughput import SteadyState
 from distrain.strategies.channel import run_codec
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
+from distrain.trainers.sharded_checkpoint import is_complete
 from distrain.trainers.task import reduce_metrics
 
 RECOVERING = "recovering"  # an attempt's end (never a status): the run goes on in a new attempt
@@ -114,7 +115,7 @@ class Attempt:
         self.steps_per_epoch = self.state.steps_per_epoch = info[0]["steps_per_epoch"]
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
-            keys = ("model", "optimizer", "strategy_state", "scaler")
+            keys = ("model", "optimizer", "sharded", "strategy_state", "scaler")  # "sharded": a reference
             per_rank, notice = channel_checkpoint.restore(self.checkpoint, ranks, run_codec(self.config))
             if notice is not None:
                 self.emit(Notice(notice))
@@ -183,7 +184,9 @@ class Attempt:
                 self.emit(RunStarted(self.run_dir, total, spe, params, nodes, self.start_step, self.now()))
                 info_ = RunInfo(self.run_dir, self.config, total, spe, self.start_step, params, self.target)
                 self.hooks.call("on_run_start", info_)
-            optimizer = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if self.checkpoint else None
+            # (a sharded checkpoint's optimizer state is in its shards: a sharded run's workers read it there)
+            whole = bool(self.checkpoint) and "optimizer" in self.checkpoint
+            optimizer = FlatOptimizerState.from_dict(self.checkpoint["optimizer"]) if whole else None
             self.state.chaos.skip_reached(self.start_step)  # a resumed run: events before its checkpoint are past
             self.phases = plan_phases(self.config, self.steps_per_epoch, self.start_step, total)
             for i, phase in enumerate(self.phases):
@@ -336,6 +339,8 @@ class Attempt:
                 return
             if not self.channel_states.complete(step, self.members()):  # a rank's residuals still to come
                 return
+            if not all(self._shards_written(state) for _, state in self.saves[step]):  # still being written
+                return
             for name, state in self.saves.pop(step):
                 self._save(name, state, epochs_before, step)
 
@@ -344,7 +349,7 @@ class Attempt:
         metrics.parquet first (a resume reads those before the checkpoint's step back from it), and,
         with `progress`, a summary.json that says the run has not finished: a driver killed after
         this leaves a directory `distrain report` reads and `--resume` continues."""
-        if not _finite_model(state):  # never a NaN checkpoint: the last good one stays the latest
+        if not self._finite(state):  # never a NaN checkpoint: the last good one stays the latest
             raise Diverged(steps_done, None, "parameters")
         codec = run_codec(self.phase_config or self.config)
         channel = self.channel_states.take(steps_done, self.members(), codec)
@@ -365,8 +370,9 @@ class Attempt:
                 global_step=steps_done,
                 extra=extra,
             )
-            payload = {"model": state["model"], "optimizer": state["optimizer"], "global_step": steps_done}
-            for key in ("ps", "strategy_state", "scaler", channel_checkpoint.KEY, channel_checkpoint.WHY):
+            payload = {"global_step": steps_done}
+            kept = ("model", "optimizer", "sharded", "ps", "strategy_state", "scaler")  # "sharded": a reference
+            for key in (*kept, channel_checkpoint.KEY, channel_checkpoint.WHY):
                 if key in state:
                     payload[key] = state[key]
             self.state.point = RestorePoint(payload, steps_done, now, path)
@@ -378,6 +384,24 @@ class Attempt:
             if progress:
                 self._write_summary(Status.UNFINISHED, epochs_done, mitigation=False)
 
+    def _shards_written(self, state: dict[str, Any]) -> bool:
+        """Whether a sharded run's workers have finished writing the shards `state` names (they write in
+        the background while training goes on); True for any other state."""
+        ref = state.get("sharded")
+        return ref is None or is_complete(self.run_dir / CHECKPOINTS / ref["dir"])
+
+    def _finite(self, state: dict[str, Any]) -> bool:
+        """The parameters are finite (a sharded run's workers checked theirs when they began the save)."""
+        return bool(state["sharded"]["finite"]) if "sharded" in state else _finite_model(state)
+
+    def _wait_for_shards(self, state: dict[str, Any]) -> None:
+        """Until the shards `state` names are written (at the run's end: nothing else is left to do)."""
+        deadline = time.monotonic() + self.config.hang_timeout_s
+        while not self._shards_written(state):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the workers did not finish writing {state['sharded']['dir']} in time")
+            time.sleep(0.05)
+
     _save = save  # what `save_complete` calls (tests/unit/test_dispatcher.py stands a recorder in for it)
     _save_complete = save_complete  # its former name (tests/unit/test_dispatcher.py)
 
@@ -388,6 +412,8 @@ class Attempt:
             first = self.members()[0]
             self._final_channel_states()
             final = self.group.state(first, self.config.hang_timeout_s)
+            self._wait_for_shards(final)  # a sharded run's last save; those before it are written by then
+            self.save_complete(set(), set())
             self.save(checkpoint_name(None), final, epochs_done, self.steps_done, progress=False)  # + metrics
         else:
             self.sink.write(self.run_dir / "metrics.parquet")
