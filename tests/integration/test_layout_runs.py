@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, ResourceError
+from distrain.orchestrator.checkpoint import load_checkpoint
 from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
+from distrain.orchestrator.trained_model import load_model
 from tests.helpers import final_params
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -103,6 +106,47 @@ def test_a_sharded_run_resumes_at_another_fsdp_with_the_same_global_batch(tmp_pa
     assert abs(after[after["step"] == 10]["loss"].mean() - expected[10]) <= TOL
 
 
+def test_sharded_checkpoints_are_the_workers_shards_and_load_whole_or_at_another_layout(tmp_path, one_process):
+    """--fsdp 2 --batch-size 32 with --checkpoint-steps 5 for 10 steps: every checkpoint file points at a
+    folder of DCP shards, one file per worker (nobody gathered the model), the rows after which one was
+    taken record the seconds it blocked; `load_model` reads the final one whole. --resume without
+    sharding (2 plain replicas at B = 32, the same global batch) reads the shards whole and goes on from
+    the same loss to one process's end."""
+    first = run_training(cfg(tmp_path, "d2", workers=1, fsdp=2, batch_size=32, max_steps=10, checkpoint_steps=5))
+    checkpoints = Path(first.run_dir) / "checkpoints"
+    for name, step in (("step-00000005.pt", 5), ("final.pt", 10)):
+        payload = load_checkpoint(checkpoints / name)
+        assert "model" not in payload and "optimizer" not in payload
+        assert payload["sharded"]["dir"] == f"state-{step:08d}" and payload["sharded"]["finite"] is True
+        shards = sorted(p.name for p in (checkpoints / payload["sharded"]["dir"]).iterdir())
+        assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    rows = steps_of(first.run_dir)
+    blocked = rows.dropna(subset=["ckpt_block_s"])
+    assert sorted(set(blocked["step"])) == [4, 9] and len(blocked) == 4 and (blocked["ckpt_block_s"] >= 0).all()
+    model = load_model(first.run_dir)
+    loaded = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    assert torch.equal(loaded, final_params(first.run_dir))
+    resumed = run_training(
+        resume_config(first.run_dir, {"fsdp": 1, "workers": 2, "batch_size": 32, "max_steps": 20}), resume=True
+    )
+    assert resumed.summary["layout"]["fsdp"] == 1
+    assert (final_params(resumed.run_dir) - one_process["sgd"][0]).abs().max().item() <= TOL
+    after = steps_of(resumed.run_dir)
+    expected = one_process["sgd"][1].set_index("step")["loss"]
+    assert abs(after[after["step"] == 10]["loss"].mean() - expected[10]) <= TOL
+
+
+def test_a_tensor_parallel_run_resumes_in_one_process(tmp_path, one_process):
+    """T = 2 for 10 steps (its checkpoint: each worker's column and row halves, as DCP shards), then
+    --resume at T = 1: one process reads them whole and continues from the same loss to the same end."""
+    first = run_training(cfg(tmp_path, "t2", workers=1, tensor_parallel=2, batch_size=64, max_steps=10))
+    resumed = run_training(resume_config(first.run_dir, {"tensor_parallel": 1, "max_steps": 20}), resume=True)
+    assert resumed.summary["layout"]["worker_actors"] == 1
+    assert (final_params(resumed.run_dir) - one_process["sgd"][0]).abs().max().item() <= TOL
+    after = steps_of(resumed.run_dir)
+    assert abs(after[after["step"] == 10]["loss"].iloc[0] - one_process["sgd"][1].set_index("step")["loss"][10]) <= TOL
+
+
 def test_a_model_three_times_one_workers_budget_trains_at_four_shards(tmp_path):
     """WideMLP(width 64): 4 blocks of 4160 parameters, under Adam 5 copies each (θ, gradient, a buffer, two
     moments): 325 KiB in one worker against --worker-memory 100KiB. Refused at D = 1 and D = 2 naming
@@ -173,6 +217,15 @@ def test_diloco_over_sharded_replicas_equals_diloco_over_plain_replicas_at_twice
     cut = run_training(cfg(tmp_path, "cut", **(lm | dict(workers=2, fsdp=2, batch_size=16))))
     assert cut.summary["status"] == "completed" and cut.summary["outer_steps"] == 3
     assert (final_params(cut.run_dir) - final_params(plain.run_dir)).abs().max().item() <= TOL
+    # Stopped after 8 steps and resumed: each worker reads its part of the outer optimizer's momentum
+    # back from the shards, so the end is the uninterrupted run's. (Inner SGD without momentum: a
+    # checkpoint holds one replica's inner optimizer state, as under plain DiLoCo, strategies/diloco.py.)
+    stateless = lm | dict(workers=2, fsdp=2, batch_size=16, momentum=0.0)
+    whole = run_training(cfg(tmp_path, "whole", **stateless))
+    stopped = run_training(cfg(tmp_path, "cut8", **(stateless | dict(max_steps=8))))
+    resumed = run_training(resume_config(stopped.run_dir, {"max_steps": 12}), resume=True)
+    assert resumed.summary["outer_steps"] == 3
+    assert (final_params(resumed.run_dir) - final_params(whole.run_dir)).abs().max().item() <= TOL
     rows = steps_of(cut.run_dir)
     # A step that ends with an outer step also moves the worker's part of the pseudo-gradient across the
     # two replicas: 2(R-1)/R = 1 x the bytes of the part it holds.
