@@ -48,6 +48,13 @@ RECOVERING = "recovering"  # an attempt's end (never a status): the run goes on 
 NO_SPACE = "no space"  # an attempt's end (never a status): the disk filled up; recorded as "failed"
 
 
+def _shards_pending(run_dir: Path, state: dict[str, Any]) -> bool:
+    """Whether a sharded run's workers are still writing the shards `state` names (in the background,
+    while training goes on); False for any other state."""
+    ref = state.get("sharded")
+    return ref is not None and not is_complete(run_dir / CHECKPOINTS / ref["dir"])
+
+
 def _finite_model(state: dict[str, Any]) -> bool:
     """Every floating-point tensor of the model state is finite (cheap next to writing it)."""
     import torch
@@ -339,7 +346,7 @@ class Attempt:
                 return
             if not self.channel_states.complete(step, self.members()):  # a rank's residuals still to come
                 return
-            if not all(self._shards_written(state) for _, state in self.saves[step]):  # still being written
+            if any(_shards_pending(self.run_dir, state) for _, state in self.saves[step]):  # still being written
                 return
             for name, state in self.saves.pop(step):
                 self._save(name, state, epochs_before, step)
@@ -384,12 +391,6 @@ class Attempt:
             if progress:
                 self._write_summary(Status.UNFINISHED, epochs_done, mitigation=False)
 
-    def _shards_written(self, state: dict[str, Any]) -> bool:
-        """Whether a sharded run's workers have finished writing the shards `state` names (they write in
-        the background while training goes on); True for any other state."""
-        ref = state.get("sharded")
-        return ref is None or is_complete(self.run_dir / CHECKPOINTS / ref["dir"])
-
     def _finite(self, state: dict[str, Any]) -> bool:
         """The parameters are finite (a sharded run's workers checked theirs when they began the save)."""
         return bool(state["sharded"]["finite"]) if "sharded" in state else _finite_model(state)
@@ -397,7 +398,7 @@ class Attempt:
     def _wait_for_shards(self, state: dict[str, Any]) -> None:
         """Until the shards `state` names are written (at the run's end: nothing else is left to do)."""
         deadline = time.monotonic() + self.config.hang_timeout_s
-        while not self._shards_written(state):
+        while _shards_pending(self.run_dir, state):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the workers did not finish writing {state['sharded']['dir']} in time")
             time.sleep(0.05)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from distrain.orchestrator.dispatcher import Dispatcher
 from distrain.orchestrator.work import WorkPlan
 
@@ -138,6 +140,7 @@ def test_checkpoints_are_written_in_step_order_whatever_order_their_states_come_
 
     written: list[int] = []
     driver = SimpleNamespace(saves={}, steps_per_epoch=100, steps_done=8, channel_states=ChannelStates())
+    driver.run_dir = Path("no-shards")  # whole states: no sharded run's shards to wait for
     driver.members = lambda: [0]
     driver._save = lambda name, state, epochs, step: written.append(step)
     dispatch = Dispatcher(WorkPlan(8, 100, 1, 2, False, cut_every=2), FakeWorkers().submit, checkpoint_steps=2)
