@@ -180,6 +180,7 @@ def calibrate(config: RunConfig, out: Path, steps: int = 40, reps: int = 20, rep
     from distrain.orchestrator.run_checks import check_runnable
 
     num_params = check_runnable(config)
+    config = uncut(config)
     started = False
     if not ray.is_initialized() and not config.address:
         cluster.start_local_ray(max(4, (config.ps_shards or 1) + 3))
@@ -209,6 +210,13 @@ def calibrate(config: RunConfig, out: Path, steps: int = 40, reps: int = 20, rep
     return fit(config, where, num_params, probe, time.time() - t0)
 
 
+def uncut(config: RunConfig) -> RunConfig:
+    """The run as plain workers: the tiny runs measure one worker's compute on its B samples (what FSDP
+    does not split; planning/layout_model.py predicts the cut from it), and strategies other than BSP and
+    DiLoCo, or a model over --worker-memory, would be refused at a cut replica's layout."""
+    return config.replace(fsdp=1, tensor_parallel=1, worker_memory="")
+
+
 def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], seconds: float = 0.0) -> Calibration:
     """The calibration from the tiny runs' directories under `where` and the probes' figures (so a
     calibration can be refitted from what a plan kept, e.g. after a change to the model)."""
@@ -230,7 +238,7 @@ def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], 
 
     modelled = ring2 + c * s2 * (expected_max(spread, 2) - 1)
     sync2 = max(0.0, two["step_s"] - alone["step_s"])
-    est = memory.estimate(config.replace(workers=1), num_params)
+    est = memory.estimate(uncut(config).replace(workers=1), num_params)  # the plain rows' worker
     return Calibration(
         task=f"{config.model} on {config.dataset}" if not config.task else config.task,
         batch_size=config.batch_size,
