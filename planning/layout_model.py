@@ -38,6 +38,7 @@ from distrain.planning.planner import (
     Prediction,
     Recommendation,
     _compute,
+    _setting_text,
     _value,
     default,
     expected_order_stat,
@@ -153,7 +154,7 @@ def predict_layout(
             wait += compute * (expected_order_stat(cal.spread, busy, busy) - 1.0) * scale * rounds
         sent += ring_bytes_per_worker(part, replicas) * rounds
         memory += 2 * part  # θ_g and the outer momentum, of this worker's part
-        setting = f"--sync-every {period}"
+        setting = _setting_text("diloco", s)
     return Prediction(
         strategy, "collective", replicas, setting, compute, comm, overlap, wait, overhead, sent, memory, 1,
         cal.batch_size, fsdp=layout.fsdp, tensor_parallel=t,

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from distrain.cli import app
 from distrain.config import RunConfig
+from distrain.orchestrator import memory
 from distrain.planning import auto_strategy, calibrate, planner
 from distrain.planning.layout_figures import layout_of, model_figures, planned_layouts
 from distrain.planning.layout_model import Layout, predict_layout, recommend_among, recommend_layout
@@ -157,7 +158,8 @@ def test_plan_shows_each_candidates_layout_and_predicts_the_runs_own(tmp_path):
     frame = pd.read_parquet(out / "predictions.parquet")
     cut = frame[frame.fsdp == 2]
     assert sorted(set(cut.strategy)) == ["bsp", "diloco"] and set(cut.workers) == {1, 2}
-    assert len(frame) == 2 * len(planner.CANDIDATES) + len(cut)  # the plain rows stay
+    assert len(frame) == 2 * len(planner.CANDIDATES) + len(cut)  # the plain rows stay, named as such
+    assert set(frame[(frame.fsdp == 1) & (frame.workers == 2)]["layout"]) == {"2 workers"}
     layout = layout_of(RunConfig(model="mlp", fsdp=2))
     row = cut[(cut.strategy == "bsp") & (cut.workers == 2)].iloc[0]
     assert row["bytes_per_worker"] == pytest.approx(predict_layout(_cal(), "bsp", 2, layout).bytes_per_worker)
@@ -188,7 +190,8 @@ def test_strategy_auto_chooses_a_layout_when_the_model_does_not_fit(monkeypatch)
     assert overrides["fsdp"] == 4 and overrides["strategy"] in ("bsp", "diloco")
     assert overrides["transport"] == "collective" and record["layout"] == "2 replicas x 4 shards"
     assert "over --worker-memory 100KiB" in record["reason"]
-    RunConfig.resolve(None, values | overrides)  # the choice is a run the config accepts
+    chosen = RunConfig.resolve(None, values | overrides)  # the choice is a run the config accepts...
+    memory.check_worker(chosen, memory.estimate(chosen, 16_640))  # ...and the run's budget check too
     fits = dict(values, worker_memory="")
     overrides, record = auto_strategy.choose(fits, None)
     assert "fsdp" not in overrides and record["layout"] == "2 workers"
