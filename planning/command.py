@@ -67,6 +67,9 @@ def make_plan(
     steps: int = 40,
     repeats: int = 3,
 ) -> PlanResult:
+    from distrain.planning.layout_figures import planned_layouts
+
+    layouts, why = planned_layouts(config)  # first: a layout the run would refuse is refused before anything
     out.mkdir(parents=True, exist_ok=True)
     if calibration is None:
         from distrain.planning.calibrate import calibrate
@@ -79,9 +82,6 @@ def make_plan(
 
         calibration = replace(calibration, **traffic_figures(config, calibration.num_params))
     available = memory.local_available() if not config.address else None
-    from distrain.planning.layout_figures import planned_layouts
-
-    layouts, why = planned_layouts(config)
     here = planner.plan_table(calibration, worker_counts) + layout_table(calibration, worker_counts, layouts)
     whatif = []
     if hardware:

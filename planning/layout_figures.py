@@ -108,6 +108,10 @@ def planned_layouts(config: RunConfig) -> tuple[list[Layout], str]:
     """(the layouts a plan predicts besides the plain workers, why: the first words of its reason); none
     when the run names no layout and one worker fits."""
     if config.sharded:
+        if tp_degree(config) > 1:  # the run's own check (a plan read back with --calibration runs no other)
+            from distrain.orchestrator.run_checks import check_tensor_parallel
+
+            check_tensor_parallel(config)
         flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in (("fsdp", config.replica_grid[0]),
                          ("tensor_parallel", config.replica_grid[1])) if v > 1)  # fmt: skip
         return [layout_of(config)], f"the run's {flags}"

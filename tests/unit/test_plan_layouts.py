@@ -195,3 +195,17 @@ def test_strategy_auto_chooses_a_layout_when_the_model_does_not_fit(monkeypatch)
     fits = dict(values, worker_memory="")
     overrides, record = auto_strategy.choose(fits, None)
     assert "fsdp" not in overrides and record["layout"] == "2 workers"
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [(["--model", "mlp", "--tensor-parallel", "3"], "--tensor-parallel 3 does not divide"),
+     (["--model", "cnn", "--tensor-parallel", "2"], "--model cnn has none")],
+)  # fmt: skip
+@pytest.mark.usefixtures("no_ray")
+def test_plan_refuses_a_layout_the_run_would_refuse(flags, says, tmp_path):
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(app, ["plan", "--calibration", str(_saved(tmp_path)), *flags, "--out", str(out)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and says in lines[0], result.output
+    assert not out.exists()
