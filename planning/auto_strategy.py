@@ -85,9 +85,10 @@ def choose(
         from distrain.orchestrator.tasks import attach_task_object
 
         attach_task_object(probe, task_object)
-    with tempfile.TemporaryDirectory(prefix="distrain-auto-") as tmp:
-        cal = calibrate(probe, Path(tmp), steps=CALIBRATION_STEPS, repeats=CALIBRATION_REPEATS)
     layouts, why = planned_layouts(probe)
+    with tempfile.TemporaryDirectory(prefix="distrain-auto-") as tmp:
+        cut = layouts[0] if layouts else None  # its collectives measured too
+        cal = calibrate(probe, Path(tmp), steps=CALIBRATION_STEPS, repeats=CALIBRATION_REPEATS, layout=cut)
     if layouts:  # a cut replica's strategies only, at the run's layout or one that fits
         rec = recommend_among(cal, probe.workers, layouts, why)
     else:

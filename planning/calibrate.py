@@ -34,6 +34,7 @@ import pandas as pd
 from distrain.config import RunConfig
 from distrain.config.strategy_section import traffic_defaults
 from distrain.orchestrator import memory
+from distrain.planning.layout_model import Layout, layout_scale_of
 from distrain.planning.planner import Calibration, settings_for
 
 WARMUP_FRACTION = 0.25  # the first quarter of a run's steps (at least 2) is start-up, not steady state
@@ -171,9 +172,17 @@ def flops_per_sample(config: RunConfig) -> float | None:
 REPEATS = 3  # each tiny run, interleaved: the median of three survives one run hit by a burst of other load
 
 
-def calibrate(config: RunConfig, out: Path, steps: int = 40, reps: int = 20, repeats: int = REPEATS) -> Calibration:
+def calibrate(
+    config: RunConfig,
+    out: Path,
+    steps: int = 40,
+    reps: int = 20,
+    repeats: int = REPEATS,
+    layout: Layout | None = None,
+) -> Calibration:
     """Measure the task and this cluster; the tiny runs' directories stay under `out/calibration/`
-    (`NAME-rI`, I the repeat)."""
+    (`NAME-rI`, I the repeat). `layout`: a cut replica the plan predicts; a fifth tiny run, BSP at R = 1 of
+    it, measures its collectives (`Calibration.layout_scale`)."""
     import ray
 
     from distrain.orchestrator import cluster
@@ -202,12 +211,31 @@ def calibrate(config: RunConfig, out: Path, steps: int = 40, reps: int = 20, rep
             _tiny(base, where, f"bsp-2-r{r}", steps, workers=2)
             async_cfg = base.replace(strategy="async", transport="ps", ps_shards=1)
             _tiny(async_cfg, where, f"async-1-r{r}", steps, workers=1)
+            if layout is not None:
+                _tiny(cut_config(base, layout), where, f"cut-1-r{r}", steps, workers=1)
         probe = _probes(num_params * 4, reps)
     finally:
         if started:
             ray.shutdown()
     (where / "probe.json").write_text(json.dumps(probe, indent=2))
-    return fit(config, where, num_params, probe, time.time() - t0)
+    cal = fit(config, where, num_params, probe, time.time() - t0)
+    return cal if layout is None else fit_layout(cal, where, layout)
+
+
+def cut_config(base: RunConfig, layout: Layout) -> RunConfig:
+    """The plain tiny runs' config cut as `layout`."""
+    cut = {"fsdp": layout.fsdp, "tensor_parallel": layout.tensor_parallel}
+    return base.replace(**cut, reshard_after_forward=layout.reshard_after_forward)
+
+
+def fit_layout(cal: Calibration, where: Path, layout: Layout) -> Calibration:
+    """`cal` with the layout's tiny run (`cut-1`) read: its measured step against the model's."""
+    from dataclasses import replace
+
+    cut = repeated_figures(where, "cut-1")
+    grid = {"fsdp": layout.fsdp, "tensor_parallel": layout.tensor_parallel}
+    measured = dict(cal.measured, cut_1=_figures(cut) | grid)
+    return replace(cal, layout_scale=layout_scale_of(cal, layout, cut["step_s"]), measured=measured)
 
 
 def uncut(config: RunConfig) -> RunConfig:

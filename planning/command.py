@@ -74,7 +74,7 @@ def make_plan(
     if calibration is None:
         from distrain.planning.calibrate import calibrate
 
-        calibration = calibrate(config, out, steps=steps, repeats=repeats)
+        calibration = calibrate(config, out, steps=steps, repeats=repeats, layout=layouts[0] if layouts else None)
     else:  # this machine's figures as measured then; the traffic of this plan's --compress and emulated link
         from dataclasses import replace
 

@@ -16,9 +16,11 @@ no torch. Per worker and step:
   (their FLOPs over the model's, `Layout.split_share`);
 - time: latency per ring round (a unit's all-gather or reduce-scatter takes D-1 rounds, an all-reduce
   2(P-1)) plus bytes over the bandwidth, on this machine stretched by the R x D x T busy processes and
-  scaled by the measured `sync_scale` as BSP's all-reduce is; on a what-if machine FSDP2's prefetch hides
-  the collectives behind compute except one unit's; tensor parallelism's all-reduces sit on the critical
-  path and never hide;
+  scaled by `Calibration.layout_scale`, what a tiny BSP run of the layout at R = 1 measured over this
+  model (`layout_scale_of`; BSP's `sync_scale` does not carry over: DDP's all-reduce hides behind the
+  backward, while FSDP's all-gathers in the forward, and its per-unit hooks, show on CPU gloo); on a
+  what-if machine FSDP2's prefetch hides the collectives behind compute except one unit's; tensor
+  parallelism's all-reduces sit on the critical path and never hide;
 - stragglers: every one of the R x D x T workers takes part in each step's collectives (DiLoCo: the D x T
   of a replica each step, all of them once a round);
 - memory: `orchestrator/memory.estimate` at the layout (1/D of the parameter copies of a worker's tensor-
@@ -27,7 +29,7 @@ no torch. Per worker and step:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from distrain.config.layout_section import grid_text
 from distrain.planning.planner import (
@@ -132,9 +134,10 @@ def predict_layout(
     fsdp_bytes = fsdp_bytes_per_step(layout.param_bytes, fsdp_replicas, layout.fsdp, layout.reshard_after_forward)
     fsdp_time = (_inner_rounds(layout, fsdp_replicas) - layout.tp_all_reduces * ring_rounds(t)) * alpha
     fsdp_time += fsdp_bytes / beta
-    if here:  # as BSP's all-reduce here: contention stretches it, the measured sync_scale corrects it
-        fsdp_comm, tp_comm = fsdp_time * stretch * scale, tp_time * stretch * scale
-        overlap = fsdp_time * stretch * (1 - min(1.0, scale))
+    if here:  # contention stretches them, the measured layout_scale corrects the model
+        cut = 1.0 if cal.layout_scale is None else cal.layout_scale
+        fsdp_comm, tp_comm = fsdp_time * stretch * cut, tp_time * stretch * cut
+        overlap = fsdp_time * stretch * (1 - min(1.0, cut))
     else:  # FSDP2 prefetches the next unit's all-gather while one computes: all but one unit's can hide
         fsdp_comm = max(fsdp_time / max(1, layout.units), fsdp_time - compute)
         tp_comm, overlap = tp_time, fsdp_time - fsdp_comm
@@ -205,3 +208,13 @@ def recommend_among(
     """`recommend_layout` at each of `layouts`; the one predicted to train the most samples per second."""
     recs = [recommend_layout(cal, replicas, layout, why, hw) for layout in layouts]
     return max(recs, key=lambda r: r.prediction.samples_per_s)
+
+
+def layout_scale_of(cal: Calibration, layout: Layout, measured_step_s: float) -> float:
+    """The factor on a cut replica's modelled collectives (on this machine) that makes BSP's predicted step
+    at R = 1 the measured one: what the step spent beyond compute, waiting and overhead over the model's
+    communication (at least 0; 1 where the layout communicates nothing)."""
+    p = predict_layout(replace(cal, layout_scale=1.0), "bsp", 1, layout)
+    if p.comm_s <= 0:
+        return 1.0
+    return max(0.0, (measured_step_s - (p.step_s - p.comm_s)) / p.comm_s)

@@ -179,6 +179,9 @@ class Calibration:
     link_bandwidth: float | None = None
     buckets: int = 1  # BSP's all-reduce buckets (transfers on the emulated link per step)
     train_samples: int | None = None  # the training set's size (epoch ends cut local SGD's and DiLoCo's periods)
+    # a cut replica's collectives (FSDP, tensor parallelism) as measured over as modelled: a tiny BSP run of
+    # the planned layout at R = 1 (layout_model.layout_scale_of); None: not measured (1, nothing hidden)
+    layout_scale: float | None = None
 
     def rounds_per_step(self, period: int, workers: int) -> float:
         """Averaging rounds per step of a strategy that averages every `period` steps: local SGD and DiLoCo

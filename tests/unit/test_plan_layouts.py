@@ -17,7 +17,7 @@ from distrain.config import RunConfig
 from distrain.orchestrator import memory
 from distrain.planning import auto_strategy, calibrate, planner
 from distrain.planning.layout_figures import layout_of, model_figures, planned_layouts
-from distrain.planning.layout_model import Layout, predict_layout, recommend_among, recommend_layout
+from distrain.planning.layout_model import Layout, layout_scale_of, predict_layout, recommend_among, recommend_layout
 from distrain.planning.planner import Calibration, Hardware
 from tests.unit.test_cli_errors import no_ray  # noqa: F401 - the fixture: fail if Ray would start
 
@@ -136,10 +136,28 @@ def test_the_choice_across_cut_replicas():
     assert recommend_among(_cal(), 1, [cut, tp], "because", slow).settings == {"tensor_parallel": 2}
 
 
-def test_calibration_runs_plain_workers():
+def test_calibration_runs_plain_workers_and_measures_the_layouts_collectives(tmp_path):
     cfg = RunConfig(model="mlp", fsdp=2, tensor_parallel=2, worker_memory="1MiB")
     plain = calibrate.uncut(cfg)
     assert plain.replica_grid[:2] == (1, 1) and not plain.worker_memory and plain.model == "mlp"
+    cut = Layout(fsdp=2, tensor_parallel=2, reshard_after_forward=False, held_params=P, units=3)
+    assert calibrate.cut_config(plain, cut).replica_grid[:2] == (2, 2)
+    assert not calibrate.cut_config(plain, cut).reshard_after_forward
+    # the scale makes BSP's predicted step at R = 1 the measured one
+    p = predict_layout(_cal(), "bsp", 1, cut)
+    rest = p.step_s - p.comm_s
+    assert layout_scale_of(_cal(), cut, rest + 3 * p.comm_s) == pytest.approx(3.0)
+    assert layout_scale_of(_cal(), cut, rest / 2) == 0.0  # faster than compute alone: nothing to charge
+    assert predict_layout(_cal(layout_scale=3.0), "bsp", 1, cut).step_s == pytest.approx(rest + 3 * p.comm_s)
+    # read from the tiny run's metrics: a steady 30 ms step
+    run = tmp_path / "cut-1"
+    run.mkdir()
+    rows = [{"kind": "step", "worker": 0, "step": i, "wall_time": 0.03 * i, "compute_s": 0.002, "comm_s": 0.0,
+             "wait_s": 0.0} for i in range(20)]  # fmt: skip
+    pd.DataFrame(rows).to_parquet(run / "metrics.parquet")
+    fitted = calibrate.fit_layout(_cal(), tmp_path, cut)
+    assert fitted.layout_scale == pytest.approx(layout_scale_of(_cal(), cut, 0.03))
+    assert fitted.measured["cut_1"]["step_s"] == pytest.approx(0.03) and fitted.measured["cut_1"]["fsdp"] == 2
 
 
 def _saved(tmp_path: Path) -> Path:
@@ -183,13 +201,20 @@ def test_plan_proposes_a_layout_when_the_model_does_not_fit_one_worker(tmp_path)
 
 
 def test_strategy_auto_chooses_a_layout_when_the_model_does_not_fit(monkeypatch):
-    monkeypatch.setattr(calibrate, "calibrate", lambda *a, **k: _cal(num_params=16_640, task=WIDE))
+    measured = []
+
+    def fake_calibrate(*args, layout=None, **kwargs):
+        measured.append(layout)
+        return _cal(num_params=16_640, task=WIDE)
+
+    monkeypatch.setattr(calibrate, "calibrate", fake_calibrate)
     values = {"strategy": "auto", "task": WIDE, "task_args": {"width": 64}, "workers": 2, "batch_size": 16,
               "worker_memory": "100KiB"}  # fmt: skip
     overrides, record = auto_strategy.choose(values, None)
     assert overrides["fsdp"] == 4 and overrides["strategy"] in ("bsp", "diloco")
     assert overrides["transport"] == "collective" and record["layout"] == "2 replicas x 4 shards"
     assert "over --worker-memory 100KiB" in record["reason"]
+    assert measured[0].fsdp == 4  # the calibration measured the layout it chose among
     chosen = RunConfig.resolve(None, values | overrides)  # the choice is a run the config accepts...
     memory.check_worker(chosen, memory.estimate(chosen, 16_640))  # ...and the run's budget check too
     fits = dict(values, worker_memory="")
