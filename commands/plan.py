@@ -118,6 +118,8 @@ def plan(
     target = choose_out_dir(out_dir)
     if saved is None:
         what = f"{calibration_repeats} x 4 tiny runs of {calibration_steps} steps, two probes"
+        if cfg.sharded or cfg.worker_memory:  # the layout's own tiny run (planning/layout_figures.py)
+            what += "; a fifth run of a cut layout if one is planned"
         say(f"calibrating on this cluster ({what})...")
     result = make_plan(cfg, counts, target, hardware, saved, steps=calibration_steps, repeats=calibration_repeats)
     print_plan(result)
