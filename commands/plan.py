@@ -24,7 +24,9 @@ PLAN_FLAGS = {"config", "resume", "workers", "strategy", "transport", "schedule"
 PLAN_TRAFFIC_FLAGS = TRAFFIC_FIELDS  # what every strategy's traffic goes through (the channel's)
 
 HELP = """Predict step time, traffic and memory of every strategy at each worker count, calibrated on this
-cluster with a few real steps and micro-benchmarks; recommend one, with its reason."""
+cluster with a few real steps and micro-benchmarks; recommend one, with its reason. With --fsdp or
+--tensor-parallel, or a model over --worker-memory, also BSP and DiLoCo across cut replicas (the layouts
+that fit)."""
 
 
 def parameters() -> list[inspect.Parameter]:
@@ -116,6 +118,8 @@ def plan(
     target = choose_out_dir(out_dir)
     if saved is None:
         what = f"{calibration_repeats} x 4 tiny runs of {calibration_steps} steps, two probes"
+        if cfg.sharded or cfg.worker_memory:  # the layout's own tiny run (planning/layout_figures.py)
+            what += "; a fifth run of a cut layout if one is planned"
         say(f"calibrating on this cluster ({what})...")
     result = make_plan(cfg, counts, target, hardware, saved, steps=calibration_steps, repeats=calibration_repeats)
     print_plan(result)
@@ -144,12 +148,12 @@ def print_plan(result: Any) -> None:
         machines.append((f"{result.hardware.name} ({result.hardware.source})", result.whatif))
     for title, rows in machines:
         table = Table(title=Text(f"predicted per worker step: {title}"))
-        for i, name in enumerate(("N", "strategy", "transport", "step ms", "compute", "comm", "overlap", "wait",
-                                  "samples/s", "KB/worker/step", "MiB/worker", "fan-in")):  # fmt: skip
-            table.add_column(name, justify="left" if 0 < i < 3 else "right")
+        for i, name in enumerate(("N", "layout", "strategy", "transport", "step ms", "compute", "comm", "overlap",
+                                  "wait", "samples/s", "KB/worker/step", "MiB/worker", "fan-in")):  # fmt: skip
+            table.add_column(name, justify="left" if 0 < i < 4 else "right")
         for p in rows:
             table.add_row(
-                str(p.workers), p.strategy + (f" {p.setting}" if p.setting else ""), p.transport,
+                str(p.workers), p.layout, p.strategy + (f" {p.setting}" if p.setting else ""), p.transport,
                 f"{p.step_s * 1e3:.1f}", f"{p.compute_s * 1e3:.1f}", f"{p.comm_s * 1e3:.1f}",
                 f"{p.overlap_s * 1e3:.1f}", f"{p.wait_s * 1e3:.1f}", f"{p.samples_per_s:,.0f}",
                 f"{p.bytes_per_worker / 1e3:,.1f}", f"{p.memory_per_worker / 2**20:,.0f}", str(p.fan_in),
@@ -160,6 +164,13 @@ def print_plan(result: Any) -> None:
             parts = ", ".join(f"{k} x{v:.2f}" for k, v in costs.items())
             consoles.out.print(f"stragglers at N={n} (expected round time / median step): {parts}", markup=False,
                       highlight=False)  # fmt: skip
+    if result.layouts:
+        cuts = ", ".join(
+            " ".join(f"--{k.replace('_', '-')} {v}" for k, v in layout.flags().items())
+            + f" ({layout.training_state / 2**20:,.1f} MiB of training state per worker)"
+            for layout in result.layouts
+        )
+        consoles.out.print(f"layouts: {result.layout_reason}: {cuts}", markup=False, highlight=False)
     n = max(result.recommendations)
     rec = result.recommendations[n]
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in rec.settings.items())

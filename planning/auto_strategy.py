@@ -1,7 +1,10 @@
 """`distrain run --strategy auto`: the plan's recommendation, made concrete before the run starts.
 
 The planner calibrates on this cluster (a short calibration: planning/calibrate.py) and
-recommends a strategy, a transport and its settings (τ, H, s) for the run's worker count. The run is
+recommends a strategy, a transport and its settings (τ, H, s) for the run's worker count. A run that names
+a layout (--fsdp, --tensor-parallel), or whose model does not fit one worker's --worker-memory, gets BSP or
+DiLoCo across cut replicas (the two built there) at that layout or at one that fits (--fsdp D, and the
+--tensor-parallel of a layout that needs it, then among the choice's settings). The run is
 then an ordinary run of that strategy: config.yaml records the concrete strategy (so `--config` repeats
 it without planning again) with the choice and its reason as a comment on top; summary.json's
 `strategy_auto` and the run's prediction.json hold the reason and the predicted step, which
@@ -73,6 +76,8 @@ def choose(
     from distrain.config import RunConfig
     from distrain.orchestrator import memory
     from distrain.planning.calibrate import calibrate
+    from distrain.planning.layout_figures import planned_layouts
+    from distrain.planning.layout_model import recommend_among
     from distrain.planning.planner import recommend
 
     probe = RunConfig.resolve(config_file, dict(config_values, strategy="bsp", transport="", schedule=""))
@@ -80,10 +85,14 @@ def choose(
         from distrain.orchestrator.tasks import attach_task_object
 
         attach_task_object(probe, task_object)
+    layouts, why = planned_layouts(probe)
     with tempfile.TemporaryDirectory(prefix="distrain-auto-") as tmp:
-        cal = calibrate(probe, Path(tmp), steps=CALIBRATION_STEPS, repeats=CALIBRATION_REPEATS)
-    available = memory.local_available() if not probe.address else None
-    rec = recommend(cal, probe.workers, None, available)
+        cut = layouts[0] if layouts else None  # its collectives measured too
+        cal = calibrate(probe, Path(tmp), steps=CALIBRATION_STEPS, repeats=CALIBRATION_REPEATS, layout=cut)
+    if layouts:  # a cut replica's strategies only, at the run's layout or one that fits
+        rec = recommend_among(cal, probe.workers, layouts, why)
+    else:
+        rec = recommend(cal, probe.workers, None, memory.local_available() if not probe.address else None)
     overrides = {"strategy": rec.strategy, "transport": rec.transport, **rec.settings}
     record = {
         "requested": AUTO,
@@ -92,6 +101,7 @@ def choose(
         "settings": rec.settings,
         "reason": rec.reason,
         "workers": probe.workers,
+        "layout": rec.prediction.layout,
         "predicted": rec.prediction.row(),
         "calibration": cal.to_dict(),
     }

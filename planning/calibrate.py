@@ -34,6 +34,7 @@ import pandas as pd
 from distrain.config import RunConfig
 from distrain.config.strategy_section import traffic_defaults
 from distrain.orchestrator import memory
+from distrain.planning.layout_model import Layout, layout_scale_of
 from distrain.planning.planner import Calibration, settings_for
 
 WARMUP_FRACTION = 0.25  # the first quarter of a run's steps (at least 2) is start-up, not steady state
@@ -171,15 +172,24 @@ def flops_per_sample(config: RunConfig) -> float | None:
 REPEATS = 3  # each tiny run, interleaved: the median of three survives one run hit by a burst of other load
 
 
-def calibrate(config: RunConfig, out: Path, steps: int = 40, reps: int = 20, repeats: int = REPEATS) -> Calibration:
+def calibrate(
+    config: RunConfig,
+    out: Path,
+    steps: int = 40,
+    reps: int = 20,
+    repeats: int = REPEATS,
+    layout: Layout | None = None,
+) -> Calibration:
     """Measure the task and this cluster; the tiny runs' directories stay under `out/calibration/`
-    (`NAME-rI`, I the repeat)."""
+    (`NAME-rI`, I the repeat). `layout`: a cut replica the plan predicts; a fifth tiny run, BSP at R = 1 of
+    it, measures its collectives (`Calibration.layout_scale`)."""
     import ray
 
     from distrain.orchestrator import cluster
     from distrain.orchestrator.run_checks import check_runnable
 
     num_params = check_runnable(config)
+    config = uncut(config)
     started = False
     if not ray.is_initialized() and not config.address:
         cluster.start_local_ray(max(4, (config.ps_shards or 1) + 3))
@@ -201,12 +211,38 @@ def calibrate(config: RunConfig, out: Path, steps: int = 40, reps: int = 20, rep
             _tiny(base, where, f"bsp-2-r{r}", steps, workers=2)
             async_cfg = base.replace(strategy="async", transport="ps", ps_shards=1)
             _tiny(async_cfg, where, f"async-1-r{r}", steps, workers=1)
+            if layout is not None:
+                _tiny(cut_config(base, layout), where, f"cut-1-r{r}", steps, workers=1)
         probe = _probes(num_params * 4, reps)
     finally:
         if started:
             ray.shutdown()
     (where / "probe.json").write_text(json.dumps(probe, indent=2))
-    return fit(config, where, num_params, probe, time.time() - t0)
+    cal = fit(config, where, num_params, probe, time.time() - t0)
+    return cal if layout is None else fit_layout(cal, where, layout)
+
+
+def cut_config(base: RunConfig, layout: Layout) -> RunConfig:
+    """The plain tiny runs' config cut as `layout`."""
+    cut = {"fsdp": layout.fsdp, "tensor_parallel": layout.tensor_parallel}
+    return base.replace(**cut, reshard_after_forward=layout.reshard_after_forward)
+
+
+def fit_layout(cal: Calibration, where: Path, layout: Layout) -> Calibration:
+    """`cal` with the layout's tiny run (`cut-1`) read: its measured step against the model's."""
+    from dataclasses import replace
+
+    cut = repeated_figures(where, "cut-1")
+    grid = {"fsdp": layout.fsdp, "tensor_parallel": layout.tensor_parallel}
+    measured = dict(cal.measured, cut_1=_figures(cut) | grid)
+    return replace(cal, layout_scale=layout_scale_of(cal, layout, cut["step_s"]), measured=measured)
+
+
+def uncut(config: RunConfig) -> RunConfig:
+    """The run as plain workers: the tiny runs measure one worker's compute on its B samples (what FSDP
+    does not split; planning/layout_model.py predicts the cut from it), and strategies other than BSP and
+    DiLoCo, or a model over --worker-memory, would be refused at a cut replica's layout."""
+    return config.replace(fsdp=1, tensor_parallel=1, worker_memory="")
 
 
 def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], seconds: float = 0.0) -> Calibration:
@@ -230,7 +266,7 @@ def fit(config: RunConfig, where: Path, num_params: int, probe: dict[str, Any], 
 
     modelled = ring2 + c * s2 * (expected_max(spread, 2) - 1)
     sync2 = max(0.0, two["step_s"] - alone["step_s"])
-    est = memory.estimate(config.replace(workers=1), num_params)
+    est = memory.estimate(uncut(config).replace(workers=1), num_params)  # the plain rows' worker
     return Calibration(
         task=f"{config.model} on {config.dataset}" if not config.task else config.task,
         batch_size=config.batch_size,

@@ -34,6 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from distrain.config.layout_section import grid_text
 from distrain.strategies.declarations import PlanningSetting
 from distrain.strategies.pipeline import bubble_fraction  # noqa: F401 - the model's pipeline term, its owner's
 from distrain.strategies.strategy_lookup import strategy_class
@@ -178,6 +179,9 @@ class Calibration:
     link_bandwidth: float | None = None
     buckets: int = 1  # BSP's all-reduce buckets (transfers on the emulated link per step)
     train_samples: int | None = None  # the training set's size (epoch ends cut local SGD's and DiLoCo's periods)
+    # a cut replica's collectives (FSDP, tensor parallelism) as measured over as modelled: a tiny BSP run of
+    # the planned layout at R = 1 (layout_model.layout_scale_of); None: not measured (1, nothing hidden)
+    layout_scale: float | None = None
 
     def rounds_per_step(self, period: int, workers: int) -> float:
         """Averaging rounds per step of a strategy that averages every `period` steps: local SGD and DiLoCo
@@ -235,6 +239,9 @@ class Prediction:
     memory_per_worker: int
     fan_in: int  # most messages one process receives per step (ring: 1 neighbour; PS shard: P)
     batch_size: int
+    # the replica's cut (layout_model.py): `workers` is then R replicas of fsdp x tensor_parallel workers each
+    fsdp: int = 1
+    tensor_parallel: int = 1
 
     @property
     def step_s(self) -> float:
@@ -242,10 +249,17 @@ class Prediction:
 
     @property
     def samples_per_s(self) -> float:
-        return self.workers * self.batch_size / self.step_s
+        """The global batch (R x D x B: tensor-parallel workers share their samples) over the step."""
+        return self.workers * self.fsdp * self.batch_size / self.step_s
+
+    @property
+    def layout(self) -> str:
+        """'4 workers', '2 replicas x 2 shards' (config/layout_section.grid_text)."""
+        cut = {"fsdp": self.fsdp, "tensor_parallel": self.tensor_parallel}
+        return grid_text({"replicas": self.workers} | cut)
 
     def row(self) -> dict[str, Any]:
-        return asdict(self) | {"step_s": self.step_s, "samples_per_s": self.samples_per_s}
+        return asdict(self) | {"step_s": self.step_s, "samples_per_s": self.samples_per_s, "layout": self.layout}
 
 
 # The settings the planner plans each strategy at (a user's own are kept) are the strategy's declared

@@ -30,6 +30,8 @@ def test_plan_end_to_end_on_digits_with_a_tiny_calibration(tmp_path, ray_cluster
             "8",
             "--calibration-repeats",
             "1",
+            "--fsdp",  # and BSP / DiLoCo across 2-way sharded replicas: a fifth tiny run measures them
+            "2",
             "--out",
             str(out),
         ],
@@ -39,8 +41,12 @@ def test_plan_end_to_end_on_digits_with_a_tiny_calibration(tmp_path, ray_cluster
     assert cal.num_params == 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10  # mlp on digits
     assert cal.compute_s > 0 and cal.effective_cores > 0 and cal.allreduce_bandwidth > 0 and cal.ps_call_s > 0
     assert cal.flops_per_sample and cal.flops_per_sample > 2 * 3 * cal.num_params * 0.9  # fwd + bwd ~ 6 flops/param
-    for name in ("bsp-1-r0", "local-2-r0", "bsp-2-r0", "async-1-r0"):  # ordinary runs, kept for inspection
+    for name in ("bsp-1-r0", "local-2-r0", "bsp-2-r0", "async-1-r0", "cut-1-r0"):  # ordinary runs, kept
         assert (out / "calibration" / name / "metrics.parquet").is_file()
+    assert RunConfig.load_yaml(out / "calibration" / "cut-1-r0" / "config.yaml")["fsdp"] == 2
+    assert cal.layout_scale is not None and cal.layout_scale >= 0 and cal.measured["cut_1"]["fsdp"] == 2
+    frame = pd.read_parquet(out / "predictions.parquet")
+    assert set(frame[frame.fsdp == 2]["strategy"]) == {"bsp", "diloco"} and "2 replicas x 2 shards" in result.output
     assert "recommended at N=2" in result.output
 
 
