@@ -1,0 +1,53 @@
+"""The cnn's hybrid tensor parallelism (Krizhevsky 2014) end to end over real gloo groups in real Ray actors:
+the convolutions data-parallel over the T workers, each on its own samples, the classifier split across
+them. T = 2 at --batch-size 16 and D = 2 x T = 2 at 8 equal one process at the global batch 32 after 20
+steps of momentum SGD, test metrics included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from distrain.config import RunConfig
+from distrain.orchestrator.run import run_training
+from tests.helpers import final_params
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+BASE = dict(
+    model="cnn", lr_scaling="none", epochs=1, max_steps=20, seed=3, segment_steps=10, eval_every=0,
+    optimizer="sgd", momentum=0.9, lr=0.05, workers=1,
+)  # fmt: skip
+TOL = 1e-5
+
+
+def steps_of(run_dir) -> pd.DataFrame:
+    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
+    return df[df["kind"] == "step"].sort_values(["step", "worker"])
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    run = run_training(RunConfig(**BASE, batch_size=32, run_dir=str(tmp_path_factory.mktemp("one") / "run")))
+    return run, final_params(run.run_dir), steps_of(run.run_dir)
+
+
+@pytest.mark.parametrize("fsdp", [1, 2])
+def test_the_cnn_hybrid_equals_one_process_at_t_times_the_batch(tmp_path, one_process, fsdp):
+    one, params, one_rows = one_process
+    run = run_training(RunConfig(**BASE, fsdp=fsdp, tensor_parallel=2, batch_size=16 // fsdp, run_dir=str(tmp_path)))
+    assert run.summary["status"] == "completed" and run.summary["global_batch_size"] == 32
+    assert (final_params(run.run_dir) - params).abs().max().item() <= TOL
+    # Evaluation: each worker's Shard(0) logits are the whole eval batch's (its T workers feed the same batch).
+    for metric in ("final_test_loss", "final_test_accuracy"):
+        assert abs(run.summary[metric] - one.summary[metric]) <= TOL, metric
+    rows = steps_of(run.run_dir)
+    # Every worker takes its own slice (slice = rank = shard x T + tp) and counts its own samples.
+    placed = rows.groupby("worker")[["shard", "tp", "slice"]].first().values.tolist()
+    assert placed == [[d, t, 2 * d + t] for d in range(fsdp) for t in range(2)]
+    assert (rows["samples"] == 16 // fsdp).all() and rows.groupby("step")["samples"].sum().eq(32).all()
+    # Their own samples, their own losses, which average to one process's loss on all 32.
+    by_step = rows.pivot_table(index="step", columns="worker", values="loss")
+    assert (by_step[0] - by_step[1]).abs().min() > 1e-4
+    assert abs(by_step.mean(axis=1).to_numpy() - one_rows["loss"].to_numpy()).max() <= TOL
