@@ -93,6 +93,7 @@ class ShardedTrainer:
 
         from distrain.trainers.tensor_parallel import apply_plan
 
+        forget_earlier_meshes()
         tp = mesh["tp"].size()
         if tp > 1:  # the plan was checked before the run started (orchestrator/run_checks.py)
             apply_plan(self.model, self.task.tensor_parallel_plan(tp) or {}, mesh["tp"])
@@ -229,6 +230,19 @@ class HybridGradients:
         """Values this worker sums over the T workers per step: its parts of the whole parameters."""
         params = dict(model.named_parameters())
         return sum(local_part(params[name]).numel() for name in self.whole)
+
+
+def forget_earlier_meshes() -> None:
+    """Clear DTensor's sharding caches before a run cuts its model. A warm worker's earlier run made meshes
+    equal to this run's (DeviceMesh equality ignores the process groups), so the caches would hand back
+    output specs on those meshes, whose groups that run destroyed ("Could not resolve the process group
+    registered under the name 8" when the earlier run had made more groups)."""
+    from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    clear_redistribute_planner_cache()
+    _gen_transform_infos.cache_clear()
 
 
 def local_part(t: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The cnn's hybrid tensor parallelism (Krizhevsky 2014) end to end over real gloo groups in real Ray actors:
 the convolutions data-parallel over the T workers, each on its own samples, the classifier split across
 them. T = 2 at --batch-size 16 and D = 2 x T = 2 at 8 equal one process at the global batch 32 after 20
-steps of momentum SGD, test metrics included."""
+steps of momentum SGD, test metrics included; DiLoCo across hybrid replicas equals DiLoCo across plain ones."""
 
 from __future__ import annotations
 
@@ -51,3 +51,15 @@ def test_the_cnn_hybrid_equals_one_process_at_t_times_the_batch(tmp_path, one_pr
     by_step = rows.pivot_table(index="step", columns="worker", values="loss")
     assert (by_step[0] - by_step[1]).abs().min() > 1e-4
     assert abs(by_step.mean(axis=1).to_numpy() - one_rows["loss"].to_numpy()).max() <= TOL
+
+
+def test_diloco_over_hybrid_replicas_equals_diloco_over_plain_replicas_at_t_times_the_batch(tmp_path):
+    """R = 2 replicas of the T = 2 hybrid at B = 8 against 2 plain replicas at B = 16: each replica's inner
+    steps take the same 16 samples, the outer steps average the same pseudo-gradients; 12 steps, H = 4.
+    Run after the tests above in the module's Ray session, its warm workers have made meshes equal to its
+    own with other process groups (trainers/sharded_trainer.py `forget_earlier_meshes`)."""
+    lm = BASE | dict(strategy="diloco", sync_every=4, max_steps=12, workers=2)
+    plain = run_training(RunConfig(**lm, batch_size=16, run_dir=str(tmp_path / "plain")))
+    cut = run_training(RunConfig(**lm, tensor_parallel=2, batch_size=8, run_dir=str(tmp_path / "cut")))
+    assert cut.summary["outer_steps"] == 3 and cut.summary["global_batch_size"] == 32
+    assert (final_params(cut.run_dir) - final_params(plain.run_dir)).abs().max().item() <= TOL
