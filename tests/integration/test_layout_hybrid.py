@@ -12,6 +12,7 @@ import pytest
 
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
+from distrain.strategies.sharded_bsp import fsdp_bytes_per_step
 from tests.helpers import final_params
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -20,6 +21,7 @@ BASE = dict(
     optimizer="sgd", momentum=0.9, lr=0.05, workers=1,
 )  # fmt: skip
 TOL = 1e-5
+CONVS = 1 * 32 * 9 + 32 + 32 * 64 * 9 + 64  # the cnn's convolutions' parameters on the 8x8 digits
 
 
 def steps_of(run_dir) -> pd.DataFrame:
@@ -47,6 +49,11 @@ def test_the_cnn_hybrid_equals_one_process_at_t_times_the_batch(tmp_path, one_pr
     placed = rows.groupby("worker")[["shard", "tp", "slice"]].first().values.tolist()
     assert placed == [[d, t, 2 * d + t] for d in range(fsdp) for t in range(2)]
     assert (rows["samples"] == 16 // fsdp).all() and rows.groupby("step")["samples"].sum().eq(32).all()
+    # Per step: FSDP's traffic over the worker's part, and the ring all-reduce of its part of the conv
+    # gradients over the two tensor-parallel workers (2(T-1)/T = 1 x its bytes).
+    held = CONVS + (1024 * 128 + 128) // 2 + 128 * 10 // 2 + 10
+    traffic = fsdp_bytes_per_step(held * 4, 1, fsdp, True) + CONVS * 4 // fsdp
+    assert (rows["bytes_sent"] == traffic).all()
     # Their own samples, their own losses, which average to one process's loss on all 32.
     by_step = rows.pivot_table(index="step", columns="worker", values="loss")
     assert (by_step[0] - by_step[1]).abs().min() > 1e-4

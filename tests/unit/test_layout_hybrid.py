@@ -9,6 +9,8 @@ import pytest
 from distrain.config import RunConfig
 from distrain.config.layout_section import global_batch_of
 from distrain.errors import ConfigError
+from distrain.orchestrator.checkpoint import LATEST
+from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run_checks import check_runnable
 from distrain.strategies.base import StrategyContext
 from distrain.strategies.sharded_bsp import ShardedBSP
@@ -36,6 +38,17 @@ def test_the_hybrid_global_batch_is_r_x_d_x_t_x_b():
     assert tp_sample_ranks("cnn", "my_task.py:Mine", 2) == 1 and tp_sample_ranks("cnn", "", 4) == 4
     assert global_batch_of(hybrid.to_dict(), 2) == 64 and global_batch_of(shared.to_dict(), 2) == 32
     assert global_batch_of({"model": "cnn", "batch_size": 8, "fsdp": 2}, 2) == 32  # recorded before T
+
+
+def test_a_hybrid_run_resumes_at_another_layout_with_the_same_global_batch(tmp_path):
+    """The hybrid's T workers hand out the same R x D x T x B samples per step as one process at T x B."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / LATEST).write_text('{"name": "step-00000004.pt", "global_step": 4}\n')
+    (run / "config.yaml").write_text(RunConfig(run_dir=str(run), model="cnn", workers=1, tensor_parallel=2).to_yaml())
+    assert resume_config(run, {"tensor_parallel": 1, "batch_size": 64}).global_batch_size == 64
+    with pytest.raises(ConfigError, match=r"^--resume cannot change --tensor-parallel here: .* from 64 to 32"):
+        resume_config(run, {"tensor_parallel": 1})
 
 
 @pytest.mark.parametrize("rank, placed", [(0, (0, 0, 0)), (1, (0, 0, 1)), (5, (1, 0, 1)), (6, (1, 1, 0))])
