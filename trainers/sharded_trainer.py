@@ -8,6 +8,10 @@ an all-reduce of the shards across replicas) and keeps only this worker's shard.
 and optimizer state are DTensors from then on; the optimizer steps them per tensor (every optimizer
 distrain runs is element-wise, so a shard's update is the whole tensor's update, cut).
 
+Under a hybrid tensor-parallel plan (the cnn's: each of the T workers on its own samples, only the
+classifier split) `HybridGradients` scales the loss and sums the convolutions' gradients over the T
+workers, so every gradient is the mean over their T x B samples.
+
 Checkpoints stay layout-free: `whole_state` gathers the whole model state dict and the optimizer state
 in distrain's flat form (trainers/optim_state.py), so a sharded run's checkpoint restores at any --fsdp,
 at any --pipeline-stages or in one process, and `load_state_dict` takes such a state at any D.

@@ -13,7 +13,7 @@ data-parallel, each of the T workers running them on its own samples, and only i
 the first Linear takes its input batch-sharded (`input_layouts=Shard(0)`: torch all-gathers the T
 workers' activations in forward and reduce-scatters their gradients back to each sample's worker in
 backward), the last hands each worker its own samples' logits (`output_layouts=Shard(0)`). Such a plan
-`takes_own_samples`; the run's batch arithmetic knows it by the model's name (config/layout_section.py
+`takes_own_samples`; the run's batch arithmetic knows it by the model's name (trainers/builtin_names.py
 `tp_sample_ranks`, without torch), and trainers/sharded_trainer.py's `HybridGradients` makes the
 gradients those of one process.
 """
