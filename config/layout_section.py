@@ -6,7 +6,8 @@ workers each: D-way sharded data parallelism inside the replica (`--fsdp D`: tor
 (`--tensor-parallel T`: the task's planned layers split, trainers/tensor_parallel.py) and S pipeline
 stages (the strategy section's `--pipeline-stages`). Actor rank = (replica x D + shard) x T + tp;
 data-parallel rank (r, d) takes slice r x D + d of each step's R x D x B samples, and its T workers
-share it. No torch, no Ray at import.
+share it; under a hybrid plan (the built-in cnn's, trainers/builtin_names.py `tp_sample_ranks`) each
+of the T workers takes its own: slice = rank of R x D x T x B samples. No torch, no Ray at import.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from distrain.config.checks import config_check
 from distrain.errors import ConfigError
 from distrain.fields import setting
+from distrain.trainers.builtin_names import tp_sample_ranks
 
 if TYPE_CHECKING:
     from distrain.config.run_config import RunConfig
@@ -37,7 +39,8 @@ class LayoutSection:
     tensor_parallel: int = setting(
         1,
         "Tensor parallelism inside each replica: T workers split the layers the task's plan names "
-        "(Task.tensor_parallel_plan; the built-in mlp has one) and share one slice of each step's samples.",
+        "(Task.tensor_parallel_plan; the built-in mlp has one) and share one slice of each step's samples; "
+        "the built-in cnn's hybrid splits its classifier and each of the T workers takes its own samples.",
         "layout",
         metavar="T",
     )
@@ -68,7 +71,7 @@ LAYOUT_FIELDS = frozenset(
 # The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py).
 CUT_REPLICA_STRATEGIES = ("bsp", "diloco")
 # How messages name the global batch a run's layout makes.
-GLOBAL_BATCH = "--workers x --fsdp x --batch-size"
+GLOBAL_BATCH = "--workers x --fsdp x --batch-size, x --tensor-parallel for the cnn's hybrid"
 
 
 def shards_hint(shards: int) -> str:
@@ -86,6 +89,11 @@ def tp_degree(config: RunConfig) -> int:
     return config.section("layout").tensor_parallel
 
 
+def data_ranks_per_replica(config: RunConfig) -> int:
+    """The workers of one replica that take their own B samples per step: D, or D x T under a hybrid plan."""
+    return shards_per_replica(config) * tp_sample_ranks(config.model, config.task, tp_degree(config))
+
+
 def with_shards(config: RunConfig, shards: int) -> RunConfig:
     """`config` with each replica sharded over `shards` workers (what the memory refusal tries)."""
     return config.replace(fsdp=shards)
@@ -101,9 +109,11 @@ def can_shard(config: RunConfig) -> bool:
 
 
 def global_batch_of(recorded: dict[str, Any], slots: int) -> int:
-    """R x D x B of a run from its flat recorded values (config.yaml, a checkpoint's config) and its
-    replicas `slots` (a fixed --workers, or a range's MAX); runs recorded before --fsdp had D = 1."""
-    return slots * int(recorded.get("fsdp") or 1) * int(recorded["batch_size"])
+    """R x D x B (x T under a hybrid plan) of a run from its flat recorded values (config.yaml, a
+    checkpoint's config) and its replicas `slots` (a fixed --workers, or a range's MAX); runs recorded
+    before --fsdp had D = 1, before --tensor-parallel T = 1."""
+    tp = tp_sample_ranks(recorded.get("model"), recorded.get("task"), int(recorded.get("tensor_parallel") or 1))
+    return slots * int(recorded.get("fsdp") or 1) * tp * int(recorded["batch_size"])
 
 
 def grid_text(layout: dict[str, Any]) -> str:

@@ -171,8 +171,9 @@ class RunConfig:
         """Samples whose gradients make one update (the learning rate is scaled for this). An elastic
         run's is the MAX's: under the strategies that take a range each update is one worker's B samples
         whatever the membership, so the rate is the one the fixed run at MAX uses (README, elastic). A
-        sharded replica (--fsdp D) is D data-parallel ranks: R x D x B."""
-        return self.worker_slots * layout_section.shards_per_replica(self) * self.batch_size
+        sharded replica (--fsdp D) is D data-parallel ranks: R x D x B (D x T under a tensor-parallel
+        hybrid plan, config/layout_section.py)."""
+        return self.worker_slots * layout_section.data_ranks_per_replica(self) * self.batch_size
 
     @property
     def num_worker_actors(self) -> int:
@@ -205,7 +206,7 @@ class RunConfig:
     @property
     def samples_per_step(self) -> int:
         """Samples handed out per step: with backup workers, b x B more than the update uses."""
-        return strategy_section.replicas_per_step(self) * layout_section.shards_per_replica(self) * self.batch_size
+        return strategy_section.replicas_per_step(self) * layout_section.data_ranks_per_replica(self) * self.batch_size
 
     @property
     def straggler_delays(self) -> dict[int, float]:

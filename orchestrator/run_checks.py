@@ -57,13 +57,21 @@ def check_pipeline(config: RunConfig) -> None:
 
 
 def check_tensor_parallel(config: RunConfig) -> None:
-    """--tensor-parallel T: the task's plan splits its model T ways (trainers/tensor_parallel.py)."""
+    """--tensor-parallel T: the task's plan splits its model T ways (trainers/tensor_parallel.py); a hybrid
+    plan (each of the T workers on its own samples) is the built-in models' only so far: the global
+    batch is config arithmetic, which knows them by name (trainers/builtin_names.py)."""
     from distrain.orchestrator.tasks import build_task
-    from distrain.trainers.tensor_parallel import check_plan, plan_of
+    from distrain.trainers.tensor_parallel import check_plan, plan_of, takes_own_samples
 
     task, tp = build_task(config), tp_degree(config)
     who = f"--task {config.task}" if config.task else f"--model {config.model}"
-    check_plan(task.build_model(), plan_of(task, tp, who), tp, who)
+    plan = plan_of(task, tp, who)
+    check_plan(task.build_model(), plan, tp, who)
+    if takes_own_samples(plan) and config.task:
+        raise ConfigError(
+            f"--tensor-parallel {tp}: {who}'s plan takes its input sharded on the batch (a hybrid, each worker on "
+            "its own samples), which only the built-in --model cnn does so far; make that layer's input whole"
+        )
 
 
 def check_init_from(config: RunConfig, num_params: int) -> dict[str, Any] | None:

@@ -247,7 +247,6 @@ class Channel:
         from torch.distributed.device_mesh import init_device_mesh
 
         self._group()
-        forget_earlier_meshes()
         device = "cuda" if self.ctx.device.startswith("cuda") else "cpu"
         return init_device_mesh(device, shape, mesh_dim_names=names)
 
@@ -445,14 +444,3 @@ class Channel:
     def close(self) -> None:
         self.leave()
 
-
-def forget_earlier_meshes() -> None:
-    """Clear DTensor's sharding-propagation caches before a run makes its mesh. A warm worker
-    (orchestrator/warm_pool.py) may hold another rank than in its last run, and the caches key on meshes
-    that compare equal by shape and names alone: an operation's cached output would carry the last run's
-    mesh, and with it that run's coordinates (DCP would then file a shard under another's offsets)."""
-    try:
-        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-    except ImportError:  # a torch without it: nothing cached to clear there, or another way to
-        return
-    _clear_sharding_prop_cache()

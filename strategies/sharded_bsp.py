@@ -3,9 +3,10 @@ torch's FSDP2, and tensor parallelism inside.
 
 R x D x T worker actors; actor rank = (replica x D + shard) x T + tp, and data-parallel rank
 (replica, shard) takes slice replica x D + shard of each step's R x D x B samples, its T workers
-sharing it. The run's device mesh is (R, D, T) = ("replicate", "shard", "tp"): the task's plan splits
-its layers over "tp" first (trainers/tensor_parallel.py), then `fully_shard` over ("replicate",
-"shard") (trainers/sharded_trainer.py)
+sharing it; under a hybrid plan (the cnn's: trainers/builtin_names.py `tp_sample_ranks`) every worker
+takes its own, slice = rank of R x D x T x B. The run's device mesh is (R, D, T) = ("replicate",
+"shard", "tp"): the task's plan splits its layers over "tp" first (trainers/tensor_parallel.py), then
+`fully_shard` over ("replicate", "shard") (trainers/sharded_trainer.py)
 all-gathers each layer's parameters inside the replica before the layer runs, reduce-scatters its
 gradient inside the replica, and all-reduces the gradient shards across the R replicas. Every worker
 then holds the mean gradient over all R x D batches for its own shard and steps its own optimizer on
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats, Strategy, StrategyContext
+from distrain.trainers.builtin_names import tp_sample_ranks
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
@@ -68,22 +70,24 @@ class ShardedBSP(Strategy):
         # rank = (replica x D + shard) x T + tp: a data-parallel rank's T workers are neighbours.
         self.dp_rank, self.tp_rank = divmod(ctx.rank, self.tp)
         self.replica, self.shard = divmod(self.dp_rank, self.shards)
+        self.own_samples = tp_sample_ranks(config.model, config.task, self.tp) > 1  # a hybrid plan
         self.saved: dict[str, Any] | None = None  # the last checkpoint begun: its directory and step
 
     @property
     def slices_per_step(self) -> int:
-        """R x D data-parallel ranks; a rank's T tensor-parallel workers share its slice."""
-        return self.replicas * self.shards
+        """R x D data-parallel ranks, a rank's T tensor-parallel workers sharing its slice; under a hybrid
+        plan each of the R x D x T workers has its own."""
+        return self.replicas * self.shards * (self.tp if self.own_samples else 1)
 
     def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
-        # The work plan gives actor r slice r; its slice is its data-parallel rank's.
+        # The work plan gives actor r slice r: a hybrid's worker keeps it, others take their data-parallel rank's.
         for epoch, step, _ in units:
-            yield epoch, step, self.dp_rank
+            yield epoch, step, self.ctx.rank if self.own_samples else self.dp_rank
 
     @property
     def counts_samples(self) -> bool:
-        """A data-parallel rank's T workers share its batch: the first counts it."""
-        return self.tp_rank == 0
+        """A data-parallel rank's T workers share its batch: the first counts it (each its own: all)."""
+        return self.own_samples or self.tp_rank == 0
 
     # FSDP spans every replica's data-parallel workers (HSDP); a subclass whose replicas step alone
     # between synchronisations (ShardedDiLoCo) keeps it inside the replica.
@@ -99,12 +103,14 @@ class ShardedBSP(Strategy):
         self.channel.join()
         mesh = self.channel.device_mesh((self.replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
         reshard = self.config.reshard_after_forward
-        trainer.shard(mesh, reshard, across_replicas=self.fsdp_across_replicas)
+        trainer.shard(mesh, reshard, across_replicas=self.fsdp_across_replicas, own_samples=self.own_samples)
         from distrain.trainers.sharded_checkpoint import AsyncSaver
 
         self.saver = AsyncSaver()
         fsdp_replicas = self.replicas if self.fsdp_across_replicas else 1
         self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, fsdp_replicas, self.shards, reshard)
+        if trainer.hybrid is not None:  # its whole parameters' gradients, ring all-reduced over the T workers
+            self.traffic += 2 * (self.tp - 1) * trainer.hybrid.numel(trainer.model) * 4 // self.tp
         return mesh
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
@@ -140,7 +146,9 @@ class ShardedBSP(Strategy):
     # ------------------------------------------------------------------ evaluation
     def eval_share(self, shard: int, num_shards: int) -> tuple[int, int]:
         """A replica's D workers score the same share of the test set (each forward gathers the layers
-        from all of them); replica r takes share r of R."""
+        from all of them); replica r takes share r of R. A hybrid's T workers too: each feeds the same
+        batch, so the gathered batch is T copies of it and each worker's copy of the logits is the
+        whole batch's (the classifier computes T times over; evaluation stays the task's own)."""
         return self.replica, self.replicas
 
     def evaluate(self, trainer: ShardedTrainer, batches: Iterable[Any]) -> dict[str, tuple[float, float]]:  # type: ignore[override]

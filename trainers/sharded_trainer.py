@@ -8,6 +8,10 @@ an all-reduce of the shards across replicas) and keeps only this worker's shard.
 and optimizer state are DTensors from then on; the optimizer steps them per tensor (every optimizer
 distrain runs is element-wise, so a shard's update is the whole tensor's update, cut).
 
+Under a hybrid tensor-parallel plan (the cnn's: each of the T workers on its own samples, only the
+classifier split) `HybridGradients` scales the loss and sums the convolutions' gradients over the T
+workers, so every gradient is the mean over their T x B samples.
+
 Checkpoints: each worker writes its own shards through torch.distributed.checkpoint
 (`checkpoint_entries`, trainers/sharded_checkpoint.py) and reads its own pieces back at any D or T
 (`load_state_dict` with a {"sharded": directory} reference); a whole (layout-free) state, such as an
@@ -83,20 +87,26 @@ class ShardedTrainer:
         self.loaded_from: Path | None = None  # the sharded checkpoint this worker started from, if any
         self._pending_dir: Path | None = None  # that checkpoint, until `shard` has cut the model
         self.last_loss = float("nan")
+        self.hybrid: HybridGradients | None = None
 
     # ------------------------------------------------------------------ sharding
-    def shard(self, mesh: Any, reshard_after_forward: bool = True, across_replicas: bool = True) -> None:
+    def shard(
+        self, mesh: Any, reshard_after_forward: bool = True, across_replicas: bool = True, own_samples: bool = False
+    ) -> None:
         """Cut the model over `mesh`, ("replicate", "shard", "tp") = (R, D, T) (every worker of the run
         calls this at once): the task's plan over "tp", then FSDP over the data-parallel workers (those of
         every replica, HSDP; or, without `across_replicas`, the replica's own: each replica steps alone),
-        and make the optimizer over this worker's parts."""
+        and make the optimizer over this worker's parts. `own_samples`: the plan is a hybrid, each of the
+        T workers steps on its own samples (`HybridGradients`)."""
         from torch.distributed.fsdp import fully_shard
 
         from distrain.trainers.tensor_parallel import apply_plan
 
+        forget_earlier_meshes()
         tp = mesh["tp"].size()
         if tp > 1:  # the plan was checked before the run started (orchestrator/run_checks.py)
             apply_plan(self.model, self.task.tensor_parallel_plan(tp) or {}, mesh["tp"])
+        self.hybrid = HybridGradients(self.model, mesh["tp"]) if own_samples and tp > 1 else None
         self.tp_numel = sum(local_part(p).numel() for p in self.model.parameters() if p.requires_grad)
         dp = mesh["replicate", "shard"] if across_replicas else mesh["shard"]
         if dp.size() > 1:
@@ -131,7 +141,11 @@ class ShardedTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = scalar_loss(self.task, self.task.loss(self.model, to_device(batch, self.device)))
-        loss.float().backward()
+        if self.hybrid is None:
+            loss.float().backward()
+        else:
+            self.hybrid.scale(loss.float()).backward()
+            self.hybrid.sum_whole(self.model)
         self.last_loss = float(loss.detach())
         return self.last_loss
 
@@ -217,6 +231,64 @@ class ShardedTrainer:
     def _import_optimizer(self, flat: FlatOptimizerState) -> None:
         assert self.optimizer is not None
         import_flat_state(self.optimizer, self.params, flat, place=shard_of)
+
+
+class HybridGradients:
+    """Under a hybrid tensor-parallel plan (trainers/tensor_parallel.py `takes_own_samples`), makes every
+    gradient the mean over the T workers' T x B samples, as one process's on the whole batch.
+
+    Each worker's loss is the mean over its own B samples. Backward through the split layers sees all T
+    workers' losses at once (their activations were gathered), so a split parameter's gradient is the
+    sum of the T means; a whole (convolution) parameter's, reduce-scattered back to its worker's
+    samples, is that worker's mean alone. So the loss is divided by T before backward (`scale`; the
+    recorded loss stays the mean) and the whole parameters' gradients are then summed over the T
+    workers (`sum_whole`): both the mean over T x B. Under FSDP a whole parameter's gradient is this
+    worker's shard over the data-parallel mesh, cut alike on each of the T workers, so its local parts
+    are summed."""
+
+    def __init__(self, model: nn.Module, tp_mesh: Any) -> None:
+        """Call after the plan is applied and before FSDP: the split parameters are the DTensors then (FSDP
+        keeps the parameters' names)."""
+        from torch.distributed.tensor import DTensor
+
+        self.tp = tp_mesh.size()
+        self.group = tp_mesh.get_group()
+        self.whole = [name for name, p in model.named_parameters() if p.requires_grad and not isinstance(p, DTensor)]
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss / self.tp
+
+    def sum_whole(self, model: nn.Module) -> None:
+        """Sum the whole parameters' gradients (their local parts) over the T workers, in one collective."""
+        import torch.distributed as dist
+
+        params = dict(model.named_parameters())
+        grads = [local_part(params[name].grad) for name in self.whole if params[name].grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.group)
+        for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+            grad.copy_(summed.view_as(grad))
+
+    def numel(self, model: nn.Module) -> int:
+        """Values this worker sums over the T workers per step: its parts of the whole parameters."""
+        params = dict(model.named_parameters())
+        return sum(local_part(params[name]).numel() for name in self.whole)
+
+
+def forget_earlier_meshes() -> None:
+    """Clear DTensor's sharding caches before a run cuts its model. A warm worker's earlier run made meshes
+    equal to this run's (DeviceMesh equality ignores the process groups), so the caches would hand back
+    output specs on those meshes, whose groups that run destroyed ("Could not resolve the process group
+    registered under the name 8" when the earlier run had made more groups) and whose coordinates were
+    that run's rank's (torch.distributed.checkpoint then files a shard under another shard's offsets)."""
+    from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    clear_redistribute_planner_cache()
+    _gen_transform_infos.cache_clear()
 
 
 def local_part(t: torch.Tensor) -> torch.Tensor:

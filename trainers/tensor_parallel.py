@@ -7,7 +7,15 @@ communication in between. A plan may also hold torch's own `ParallelStyle` objec
 Modules the plan does not name stay whole on every worker (they see the same activations, so they
 compute the same gradients). torch's `parallelize_module` does the work; distrain writes no sharding.
 
-The task states its plan (`Task.tensor_parallel_plan`); the built-in `mlp` has one (`BUILTIN_PLANS`).
+The task states its plan (`Task.tensor_parallel_plan`); the built-in `mlp` and `cnn` have one
+(`BUILTIN_PLANS`). The cnn's is the hybrid of Krizhevsky 2014 ("one weird trick"): its convolutions stay
+data-parallel, each of the T workers running them on its own samples, and only its classifier is split:
+the first Linear takes its input batch-sharded (`input_layouts=Shard(0)`: torch all-gathers the T
+workers' activations in forward and reduce-scatters their gradients back to each sample's worker in
+backward), the last hands each worker its own samples' logits (`output_layouts=Shard(0)`). Such a plan
+`takes_own_samples`; the run's batch arithmetic knows it by the model's name (trainers/builtin_names.py
+`tp_sample_ranks`, without torch), and trainers/sharded_trainer.py's `HybridGradients` makes the
+gradients those of one process.
 """
 
 from __future__ import annotations
@@ -15,13 +23,34 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from distrain.errors import ConfigError
 
 STYLES = ("colwise", "rowwise")
 # The built-in models' plans: the mlp's first Linear column-wise, the second row-wise (the classifier,
-# 10 outputs, stays whole).
-BUILTIN_PLANS: dict[str, dict[str, str]] = {"mlp": {"1": "colwise", "3": "rowwise"}}
+# 10 outputs, stays whole). The cnn's hybrid: its hidden Linear (1024 -> 128) column-wise on the T
+# workers' gathered samples, its classifier (128 -> 10) row-wise, scattered back to each worker's own
+# samples; T must divide 128 (the 10 classes need not divide).
+BUILTIN_PLANS: dict[str, dict[str, Any]] = {
+    "mlp": {"1": "colwise", "3": "rowwise"},
+    "cnn": {"6": ColwiseParallel(input_layouts=Shard(0)), "8": RowwiseParallel(output_layouts=Shard(0))},
+}
+
+
+def style_name(style: Any) -> str | None:
+    """ "colwise" or "rowwise" for a plan's style named so or given as torch's Colwise/RowwiseParallel
+    (whatever their layouts: the weight is cut the same way), None for another torch style."""
+    if isinstance(style, str):
+        return style
+    return {ColwiseParallel: "colwise", RowwiseParallel: "rowwise"}.get(type(style))
+
+
+def takes_own_samples(plan: dict[str, Any] | None) -> bool:
+    """Whether `plan` is a hybrid: some layer takes its input sharded on the batch dimension, so each of
+    the T workers feeds its own samples (the T workers of a data-parallel rank do not share a slice)."""
+    return any(Shard(0) in getattr(style, "input_layouts", ()) for style in (plan or {}).values())
 
 
 def plan_of(task: Any, tp: int, who: str) -> dict[str, Any] | None:
@@ -46,10 +75,11 @@ def check_plan(model: nn.Module, plan: dict[str, Any] | None, tp: int, who: str)
         module = modules.get(name)
         if module is None:
             raise ConfigError(f"{flag}: the plan names {name!r}, which {who}'s model does not have")
-        if not isinstance(style, str):
-            continue  # torch's own ParallelStyle: checked by torch when the workers apply it
-        if style not in STYLES:
+        if isinstance(style, str) and style not in STYLES:
             raise ConfigError(f"{flag}: the plan's style {style!r} for {name!r} is not one of {', '.join(STYLES)}")
+        style = style_name(style)
+        if style is None:
+            continue  # another of torch's ParallelStyles: checked by torch when the workers apply it
         if not isinstance(module, nn.Linear):
             raise ConfigError(f"{flag}: {name!r} is a {type(module).__name__}; 'colwise'/'rowwise' split nn.Linear")
         size, what = (module.out_features, "outputs") if style == "colwise" else (module.in_features, "inputs")
@@ -59,20 +89,18 @@ def check_plan(model: nn.Module, plan: dict[str, Any] | None, tp: int, who: str)
 
 def local_params(model: nn.Module, plan: dict[str, Any], tp: int) -> int:
     """Parameter values one of `tp` workers holds under `plan`: a colwise Linear's weight and bias cut
-    `tp` ways, a rowwise one's weight (its bias stays whole), a torch style's module counted as cut;
-    every module the plan does not name, whole."""
+    `tp` ways, a rowwise one's weight (its bias stays whole), another torch style's module counted as
+    cut; every module the plan does not name, whole."""
     modules = dict(model.named_modules())
     cut: dict[int, bool] = {}  # id(parameter) -> cut tp ways
     for name, style in plan.items():
         for pname, p in modules[name].named_parameters(recurse=False):
-            cut[id(p)] = not (style == "rowwise" and pname == "bias")
+            cut[id(p)] = not (style_name(style) == "rowwise" and pname == "bias")
     return sum(p.numel() // tp if cut.get(id(p)) else p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def torch_plan(plan: dict[str, Any]) -> dict[str, Any]:
     """The plan in torch's terms (`parallelize_module`'s parallelize_plan)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
     made = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     return {name: made[style]() if isinstance(style, str) else style for name, style in plan.items()}
 
@@ -82,3 +110,4 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], mesh: Any) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     parallelize_module(model, mesh, torch_plan(plan))
+
