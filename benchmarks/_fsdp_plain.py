@@ -1,6 +1,9 @@
 """The peer for benchmarks/fsdp_vs_torch.py: a plain torchrun + FSDP2 script doing the steps distrain does
 (the char LM example's model and data, each rank its slice of the global batch, AdamW), printing the
-tokens/s of the steps after the warm-up as one JSON line from rank 0.
+tokens/s of the steps after the warm-up as one JSON line from rank 0. With `--checkpoint-steps K`, a bare
+`torch.distributed.checkpoint.async_save` of the model and optimizer state (torch's own `get_state_dict`)
+after every K-th step but the last, over a gloo group of its own, as the recipe goes; the JSON then has
+each save's blocking seconds on rank 0 (waiting for the previous save, then the call itself).
 
     torchrun --nproc-per-node 4 benchmarks/_fsdp_plain.py --dim 128 --layers 2 --batch-size 16 --steps 40
 """
@@ -27,6 +30,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for name, default in (("dim", 128), ("layers", 2), ("batch-size", 16), ("steps", 40), ("seq-len", 64)):
         parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--checkpoint-steps", type=int, default=0)
+    parser.add_argument("--checkpoint-dir", default="")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -44,6 +49,8 @@ def main() -> None:
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
     global_batch = world * args.batch_size
     warmup = args.steps // 10
+    save_group = dist.new_group(backend="gloo") if args.checkpoint_steps else None
+    pending, blocked = None, []
     for step in range(args.steps):
         if step == warmup:
             dist.barrier()
@@ -54,11 +61,26 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if args.checkpoint_steps and (step + 1) % args.checkpoint_steps == 0 and step + 1 < args.steps:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            t1 = time.perf_counter()
+            if pending is not None:
+                pending.result()
+            model_state, optim_state = get_state_dict(model, optimizer)
+            where = f"{args.checkpoint_dir}/step-{step + 1}"
+            pending = dcp.async_save(
+                {"model": model_state, "optim": optim_state}, checkpoint_id=where, process_group=save_group
+            )
+            blocked.append(time.perf_counter() - t1)
+    if pending is not None:
+        pending.result()
     dist.barrier()
     seconds = time.perf_counter() - t0
     if rank == 0:
         tokens = (args.steps - warmup) * global_batch * args.seq_len
-        print(json.dumps({"tokens_per_s": tokens / seconds, "seconds": seconds}))
+        print(json.dumps({"tokens_per_s": tokens / seconds, "seconds": seconds, "save_block_s": blocked}))
     dist.destroy_process_group()
 
 

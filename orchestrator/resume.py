@@ -61,9 +61,9 @@ def relayout_allowed(config: RunConfig) -> bool:
     """Whether a run so configured keeps its update at another layout (config/layout_section.py's
     `LAYOUT_FIELDS`) with the same global batch R x D x B: BSP over the collective transport at a fixed
     size, without a schedule or a codec (whose error feedback is per rank). Its steps then take the same
-    samples in the same order (trainers/sharding.py), and its checkpoints hold the whole model and
-    optimizer state, which any layout restores (a pipeline's stages and a sharded replica's shards are
-    gathered before a checkpoint is written)."""
+    samples in the same order (trainers/sharding.py), and any layout restores its checkpoints (a
+    pipeline's stages are gathered into one; a sharded replica's DCP shards reshard on load or are read
+    whole, trainers/sharded_checkpoint.py)."""
     return (
         config.strategy == "bsp"
         and config.transport == "collective"
