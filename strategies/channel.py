@@ -136,6 +136,24 @@ def _ring(nbytes: int, world_size: int) -> int:
     return ring_allreduce_bytes(nbytes, world_size)
 
 
+def _forget_earlier_meshes() -> None:
+    """Drop torch's DTensor caches before a new device mesh is made: the sharding propagation's (its output
+    specs hold the mesh they were made with) and the redistribution planners'. Both are keyed by a mesh's
+    layout and names, not its process groups, so a warm worker's next run (orchestrator/warm_pool.py),
+    whose equal-looking mesh has other groups, would find the last run's mesh there and gather its DTensors
+    over destroyed groups ("Could not resolve the process group registered under the name 4")."""
+    from torch.distributed.tensor import _redistribute, debug
+
+    # Private to torch (no public way to clear them): each looked up, so a later torch that moves one
+    # costs the warm-worker fix, not the run.
+    for clear in (
+        getattr(debug, "_clear_sharding_prop_cache", None),
+        getattr(_redistribute, "clear_redistribute_planner_cache", None),
+    ):
+        if clear is not None:
+            clear()
+
+
 def run_codec(config: RunConfig) -> str | None:
     """The name of the codec a run's channels use (as `state_dict` states record it; None: float32), so
     a checkpoint's codec state is compared without reading the flag elsewhere."""
@@ -247,6 +265,7 @@ class Channel:
         from torch.distributed.device_mesh import init_device_mesh
 
         self._group()
+        _forget_earlier_meshes()
         device = "cuda" if self.ctx.device.startswith("cuda") else "cpu"
         return init_device_mesh(device, shape, mesh_dim_names=names)
 
