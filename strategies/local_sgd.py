@@ -138,6 +138,10 @@ class LocalSGD(LocalPeriods, Strategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.sharded:  # replicas cut over workers (--fsdp, --tensor-parallel): rounds part by part
+            from distrain.strategies.sharded_local_sgd import ShardedLocalSGD
+
+            return ShardedLocalSGD
         if config.elastic:  # re-formed at averaging boundaries (orchestrator/controller/collective_scaling.py)
             return ElasticLocalSGD
         return cls
