@@ -92,7 +92,8 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
         if self.replicas > 1:
             dist.all_reduce(buffer, group=self.across)
             buffer.div_(self.replicas)
-        totals = torch.tensor([*self.period_statistics(), 0.0 if all_finite(buffer) else 1.0], dtype=torch.float64)
+        broken = 0.0 if all_finite(buffer) else 1.0
+        totals = torch.tensor([*self.period_statistics(), broken], dtype=torch.float64, device=buffer.device)
         dist.all_reduce(totals)  # every worker of every replica: one decision, one τ
         loss_sum, loss_count, elapsed_sum, broken = totals.tolist()
         finite = self.finite(broken == 0, "averaged parameters")

@@ -1,7 +1,9 @@
 """Local SGD and AdaComm across cut replicas, over real gloo groups in real Ray actors: R = 2 replicas of
 D = 2 FSDP workers at B = 16 equal local SGD over 2 plain replicas at B = 32 (each replica's local steps
-take the same 32 samples, a round averages the same parameters and momentum, part by part); τ = 1 equals
-BSP; an adaptive run chooses one τ on every worker, the plain replicas' τ sequence."""
+take the same 32 samples, a round averages the same parameters and momentum, part by part), and so do
+R = 2 x T = 2 tensor-parallel replicas; τ = 1 equals BSP; an adaptive run chooses one τ on every worker,
+the plain replicas' τ sequence, and resumes as they do. Every run after the first takes warm workers that
+ran a sharded run before (Channel.device_mesh's cache clearing)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
+from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
 from tests.helpers import final_params
 
@@ -48,6 +51,9 @@ def test_local_sgd_over_sharded_replicas_equals_plain_replicas_at_twice_the_batc
     for step in (3, 7, 11, 15, 19):
         rnd = rows[rows["step"] == step].set_index("worker")
         assert ((rnd["bytes_sent"] - local) == 2 * rnd["mem_param_bytes"] + 48).all(), step
+    # Tensor parallelism inside the replicas instead (T = 2 share a slice: B = 32): the same end.
+    tp = run_training(cfg(tmp_path, "tp", tau=4, workers=2, tensor_parallel=2, batch_size=32))
+    assert (final_params(tp.run_dir) - final_params(plain.run_dir)).abs().max().item() <= TOL
 
 
 def test_tau_one_over_sharded_replicas_is_bsp(tmp_path):
@@ -71,3 +77,18 @@ def test_adaptive_tau_over_sharded_replicas_agrees_on_every_worker(tmp_path):
     assert rows.groupby("step")["tau"].first().tolist() == taus and len(set(taus)) > 1, taus
     assert cut.summary["tau_changes"] == plain.summary["tau_changes"]
     assert (final_params(cut.run_dir) - final_params(plain.run_dir)).abs().max().item() <= TOL
+
+
+def test_an_adaptive_run_over_sharded_replicas_resumes_as_plain_replicas_do(tmp_path):
+    """10 steps, then --resume to 20: the checkpoint keeps τ, the rounds and AdaComm's F_0 (the strategy's
+    extra state), so the resumed cut run goes on as the resumed plain one does (its period was cut at the
+    checkpoint alike)."""
+    ada = dict(tau=4, adaptive_tau=True, tau_interval="4", lr=0.1, max_steps=10)
+    ends = {}
+    for name, layout in (("plain", PLAIN), ("cut", CUT)):
+        first = run_training(cfg(tmp_path, name, **(ada | layout)))
+        resumed = run_training(resume_config(first.run_dir, {"max_steps": 20}), resume=True)
+        rows = steps_of(resumed.run_dir).groupby("step")[["tau", "averaging_round"]].first()
+        ends[name] = (final_params(resumed.run_dir), rows)
+    assert ends["cut"][1].equals(ends["plain"][1]) and ends["cut"][1].loc[10, "averaging_round"] == 3
+    assert (ends["cut"][0] - ends["plain"][0]).abs().max().item() <= TOL
