@@ -68,8 +68,9 @@ LAYOUT_FIELDS = frozenset(
 )
 
 
-# The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py).
-CUT_REPLICA_STRATEGIES = ("bsp", "diloco")
+# The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py,
+# sharded_local_sgd.py).
+CUT_REPLICA_STRATEGIES = ("bsp", "diloco", "local-sgd")
 # How messages name the global batch a run's layout makes.
 GLOBAL_BATCH = "--workers x --fsdp x --batch-size, x --tensor-parallel for the cnn's hybrid"
 
@@ -153,9 +154,9 @@ def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:
 
 @config_check(stage="across")
 def check_layout(config: RunConfig) -> None:
-    """--fsdp D >= 1 and --tensor-parallel T >= 1; a replica cut over workers runs under BSP over the
-    collective transport so far (FSDP's own reduce-scatter inside a replica, all-reduce across replicas:
-    HSDP), alone."""
+    """--fsdp D >= 1 and --tensor-parallel T >= 1; a replica cut over workers runs under BSP, DiLoCo or
+    local SGD over the collective transport so far (FSDP's own reduce-scatter inside a replica; across
+    replicas an all-reduce of the shards every step, HSDP, or of each part at a period's end), alone."""
     d, t = shards_per_replica(config), tp_degree(config)
     for flag, value in (("--fsdp", d), ("--tensor-parallel", t)):
         if value < 1:
@@ -165,8 +166,9 @@ def check_layout(config: RunConfig) -> None:
     given = " ".join(f for f, v in ((f"--fsdp {d}", d), (f"--tensor-parallel {t}", t)) if v > 1)
     if config.schedule or config.strategy not in CUT_REPLICA_STRATEGIES or config.transport != "collective":
         raise ConfigError(
-            f"{given} runs with --strategy bsp or diloco over the collective transport so far (the other "
-            "strategies across cut replicas are not built yet); drop it or use one of those"
+            f"{given} runs with --strategy {', '.join(CUT_REPLICA_STRATEGIES[:-1])} or {CUT_REPLICA_STRATEGIES[-1]} "
+            "over the collective transport so far (the other strategies across cut replicas are not built yet); "
+            "drop it or use one of those"
         )
     for flag, used in (
         ("--pipeline-stages", config.pipelined),

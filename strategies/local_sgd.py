@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.errors import ConfigError
 from distrain.fields import setting
-from distrain.strategies.adacomm import AdaComm, TauInterval
+from distrain.strategies.adacomm import TauInterval
 from distrain.strategies.base import (
     CommStats,
     PlanningSetting,
@@ -49,8 +49,8 @@ from distrain.strategies.base import (
     all_finite,
 )
 from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
+from distrain.strategies.local_periods import LocalPeriods
 from distrain.strategies.strategy_names import STRATEGIES
-from distrain.trainers.schedule import scaled_lr
 
 if TYPE_CHECKING:
     import torch
@@ -118,7 +118,7 @@ STATS = 3  # loss sum, loss count, interval seconds: appended to the averaged bu
 
 
 @STRATEGIES.register("local-sgd", "local SGD: tau local steps, then average parameters (--adaptive-tau: AdaComm)")
-class LocalSGD(Strategy):
+class LocalSGD(LocalPeriods, Strategy):
     name = "local-sgd"
     transports = ("collective",)
     Options = LocalSGDOptions
@@ -138,29 +138,17 @@ class LocalSGD(Strategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.sharded:  # replicas cut over workers (--fsdp, --tensor-parallel): rounds part by part
+            from distrain.strategies.sharded_local_sgd import ShardedLocalSGD
+
+            return ShardedLocalSGD
         if config.elastic:  # re-formed at averaging boundaries (orchestrator/controller/collective_scaling.py)
             return ElasticLocalSGD
         return cls
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        options: LocalSGDOptions = self.options
-        assert options.tau is not None
-        self.adacomm: AdaComm | None = None
-        if options.adaptive_tau:
-            assert options.tau_interval is not None and options.tau_max is not None
-            # η_0 is the peak rate warmup climbs to, so the rate-decay variant applies after warmup.
-            peak = scaled_lr(config.lr, config.global_batch_size, config.base_batch_size, config.lr_scaling)
-            interval = TauInterval.parse(options.tau_interval).for_run(ctx.total_steps)
-            self.adacomm = AdaComm(options.tau, options.tau_max, interval, peak)
-        self.tau = options.tau
-        self.pending = 0  # local steps since the last round
-        self.rounds = 0
-        self.loss_sum = 0.0
-        self.loss_count = 0
-        self.interval_start = time.perf_counter()
-        self.interval_steps = 0
-        self.lr = 0.0
+        self.init_periods(config, self.options, ctx.total_steps)
         self.anchor: torch.Tensor | None = None  # θ after the last round (equal on every worker)
 
     def setup(self, trainer: LocalTrainer) -> None:
@@ -176,21 +164,7 @@ class LocalSGD(Strategy):
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
         if ok:
             trainer.apply_update(lr)
-        if self.adacomm is not None:
-            self.adacomm.start(lr)
-        self.lr = lr
-        self.pending += 1
-        self.interval_steps += 1
-        if ok:  # a skipped step's loss would make the period's loss (and the averaged buffer) NaN
-            self.loss_sum += trainer.last_loss
-            self.loss_count += 1
-        tau = self.tau  # the period this step belongs to (a round may change it for the next one)
-        stats = self.average(trainer) if self.pending >= self.tau else CommStats()
-        stats.period = tau
-        stats.averaging_round = self.rounds
-        if not ok:
-            stats.nonfinite = True
-        return stats
+        return self.book_step(trainer, lr, ok)
 
     def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
         if self.pending == 0:
@@ -206,8 +180,7 @@ class LocalSGD(Strategy):
         assert self.anchor is not None, "setup() must run before step()"
         opt = trainer.flat_optimizer_state()
         n = trainer.numel
-        elapsed = time.perf_counter() - self.interval_start
-        stats = torch.tensor([self.loss_sum, float(self.loss_count), elapsed], dtype=trainer.params_flat.dtype)
+        stats = torch.tensor(self.period_statistics(), dtype=trainer.params_flat.dtype)
         vectors = [v.to(trainer.params_flat.device) for v in opt.vectors.values()]
         # θ travels as its change since the last round: mean(θ_i) = θ_anchor + mean(θ_i - θ_anchor) exactly,
         # but small deltas average with far less float32 rounding than whole parameters do. The optimizer
@@ -227,31 +200,8 @@ class LocalSGD(Strategy):
             trainer.load_flat_optimizer_state(opt)
         # Means over workers (the all-reduce divided by N): loss sum / loss count is the mean loss.
         loss_sum, loss_count, mean_elapsed = (float(v) for v in buffer[-STATS:].cpu())
-        self.rounds += 1
-        self.pending = 0
-        self.loss_sum, self.loss_count = 0.0, 0
-        if self.adacomm is not None and loss_count > 0:
-            if self.adacomm.after_round(loss_sum / loss_count, self.lr, mean_elapsed, self.interval_steps):
-                self.tau = self.adacomm.tau
-                self.interval_start = time.perf_counter()
-                self.interval_steps = 0
+        self.round_closed(loss_sum, loss_count, mean_elapsed)
         return CommStats(nonfinite=None if finite else True).add(traffic)
-
-    def extra_state(self) -> dict[str, Any]:
-        """τ in force, rounds so far and AdaComm's F_0, η_0 and highest rate: the same on every worker (they
-        follow from the all-reduced statistics), so a resumed or recovered run goes on choosing τ as before."""
-        state: dict[str, Any] = {"tau": self.tau, "rounds": self.rounds}
-        if self.adacomm is not None:
-            a = self.adacomm
-            state["adacomm"] = {"tau": a.tau, "loss0": a.loss0, "lr0": a.lr0, "highest": a.highest}
-        return state
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.tau, self.rounds = int(state["tau"]), int(state["rounds"])
-        if self.adacomm is not None and state.get("adacomm"):
-            saved = state["adacomm"]
-            self.adacomm.tau, self.adacomm.loss0 = int(saved["tau"]), saved["loss0"]
-            self.adacomm.lr0, self.adacomm.highest = saved["lr0"], float(saved["highest"])
 
 
 class ElasticLocalSGD(ReformedGroup, LocalSGD):

@@ -92,6 +92,9 @@ class ShardedBSP(Strategy):
     # FSDP spans every replica's data-parallel workers (HSDP); a subclass whose replicas step alone
     # between synchronisations (ShardedDiLoCo) keeps it inside the replica.
     fsdp_across_replicas = True
+    # The workers whose gradient sums decide together whether a step is skipped: all of them (None: the
+    # run's group), one HSDP step; a subclass whose replicas step alone may set a replica's own group.
+    step_group: Any = None
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         self.join_mesh(trainer)
@@ -120,9 +123,9 @@ class ShardedBSP(Strategy):
 
         t0 = time.perf_counter()
         # Every worker holds a different shard: the sum over all of them decides for all (a NaN or inf
-        # anywhere makes it so), so the R x D workers skip, or stop, together.
+        # anywhere makes it so), so the R x D workers (those of `step_group`) skip, or stop, together.
         total = trainer.local_grad_sum()
-        dist.all_reduce(total)
+        dist.all_reduce(total, group=self.step_group)
         seconds = time.perf_counter() - t0
         applied = self.finite(bool(total.isfinite()), "all-reduced gradient")
         if applied:

@@ -283,12 +283,18 @@ def forget_earlier_meshes() -> None:
     output specs on those meshes, whose groups that run destroyed ("Could not resolve the process group
     registered under the name 8" when the earlier run had made more groups) and whose coordinates were
     that run's rank's (torch.distributed.checkpoint then files a shard under another shard's offsets)."""
-    from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    from torch.distributed.tensor import _redistribute, debug
 
-    _clear_sharding_prop_cache()
-    clear_redistribute_planner_cache()
-    _gen_transform_infos.cache_clear()
+    # Private to torch (no public way to clear them): each looked up, so a later torch that moves one
+    # costs the warm-worker fix, not the run.
+    transforms = getattr(_redistribute, "_gen_transform_infos", None)
+    for clear in (
+        getattr(debug, "_clear_sharding_prop_cache", None),
+        getattr(_redistribute, "clear_redistribute_planner_cache", None),
+        getattr(transforms, "cache_clear", None),
+    ):
+        if clear is not None:
+            clear()
 
 
 def local_part(t: torch.Tensor) -> torch.Tensor:

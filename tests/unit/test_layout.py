@@ -36,8 +36,8 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
     "given, message",
     [
         (dict(fsdp=0), r"^--fsdp must be >= 1, got 0$"),
-        (dict(fsdp=2, strategy="async"), r"^--fsdp 2 runs with --strategy bsp or diloco over the collective"),
-        (dict(fsdp=2, transport="ps"), r"^--fsdp 2 runs with --strategy bsp or diloco over the collective"),
+        (dict(fsdp=2, strategy="async"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
+        (dict(fsdp=2, transport="ps"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
         (dict(fsdp=2, pipeline_stages=2), r"^--fsdp 2 does not compose with --pipeline-stages yet"),
         (dict(fsdp=2, workers="1..2"), r"^--fsdp 2 does not compose with --workers MIN..MAX yet"),
         (dict(fsdp=2, compress="topk:0.1"), r"^--fsdp 2 does not compose with --compress yet"),
@@ -105,8 +105,8 @@ def test_tensor_parallel_workers_share_a_slice():
     assert BSP.implementation(config) is ShardedBSP and RunConfig(tensor_parallel=2).sharded
     with pytest.raises(ConfigError, match=r"^--tensor-parallel must be >= 1, got 0$"):
         RunConfig(tensor_parallel=0).validate()
-    with pytest.raises(ConfigError, match=r"^--tensor-parallel 2 runs with --strategy bsp or diloco over"):
-        RunConfig(tensor_parallel=2, strategy="local-sgd").validate()
+    with pytest.raises(ConfigError, match=r"^--tensor-parallel 2 runs with --strategy bsp, diloco or local-sgd over"):
+        RunConfig(tensor_parallel=2, strategy="ssp").validate()
 
 
 def test_a_plan_is_checked_against_the_model_in_one_line():
