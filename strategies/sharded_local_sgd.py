@@ -12,9 +12,10 @@ replica's moves, and no worker holds the whole model. AdaComm's statistics ([los
 interval seconds], and whether the averaged part is finite) are summed over every worker of the run in a
 second, tiny all-reduce, so every worker of every replica skips a round alike and chooses the same τ; the
 worker-averaged loss is the mean of the R x D batch losses, which is what R plain replicas at D x B
-average. Periods are cut at epoch ends and step checkpoints as plain local SGD cuts them, then
-ShardedBSP's `at_epoch_end` gathers the whole (averaged) state. --compress, the emulated link and
---workers MIN..MAX are not built across cut replicas (config/layout_section.py refuses them).
+average. Periods are cut at epoch ends and step checkpoints as plain local SGD cuts them, so a
+checkpoint's shards (ShardedBSP's `checkpoint_shards`) hold the averaged state, equal on every replica.
+--compress, the emulated link and --workers MIN..MAX are not built across cut replicas
+(config/layout_section.py refuses them).
 """
 
 from __future__ import annotations
@@ -66,12 +67,8 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
         return stats
 
     def at_epoch_end(self, trainer: ShardedTrainer) -> CommStats | None:  # type: ignore[override]
-        """Close the period (a round if local steps were taken since the last), then gather the whole
-        model and optimizer state for the checkpoint (ShardedBSP's; every worker takes part)."""
+        """Close the period: a round if local steps were taken since the last."""
         stats = self.average(trainer) if self.pending > 0 else CommStats()
-        gathered = ShardedBSP.at_epoch_end(self, trainer)
-        if gathered is not None:
-            stats.seconds += gathered.seconds
         stats.averaging_round = self.rounds
         return stats
 
