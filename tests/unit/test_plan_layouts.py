@@ -225,7 +225,7 @@ def test_strategy_auto_chooses_a_layout_when_the_model_does_not_fit(monkeypatch)
 @pytest.mark.parametrize(
     ("flags", "says"),
     [(["--model", "mlp", "--tensor-parallel", "3"], "--tensor-parallel 3 does not divide"),
-     (["--model", "cnn", "--tensor-parallel", "2"], "--model cnn has none")],
+     (["--model", "linear", "--tensor-parallel", "2"], "--model linear has none")],
 )  # fmt: skip
 @pytest.mark.usefixtures("no_ray")
 def test_plan_refuses_a_layout_the_run_would_refuse(flags, says, tmp_path):
