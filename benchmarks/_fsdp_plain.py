@@ -3,7 +3,7 @@
 tokens/s of the steps after the warm-up as one JSON line from rank 0. With `--checkpoint-steps K`, a bare
 `torch.distributed.checkpoint.async_save` of the model and optimizer state (torch's own `get_state_dict`)
 after every K-th step but the last, over a gloo group of its own, as the recipe goes; the JSON then has
-each save's blocking seconds on rank 0 (waiting for the previous save, then the call itself).
+each save's blocking seconds, the most over the ranks (waiting for the previous save, then the call itself).
 
     torchrun --nproc-per-node 4 benchmarks/_fsdp_plain.py --dim 128 --layers 2 --batch-size 16 --steps 40
 """
@@ -76,6 +76,10 @@ def main() -> None:
             blocked.append(time.perf_counter() - t1)
     if pending is not None:
         pending.result()
+    # A step is as slow as its slowest worker: per save, the most any rank was blocked (as distrain's figure).
+    every = [None] * world
+    dist.all_gather_object(every, blocked)
+    blocked = [max(per_rank) for per_rank in zip(*every, strict=True)]
     dist.barrier()
     seconds = time.perf_counter() - t0
     if rank == 0:

@@ -8,8 +8,8 @@ first 10 %, evaluation off); the plain script's, the same steps after its first 
 
 With `--checkpoint-steps K` both save a checkpoint after every K-th step but the last: distrain its
 sharded asynchronous checkpoints (each save's blocking seconds: the most any worker's row records for
-that step), the plain script a bare `dcp.async_save` of the same model and optimizer state (rank 0's
-blocking seconds), and the medians are compared.
+that step), the plain script a bare `dcp.async_save` of the same model and optimizer state (the most
+any rank was blocked), and the medians are compared.
 
     python benchmarks/fsdp_vs_torch.py [--rounds 2] [--shards 4] [--dim 128] [--layers 2] [--steps 40]
         [--checkpoint-steps 0]

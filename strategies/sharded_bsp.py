@@ -73,6 +73,22 @@ class ShardedBSP(Strategy):
         self.own_samples = tp_sample_ranks(config.model, config.task, self.tp) > 1  # a hybrid plan
         self.saved: dict[str, Any] | None = None  # the last checkpoint begun: its directory and step
 
+    @classmethod
+    def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
+        """`checkpoint_blocking_s`: per save (the most any worker was blocked at that step), the median and
+        the most, over the run's saves (none: no entry)."""
+        per_save: dict[int, float] = {}
+        for step, blocked in zip(steps.get("step", []), steps.get("ckpt_block_s", []), strict=False):
+            if blocked is not None and blocked == blocked:  # NaN: a row without a save
+                per_save[step] = max(per_save.get(step, 0.0), float(blocked))
+        if not per_save:
+            return {}
+        import statistics
+
+        values = list(per_save.values())
+        figure = {"saves": len(values), "median": statistics.median(values), "max": max(values)}
+        return {"checkpoint_blocking_s": figure}
+
     @property
     def slices_per_step(self) -> int:
         """R x D data-parallel ranks, a rank's T tensor-parallel workers sharing its slice; under a hybrid
@@ -169,15 +185,16 @@ class ShardedBSP(Strategy):
         from distrain.trainers.sharded_checkpoint import state_dir_name
         from distrain.trainers.sharded_trainer import local_part
 
+        t0 = time.perf_counter()
         total = torch.zeros((), dtype=torch.float64)
         for p in trainer.params:
             total += local_part(p.detach()).double().sum()
         dist.all_reduce(total)  # never a NaN checkpoint: the driver refuses one that says so
         name = state_dir_name(step)
         entries = trainer.checkpoint_entries() | self.checkpoint_entries(trainer)
-        blocked = self.saver.save(entries, directory / name, step)
+        self.saver.save(entries, directory / name, step)
         self.saved = {"dir": name, "step": step, "finite": bool(total.isfinite())} | trainer.checkpoint_keys()
-        return blocked
+        return time.perf_counter() - t0  # the finiteness check, the wait for the last save, the staging
 
     def teardown(self) -> None:
         """The save in flight is written before the group it runs over goes (a warm worker's next run

@@ -44,7 +44,7 @@ class ShardedDiLoCo(ShardedBSP):
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
-        return outer_steps_figure(steps)
+        return super().summary_figures(steps) | outer_steps_figure(steps)
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         import torch

@@ -22,7 +22,6 @@ checkpoint file at a directory only then.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -169,17 +168,15 @@ class AsyncSaver:
         self.pending: Any = None
         self.step: int | None = None  # the global step of the last save begun
 
-    def save(self, entries: dict[str, torch.Tensor], directory: Path, step: int) -> float:
-        """Begin writing `entries` to `directory`; returns the seconds training was blocked (waiting for
-        the previous save, then staging this one's tensors to CPU memory)."""
+    def save(self, entries: dict[str, torch.Tensor], directory: Path, step: int) -> None:
+        """Begin writing `entries` to `directory`, once the previous save is written: training waits for
+        that and for this one's tensors to be staged (copied to CPU memory), not for the writing."""
         import torch.distributed.checkpoint as dcp
 
-        t0 = time.perf_counter()
         self.wait()
         directory.mkdir(parents=True, exist_ok=True)
         self.pending = dcp.async_save(entries, checkpoint_id=str(directory), process_group=self.group)
         self.step = step
-        return time.perf_counter() - t0
 
     def wait(self) -> None:
         """Until the save in flight (if any) is written; its error, if it failed, raised here."""

@@ -123,6 +123,8 @@ def test_sharded_checkpoints_are_the_workers_shards_and_load_whole_or_at_another
     rows = steps_of(first.run_dir)
     blocked = rows.dropna(subset=["ckpt_block_s"])
     assert sorted(set(blocked["step"])) == [4, 9] and len(blocked) == 4 and (blocked["ckpt_block_s"] >= 0).all()
+    figure = first.summary["checkpoint_blocking_s"]
+    assert figure["saves"] == 2 and figure["max"] == blocked["ckpt_block_s"].max() > 0
     model = load_model(first.run_dir)
     loaded = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
     assert torch.equal(loaded, final_params(first.run_dir))
