@@ -138,12 +138,16 @@ class ShardedBSP(Strategy):
         from distrain.trainers.optim_state import state_bytes
 
         t0 = time.perf_counter()
-        # Every worker holds a different shard: the sum over all of them decides for all (a NaN or inf
-        # anywhere makes it so), so the R x D workers (those of `step_group`) skip, or stop, together.
         total = trainer.local_grad_sum()
-        dist.all_reduce(total, group=self.step_group)
+        if self.config.on_nonfinite == "skip":
+            # Every worker holds a different shard: the sum over all of them decides for all (a NaN or inf
+            # anywhere makes it so), so the R x D workers (those of `step_group`) skip together.
+            dist.all_reduce(total, group=self.step_group)
+        # --on-nonfinite stop (the default) needs no agreement, so no all-reduce (a barrier every step):
+        # the first worker whose shard is not finite stops the run, which ends diverged with nothing
+        # saved after its last good checkpoint, whatever the others applied meanwhile.
         seconds = time.perf_counter() - t0
-        applied = self.finite(bool(total.isfinite()), "all-reduced gradient")
+        applied = self.finite(bool(total.isfinite()), "reduced gradient")
         if applied:
             trainer.apply_update(lr)
         extra = {

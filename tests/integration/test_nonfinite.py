@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from distrain.cli import app
 from distrain.config import RunConfig
 from distrain.errors import ConfigError
+from distrain.orchestrator.checkpoint import load_checkpoint, whole_checkpoint
 from distrain.orchestrator.run import run_training
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -28,12 +29,13 @@ STRATEGIES = {
     "async": dict(strategy="async"),
     "local-sgd": dict(strategy="local-sgd", tau=2),
     "backup-tasks": dict(strategy="bsp", transport="ps", backup_tasks=True),
+    "fsdp": dict(strategy="bsp", fsdp=2),  # 2 replicas x 2 shards: each worker checks its own shard
 }
 
 
 def assert_no_nonfinite_checkpoint(run_dir) -> None:
     for path in (run_dir / "checkpoints").glob("*.pt") if (run_dir / "checkpoints").is_dir() else []:
-        model = torch.load(path, weights_only=False)["model"]
+        model = whole_checkpoint(load_checkpoint(path), path)["model"]  # a sharded run's: read whole
         assert all(torch.isfinite(v).all() for v in model.values() if v.is_floating_point()), path
 
 
@@ -71,18 +73,20 @@ def test_skip_mode_skips_and_counts_the_steps_and_a_run_that_skips_most_ends_div
     assert_no_nonfinite_checkpoint(run_dir)
 
 
-def test_skip_mode_under_bsp_keeps_the_replicas_equal_and_finite(tmp_path):
+@pytest.mark.parametrize(("layout", "workers"), [({}, 2), ({"fsdp": 2}, 4)])
+def test_skip_mode_under_bsp_keeps_the_replicas_equal_and_finite(tmp_path, layout, workers):
     """lr 1e30 with plain SGD: the first update makes θ huge but finite, every later gradient is NaN and
-    skipped by both replicas together (decided on the all-reduced gradient): the run completes."""
+    skipped by both replicas together (decided on the all-reduced gradient): the run completes. Sharded
+    (2 replicas x 2 shards): all four workers decide alike, on the sum over their shards."""
     run_dir = tmp_path / "run"
-    config = RunConfig(lr=1e30, momentum=0.0, run_dir=str(run_dir), on_nonfinite="skip", **TINY)
+    config = RunConfig(lr=1e30, momentum=0.0, run_dir=str(run_dir), on_nonfinite="skip", **TINY, **layout)
     summary = run_training(config).summary
     rows = pd.read_parquet(run_dir / "metrics.parquet")
     steps = rows[rows["kind"] == "step"]
     skipped = steps[steps["nonfinite"].eq(True)]
     assert summary["nonfinite_steps"] == skipped["step"].nunique() >= 1
     # both workers decided the same for every step
-    assert (skipped.groupby("step")["worker"].nunique() == 2).all()
+    assert (skipped.groupby("step")["worker"].nunique() == workers).all()
     assert summary["status"] in ("completed", "diverged")
     assert_no_nonfinite_checkpoint(run_dir)
 
