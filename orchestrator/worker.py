@@ -336,6 +336,11 @@ class TrainWorker:
             state["strategy_state"] = {"strategy": self.strategy.name, "state": extra}
         return state
 
+    def save_shards(self, step: int) -> None:
+        """Begin this worker's shards of a checkpoint of the state now, after `step` steps (every worker of
+        a sharded run at once): the final one, where a callback's stop ended the run between checkpoints."""
+        self.strategy.checkpoint_shards(self.trainer, step, Path(self.config.run_dir) / CHECKPOINTS)
+
     def channel_state(self) -> dict[str, Any]:
         """This rank's codec state as it is now (empty without a codec): once every call is done, the
         state after its last segment (orchestrator/controller/attempt.py asks for the final checkpoint's

@@ -213,7 +213,6 @@ class ShardedBSP(Strategy):
         return {}
 
     def export_state(self, trainer: ShardedTrainer) -> dict[str, Any]:  # type: ignore[override]
-        """A reference to the last checkpoint this worker began (the driver waits for it to be complete)."""
-        if self.saved is None:
-            raise RuntimeError("a sharded replica's state is saved at checkpoint steps; none has been reached yet")
-        return {"sharded": dict(self.saved)}
+        """A reference to the last checkpoint this worker began (the driver waits for it to be complete;
+        step None: none yet, and the driver has one begun: Attempt.finish)."""
+        return {"sharded": dict(self.saved) if self.saved is not None else {"step": None}}

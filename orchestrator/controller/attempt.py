@@ -413,6 +413,9 @@ class Attempt:
             first = self.members()[0]
             self._final_channel_states()
             final = self.group.state(first, self.config.hang_timeout_s)
+            if "sharded" in final and final["sharded"]["step"] != self.steps_done:  # a stop between checkpoints
+                self.group.save_shards(self.members(), self.steps_done, self.config.hang_timeout_s)
+                final = self.group.state(first, self.config.hang_timeout_s)
             self._wait_for_shards(final)  # a sharded run's last save; those before it are written by then
             self.save_complete(set(), set())
             self.save(checkpoint_name(None), final, epochs_done, self.steps_done, progress=False)  # + metrics

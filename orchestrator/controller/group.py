@@ -67,6 +67,10 @@ class WorkerGroup(Protocol):
     def state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         """Worker `rank`'s state to checkpoint (a PS snapshot under the PS), now."""
 
+    def save_shards(self, ranks: list[int], step: int, timeout: float | None) -> None:
+        """Every one of `ranks` begins writing its shards of the state now, after `step` steps (sharded
+        replicas, whose workers write their own checkpoints)."""
+
     def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         """Worker `rank`'s codec state now (orchestrator/channel_checkpoint.py; empty without a codec)."""
 

@@ -235,6 +235,11 @@ class RayWorkerGroup:
     def state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         return self.result(self.workers[rank].state.remote(), rank, timeout)
 
+    def save_shards(self, ranks: list[int], step: int, timeout: float | None) -> None:
+        refs = [self.workers[r].save_shards.remote(step) for r in ranks]
+        for ref, rank in zip(refs, ranks, strict=True):
+            self.result(ref, rank, timeout)
+
     def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         return self.result(self.workers[rank].channel_state.remote(), rank, timeout)
 

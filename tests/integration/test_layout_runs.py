@@ -14,6 +14,7 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, ResourceError
+from distrain.orchestrator.callbacks import Callback
 from distrain.orchestrator.checkpoint import load_checkpoint
 from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
@@ -136,6 +137,26 @@ def test_sharded_checkpoints_are_the_workers_shards_and_load_whole_or_at_another
     after = steps_of(resumed.run_dir)
     expected = one_process["sgd"][1].set_index("step")["loss"]
     assert abs(after[after["step"] == 10]["loss"].mean() - expected[10]) <= TOL
+
+
+def test_a_sharded_run_stopped_by_a_callback_between_checkpoints_saves_its_last_step(tmp_path):
+    """A callback stops the run at its first rows: the end moves to the last step handed out, where no
+    checkpoint was due, so the driver has every worker save its shards there; final.pt is that step's
+    state, the model one process reaches in as many steps."""
+
+    class StopEarly(Callback):
+        def on_rows(self, rows):
+            return True
+
+    stopped = run_training(
+        cfg(tmp_path, "d2", workers=1, fsdp=2, batch_size=32, segment_steps=4), callbacks=[StopEarly()]
+    )
+    steps = stopped.summary["steps_completed"]
+    assert stopped.summary["status"] == "stopped" and steps < 20
+    final = load_checkpoint(Path(stopped.run_dir) / "checkpoints" / "final.pt")
+    assert final["global_step"] == steps and final["sharded"]["dir"] == f"state-{steps:08d}"
+    one = run_training(cfg(tmp_path, "one", workers=1, batch_size=64, max_steps=steps))
+    assert (final_params(stopped.run_dir) - final_params(one.run_dir)).abs().max().item() <= TOL
 
 
 def test_a_tensor_parallel_run_resumes_in_one_process(tmp_path, one_process):
