@@ -186,15 +186,17 @@ class ShardedBSP(Strategy):
         import torch
         import torch.distributed as dist
 
-        from distrain.trainers.sharded_checkpoint import state_dir_name
+        from distrain.trainers.sharded_checkpoint import forget_save, state_dir_name
         from distrain.trainers.sharded_trainer import local_part
 
         t0 = time.perf_counter()
+        name = state_dir_name(step)
+        if self.ctx.rank == 0:  # an earlier attempt's save of this step (a run recovered after a failure)
+            forget_save(directory / name)  # is not this one: its index goes before anyone writes (below)
         total = torch.zeros((), dtype=torch.float64)
         for p in trainer.params:
             total += local_part(p.detach()).double().sum()
         dist.all_reduce(total)  # never a NaN checkpoint: the driver refuses one that says so
-        name = state_dir_name(step)
         entries = trainer.checkpoint_entries() | self.checkpoint_entries(trainer)
         self.saver.save(entries, directory / name, step)
         self.saved = {"dir": name, "step": step, "finite": bool(total.isfinite())} | trainer.checkpoint_keys()

@@ -43,6 +43,12 @@ def is_complete(directory: Path) -> bool:
     return (directory / METADATA).is_file()
 
 
+def forget_save(directory: Path) -> None:
+    """Make an earlier attempt's save in `directory` incomplete (its index gone), so that nobody takes it
+    for the save about to be written there (the coordinator writes a new index last)."""
+    (directory / METADATA).unlink(missing_ok=True)
+
+
 def optimizer_entries(
     optimizer: torch.optim.Optimizer, params: list[nn.Parameter], names: list[str], prefix: str = OPTIM
 ) -> dict[str, torch.Tensor]:
