@@ -139,6 +139,18 @@ def test_sharded_checkpoints_are_the_workers_shards_and_load_whole_or_at_another
     assert abs(after[after["step"] == 10]["loss"].mean() - expected[10]) <= TOL
 
 
+def test_a_sharded_run_that_loses_a_worker_restarts_from_its_shards(tmp_path, one_process):
+    """A worker killed after step 8 of an --fsdp 2 run with step checkpoints every 5: the run restarts
+    from the step-5 shards (each new worker reads its own pieces, momentum included) and ends where one
+    process ends."""
+    hit = run_training(
+        cfg(tmp_path, "hit", workers=1, fsdp=2, batch_size=32, checkpoint_steps=5, chaos=("kill-worker@8:1",))
+    )
+    (event,) = hit.summary["failure_events"]
+    assert hit.summary["status"] == "completed" and (event["action"], event["restored_step"]) == ("restarted", 5)
+    assert (final_params(hit.run_dir) - one_process["sgd"][0]).abs().max().item() <= TOL
+
+
 def test_a_sharded_run_stopped_by_a_callback_between_checkpoints_saves_its_last_step(tmp_path):
     """A callback stops the run at its first rows: the end moves to the last step handed out, where no
     checkpoint was due, so the driver has every worker save its shards there; final.pt is that step's
