@@ -6,7 +6,8 @@ everything the process holds, torch's shared libraries and the data set included
 host must give each worker, not the training state alone (`mem_param_bytes` and its siblings count
 that where a strategy records them). `gpu_peak_bytes`, on a CUDA device, is the most torch's caching
 allocator has handed out to tensors (`torch.cuda.max_memory_allocated`), the figure `--worker-memory`
-budgets a GPU by; null on the CPU. Both only grow over a worker's steps.
+budgets a GPU by; null on the CPU. Both only grow over one worker process's steps (a replacement
+after a failure is a new process).
 
 A warm worker (orchestrator/warm_pool.py) is a process reused from an earlier run: on Linux its
 high-water mark is set back to the memory it holds now when it is built for the run
