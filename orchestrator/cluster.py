@@ -262,7 +262,8 @@ def check_resources(config: RunConfig) -> None:
         shards = f" + {num_shards(config)} shards x {config.cpus_per_shard:g}" if num_shards(config) else ""
         raise ResourceError(
             f"the run needs {need_cpus:g} CPUs ({workers} x {config.cpus_per_worker:g}{shards}) "
-            f"but the cluster has {total.get('CPU', 0.0):g}; lower {_or(flags)}, or the CPUs per actor"
+            f"but the cluster has {total.get('CPU', 0.0):g}; lower {_or(flags)}{',' if len(flags) > 1 else ''} "
+            "or the CPUs per actor"
         )
 
 

@@ -99,7 +99,7 @@ def small_cluster(monkeypatch):
             ["--workers", "1", "--pipeline-stages", "3", "--cpus-per-worker", "2", "--model", "mlp"],
             ["needs 6 CPUs (R x D x T x S = 1 x 1 x 1 x 3 = 3 workers x 2)", "lower --workers or --pipeline-stages"],
         ),
-        (["--workers", "5"], ["needs 5 CPUs (5 workers x 1)", "lower --workers, or the CPUs per actor"]),
+        (["--workers", "5"], ["needs 5 CPUs (5 workers x 1)", "lower --workers or the CPUs per actor"]),
     ],
 )  # fmt: skip
 def test_more_workers_than_an_address_cluster_holds_names_the_grid(cwd, small_cluster, args, fragments):
