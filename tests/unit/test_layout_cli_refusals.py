@@ -73,6 +73,18 @@ def test_a_layout_that_cannot_work_is_one_line_exit_2_and_no_run_directory(cwd, 
     assert list(cwd.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("layout", "fragments"),
+    [("fsdp: 0", ["--fsdp must be >= 1, got 0"]), ("tensor_parallel: 3", ["--tensor-parallel 3 does not divide"])],
+)
+def test_a_yaml_layout_section_is_refused_as_its_flag_is(cwd, no_ray, tmp_path, layout, fragments):
+    config = tmp_path / "layout.yaml"
+    config.write_text(f"model: mlp\nlayout:\n  {layout}\n")
+    run_dir = cwd / "fresh"
+    assert_one_line_error(runner.invoke(app, ["run", "--config", str(config), "--run-dir", str(run_dir)]), *fragments)
+    assert list(cwd.iterdir()) == []
+
+
 @pytest.fixture
 def small_cluster(monkeypatch):
     """`--address` joins a cluster of 4 CPUs and 2 GPUs (nothing is started or contacted)."""
