@@ -68,6 +68,10 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
             f"{_fmt(summary['mean_compute_s'], '.4f')} / {_fmt(summary['mean_comm_s'], '.4f')} s",
         ),
     ]
+    if "peak_memory_bytes" in summary:  # a summary written before the column: no row
+        rows.append(("peak memory of a worker (host)", _size(summary["peak_memory_bytes"])))
+    if "gpu_peak_bytes" in summary:
+        rows.append(("peak memory of a worker (GPU)", _size(summary["gpu_peak_bytes"])))
     rows += _family_rows(summary, "traffic")  # the parameter server's staleness, blocked time, traffic
     rows += _straggler_rows(summary)
     elastic = membership_row(summary)

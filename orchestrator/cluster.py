@@ -249,21 +249,40 @@ def connect(config: RunConfig, keep: bool = False) -> RayConnection:
 def check_resources(config: RunConfig) -> None:
     """Fail fast, with the fix, when the cluster cannot hold the run's actors at all."""
     total = ray.cluster_resources()
+    workers, flags = workers_text(config)
     need_gpus = (config.workers if config.elastic else config.num_worker_actors) * config.gpus_per_worker
     if need_gpus > total.get("GPU", 0.0):
         raise ResourceError(
-            f"the run needs {need_gpus:g} GPUs ({config.num_worker_actors} workers x {config.gpus_per_worker:g}) "
-            f"but the cluster has {total.get('GPU', 0.0):g}; lower --gpus-per-worker or add GPU nodes"
+            f"the run needs {need_gpus:g} GPUs ({workers} x {config.gpus_per_worker:g}) "
+            f"but the cluster has {total.get('GPU', 0.0):g}; lower {_or(['--gpus-per-worker', *flags])}, "
+            "or add GPU nodes"
         )
     need_cpus = cpus_needed(config)
     if need_cpus > total.get("CPU", 0.0):
         shards = f" + {num_shards(config)} shards x {config.cpus_per_shard:g}" if num_shards(config) else ""
         raise ResourceError(
-            f"the run needs {need_cpus:g} CPUs "
-            f"({config.workers if config.elastic else config.num_worker_actors} workers x "
-            f"{config.cpus_per_worker:g}{shards}) "
-            f"but the cluster has {total.get('CPU', 0.0):g}; lower --workers or the CPUs per actor"
+            f"the run needs {need_cpus:g} CPUs ({workers} x {config.cpus_per_worker:g}{shards}) "
+            f"but the cluster has {total.get('CPU', 0.0):g}; lower {_or(flags)}{',' if len(flags) > 1 else ''} "
+            "or the CPUs per actor"
         )
+
+
+def workers_text(config: RunConfig) -> tuple[str, list[str]]:
+    """How the resource refusals count the run's worker actors ("4 workers", or a cut replica's grid
+    "R x D x T x S = 2 x 2 x 1 x 1 = 4 workers"), and the flags that lower that count: a user who gave
+    --fsdp 4 is told of it, not only of --workers."""
+    replica = config.replica_size
+    workers = config.workers * replica if config.elastic else config.num_worker_actors
+    if replica == 1:
+        return f"{workers} workers", ["--workers"]
+    d, t, s = config.replica_grid
+    grid = f"R x D x T x S = {workers // replica} x {d} x {t} x {s} = {workers} workers"
+    cut = [f for f, n in (("--fsdp", d), ("--tensor-parallel", t), ("--pipeline-stages", s)) if n > 1]
+    return grid, ["--workers", *cut]
+
+
+def _or(flags: list[str]) -> str:
+    return flags[0] if len(flags) == 1 else ", ".join(flags[:-1]) + " or " + flags[-1]
 
 
 def unused_gpus(config: RunConfig) -> float:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distrain.orchestrator.files import atomic_write
+from distrain.orchestrator.peak_memory import PEAK_COLUMNS
 from distrain.strategies.step_columns import family_columns
 
 SCHEMA = pa.schema(
@@ -50,6 +51,8 @@ SCHEMA = pa.schema(
         # --compress: what this step's bytes_sent would have been uncompressed (float32); null without a codec
         ("bytes_uncompressed", pa.int64()),
     ]
+    # every worker's peak memory so far: host (resident set) and CUDA (orchestrator/peak_memory.py)
+    + [(name, pa.type_for_alias(kind)) for name, kind in PEAK_COLUMNS.items()]
 )
 
 

@@ -96,6 +96,7 @@ def summarize(
         # loss-scale overflows included (those alone: `overflow_steps`).
         "nonfinite_steps": _steps_where(steps, "nonfinite"),
     }
+    summary |= peak_memory_figures(steps)
     if config.get("precision") == "fp16":
         summary["overflow_steps"] = _steps_where(steps, "overflow")
     summary |= family_figures(steps)
@@ -107,6 +108,25 @@ def summarize(
 def _steps_where(steps: pd.DataFrame, column: str) -> int:
     """Global steps with some row whose `column` (a bool) is true."""
     return int(steps.loc[steps[column].eq(True), "step"].nunique()) if column in steps else 0
+
+
+# step-row column (orchestrator/peak_memory.py) -> its summary key
+PEAK_FIGURES = {"mem_peak_bytes": "peak_memory_bytes", "gpu_peak_bytes": "gpu_peak_bytes"}
+
+
+def peak_memory_figures(steps: pd.DataFrame) -> dict[str, Any]:
+    """The largest peak memory of any worker (`peak_memory_bytes`: host; `gpu_peak_bytes`: CUDA, GPU runs
+    only) and each worker's own (`..._per_worker`, by rank). A column with no values (the GPU's on the
+    CPU, rows recorded before the columns existed) writes no keys."""
+    figures: dict[str, Any] = {}
+    for column, key in PEAK_FIGURES.items():
+        rows = steps.dropna(subset=[column]) if column in steps else steps.iloc[:0]
+        if rows.empty:
+            continue
+        per_worker = rows.groupby("worker")[column].max()
+        figures[key] = int(per_worker.max())
+        figures[f"{key}_per_worker"] = {str(int(w)): int(v) for w, v in per_worker.items()}
+    return figures
 
 
 def family_figures(steps: pd.DataFrame) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from distrain.errors import ResourceError
 from distrain.orchestrator.checkpoint import CHECKPOINTS
 from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
 from distrain.orchestrator.metrics import SCHEMA
+from distrain.orchestrator.peak_memory import PeakMemory
 from distrain.orchestrator.tasks import build_task
 from distrain.plugins import USER_MODULE_PREFIX
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
@@ -55,6 +56,7 @@ class TrainWorker:
         self.run_start = run_start
         self.delay = config.straggler_delays.get(rank, 0.0)
         self.device = "cuda" if config.uses_gpus else "cpu"
+        self.peak_memory = PeakMemory(self.device)  # from here: building the replica counts towards the peak
         self.strategy: Any = None
         self.strategy_state: dict[str, Any] | None = None  # a checkpoint's, until the strategy is set up
         self.channel_state: dict[str, Any] | None = None  # this rank's codec state from a checkpoint, likewise
@@ -286,6 +288,7 @@ class TrainWorker:
                 "nonfinite": comm.nonfinite,
                 "overflow": True if self.strategy.overflow_skips > overflows else None,
                 "bytes_uncompressed": comm.bytes_uncompressed,
+                **self.peak_memory.sample(),  # mem_peak_bytes, gpu_peak_bytes
             } | {c: comm.extra.get(c) for c in type(self.strategy).metric_columns}
             for key, value in values.items():
                 rows[key].append(value)

@@ -44,7 +44,7 @@ RUN_FILES = ("config.yaml", "summary.json", "metrics.parquet")
 FAMILY_COLUMNS = [family.report_column for family in STEP_COLUMN_FAMILIES if family.report_column]
 COLUMNS = (
     "run", "strategy", "workers", "final accuracy", "time to target (s)", "samples/s (steady state)",
-    *(header for header, _, _ in FAMILY_COLUMNS), "bytes/step", "failures",
+    *(header for header, _, _ in FAMILY_COLUMNS), "bytes/step", "peak memory", "failures",
 )  # fmt: skip
 FIGURES: dict[str, str | Callable[[float], str]] = {  # summary.json key -> format spec or formatter,
     # for the columns between "workers" and "failures"
@@ -53,6 +53,7 @@ FIGURES: dict[str, str | Callable[[float], str]] = {  # summary.json key -> form
     "steady_state_samples_per_s": ",.0f",
     **{key: spec for _, key, spec in FAMILY_COLUMNS},
     "bytes_per_step": size_text,  # "680.0 kB", as the run's closing summary prints it
+    "peak_memory_bytes": size_text,  # the largest worker's peak resident memory (orchestrator/peak_memory.py)
 }
 # Settings the strategy column already states (with the strategy that reads them: each built-in
 # strategy's `described_options`, added by `shown_with_strategy`), and ones that say where a run was

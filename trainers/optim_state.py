@@ -39,7 +39,9 @@ OPTIMIZERS = {
     "rprop": "Rprop",
 }
 # torch.optim optimizers that are not element-wise, and why they cannot run here.
-_WHOLE = "so it needs whole tensors, and parameter-server shards and the flat optimizer state cut across tensors"
+_WHOLE = (
+    "so it needs whole tensors, and --fsdp shards, parameter-server shards and flat optimizer state cut across them"
+)
 REFUSED = {
     "lbfgs": "it needs a closure that re-evaluates the loss, for a line search over all parameters at once",
     "sparseadam": "it needs sparse gradients, and distrain's gradients are one dense flat buffer",

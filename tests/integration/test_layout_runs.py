@@ -69,6 +69,7 @@ def test_four_shards_equal_one_process_and_hold_a_quarter_each(tmp_path, one_pro
     held = rows.groupby("worker")[["mem_param_bytes", "mem_grad_bytes", "mem_optim_bytes"]].max()
     whole = MLP_PARAMS * 4
     assert held["mem_param_bytes"].sum() == whole and (held["mem_param_bytes"] <= 1.25 * whole / 4).all()
+    assert (rows.groupby("worker")["mem_peak_bytes"].min() > 0).all()  # every worker's, sharded ones too
     assert (held["mem_grad_bytes"] == held["mem_param_bytes"]).all()
     moments = 1 if optimizer == "sgd" else 2  # momentum buffer; Adam's two moments
     steps = 0 if optimizer == "sgd" else 6 * 4  # AdamW's step count: a float32 scalar per parameter tensor

@@ -43,6 +43,7 @@ def test_default_run_reaches_target_accuracy(default_run):
     nbytes = 4 * sum(t.numel() for t in ckpt["model"].values())
     assert summary["bytes_per_step"] == cfg.workers * nbytes
     assert "final test accuracy" in output and "time to test_accuracy>=0.95" in output
+    assert "peak memory of a worker (host)" in output
 
 
 def test_metrics_parquet_has_a_row_per_worker_step_and_per_epoch(default_run):
@@ -62,6 +63,14 @@ def test_metrics_parquet_has_a_row_per_worker_step_and_per_epoch(default_run):
     assert evals["test_accuracy"].between(0, 1).all() and evals["test_loss"].notna().all()
     assert steps.groupby("worker")["wall_time"].apply(lambda s: s.is_monotonic_increasing).all()
     assert df["run_id"].eq(run_dir.name).all()
+    # Each worker's peak memory so far: a process with torch loaded (well over 50 MB), never falling;
+    # no GPU figure on the CPU. summary.json keeps the largest and each worker's.
+    peaks = steps.sort_values("step").groupby("worker")["mem_peak_bytes"]
+    assert (peaks.min() > 50e6).all() and peaks.apply(lambda s: s.is_monotonic_increasing).all()
+    assert steps["gpu_peak_bytes"].isna().all()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["peak_memory_bytes"] == steps["mem_peak_bytes"].max() and "gpu_peak_bytes" not in summary
+    assert summary["peak_memory_bytes_per_worker"] == {str(int(w)): int(v) for w, v in peaks.max().items()}
     # training made progress
     first, last = (
         steps[steps["epoch"] == 0]["loss"].mean(),

@@ -1,0 +1,130 @@
+"""Issue 28's bad input through `distrain run`: a layout that cannot work (T not dividing the heads or a
+split layer's width, D or T below 1, an optimizer that needs whole tensors on a cut replica, T > 1 for a
+model with no plan, more R x D x T x S workers than an `--address` cluster holds) is one line on stderr,
+exit code 2, and no run directory.
+
+Every refusal but the last comes before Ray would start (a guard fails the test if it does); the last
+stands in a cluster of known size for `--address` (`cluster.connect` and `ray.cluster_resources`
+replaced), since a local Ray is sized for the run and may oversubscribe: CI runs D = 4 on 2 cores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distrain.cli import app
+from tests.unit.test_cli_errors import assert_one_line_error, runner
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+CHAR_LM = f"{EXAMPLES / 'char_lm.py'}:CharLM"
+DIABETES = f"{EXAMPLES / 'diabetes_regression.py'}:Diabetes"
+
+# (arguments, fragments the one line must contain)
+REFUSED = [
+    # T that does not divide a split layer's width (the mlp's first Linear: 256 outputs, column-wise)
+    (["--model", "mlp", "--tensor-parallel", "3"], ["--tensor-parallel 3 does not divide", "256 outputs"]),
+    # T that does not divide the char transformer's attention heads (4)
+    (["--task", CHAR_LM, "--tensor-parallel", "3"], ["--tensor-parallel 3 does not fit", "4 attention heads"]),
+    (["--fsdp", "0"], ["--fsdp must be >= 1, got 0"]),
+    (["--fsdp", "-2", "--workers", "1"], ["--fsdp must be >= 1, got -2"]),
+    (["--tensor-parallel", "0"], ["--tensor-parallel must be >= 1, got 0"]),
+    (["--model", "mlp", "--fsdp", "1", "--tensor-parallel", "-1"], ["--tensor-parallel must be >= 1, got -1"]),
+    # optimizers that need whole tensors: FSDP's shards and TP's splits cut them
+    (["--fsdp", "2", "--optimizer", "Adafactor"], ["--optimizer Adafactor is not supported", "whole tensors"]),
+    (["--model", "mlp", "--tensor-parallel", "2", "--optimizer", "muon"], ["--optimizer muon", "whole"]),
+    # T > 1 for a model without a tensor-parallel plan: a built-in one, and a task's own
+    (["--model", "linear", "--tensor-parallel", "2"], ["--model linear has none", "Task.tensor_parallel_plan()"]),
+    (["--task", DIABETES, "--tensor-parallel", "2"], [f"--task {DIABETES} has none", "or drop --tensor-parallel"]),
+]
+
+
+@pytest.fixture
+def cwd(tmp_path, monkeypatch):
+    """An empty working directory: where `runs/` would appear if a refusal wrote anything."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    import ray
+
+    from distrain.orchestrator import cluster
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray must not be started for input that is already known to be bad")
+
+    monkeypatch.setattr(cluster, "connect", refuse)
+    monkeypatch.setattr(ray, "init", refuse)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"), REFUSED, ids=[" ".join(a[-2:]) + f"-{i}" for i, (a, _) in enumerate(REFUSED)]
+)
+def test_a_layout_that_cannot_work_is_one_line_exit_2_and_no_run_directory(cwd, no_ray, args, fragments):
+    run_dir = cwd / "fresh"
+    result = runner.invoke(app, ["run", "--run-dir", str(run_dir), "--epochs", "1", *args])
+    assert_one_line_error(result, *fragments)
+    assert not run_dir.exists()
+    assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("layout", "fragments"),
+    [("fsdp: 0", ["--fsdp must be >= 1, got 0"]), ("tensor_parallel: 3", ["--tensor-parallel 3 does not divide"])],
+)
+def test_a_yaml_layout_section_is_refused_as_its_flag_is(cwd, no_ray, tmp_path, layout, fragments):
+    config = tmp_path / "layout.yaml"
+    config.write_text(f"model: mlp\nlayout:\n  {layout}\n")
+    run_dir = cwd / "fresh"
+    assert_one_line_error(runner.invoke(app, ["run", "--config", str(config), "--run-dir", str(run_dir)]), *fragments)
+    assert list(cwd.iterdir()) == []
+
+
+@pytest.fixture
+def small_cluster(monkeypatch):
+    """`--address` joins a cluster of 4 CPUs and 2 GPUs (nothing is started or contacted)."""
+    from distrain.orchestrator import cluster
+
+    monkeypatch.setattr(cluster, "connect", lambda config, keep=False: cluster.RayConnection(started_here=False))
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 4.0, "GPU": 2.0, "memory": 2.0**40})
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (
+            ["--workers", "2", "--fsdp", "2", "--tensor-parallel", "2", "--model", "mlp"],
+            ["needs 8 CPUs (R x D x T x S = 2 x 2 x 2 x 1 = 8 workers x 1)", "cluster has 4",
+             "lower --workers, --fsdp or --tensor-parallel, or the CPUs per actor"],
+        ),
+        (
+            ["--workers", "1", "--fsdp", "4", "--gpus-per-worker", "1"],
+            ["needs 4 GPUs (R x D x T x S = 1 x 4 x 1 x 1 = 4 workers x 1)", "cluster has 2",
+             "lower --gpus-per-worker, --workers or --fsdp, or add GPU nodes"],
+        ),
+        (
+            ["--workers", "1", "--pipeline-stages", "3", "--cpus-per-worker", "2", "--model", "mlp"],
+            ["needs 6 CPUs (R x D x T x S = 1 x 1 x 1 x 3 = 3 workers x 2)", "lower --workers or --pipeline-stages"],
+        ),
+        (["--workers", "5"], ["needs 5 CPUs (5 workers x 1)", "lower --workers or the CPUs per actor"]),
+    ],
+)  # fmt: skip
+def test_more_workers_than_an_address_cluster_holds_names_the_grid(cwd, small_cluster, args, fragments):
+    run_dir = cwd / "fresh"
+    cmd = ["run", "--address", "127.0.0.1:6379", "--run-dir", str(run_dir), "--epochs", "1", *args]
+    assert_one_line_error(runner.invoke(app, cmd), *fragments)
+    assert not run_dir.exists()
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_grid_that_fits_the_cluster_passes_the_resource_check(small_cluster):
+    from distrain.config import RunConfig
+    from distrain.orchestrator import cluster
+
+    cluster.check_resources(RunConfig(workers=1, fsdp=2, tensor_parallel=2, model="mlp"))  # 4 workers, 4 CPUs
+    assert cluster.workers_text(RunConfig(workers=3)) == ("3 workers", ["--workers"])
