@@ -131,7 +131,7 @@ def grid_text(layout: dict[str, Any]) -> str:
         if n > 1
     ]
     if not parts:
-        return f"{layout['replicas']} workers"
+        return "1 worker" if layout["replicas"] == 1 else f"{layout['replicas']} workers"
     replicas = "1 replica" if layout["replicas"] == 1 else f"{layout['replicas']} replicas"
     return " x ".join([replicas, *parts])
 
