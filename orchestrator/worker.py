@@ -260,9 +260,11 @@ class TrainWorker:
                         comm.extra.update(extra.extra)
                 if self.checkpoints.taken_after(global_step + 1):  # sharded replicas write their own
                     directory = Path(self.config.run_dir) / CHECKPOINTS
-                    blocked = self.strategy.checkpoint_shards(self.trainer, global_step + 1, directory)
-                    if blocked is not None:
-                        comm.extra["ckpt_block_s"] = blocked
+                    saved = self.strategy.checkpoint_shards(self.trainer, global_step + 1, directory)
+                    if saved is not None:
+                        comm.extra["ckpt_block_s"] = saved.blocked_s
+                        if not saved.finite:  # not a metrics column: the driver writes no such checkpoint
+                            rows.setdefault("nonfinite_shards", []).append(global_step + 1)
             except NonFinite as e:  # --on-nonfinite stop: this step's row, then back to the driver
                 comm = CommStats(nonfinite=True)
                 diverged = {"step": global_step, "worker": self.rank, "what": str(e)}
@@ -339,10 +341,12 @@ class TrainWorker:
             state["strategy_state"] = {"strategy": self.strategy.name, "state": extra}
         return state
 
-    def save_shards(self, step: int) -> None:
+    def save_shards(self, step: int) -> bool:
         """Begin this worker's shards of a checkpoint of the state now, after `step` steps (every worker of
-        a sharded run at once): the final one, where a callback's stop ended the run between checkpoints."""
-        self.strategy.checkpoint_shards(self.trainer, step, Path(self.config.run_dir) / CHECKPOINTS)
+        a sharded run at once): the final one, where a callback's stop ended the run between checkpoints.
+        Returns whether its parameters were finite."""
+        saved = self.strategy.checkpoint_shards(self.trainer, step, Path(self.config.run_dir) / CHECKPOINTS)
+        return saved is None or saved.finite
 
     def channel_state(self) -> dict[str, Any]:
         """This rank's codec state as it is now (empty without a codec): once every call is done, the

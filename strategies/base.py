@@ -97,6 +97,14 @@ class StrategyContext:
 
 
 @dataclass
+class ShardsSaved:
+    """A worker's save of its own shards begun (`Strategy.checkpoint_shards`)."""
+
+    blocked_s: float  # the seconds training waited for it (the rest is written in the background)
+    finite: bool  # this worker's parameters were finite (the driver writes no checkpoint unless all were)
+
+
+@dataclass
 class CommStats:
     seconds: float = 0.0
     bytes_sent: int = 0
@@ -333,11 +341,11 @@ class Strategy(ABC):
         """The state to checkpoint: model state dict and flat optimizer state."""
         return trainer.state_dict()
 
-    def checkpoint_shards(self, trainer: LocalTrainer, step: int, directory: Path) -> float | None:
+    def checkpoint_shards(self, trainer: LocalTrainer, step: int, directory: Path) -> ShardsSaved | None:
         """Called on every worker after the step a checkpoint follows (`step` steps done). A strategy
         whose workers write their own shards (sharded replicas) begins that here, in `directory`, and
-        returns the seconds training was blocked; None (the rule): the driver writes the checkpoint from
-        the state `export_state` gives."""
+        says what it began; None (the rule): the driver writes the checkpoint from the state
+        `export_state` gives."""
         return None
 
     def extra_state(self) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distrain.strategies.base import CommStats, Strategy, StrategyContext
+from distrain.strategies.base import CommStats, ShardsSaved, Strategy, StrategyContext
 from distrain.trainers.builtin_names import tp_sample_ranks
 
 if TYPE_CHECKING:
@@ -180,11 +180,11 @@ class ShardedBSP(Strategy):
         return totals if self.shard == 0 and self.tp_rank == 0 else {}
 
     # ------------------------------------------------------------------ state
-    def checkpoint_shards(self, trainer: ShardedTrainer, step: int, directory: Path) -> float:  # type: ignore[override]
-        """Begin writing this worker's shards of the state after `step` steps (every worker at once);
-        returns the seconds training was blocked."""
+    def checkpoint_shards(self, trainer: ShardedTrainer, step: int, directory: Path) -> ShardsSaved:  # type: ignore[override]
+        """Begin writing this worker's shards of the state after `step` steps (every worker at once).
+        Whether its parameters are finite goes back with its rows (no barrier here): the driver writes
+        the checkpoint only if every worker's were."""
         import torch
-        import torch.distributed as dist
 
         from distrain.trainers.sharded_checkpoint import forget_save, state_dir_name
         from distrain.trainers.sharded_trainer import local_part
@@ -192,15 +192,15 @@ class ShardedBSP(Strategy):
         t0 = time.perf_counter()
         name = state_dir_name(step)
         if self.ctx.rank == 0:  # an earlier attempt's save of this step (a run recovered after a failure)
-            forget_save(directory / name)  # is not this one: its index goes before anyone writes (below)
+            forget_save(directory / name)  # is not this one: its index goes (DCP's planning is a barrier)
         total = torch.zeros((), dtype=torch.float64)
         for p in trainer.params:
             total += local_part(p.detach()).double().sum()
-        dist.all_reduce(total)  # never a NaN checkpoint: the driver refuses one that says so
         entries = trainer.checkpoint_entries() | self.checkpoint_entries(trainer)
         self.saver.save(entries, directory / name, step)
-        self.saved = {"dir": name, "step": step, "finite": bool(total.isfinite())} | trainer.checkpoint_keys()
-        return time.perf_counter() - t0  # the finiteness check, the wait for the last save, the staging
+        finite = bool(total.isfinite())
+        self.saved = {"dir": name, "step": step, "finite": finite} | trainer.checkpoint_keys()
+        return ShardsSaved(time.perf_counter() - t0, finite)  # the wait for the last save, the staging
 
     def teardown(self) -> None:
         """The save in flight is written before the group it runs over goes (a warm worker's next run

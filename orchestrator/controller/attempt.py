@@ -102,6 +102,7 @@ class Attempt:
         # workers run independently, or an elastic run's over the PS), as the phase loop set it up.
         self.shared_plan = False
         self.channel_states = channel_checkpoint.ChannelStates()  # each rank's codec state, for its checkpoint
+        self.nonfinite_shards: set[int] = set()  # steps a sharded worker saved non-finite parameters at
         self.pending: dict[Any, tuple[str, int, Any]] = {}  # calls in flight in the loop (handle -> what it is)
         self.phase_config: RunConfig | None = None  # the config of the phase running now (--schedule)
         # Worker replacement and leaves (PS transport): the shards' rule, each worker's clock after its
@@ -392,8 +393,11 @@ class Attempt:
                 self._write_summary(Status.UNFINISHED, epochs_done, mitigation=False)
 
     def _finite(self, state: dict[str, Any]) -> bool:
-        """The parameters are finite (a sharded run's workers checked theirs when they began the save)."""
-        return bool(state["sharded"]["finite"]) if "sharded" in state else _finite_model(state)
+        """The parameters are finite (a sharded run's workers each checked theirs when they began the
+        save: rank 0's flag is in its reference, the others' came back with their rows)."""
+        if "sharded" not in state:
+            return _finite_model(state)
+        return bool(state["sharded"]["finite"]) and state["sharded"]["step"] not in self.nonfinite_shards
 
     def _wait_for_shards(self, state: dict[str, Any]) -> None:
         """Until the shards `state` names are written (at the run's end: nothing else is left to do)."""
@@ -414,7 +418,8 @@ class Attempt:
             self._final_channel_states()
             final = self.group.state(first, self.config.hang_timeout_s)
             if "sharded" in final and final["sharded"]["step"] != self.steps_done:  # a stop between checkpoints
-                self.group.save_shards(self.members(), self.steps_done, self.config.hang_timeout_s)
+                if not self.group.save_shards(self.members(), self.steps_done, self.config.hang_timeout_s):
+                    self.nonfinite_shards.add(self.steps_done)
                 final = self.group.state(first, self.config.hang_timeout_s)
             self._wait_for_shards(final)  # a sharded run's last save; those before it are written by then
             self.save_complete(set(), set())

@@ -67,9 +67,9 @@ class WorkerGroup(Protocol):
     def state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         """Worker `rank`'s state to checkpoint (a PS snapshot under the PS), now."""
 
-    def save_shards(self, ranks: list[int], step: int, timeout: float | None) -> None:
+    def save_shards(self, ranks: list[int], step: int, timeout: float | None) -> bool:
         """Every one of `ranks` begins writing its shards of the state now, after `step` steps (sharded
-        replicas, whose workers write their own checkpoints)."""
+        replicas, whose workers write their own checkpoints); whether every worker's parameters were finite."""
 
     def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         """Worker `rank`'s codec state now (orchestrator/channel_checkpoint.py; empty without a codec)."""

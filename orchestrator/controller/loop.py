@@ -205,6 +205,7 @@ class PhaseLoop:
             if diverged:  # --on-nonfinite stop: keep the rows up to that step, then end the run
                 a.sink.add_steps(result)
                 raise Diverged(**diverged[0])
+            a.nonfinite_shards.update(result.pop("nonfinite_shards", []))  # not a metrics column either
             channel = result.pop("channel_state", None)  # not a metrics column: the codec state for a checkpoint
             if channel:
                 a.channel_states.add(rank, channel[0])

@@ -235,10 +235,9 @@ class RayWorkerGroup:
     def state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         return self.result(self.workers[rank].state.remote(), rank, timeout)
 
-    def save_shards(self, ranks: list[int], step: int, timeout: float | None) -> None:
+    def save_shards(self, ranks: list[int], step: int, timeout: float | None) -> bool:
         refs = [self.workers[r].save_shards.remote(step) for r in ranks]
-        for ref, rank in zip(refs, ranks, strict=True):
-            self.result(ref, rank, timeout)
+        return all([self.result(ref, rank, timeout) for ref, rank in zip(refs, ranks, strict=True)])
 
     def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         return self.result(self.workers[rank].channel_state.remote(), rank, timeout)
