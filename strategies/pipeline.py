@@ -382,6 +382,16 @@ class PipelineBSP(Strategy):
             self.trainer.model.register_forward_pre_hook(count_input)
 
     # ------------------------------------------------------------------ the step
+    # The trainer's gradient, around the schedule's step (a sharded stage's, ShardedPipelineBSP, is FSDP's).
+    def _zero_grads(self, trainer: LocalTrainer) -> None:
+        trainer.grads_flat.zero_()
+
+    def _grads_done(self, trainer: LocalTrainer) -> None:
+        trainer._ensure_grads_in_flat_buffer()
+
+    def _grad_bytes(self, trainer: LocalTrainer) -> int:
+        return trainer.grads_flat.numel() * trainer.grads_flat.element_size()
+
     def compute_gradients(self, trainer: LocalTrainer, batch: Any) -> float:
         global _ACTIVE_TIMER
         import torch
@@ -390,7 +400,7 @@ class PipelineBSP(Strategy):
         from distrain.trainers.task import to_device
 
         trainer.model.train()
-        trainer.grads_flat.zero_()
+        self._zero_grads(trainer)
         batch = to_device(batch, trainer.device)
         mbs = split_batch(batch, self.config.microbatches)
         kwargs: dict[str, Any] = {}
@@ -415,7 +425,7 @@ class PipelineBSP(Strategy):
                 self.schedule.step(**kwargs, return_outputs=False)
         finally:
             _ACTIVE_TIMER = None
-        trainer._ensure_grads_in_flat_buffer()
+        self._grads_done(trainer)
         # The loss is known on the last stage; every stage's row carries it (one scalar over the pipeline).
         loss = torch.stack([t.detach() for t in losses]).mean().reshape(1) if self.last else torch.zeros(1)
         loss = loss.to(torch.float64)
@@ -434,7 +444,7 @@ class PipelineBSP(Strategy):
             "pipe_wait_s": self.timer.wait,
             "pipe_idle_frac": max(0.0, 1.0 - self.timer.compute / step_s) if step_s > 0 else None,
             "mem_param_bytes": trainer.nbytes,
-            "mem_grad_bytes": trainer.grads_flat.numel() * trainer.grads_flat.element_size(),
+            "mem_grad_bytes": self._grad_bytes(trainer),
             "mem_activation_peak_bytes": self.meter.peak,
             "mem_gpu_peak_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
         }

@@ -176,8 +176,13 @@ class ShardedBSP(Strategy):
         name = state_dir_name(step)
         entries = trainer.checkpoint_entries() | self.checkpoint_entries(trainer)
         blocked = self.saver.save(entries, directory / name, step)
-        self.saved = {"dir": name, "step": step, "finite": bool(total.isfinite())} | trainer.checkpoint_keys()
+        self.saved = {"dir": name, "step": step, "finite": bool(total.isfinite())} | self.checkpoint_keys(trainer)
         return blocked
+
+    def checkpoint_keys(self, trainer: ShardedTrainer) -> dict[str, list[str]]:
+        """The whole model's state dict keys and parameter names, in order (a pipeline stage's worker
+        holds only its stage's: ShardedPipelineBSP gathers its replica's)."""
+        return trainer.checkpoint_keys()
 
     def teardown(self) -> None:
         """The save in flight is written before the group it runs over goes (a warm worker's next run
