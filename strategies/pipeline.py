@@ -302,8 +302,6 @@ class PipelineBSP(Strategy):
 
     # ------------------------------------------------------------------ set-up
     def setup(self, trainer: LocalTrainer) -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
         self.channel.join()
         S, R = self.stages, self.replicas
         # Every rank makes every group, in one order (torch.distributed requires it).
@@ -320,16 +318,23 @@ class PipelineBSP(Strategy):
                     self.dp_group = group
             # Replicas start equal because the seed fixes the init; the broadcast makes it a fact.
             self.channel.broadcast(trainer.params_flat, src=self.stage, subgroup=self.dp_group)
+        self.make_schedule(trainer)
+        self.meter = ActivationMeter(trainer.params_flat.untyped_storage().data_ptr())
+
+    def make_schedule(self, trainer: LocalTrainer) -> None:
+        """torch's stage of `trainer.model` over this worker's pipeline group and the run's schedule of its
+        micro-batches (the task's criterion as the last stage's loss), timed."""
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
         self.trainer = trainer
         if not self.last:  # gloo sends and receives only contiguous tensors (a pooling layer's output may not be)
             trainer.model.register_forward_hook(lambda module, args, out: out.contiguous())
-        self.pp_stage = PipelineStage(trainer.model, self.stage, S, trainer.device, group=self.pipe_group)
+        self.pp_stage = PipelineStage(trainer.model, self.stage, self.stages, trainer.device, group=self.pipe_group)
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
         self.schedule = schedule(self.pp_stage, self.config.microbatches, loss_fn=self._loss, scale_grads=True)
         self._mbs: list[Any] = []
         _install_wait_timer()
         self._time_stage_calls()
-        self.meter = ActivationMeter(trainer.params_flat.untyped_storage().data_ptr())
 
     def _loss(self, output: Any, which: torch.Tensor) -> torch.Tensor:
         """The task's criterion on the last stage. The schedule hands the loss function one "target"

@@ -1,8 +1,8 @@
 """Pipelines of sharded stages: BSP over R replicas of a model cut into S stages, each stage's module
 sharded D ways by FSDP2 (`--pipeline-stages S --fsdp D`; BSP.implementation picks it).
 
-R x S x D worker actors; actor rank = (replica x S + stage) x D + shard (config/layout_section.py
-`grid_position`): a stage's D shards are neighbours, then a replica's S stages. Each worker builds its
+R x S x D worker actors; actor rank = (replica x S + stage) x D + shard (trainers/grid_position.py): a
+stage's D shards are neighbours, then a replica's S stages. Each worker builds its
 stage (trainers/pipeline_split.py, the full model's parameter names kept) and `fully_shard`s it over
 the run's device mesh (R, S, D, 1) = ("replicate", "stage", "shard", "tp") sliced to ("replicate",
 "shard"): its stage's D shards in every replica, HSDP as ShardedBSP's (trainers/sharded_trainer.py).
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.activation_meter import ActivationMeter
 from distrain.strategies.base import CommStats, StrategyContext
-from distrain.strategies.pipeline import PIPELINE_COLUMNS, PipelineBSP, _install_wait_timer
+from distrain.strategies.pipeline import PIPELINE_COLUMNS, PipelineBSP
 from distrain.strategies.sharded_bsp import ShardedBSP, fsdp_bytes_per_step
 from distrain.trainers.grid_position import grid_position
 
@@ -80,7 +80,6 @@ class ShardedPipelineBSP(PipelineBSP):
     # ------------------------------------------------------------------ set-up
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         import torch.distributed as dist
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         from distrain.trainers.sharded_checkpoint import AsyncSaver
 
@@ -91,15 +90,7 @@ class ShardedPipelineBSP(PipelineBSP):
         trainer.shard(mesh, reshard)  # FSDP over ("replicate", "shard"): this stage's shards, every replica
         self.pipe_group = mesh["stage"].get_group()  # group rank = stage (torch's PipelineStage peers)
         self.saver = AsyncSaver()
-        self.trainer = trainer
-        if not self.last:  # gloo sends and receives only contiguous tensors
-            trainer.model.register_forward_hook(lambda module, args, out: out.contiguous())
-        self.pp_stage = PipelineStage(trainer.model, self.stage, S, trainer.device, group=self.pipe_group)
-        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
-        self.schedule = schedule(self.pp_stage, self.config.microbatches, loss_fn=self._loss, scale_grads=True)
-        self._mbs: list[Any] = []
-        _install_wait_timer()
-        self._time_stage_calls()
+        self.make_schedule(trainer)  # type: ignore[arg-type]
         # No flat parameter buffer to leave out: the parameters FSDP gathers and autograd saves count too.
         self.meter = ActivationMeter(-1)
         # FSDP's gathers and reduce-scatter as ShardedBSP counts them for one batch (a lower bound: with
