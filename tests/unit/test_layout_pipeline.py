@@ -77,3 +77,27 @@ def test_the_memory_estimate_holds_one_dth_of_the_largest_stage():
     whole = estimate(plain, 0).model
     for shards in (2, 4):  # the stage's parameter copies cut D ways (rounded up to whole values)
         assert estimate(plain.replace(fsdp=shards), 0).model == pytest.approx(whole / shards, abs=64)
+
+
+def test_the_timeline_plot_draws_one_pipeline_of_sharded_stages():
+    """D = 2: each stage's two shards record spans; the plot draws shard 0's pipeline only (one lane each)."""
+    import json
+
+    import pandas as pd
+
+    from distrain.reporting.plots import PlotRun, plot_pipeline_timeline
+
+    spans = [json.dumps([["F", 0, 0.0, 1.0], ["B", 0, 2.0, 3.0]]), json.dumps([["F", 0, 1.0, 2.0], ["B", 0, 2.0, 2.5]])]
+    rows = pd.DataFrame(
+        {
+            "kind": ["step"] * 4,
+            "step": [1] * 4,
+            "stage": [0, 0, 1, 1],
+            "shard": [0, 1, 0, 1],
+            "replica": [0] * 4,
+            "wall_time": [1.0] * 4,
+            "pipe_spans": [spans[0], spans[0], spans[1], spans[1]],
+        }
+    )
+    fig = plot_pipeline_timeline([PlotRun("r", "r", "C0", rows, {})])
+    assert fig is not None and len(fig.axes[0].collections) == 4  # two stages x (F, B), not eight
