@@ -5,11 +5,11 @@ workers each: D-way sharded data parallelism inside the replica (`--fsdp D`: tor
 `fully_shard`, ZeRO-3: parameters, gradients and optimizer state cut D ways), T-way tensor parallelism
 (`--tensor-parallel T`: the task's planned layers split, trainers/tensor_parallel.py) and S pipeline
 stages (the strategy section's `--pipeline-stages`). Actor rank = ((replica x S + stage) x D + shard) x T
-+ tp (trainers/grid_position.py): a data-parallel rank's T workers are neighbours, then a stage's D shards, then a
-replica's S stages. Data-parallel rank (r, d) takes slice r x D + d of each step's R x D x B samples, its
-T workers (and, in a pipeline, its S stages) share it; under a hybrid plan (the built-in cnn's,
-trainers/builtin_names.py `tp_sample_ranks`) each of the T workers takes its own: slice = rank of
-R x D x T x B samples. No torch, no Ray at import.
++ tp (trainers/grid_position.py, `position_of` here): a data-parallel rank's T workers are neighbours,
+then a stage's D shards, then a replica's S stages. Data-parallel rank (r, d) takes slice r x D + d of
+each step's R x D x B samples, its T workers (and, in a pipeline, its S stages) share it; under a hybrid
+plan (the built-in cnn's, trainers/builtin_names.py `tp_sample_ranks`) each of the T workers takes its
+own: slice = rank of R x D x T x B samples. No torch, no Ray at import.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ class TrainWorker:
         model = seeded(self.task.build_model, config.seed)
         self.full_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.stage_plan = None
-        if config.pipelined:  # this actor keeps one stage (config/layout_section.py `grid_position`)
+        if config.pipelined:  # this actor keeps one stage (config/layout_section.py `position_of`)
             from distrain.config.layout_section import position_of
             from distrain.strategies.pipeline import plan_stages_for
             from distrain.trainers.pipeline_split import stage_module
