@@ -4,10 +4,12 @@ A run is R replicas (`--workers R`, the outer dimension every strategy works acr
 workers each: D-way sharded data parallelism inside the replica (`--fsdp D`: torch's FSDP2
 `fully_shard`, ZeRO-3: parameters, gradients and optimizer state cut D ways), T-way tensor parallelism
 (`--tensor-parallel T`: the task's planned layers split, trainers/tensor_parallel.py) and S pipeline
-stages (the strategy section's `--pipeline-stages`). Actor rank = (replica x D + shard) x T + tp;
-data-parallel rank (r, d) takes slice r x D + d of each step's R x D x B samples, and its T workers
-share it; under a hybrid plan (the built-in cnn's, trainers/builtin_names.py `tp_sample_ranks`) each
-of the T workers takes its own: slice = rank of R x D x T x B samples. No torch, no Ray at import.
+stages (the strategy section's `--pipeline-stages`). Actor rank = ((replica x S + stage) x D + shard) x T
++ tp (trainers/grid_position.py, `position_of` here): a data-parallel rank's T workers are neighbours,
+then a stage's D shards, then a replica's S stages. Data-parallel rank (r, d) takes slice r x D + d of
+each step's R x D x B samples, its T workers (and, in a pipeline, its S stages) share it; under a hybrid
+plan (the built-in cnn's, trainers/builtin_names.py `tp_sample_ranks`) each of the T workers takes its
+own: slice = rank of R x D x T x B samples. No torch, no Ray at import.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from distrain.config.checks import config_check
 from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.trainers.builtin_names import tp_sample_ranks
+from distrain.trainers.grid_position import GridPosition, grid_position
 
 if TYPE_CHECKING:
     from distrain.config.run_config import RunConfig
@@ -73,6 +76,12 @@ LAYOUT_FIELDS = frozenset(
 CUT_REPLICA_STRATEGIES = ("bsp", "diloco", "local-sgd")
 # How messages name the global batch a run's layout makes.
 GLOBAL_BATCH = "--workers x --fsdp x --batch-size, x --tensor-parallel for the cnn's hybrid"
+
+
+def position_of(config: RunConfig, rank: int) -> GridPosition:
+    """`grid_position` for the run's D x T x S grid (config.replica_grid)."""
+    shards, tp, stages = config.replica_grid
+    return grid_position(rank, shards, tp, stages)
 
 
 def shards_hint(shards: int) -> str:
@@ -156,7 +165,8 @@ def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:
 def check_layout(config: RunConfig) -> None:
     """--fsdp D >= 1 and --tensor-parallel T >= 1; a replica cut over workers runs under BSP, DiLoCo or
     local SGD over the collective transport so far (FSDP's own reduce-scatter inside a replica; across
-    replicas an all-reduce of the shards every step, HSDP, or of each part at a period's end), alone."""
+    replicas an all-reduce of the shards every step, HSDP, or of each part at a period's end), alone but
+    for --fsdp with --pipeline-stages (BSP only: the strategy section refuses pipelines under the others)."""
     d, t = shards_per_replica(config), tp_degree(config)
     for flag, value in (("--fsdp", d), ("--tensor-parallel", t)):
         if value < 1:
@@ -170,8 +180,9 @@ def check_layout(config: RunConfig) -> None:
             "over the collective transport so far (the other strategies across cut replicas are not built yet); "
             "drop it or use one of those"
         )
+    if config.pipelined and t > 1:  # pipeline stages compose with --fsdp (strategies/sharded_pipeline.py) only
+        raise ConfigError(f"--tensor-parallel {t} does not compose with --pipeline-stages yet; drop one of them")
     for flag, used in (
-        ("--pipeline-stages", config.pipelined),
         ("--workers MIN..MAX", config.elastic),
         ("--compress", config.compress is not None),
         ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),

@@ -62,7 +62,8 @@ class StrategySection:
     pipeline_stages: int = setting(
         1,
         "Pipeline (model) parallelism: cut the model into S stages, one actor each; --workers R replicas of the "
-        "pipeline make S x R actors (actor rank = replica x S + stage).",
+        "pipeline make S x R actors (actor rank = replica x S + stage); with --fsdp D each stage is sharded over "
+        "D actors (rank = (replica x S + stage) x D + shard).",
         "strategy",
         metavar="S",
     )

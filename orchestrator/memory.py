@@ -240,9 +240,11 @@ def estimate(config: RunConfig, num_params: int, cut: CutSizes | None = None) ->
     # process and the parameter copies are counted (a lower bound).
     builtin = not config.task
     pipeline = PipelineShape.of(config)
-    if config.pipelined:  # the stage holding the most: its parameter copies and in-flight activations
+    if config.pipelined:  # the stage holding the most: its parameter copies (1/D each under --fsdp D) and
+        # in-flight activations
+        shards = shards_per_replica(config)
         held = [
-            (params * FLOAT_BYTES * copies,
+            (-(-params // shards) * FLOAT_BYTES * copies,
              int(ACTIVATION_FACTOR * config.batch_size * pipeline.in_flight(s) * values) * FLOAT_BYTES)
             for s, (params, values) in enumerate(stage_shares(config))
         ]  # fmt: skip

@@ -28,7 +28,6 @@ from distrain.plugins import USER_MODULE_PREFIX
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
 from distrain.strategies.collective import free_address
 from distrain.strategies.elastic_group import GroupBroken, param_digest
-from distrain.strategies.pipeline import PipelineShape
 from distrain.strategies.step_columns import family_fields
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
@@ -87,13 +86,13 @@ class TrainWorker:
         model = seeded(self.task.build_model, config.seed)
         self.full_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.stage_plan = None
-        if config.pipelined:  # this actor keeps one stage (rank = replica x S + stage), see strategies/pipeline.py
+        if config.pipelined:  # this actor keeps one stage (config/layout_section.py `position_of`)
+            from distrain.config.layout_section import position_of
             from distrain.strategies.pipeline import plan_stages_for
             from distrain.trainers.pipeline_split import stage_module
 
-            stages = PipelineShape.of(config).stages
             self.stage_plan = plan_stages_for(model, self.task.split_points(), config)
-            self.stage = self.rank % stages
+            self.stage = position_of(config, self.rank).stage
             model = stage_module(model, self.stage_plan, self.stage)
         # A sharded replica's trainer keeps the whole model until its strategy's `setup` shards it.
         trainer_class = ShardedTrainer if config.sharded else LocalTrainer
@@ -152,7 +151,7 @@ class TrainWorker:
         """Start from a checkpoint's model and (flat) optimizer state; the strategy's own state and this
         rank's codec state (`channel`: residuals, warm starts), if the checkpoint has them, are handed to
         the strategy and its channel once `setup` has built them."""
-        if self.stage_plan is not None:  # a full state dict: this stage's keys and flat slice
+        if self.stage_plan is not None and "sharded" not in state:  # a full state dict: this stage's keys and slice
             from distrain.trainers.optim_state import FlatOptimizerState
 
             keys = set(self.trainer.model.state_dict())

@@ -488,6 +488,8 @@ def plot_pipeline_timeline(runs: Sequence[PlotRun]) -> Figure | None:
         st = run.steps("pipe_spans")
         if "replica" in st:
             st = st[st["replica"] == 0]
+        if "shard" in st:  # stages sharded over --fsdp D: one of the replica's D pipelines, shard 0's
+            st = st[st["shard"].fillna(0) == 0]
         if st.empty:
             continue
         origin = min(min(t0 for _, _, t0, _ in json.loads(v)) for v in st["pipe_spans"])

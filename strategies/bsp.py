@@ -124,6 +124,10 @@ class BSP(Strategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.pipelined and config.sharded:  # stages sharded over --fsdp D
+            from distrain.strategies.sharded_pipeline import ShardedPipelineBSP
+
+            return ShardedPipelineBSP
         if config.pipelined:
             from distrain.strategies.pipeline import PipelineBSP
 

@@ -302,8 +302,6 @@ class PipelineBSP(Strategy):
 
     # ------------------------------------------------------------------ set-up
     def setup(self, trainer: LocalTrainer) -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
         self.channel.join()
         S, R = self.stages, self.replicas
         # Every rank makes every group, in one order (torch.distributed requires it).
@@ -320,16 +318,23 @@ class PipelineBSP(Strategy):
                     self.dp_group = group
             # Replicas start equal because the seed fixes the init; the broadcast makes it a fact.
             self.channel.broadcast(trainer.params_flat, src=self.stage, subgroup=self.dp_group)
+        self.make_schedule(trainer)
+        self.meter = ActivationMeter(trainer.params_flat.untyped_storage().data_ptr())
+
+    def make_schedule(self, trainer: LocalTrainer) -> None:
+        """torch's stage of `trainer.model` over this worker's pipeline group and the run's schedule of its
+        micro-batches (the task's criterion as the last stage's loss), timed."""
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
         self.trainer = trainer
         if not self.last:  # gloo sends and receives only contiguous tensors (a pooling layer's output may not be)
             trainer.model.register_forward_hook(lambda module, args, out: out.contiguous())
-        self.pp_stage = PipelineStage(trainer.model, self.stage, S, trainer.device, group=self.pipe_group)
+        self.pp_stage = PipelineStage(trainer.model, self.stage, self.stages, trainer.device, group=self.pipe_group)
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
         self.schedule = schedule(self.pp_stage, self.config.microbatches, loss_fn=self._loss, scale_grads=True)
         self._mbs: list[Any] = []
         _install_wait_timer()
         self._time_stage_calls()
-        self.meter = ActivationMeter(trainer.params_flat.untyped_storage().data_ptr())
 
     def _loss(self, output: Any, which: torch.Tensor) -> torch.Tensor:
         """The task's criterion on the last stage. The schedule hands the loss function one "target"
@@ -382,6 +387,16 @@ class PipelineBSP(Strategy):
             self.trainer.model.register_forward_pre_hook(count_input)
 
     # ------------------------------------------------------------------ the step
+    # The trainer's gradient, around the schedule's step (a sharded stage's, ShardedPipelineBSP, is FSDP's).
+    def _zero_grads(self, trainer: LocalTrainer) -> None:
+        trainer.grads_flat.zero_()
+
+    def _grads_done(self, trainer: LocalTrainer) -> None:
+        trainer._ensure_grads_in_flat_buffer()
+
+    def _grad_bytes(self, trainer: LocalTrainer) -> int:
+        return trainer.grads_flat.numel() * trainer.grads_flat.element_size()
+
     def compute_gradients(self, trainer: LocalTrainer, batch: Any) -> float:
         global _ACTIVE_TIMER
         import torch
@@ -390,7 +405,7 @@ class PipelineBSP(Strategy):
         from distrain.trainers.task import to_device
 
         trainer.model.train()
-        trainer.grads_flat.zero_()
+        self._zero_grads(trainer)
         batch = to_device(batch, trainer.device)
         mbs = split_batch(batch, self.config.microbatches)
         kwargs: dict[str, Any] = {}
@@ -415,7 +430,7 @@ class PipelineBSP(Strategy):
                 self.schedule.step(**kwargs, return_outputs=False)
         finally:
             _ACTIVE_TIMER = None
-        trainer._ensure_grads_in_flat_buffer()
+        self._grads_done(trainer)
         # The loss is known on the last stage; every stage's row carries it (one scalar over the pipeline).
         loss = torch.stack([t.detach() for t in losses]).mean().reshape(1) if self.last else torch.zeros(1)
         loss = loss.to(torch.float64)
@@ -434,7 +449,7 @@ class PipelineBSP(Strategy):
             "pipe_wait_s": self.timer.wait,
             "pipe_idle_frac": max(0.0, 1.0 - self.timer.compute / step_s) if step_s > 0 else None,
             "mem_param_bytes": trainer.nbytes,
-            "mem_grad_bytes": trainer.grads_flat.numel() * trainer.grads_flat.element_size(),
+            "mem_grad_bytes": self._grad_bytes(trainer),
             "mem_activation_peak_bytes": self.meter.peak,
             "mem_gpu_peak_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
         }

@@ -199,8 +199,13 @@ class ShardedBSP(Strategy):
         entries = trainer.checkpoint_entries() | self.checkpoint_entries(trainer)
         self.saver.save(entries, directory / name, step)
         finite = bool(total.isfinite())
-        self.saved = {"dir": name, "step": step, "finite": finite} | trainer.checkpoint_keys()
+        self.saved = {"dir": name, "step": step, "finite": finite} | self.checkpoint_keys(trainer)
         return ShardsSaved(time.perf_counter() - t0, finite)  # the wait for the last save, the staging
+
+    def checkpoint_keys(self, trainer: ShardedTrainer) -> dict[str, list[str]]:
+        """The whole model's state dict keys and parameter names, in order (a pipeline stage's worker
+        holds only its stage's: ShardedPipelineBSP gathers its replica's)."""
+        return trainer.checkpoint_keys()
 
     def teardown(self) -> None:
         """The save in flight is written before the group it runs over goes (a warm worker's next run

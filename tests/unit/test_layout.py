@@ -38,7 +38,7 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
         (dict(fsdp=0), r"^--fsdp must be >= 1, got 0$"),
         (dict(fsdp=2, strategy="async"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
         (dict(fsdp=2, transport="ps"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
-        (dict(fsdp=2, pipeline_stages=2), r"^--fsdp 2 does not compose with --pipeline-stages yet"),
+        (dict(tensor_parallel=2, pipeline_stages=2), r"^--tensor-parallel 2 does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2"), r"^--fsdp 2 does not compose with --workers MIN..MAX yet"),
         (dict(fsdp=2, compress="topk:0.1"), r"^--fsdp 2 does not compose with --compress yet"),
         (dict(fsdp=2, precision="bf16"), r"^--fsdp 2 does not compose with --precision bf16 yet"),
