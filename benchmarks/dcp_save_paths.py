@@ -71,7 +71,7 @@ for i in range(24):
                 pending.result()
                 pending = None
             entries = {f"model/{k}": v for k, v in model.state_dict().items()} | optimizer_entries(opt, params, names)
-            saver.save(entries, Path(f"{args.dir}/distrain-{i}"), i)
+            saver.save(entries, Path(f"{args.dir}/distrain-{i}"))
         el = [None] * world
         dist.all_gather_object(el, time.perf_counter() - t0)
         times[kind].append(max(el))

@@ -197,7 +197,7 @@ class ShardedBSP(Strategy):
         for p in trainer.params:
             total += local_part(p.detach()).double().sum()
         entries = trainer.checkpoint_entries() | self.checkpoint_entries(trainer)
-        self.saver.save(entries, directory / name, step)
+        self.saver.save(entries, directory / name)
         finite = bool(total.isfinite())
         self.saved = {"dir": name, "step": step, "finite": finite} | self.checkpoint_keys(trainer)
         return ShardsSaved(time.perf_counter() - t0, finite)  # the wait for the last save, the staging

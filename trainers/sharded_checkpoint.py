@@ -172,9 +172,8 @@ class AsyncSaver:
         # collectives run on the CPU beside the training's.
         self.group = dist.new_group(backend="gloo")
         self.pending: Any = None
-        self.step: int | None = None  # the global step of the last save begun
 
-    def save(self, entries: dict[str, torch.Tensor], directory: Path, step: int) -> None:
+    def save(self, entries: dict[str, torch.Tensor], directory: Path) -> None:
         """Begin writing `entries` to `directory`, once the previous save is written: training waits for
         that and for this one's tensors to be staged (copied to CPU memory), not for the writing."""
         import torch.distributed.checkpoint as dcp
@@ -182,7 +181,6 @@ class AsyncSaver:
         self.wait()
         directory.mkdir(parents=True, exist_ok=True)
         self.pending = dcp.async_save(entries, checkpoint_id=str(directory), process_group=self.group)
-        self.step = step
 
     def wait(self) -> None:
         """Until the save in flight (if any) is written; its error, if it failed, raised here."""

@@ -15,8 +15,7 @@ workers, so every gradient is the mean over their T x B samples.
 Checkpoints: each worker writes its own shards through torch.distributed.checkpoint
 (`checkpoint_entries`, trainers/sharded_checkpoint.py) and reads its own pieces back at any D or T
 (`load_state_dict` with a {"sharded": directory} reference); a whole (layout-free) state, such as an
-unsharded run's checkpoint, loads too, each worker cutting its shard out of it. `whole_state` gathers the
-whole model and flat optimizer state (a collective), for callers that want it in memory.
+unsharded run's checkpoint, loads too, each worker cutting its shard out of it.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from torch import nn
 from distrain.trainers.local_trainer import evaluate_model, scalar_loss
 from distrain.trainers.optim_state import (
     FlatOptimizerState,
-    export_flat_state,
     import_flat_state,
     make_optimizer,
 )
@@ -49,14 +47,6 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
         elif any(True for _ in child.parameters()):
             units.append(child)
     return units
-
-
-def whole_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's whole value, gathered from every shard (a collective: every worker calls it, in the
-    same order); a plain tensor as it is."""
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 class ShardedTrainer:
@@ -170,17 +160,6 @@ class ShardedTrainer:
         return evaluate_model(self.model, self.task, batches, self.precision, self.device)
 
     # ------------------------------------------------------------------ state
-    def whole_state(self) -> dict[str, Any]:
-        """The whole model state dict and flat optimizer state, gathered from every shard (a collective:
-        every worker of the run calls it at once)."""
-        assert self.optimizer is not None
-        model = {k: whole_tensor(v).detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        flat = export_flat_state(self.optimizer, self.params, whole=whole_tensor)
-        return {"model": model, "optimizer": flat.to_dict()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.whole_state()
-
     def scaler_state(self) -> dict[str, Any]:
         return {}
 
