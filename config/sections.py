@@ -144,6 +144,12 @@ class Data:
         "Seeds model init, data order and the workers' RNGs (dropout); equal seeds give equal runs on one transport.",
         "data",
     )
+    deterministic: bool = setting(
+        False,
+        "Deterministic kernels (cuDNN, cuBLAS: torch.use_deterministic_algorithms): on a GPU, equal seeds then "
+        "give equal runs and a recovered run matches an unbroken one; slower.",
+        "data",
+    )
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from distrain.strategies.elastic_group import GroupBroken, param_digest
 from distrain.strategies.step_columns import family_fields
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.local_trainer import LocalTrainer
-from distrain.trainers.models import seed_globals, seeded
+from distrain.trainers.models import seed_globals, seeded, use_deterministic_kernels
 from distrain.trainers.schedule import LRSchedule
 from distrain.trainers.sharded_trainer import ShardedTrainer
 from distrain.trainers.sharding import EpochSharder
@@ -49,6 +49,8 @@ class TrainWorker:
     def __init__(self, config: RunConfig, rank: int, run_start: float) -> None:
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
         seed_globals(config.seed, rank)  # dropout, augmentation: the same --seed draws the same (per rank)
+        if config.deterministic:
+            use_deterministic_kernels()
         self.config = config
         self.rank = rank
         self.world_size = config.num_worker_actors

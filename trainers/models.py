@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 
@@ -75,6 +76,19 @@ def seed_globals(seed: int, rank: int) -> None:
     torch.manual_seed(int(state[0]))
     np.random.seed(int(state[1]))
     random.seed(int(state[0]) ^ int(state[1]))
+
+
+def use_deterministic_kernels() -> None:
+    """Make torch pick deterministic kernels from here on, in this process (`--deterministic`).
+
+    On the CPU torch's kernels already are; on a GPU cuDNN's autotuner and atomics in some backward
+    kernels are not, and cuBLAS needs a fixed workspace, which it reads from the environment when CUDA
+    starts: so this runs before the worker's first CUDA call. warn_only: an op with no deterministic
+    kernel warns instead of failing the run."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def build_model(name: str, info: DatasetInfo, seed: int) -> nn.Module:
