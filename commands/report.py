@@ -31,6 +31,17 @@ def report(run_dirs: list[Path], out_dir: Path | None) -> None:
     for row in table_rows(runs):
         table.add_row(*row)
     print_wide(table)
+    from distrain.reporting.gpu import COLUMNS as GPU_COLUMNS
+    from distrain.reporting.gpu import gpu_rows
+
+    gpus = gpu_rows(runs)
+    if gpus:  # runs whose workers trained on GPUs
+        table = Table(title=Text("GPUs"))
+        for i, name in enumerate(GPU_COLUMNS):
+            table.add_column(name, justify="left" if i < 1 else "right")
+        for row in gpus:
+            table.add_row(*row)
+        print_wide(table)
     from distrain.reporting.prediction import COLUMNS as PREDICTED
     from distrain.reporting.prediction import prediction_rows
 

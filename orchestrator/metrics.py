@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distrain.orchestrator.files import atomic_write
+from distrain.orchestrator.gpu_stats import GPU_COLUMNS
 from distrain.orchestrator.peak_memory import PEAK_COLUMNS
 from distrain.strategies.step_columns import family_columns
 
@@ -33,6 +34,9 @@ SCHEMA = pa.schema(
         ("samples", pa.int64()),
         ("compute_s", pa.float64()),
         ("comm_s", pa.float64()),
+        # moving the step's batch to the worker's device (`trainers/task.py` DeviceCopy; part of compute_s);
+        # null on a row whose unit the strategy read and moved itself (Sandblaster's portions)
+        ("h2d_s", pa.float64()),
         ("bytes_sent", pa.int64()),
         ("bytes_received", pa.int64()),
         ("wall_time", pa.float64()),  # seconds since the run started (end of the step / evaluation)
@@ -53,6 +57,9 @@ SCHEMA = pa.schema(
     ]
     # every worker's peak memory so far: host (resident set) and CUDA (orchestrator/peak_memory.py)
     + [(name, pa.type_for_alias(kind)) for name, kind in PEAK_COLUMNS.items()]
+    # a CUDA worker's GPU utilisation and memory in use, from NVML, about once a second
+    # (orchestrator/gpu_stats.py); null in between, on the CPU and without nvidia-ml-py
+    + [(name, pa.type_for_alias(kind)) for name, kind in GPU_COLUMNS.items()]
 )
 
 

@@ -21,6 +21,7 @@ from distrain.config import RunConfig
 from distrain.errors import ResourceError
 from distrain.orchestrator.checkpoint import CHECKPOINTS
 from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
+from distrain.orchestrator.gpu_stats import GpuStats
 from distrain.orchestrator.metrics import SCHEMA
 from distrain.orchestrator.peak_memory import PeakMemory
 from distrain.orchestrator.tasks import build_task
@@ -35,7 +36,7 @@ from distrain.trainers.models import seed_globals, seeded, use_deterministic_ker
 from distrain.trainers.schedule import LRSchedule
 from distrain.trainers.sharded_trainer import ShardedTrainer
 from distrain.trainers.sharding import EpochSharder
-from distrain.trainers.task import BatchReader
+from distrain.trainers.task import BatchReader, DeviceCopy, pins_memory
 
 EVAL_BATCH = 512  # test samples per evaluation batch
 
@@ -58,6 +59,7 @@ class TrainWorker:
         self.delay = config.straggler_delays.get(rank, 0.0)
         self.device = "cuda" if config.uses_gpus else "cpu"
         self.peak_memory = PeakMemory(self.device)  # from here: building the replica counts towards the peak
+        self.gpu_stats = GpuStats(self.device)  # NVML's utilisation and memory (null columns without it)
         self.strategy: Any = None
         self.strategy_state: dict[str, Any] | None = None  # a checkpoint's, until the strategy is set up
         self.channel_state: dict[str, Any] | None = None  # this rank's codec state from a checkpoint, likewise
@@ -83,7 +85,9 @@ class TrainWorker:
         # The task's data is built here, in the worker's own process: nothing passes through the driver.
         self.task = build_task(config)
         train, self.test_set = self.task.datasets()
-        self.train_reader = BatchReader(train, self.task.collate, prefetch=config.prefetch)
+        # On a CUDA device the prefetched batch is pinned on the reader thread: its copy is then asynchronous.
+        pin = pins_memory(self.device)
+        self.train_reader = BatchReader(train, self.task.collate, prefetch=config.prefetch, pin=pin)
         self.test_reader = BatchReader(self.test_set, self.task.collate, prefetch=False)
         model = seeded(self.task.build_model, config.seed)
         self.full_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -109,6 +113,7 @@ class TrainWorker:
             config.optimizer_args,
             config.precision,
         )
+        self.device_copy = DeviceCopy(self.trainer.device)
         # A full-batch strategy's step is one pass over the whole training set: one step per epoch.
         full_batch = strategy_class(config.strategy).full_batch
         self.sharder = EpochSharder(len(train), len(train) if full_batch else config.samples_per_step, config.seed)
@@ -231,11 +236,14 @@ class TrainWorker:
                 continue
             # A strategy may compute a unit its own way (Sandblaster: the portions of an outer iteration).
             own = self.strategy.run_unit(self.trainer, self.train_reader, global_step)
+            h2d_s = None
             if own is None:
                 idx = self._indices(epoch, step, slice_)
                 batch = self.train_reader.read(idx)
                 if i + 1 < len(ahead) and ahead[i + 1][2] >= 0:
                     self.train_reader.prefetch(self._indices(*ahead[i + 1]))
+                # Moved here, timed (`h2d_s`); the trainer's own `to_device` then finds it in place.
+                batch = self.device_copy.move(batch)
                 loss = self.strategy.compute_gradients(self.trainer, batch)
                 samples = len(idx) if self.strategy.counts_samples else 0
             else:
@@ -243,6 +251,8 @@ class TrainWorker:
             if self.delay and own is None:  # (a strategy running its own units applies it per its own unit)
                 time.sleep(self.delay)  # injected straggler: counted as compute
             compute_s = time.perf_counter() - t0
+            if own is None:
+                h2d_s = self.device_copy.seconds()
             overflows = self.strategy.overflow_skips  # fp16 loss-scale overflows before this step
             try:
                 comm = self.strategy.step(self.trainer, lr)
@@ -283,6 +293,7 @@ class TrainWorker:
                 "samples": samples,
                 "compute_s": compute_s,
                 "comm_s": comm.seconds,
+                "h2d_s": h2d_s,
                 "bytes_sent": comm.bytes_sent,
                 "bytes_received": comm.bytes_received,
                 "wall_time": time.time() - self.run_start,
@@ -292,6 +303,7 @@ class TrainWorker:
                 "overflow": True if self.strategy.overflow_skips > overflows else None,
                 "bytes_uncompressed": comm.bytes_uncompressed,
                 **self.peak_memory.sample(),  # mem_peak_bytes, gpu_peak_bytes
+                **self.gpu_stats.sample(),  # gpu_util, gpu_mem_bytes
             } | {c: comm.extra.get(c) for c in type(self.strategy).metric_columns}
             for key, value in values.items():
                 rows[key].append(value)

@@ -26,6 +26,7 @@ from distrain.compression.spec import codec_settings_text
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.files import atomic_write, fresh_dir
+from distrain.reporting.gpu import gpu_section
 from distrain.reporting.markdown import markdown_table
 from distrain.reporting.plots import DPI, PLOTS, Failure, PlotRun, Switch, smoothing_window
 from distrain.reporting.prediction import prediction_section
@@ -341,7 +342,7 @@ def render(runs: Sequence[Run]) -> dict[str, bytes]:
     text += "\n".join(f"- `{run.label}`: `{run.path}`" for run in runs) + "\n\n"
     text += markdown_table(table_rows(runs), COLUMNS) + "\n"
 
-    sections = (settings_section(runs), events_section(plotted), prediction_section(runs))
+    sections = (settings_section(runs), gpu_section(runs), events_section(plotted), prediction_section(runs))
     text += "".join(s + "\n" for s in sections if s)
     if files:
         text += "## Plots\n"

@@ -235,7 +235,9 @@ class BSPOverPS(PSStrategy):
         # A replacement whose dead predecessor already pushed for the open round starts at the next
         # one: it waits for that round to close (the others' pushes close it) and takes its θ.
         if self.clock > min(self.client.read_versions):
-            self.client.pull_at(self.clock, trainer.params_flat.numpy())
+            host = self.staging(trainer)
+            self.client.pull_at(self.clock, host.params_out())
+            host.install()
 
     def _advance(self, result: PushPullResult) -> None:
         # The next round is the least version any shard is at. Under k-of-n, rounds that closed
@@ -253,7 +255,9 @@ class BSPOverPS(PSStrategy):
             trainer = self.trainer
             entry = max(ray.get([s.clock_of.remote(self.ctx.rank) for s in self.client.shards]))
             if entry > self.clock and trainer is not None:
-                self.client.pull_at(entry, trainer.params_flat.numpy())
+                host = self.staging(trainer)
+                self.client.pull_at(entry, host.params_out())
+                host.install()
                 self.clock = entry
             # Its θ may be newer than its clock: an evaluation or checkpoint pulled it in between, or
             # (k-of-n) the rounds it entered at closed without it. It pushes for the round of that θ.

@@ -18,10 +18,63 @@ from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.strategy_names import STRATEGIES
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from distrain.compression import CodecSpec
     from distrain.config import RunConfig
     from distrain.strategies.ps_client import PSClient, PushPullResult
     from distrain.trainers.local_trainer import LocalTrainer
+
+
+class HostStaging:
+    """The host buffers a worker exchanges θ and gradients with the shards through (numpy, Ray's object
+    store). On the CPU they are the trainer's own flat tensors (no copy). On a CUDA device they are pinned
+    host copies (`trainers/task.py` `pins_memory`), so both copies are DMA transfers: the gradient's to the
+    host waits for the device (its bytes are read at once), θ's to the device is asynchronous, and the next
+    write into the θ buffer first waits for it to finish."""
+
+    def __init__(self, trainer: LocalTrainer) -> None:
+        import torch
+
+        from distrain.trainers.task import pins_memory
+
+        self.trainer = trainer
+        self.pinned = pins_memory(trainer.params_flat.device)
+        self.params: torch.Tensor | None = None  # None: the trainer's own (on the CPU)
+        self.grads: torch.Tensor | None = None
+        self._copied: torch.cuda.Event | None = None  # θ's last copy to the device
+        if self.pinned:
+            p, g = trainer.params_flat, trainer.grads_flat
+            self.params = torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
+            self.grads = torch.empty(g.shape, dtype=g.dtype, pin_memory=True)
+
+    def params_out(self) -> np.ndarray:
+        """The host buffer to write the shards' θ into (then `install` it)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
+        return (self.trainer.params_flat if self.params is None else self.params).numpy()
+
+    def install(self) -> None:
+        """θ, as written into `params_out()`, into the trainer's parameters."""
+        if self.params is not None:
+            import torch
+
+            self.trainer.params_flat.copy_(self.params, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def grads_in(self) -> torch.Tensor:
+        """The trainer's gradient on the host (a CPU tensor), to push."""
+        if self.grads is None:
+            return self.trainer.grads_flat
+        import torch
+
+        self.grads.copy_(self.trainer.grads_flat, non_blocking=True)
+        torch.cuda.current_stream().synchronize()  # its bytes are read right away (serialised, encoded)
+        return self.grads
+
 
 class PSStrategy(Strategy):
     transports = ("ps",)
@@ -31,6 +84,7 @@ class PSStrategy(Strategy):
         super().__init__(config, ctx)
         self.clock = 0  # iterations this worker has pushed
         self.rounds = self.ps_rule(config).mode == "rounds"  # only rounds drop gradients (k-of-n)
+        self._staging: HostStaging | None = None
 
     @property
     def client(self) -> PSClient:
@@ -50,16 +104,26 @@ class PSStrategy(Strategy):
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
         raise NotImplementedError
 
+    def staging(self, trainer: LocalTrainer) -> HostStaging:
+        """`trainer`'s host buffers for the shards' traffic (pinned on CUDA), made on first use."""
+        if self._staging is None or self._staging.trainer is not trainer:
+            self._staging = HostStaging(trainer)
+        return self._staging
+
     def setup(self, trainer: LocalTrainer) -> None:
         # The shards hold this worker's clock: a worker started after a restore continues from it.
-        self.clock = self.channel.pull(trainer.params_flat.numpy())
+        host = self.staging(trainer)
+        self.clock = self.channel.pull(host.params_out())
+        host.install()
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         # A non-finite gradient never reaches the shards. Skipped, the push still carries the clock
         # (None for the gradient): the worker takes part in its round, contributing nothing.
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
-        grads = trainer.grads_flat if ok else None
-        result, traffic = self.channel.push_pull("grads", self.clock, grads, lr, trainer.params_flat.numpy())
+        host = self.staging(trainer)
+        grads = host.grads_in() if ok else None
+        result, traffic = self.channel.push_pull("grads", self.clock, grads, lr, host.params_out())
+        host.install()
         self._advance(result)
         return CommStats(
             wait_s=result.wait_s,
@@ -76,7 +140,9 @@ class PSStrategy(Strategy):
         self.clock += 1
 
     def prepare_eval(self, trainer: LocalTrainer) -> None:
-        self.client.pull(trainer.params_flat.numpy())
+        host = self.staging(trainer)
+        self.client.pull(host.params_out())
+        host.install()
 
     def export_state(self, trainer: LocalTrainer) -> dict[str, Any]:
         """The shards' snapshot: θ (installed in the replica, so the model state dict carries it)

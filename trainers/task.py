@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -211,12 +212,19 @@ class BatchReader:
     Fastest first: a dataset's own `get_batch(indices)` (one indexing operation), then the batched
     `__getitems__` protocol torch's DataLoader uses, then one `__getitem__` per sample; the last two
     are collated by the task. `prefetch(indices)` starts reading the next batch on a background thread
-    so that it overlaps the current step's compute (torch releases the GIL in its kernels).
+    so that it overlaps the current step's compute (torch releases the GIL in its kernels). With `pin`
+    (a CUDA worker: `pins_memory`), that thread also copies the batch's tensors into pinned (page-locked)
+    host memory, so the step's `to_device(..., non_blocking=True)` is a real asynchronous DMA copy; a batch
+    read on the training thread itself is not pinned (pinning there is one more copy on the step's path,
+    no faster than the pageable copy it would replace).
     """
 
-    def __init__(self, dataset: Dataset, collate: Callable[[list[Any]], Any], prefetch: bool = True) -> None:
+    def __init__(
+        self, dataset: Dataset, collate: Callable[[list[Any]], Any], prefetch: bool = True, pin: bool = False
+    ) -> None:
         self.dataset = dataset
         self.collate = collate
+        self.pin = pin
         self._reader = _Reader() if prefetch else None
         self._ahead: tuple[bytes, _Reading] | None = None
 
@@ -233,7 +241,10 @@ class BatchReader:
         if self._reader is None:
             return
         key = np.asarray(indices, dtype=np.int64).tobytes()
-        self._ahead = (key, self._reader.submit(self._read, indices))
+        self._ahead = (key, self._reader.submit(self._read_pinned if self.pin else self._read, indices))
+
+    def _read_pinned(self, indices: np.ndarray | Sequence[int]) -> Any:
+        return pinned(self._read(indices))
 
     def _read(self, indices: np.ndarray | Sequence[int]) -> Any:
         get_batch = getattr(self.dataset, "get_batch", None)
@@ -301,6 +312,62 @@ class _Reader:
                 reading.error = exc
             finally:
                 reading.done.set()
+
+
+def pins_memory(device: str | torch.device) -> bool:
+    """Whether a worker on `device` stages host data in pinned memory: only on a CUDA device torch can
+    use (`pin_memory` raises where there is no CUDA)."""
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+def pinned(batch: Any) -> Any:
+    """`batch` with every CPU tensor in it copied into pinned memory (tuples, lists and dicts are walked)."""
+    if torch.is_tensor(batch):
+        return batch.pin_memory() if batch.device.type == "cpu" else batch
+    if isinstance(batch, tuple | list):
+        return type(batch)(pinned(b) for b in batch)
+    if isinstance(batch, dict):
+        return {k: pinned(v) for k, v in batch.items()}
+    return batch
+
+
+class DeviceCopy:
+    """Moves a step's batch to the worker's device (`to_device`) and times it: the `h2d_s` of its row.
+
+    On the CPU the move is (nearly) free and timed with the wall clock. On CUDA the copy is
+    asynchronous (`non_blocking=True`, from pinned memory when the batch was prefetched), so the wall
+    clock would time only its launch; a pair of `torch.cuda.Event`s around it on the current stream
+    times the copy itself, with no synchronisation on the step's path. `seconds()` waits for the end
+    event, which the step has passed by the time its row is written (the loss read back synchronises);
+    the copy stays inside `compute_s` too, which times the whole unit on the host.
+    """
+
+    def __init__(self, device: str | torch.device) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self._seconds = 0.0
+        self._events: tuple[Any, Any] | None = None
+
+    def move(self, batch: Any) -> Any:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            batch = to_device(batch, self.device)
+            end.record()
+            self._events = (start, end)
+            return batch
+        t0 = time.perf_counter()
+        batch = to_device(batch, self.device)
+        self._seconds, self._events = time.perf_counter() - t0, None
+        return batch
+
+    def seconds(self) -> float:
+        """The last move's time, in seconds."""
+        if self._events is not None:
+            start, end = self._events
+            end.synchronize()
+            self._seconds, self._events = start.elapsed_time(end) / 1000, None
+        return self._seconds
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

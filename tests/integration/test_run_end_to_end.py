@@ -56,10 +56,13 @@ def test_metrics_parquet_has_a_row_per_worker_step_and_per_epoch(default_run):
     assert sorted(steps["worker"].unique()) == list(range(cfg.workers))
     assert steps.groupby("step")["worker"].nunique().eq(cfg.workers).all()
     assert list(evals["epoch"]) == list(range(cfg.epochs))
-    for col in ("run_id", "loss", "lr", "samples", "compute_s", "comm_s", "wall_time"):
+    for col in ("run_id", "loss", "lr", "samples", "compute_s", "comm_s", "h2d_s", "wall_time"):
         assert steps[col].notna().all(), col
     assert (steps["samples"] == cfg.batch_size).all()
     assert (steps["compute_s"] > 0).all() and (steps["comm_s"] >= 0).all()
+    # the batch's move to the device, timed inside compute_s: near nothing on the CPU, but recorded
+    assert (steps["h2d_s"] >= 0).all() and (steps["h2d_s"] <= steps["compute_s"]).all()
+    assert steps["gpu_util"].isna().all() and steps["gpu_mem_bytes"].isna().all()  # no NVML reading on the CPU
     assert evals["test_accuracy"].between(0, 1).all() and evals["test_loss"].notna().all()
     assert steps.groupby("worker")["wall_time"].apply(lambda s: s.is_monotonic_increasing).all()
     assert df["run_id"].eq(run_dir.name).all()
