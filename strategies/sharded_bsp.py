@@ -184,18 +184,15 @@ class ShardedBSP(Strategy):
         """Begin writing this worker's shards of the state after `step` steps (every worker at once).
         Whether its parameters are finite goes back with its rows (no barrier here): the driver writes
         the checkpoint only if every worker's were."""
-        import torch
 
         from distrain.trainers.sharded_checkpoint import forget_save, state_dir_name
-        from distrain.trainers.sharded_trainer import local_part
+        from distrain.trainers.sharded_trainer import local_sum
 
         t0 = time.perf_counter()
         name = state_dir_name(step)
         if self.ctx.rank == 0:  # an earlier attempt's save of this step (a run recovered after a failure)
             forget_save(directory / name)  # is not this one: its index goes (DCP's planning is a barrier)
-        total = torch.zeros((), dtype=torch.float64)
-        for p in trainer.params:
-            total += local_part(p.detach()).double().sum()
+        total = local_sum(trainer.params)
         entries = trainer.checkpoint_entries() | self.checkpoint_entries(trainer)
         self.saver.save(entries, directory / name)
         finite = bool(total.isfinite())

@@ -141,11 +141,7 @@ class ShardedTrainer:
 
     def local_grad_sum(self) -> torch.Tensor:
         """The sum of this worker's gradient shards (NaN or inf if any value is), for the run-wide check."""
-        total = torch.zeros((), dtype=torch.float64)
-        for p in self.params:
-            if p.grad is not None:
-                total += local_part(p.grad).double().sum().cpu()
-        return total
+        return local_sum(p.grad for p in self.params if p.grad is not None)
 
     def unscale_grads_(self) -> None:
         """No loss scale under fp32 (`Strategy.usable_gradient`'s contract)."""
@@ -274,6 +270,13 @@ def forget_earlier_meshes() -> None:
     ):
         if clear is not None:
             clear()
+
+
+def local_sum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The float64 sum of this worker's parts of `tensors`, on the CPU (NaN or inf if any value is).
+    Summed where they live and moved once: on a GPU, one copy to the host rather than one per tensor."""
+    parts = [local_part(t.detach()).double().sum() for t in tensors]
+    return torch.stack(parts).sum().cpu() if parts else torch.zeros((), dtype=torch.float64)
 
 
 def local_part(t: torch.Tensor) -> torch.Tensor:
