@@ -163,6 +163,14 @@ def check_pipeline(config: RunConfig) -> None:
         raise ConfigError("--comm-delay-ms/--comm-bandwidth do not apply to pipeline traffic; drop them")
     if config.precision != "fp32":  # the schedule's stages run outside LocalTrainer's autocast and loss scale
         raise ConfigError(f"--precision {config.precision} does not compose with --pipeline-stages; drop one of them")
+    if 0 < config.gpus_per_worker < 1:
+        # Stages that share a GPU talk over gloo (NCCL refuses two ranks on one GPU), and gloo cannot send
+        # a CUDA tensor point to point: "writev ...: Bad address" (torch 2.11 on an H200, issue 29's probe).
+        raise ConfigError(
+            f"--pipeline-stages with --gpus-per-worker {config.gpus_per_worker:g}: stages sharing a GPU talk over "
+            "gloo, which cannot send CUDA tensors point to point; give each stage a whole GPU (--gpus-per-worker 1) "
+            "or train on CPUs"
+        )
 
 
 @config_check(stage="across")

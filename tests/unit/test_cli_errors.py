@@ -356,6 +356,7 @@ BAD_INPUTS = [
     (["--strategy", "sandblaster", "--lr-decay", "cosine"], ["--strategy sandblaster ignores --lr-decay"]),
     (["--strategy", "sandblaster", "--precision", "bf16"], ["--strategy sandblaster ignores --precision"]),
     (["--pipeline-stages", "2", "--precision", "bf16"], ["--precision bf16 does not compose with --pipeline-stages"]),
+    (["--pipeline-stages", "2", "--gpus-per-worker", "0.5"], ["--pipeline-stages with --gpus-per-worker 0.5", "gloo"]),
     # a worker's memory budget: 4 equal blocks of 4160 parameters, x 4 copies (θ, gradient, buffer, momentum)
     (["--worker-memory", "lots"], ["--worker-memory takes a size such as 3GiB", "'lots'"]),
     ([*WIDE, "--worker-memory", "100KiB"], ["one worker would hold ~0.3 MiB", "--pipeline-stages 4 splits it"]),
