@@ -27,7 +27,7 @@ from distrain.orchestrator.peak_memory import PeakMemory
 from distrain.orchestrator.tasks import build_task
 from distrain.plugins import USER_MODULE_PREFIX
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
-from distrain.strategies.collective import free_address
+from distrain.strategies.collective import host_rendezvous
 from distrain.strategies.elastic_group import GroupBroken, param_digest
 from distrain.strategies.step_columns import family_fields
 from distrain.strategies.strategy_lookup import strategy_class
@@ -152,7 +152,7 @@ class TrainWorker:
         }
 
     def rendezvous_address(self) -> str:
-        return free_address(ray.util.get_node_ip_address())
+        return host_rendezvous(ray.util.get_node_ip_address(), self.config.collective_timeout_s)
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Start from a checkpoint's model and (flat) optimizer state; the strategy's own state and this

@@ -14,9 +14,9 @@ import ray
 @ray.remote(num_cpus=0)
 class Probe:
     def address(self) -> str:
-        from distrain.strategies.collective import free_address
+        from distrain.strategies.collective import host_rendezvous
 
-        return free_address("127.0.0.1")
+        return host_rendezvous("127.0.0.1", 60.0)
 
     def join(self, rank: int, world: int, address: str) -> None:
         from distrain.strategies.collective import CollectiveGroup

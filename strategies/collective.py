@@ -19,10 +19,28 @@ from distrain.strategies.network import Link
 
 
 def free_address(host: str) -> str:
-    """A "host:port" on this node that was free a moment ago, for rank 0 to host the rendezvous."""
+    """A "host:port" on this node that was free a moment ago (for tests and benchmarks that start their
+    own processes; a run's group uses `host_rendezvous`, which cannot lose its port to another process)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return f"{host}:{s.getsockname()[1]}"
+
+
+# The rendezvous stores this process hosts, by their "host:port" (`host_rendezvous`), until its group starts.
+_HOSTED: dict[str, dist.TCPStore] = {}
+
+
+def host_rendezvous(host: str, timeout_s: float = 300.0) -> str:
+    """Start a group's rendezvous store in this process, on a port the OS picks, and return its "host:port".
+
+    The store listens from here on, so the port cannot be taken by another process between being chosen
+    and the group starting: a free port looked up first and bound later by torch's `tcp://` init could be,
+    and then rank 0 failed with EADDRINUSE (seen in CI with other tests' groups starting at the same time).
+    The `CollectiveGroup` this process then joins at that address uses the store."""
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    address = f"{host}:{store.port}"
+    _HOSTED[address] = store
+    return address
 
 
 def backend_for(device: str, gpus_per_worker: float) -> str:
@@ -47,13 +65,13 @@ class CollectiveGroup:
         self.world_size = world_size
         self.backend = backend
         self.link = link or Link()  # the emulated network (--comm-delay-ms, --comm-bandwidth), see network.py
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{rendezvous}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        timeout = timedelta(seconds=timeout_s)
+        store = _HOSTED.pop(rendezvous, None)  # this process hosts the rendezvous (`host_rendezvous`)
+        if store is None:  # another process hosts it; or rank 0 hosts it here, at an address chosen before
+            host, port = rendezvous.rsplit(":", 1)  # (`free_address`), as torch's tcp:// init does
+            store = dist.TCPStore(host, int(port), is_master=rank == 0, wait_for_workers=False, timeout=timeout)
+        self.store = store  # the host's store serves the others as long as the group lives
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
     def all_reduce_mean_(self, tensor: torch.Tensor) -> float:
         """Average `tensor` across workers in place; returns the seconds it took."""
@@ -72,6 +90,7 @@ class CollectiveGroup:
     def destroy(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.store = None
 
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # as DDP: a small first bucket starts communication early
