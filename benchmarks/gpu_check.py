@@ -46,6 +46,9 @@ LM_GPU_ARGS = {"max_bytes": 2_000_000, "seq_len": 256, "dim": 512, "layers": 6, 
 LM_BATCH = 64
 LM_STEPS = 120
 COMM_BANDWIDTH = "20mbit"
+ONLY_STRATEGIES: list[str] = []  # --strategies: these of STRATEGIES only
+PRECISIONS = ["fp32", "bf16", "fp16"]
+LM_ROUNDS = 1
 
 OUT: Path = Path(".")
 # Without a GPU (a dry run on the CPU machine, to check this script before spending device time) every
@@ -113,50 +116,52 @@ def _probe_rank(rank: int, world: int, port: int, backend: str, device: str, que
         except Exception as e:  # noqa: BLE001
             results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
 
-    def all_reduce():
+    def all_reduce(group):
         t = torch.full((1 << 16,), float(rank + 1), device=dev)
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
         return bool((t == sum(range(1, world + 1))).all())
 
-    def broadcast():
+    def broadcast(group):
         t = torch.full((1000,), float(rank), device=dev)
-        dist.broadcast(t, 0)
+        dist.broadcast(t, 0, group=group)
         return bool((t == 0).all())
 
-    def send_recv():
+    def send_recv(group):
         t = torch.arange(1000.0, device=dev) if rank == 0 else torch.zeros(1000, device=dev)
         if rank == 0:
-            dist.send(t, 1)
+            dist.send(t, 1, group=group)
         else:
-            dist.recv(t, 0)
+            dist.recv(t, 0, group=group)
         return bool((t == torch.arange(1000.0, device=dev)).all())
 
-    def batch_p2p():
+    def batch_p2p(group):
         t = torch.arange(1000.0, device=dev) if rank == 0 else torch.zeros(1000, device=dev)
-        op = dist.P2POp(dist.isend, t, 1) if rank == 0 else dist.P2POp(dist.irecv, t, 0)
+        op = dist.P2POp(dist.isend, t, 1, group) if rank == 0 else dist.P2POp(dist.irecv, t, 0, group)
         for w in dist.batch_isend_irecv([op]):
             w.wait()
         return bool((t == torch.arange(1000.0, device=dev)).all())
 
-    def reduce_scatter():
+    def reduce_scatter(group):
         inp = torch.full((world * 512,), float(rank + 1), device=dev)
         out = torch.empty(512, device=dev)
-        dist.reduce_scatter_tensor(out, inp)
+        dist.reduce_scatter_tensor(out, inp, group=group)
         return bool((out == sum(range(1, world + 1))).all())
 
-    def all_gather():
+    def all_gather(group):
         inp = torch.full((512,), float(rank), device=dev)
         out = torch.empty(world * 512, device=dev)
-        dist.all_gather_into_tensor(out, inp)
+        dist.all_gather_into_tensor(out, inp, group=group)
         return bool((out.view(world, 512)[:, 0] == torch.arange(world, device=dev, dtype=out.dtype)).all())
 
-    attempt("all_reduce", all_reduce)
-    attempt("broadcast", broadcast)
+    # Each operation on a group of its own: a failed one can break its group's connections (gloo closes
+    # the pair), and the operations after it would then fail for that reason alone.
+    ops = [("all_reduce", all_reduce), ("broadcast", broadcast), ("reduce_scatter_tensor", reduce_scatter),
+           ("all_gather_into_tensor", all_gather)]  # fmt: skip
     if world > 1:
-        attempt("send_recv", send_recv)
-        attempt("batch_isend_irecv", batch_p2p)
-    attempt("reduce_scatter_tensor", reduce_scatter)
-    attempt("all_gather_into_tensor", all_gather)
+        ops += [("send_recv", send_recv), ("batch_isend_irecv", batch_p2p)]
+    for name, fn in ops:
+        group = dist.new_group(backend=backend) if world > 1 else None
+        attempt(name, lambda fn=fn, group=group: fn(group))
     queue.put((rank, results))
     try:
         dist.destroy_process_group()
@@ -257,6 +262,8 @@ def fit(name: str, section: str, root: Path, **options) -> dict | None:
 def run_strategies(root: Path, gpu: bool, epochs: int) -> None:
     section = "strategies" if gpu else "cpu"
     for name, options in STRATEGIES.items():
+        if ONLY_STRATEGIES and name not in ONLY_STRATEGIES:
+            continue
         if left() < 25:
             record(section, name, skipped="out of time")
             continue
@@ -320,7 +327,7 @@ def plain_loop(precision: str, steps: int, batch: int) -> dict:
 
 def section_lm(root: Path) -> None:
     per_precision = {}
-    for precision in ("fp32", "bf16", "fp16"):
+    for precision, round_ in ((p, r) for p in PRECISIONS for r in range(LM_ROUNDS)):
         if left() < 40:
             record("lm", precision, skipped="out of time")
             continue
@@ -335,7 +342,8 @@ def section_lm(root: Path) -> None:
         mine = samples_per_s * seq if samples_per_s else None
         per_precision[precision] = mine
         record(
-            "lm", f"throughput {precision}", distrain_tokens_per_s=mine, plain_tokens_per_s=plain["tokens_per_s"],
+            "lm", f"throughput {precision}", round=round_, distrain_tokens_per_s=mine,
+            plain_tokens_per_s=plain["tokens_per_s"],
             ratio=(mine / plain["tokens_per_s"]) if mine else None, plain_last_loss=plain["last_loss"],
             distrain_final_test_loss=(fields or {}).get("final_test_loss"),
         )  # fmt: skip
@@ -496,15 +504,20 @@ SECTIONS = ("env", "probe", "strategies", "lm", "overflow", "chaos", "ddp", "com
 
 
 def main() -> None:
-    global OUT, BUDGET, DEV
+    global OUT, BUDGET, DEV, ONLY_STRATEGIES, PRECISIONS, LM_ROUNDS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
     ap.add_argument("--budget", type=float, default=450.0, help="seconds; a section starts only with time left")
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--epochs", type=int, default=4, help="epochs of the strategies' runs")
+    ap.add_argument("--strategies", default="", help="'|'-separated names of STRATEGIES to run (default all)")
+    ap.add_argument("--precisions", default="fp32,bf16,fp16")
+    ap.add_argument("--lm-rounds", type=int, default=1, help="distrain, plain PyTorch, distrain, ... per precision")
     ap.add_argument("--small", action="store_true", help="the LM at its default shape, few steps (a CPU dry run)")
     args = ap.parse_args()
     OUT, BUDGET = Path(args.out), args.budget
+    ONLY_STRATEGIES = [n for n in args.strategies.split("|") if n]
+    PRECISIONS, LM_ROUNDS = args.precisions.split(","), args.lm_rounds
     if args.small:
         global LM_STEPS
         LM_GPU_ARGS.update(max_bytes=300_000, seq_len=64, dim=64, layers=2, heads=4)
@@ -523,7 +536,7 @@ def main() -> None:
         if name not in ("env", "probe") and not ray_started:
             from distrain.orchestrator.cluster import start_local_ray
 
-            start_local_ray(num_cpus=os.cpu_count() or 16)
+            start_local_ray(num_cpus=max(os.cpu_count() or 16, 8))  # a 2-core dry run: oversubscribed
             ray_started = True
         t0 = time.perf_counter()
         try:
