@@ -1,0 +1,79 @@
+"""The PS order of θ under --fsdp D (trainers/shard_layout.py): PS shard d holds FSDP chunk d of every
+tensor; π and its inverse round-trip, uneven and empty chunks included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from distrain.trainers.shard_layout import ShardLayout, chunk_rows
+
+
+def test_chunk_rows_follow_torch_chunk():
+    # FSDP2's Shard(0) cuts as torch.chunk does, padding the missing chunks with empty ones
+    for rows in range(0, 9):
+        for shards in range(1, 6):
+            pieces = torch.arange(rows).chunk(shards) if rows else ()
+            got = [chunk_rows(rows, shards, d) for d in range(shards)]
+            expected = [(int(p[0]), int(p[-1]) + 1) for p in pieces]
+            assert got[: len(expected)] == expected
+            assert all(lo == hi for lo, hi in got[len(expected) :])  # the empty tail
+            assert sum(hi - lo for lo, hi in got) == rows
+
+
+def test_two_shards_by_hand():
+    # a (3, 2) matrix (rows 0-1 on shard 0, row 2 on shard 1) and a (3,) vector (0-1 | 2)
+    layout = ShardLayout([(3, 2), (3,)], 2)
+    whole = np.arange(9, dtype=np.float32)  # matrix 0..5, vector 6..8
+    assert layout.to_shards(whole).tolist() == [0, 1, 2, 3, 6, 7, 4, 5, 8]
+    assert layout.bounds == [(0, 6), (6, 9)]
+    assert layout.chunk_sizes(0) == [4, 2] and layout.chunk_sizes(1) == [2, 1]
+
+
+@pytest.mark.parametrize(
+    "shapes, shards",
+    [
+        ([(256, 64), (256,), (10, 256), (10,)], 2),  # the mlp's shapes
+        ([(5, 3), (7,), (2, 2, 2)], 3),  # uneven chunks
+        ([(3, 4), (1,), (2,)], 4),  # D larger than a dim: empty chunks
+        ([(1, 5)], 8),
+        ([(4, 4)], 1),  # D = 1: the identity
+    ],
+)
+def test_round_trip(shapes, shards):
+    layout = ShardLayout(shapes, shards)
+    n = layout.numel
+    whole = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    permuted = layout.to_shards(whole)
+    assert sorted(layout.perm.tolist()) == list(range(n))  # a permutation
+    np.testing.assert_array_equal(layout.from_shards(permuted), whole)
+    t = torch.from_numpy(whole)
+    assert torch.equal(layout.from_shards(layout.to_shards(t)), t)  # torch tensors too
+    assert layout.bounds[-1][1] == n and [b - a for a, b in layout.bounds] == layout.sizes
+    if shards == 1:
+        np.testing.assert_array_equal(permuted, whole)
+
+
+@pytest.mark.parametrize("shapes, shards", [([(5, 3), (7,), (2, 2, 2)], 3), ([(3, 4), (1,), (2,)], 4)])
+def test_shard_d_is_the_workers_local_flat_vector(shapes, shards):
+    """Shard d's slice = concat over tensors of torch.chunk(tensor, D)[d] (empty past the last chunk)."""
+    layout = ShardLayout(shapes, shards)
+    whole = torch.arange(layout.numel, dtype=torch.float32)
+    tensors, offset = [], 0
+    for shape in shapes:
+        n = int(np.prod(shape))
+        tensors.append(whole[offset : offset + n].view(shape))
+        offset += n
+    permuted = layout.to_shards(whole)
+    for d, (lo, hi) in enumerate(layout.bounds):
+        local = []
+        for t in tensors:
+            chunks = t.chunk(shards)
+            local.append(chunks[d].reshape(-1) if d < len(chunks) else t.new_empty(0))
+        assert torch.equal(permuted[lo:hi], torch.cat(local))
+
+
+def test_wrong_length_refused():
+    with pytest.raises(ValueError, match="flat vector of 6"):
+        ShardLayout([(3, 2)], 2).to_shards(np.zeros(5))
