@@ -74,6 +74,8 @@ LAYOUT_FIELDS = frozenset(
 # The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py,
 # sharded_local_sgd.py).
 CUT_REPLICA_STRATEGIES = ("bsp", "diloco", "local-sgd")
+# Those over the parameter server (strategies/sharded_ps.py): --fsdp D only, PS shard d holding FSDP chunk d.
+CUT_REPLICA_PS_STRATEGIES = ("async", "ssp", "bsp")
 # How messages name the global batch a run's layout makes.
 GLOBAL_BATCH = "--workers x --fsdp x --batch-size, x --tensor-parallel for the cnn's hybrid"
 
@@ -174,11 +176,14 @@ def check_layout(config: RunConfig) -> None:
     if d * t == 1:
         return
     given = " ".join(f for f, v in ((f"--fsdp {d}", d), (f"--tensor-parallel {t}", t)) if v > 1)
+    if not config.schedule and config.transport == "ps" and config.strategy in CUT_REPLICA_PS_STRATEGIES:
+        check_ps_layout(config, d, t, given)
+        return
     if config.schedule or config.strategy not in CUT_REPLICA_STRATEGIES or config.transport != "collective":
         raise ConfigError(
             f"{given} runs with --strategy {', '.join(CUT_REPLICA_STRATEGIES[:-1])} or {CUT_REPLICA_STRATEGIES[-1]} "
-            "over the collective transport so far (the other strategies across cut replicas are not built yet); "
-            "drop it or use one of those"
+            "over the collective transport, or async, ssp or bsp over --transport ps, so far (the other "
+            "strategies across cut replicas are not built yet); drop it or use one of those"
         )
     if config.pipelined and t > 1:  # pipeline stages compose with --fsdp (strategies/sharded_pipeline.py) only
         raise ConfigError(f"--tensor-parallel {t} does not compose with --pipeline-stages yet; drop one of them")
@@ -191,3 +196,27 @@ def check_layout(config: RunConfig) -> None:
     ):
         if used:
             raise ConfigError(f"{given} does not compose with {flag} yet; drop one of them")
+
+
+def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
+    """async, ssp, bsp over --transport ps across cut replicas (strategies/sharded_ps.py): --fsdp D alone,
+    with exactly D PS shards (shard d holds FSDP chunk d of every tensor: what worker d holds)."""
+    if t > 1:
+        raise ConfigError(f"--tensor-parallel {t} does not compose with --transport ps yet; use --transport collective")
+    if config.ps_shards != d:
+        raise ConfigError(
+            f"--ps-shards {config.ps_shards} with --fsdp {d}: PS shard d holds FSDP chunk d of every tensor, so "
+            f"there are exactly {d}; drop --ps-shards or give {d}"
+        )
+    options = config.options_of("bsp") if config.strategy == "bsp" else None
+    for flag, used in (
+        ("--pipeline-stages", config.pipelined),
+        ("--workers MIN..MAX", config.elastic),
+        ("--backup-workers", bool(options and options.backup_workers)),
+        ("--backup-tasks", bool(options and options.backup_tasks)),
+        ("--compress", config.compress is not None),
+        ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
+        ("--precision " + config.precision, config.precision != "fp32"),
+    ):
+        if used:
+            raise ConfigError(f"{given} over --transport ps does not compose with {flag} yet; drop one of them")

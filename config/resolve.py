@@ -59,8 +59,8 @@ def resolve_sections(values: dict[str, Any]) -> dict[str, Any]:
             "strategy's default transport; drop --transport"
         )
     if v["transport"] == "ps" or any(s.transports[0] == "ps" for s in phases):
-        if v["ps_shards"] is None:
-            v["ps_shards"] = 1
+        if v["ps_shards"] is None:  # --fsdp D: PS shard d holds FSDP chunk d (strategies/sharded_ps.py)
+            v["ps_shards"] = v["fsdp"] if isinstance(v["fsdp"], int) and v["fsdp"] > 1 else 1
         if v["ps_shards"] < 1:
             raise ConfigError(f"--ps-shards must be >= 1, got {v['ps_shards']}")
     elif v["ps_shards"] is not None:

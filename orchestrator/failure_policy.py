@@ -79,6 +79,7 @@ class Situation:
     training: bool = False  # the controller loop is handing out work (a replacement's calls join it)
     transport: str = "collective"  # the running phase's
     own_books: bool = False  # backup workers or backup tasks
+    cut_replicas: bool = False  # --fsdp D: a replica's workers share one FSDP group (strategies/sharded_ps.py)
     workers: int = 0  # training workers: ranks 0 .. workers-1
     host_alive: bool = False  # the lost worker's placement bundle is on a live node
     elastic_min: int = 0  # --workers MIN..MAX: MIN (0: a fixed-size run)
@@ -134,6 +135,8 @@ def _remedy(loss: Loss, s: Situation) -> tuple[str, str]:
         return RESTART, "a collective group cannot take in a new member"
     if s.own_books:
         return RESTART, "backup workers and tasks keep their own books of each round"
+    if s.cut_replicas:
+        return RESTART, "a cut replica's workers share one FSDP group, which cannot take in a new member"
     if loss.kind not in ("worker", "hang") or loss.target is None:
         return RESTART, "not one known worker (a shard, a node, a wait on the shards)"
     if loss.target >= s.workers:

@@ -390,7 +390,14 @@ class TrainWorker:
         return {"before": before, "after": after, "seconds": time.perf_counter() - t0}
 
     def flat_params(self) -> np.ndarray:
+        """The whole flat θ (a cut replica's worker: before its strategy's setup has cut the model)."""
+        if isinstance(self.trainer, ShardedTrainer):
+            return self.trainer.whole_flat().numpy().copy()
         return self.trainer.params_flat.detach().cpu().numpy().copy()
+
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        """The whole shapes of the model's trainable parameters, in order (the PS shards' layout under --fsdp)."""
+        return [tuple(p.shape) for p in self.trainer.model.parameters() if p.requires_grad]
 
     def hang(self) -> None:
         """Fault injection (--chaos hang-worker): stop answering, as a deadlocked process would."""

@@ -132,6 +132,10 @@ class BSP(Strategy):
             from distrain.strategies.pipeline import PipelineBSP
 
             return PipelineBSP
+        if config.sharded and config.transport == "ps":  # worker (r, d) pushes its FSDP chunks to PS shard d
+            from distrain.strategies.sharded_ps import ShardedBSPOverPS
+
+            return ShardedBSPOverPS
         if config.sharded:
             from distrain.strategies.sharded_bsp import ShardedBSP
 

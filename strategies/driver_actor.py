@@ -47,6 +47,9 @@ class ActorSetup:
     # (the controller's; asked only by the specs that need them: θ is a call to a worker).
     params: Callable[[], np.ndarray] = lambda: _unset("params")
     shard_slots: Callable[[int], list[Any]] = lambda count: _unset("shard_slots")
+    # The shapes of the model's trainable parameters, in order (a call to a worker): under --fsdp D the
+    # shards hold θ in FSDP's chunk order (trainers/shard_layout.py).
+    param_shapes: Callable[[], list[tuple[int, ...]]] = lambda: _unset("param_shapes")
     _theta: Any = field(default=None, init=False, repr=False)
 
     def theta(self) -> np.ndarray:
@@ -137,13 +140,24 @@ def checked(strategy: str, specs: Any) -> tuple[DriverActor, ...]:
 def ps_shards(rule: ConsistencyRule) -> DriverActor:
     """The parameter-server shards under `rule`: a ShardGroup (strategies/ps_shard_group.py) over the run's
     shard slots, starting from the first member's θ and the phase's optimizer state; a run going on from a
-    checkpoint in the phase it was taken in gives them back their versions and clocks."""
+    checkpoint in the phase it was taken in gives them back their versions and clocks. Under --fsdp D the
+    D shards hold θ and the optimizer state permuted so that shard d holds FSDP chunk d of every tensor
+    (strategies/sharded_ps.py), and count one client per replica."""
 
     def build(setup: ActorSetup) -> tuple[Any, list[Any]]:
         from distrain.strategies.ps_shard_group import ShardGroup
 
         where = setup.shard_slots(setup.phase.ps_shards or 1)
-        group = ShardGroup(setup.phase, rule, setup.theta(), setup.optimizer, where)
+        theta, optimizer, bounds = setup.theta(), setup.optimizer, None
+        if setup.phase.sharded:
+            from distrain.trainers.shard_layout import ShardLayout
+
+            layout = ShardLayout(setup.param_shapes(), setup.phase.replica_grid[0])
+            theta, bounds = layout.to_shards(theta), layout.bounds
+            if optimizer is not None:
+                vectors = {k: layout.to_shards(v) for k, v in optimizer.vectors.items()}
+                optimizer = type(optimizer)(vectors, dict(optimizer.scalars))
+        group = ShardGroup(setup.phase, rule, theta, optimizer, where, bounds)
         return group, list(group.shards)
 
     def ready(group: Any, setup: ActorSetup) -> list[Any]:
@@ -151,7 +165,7 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
         if counters is None:
             return []
         clock = max(counters["clocks"]) if rule.mode == "bounded" else counters["version"]
-        clocks = [clock] * setup.workers
+        clocks = [clock] * group.clients
         return [s.set_counters.remote(counters["version"], clocks) for s in group.shards]
 
     return DriverActor(PS_SHARDS, build=build, ready=ready)

@@ -188,6 +188,14 @@ class OnArrival(PSStrategy):
         return " staleness-lr" if config.get("staleness_lr") else ""
 
     @classmethod
+    def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.sharded and cls.name in ("async", "ssp"):  # --fsdp D: worker (r, d) pushes to PS shard d
+            from distrain.strategies.sharded_ps import ShardedAsync, ShardedSSP
+
+            return ShardedAsync if cls.name == "async" else ShardedSSP
+        return cls
+
+    @classmethod
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:
         # What the shards' rule did, for summary.json (config.yaml holds the option; ssp --staleness 0 applies none).
         return {"staleness_lr": cls.ps_rule(config).staleness_lr}

@@ -28,9 +28,15 @@ class ShardGroup:
         theta: np.ndarray,
         optimizer_state: FlatOptimizerState | None,
         scheduling: list[Any],
+        bounds: list[tuple[int, int]] | None = None,
     ) -> None:
+        """`bounds`: each shard's slice of `theta` (default: K near-equal contiguous slices)."""
+        from distrain.strategies.sharded_ps import ps_clients
+
         assert config.ps_shards is not None
-        self.bounds = partition(len(theta), config.ps_shards)
+        self.bounds = bounds if bounds is not None else partition(len(theta), config.ps_shards)
+        assert len(self.bounds) == config.ps_shards, (self.bounds, config.ps_shards)
+        self.clients = ps_clients(config)  # whom each shard's rule counts: worker actors, or replicas (--fsdp)
         spec = OptimizerSpec(config.optimizer, config.momentum, config.weight_decay, dict(config.optimizer_args))
         # Sandblaster's shards also hold its accumulators and L-BFGS history (strategies/sandblaster_shard.py).
         actor = ray.remote(SandblasterShard if rule.mode == "sandblaster" else ParameterShard)
@@ -41,7 +47,7 @@ class ShardGroup:
                 scheduling_strategy=scheduling[k],
             ).remote(
                 k,
-                config.num_worker_actors,
+                self.clients,
                 rule,
                 spec,
                 theta[start:stop],

@@ -115,6 +115,14 @@ class ShardedTrainer:
             self._load_sharded(self._pending_dir)
             self._pending_dir = None
 
+    def whole_flat(self) -> torch.Tensor:
+        """The trainable parameters flat, in order, on the CPU: before `shard` (the whole model), for the
+        PS shards to start from (strategies/sharded_ps.py)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if any(local_part(p) is not p for p in params):
+            raise RuntimeError("whole_flat: the model is cut already")
+        return torch.cat([p.detach().reshape(-1).float().cpu() for p in params])
+
     @property
     def nbytes(self) -> int:
         """Parameter bytes this worker holds: its shards once sharded (the whole model before)."""

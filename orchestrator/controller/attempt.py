@@ -270,6 +270,7 @@ class Attempt:
                 # Backup workers/tasks keep books a replacement would upset (`Strategy.keeps_own_books`);
                 # Sandblaster's coordinator hands a lost worker's portions out again (`reissues_lost_work`).
                 own_books=strategy_class(config.strategy).keeps_own_books(config) and not self.impl.reissues_lost_work,
+                cut_replicas=config.sharded,
                 workers=config.workers,
                 host_alive=self.group.host_alive(lost.target),
                 elastic_min=situation.elastic_min,

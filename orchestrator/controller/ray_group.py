@@ -184,11 +184,14 @@ class RayWorkerGroup:
             counters,
             started=self.driver,
             params=lambda: self._first_params(timeout),
+            param_shapes=lambda: self.result(self.workers[self.members()[0]].param_shapes.remote(), 0, timeout),
             shard_slots=lambda count: self.placement.shards(workers, count),
         )
         self._start_driver_actors(specs, setup)
         first = self.workers[self.members()[0]]  # an elastic run's slot 0 may have no worker
-        rendezvous = "" if self.shards is not None else get(first.rendezvous_address.remote())
+        # A cut replica's workers form an FSDP group, on the PS transport too (strategies/sharded_ps.py).
+        grouped = self.shards is None or phase.sharded
+        rendezvous = get(first.rendezvous_address.remote()) if grouped else ""
         ranks = self.members()
         refs = [self._setup_call(r, rendezvous, phase) for r in ranks]
         for ref, rank in zip(refs, ranks, strict=True):
@@ -198,7 +201,15 @@ class RayWorkerGroup:
         now = self._shard_call([self.shards.shards[0].counters.remote()])[0]
         rule = impl.ps_rule(phase)
         assert rule is not None, f"{declared.__name__} asks for {PS_SHARDS} but has no consistency rule"
-        return PhaseSetup(rule.mode, list(now["clocks"]), start_step - now["version"])
+        return PhaseSetup(rule.mode, self._per_actor(now)["clocks"], start_step - now["version"])
+
+    def _per_actor(self, counters: dict[str, Any]) -> dict[str, Any]:
+        """A shard's counters with a clock per worker actor: under --fsdp D a shard counts one client per
+        replica, whose clock is each of its D x T workers' (ranks are replica-major)."""
+        clocks, size = list(counters["clocks"]), self.config.replica_size
+        if not self.config.sharded or size == 1:
+            return counters
+        return counters | {"clocks": [clocks[rank // size] for rank in range(len(clocks) * size)]}
 
     def _first_params(self, timeout: float) -> Any:
         """The first member's flat θ (the shards start from it)."""
@@ -328,7 +339,7 @@ class RayWorkerGroup:
 
     def shard_counters(self) -> list[dict[str, Any]]:
         assert self.shards is not None
-        return self._shard_call([s.counters.remote() for s in self.shards.shards])
+        return [self._per_actor(c) for c in self._shard_call([s.counters.remote() for s in self.shards.shards])]
 
     def rebase_clock(self, rank: int, clock: int) -> None:
         assert self.shards is not None

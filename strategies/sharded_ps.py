@@ -1,0 +1,214 @@
+"""The parameter-server strategies across cut replicas (`--fsdp D` with async, ssp or bsp over
+`--transport ps`; each strategy's `implementation` picks these): a sharded replica pushes its gradient
+chunks to the PS shards that hold those slices, so no worker ever materialises the whole gradient.
+
+The PS has exactly D shards and shard d holds FSDP chunk d of every parameter tensor, in order
+(trainers/shard_layout.py: a permutation of the whole flat θ), which is exactly the local flat vector of
+data-parallel rank d of every replica. Worker (r, d) runs its replica's FSDP step inside the replica only
+(the mesh's "shard" dimension: all-gathers in forward and backward, a reduce-scatter that leaves it the
+replica's mean gradient over its D x B samples, chunk d), flattens its local chunks, pushes them to PS
+shard d alone and pulls θ chunk d back into its local parameter shards. Each shard's consistency rule
+counts the R replicas (their rank-d workers, client id r), not the R x D workers: async and SSP apply
+each replica's gradient at lr / R on arrival, BSP's rounds close on R gradients and apply their mean.
+
+State: the shards hold θ and the optimizer state; the workers' own optimizers are never stepped. A
+checkpoint is the shards' snapshot, put back in the whole model's order (`export_state`), so it is a
+whole checkpoint that loads at any layout; the driver builds the shards from a whole θ and optimizer
+state (strategies/driver_actor.py `ps_shards`) in the shards' order. Not yet: backup workers or backup
+tasks (config/layout_section.py refuses them), worker replacement in place (a replica's D workers share
+one FSDP group: a lost worker restarts the attempt).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from distrain.strategies.base import CommStats
+from distrain.strategies.bsp import BSPOverPS
+from distrain.strategies.ps import SSP, AsyncSGD, PSStrategy
+from distrain.strategies.sharded_bsp import ShardedBSP
+
+if TYPE_CHECKING:
+    from distrain.config import RunConfig
+    from distrain.strategies.consistency import ConsistencyRule
+    from distrain.trainers.sharded_trainer import ShardedTrainer
+
+
+def ps_clients(config: RunConfig) -> int:
+    """The clients each PS shard counts: every worker actor, or under --fsdp one per replica (its rank-d
+    worker talks to shard d)."""
+    return config.num_worker_actors // config.replica_size if config.sharded else config.num_worker_actors
+
+
+def whole_state_dict(trainer: ShardedTrainer, theta: Any) -> dict[str, Any]:
+    """The model's whole state dict with its trainable parameters from the whole flat `theta` (a torch
+    tensor in the parameters' order) and its buffers as this worker holds them (FSDP does not cut them)."""
+    from torch.distributed.tensor import DTensor
+
+    shapes = {name: p.shape for name, p in zip(trainer.names, trainer.params, strict=True)}
+    offsets, offset = {}, 0
+    for name, shape in shapes.items():
+        offsets[name] = offset
+        offset += math.prod(shape)
+    state: dict[str, Any] = {}
+    for key, value in trainer.model.state_dict().items():
+        if key in shapes:
+            start = offsets[key]
+            state[key] = theta[start : start + math.prod(shapes[key])].view(shapes[key]).clone()
+        elif isinstance(value, DTensor):
+            raise RuntimeError(f"{key}: a frozen parameter cut by FSDP is not in the shards' θ")
+        else:
+            state[key] = value.detach().cpu().clone()
+    return state
+
+
+class ShardedPS(ShardedBSP):
+    """Worker (r, d) of a cut replica on the parameter server (the module docstring)."""
+
+    transports = ("ps",)
+    fsdp_across_replicas = False  # across replicas the shards combine the gradients
+    rule_of: ClassVar[type[PSStrategy]]  # the unsharded strategy whose rule the shards enforce
+
+    def __init__(self, config: RunConfig, ctx: Any) -> None:
+        super().__init__(config, ctx)
+        self.clock = 0
+        self.rounds = self.ps_rule(config).mode == "rounds"
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
+        return cls.rule_of.ps_rule(config)
+
+    def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
+        import torch
+
+        from distrain.strategies.channel import PS_WAIT_FACTOR, PS_WAIT_MARGIN_S
+        from distrain.strategies.ps_client import PSClient
+        from distrain.trainers.shard_layout import ShardLayout
+        from distrain.trainers.sharded_trainer import local_part
+
+        mesh = self.join_mesh(trainer)
+        self.replica_group = mesh["shard"].get_group()  # this replica's D workers
+        self.trainer = trainer
+        self.layout = ShardLayout([tuple(p.shape) for p in trainer.params], self.shards)
+        self.locals = [local_part(p) for p in trainer.params]
+        sizes = [t.numel() for t in self.locals]
+        if sizes != self.layout.chunk_sizes(self.shard):  # FSDP cut otherwise than the shards assume
+            raise RuntimeError(
+                f"worker {self.ctx.rank}: FSDP's local chunks hold {sizes} values, the PS shard "
+                f"{self.shard} layout {self.layout.chunk_sizes(self.shard)}"
+            )
+        n = sum(sizes)
+        lo, hi = self.ctx.ps_bounds[self.shard]
+        if hi - lo != n:
+            raise RuntimeError(f"PS shard {self.shard} holds {hi - lo} values, worker {self.ctx.rank} {n}")
+        timeout = self.config.hang_timeout_s * PS_WAIT_FACTOR + PS_WAIT_MARGIN_S
+        shard = self.ctx.ps_shards[self.shard]
+        self.client = PSClient([shard], [(0, n)], self.replica, timeout, self.channel.link)
+        self.theta = torch.empty(n, dtype=torch.float32)  # θ chunk d on the host, as the shard serves it
+        self.ps_bytes = n * self.theta.element_size()
+        self.clock = self.client.pull(self.theta.numpy())
+        self._install()
+
+    def _install(self) -> None:
+        """θ chunk d, as pulled into `self.theta`, into this worker's local parameter shards."""
+        import torch
+
+        offset = 0
+        with torch.no_grad():
+            for part in self.locals:
+                part.copy_(self.theta[offset : offset + part.numel()].view_as(part))
+                offset += part.numel()
+
+    def _local_gradient(self, trainer: ShardedTrainer) -> Any:
+        """This worker's gradient chunks (the replica's mean over its D x B samples), flat, on the host."""
+        import torch
+
+        from distrain.trainers.sharded_trainer import local_part
+
+        parts = []
+        for p, part in zip(trainer.params, self.locals, strict=True):
+            g = torch.zeros_like(part) if p.grad is None else local_part(p.grad)
+            parts.append(g.detach().reshape(-1))
+        return torch.cat(parts).float().cpu() if parts else torch.zeros(0)
+
+    def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
+        import torch
+        import torch.distributed as dist
+
+        from distrain.trainers.optim_state import state_bytes
+
+        t0 = time.perf_counter()
+        grads = self._local_gradient(trainer)
+        ok = bool(grads.sum().isfinite()) and math.isfinite(trainer.last_loss)
+        if self.config.on_nonfinite == "skip":  # the replica's D workers skip together (one update)
+            flag = torch.tensor([0.0 if ok else 1.0])
+            dist.all_reduce(flag, group=self.replica_group)
+            ok = float(flag) == 0.0
+        ok = self.finite(ok, "loss or gradient")
+        result = self.client.push_pull(self.clock, grads.numpy() if ok else None, lr, self.theta.numpy())
+        self._install()
+        self.clock = result.version if self.rounds else self.clock + 1
+        moved = self.traffic + self.ps_bytes
+        extra = {
+            "replica": self.replica,
+            "shard": self.shard,
+            "tp": self.tp_rank,
+            "mem_param_bytes": trainer.nbytes,
+            "mem_grad_bytes": trainer.grad_bytes(),
+            "mem_optim_bytes": state_bytes(trainer.optimizer),
+        }
+        return CommStats(
+            seconds=time.perf_counter() - t0,
+            bytes_sent=moved,
+            bytes_received=moved,
+            wait_s=result.wait_s,
+            read_version=result.read_version,
+            applied_version=result.applied_version,
+            lag=result.lag,
+            clock=result.clock,
+            min_clock=result.min_clock,
+            nonfinite=None if ok else True,
+            extra=extra,
+        )
+
+    def prepare_eval(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
+        self.client.pull(self.theta.numpy())
+        self._install()
+
+    # ------------------------------------------------------------------ state
+    def checkpoint_shards(self, trainer: ShardedTrainer, step: int, directory: Any) -> None:  # type: ignore[override]
+        """None: the shards hold the state, and the driver writes it whole from `export_state`."""
+        return None
+
+    def export_state(self, trainer: ShardedTrainer) -> dict[str, Any]:  # type: ignore[override]
+        """Every PS shard's snapshot, un-permuted into the whole model's order: θ as a whole model state
+        dict, the optimizer state as whole flat vectors, and the shards' counters."""
+        import numpy as np
+        import ray
+        import torch
+
+        from distrain.trainers.optim_state import FlatOptimizerState
+
+        snaps = ray.get([s.snapshot.remote() for s in self.ctx.ps_shards], timeout=self.client.timeout_s)
+        theta = self.layout.from_shards(torch.from_numpy(np.concatenate([s["theta"] for s in snaps])))
+        optimizer = FlatOptimizerState.concat([FlatOptimizerState.from_dict(s["optimizer"]) for s in snaps])
+        optimizer.vectors = {k: self.layout.from_shards(v) for k, v in optimizer.vectors.items()}
+        counters = {"version": snaps[0]["version"], "clocks": list(snaps[0]["clocks"])}
+        return {"model": whole_state_dict(trainer, theta), "optimizer": optimizer.to_dict(), "ps": counters}
+
+
+class ShardedAsync(ShardedPS):
+    name = "async"
+    rule_of = AsyncSGD
+
+
+class ShardedSSP(ShardedPS):
+    name = "ssp"
+    rule_of = SSP
+
+
+class ShardedBSPOverPS(ShardedPS):
+    name = "bsp"
+    rule_of = BSPOverPS

@@ -1,0 +1,108 @@
+"""Issue 28: the parameter-server strategies across cut replicas (strategies/sharded_ps.py), end to end
+in real Ray actors over gloo: worker (r, d) runs its replica's FSDP step, pushes its gradient chunks to
+PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk d back.
+
+- async with one replica cut over D = 2 workers equals one process at the batch D x B (momentum SGD, 20
+  steps, within 1e-5): the issue's acceptance point;
+- BSP over the PS with R = 2 replicas x D = 2 equals one process at the global batch R x D x B;
+- the checkpoints are whole (the shards' θ and momentum put back in the model's order) and a run goes on
+  from one: --resume at the same layout, and in one plain process, ends where one process does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from distrain.config import RunConfig
+from distrain.orchestrator.checkpoint import load_checkpoint
+from distrain.orchestrator.resume import resume_config
+from distrain.orchestrator.run import run_training
+from distrain.orchestrator.trained_model import load_model
+from tests.helpers import final_params
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+BASE = dict(
+    model="mlp", lr_scaling="none", epochs=1, max_steps=20, seed=3, segment_steps=10, eval_every=0,
+    optimizer="sgd", momentum=0.9, lr=0.05,
+)  # fmt: skip
+TOL = 1e-5
+MLP_PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
+
+
+def cfg(tmp_path, name: str, **kw) -> RunConfig:
+    return RunConfig(**(BASE | {"run_dir": str(tmp_path / name)} | kw))
+
+
+def steps_of(run_dir) -> pd.DataFrame:
+    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
+    return df[df["kind"] == "step"].sort_values(["step", "worker"])
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """One plain process at the global batch 64: its final parameters, step rows and run directory (with
+    a checkpoint after step 10)."""
+    run = run_training(cfg(tmp_path_factory.mktemp("one"), "one", workers=1, batch_size=64, checkpoint_steps=10))
+    return final_params(run.run_dir), steps_of(run.run_dir), Path(run.run_dir)
+
+
+def test_async_with_one_sharded_replica_equals_one_process(tmp_path, one_process):
+    """--strategy async --transport ps --workers 1 --fsdp 2 --batch-size 32: two PS shards (the default
+    --ps-shards is D), each worker pushes half the gradient to its own shard; the end is one process's at
+    batch 64 within 1e-5, and each worker holds half the parameters."""
+    run = run_training(cfg(tmp_path, "async", strategy="async", transport="ps", workers=1, fsdp=2, batch_size=32))
+    assert run.summary["status"] == "completed"
+    assert (final_params(run.run_dir) - one_process[0]).abs().max().item() <= TOL
+    rows = steps_of(run.run_dir)
+    assert (rows.groupby("step").size() == 2).all() and len(rows) == 40
+    assert rows.groupby("worker")["shard"].first().tolist() == [0, 1] and (rows["replica"] == 0).all()
+    mean_loss = rows.groupby("step")["loss"].mean().to_numpy()
+    assert abs(mean_loss - one_process[1]["loss"].to_numpy()).max() <= TOL
+    # One replica: every push is applied on the θ it was computed on, and each worker's clock is its steps.
+    assert (rows["staleness"] == 0).all() and rows.groupby("worker")["clock"].max().tolist() == [20, 20]
+    held = rows.groupby("worker")["mem_param_bytes"].max()
+    assert held.sum() == MLP_PARAMS * 4 and (held <= 0.51 * MLP_PARAMS * 4).all()
+
+
+def test_bsp_over_the_ps_with_two_replicas_of_two_shards_equals_one_process(tmp_path, one_process):
+    """--strategy bsp --transport ps --workers 2 --fsdp 2 --batch-size 16: each PS shard's rounds close on
+    the R = 2 replicas' chunks (not the 4 workers') and apply their mean: one process at batch 64."""
+    run = run_training(cfg(tmp_path, "bsp", strategy="bsp", transport="ps", workers=2, fsdp=2, batch_size=16))
+    assert run.summary["status"] == "completed" and run.summary["layout"]["worker_actors"] == 4
+    assert (final_params(run.run_dir) - one_process[0]).abs().max().item() <= TOL
+    rows = steps_of(run.run_dir)
+    assert rows.groupby("worker")[["replica", "shard"]].first().values.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert rows.groupby("worker")["clock"].max().tolist() == [20] * 4  # 20 rounds, each of R = 2 pushes
+
+
+def test_a_sharded_ps_checkpoint_is_whole_and_a_run_goes_on_from_it(tmp_path, one_process):
+    """async R = 1 x D = 2 for 10 steps: final.pt holds the whole model and momentum in the model's order
+    (un-permuted from the shards): both equal one process's checkpoint after step 10 within 1e-5, and
+    `load_model` builds the task's model from it; it carries the shards' counters (one client: the
+    replica). --resume to step 20 goes on from the uninterrupted loss to one process's end."""
+    first = run_training(
+        cfg(tmp_path, "a", strategy="async", transport="ps", workers=1, fsdp=2, batch_size=32, max_steps=10)
+    )
+    payload = load_checkpoint(Path(first.run_dir) / "checkpoints" / "final.pt")
+    assert "sharded" not in payload and payload["ps"] == {"version": 10, "clocks": [10]}
+    assert sum(t.numel() for t in payload["model"].values()) == MLP_PARAMS
+    reference = load_checkpoint(one_process[2] / "checkpoints" / "step-00000010.pt")
+    for key, value in reference["model"].items():
+        assert (payload["model"][key] - value).abs().max().item() <= TOL, key
+    momentum = payload["optimizer"]["vectors"]["momentum_buffer"]
+    assert (momentum - reference["optimizer"]["vectors"]["momentum_buffer"]).abs().max().item() <= TOL
+    model = load_model(first.run_dir)
+    loaded = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    assert (loaded - final_params(first.run_dir)).abs().max().item() == 0
+    same = run_training(resume_config(first.run_dir, {"max_steps": 20}), resume=True)
+    assert same.summary["status"] == "completed"
+    assert (final_params(same.run_dir) - one_process[0]).abs().max().item() <= TOL
+    rows = steps_of(same.run_dir)
+    after = rows[rows["step"] >= 10]
+    assert len(after) == 20 and after.groupby("worker")["clock"].max().tolist() == [20, 20]
+    expected = one_process[1].set_index("step")["loss"]  # the first resumed step: the uninterrupted loss
+    assert abs(after[after["step"] == 10]["loss"].mean() - expected[10]) <= TOL
