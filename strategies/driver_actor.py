@@ -165,7 +165,9 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
         if counters is None:
             return []
         clock = max(counters["clocks"]) if rule.mode == "bounded" else counters["version"]
-        clocks = [clock] * group.clients
+        from distrain.strategies.partition import ps_clients
+
+        clocks = [clock] * ps_clients(setup.phase)
         return [s.set_counters.remote(counters["version"], clocks) for s in group.shards]
 
     return DriverActor(PS_SHARDS, build=build, ready=ready)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from distrain.strategies.partition import partition
+from distrain.strategies.partition import partition, ps_clients
 from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
 from distrain.strategies.sandblaster_shard import SandblasterShard
 from distrain.trainers.optim_state import FlatOptimizerState
@@ -31,8 +31,6 @@ class ShardGroup:
         bounds: list[tuple[int, int]] | None = None,
     ) -> None:
         """`bounds`: each shard's slice of `theta` (default: K near-equal contiguous slices)."""
-        from distrain.strategies.sharded_ps import ps_clients
-
         assert config.ps_shards is not None
         self.bounds = bounds if bounds is not None else partition(len(theta), config.ps_shards)
         assert len(self.bounds) == config.ps_shards, (self.bounds, config.ps_shards)

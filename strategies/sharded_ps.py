@@ -23,23 +23,15 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats
-from distrain.strategies.bsp import BSPOverPS
-from distrain.strategies.ps import SSP, AsyncSGD, PSStrategy
+from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.sharded_bsp import ShardedBSP
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
-    from distrain.strategies.consistency import ConsistencyRule
     from distrain.trainers.sharded_trainer import ShardedTrainer
-
-
-def ps_clients(config: RunConfig) -> int:
-    """The clients each PS shard counts: every worker actor, or under --fsdp one per replica (its rank-d
-    worker talks to shard d)."""
-    return config.num_worker_actors // config.replica_size if config.sharded else config.num_worker_actors
 
 
 def whole_state_dict(trainer: ShardedTrainer, theta: Any) -> dict[str, Any]:
@@ -69,7 +61,6 @@ class ShardedPS(ShardedBSP):
 
     transports = ("ps",)
     fsdp_across_replicas = False  # across replicas the shards combine the gradients
-    rule_of: ClassVar[type[PSStrategy]]  # the unsharded strategy whose rule the shards enforce
 
     def __init__(self, config: RunConfig, ctx: Any) -> None:
         super().__init__(config, ctx)
@@ -78,7 +69,8 @@ class ShardedPS(ShardedBSP):
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
-        return cls.rule_of.ps_rule(config)
+        """The unsharded strategy's rule (strategies/ps.py, bsp.py), over R clients."""
+        raise NotImplementedError
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         import torch
@@ -201,14 +193,25 @@ class ShardedPS(ShardedBSP):
 
 class ShardedAsync(ShardedPS):
     name = "async"
-    rule_of = AsyncSGD
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
+        return ConsistencyRule.asynchronous(config.options_of("async").staleness_lr)
 
 
 class ShardedSSP(ShardedPS):
     name = "ssp"
-    rule_of = SSP
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
+        options = config.options_of("ssp")
+        return ConsistencyRule.ssp(options.staleness, options.staleness_lr)
 
 
 class ShardedBSPOverPS(ShardedPS):
     name = "bsp"
-    rule_of = BSPOverPS
+
+    @classmethod
+    def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
+        """Rounds of the R replicas' chunks (backup workers and --workers MIN..MAX are refused with --fsdp)."""
+        return ConsistencyRule.bsp()

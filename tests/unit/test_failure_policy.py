@@ -35,6 +35,7 @@ def test_a_dead_or_hung_ps_worker_on_a_live_node_is_replaced_in_place():
         ({"training": False}, WORKER_1),  # starting, a phase switch, the final checkpoint
         ({"transport": "collective"}, WORKER_1),  # a collective group takes no new member
         ({"own_books": True}, WORKER_1),  # backup workers / tasks
+        ({"cut_replicas": True}, WORKER_1),  # --fsdp D over the PS: the replica's FSDP group takes no new member
         ({"host_alive": False}, WORKER_1),  # its bundle's node is gone
         ({"workers": 1}, WORKER_1),  # rank 1 is no training worker
         ({}, Loss("shard", None, "a parameter-server shard died")),

@@ -36,8 +36,9 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
     "given, message",
     [
         (dict(fsdp=0), r"^--fsdp must be >= 1, got 0$"),
-        (dict(fsdp=2, strategy="async"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
-        (dict(fsdp=2, transport="ps"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
+        (dict(fsdp=2, strategy="sandblaster"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
+        (dict(fsdp=2, strategy="async", ps_shards=4), r"^--ps-shards 4 with --fsdp 2: PS shard d holds FSDP chunk d"),
+        (dict(fsdp=2, transport="ps", backup_tasks=True), r"^--fsdp 2 over --transport ps does not compose with --b"),
         (dict(tensor_parallel=2, pipeline_stages=2), r"^--tensor-parallel 2 does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2"), r"^--fsdp 2 does not compose with --workers MIN..MAX yet"),
         (dict(fsdp=2, compress="topk:0.1"), r"^--fsdp 2 does not compose with --compress yet"),
@@ -48,6 +49,22 @@ def test_what_sharding_refuses_in_one_line(given, message):
     with pytest.raises(ConfigError, match=message) as caught:
         RunConfig(**given).validate()
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("strategy", ["async", "ssp", "bsp"])
+def test_the_ps_strategies_run_across_cut_replicas(strategy):
+    """async, ssp, bsp over --transport ps with --fsdp D (strategies/sharded_ps.py): D PS shards, each
+    counting one client per replica."""
+    from distrain.strategies.partition import ps_clients
+    from distrain.strategies.sharded_ps import ShardedPS
+    from distrain.strategies.strategy_lookup import strategy_class
+
+    config = RunConfig(strategy=strategy, transport="ps", workers=3, fsdp=2, model="mlp")
+    config.validate()
+    impl = strategy_class(strategy).implementation(config)
+    assert issubclass(impl, ShardedPS) and impl.name == strategy
+    assert config.ps_shards == 2 and ps_clients(config) == 3 and config.num_worker_actors == 6
+    assert impl.ps_rule(config).mode == ("rounds" if strategy == "bsp" else "bounded")
 
 
 def test_fsdp_traffic_per_worker_and_step():
@@ -105,8 +122,10 @@ def test_tensor_parallel_workers_share_a_slice():
     assert BSP.implementation(config) is ShardedBSP and RunConfig(tensor_parallel=2).sharded
     with pytest.raises(ConfigError, match=r"^--tensor-parallel must be >= 1, got 0$"):
         RunConfig(tensor_parallel=0).validate()
-    with pytest.raises(ConfigError, match=r"^--tensor-parallel 2 runs with --strategy bsp, diloco or local-sgd over"):
+    with pytest.raises(ConfigError, match=r"^--tensor-parallel 2 does not compose with --transport ps yet"):
         RunConfig(tensor_parallel=2, strategy="ssp").validate()
+    with pytest.raises(ConfigError, match=r"^--tensor-parallel 2 runs with --strategy bsp, diloco or local-sgd over"):
+        RunConfig(tensor_parallel=2, strategy="sandblaster").validate()
 
 
 def test_a_plan_is_checked_against_the_model_in_one_line():

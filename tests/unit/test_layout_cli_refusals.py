@@ -37,6 +37,24 @@ REFUSED = [
     # T > 1 for a model without a tensor-parallel plan: a built-in one, and a task's own
     (["--model", "linear", "--tensor-parallel", "2"], ["--model linear has none", "Task.tensor_parallel_plan()"]),
     (["--task", DIABETES, "--tensor-parallel", "2"], [f"--task {DIABETES} has none", "or drop --tensor-parallel"]),
+    # the PS strategies across cut replicas (strategies/sharded_ps.py): exactly D PS shards, --fsdp alone
+    (
+        ["--model", "mlp", "--strategy", "async", "--transport", "ps", "--fsdp", "2", "--ps-shards", "3"],
+        ["--ps-shards 3 with --fsdp 2", "PS shard d holds FSDP chunk d", "exactly 2"],
+    ),
+    (
+        ["--model", "mlp", "--strategy", "bsp", "--transport", "ps", "--fsdp", "2", "--ps-shards", "1"],
+        ["--ps-shards 1 with --fsdp 2"],
+    ),
+    (
+        ["--model", "mlp", "--strategy", "bsp", "--transport", "ps", "--fsdp", "2", "--backup-workers", "1"],
+        ["--fsdp 2 over --transport ps does not compose with --backup-workers yet"],
+    ),
+    (
+        ["--model", "mlp", "--strategy", "ssp", "--transport", "ps", "--tensor-parallel", "2"],
+        ["--tensor-parallel 2 does not compose with --transport ps yet"],
+    ),
+    (["--model", "mlp", "--strategy", "sandblaster", "--fsdp", "2"], ["async, ssp or bsp over --transport ps"]),
 ]
 
 

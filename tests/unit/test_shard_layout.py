@@ -77,3 +77,11 @@ def test_shard_d_is_the_workers_local_flat_vector(shapes, shards):
 def test_wrong_length_refused():
     with pytest.raises(ValueError, match="flat vector of 6"):
         ShardLayout([(3, 2)], 2).to_shards(np.zeros(5))
+
+
+def test_ps_shards_default_to_d_under_fsdp():
+    from distrain.config import RunConfig
+
+    config = RunConfig(model="mlp", strategy="ssp", transport="ps", workers=2, fsdp=3)
+    assert config.ps_shards == 3 and config.num_worker_actors == 6
+    assert RunConfig(model="mlp", strategy="async", transport="ps", workers=2).ps_shards == 1
