@@ -106,3 +106,18 @@ def test_a_sharded_ps_checkpoint_is_whole_and_a_run_goes_on_from_it(tmp_path, on
     assert len(after) == 20 and after.groupby("worker")["clock"].max().tolist() == [20, 20]
     expected = one_process[1].set_index("step")["loss"]  # the first resumed step: the uninterrupted loss
     assert abs(after[after["step"] == 10]["loss"].mean() - expected[10]) <= TOL
+
+
+def test_ssp_with_two_sharded_replicas_keeps_its_bound(tmp_path, one_process):
+    """--strategy ssp --staleness 1 --transport ps --workers 2 --fsdp 2: each PS shard bounds the R = 2
+    replicas' clocks (its clients), so at every completed pull a worker's clock is at most 1 ahead of the
+    slowest replica's; the run trains (its last loss well below its first)."""
+    run = run_training(
+        cfg(tmp_path, "ssp", strategy="ssp", staleness=1, transport="ps", workers=2, fsdp=2, batch_size=16)
+    )
+    assert run.summary["status"] == "completed"
+    rows = steps_of(run.run_dir)
+    assert len(rows) == 80 and rows.groupby("worker")["clock"].max().tolist() == [20] * 4
+    assert ((rows["clock"] - rows["min_clock"]) <= 1).all() and (rows["staleness"] >= 0).all()
+    losses = rows.groupby("step")["loss"].mean()
+    assert losses.iloc[-3:].mean() < 0.5 * losses.iloc[:3].mean()
