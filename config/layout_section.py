@@ -168,7 +168,9 @@ def check_layout(config: RunConfig) -> None:
     """--fsdp D >= 1 and --tensor-parallel T >= 1; a replica cut over workers runs under BSP, DiLoCo or
     local SGD over the collective transport so far (FSDP's own reduce-scatter inside a replica; across
     replicas an all-reduce of the shards every step, HSDP, or of each part at a period's end), alone but
-    for --fsdp with --pipeline-stages (BSP only: the strategy section refuses pipelines under the others)."""
+    for --fsdp with --pipeline-stages (BSP only: the strategy section refuses pipelines under the others);
+    or, --fsdp D alone, under async, SSP or BSP over the PS (`check_ps_layout`: D PS shards, shard d
+    holding FSDP chunk d)."""
     d, t = shards_per_replica(config), tp_degree(config)
     for flag, value in (("--fsdp", d), ("--tensor-parallel", t)):
         if value < 1:
