@@ -57,8 +57,9 @@ SCRIPT = textwrap.dedent(
                 self.rows_since = 0
             both = {1, 2} <= self.seen
             if self.phase in ("grown", "regrow") and not both:
-                # alone, the member runs through its rounds faster than a node starts (seconds under load): pace it
-                time.sleep(0.3)
+                # alone, the member runs through its rounds faster than a node starts (seconds, and more on a
+                # loaded 2-core machine, where 0.3 s let a run end before the node's workers joined): pace it
+                time.sleep(1.0)
             if self.phase == "grow":
                 nodes["a"] = cluster.add_node(num_cpus=2)
                 self.phase, self.seen = "grown", set()
