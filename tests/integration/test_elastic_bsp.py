@@ -70,7 +70,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("workers, backups, head_cpus", [("1..3", 0, 2), ("2..3", 1, 3)], ids=["bsp", "k-of-n"])
+# k-of-n is paced by wall time: beside another test file's runs, it has ended before the lost node's member left.
+K_OF_N = pytest.param("2..3", 1, 3, id="k-of-n", marks=pytest.mark.serial)
+
+
+@pytest.mark.parametrize("workers, backups, head_cpus", [pytest.param("1..3", 0, 2, id="bsp"), K_OF_N])
 def test_bsp_over_ps_grows_and_shrinks_with_every_unit_once_and_rounds_of_the_members(
     tmp_path, workers, backups, head_cpus
 ):

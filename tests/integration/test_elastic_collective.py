@@ -108,6 +108,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.serial  # beside another test file's runs, a run has ended before its new node's workers joined
 @pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
 def test_collective_run_grows_drains_and_loses_a_node_reforming_from_memory(tmp_path, strategy):
     run_dir = tmp_path / "r"

@@ -93,6 +93,7 @@ def test_grid_results_best_yaml_resource_accounting_and_strategy_fields(tmp_path
         assert running <= capacity + 1e-6, (running, windows)
 
 
+@pytest.mark.serial  # beside another test file's runs, the lr 50 trial has run all 3 epochs before ASHA stopped it
 def test_asha_stops_an_absurd_learning_rate_early(tmp_path, ray_cluster):
     """lr 50 diverges; ASHA (grace period 1, halving, rungs at epochs 1 and 2) compares it at epoch 1
     with the lr 0.05 trial that ran before it (one trial at a time) and stops it; the good trial runs
