@@ -23,14 +23,11 @@ setup: $(BIN)/.installed-dev
 run: $(BIN)/.installed
 	$(BIN)/distrain run
 
-# Two pytest workers, a test file each at a time (-n 2 --dist loadfile: a file's tests share its Ray):
-# the integration tests mostly wait (Ray and process start-up, emulated links, health checks), so two
-# at once fit the 2-core CI machine's 30 minutes with room (24 minutes against 27-32 one at a time).
-# The few scenarios paced by wall time (marker `serial`) then run alone.
+# One test at a time: two pytest-xdist workers finished in 24 minutes instead of 27-32, but in two fresh-clone
+# runs 2 and 3 integration tests failed beside the other worker's runs (timing under load), so not yet.
 test: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not serial"
-	$(BIN)/python -m pytest -m serial
+	$(BIN)/python -m pytest
 
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check .

@@ -72,12 +72,7 @@ def test_make_run_installs_distrain_and_make_test_its_dev_extras(tmp_path):
     assert pip_target(test) == '".[dev]"' and "pytest" in test
     readme_run, readme_test = without_make((ROOT / "README.md").read_text())
     assert pip_target(readme_run) == pip_target(run) and readme_run.endswith("distrain run")
-    # ... and the same pytest command lines as `make test`: two workers for all but the `serial` tests,
-    # then those alone (see the Makefile), so that every test runs
-    parallel, alone = (line.strip() for line in re.findall(r"-m pytest[^\n]*", test))
-    assert pip_target(readme_test) == pip_target(test)
-    assert readme_test.endswith(f"{parallel} && .venv/bin/python {alone}")
-    assert parallel == '-m pytest -n 2 --dist loadfile -m "not serial"' and alone == "-m pytest -m serial"
+    assert pip_target(readme_test) == pip_target(test) and readme_test.endswith("-m pytest")
 
 
 def test_cluster_doc_describes_the_fault_tolerance_that_exists():
