@@ -135,8 +135,6 @@ class ShardedBSP(Strategy):
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         import torch.distributed as dist
 
-        from distrain.trainers.optim_state import state_bytes
-
         t0 = time.perf_counter()
         total = trainer.local_grad_sum()
         if self.config.on_nonfinite == "skip":
@@ -150,14 +148,7 @@ class ShardedBSP(Strategy):
         applied = self.finite(bool(total.isfinite()), "reduced gradient")
         if applied:
             trainer.apply_update(lr)
-        extra = {
-            "replica": self.replica,
-            "shard": self.shard,
-            "tp": self.tp_rank,
-            "mem_param_bytes": trainer.nbytes,
-            "mem_grad_bytes": trainer.grad_bytes(),
-            "mem_optim_bytes": state_bytes(trainer.optimizer),
-        }
+        extra = self.layout_columns(trainer)
         return CommStats(
             seconds=seconds,
             bytes_sent=self.traffic,
@@ -178,6 +169,19 @@ class ShardedBSP(Strategy):
         """Every worker of the replica runs the forward passes; its first worker's scores count."""
         totals = trainer.evaluate(batches)
         return totals if self.shard == 0 and self.tp_rank == 0 else {}
+
+    def layout_columns(self, trainer: ShardedTrainer) -> dict[str, int]:
+        """This worker's place in the grid and the bytes it holds: its step row's layout columns."""
+        from distrain.trainers.optim_state import state_bytes
+
+        return {
+            "replica": self.replica,
+            "shard": self.shard,
+            "tp": self.tp_rank,
+            "mem_param_bytes": trainer.nbytes,
+            "mem_grad_bytes": trainer.grad_bytes(),
+            "mem_optim_bytes": state_bytes(trainer.optimizer),
+        }
 
     # ------------------------------------------------------------------ state
     def checkpoint_shards(self, trainer: ShardedTrainer, step: int, directory: Path) -> ShardsSaved:  # type: ignore[override]

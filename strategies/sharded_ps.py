@@ -129,8 +129,6 @@ class ShardedPS(ShardedBSP):
         import torch
         import torch.distributed as dist
 
-        from distrain.trainers.optim_state import state_bytes
-
         t0 = time.perf_counter()
         grads = self._local_gradient(trainer)
         ok = bool(grads.sum().isfinite()) and math.isfinite(trainer.last_loss)
@@ -143,14 +141,7 @@ class ShardedPS(ShardedBSP):
         self._install()
         self.clock = result.version if self.rounds else self.clock + 1
         moved = self.traffic + self.ps_bytes
-        extra = {
-            "replica": self.replica,
-            "shard": self.shard,
-            "tp": self.tp_rank,
-            "mem_param_bytes": trainer.nbytes,
-            "mem_grad_bytes": trainer.grad_bytes(),
-            "mem_optim_bytes": state_bytes(trainer.optimizer),
-        }
+        extra = self.layout_columns(trainer)
         return CommStats(
             seconds=time.perf_counter() - t0,
             bytes_sent=moved,
