@@ -2,7 +2,7 @@
 
     import distrain
     result = distrain.fit(task=MyTask(), strategy="local-sgd", adaptive_tau=True, workers=4)
-    result.metrics["test_loss"], result.run_dir, result.summary
+    result.metrics["val_loss"], result.metrics["test_loss"], result.run_dir, result.summary
 
 `fit` takes every option `distrain run` takes, by its config name (`--batch-size` is `batch_size`),
 plus an optional YAML `config` file under them, and runs in a script or a notebook (also several
@@ -31,8 +31,21 @@ class FitResult:
 
     @property
     def metrics(self) -> dict[str, float | None]:
-        """The last evaluation's figures by metric name (`test_loss`, `test_accuracy`, ...)."""
-        return {k.removeprefix("final_"): v for k, v in self.summary.items() if k.startswith("final_test_")}
+        """The last evaluation's figures by column: the validation split's (`val_loss`, `val_accuracy`, ...)
+        and the test set's (`test_loss`, `test_accuracy`, ...), reported apart."""
+        return {
+            k.removeprefix("final_"): v for k, v in self.summary.items() if k.startswith(("final_val_", "final_test_"))
+        }
+
+    @property
+    def best_checkpoint(self) -> Path | None:
+        """checkpoints/best.pt of a run with `checkpoint_best="val_loss"` (or another metric): the checkpoint
+        of its best evaluation (`summary["best_checkpoint"]` says which); None without one.
+        `distrain.load_model(result.best_checkpoint)` gives its model."""
+        from distrain.orchestrator.best_checkpoint import best_of
+
+        best = best_of(self.run_dir)
+        return None if best is None else Path(best["path"])
 
     @property
     def status(self) -> str:
@@ -218,5 +231,5 @@ def _print_progress(event: Any) -> None:
     elif isinstance(event, RunStarted):
         print(f"distrain: run {event.run_dir} ({event.total_steps} steps, {event.num_params:,} parameters)")
     elif isinstance(event, Progress) and event.evaluated:
-        figures = "  ".join(f"test_{k} {v:.4g}" for k, v in event.test_metrics.items())
+        figures = "  ".join(f"{k} {v:.4g}" for k, v in event.figures.items())
         print(f"epoch {event.epoch + 1}/{event.epochs}  step {event.steps_done}/{event.total_steps}  {figures}")

@@ -19,7 +19,8 @@ from rich.text import Text
 RESULT_COLUMNS = (
     ("trial_id", "trial", ""),
     ("status", "status", ""),
-    ("final_accuracy", "final acc", ".4f"),
+    ("final_accuracy", "final val acc", ".4f"),
+    ("test_accuracy", "test acc", ".4f"),
     ("time_to_target_s", "time to target (s)", ".1f"),
     ("samples_per_s", "samples/s", ",.0f"),
     ("epochs_completed", "epochs", "d"),
@@ -100,7 +101,7 @@ class SweepDisplay:
             (trial_id, r["params"], r["status"], r["epoch"], r["acc"], r["loss"], r["elapsed"])
             for trial_id, r in self.rows.items()
         ]
-        return fitted_table(title, ["trial", "config", "status", "epoch", "test acc", "test loss", "elapsed (s)"], rows)
+        return fitted_table(title, ["trial", "config", "status", "epoch", "val acc", "val loss", "elapsed (s)"], rows)
 
     def _say(self, text: str) -> None:
         if self.live is not None:
@@ -130,17 +131,18 @@ class SweepDisplay:
         elif kind == "TrialEpoch":
             row = self.rows.setdefault(event.trial_id, dict(params="", status="running"))
             # classification shows its accuracy; another task the sweep's metric (its target's)
-            metric = getattr(event, "metric", "test_accuracy")
-            shown = event.test_accuracy if metric == "test_accuracy" else getattr(event, "value", math.nan)
-            label = "test acc" if metric == "test_accuracy" else metric.replace("_", " ")
-            text = f"{shown:.4f}" if metric == "test_accuracy" else f"{shown:.4g}"
+            metric = getattr(event, "metric", "val_accuracy")
+            accuracy = metric in ("val_accuracy", "test_accuracy")
+            shown = event.val_accuracy if metric == "val_accuracy" else getattr(event, "value", math.nan)
+            label = metric.replace("_accuracy", " acc").replace("_", " ")
+            text = f"{shown:.4f}" if accuracy else f"{shown:.4g}"
             row.update(
                 epoch=f"{event.epoch}/{event.epochs}",
                 acc=text,
-                loss=f"{event.test_loss:.4f}",
+                loss=f"{event.val_loss:.4f}",
                 elapsed=f"{event.elapsed_s:.1f}",
             )
-            figures = f"{label} {text}" + ("" if metric == "test_loss" else f"  test loss {event.test_loss:.4f}")
+            figures = f"{label} {text}" + ("" if metric == "val_loss" else f"  val loss {event.val_loss:.4f}")
             self._say(f"trial {event.trial_id} epoch {event.epoch}/{event.epochs}  {figures}  {event.elapsed_s:.1f} s")
         elif kind == "TrialEnded":
             row = self.rows.setdefault(event.trial_id, dict(params="", epoch="-", acc="-", loss="-", elapsed="-"))
@@ -191,17 +193,24 @@ def results_table(results: Any, swept: list[str], title: str, width: int | None 
     (where that would not fit `width` columns) stacked in one `config` column after the trial id."""
     config_columns = [c for c in swept if c in results.columns]
     columns = list(RESULT_COLUMNS)
-    metric = results["metric"].iloc[0] if "metric" in results.columns and len(results) else "test_accuracy"
-    if metric != "test_accuracy":  # another task's sweep: the final value of its target metric
+    metric = results["metric"].iloc[0] if "metric" in results.columns and len(results) else "val_accuracy"
+    if metric not in ("val_accuracy", "test_accuracy"):  # another task's sweep: its target metric's final values
+        name = metric.split("_", 1)[1]
         columns[2] = ("final_metric", f"final {metric.replace('_', ' ')}", ".4g")
+        columns[3] = ("test_metric", f"test {name.replace('_', ' ')}", ".4g")
     configs, figures = [], []
     for _, row in results.iterrows():
         configs.append([_cell(row[c], "g" if isinstance(row[c], float) else "") for c in config_columns])
-        figures.append([_cell(row[key], spec) for key, _, spec in columns])
+        figures.append([_cell(row.get(key), spec) for key, _, spec in columns])  # a sweep's before: no test_*
     labels = [label for _, label, _ in columns]
     wide = fitted_table(title, config_columns + labels, [tuple(c + f) for c, f in zip(configs, figures, strict=True)])
     if width is None or _min_width(wide) <= width:
         return wide
+    items = [f"{name}={value}" for c in configs for name, value in zip(config_columns, c, strict=True)]
+    if _min_width(fitted_table(title, labels, figures)) + 1 + max(map(len, items), default=0) > width:
+        # Still too narrow for a config item a line: the test set's column gives way (results.csv keeps it).
+        keep = [i for i, (key, _, _) in enumerate(columns) if not key.startswith("test_")]
+        labels, figures = [labels[i] for i in keep], [[f[i] for i in keep] for f in figures]
     stacked = [
         (f[0], " ".join(f"{name}={value}" for name, value in zip(config_columns, c, strict=True)), *f[1:])
         for c, f in zip(configs, figures, strict=True)

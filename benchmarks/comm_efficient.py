@@ -77,7 +77,7 @@ def run(name: str, args: argparse.Namespace, root: Path) -> dict:
 def to_target(result: dict, target: float, workers: int) -> tuple[float | None, float | None]:
     """Wall time of the first evaluation at or below `target`, and the bytes per worker sent by then."""
     evals = result["evals"]
-    hit = evals[evals["test_loss"] <= target]
+    hit = evals[evals["val_loss"] <= target]
     if hit.empty:
         return None, None
     t = float(hit["wall_time"].iloc[0])
@@ -115,7 +115,7 @@ def main() -> None:
             print(f"{name}: final test loss {results[-1]['final_loss']:.4f}, {results[-1]['wall']:.1f} s", flush=True)
     ray.shutdown()
     target_epoch = args.target_epoch or max(1, args.epochs // 2)
-    target = float(results[0]["evals"]["test_loss"].iloc[target_epoch - 1])
+    target = float(results[0]["evals"]["val_loss"].iloc[target_epoch - 1])
     for r in results:
         r["time_to_target"], r["bytes_to_target"] = to_target(r, target, args.workers)
 

@@ -60,7 +60,7 @@ class MemmapRows(torch.utils.data.Dataset):
 class MemmapTask(distrain.Task):
     """A linear classifier over rows of a large float32 file (last column: the label, 0 or 1)."""
 
-    default_target = "test_accuracy>=0.9"
+    default_target = "val_accuracy>=0.9"
 
     def __init__(self, path: str, rows: int):
         self.path, self.rows = path, rows

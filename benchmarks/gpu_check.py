@@ -492,7 +492,7 @@ def section_comm(root: Path) -> None:
         results.append(r)
         record("comm", name, final_test_loss=r["final_loss"], wall_s=round(time.perf_counter() - t0, 1),
                mb_per_worker=r["bytes_total"] / 1e6, steps=r["steps"])  # fmt: skip
-    target = float(results[0]["evals"]["test_loss"].iloc[1])  # BSP's loss after epoch 2
+    target = float(results[0]["evals"]["val_loss"].iloc[1])  # BSP's loss after epoch 2
     times = [comm_efficient.to_target(r, target, 2)[0] for r in results]
     record("comm", "time to BSP's epoch-2 loss", target=target, bsp_s=times[0], diloco_s=times[1],
            sooner=(times[0] / times[1]) if times[0] and times[1] else None)  # fmt: skip

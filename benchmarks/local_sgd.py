@@ -42,7 +42,7 @@ def times(run_dir: Path, losses: list[float], target: float) -> dict[str, float 
     per_step = steps.groupby("step").agg(loss=("loss", "mean"), end=("wall_time", "max")).sort_index()
     spe = int(steps[steps["epoch"] == 0]["step"].nunique())
     smooth = per_step["loss"].rolling(spe).mean()
-    reached = evals[evals["test_accuracy"] >= target]
+    reached = evals[evals["val_accuracy"] >= target]
     out: dict[str, float | None] = {}
     for loss in losses:
         below = per_step[smooth <= loss]

@@ -46,7 +46,7 @@ def training_time_to_target(run_dir: Path, target: float) -> tuple[float | None,
     df = pd.read_parquet(run_dir / "metrics.parquet")
     steps, evals = df[df["kind"] == "step"], df[df["kind"] == "eval"].sort_values("wall_time")
     start = float((steps["wall_time"] - steps["compute_s"] - steps["comm_s"]).min())
-    hit = evals[evals["test_accuracy"] >= target]
+    hit = evals[evals["val_accuracy"] >= target]
     if hit.empty:
         return None, None
     return float(hit["wall_time"].iloc[0]) - start, int(hit["epoch"].iloc[0]) + 1

@@ -19,7 +19,7 @@ import pandas as pd
 def training_time_to_target(run_dir: str, target: float) -> float | None:
     df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
     steps, evals = df[df["kind"] == "step"], df[df["kind"] == "eval"].sort_values("wall_time")
-    reached = evals[evals["test_accuracy"] >= target]
+    reached = evals[evals["val_accuracy"] >= target]
     if steps.empty or reached.empty:
         return None
     first_step_end = steps.groupby("step")["wall_time"].max().sort_index().iloc[0]

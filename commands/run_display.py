@@ -228,7 +228,7 @@ class RunDisplay:
 
     def _epoch_lines(self, event: Any) -> None:
         """Print each finished epoch's line, in order (on a terminal above the bar, which keeps them): an
-        epoch that is evaluated once its evaluation is in (with the test accuracy), any other once its
+        epoch that is evaluated once its evaluation is in (with the validation accuracy), any other once its
         last step is done (so --eval-every 0 still shows)."""
         from distrain.orchestrator.run import evaluates
 
@@ -285,11 +285,17 @@ def _run_times(elapsed_s: float, left_s: float | None) -> str:
 
 
 def test_figures(event: Any) -> str:
-    """The last evaluation, shortly: test accuracy for classification, else every figure the task reports."""
-    metrics = event.test_metrics or ({} if event.test_accuracy is None else {"accuracy": event.test_accuracy})
-    if "accuracy" in metrics:
-        return f"test acc {metrics['accuracy']:.4f}"
-    return "  ".join(f"test {name} {value:.4g}" for name, value in metrics.items())
+    """The last evaluation, shortly: validation accuracy for classification, else every validation figure the
+    task reports; then the test set's, where it was scored (at the end, or every epoch with --test-every-epoch)."""
+    figures = event.figures or ({} if event.val_accuracy is None else {"val_accuracy": event.val_accuracy})
+    shown = []
+    for split in ("val", "test"):
+        mine = {k.removeprefix(f"{split}_"): v for k, v in figures.items() if k.startswith(f"{split}_")}
+        if "accuracy" in mine:
+            shown.append(f"{split} acc {mine['accuracy']:.4f}")
+        else:
+            shown += [f"{split} {name} {value:.4g}" for name, value in mine.items()]
+    return "  ".join(shown)
 
 
 def _speed(samples_per_s: float | None) -> str:

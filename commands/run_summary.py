@@ -41,6 +41,15 @@ def grid_of(summary: dict[str, Any]) -> str:
     return grid_text(summary.get("layout") or {"replicas": summary["workers"]})
 
 
+def _best_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """--checkpoint-best: which evaluation checkpoints/best.pt holds."""
+    best = summary.get("best_checkpoint")
+    if not isinstance(best, dict):
+        return []
+    where = f"(epoch {best['epoch'] + 1}, {best['path']})"
+    return [(f"best {best['metric'].replace('_', ' ')}", f"{_fmt(best['value'], '.4f')} {where}")]
+
+
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     table = Table(title=Text(f"distrain run {summary['run_id']}"), show_header=False)
     table.add_column("metric", style="bold")
@@ -57,9 +66,10 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         *[
             (f"final {key.removeprefix('final_').replace('_', ' ')}", _fmt(value, ".4f"))
             for key, value in summary.items()
-            if key.startswith("final_test_")
+            if key.startswith(("final_val_", "final_test_"))
         ],
         *_target_rows(summary),
+        *_best_rows(summary),
         ("wall time", _fmt(summary["wall_time_s"], ".1f") + " s"),
         ("steady-state throughput", _fmt(summary["steady_state_samples_per_s"], ",.0f") + " samples/s"),
         ("sent per step (all workers)", _size(summary["bytes_per_step"])),

@@ -54,7 +54,7 @@ TARGET_SYNTAX = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*(\S+)\s*$"
 class Target:
     """A quality target: the first evaluation at which `metric op value` holds is its time to target."""
 
-    metric: str  # an evaluation column, e.g. test_accuracy, test_loss, test_perplexity
+    metric: str  # an evaluation column, e.g. val_accuracy, val_loss, test_perplexity
     op: str  # ">=" or "<="
     value: float
 
@@ -68,7 +68,8 @@ class Target:
 
 
 def parse_target(text: str) -> Target:
-    """ "test_accuracy>=0.95", "loss<=0.3" (metric names get the test_ prefix of the metrics file)."""
+    """ "val_accuracy>=0.95", "loss<=0.3" (a name without the val_ or test_ prefix of the metrics file is a
+    validation metric: targets select on validation)."""
     match = TARGET_SYNTAX.match(text)
     value = math.nan
     if match:
@@ -77,9 +78,46 @@ def parse_target(text: str) -> Target:
         except ValueError:
             pass
     if not match or not math.isfinite(value):
-        raise ConfigError(f"--target {text!r} must be METRIC>=VALUE or METRIC<=VALUE, e.g. test_accuracy>=0.95")
-    metric = match.group(1) if match.group(1).startswith("test_") else f"test_{match.group(1)}"
+        raise ConfigError(f"--target {text!r} must be METRIC>=VALUE or METRIC<=VALUE, e.g. val_accuracy>=0.95")
+    name = match.group(1)
+    metric = name if name.startswith(("val_", "test_")) else f"val_{name}"
     return Target(metric, match.group(2), value)
+
+
+MAXIMISED = ("accuracy", "acc", "f1", "precision", "recall", "auc", "r2", "score", "iou", "bleu")
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """--checkpoint-best: the evaluation column compared, and which way is better."""
+
+    metric: str  # e.g. val_loss
+    mode: str  # "min" or "max"
+
+    def better(self, new: float | None, best: float | None) -> bool:
+        if new is None or math.isnan(new):
+            return False
+        if best is None:
+            return True
+        return new < best if self.mode == "min" else new > best
+
+    def __str__(self) -> str:
+        return f"{self.mode}:{self.metric}"
+
+
+def parse_monitor(text: str) -> Monitor:
+    """ "val_loss" (lower is better), "val_accuracy" (accuracy-like names: higher), "max:val_f1", "min:loss"
+    (a name without a prefix is a validation metric, as for --target)."""
+    mode, sep, name = text.strip().partition(":")
+    if not sep:
+        mode, name = "", mode
+    if mode not in ("", "min", "max") or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ConfigError(f"--checkpoint-best {text!r} must be METRIC, min:METRIC or max:METRIC, e.g. val_loss")
+    metric = name if name.startswith(("val_", "test_")) else f"val_{name}"
+    if not mode:
+        base = metric.split("_", 1)[1]
+        mode = "max" if base in MAXIMISED or base.endswith(MAXIMISED) else "min"
+    return Monitor(metric, mode)
 
 
 WORKER_RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")

@@ -145,7 +145,7 @@ class RunConfig:
         if self.target:
             return parse_target(self.target)
         if not self.task:
-            return Target("test_accuracy", ">=", self.target_accuracy)
+            return Target("val_accuracy", ">=", self.target_accuracy)
         return None
 
     # ------------------------------------------------------------------ derived values

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distrain.config.checks import config_check
-from distrain.config.parsing import parse_chaos, parse_stragglers, parse_target
+from distrain.config.parsing import parse_chaos, parse_monitor, parse_stragglers, parse_target
 from distrain.config.sections import (
     BUILTIN_TASK_FIELDS,
     COMMON_FIELDS,
@@ -133,6 +133,8 @@ def check_lr_decay(config: RunConfig) -> None:
 @config_check
 def check_checkpointing(config: RunConfig) -> None:
     at_least(config, ("checkpoint_every", "checkpoint_steps"), 0)
+    if config.checkpoint_best:
+        parse_monitor(config.checkpoint_best)
     if config.init_from and not Path(config.init_from).is_file():
         raise ConfigError(f"--init-from {config.init_from!r} is not a file; pass a checkpoint (.pt) path")
 
@@ -160,6 +162,8 @@ def check_output(config: RunConfig) -> None:
         raise ConfigError(f"--target-accuracy must be in (0, 1], got {config.target_accuracy}")
     if config.target:
         parse_target(config.target)
+    if not (0 <= config.val_fraction < 1):
+        raise ConfigError(f"--val-fraction must be in [0, 1), got {config.val_fraction}")
 
 
 @config_check

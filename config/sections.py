@@ -150,6 +150,13 @@ class Data:
         "give equal runs and a recovered run matches an unbroken one; slower.",
         "data",
     )
+    val_fraction: float = setting(
+        0.1,
+        "Share of the training set held out, seeded, as the validation split that targets, --checkpoint-best and "
+        "Tune select on (built-in tasks, and tasks with carve_validation; a task returning (train, val, test) "
+        "brings its own); 0: none, validation is then on the test set.",
+        "data",
+    )
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,14 @@ class Checkpointing:
     checkpoint_steps: int = setting(
         0, "Also checkpoint every N global steps (0: off); recovery restarts from the latest.", "checkpointing"
     )
+    checkpoint_best: str = setting(
+        "",
+        "Keep the checkpoint of the evaluation with the best METRIC as checkpoints/best.pt (e.g. val_loss, "
+        "val_accuracy; max:NAME or min:NAME says which way is better, else accuracy-like names are maximised).",
+        "checkpointing",
+        "off",
+        metavar="METRIC",
+    )
 
 
 @dataclass(frozen=True)
@@ -274,16 +289,19 @@ class Output:
 
     target: str = setting(
         "",
-        "Quality target METRIC>=VALUE or METRIC<=VALUE (e.g. test_loss<=0.5) whose first crossing is reported "
+        "Quality target METRIC>=VALUE or METRIC<=VALUE (e.g. val_loss<=0.5) whose first crossing is reported "
         "as time to target; one outside the metric's range (accuracy above 1, a loss below 0) is refused.",
         "output",
-        "the task's own (classification: test_accuracy>=--target-accuracy)",
+        "the task's own (classification: val_accuracy>=--target-accuracy)",
     )
     target_accuracy: float = setting(
-        0.95, "Test accuracy whose first crossing is reported as time-to-accuracy.", "output"
+        0.95, "Validation accuracy whose first crossing is reported as time-to-accuracy.", "output"
     )
     run_dir: str = setting("", "Run directory; must be new or empty.", "output", "runs/<timestamp>-<strategy>")
-    eval_every: int = setting(1, "Evaluate on the held-out split every N epochs (0: only at the end).", "output")
+    eval_every: int = setting(1, "Evaluate on the validation split every N epochs (0: only at the end).", "output")
+    test_every_epoch: bool = setting(
+        False, "Evaluate the test set at every evaluation too (default: once, at the end of the run).", "output"
+    )
     tensorboard: str = setting(
         "",
         "Write TensorBoard event files (training loss, lr, samples/s, test metrics) under DIR/<run id>/.",

@@ -102,6 +102,10 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{str(p)!r} must hold a mapping of config keys, got {type(data).__name__}")
     data = flatten(data)
+    if RECORDED_HEADER in text.splitlines()[:20] and "val_fraction" not in data:
+        # Runs recorded before the validation split trained on the whole training set: resumed, or
+        # repeated with --config, they still do.
+        data["val_fraction"] = 0.0
     if text.startswith(RECORDED_HEADER) and data.get("optimizer") in LEGACY_MOMENTUM[1]:
         # Runs recorded before momentum became sgd-only wrote its old default for every optimizer;
         # that value was never read, and must not stop `--config` or `--resume` of such a run.

@@ -18,7 +18,8 @@ import distrain
 
 
 class ImageFolderTask(distrain.Task):
-    default_target = "test_accuracy>=0.9"
+    default_target = "val_accuracy>=0.9"
+    carve_validation = True  # --val-fraction of train/ is the validation split
 
     def __init__(self, root: str, size: int = 16):
         self.root = Path(root).expanduser().resolve()  # workers may run in another directory

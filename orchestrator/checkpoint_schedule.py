@@ -52,7 +52,9 @@ class CheckpointSchedule:
         """The whole run's schedule, as a worker knows it from its config (the driver's dispatcher builds
         its phase's from the work plan, whose end a callback's stop may move)."""
         total = run_steps(config.epochs, steps_per_epoch, config.max_steps)
-        return cls(total, steps_per_epoch, config.checkpoint_every, config.checkpoint_steps)
+        from distrain.orchestrator.best_checkpoint import checkpoint_period
+
+        return cls(total, steps_per_epoch, checkpoint_period(config), config.checkpoint_steps)
 
     def due_after(self, step: int) -> list[Due]:
         """The checkpoints of the state after `step` steps, in the order the dispatcher queues them."""

@@ -3,8 +3,8 @@
 Rows arrive in batches (a segment's worth per worker per remote call). Step rows and evaluation rows
 share one schema, told apart by `kind`; columns that do not apply to a row are null. The schema is
 `SCHEMA` (the strategies' column families included: strategies/step_columns.py) plus one float column per
-evaluation metric the task reports beyond loss and accuracy (`test_<name>`, e.g. `test_perplexity`), added
-when it first appears. The file is
+evaluation metric and split beyond the test loss and accuracy (`val_<name>` on the validation split,
+`test_<name>` on the test set, e.g. `val_loss`, `test_perplexity`), added when it first appears. The file is
 written atomically (temporary file, fsync, rename), so a crash never leaves a half-written one.
 """
 
@@ -63,6 +63,9 @@ SCHEMA = pa.schema(
 )
 
 
+EVAL_PREFIXES = ("val_", "test_")  # the evaluation columns: a task's metrics on each split
+
+
 class MetricsSink:
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
@@ -104,10 +107,26 @@ class MetricsSink:
         self._append(columns, "step")
 
     def add_eval(self, epoch: int, step: int, metrics: dict[str, float], wall_time: float, eval_s: float) -> None:
-        """One evaluation: `metrics` maps metric names ("loss", "accuracy", ...) to test-set values."""
-        columns = {f"test_{name}": [value] for name, value in metrics.items()}
+        """One evaluation: `metrics` maps its columns ("val_loss", "val_accuracy", "test_loss", ...) to values."""
+        columns = {name: [value] for name, value in metrics.items()}
         self._widen(list(columns))
         self._append({"epoch": [epoch], "step": [step], "wall_time": [wall_time], "eval_s": [eval_s]} | columns, "eval")
+
+    def last_eval(self) -> dict[str, Any] | None:
+        """The last evaluation row, by column; None before the first."""
+        table = self.table()
+        kinds = table.column("kind").to_pylist()
+        where = [i for i, k in enumerate(kinds) if k == "eval"]
+        return None if not where else {name: table.column(name)[where[-1]].as_py() for name in table.schema.names}
+
+    def fill_last_eval(self, figures: dict[str, float]) -> None:
+        """Set `figures` (columns) on the last evaluation row (the test set scored after it, at the run's end)."""
+        self._widen(list(figures))
+        columns = self.table().to_pydict()
+        last = max(i for i, k in enumerate(columns["kind"]) if k == "eval")
+        for name, value in figures.items():
+            columns[name][last] = value
+        self._batches = pa.Table.from_pydict(columns, schema=self.schema).to_batches()
 
     def keep_before(self, step: int, steps_per_epoch: int) -> None:
         """Forget what was recorded after global step `step` (a recovery redoes it): step rows of later
@@ -130,7 +149,7 @@ class MetricsSink:
 
     def add_rows(self, columns: dict[str, list[Any]]) -> None:
         """Rows from `rows()` (a checkpoint's), as they were."""
-        self._widen([name for name in columns if name.startswith("test_")])
+        self._widen([name for name in columns if name.startswith(EVAL_PREFIXES)])
         n = len(next(iter(columns.values()))) if columns else 0
         # Columns added since the rows were written (a checkpoint of an earlier version) are null in them.
         present = {name: columns.get(name, [None] * n) for name in self.schema.names}

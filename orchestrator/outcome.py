@@ -50,7 +50,7 @@ def skipped_steps(table: pa.Table) -> int:
 
 
 def final_evaluation(table: pa.Table) -> dict[str, float]:
-    """The last evaluation's figures by column (`test_loss`, `test_accuracy`, ...): those it reported,
+    """The last evaluation's figures by column (`val_loss`, `test_loss`, `test_accuracy`, ...): those it reported,
     NaN and inf included (null means the task does not report that figure)."""
     if table.num_rows == 0:
         return {}
@@ -59,7 +59,7 @@ def final_evaluation(table: pa.Table) -> dict[str, float]:
         return {}
     times = evals["wall_time"].to_pylist()
     last = evals.slice(max(range(len(times)), key=lambda i: times[i] or 0.0), 1).to_pylist()[0]  # as summarize's
-    return {k: float(v) for k, v in last.items() if k.startswith("test_") and v is not None}
+    return {k: float(v) for k, v in last.items() if k.startswith(("val_", "test_")) and v is not None}
 
 
 def judge(table: pa.Table, updates: int) -> dict[str, Any] | None:
@@ -98,13 +98,17 @@ def diverged_line(record: dict[str, Any]) -> str:
 
 def warnings(evals: pd.DataFrame) -> list[str]:
     """What a run that ended well enough to keep its status should still tell: a final test loss above
-    its first evaluation's (training made the model worse)."""
+    its first evaluation's (training made the model worse). The validation loss, every evaluation has it
+    (runs recorded before the validation split: the test loss)."""
     lines = []
-    if "test_loss" in evals and len(evals) >= 2:
-        first, last = float(evals["test_loss"].iloc[0]), float(evals["test_loss"].iloc[-1])
+    column = "val_loss" if "val_loss" in evals and evals["val_loss"].notna().any() else "test_loss"
+    loss = evals[column].dropna() if column in evals else evals.iloc[:0]
+    if len(loss) >= 2:
+        first, last = float(loss.iloc[0]), float(loss.iloc[-1])
         if math.isfinite(first) and math.isfinite(last) and last > first:
+            split = "validation" if column == "val_loss" else "test"
             lines.append(
-                f"the final test loss ({last:.4g}) is above the first evaluation's ({first:.4g}): training made "
+                f"the final {split} loss ({last:.4g}) is above the first evaluation's ({first:.4g}): training made "
                 "the model worse; lower --lr (under async/ssp, keep the staleness-aware rate on: no --no-staleness-lr)"
             )
     return lines

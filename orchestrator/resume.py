@@ -22,8 +22,9 @@ from distrain.config.layout_section import GLOBAL_BATCH, LAYOUT_FIELDS, global_b
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.checkpoint import LATEST, latest_checkpoint, load_checkpoint_for, whole_checkpoint
 from distrain.orchestrator.checkpoint_schedule import run_steps
-from distrain.orchestrator.metrics import SCHEMA, MetricsSink
+from distrain.orchestrator.metrics import EVAL_PREFIXES, SCHEMA, MetricsSink
 from distrain.trainers.datasets import DATASETS
+from distrain.trainers.splits import train_part_size
 
 # Flags a resumed run may change: none of them changes what one step computes.
 RESUMABLE = frozenset(
@@ -31,6 +32,8 @@ RESUMABLE = frozenset(
         "epochs",
         "max_steps",
         "eval_every",
+        "test_every_epoch",
+        "checkpoint_best",
         "tensorboard",
         "checkpoint_every",
         "checkpoint_steps",
@@ -235,7 +238,7 @@ def steps_per_epoch(config: RunConfig) -> int:
         from distrain.orchestrator.tasks import train_size
 
         return train_size(config) // config.samples_per_step
-    return DATASETS.get(config.dataset).train_size // config.samples_per_step
+    return train_part_size(DATASETS.get(config.dataset).train_size, config.val_fraction) // config.samples_per_step
 
 
 def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, list[Any]]:
@@ -252,7 +255,7 @@ def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, li
         impls = [s.implementation(config) for s in config.strategy_classes]
         declared = {n: t for s in impls for n, t in s.metric_columns.items() if n not in SCHEMA.names}
         extra = [pa.field(n, pa.type_for_alias(t)) for n, t in declared.items() if n in table.schema.names]
-        names = [n for n in table.schema.names if n.startswith("test_") and n not in SCHEMA.names]
+        names = [n for n in table.schema.names if n.startswith(EVAL_PREFIXES) and n not in SCHEMA.names]
         extra += [pa.field(n, pa.float64()) for n in names]
         # A base column added since the file was written is left out here and null in the rows
         # (MetricsSink.add_rows); any other column missing makes the file unreadable.

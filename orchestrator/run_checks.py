@@ -16,6 +16,7 @@ from distrain.orchestrator.files import check_creatable_dir
 from distrain.strategies.pipeline import check_pipeline_task
 from distrain.trainers.datasets import DATASETS, check_dataset
 from distrain.trainers.models import parameter_sizes
+from distrain.trainers.splits import SPLITS, train_part_size
 
 
 def check_runnable(config: RunConfig) -> int:
@@ -30,12 +31,15 @@ def check_runnable(config: RunConfig) -> int:
 
         _, num_samples, sizes = check_task(config, config.samples_per_step)
     else:
-        from distrain.orchestrator.tasks import check_target
+        from distrain.orchestrator.tasks import check_checkpoint_best, check_target
 
-        check_dataset(config.dataset, config.data_dir, config.samples_per_step)
-        check_target(config, {"test_loss", "test_accuracy"})  # what ClassificationTask.evaluate_batch reports
+        num_samples = train_part_size(DATASETS.get(config.dataset).train_size, config.val_fraction)
+        check_dataset(config.dataset, config.data_dir, config.samples_per_step, num_samples)
+        # what ClassificationTask.evaluate_batch reports, on each split
+        reported = {f"{split}_{name}" for split in SPLITS for name in ("loss", "accuracy")}
+        check_target(config, reported, val_is_test=config.val_fraction == 0)
+        check_checkpoint_best(config, reported, val_is_test=config.val_fraction == 0)
         sizes = parameter_sizes(config.model, DATASETS.get(config.dataset).info)
-        num_samples = DATASETS.get(config.dataset).train_size
     num_params = sum(sizes)
     if config.pipelined:
         check_pipeline(config)

@@ -12,6 +12,7 @@ from distrain.compression.spec import codec_figures
 from distrain.config import Target, parse_workers
 from distrain.config.layout_section import global_batch_of, layout_of
 from distrain.orchestrator import outcome
+from distrain.orchestrator.metrics import EVAL_PREFIXES
 from distrain.orchestrator.throughput import SteadyState
 from distrain.strategies.step_columns import STEP_COLUMN_FAMILIES
 
@@ -44,10 +45,11 @@ def summarize(
     steps = df[df["kind"] == "step"]
     evals = df[df["kind"] == "eval"].sort_values("wall_time")
     builtin = not config.get("task")
+    always = {"val_loss", "test_loss"} | ({"val_accuracy", "test_accuracy"} if builtin else set())
     metric_columns = [
         c
         for c in df.columns
-        if c.startswith("test_") and (c == "test_loss" or (builtin and c == "test_accuracy") or evals[c].notna().any())
+        if c.startswith(EVAL_PREFIXES) and (c in always or evals[c].notna().any())
     ]
     reached = pd.DataFrame()
     if target is not None and target.metric in evals:
@@ -73,11 +75,15 @@ def summarize(
         "global_batch_size": global_batch_of(config, slots),
         "epochs_completed": epochs_completed,
         "steps_completed": int(steps["step"].max()) + 1 if not steps.empty else 0,
-        # final_test_loss, final_test_accuracy (classification), final_test_<name> for every task metric
+        # final_val_<name> (the last evaluation, on the validation split) and final_test_<name> (the test set,
+        # scored with the last evaluation): the loss, classification's accuracy, and every task metric
         **{f"final_{c}": (num(evals[c].iloc[-1]) if not evals.empty else None) for c in metric_columns},
     }
     if builtin:
-        summary["best_test_accuracy"] = num(evals["test_accuracy"].max()) if not evals.empty else None
+        for split in ("val", "test"):  # a run recorded before the validation split has no val_ columns
+            column = f"{split}_accuracy"
+            if column in evals:
+                summary[f"best_{column}"] = num(evals[column].max()) if not evals.empty else None
     if target is not None:
         summary["target"] = str(target)
         if builtin:

@@ -18,6 +18,7 @@ from distrain.config import RunConfig, Target, parse_target
 from distrain.errors import ConfigError
 from distrain.orchestrator.files import atomic_write
 from distrain.plugins import is_lone_module, load_object
+from distrain.trainers.splits import SPLITS, task_splits
 from distrain.trainers.task import ClassificationTask, Task
 
 
@@ -154,7 +155,7 @@ def run_target(config: RunConfig, task: Task | None = None) -> Target | None:
 
 def train_size(config: RunConfig) -> int:
     """Samples in the task's training set (the task is built; its data sets are made)."""
-    return len(build_task(config).datasets()[0])
+    return len(task_splits(build_task(config), config.val_fraction).train)
 
 
 def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]]:
@@ -166,12 +167,10 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]
 
     task = build_task(config)
     name = config.task
-    pair = _call(name, "datasets", task.datasets)
-    if not (isinstance(pair, tuple | list) and len(pair) == 2):
-        got = f"a {type(pair).__name__}" + (f" of {len(pair)}" if isinstance(pair, tuple | list) else "")
-        raise ConfigError(f"--task {name}: datasets() returned {got}; it must return (train, test), two data sets")
-    train, test = pair
-    for which, ds in (("training", train), ("test", test)):
+    returned = _call(name, "datasets", task.datasets)
+    splits = task_splits(task, config.val_fraction, returned)
+    train, val, test = splits.train, splits.val, splits.test
+    for which, ds in (("training", train), ("validation", val), ("test", test)):
         try:
             n = len(ds)
         except TypeError:
@@ -206,13 +205,15 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]
             f"samples 0..{first - 1}); check the data (NaN or inf values) and the model (e.g. a log or a division "
             "by zero)"
         )
-    check_target(config, _reported_metrics(name, task, model, test), task)
+    reported = _reported_metrics(name, task, model, test)
+    check_target(config, reported, task, splits.val_is_test)
+    check_checkpoint_best(config, reported, splits.val_is_test)
     return task, len(train), sizes
 
 
 def _reported_metrics(name: str, task: Task, model: Any, test: Any) -> set[str]:
-    """The metric columns an evaluation of `task` writes (test_loss, test_<metric>, derived figures),
-    from its evaluation of a few test samples (the model in eval mode, as the workers evaluate)."""
+    """The metric columns an evaluation of `task` writes (val_loss, val_<metric>, derived figures, and their
+    test_ twins), from its evaluation of a few test samples (the model in eval mode, as the workers evaluate)."""
     import torch
 
     from distrain.trainers.task import BatchReader, reduce_metrics
@@ -223,13 +224,34 @@ def _reported_metrics(name: str, task: Task, model: Any, test: Any) -> set[str]:
     with torch.no_grad():
         parts = _call(name, "metrics", lambda: task.evaluate_batch(model, batch))
         means = _call(name, "derived_metrics", lambda: reduce_metrics(task, [parts]))
-    return {f"test_{k}" for k in means}
+    return {f"{split}_{k}" for k in means for split in SPLITS}
 
 
-def check_target(config: RunConfig, reported: set[str], task: Task | None = None) -> None:
+def check_checkpoint_best(config: RunConfig, reported: set[str], val_is_test: bool = False) -> None:
+    """--checkpoint-best names a metric every evaluation reports (as a target must)."""
+    if not config.checkpoint_best:
+        return
+    from distrain.config import parse_monitor
+
+    monitor = parse_monitor(config.checkpoint_best)
+    if monitor.metric not in reported:
+        raise ConfigError(
+            f"--checkpoint-best {config.checkpoint_best} names {monitor.metric}, which the task does not report; "
+            f"it reports {', '.join(sorted(reported))}"
+        )
+    if monitor.metric.startswith("test_") and not (val_is_test or config.test_every_epoch):
+        raise ConfigError(
+            f"--checkpoint-best {config.checkpoint_best} selects on the test set, which is scored only at the end "
+            f"of the run; name {monitor.metric.replace('test_', 'val_', 1)}, or add --test-every-epoch"
+        )
+
+
+def check_target(config: RunConfig, reported: set[str], task: Task | None = None, val_is_test: bool = False) -> None:
     """A target on a metric the task never reports would silently never be reached (and leave Tune's
     schedulers without their metric): one line naming the metrics it does report. So would a target
-    outside its metric's range (`Task.metric_ranges`; the built-in task's when `task` is None)."""
+    outside its metric's range (`Task.metric_ranges`; the built-in task's when `task` is None), and one on
+    the test set where the test set is scored only at the end (`val_is_test`: the task has no validation
+    split of its own, so every evaluation scores the test set)."""
     target = run_target(config, task)
     if target is None:
         return
@@ -241,12 +263,17 @@ def check_target(config: RunConfig, reported: set[str], task: Task | None = None
         )
     # A target outside the values its metric can take would run to the end without ever being reached.
     ranges = task.metric_ranges if task is not None else ClassificationTask.metric_ranges
-    low, high = ranges.get(target.metric.removeprefix("test_"), (-math.inf, math.inf))
+    low, high = ranges.get(target.metric.split("_", 1)[1], (-math.inf, math.inf))
     if (target.op == ">=" and target.value > high) or (target.op == "<=" and target.value < low):
         interval = f"{'[' if math.isfinite(low) else '('}{low:g}, {high:g}{']' if math.isfinite(high) else ')'}"
         raise ConfigError(
             f"{source} {target} can never be reached: {target.metric} lies in {interval}; "
             "choose a value in that range"
+        )
+    if target.metric.startswith("test_") and not (val_is_test or config.test_every_epoch):
+        raise ConfigError(
+            f"{source} {target} selects on the test set, which is scored only at the end of the run; name the "
+            f"validation metric ({target.metric.replace('test_', 'val_', 1)}), or add --test-every-epoch"
         )
 
 

@@ -63,8 +63,9 @@ class TensorBoardWriter(Callback):
         done = int(metrics["steps_done"])
         self._write_steps(sorted(s for s in self.pending if s < done))  # the evaluated steps are all in
         for name, value in metrics.items():
-            if name.startswith("test_") and value is not None:
-                self.writer.add_scalar(f"test/{name.removeprefix('test_')}", float(value), done)
+            split, _, metric = name.partition("_")
+            if split in ("val", "test") and value is not None:  # val/loss, test/accuracy, ...
+                self.writer.add_scalar(f"{split}/{metric}", float(value), done)
         self.writer.flush()
 
     def on_run_end(self, summary: dict[str, Any]) -> None:

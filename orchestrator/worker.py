@@ -36,6 +36,7 @@ from distrain.trainers.models import seed_globals, seeded, use_deterministic_ker
 from distrain.trainers.schedule import LRSchedule
 from distrain.trainers.sharded_trainer import ShardedTrainer
 from distrain.trainers.sharding import EpochSharder
+from distrain.trainers.splits import task_splits
 from distrain.trainers.task import BatchReader, DeviceCopy, pins_memory
 
 EVAL_BATCH = 512  # test samples per evaluation batch
@@ -84,11 +85,13 @@ class TrainWorker:
             )
         # The task's data is built here, in the worker's own process: nothing passes through the driver.
         self.task = build_task(config)
-        train, self.test_set = self.task.datasets()
+        splits = task_splits(self.task, config.val_fraction)
+        train, self.val_is_test = splits.train, splits.val_is_test
+        self.eval_sets = {"val": splits.val, "test": splits.test}
         # On a CUDA device the prefetched batch is pinned on the reader thread: its copy is then asynchronous.
         pin = pins_memory(self.device)
         self.train_reader = BatchReader(train, self.task.collate, prefetch=config.prefetch, pin=pin)
-        self.test_reader = BatchReader(self.test_set, self.task.collate, prefetch=False)
+        self.eval_readers = {k: BatchReader(ds, self.task.collate, prefetch=False) for k, ds in self.eval_sets.items()}
         model = seeded(self.task.build_model, config.seed)
         self.full_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.stage_plan = None
@@ -149,6 +152,7 @@ class TrainWorker:
             "steps_per_epoch": self.sharder.steps_per_epoch,
             "num_params": self.full_params,
             "param_bytes": self.trainer.nbytes,  # what this actor holds (a pipeline stage: its slice)
+            "val_is_test": self.val_is_test,  # no validation split: runs select on the test set
         }
 
     def rendezvous_address(self) -> str:
@@ -335,15 +339,25 @@ class TrainWorker:
     def _indices(self, epoch: int, step: int, slice_: int) -> np.ndarray:
         return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step)
 
-    def evaluate(self, shard: int, num_shards: int) -> tuple[dict[str, tuple[float, float]], float]:
-        """Score this worker's contiguous share of the test set: ((sum, count) per metric, seconds)."""
+    def evaluate(
+        self, shard: int, num_shards: int, splits: tuple[str, ...] = ("val",)
+    ) -> tuple[dict[str, dict[str, tuple[float, float]]], float]:
+        """Score this worker's contiguous share of each of `splits` ("val", "test"): ({split: (sum, count)
+        per metric}, seconds). A task without a validation split of its own validates on the test set,
+        scored once for both."""
         t0 = time.perf_counter()
         self.strategy.prepare_eval(self.trainer)
         shard, num_shards = self.strategy.eval_share(shard, num_shards)
-        n = len(self.test_set)
-        lo, hi = n * shard // num_shards, n * (shard + 1) // num_shards
-        batches = (self.test_reader.read(np.arange(i, min(i + EVAL_BATCH, hi))) for i in range(lo, hi, EVAL_BATCH))
-        return self.strategy.evaluate(self.trainer, batches), time.perf_counter() - t0
+        scored: dict[str, dict[str, tuple[float, float]]] = {}
+        for split in ("test", "val") if self.val_is_test else splits:
+            if self.val_is_test and split == "val":
+                scored["val"] = scored["test"]
+                continue
+            n, reader = len(self.eval_sets[split]), self.eval_readers[split]
+            lo, hi = n * shard // num_shards, n * (shard + 1) // num_shards
+            batches = (reader.read(np.arange(i, min(i + EVAL_BATCH, hi))) for i in range(lo, hi, EVAL_BATCH))
+            scored[split] = self.strategy.evaluate(self.trainer, batches)
+        return scored, time.perf_counter() - t0
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
@@ -414,9 +428,9 @@ class TrainWorker:
         """After a completed run: leave the transports, drop the replica (model, data, reader threads) and
         keep only the process, warm, for the next run in this Ray session. Returns this actor's node id."""
         self.shutdown()
-        for reader in ("train_reader", "test_reader"):
-            if hasattr(self, reader):
-                getattr(self, reader).close()
+        for reader in [getattr(self, "train_reader", None), *getattr(self, "eval_readers", {}).values()]:
+            if reader is not None:
+                reader.close()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()  # a strategy that left one behind: not the next run's
         self.__dict__.clear()

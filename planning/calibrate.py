@@ -361,8 +361,9 @@ def _train_samples(config: RunConfig) -> int | None:
     if config.task:
         return None
     from distrain.trainers.datasets import DATASETS
+    from distrain.trainers.splits import train_part_size
 
-    return int(DATASETS.get(config.dataset).train_size)
+    return train_part_size(int(DATASETS.get(config.dataset).train_size), config.val_fraction)
 
 
 def _param_shapes(config: RunConfig) -> list[tuple[int, ...]]:

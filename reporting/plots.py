@@ -65,11 +65,18 @@ class PlotRun:
             return df.iloc[0:0]
         return df[(df["kind"] == "step") & df[column].notna()].sort_values("wall_time", kind="stable")
 
-    def evals(self) -> pd.DataFrame:
+    @property
+    def accuracy(self) -> str:
+        """The accuracy column its curves draw: the validation split's, which every evaluation scores (the
+        test set is scored at the end); a run recorded before the validation split: the test set's."""
         df = self.metrics
-        if "test_accuracy" not in df:
+        return "val_accuracy" if "val_accuracy" in df and df["val_accuracy"].notna().any() else "test_accuracy"
+
+    def evals(self) -> pd.DataFrame:
+        df, column = self.metrics, self.accuracy
+        if column not in df:
             return df.iloc[0:0]
-        return df[(df["kind"] == "eval") & df["test_accuracy"].notna()].sort_values("wall_time", kind="stable")
+        return df[(df["kind"] == "eval") & df[column].notna()].sort_values("wall_time", kind="stable")
 
 
 def smoothing_window(runs: Sequence[PlotRun]) -> int:
@@ -173,16 +180,25 @@ def plot_accuracy(runs: Sequence[PlotRun]) -> Figure | None:
     data = [(run, ev) for run, ev in data if not ev.empty]
     if not data:
         return None
-    fig, ax = _figure("Test accuracy against time", WALL, "test accuracy")
+    name = _accuracy_name([run for run, _ in data])
+    fig, ax = _figure(f"{name.capitalize()} against time", WALL, name)
     for run, ev in data:
         for i, seg in enumerate(_segments(run, ev)):
             ax.plot(
-                seg["wall_time"], seg["test_accuracy"], marker="o", ms=3, color=run.color,
+                seg["wall_time"], seg[run.accuracy], marker="o", ms=3, color=run.color,
                 label=run.legend if i == 0 else None,
             )  # fmt: skip
     _target_line(ax, [run for run, _ in data])
     _mark_events(ax, [run for run, _ in data])  # only the runs this plot draws
     return fig
+
+
+def _accuracy_name(runs: Sequence[PlotRun]) -> str:
+    """What the accuracy plots' axis shows: validation accuracy (test accuracy for runs recorded before it)."""
+    kinds = {run.accuracy for run in runs}
+    return {frozenset({"val_accuracy"}): "validation accuracy", frozenset({"test_accuracy"}): "test accuracy"}.get(
+        frozenset(kinds), "validation (older runs: test) accuracy"
+    )
 
 
 def _target_line(ax: Axes, runs: Sequence[PlotRun]) -> None:
@@ -193,19 +209,20 @@ def _target_line(ax: Axes, runs: Sequence[PlotRun]) -> None:
 
 
 def plot_accuracy_by_progress(runs: Sequence[PlotRun]) -> Figure | None:
-    """Test accuracy against epochs completed (left) and global steps (right): time-free comparisons."""
+    """Validation accuracy against epochs completed (left) and global steps (right): time-free comparisons."""
     data = [(run, run.evals()) for run in runs]
     data = [(run, ev) for run, ev in data if not ev.empty]
     if not data:
         return None
-    fig, ax, right = _figure_pair("Test accuracy against training progress")
-    ax.set(xlabel="epochs completed", ylabel="test accuracy")
+    name = _accuracy_name([run for run, _ in data])
+    fig, ax, right = _figure_pair(f"{name.capitalize()} against training progress")
+    ax.set(xlabel="epochs completed", ylabel=name)
     right.set(xlabel="global steps completed")
     for run, ev in data:
         ev = ev.sort_values(["epoch", "wall_time"], kind="stable")  # a redone evaluation follows the first
-        ax.plot(ev["epoch"] + 1, ev["test_accuracy"], marker="o", ms=3, color=run.color, label=run.legend)
+        ax.plot(ev["epoch"] + 1, ev[run.accuracy], marker="o", ms=3, color=run.color, label=run.legend)
         if "step" in ev and ev["step"].notna().all():
-            right.plot(ev["step"], ev["test_accuracy"], marker="o", ms=3, color=run.color)
+            right.plot(ev["step"], ev[run.accuracy], marker="o", ms=3, color=run.color)
     ax.xaxis.get_major_locator().set_params(integer=True)
     _target_line(ax, [run for run, _ in data])
     _target_line(right, [run for run, _ in data])
@@ -531,9 +548,9 @@ plot_staleness = DECLARED_PLOTS["staleness_hist.png"].draw
 plot_tau = DECLARED_PLOTS["tau_over_time.png"].draw
 
 PLOTS: dict[str, Plot] = {
-    "accuracy_vs_time.png": Plot(plot_accuracy, "Test accuracy at each evaluation against wall time."),
+    "accuracy_vs_time.png": Plot(plot_accuracy, "Validation accuracy at each evaluation against wall time."),
     "accuracy_vs_progress.png": Plot(
-        plot_accuracy_by_progress, "Test accuracy against epochs completed and global steps completed."
+        plot_accuracy_by_progress, "Validation accuracy against epochs completed and global steps completed."
     ),
     "loss_vs_time.png": Plot(
         plot_loss, "Training loss, each worker step in wall-time order, mean of the last {w} worker steps."

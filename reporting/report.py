@@ -44,11 +44,13 @@ RUN_FILES = ("config.yaml", "summary.json", "metrics.parquet")
 # parameter server's "staleness p95".
 FAMILY_COLUMNS = [family.report_column for family in STEP_COLUMN_FAMILIES if family.report_column]
 COLUMNS = (
-    "run", "strategy", "workers", "final accuracy", "time to target (s)", "samples/s (steady state)",
+    "run", "strategy", "workers", "val accuracy", "test accuracy", "time to target (s)", "samples/s (steady state)",
     *(header for header, _, _ in FAMILY_COLUMNS), "bytes/step", "peak memory", "failures",
 )  # fmt: skip
 FIGURES: dict[str, str | Callable[[float], str]] = {  # summary.json key -> format spec or formatter,
     # for the columns between "workers" and "failures"
+    # the last evaluation's, on the validation split (what targets select on) and the test set, apart
+    "final_val_accuracy": ".4f",
     "final_test_accuracy": ".4f",
     "time_to_target_s": ".1f",
     "steady_state_samples_per_s": ",.0f",

@@ -92,13 +92,15 @@ def load_dataset(name: str, data_dir: str = "") -> LoadedDataset:
     return DATASETS.get(name).load(data_dir)
 
 
-def check_dataset(name: str, data_dir: str = "", global_batch: int = 1) -> None:
-    """Cheap checks before anything starts: the files are there and one global batch fits."""
+def check_dataset(name: str, data_dir: str = "", global_batch: int = 1, train_size: int | None = None) -> None:
+    """Cheap checks before anything starts: the files are there and one global batch fits (`train_size`:
+    the training samples left once validation is held out; default, all of them)."""
     spec = DATASETS.get(name)
     spec.check(data_dir)
-    if global_batch > spec.train_size:
+    train_size = spec.train_size if train_size is None else train_size
+    if global_batch > train_size:
         raise ConfigError(
-            f"the global batch ({global_batch}) exceeds the {spec.train_size} training samples of {name}; "
+            f"the global batch ({global_batch}) exceeds the {train_size} training samples of {name}; "
             "lower --batch-size or --workers"
         )
 

@@ -7,15 +7,17 @@ and datasets in its own process, reads the samples its work plan names by index,
 
     class MyTask(distrain.Task):
         def build_model(self): ...              # torch.nn.Module
-        def datasets(self): ...                 # (train, test): map-style torch Datasets
+        def datasets(self): ...                 # (train, val, test) or (train, test): map-style torch Datasets
         def loss(self, model, batch): ...       # scalar tensor, mean over the batch
         def metrics(self, model, batch): ...    # optional: {"name": value}
 
-How metrics reduce (over batches and over the workers that each score a share of the test set):
+How metrics reduce (over batches and over the workers that each score a share of the evaluated set):
 a value that is a float is the batch's *mean*, weighted by the batch's sample count; a value that is a
 `(sum, count)` pair is added up as it is (for per-token figures, say). The test loss reduces the first
 way. `derived_metrics` then turns the reduced means into figures that are not means themselves
-(perplexity = exp(mean NLL)). Every metric reaches the metrics file as `test_<name>`.
+(perplexity = exp(mean NLL)). Every metric reaches the metrics file as `val_<name>` (each evaluation, on
+the validation split) and `test_<name>` (the test set: at the end, or each evaluation with
+--test-every-epoch); trainers/splits.py says where the validation split comes from.
 
 Optional hooks, used by strategies that need them: `forward` + `criterion` (a pipeline runs the
 criterion on its last stage; `loss` defaults to `criterion(forward(model, batch), batch)`),
@@ -46,10 +48,14 @@ MetricValue = float | tuple[float, float]
 class Task:
     """Subclass and override `build_model`, `datasets` and `loss` (or `criterion`)."""
 
-    #: The default `--target` of this task, e.g. "test_accuracy>=0.95" or "test_loss<=1.2"; None: no target.
+    #: The default `--target` of this task, e.g. "val_accuracy>=0.95" or "val_loss<=1.2"; None: no target.
     default_target: str | None = None
 
-    #: The values each metric can take (names without `test_`, the loss included), e.g.
+    #: With `datasets()` returning (train, test): hold --val-fraction of the training set out as the
+    #: validation split (trainers/splits.py). False: such a task validates on its test set.
+    carve_validation: bool = False
+
+    #: The values each metric can take (names without `val_`/`test_`, the loss included), e.g.
     #: {"loss": (0.0, math.inf), "accuracy": (0.0, 1.0)}: a --target outside them is refused before the run
     #: starts, as one that can never be reached. A metric not listed may take any value.
     metric_ranges: dict[str, tuple[float, float]] = {}
@@ -64,8 +70,8 @@ class Task:
     def build_model(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must define build_model(self) -> torch.nn.Module")
 
-    def datasets(self) -> tuple[Dataset, Dataset]:
-        raise NotImplementedError(f"{type(self).__name__} must define datasets(self) -> (train, test)")
+    def datasets(self) -> tuple[Dataset, ...]:
+        raise NotImplementedError(f"{type(self).__name__} must define datasets(self) -> (train, val, test)")
 
     # ------------------------------------------------------------------ the loss
     def forward(self, model: nn.Module, batch: Any) -> Any:
@@ -85,7 +91,7 @@ class Task:
         return {}
 
     def derived_metrics(self, means: dict[str, float]) -> dict[str, float]:
-        """Figures computed from the reduced means (keys without the `test_` prefix), e.g. perplexity."""
+        """Figures computed from the reduced means (keys without the `val_`/`test_` prefix), e.g. perplexity."""
         return {}
 
     # ------------------------------------------------------------------ optional hooks
@@ -145,12 +151,13 @@ class ClassificationTask(Task):
     """The built-in task: a registered model on a registered image data set, cross-entropy + accuracy."""
 
     metric_ranges = {"loss": (0.0, math.inf), "accuracy": (0.0, 1.0)}  # cross-entropy, a share of samples
+    carve_validation = True  # validation: --val-fraction of the training set (the test set stays apart)
 
     def __init__(self, model: str = "cnn", dataset: str = "digits", data_dir: str = "", target_accuracy: float = 0.95):
         self.model = model
         self.dataset = dataset
         self.data_dir = data_dir
-        self.default_target = f"test_accuracy>={target_accuracy:g}"
+        self.default_target = f"val_accuracy>={target_accuracy:g}"
 
     def build_model(self) -> nn.Module:
         from distrain.trainers.datasets import DATASETS
@@ -383,7 +390,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 def reduce_metrics(task: Task, parts: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
     """Add up the (sum, count) pairs of every worker's share; means first, then the task's derived
-    figures. Keys are metric names without the `test_` prefix ("loss", "accuracy", ...)."""
+    figures. Keys are metric names without the `val_`/`test_` prefix ("loss", "accuracy", ...)."""
     sums: dict[str, list[float]] = {}
     for part in parts:
         for name, (s, c) in part.items():

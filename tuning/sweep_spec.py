@@ -310,7 +310,7 @@ def _runnable_key(config: RunConfig) -> tuple[Any, ...]:
     """Everything run_checks reads: trials that agree on it pass or fail those checks together."""
     return (
         config.dataset, config.data_dir, config.samples_per_step, config.model, config.transport,
-        config.ps_shards, config.init_from,
+        config.ps_shards, config.init_from, config.val_fraction,
     )  # fmt: skip
 
 

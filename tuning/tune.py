@@ -44,7 +44,7 @@ from distrain.orchestrator.trial_resources import trial_bundles, trial_cpus, tri
 from distrain.trainers.schedule import scaled_lr
 from distrain.tuning.sweep_spec import Choice, Range, SweepSpec, flatten, sort_by_objective, trial_config
 
-FALLBACK_TARGET = Target("test_loss", "<=", 0.0)  # a user task with neither --target nor a default_target
+FALLBACK_TARGET = Target("val_loss", "<=", 0.0)  # a user task with neither --target nor a default_target
 CONFIG_COLUMNS = ("batch_size", "lr_scaling", "warmup_epochs", "lr", "workers", "strategy")
 RESERVED_KEYS = ("base", "sweep_dir")  # param_space entries that are not swept values
 
@@ -107,10 +107,10 @@ class TrialEpoch:
     trial_id: str
     epoch: int  # 1-based, as reported to Tune (training_iteration)
     epochs: int
-    test_accuracy: float  # NaN for a task without an accuracy
-    test_loss: float
+    val_accuracy: float  # on the validation split; NaN for a task without an accuracy
+    val_loss: float
     elapsed_s: float
-    metric: str = "test_accuracy"  # the sweep's metric (the run's target metric) and its value
+    metric: str = "val_accuracy"  # the sweep's metric (the run's target metric) and its value
     value: float = math.nan
 
 
@@ -143,8 +143,8 @@ class _Relay(tune.Callback):
                 trial.trial_id,
                 int(result["training_iteration"]),
                 int(result["epochs"]),
-                float(result.get("test_accuracy", math.nan)),
-                float(result.get("test_loss", math.nan)),
+                float(result.get("val_accuracy", math.nan)),
+                float(result.get("val_loss", math.nan)),
                 float(result["elapsed_s"]),
                 metric,
                 float(result[metric]),
@@ -167,7 +167,7 @@ def swept(config: dict[str, Any]) -> dict[str, Any]:
 
 def sweep_target(base: dict[str, Any]) -> Target:
     """What schedulers (ASHA) and the objectives compare trials on: the run's target metric (--target,
-    else the task's default: classification's test_accuracy>=--target-accuracy)."""
+    else the task's default: classification's val_accuracy>=--target-accuracy): a validation metric."""
     from distrain.orchestrator.tasks import run_target
 
     return run_target(RunConfig.from_mapping(base)) or FALLBACK_TARGET
@@ -204,7 +204,7 @@ class TuneReporter(Callback):
         if trial.reached_target_s is None and target.reached(value):
             trial.reached_target_s = elapsed
         trial.results.put(
-            {k: v for k, v in metrics.items() if k.startswith("test_")}
+            {k: v for k, v in metrics.items() if k.startswith(("val_", "test_"))}
             | {
                 target.metric: value,
                 "metric": target.metric,
@@ -265,9 +265,9 @@ class DistrainTrial(tune.Trainable):
         if RUN_ENDED in item:  # ended before its last evaluation: its final figures, and done
             summary = item[RUN_ENDED]
             value = summary.get(f"final_{self.target.metric}")
-            loss = summary.get("final_test_loss")
+            loss = summary.get("final_val_loss")
             return {
-                "test_loss": math.nan if loss is None else loss,
+                "val_loss": math.nan if loss is None else loss,
                 self.target.metric: math.nan if value is None else value,
                 "metric": self.target.metric,
                 "epoch": max(self.last_epoch, 0),
@@ -499,10 +499,15 @@ def results_table(
         row["status"] = "stopped" if status in ("interrupted", "stopped") else status
         row["stopped_early"] = row["status"] == "stopped"
         row["epochs_completed"] = summary.get("epochs_completed", 0)
-        row["final_accuracy"] = summary.get("final_test_accuracy")
-        row["final_loss"] = summary.get("final_test_loss")
+        # What the sweep selects on (validation; a run recorded before the validation split: test) ...
+        row["final_accuracy"] = summary.get("final_val_accuracy", summary.get("final_test_accuracy"))
+        row["final_loss"] = summary.get("final_val_loss", summary.get("final_test_loss"))
         row["metric"] = target.metric  # the sweep's metric (the run's target) and its final value
         row["final_metric"] = summary.get(f"final_{target.metric}")
+        # ... and the test set's figures, reported apart (scored once, at the run's end)
+        row["test_accuracy"] = summary.get("final_test_accuracy")
+        row["test_loss"] = summary.get("final_test_loss")
+        row["test_metric"] = summary.get(f"final_test_{target.metric.split('_', 1)[1]}")
         row["time_to_target_s"] = summary.get("time_to_target_s")
         row["samples_per_s"] = summary.get("steady_state_samples_per_s")
         row["wall_time_s"] = summary.get("wall_time_s")
@@ -514,7 +519,8 @@ def results_table(
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    numeric = ("final_accuracy", "final_loss", "final_metric", "time_to_target_s", "samples_per_s", "wall_time_s")
+    numeric = ("final_accuracy", "final_loss", "final_metric", "test_accuracy", "test_loss", "test_metric",
+               "time_to_target_s", "samples_per_s", "wall_time_s")  # fmt: skip
     for name in (*numeric, "reserved_cpus"):
         table[name] = pd.to_numeric(table[name], errors="coerce")
     return sort_by_objective(table, spec.objective, higher_is_better=target.op == ">=")

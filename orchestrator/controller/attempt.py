@@ -16,6 +16,7 @@ from typing import Any
 from distrain.config import RunConfig
 from distrain.errors import ConfigError, RunFailed
 from distrain.orchestrator import auto_choice, channel_checkpoint, interrupts, outcome
+from distrain.orchestrator.best_checkpoint import BestKeeper
 from distrain.orchestrator.callbacks import Callbacks, RunInfo
 from distrain.orchestrator.checkpoint import CHECKPOINTS, checkpoint_name, save_checkpoint
 from distrain.orchestrator.checkpoint_schedule import run_steps
@@ -42,7 +43,7 @@ from distrain.strategies.channel import run_codec
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
 from distrain.trainers.sharded_checkpoint import is_complete
-from distrain.trainers.task import reduce_metrics
+from distrain.trainers.splits import evaluation_figures, selection_note
 
 RECOVERING = "recovering"  # an attempt's end (never a status): the run goes on in a new attempt
 NO_SPACE = "no space"  # an attempt's end (never a status): the disk filled up; recorded as "failed"
@@ -92,6 +93,7 @@ class Attempt:
         self.detector = StragglerDetector(config.num_worker_actors, config.straggler_threshold)
         self.task = build_task(config)  # for its derived metrics and default target (no data is loaded)
         self.target = run_target(config, self.task)
+        self.best = BestKeeper(config, Path(plan.run_dir), self.sink.rows())  # --checkpoint-best
         self.phases: list[PhaseSpan] = []
         self.steps_per_epoch = 0  # known once the workers have loaded their data
         self.start_step = int(plan.checkpoint["global_step"]) if plan.checkpoint else 0
@@ -121,6 +123,9 @@ class Attempt:
         ranks = self.members()
         info = self.group.describe(ranks, timeout)
         self.steps_per_epoch = self.state.steps_per_epoch = info[0]["steps_per_epoch"]
+        selects = self.target is not None or self.best.monitor is not None
+        if info[0].get("val_is_test") and selects and not self.start_step:
+            self.emit(Notice(selection_note(self.task, self.config.val_fraction)))
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
             keys = ("model", "optimizer", "sharded", "strategy_state", "scaler")  # "sharded": a reference
@@ -289,11 +294,11 @@ class Attempt:
                 total_steps=total,
                 loss=loss,
                 samples_per_s=self.throughput.samples_per_s(),
-                test_accuracy=metrics.get("accuracy"),
+                val_accuracy=metrics.get("val_accuracy"),
                 evaluated=evaluated,
-                test_loss=metrics.get("loss") if evaluated else None,
+                val_loss=metrics.get("val_loss") if evaluated else None,
                 elapsed_s=self.now(),
-                test_metrics=dict(metrics),
+                figures=dict(metrics),
             )
         )
 
@@ -315,20 +320,21 @@ class Attempt:
             self.group.mark_slow(list(slow))
 
     def record_eval(
-        self, epoch: int, parts: list[tuple[dict[str, tuple[float, float]], float]], step: int, loss: float
+        self, epoch: int, parts: list[tuple[dict[str, dict[str, tuple[float, float]]], float]], step: int, loss: float
     ) -> dict[str, float]:
-        """Workers scored disjoint shares of the test set (of the model after `step` steps); add up their
-        (sum, count) pairs, record them, tell the display and the callbacks."""
+        """Workers scored disjoint shares of the validation split (and of the test set, where asked) of the
+        model after `step` steps; add up their (sum, count) pairs, record them by column (val_loss,
+        test_loss, ...), tell the display and the callbacks."""
         with self.machine.during(Stage.EVALUATING):
-            metrics = reduce_metrics(self.task, [p[0] for p in parts])
+            metrics = evaluation_figures(self.task, [p[0] for p in parts])
             now = self.now()
             eval_s = max(p[1] for p in parts)
             self.sink.add_eval(epoch, step, metrics, now, eval_s)
             self.throughput.add_eval(now, eval_s)
+            self.best.seen(epoch, step, metrics)
             self.progress(epoch, self.total_steps, loss, metrics, evaluated=True)
             if self.hooks:
-                figures = {f"test_{k}": v for k, v in metrics.items()}
-                figures |= {"train_loss": loss, "steps_done": step, "elapsed_s": self.now()}
+                figures = dict(metrics) | {"train_loss": loss, "steps_done": step, "elapsed_s": self.now()}
                 self.hooks.call("on_epoch_end", epoch, figures)
         return metrics
 
@@ -389,6 +395,7 @@ class Attempt:
                 for drain in self.membership.drain_checkpoints:
                     if drain["path"] is None and steps_done >= drain["step"]:
                         drain["path"], drain["wall_time"] = str(path), now
+            self.best.saved(path, steps_done, self.steps_per_epoch)
             self.hooks.call("on_checkpoint", path, steps_done)
             if progress:
                 self._write_summary(Status.UNFINISHED, epochs_done, mitigation=False)
@@ -424,10 +431,27 @@ class Attempt:
                 final = self.group.state(first, self.config.hang_timeout_s)
             self._wait_for_shards(final)  # a sharded run's last save; those before it are written by then
             self.save_complete(set(), set())
+            self._final_test()
             self.save(checkpoint_name(None), final, epochs_done, self.steps_done, progress=False)  # + metrics
         else:
             self.sink.write(self.run_dir / "metrics.parquet")
         return self._write_summary(status, epochs_done)
+
+    def _final_test(self) -> None:
+        """The test set's figures on the last evaluation, where it lacks them: a callback's stop made an
+        epoch the last after its evaluation was queued (as a validation-only one). Nobody trains any more,
+        so the workers' model is the one that evaluation scored."""
+        last = self.sink.last_eval()
+        if last is None or last.get("test_loss") is not None:
+            return
+        elastic = self.membership is not None
+        ranks = self.members()[:1] if elastic else self.members()
+        with self.machine.during(Stage.EVALUATING):
+            submit = self.group.submit
+            handles = [(submit("eval", r, last["epoch"], whole_test_set=elastic, splits=("test",)), r) for r in ranks]
+            parts = [self.group.result(h, r, self.config.hang_timeout_s)[0] for h, r in handles]
+            figures = {k: v for k, v in evaluation_figures(self.task, parts).items() if k.startswith("test_")}
+            self.sink.fill_last_eval(figures)
 
     def _final_channel_states(self) -> None:
         """Every member's codec state for the final checkpoint, where a segment did not ship it: no call
@@ -450,6 +474,8 @@ class Attempt:
         """summary.json's figures (orchestrator/summary.py: only the keys that apply to this run)."""
         df = self.sink.table().to_pandas()
         summary = summarize(df, self.config_dict, self.run_start, self.now(), status.value, epochs_done, self.target)
+        if self.best.monitor is not None:
+            summary["best_checkpoint"] = self.best.summary()
         if mitigation:  # asks the actors (PS shards, scheduler): only once the run is over
             figures = self.group.actor_figures(self.config)
             if figures is not None:  # a failed run's actors may be gone; the metrics still tell

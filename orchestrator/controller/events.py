@@ -31,11 +31,12 @@ class Progress:
     total_steps: int
     loss: float
     samples_per_s: float | None  # steady-state figure over the rows so far (orchestrator/throughput.py)
-    test_accuracy: float | None
+    val_accuracy: float | None  # the last evaluation's, on the validation split
     evaluated: bool = False  # True on the event that carries a fresh evaluation
-    test_loss: float | None = None  # set on evaluated events
+    val_loss: float | None = None  # set on evaluated events
     elapsed_s: float = 0.0  # run time so far (a resumed run's goes on from where it stopped)
-    test_metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's figures, by name
+    # the last evaluation's figures by column (val_loss, val_accuracy, and test_* where the test set was scored)
+    figures: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

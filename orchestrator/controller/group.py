@@ -74,8 +74,10 @@ class WorkerGroup(Protocol):
     def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         """Worker `rank`'s codec state now (orchestrator/channel_checkpoint.py; empty without a codec)."""
 
-    def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> Any:
-        """Make a call on worker `rank`; the handle `wait` and `result` take."""
+    def submit(
+        self, kind: str, rank: int, payload: Any, whole_test_set: bool = False, splits: tuple[str, ...] = ("val",)
+    ) -> Any:
+        """Make a call on worker `rank`; the handle `wait` and `result` take (an evaluation scores `splits`)."""
 
     def wait(self, handles: list[Any], timeout: float, num_returns: int = 1) -> list[Any]:
         """Handles among `handles` whose result is in: up to `num_returns`, once that many are (or

@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from distrain.orchestrator.best_checkpoint import checkpoint_period
 from distrain.orchestrator.block_dispatcher import BlockDispatcher
 from distrain.orchestrator.controller.collective_scaling import CollectiveScaling, needs_blocks
 from distrain.orchestrator.controller.run_state import Diverged
@@ -58,7 +59,7 @@ class PhaseLoop:
         every, spe = config.checkpoint_steps, attempt.steps_per_epoch
         attempt.channel_states.wait = run_codec(attempt.phase_config or config) is not None and not shared
         self.chaos = attempt.state.chaos
-        books = dict(eval_every=config.eval_every, checkpoint_every=config.checkpoint_every, checkpoint_steps=every)
+        books = dict(eval_every=config.eval_every, checkpoint_every=checkpoint_period(config), checkpoint_steps=every)
         self.scaling: ElasticScaling | CollectiveScaling | None = None
         self.hang_limit = config.hang_timeout_s  # seconds a worker with calls queued may stay silent
         blocks = needs_blocks(attempt)
@@ -87,7 +88,16 @@ class PhaseLoop:
         if kind == "segment" and self.scaling is not None:
             self.scaling.fed(rank)
         # An elastic run's one member scores the whole test set (membership changes).
-        return self.a.group.submit(kind, rank, payload, whole_test_set=self.a.membership is not None)
+        whole = self.a.membership is not None
+        if kind == "eval":
+            return self.a.group.submit(kind, rank, payload, whole_test_set=whole, splits=self.splits_of(payload))
+        return self.a.group.submit(kind, rank, payload, whole_test_set=whole)
+
+    def splits_of(self, epoch: int) -> tuple[str, ...]:
+        """What the evaluation of `epoch` scores: validation, and the test set at the run's last epoch as
+        the plan stands (a callback's stop moves it) or at every one with --test-every-epoch."""
+        last = (self.work.total_steps - 1) // self.work.steps_per_epoch
+        return ("val", "test") if self.a.config.test_every_epoch or epoch >= last else ("val",)
 
     # ------------------------------------------------------------------ losses
     def lose(self, lost: RunLost, rank: int | None = None) -> None:

@@ -253,12 +253,15 @@ class RayWorkerGroup:
     def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         return self.result(self.workers[rank].channel_state.remote(), rank, timeout)
 
-    def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> Any:
+    def submit(
+        self, kind: str, rank: int, payload: Any, whole_test_set: bool = False, splits: tuple[str, ...] = ("val",)
+    ) -> Any:
         worker = self.workers[rank]
         if kind == "segment":
             return worker.run_segment.remote(payload)
         if kind == "eval":
-            return worker.evaluate.remote(0, 1) if whole_test_set else worker.evaluate.remote(rank, len(self.workers))
+            shard, shards = (0, 1) if whole_test_set else (rank, len(self.workers))
+            return worker.evaluate.remote(shard, shards, splits)
         assert kind == "state", kind
         return worker.state.remote()
 

@@ -33,7 +33,8 @@ def test_char_lm_beats_the_unigram_baseline(tmp_path):
     info = summary["task_info"]
     assert info["python"].count(".") == 2 and "standard-library files" in info["corpus"]
     assert summary["final_test_perplexity"] < info["unigram_test_perplexity"], summary
-    assert summary["target"].startswith("test_perplexity<=")
+    assert summary["target"].startswith("val_perplexity<=")
+    assert summary["final_val_perplexity"] < info["unigram_test_perplexity"], summary
 
 
 def test_diabetes_regression_explains_the_variance(tmp_path):

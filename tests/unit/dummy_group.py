@@ -57,6 +57,7 @@ class Call:
     payload: Any
     worker: Worker
     outcome: Any = None  # an elastic collective block's segment: its result, computed with the block's others
+    splits: tuple[str, ...] = ("val",)  # an evaluation's: what it scores
 
 
 class Faults:
@@ -89,6 +90,7 @@ class DummyGroup:
         self.calls: dict[int, Call] = {}
         self.ids = itertools.count()
         self.log: list[tuple[str, Any]] = []  # what the controller asked, in order
+        self.evaluations: list[tuple[int, tuple[str, ...]]] = []  # (epoch, splits) of each evaluation call
         self.trained: Counter[tuple[int, int]] = Counter()  # (global step, slice) -> times trained
         self.units_by_rank: Counter[int] = Counter()  # units each slot's workers trained
         self.steps_done = 0  # the most global steps any worker has completed
@@ -160,10 +162,14 @@ class DummyGroup:
         self.log.append(("channel_state", rank))
         return {"grads": {"residual": torch.tensor([rank, int(worker.value)])}} if self.config.compress else {}
 
-    def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> int:
+    def submit(
+        self, kind: str, rank: int, payload: Any, whole_test_set: bool = False, splits: tuple[str, ...] = ("val",)
+    ) -> int:
         handle = next(self.ids)
-        self.calls[handle] = Call(kind, rank, payload, self.workers[rank])
+        self.calls[handle] = Call(kind, rank, payload, self.workers[rank], splits=splits)
         self.log.append((kind, rank))
+        if kind == "eval":
+            self.evaluations.append((payload, splits))
         return handle
 
     def set_up(self, rank: int, phase: RunConfig) -> int:
@@ -213,7 +219,9 @@ class DummyGroup:
         if call.kind == "state":
             return self.state(rank, timeout)
         if call.kind == "eval":
-            return ({"loss": (worker.value, 1.0), "correct": (1.0, 1.0)}, 0.01)
+            # the validation loss: the steps this worker applied; the test set's: ten times that
+            scored = {"val": (worker.value, 1.0), "test": (10.0 * worker.value, 1.0)}
+            return ({s: {"loss": scored[s], "correct": (1.0, 1.0)} for s in call.splits}, 0.01)
         return self._segment(worker, call.payload)
 
     def _segment(self, worker: Worker, units: list[tuple[int, int, int]]) -> dict[str, list[Any]]:

@@ -147,7 +147,7 @@ def test_piped_display_prints_one_line_per_epoch_without_evaluations(piped):
     assert lines == [
         "epoch 1/3  step 22/66  loss 0.5000  1,234 samples/s  elapsed 0:00:25  eta 0:00:44",  # a step a second
         "epoch 2/3  step 44/66  loss 0.5000  1,234 samples/s  elapsed 0:00:47  eta 0:00:22",
-        "epoch 3/3  step 66/66  loss 0.5000  test acc 0.9200  1,234 samples/s  elapsed 0:01:09",
+        "epoch 3/3  step 66/66  loss 0.5000  val acc 0.9200  1,234 samples/s  elapsed 0:01:09",
     ]
 
 
@@ -158,7 +158,7 @@ def test_piped_display_keeps_epoch_order_when_an_evaluation_comes_late(piped):
     drive(display, spe=10, epochs=4, evaluated={1, 3}, late_eval=True)
     lines = [line for line in piped.getvalue().splitlines() if line.startswith("epoch")]
     assert [line.split("  ")[0] for line in lines] == ["epoch 1/4", "epoch 2/4", "epoch 3/4", "epoch 4/4"]
-    assert ["test acc" in line for line in lines] == [False, True, False, True]
+    assert ["val acc" in line for line in lines] == [False, True, False, True]
 
 
 
@@ -313,7 +313,7 @@ def test_the_terminal_keeps_a_line_per_epoch_and_shows_the_run_time_and_time_lef
     for line in (
         "epoch 1/3  step 22/66  loss 0.5000  1,234 samples/s  elapsed 0:00:25  eta 0:00:44",
         "epoch 2/3  step 44/66  loss 0.5000  1,234 samples/s  elapsed 0:00:47  eta 0:00:22",
-        "epoch 3/3  step 66/66  loss 0.5000  test acc 0.9200  1,234 samples/s  elapsed 0:01:09",
+        "epoch 3/3  step 66/66  loss 0.5000  val acc 0.9200  1,234 samples/s  elapsed 0:01:09",
     ):
         assert line in out
     assert shown == "elapsed 0:01:13  eta 0:00:00"  # the run's 69 s at the last event, and 4 s since

@@ -119,7 +119,7 @@ def test_a_strategy_field_goes_only_to_the_strategies_that_read_it():
 def test_every_trial_gets_the_checks_run_makes_before_starting():
     """A global batch larger than the data set: RunConfig accepts it, `distrain run` refuses it in its
     preflight (data set size), and so must the sweep, for the trial that has it."""
-    with pytest.raises(ConfigError, match="global batch \\(200000\\) exceeds the 1438 training samples"):
+    with pytest.raises(ConfigError, match="global batch \\(200000\\) exceeds the 1294 training samples"):
         SweepSpec(base(), {"batch_size": Choice((16, 100000))}).validate()
     with pytest.raises(ConfigError, match="global batch \\(1600\\) exceeds"):  # batch x workers together
         SweepSpec(base(), {"batch_size": Choice((16, 400)), "workers": Choice((2, 4))}, search="grid").validate()

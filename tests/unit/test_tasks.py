@@ -180,7 +180,7 @@ def test_check_task_refuses_what_cannot_train(task_file, name, fragment):
         # distrain's own TypeError/AttributeError used to be shown as the user's, through its internals
         ("StringMetrics", "task StringMetrics: metrics() returned str 'mae: low'; it must return a dict {name: "),
         ("TextMetricValue", "metrics() returned str 'low' for 'mae'; it must return a number (the batch mean)"),
-        ("OneDataset", "datasets() returned a TensorDataset; it must return (train, test)"),
+        ("OneDataset", "datasets() returned a TensorDataset; it must return (train, val, test) or (train, test)"),
     ],
 )
 def test_a_task_that_breaks_the_contract_is_one_config_error(task_file, name, fragment):
@@ -207,29 +207,29 @@ def test_check_task_reports_size_and_parameters(task_file):
     task, n_train, sizes = check_task(RunConfig(task=f"{task_file}:Regression", task_args={"n": 100}), 8)
     assert (n_train, sizes) == (75, [4, 1])
     assert str(run_target(RunConfig(task=f"{task_file}:Regression"), task)) == "test_loss<=0.05"
-    assert str(run_target(RunConfig(task=f"{task_file}:Regression", target="mae<=0.1"), task)) == "test_mae<=0.1"
-    assert str(run_target(RunConfig())) == "test_accuracy>=0.95"
+    assert str(run_target(RunConfig(task=f"{task_file}:Regression", target="mae<=0.1"), task)) == "val_mae<=0.1"
+    assert str(run_target(RunConfig())) == "val_accuracy>=0.95"
 
 
 def test_a_target_on_a_metric_the_task_does_not_report_is_refused(task_file):
     """Else it is never reached, silently (and a sweep's scheduler has no metric to compare)."""
     for target in ("mae<=0.1", "test_loss<=0.5"):
         check_task(RunConfig(task=f"{task_file}:Regression", target=target), 8)
-    with pytest.raises(ConfigError, match=r"--target test_mea<=0.1 names .* it reports test_loss, test_mae$"):
+    with pytest.raises(ConfigError, match=r"--target val_mea<=0.1 names .* it reports test_loss, test_mae, val_loss, val_mae$"):
         check_task(RunConfig(task=f"{task_file}:Regression", target="mea<=0.1"), 8)
 
 
 def test_a_target_outside_its_metrics_range_is_refused(task_file):
     """A target the metric can never reach ran to the end; a metric of unknown range is left alone."""
-    unreachable = (("test_accuracy>=1.5", "test_accuracy lies in [0, 1]"), ("loss<=-1", "test_loss lies in [0, inf)"))
+    unreachable = (("test_accuracy>=1.5", "test_accuracy lies in [0, 1]"), ("loss<=-1", "val_loss lies in [0, inf)"))
     for target, reach in unreachable:
         with pytest.raises(ConfigError, match=rf"--target .* can never be reached: {re.escape(reach)}"):
             run_checks.check_runnable(RunConfig(target=target))
-    run_checks.check_runnable(RunConfig(target="test_accuracy>=1"))  # reachable at the edge
+    run_checks.check_runnable(RunConfig(target="accuracy>=1"))  # reachable at the edge
     check_task(RunConfig(task=f"{task_file}:Regression", target="mae<=-1"), 8)  # the user's: range not declared
-    with pytest.raises(ConfigError, match=r"--target test_mae<=-1 can never be reached: test_mae lies in \[0, inf\)"):
+    with pytest.raises(ConfigError, match=r"--target val_mae<=-1 can never be reached: val_mae lies in \[0, inf\)"):
         check_task(RunConfig(task=f"{task_file}:Bounded", target="mae<=-1"), 8)
-    with pytest.raises(ConfigError, match=r"the task's default_target test_mae<=-0.5 can never be reached"):
+    with pytest.raises(ConfigError, match=r"the task's default_target val_mae<=-0.5 can never be reached"):
         check_task(RunConfig(task=f"{task_file}:Overreaching"), 8)
 
 
@@ -246,7 +246,7 @@ def test_malformed_targets_are_refused(text):
 
 def test_targets():
     t = parse_target("accuracy >= 0.9")
-    assert (t.metric, t.op, t.value) == ("test_accuracy", ">=", 0.9)
+    assert (t.metric, t.op, t.value) == ("val_accuracy", ">=", 0.9)
     assert t.reached(0.9) and not t.reached(0.89) and not t.reached(None) and not t.reached(math.nan)
     assert parse_target("test_loss<=0.5").reached(0.4)
 
@@ -350,7 +350,7 @@ runner = CliRunner()
         (["--task", "{file}:Regression", "--task-arg", "width=3"], "failed"),
         (["--task-arg", "n=3"], "--task-arg applies to a --task"),
         (["--target", "accuracy>"], "--target"),
-        (["--task", "{file}:Regression", "--target", "rmse<=0.1"], "names test_rmse, which the task does not"),
+        (["--task", "{file}:Regression", "--target", "rmse<=0.1"], "names val_rmse, which the task does not"),
         (["--target", "test_f1>=0.9"], "it reports test_accuracy, test_loss"),  # the built-in task too
     ],
 )
