@@ -40,7 +40,8 @@ def table(steps: list[dict], evals: list[dict] | None = None) -> pa.Table:
         sink.add_steps({k: [v] for k, v in row.items()})
     for i, metrics in enumerate(evals or []):
         # the test set's columns, as a run recorded before the validation split (or one validating on test)
-        sink.add_eval(i, 10 * (i + 1), {f"test_{k}": v for k, v in metrics.items()}, wall_time=float(100 + i), eval_s=0.1)
+        columns = {f"test_{k}": v for k, v in metrics.items()}
+        sink.add_eval(i, 10 * (i + 1), columns, wall_time=float(100 + i), eval_s=0.1)
     return sink.table()
 
 

@@ -206,10 +206,10 @@ def test_a_run_scores_validation_each_epoch_the_test_set_at_the_end_and_keeps_th
     best = s["best_checkpoint"]
     assert (best["epoch"], best["step"], best["value"]) == (0, 4, 4.0)
     run_dir = Path(cfg.run_dir)
-    assert (run_dir / best["path"]).read_bytes() == (run_dir / "checkpoints" / "epoch-0001.pt").read_bytes()  # named 1-based
-    assert FitResult(run_dir, json.loads((run_dir / "summary.json").read_text())).best_checkpoint == run_dir / best[
-        "path"
-    ]
+    epoch_checkpoint = run_dir / "checkpoints" / "epoch-0001.pt"  # named 1-based: after epoch 0
+    assert (run_dir / best["path"]).read_bytes() == epoch_checkpoint.read_bytes()
+    result = FitResult(run_dir, json.loads((run_dir / "summary.json").read_text()))
+    assert result.best_checkpoint == run_dir / best["path"]
 
 
 def test_a_last_evaluation_without_the_test_set_gets_it_after_training(tmp_path):
@@ -221,7 +221,8 @@ def test_a_last_evaluation_without_the_test_set_gets_it_after_training(tmp_path)
 
     class ValidationOnly(DummyGroup):
         def submit(self, kind, rank, payload, whole_test_set=False, splits=("val",)):
-            return super().submit(kind, rank, payload, whole_test_set, ("test",) if splits == ("test",) else ("val",))
+            asked = ("test",) if splits == ("test",) else ("val",)
+            return super().submit(kind, rank, payload, whole_test_set, asked)
 
     cfg = RunConfig(
         run_dir=str(tmp_path / "run"), strategy="bsp", workers=2, batch_size=160, epochs=2, lr_scaling="none",
