@@ -50,7 +50,7 @@ def test_a_callback_stops_the_run_and_tensorboard_has_its_figures(tmp_path, ray_
             assert set(rows) >= {"step", "loss", "lr", "samples", "worker"}
 
         def on_epoch_end(self, epoch, metrics):
-            self.calls.append(("epoch", epoch, metrics["test_loss"], metrics["steps_done"]))
+            self.calls.append(("epoch", epoch, metrics["val_loss"], metrics["steps_done"]))
             return True
 
         def on_checkpoint(self, path, step):
@@ -84,10 +84,14 @@ def test_a_callback_stops_the_run_and_tensorboard_has_its_figures(tmp_path, ray_
     assert train_loss[steps] == pytest.approx(per_step.iloc[-1], rel=1e-5)
     assert {s for s, _ in scalars["train/lr"]} == set(train_loss)
     assert scalars["train/samples_per_s"] and all(v > 0 for _, v in scalars["train/samples_per_s"])
-    test_loss = scalars["test/loss"]
-    assert [s for s, _ in test_loss] == [c[3] for c in evals]
-    assert test_loss[-1][1] == pytest.approx(summary["final_test_loss"], rel=1e-5)
+    val_loss = scalars["val/loss"]
+    assert [s for s, _ in val_loss] == [c[3] for c in evals]
+    assert val_loss[-1][1] == pytest.approx(summary["final_val_loss"], rel=1e-5)
+    # the test set: scored once, at the stop (the last evaluation's row has it, whenever it was queued)
+    assert [s for s, _ in scalars["test/loss"]] == [steps]
     assert scalars["test/accuracy"][-1][1] == pytest.approx(summary["final_test_accuracy"], rel=1e-5)
+    last = metrics[metrics["kind"] == "eval"].sort_values("wall_time").iloc[-1]
+    assert last["test_loss"] == pytest.approx(summary["final_test_loss"]) and last["step"] == steps
 
 
 def test_a_raising_callback_fails_the_run_with_its_traceback(tmp_path, ray_cluster):

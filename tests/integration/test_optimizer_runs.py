@@ -12,6 +12,7 @@ from distrain.orchestrator.run import run_training
 from distrain.trainers.datasets import load_dataset
 from distrain.trainers.schedule import LRSchedule
 from distrain.trainers.sharding import EpochSharder
+from distrain.trainers.splits import train_part_size
 from tests.helpers import final_params
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -48,7 +49,8 @@ def test_adamw_with_cosine_decay_on_the_parameter_server_equals_allreduce(tmp_pa
         assert (sa["vectors"][key] - sb["vectors"][key]).abs().max().item() <= 1e-6
     # every step ran at the schedule's rate: warmup, then a cosine down towards --lr-min
     rows = steps_of(allreduce.run_dir).groupby("step")["lr"].first()
-    spe = EpochSharder(load_dataset("digits").train_size, 32, 4).steps_per_epoch
+    trained = train_part_size(load_dataset("digits").train_size, RunConfig().val_fraction)  # less validation
+    spe = EpochSharder(trained, 32, 4).steps_per_epoch
     sched = LRSchedule.create(0.0025, 32, 16, "linear", 0.1, spe, decay="cosine", total_steps=20, min_lr=0.001)
     assert sched.warmup_steps > 0 and sched.peak_lr == pytest.approx(0.005)
     assert rows.tolist() == pytest.approx([sched.lr_at(k) for k in range(20)])

@@ -41,14 +41,15 @@ def test_piped_run_prints_epoch_lines_with_the_summarys_samples_per_s(ray_cluste
     lines = [line for line in result.output.splitlines() if line.startswith("epoch ")]
     assert [line.split("  ")[0] for line in lines] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
     pattern = (
-        r"epoch \d/3  step \d+/\d+  loss [\d.]+(  test acc [\d.]+)?  ([\d,]+) samples/s  elapsed \d:\d\d:\d\d"
+        r"epoch \d/3  step \d+/\d+  loss [\d.]+(  val acc [\d.]+(  test acc [\d.]+)?)?"
+        r"  ([\d,]+) samples/s  elapsed \d:\d\d:\d\d"
         r"(  eta \d:\d\d:\d\d)?"
     )
     matches = [re.fullmatch(pattern, line) for line in lines]
     assert all(matches), lines
     assert [m.group(1) is not None for m in matches] == [False, False, True]  # only the last epoch is evaluated
     summary = json.loads((run_dir / "summary.json").read_text())
-    shown = float(matches[-1].group(2).replace(",", ""))
+    shown = float(matches[-1].group(3).replace(",", ""))
     assert shown == pytest.approx(summary["steady_state_samples_per_s"], abs=1)
 
 

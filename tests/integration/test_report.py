@@ -309,7 +309,7 @@ def test_report_md_names_setup_settings_and_events(two_runs, event_runs, report,
     result = runner.invoke(app, ["report", *map(str, [*two_runs, *event_runs]), "--out", str(out)])
     assert result.exit_code == 0, result.output
     text = (out / "report.md").read_text()
-    assert "model: differs (see below), data set `digits`, target `test_accuracy>=0.95`" in text
+    assert "model: differs (see below), data set `digits`, target `val_accuracy>=0.95`" in text
     settings = text[text.index("## Settings that differ between runs") :].split("\n\n")[1].splitlines()
     assert settings[0] == "| run | strategy | segment_steps | model | checkpoint_steps | chaos |"
     assert settings[4] == "| adacomm-chaos | local-sgd tau=8 adaptive (10%, max 16) | 5 | mlp | 10 | kill-worker@25:1 |"
@@ -319,7 +319,7 @@ def test_report_md_names_setup_settings_and_events(two_runs, event_runs, report,
     assert (out / "tau_over_time.png").is_file() and "](tau_over_time.png)" in text  # AdaComm changed τ
     two, two_out = report  # the module's report of the two runs alone: the same command, made once
     text = (two_out / "report.md").read_text()
-    assert "Trained: model `cnn`, data set `digits`, target `test_accuracy>=0.95`." in text
+    assert "Trained: model `cnn`, data set `digits`, target `val_accuracy>=0.95`." in text
     assert "None besides the strategy settings" in text and two.exit_code == 0
 
 

@@ -42,7 +42,8 @@ def test_default_run_reaches_target_accuracy(default_run):
     ckpt = load_checkpoint(run_dir / "checkpoints" / "final.pt")
     nbytes = 4 * sum(t.numel() for t in ckpt["model"].values())
     assert summary["bytes_per_step"] == cfg.workers * nbytes
-    assert "final test accuracy" in output and "time to test_accuracy>=0.95" in output
+    assert "final test accuracy" in output and "final val accuracy" in output
+    assert "time to val_accuracy>=0.95" in output
     assert "peak memory of a worker (host)" in output
 
 
@@ -63,7 +64,8 @@ def test_metrics_parquet_has_a_row_per_worker_step_and_per_epoch(default_run):
     # the batch's move to the device, timed inside compute_s: near nothing on the CPU, but recorded
     assert (steps["h2d_s"] >= 0).all() and (steps["h2d_s"] <= steps["compute_s"]).all()
     assert steps["gpu_util"].isna().all() and steps["gpu_mem_bytes"].isna().all()  # no NVML reading on the CPU
-    assert evals["test_accuracy"].between(0, 1).all() and evals["test_loss"].notna().all()
+    assert evals["val_accuracy"].between(0, 1).all() and evals["val_loss"].notna().all()  # each epoch: validation
+    assert evals["test_loss"].notna().tolist() == [False] * (cfg.epochs - 1) + [True]  # the test set: at the end
     assert steps.groupby("worker")["wall_time"].apply(lambda s: s.is_monotonic_increasing).all()
     assert df["run_id"].eq(run_dir.name).all()
     # Each worker's peak memory so far: a process with torch loaded (well over 50 MB), never falling;

@@ -37,9 +37,11 @@ def per_iteration(run_dir: Path) -> pd.DataFrame:
 
 
 def training_set() -> tuple[torch.Tensor, torch.Tensor]:
+    from distrain.trainers.splits import task_splits
     from distrain.trainers.task import ClassificationTask
 
-    train, _ = ClassificationTask(model="linear", dataset="digits").datasets()
+    # what the runs train on: the training set less the validation split (--val-fraction, default)
+    train = task_splits(ClassificationTask(model="linear", dataset="digits"), RunConfig().val_fraction).train
     return train.get_batch(np.arange(len(train)))
 
 

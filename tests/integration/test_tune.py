@@ -68,7 +68,9 @@ def test_grid_results_best_yaml_resource_accounting_and_strategy_fields(tmp_path
         else:
             assert "staleness" not in recorded.to_dict()
         assert (Path(row["run_dir"]) / "metrics.parquet").is_file()
-        assert summary(row["run_dir"])["final_test_accuracy"] == pytest.approx(row["final_accuracy"])
+        # the sweep selects on validation; the test set's figure is reported apart
+        assert summary(row["run_dir"])["final_val_accuracy"] == pytest.approx(row["final_accuracy"])
+        assert summary(row["run_dir"])["final_test_accuracy"] == pytest.approx(row["test_accuracy"])
         assert summary(row["run_dir"])["time_to_target_s"] == pytest.approx(row["time_to_target_s"])
 
     # sorted by the objective: every trial reached 0.5, fastest first
@@ -113,6 +115,11 @@ def test_asha_stops_an_absurd_learning_rate_early(tmp_path, ray_cluster):
     assert summary(results.loc[50.0, "run_dir"])["status"] == "stopped"  # its callback stopped it cleanly
     assert (Path(results.loc[50.0, "run_dir"]) / "metrics.parquet").is_file()
     assert RunConfig.from_mapping(RunConfig.load_yaml(sweep / "best.yaml")).lr == 0.05
+    # ASHA and the objective compared the trials on validation; the test set is reported apart
+    assert (results["metric"] == "val_accuracy").all()
+    completed = summary(results.loc[0.05, "run_dir"])
+    assert results.loc[0.05, "final_accuracy"] == pytest.approx(completed["final_val_accuracy"])
+    assert results.loc[0.05, "test_accuracy"] == pytest.approx(completed["final_test_accuracy"])
     # the stopped trial's actors and placement group are gone: the whole cluster is free again
     deadline = time.time() + 30
     while ray_cluster.available_resources().get("CPU", 0) < ray_cluster.cluster_resources()["CPU"]:
