@@ -50,7 +50,11 @@ def ddp_worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     task = task_class(TASK)(**TASK_ARGS)
-    train, _ = task.datasets()
+    # the samples distrain trains on: the training set less its validation split (--val-fraction's default)
+    from distrain.config import RunConfig
+    from distrain.trainers.splits import task_splits
+
+    train = task_splits(task, RunConfig().val_fraction).train
     model = DistributedDataParallel(seeded(task.build_model, args.seed))
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     sharder = EpochSharder(len(train), args.global_batch, args.seed)

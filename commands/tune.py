@@ -28,7 +28,7 @@ HELP = "Sweep batch size, LR scaling, warmup, LR (and more) with Ray Tune; each 
 # The run options every trial of a sweep shares (a sweep flag or --param varies the others).
 SHARED_RUN_OPTIONS = (
     "epochs", "task", "task_args", "target", "model", "dataset", "data_dir", "cpus_per_worker", "base_batch_size",
-    "target_accuracy", "seed", "address",
+    "target_accuracy", "val_fraction", "seed", "address",
 )  # fmt: skip
 
 # Sweep flags: each names one RunConfig field and takes a list (a,b,c) or, for real values, a range

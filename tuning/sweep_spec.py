@@ -172,7 +172,7 @@ def trial_config(base: dict[str, Any], params: dict[str, Any], run_dir: str = ""
     RunConfig.resolve: a different strategy or optimizer starts from its own defaults)."""
     values = overlay(base, flatten(params))
     values["run_dir"] = run_dir
-    values["eval_every"] = 1  # schedulers compare trials on every epoch's test accuracy
+    values["eval_every"] = 1  # schedulers compare trials on every epoch's validation figures
     return RunConfig.from_mapping(values)
 
 

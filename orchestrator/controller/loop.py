@@ -80,6 +80,7 @@ class PhaseLoop:
         self.eval_needs = 1 if attempt.membership is not None else n  # parts of an evaluation
         self.eval_parts: dict[int, list[tuple[dict[str, tuple[float, float]], float]]] = defaultdict(list)
         self.last_metrics: dict[str, float] = {}
+        self.eval_splits: dict[int, tuple[str, ...]] = {}  # epoch -> what its evaluation scores (`splits_of`)
         self.last_loss = float("nan")
         self.heard = [time.monotonic()] * n  # when each worker last answered (idle workers count as heard)
 
@@ -95,9 +96,15 @@ class PhaseLoop:
 
     def splits_of(self, epoch: int) -> tuple[str, ...]:
         """What the evaluation of `epoch` scores: validation, and the test set at the run's last epoch as
-        the plan stands (a callback's stop moves it) or at every one with --test-every-epoch."""
-        last = (self.work.total_steps - 1) // self.work.steps_per_epoch
-        return ("val", "test") if self.a.config.test_every_epoch or epoch >= last else ("val",)
+        the plan stands (a callback's stop moves it) or at every one with --test-every-epoch. Decided once
+        per epoch: its workers' calls are queued at different times, and the stages or shards of a cut
+        replica score together, so all must score the same splits (a stop that comes in between leaves the
+        test set to `Attempt._final_test`)."""
+        if epoch not in self.eval_splits:
+            last = (self.work.total_steps - 1) // self.work.steps_per_epoch
+            test = self.a.config.test_every_epoch or epoch >= last
+            self.eval_splits[epoch] = ("val", "test") if test else ("val",)
+        return self.eval_splits[epoch]
 
     # ------------------------------------------------------------------ losses
     def lose(self, lost: RunLost, rank: int | None = None) -> None:

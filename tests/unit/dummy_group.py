@@ -131,7 +131,9 @@ class DummyGroup:
             self.workers[rank] = Worker(rank, self.incarnations[rank])
 
     def describe(self, ranks: list[int], timeout: float) -> list[dict[str, Any]]:
-        return [{"steps_per_epoch": self.spe, "num_params": 1, "node_id": "node-0"} for _ in ranks]
+        val_is_test = self.config.val_fraction == 0  # the built-in task without a validation split of its own
+        info = {"steps_per_epoch": self.spe, "num_params": 1, "node_id": "node-0", "val_is_test": val_is_test}
+        return [dict(info) for _ in ranks]
 
     def load_state(self, ranks: list[int], state: dict[str, Any], timeout: float, per_rank=None) -> None:
         self.log.append(("load_state", float(state["model"]["w"])))

@@ -212,6 +212,28 @@ def test_a_run_scores_validation_each_epoch_the_test_set_at_the_end_and_keeps_th
     assert result.best_checkpoint == run_dir / best["path"]
 
 
+def test_test_every_epoch_scores_both_at_every_evaluation_and_a_run_validating_on_test_says_so(tmp_path):
+    from distrain.orchestrator.run import Notice
+    from tests.unit.dummy_group import DummyGroup
+    from tests.unit.test_controller import controller
+
+    notes = {}
+    for fraction in (0.0, 0.1):
+        cfg = RunConfig(
+            run_dir=str(tmp_path / f"run-{fraction}"), strategy="bsp", workers=2, batch_size=144, epochs=2,
+            lr_scaling="none", test_every_epoch=True, val_fraction=fraction,
+        )  # fmt: skip
+        group = DummyGroup(cfg)
+        ctl, events = controller(cfg, group)
+        ctl.run()
+        assert sorted(set(group.evaluations)) == [(0, ("val", "test")), (1, ("val", "test"))]
+        table = pq.read_table(Path(cfg.run_dir) / "metrics.parquet").to_pandas()
+        assert table[table["kind"] == "eval"]["test_loss"].notna().all()
+        notes[fraction] = [e.text for e in events if isinstance(e, Notice) and "validation split" in e.text]
+    assert notes[0.1] == [] and len(notes[0.0]) == 1
+    assert "targets and sweeps select on the test set (--val-fraction > 0 holds" in notes[0.0][0]
+
+
 def test_a_last_evaluation_without_the_test_set_gets_it_after_training(tmp_path):
     """A callback's stop can make an epoch the last after its validation-only evaluation was queued: once
     training is over, the run scores the test set (the model is the one validated last) and puts its
