@@ -158,11 +158,11 @@ def test_successful_run_leaves_no_actors_or_placement_groups(default_run):
 def test_eval_every_and_checkpoint_every_choose_the_epochs(tmp_path):
     run_dir = tmp_path / "sparse"
     # The small MLP (a tenth of the CNN's CPU a step): which epochs evaluate and checkpoint, and the step
-    # count (22 an epoch: the data and the global batch), do not depend on the model.
+    # count (20 an epoch: the training set less validation, and the global batch), do not depend on the model.
     run_training(RunConfig(run_dir=str(run_dir), model="mlp", epochs=5, eval_every=2, checkpoint_every=2))
     df = pd.read_parquet(run_dir / "metrics.parquet")
     assert list(df[df["kind"] == "eval"]["epoch"]) == [1, 3, 4]  # every 2nd epoch, and the last
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert names == ["epoch-0002.pt", "epoch-0004.pt", "final.pt", "latest.json"]
     assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["name"] == "final.pt"
-    assert load_checkpoint(run_dir / "checkpoints" / "epoch-0002.pt")["global_step"] == 2 * 22
+    assert load_checkpoint(run_dir / "checkpoints" / "epoch-0002.pt")["global_step"] == 2 * 20
