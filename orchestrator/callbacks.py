@@ -2,7 +2,7 @@
 
     class Stop(distrain.Callback):
         def on_epoch_end(self, epoch, metrics):
-            return metrics["test_loss"] < 0.01      # True: stop after the segments under way
+            return metrics["val_loss"] < 0.01       # True: stop after the segments under way (early stopping)
 
     distrain.fit(task=..., callbacks=[Stop()])    # or run_training(config, callbacks=[...])
 
@@ -53,8 +53,10 @@ class Callback:
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> bool | None:
         """After each evaluation (every --eval-every epochs and the last; a stopped run's last partial
-        epoch too): `epoch` is 0-based; `metrics` has every test metric by its column name (test_loss,
-        test_accuracy, test_<name>), plus train_loss (the last step's), steps_done and elapsed_s."""
+        epoch too): `epoch` is 0-based; `metrics` has every validation metric by its column name (val_loss,
+        val_accuracy, val_<name>), the test set's (test_<name>) where this evaluation scored it (the
+        run's last, or every one with --test-every-epoch), plus train_loss (the last step's), steps_done
+        and elapsed_s."""
         return None
 
     def on_checkpoint(self, path: Path, step: int) -> bool | None:

@@ -91,11 +91,14 @@ def test_report_md_has_the_same_table(report, two_runs):
     bsp, ssp = (line.split(" | ") for line in lines[2:])
     assert bsp[0] == "| bsp-allreduce" and bsp[1] == "bsp" and bsp[2] == "2"
     assert ssp[0] == "| ssp-s1" and ssp[1] == "ssp s=1 (ps) staleness-lr"
-    assert bsp[6] == "-" and ssp[6] != "-"  # staleness p95 only under the parameter server
-    sent = json.loads((two_runs[0] / "summary.json").read_text())["bytes_per_step"]
-    assert bsp[7] == size_text(sent) and bsp[7].endswith(" MB")  # in units, as the run's summary (was 1,210,448)
-    peak = json.loads((two_runs[0] / "summary.json").read_text())["peak_memory_bytes"]
-    assert bsp[8] == size_text(peak) and bsp[8].endswith((" MB", " GB"))  # the largest worker's peak memory
+    first = json.loads((two_runs[0] / "summary.json").read_text())
+    # validation and test apart: the last evaluation's accuracy on each
+    assert (bsp[3], bsp[4]) == (f"{first['final_val_accuracy']:.4f}", f"{first['final_test_accuracy']:.4f}")
+    assert bsp[7] == "-" and ssp[7] != "-"  # staleness p95 only under the parameter server
+    sent = first["bytes_per_step"]
+    assert bsp[8] == size_text(sent) and bsp[8].endswith(" MB")  # in units, as the run's summary (was 1,210,448)
+    peak = first["peak_memory_bytes"]
+    assert bsp[9] == size_text(peak) and bsp[9].endswith((" MB", " GB"))  # the largest worker's peak memory
     assert bsp[-1] == ssp[-1] == "0 |"  # no failures recorded
     for name in PLOTS:
         assert f"]({name})" in text

@@ -107,6 +107,9 @@ def test_asha_stops_an_absurd_learning_rate_early(tmp_path, ray_cluster):
         # skip: the absurd rate's non-finite steps are left out, so that trial lives to be judged at a rung
         # (with the default, stop, it ends itself at its first non-finite step, before ASHA can stop it)
         "--param", "on_nonfinite=skip",
+        # segments shorter than an epoch (20 steps, as long as the default segment): when ASHA's verdict on
+        # epoch 1 comes, the rest of the run is not all handed out yet, so the stop lands before its end
+        "--param", "segment_steps=5",
     )  # fmt: skip
     results = pd.read_csv(sweep / "results.csv").set_index("lr")
     assert results.loc[0.05, "status"] == "completed" and results.loc[0.05, "epochs_completed"] == 3
