@@ -18,6 +18,7 @@ from distrain.config import layout_section, strategy_section, yaml_io
 from distrain.config.checks import run_checks
 from distrain.config.parsing import (
     ChaosEvent,
+    Slowdown,
     Target,
     format_workers,
     overlay,
@@ -209,7 +210,8 @@ class RunConfig:
         return strategy_section.replicas_per_step(self) * layout_section.data_ranks_per_replica(self) * self.batch_size
 
     @property
-    def straggler_delays(self) -> dict[int, float]:
+    def stragglers(self) -> dict[int, Slowdown]:
+        """Injected slowdowns by worker rank (--straggler)."""
         return parse_stragglers(self.straggler, self.num_worker_actors)
 
     @property

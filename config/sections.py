@@ -256,9 +256,10 @@ class Stragglers:
 
     straggler: list[str] = setting(
         (),
-        "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments).",
+        "RANK:SECONDS adds that delay to every step of that worker; RANK:xF makes its compute take F times as "
+        "long (a slower machine; repeatable; for experiments).",
         "stragglers",
-        metavar="RANK:SECONDS",
+        metavar="RANK:SECONDS|RANK:xF",
     )
     straggler_threshold: float = setting(
         2.0,

@@ -56,7 +56,7 @@ class TrainWorker:
         self.rank = rank
         self.world_size = config.num_worker_actors
         self.run_start = run_start
-        self.delay = config.straggler_delays.get(rank, 0.0)
+        self.slowdown = config.stragglers.get(rank)  # --straggler: injected, counted as compute
         self.device = "cuda" if config.uses_gpus else "cpu"
         self.peak_memory = PeakMemory(self.device)  # from here: building the replica counts towards the peak
         self.gpu_stats = GpuStats(self.device)  # NVML's utilisation and memory (null columns without it)
@@ -248,8 +248,8 @@ class TrainWorker:
                 samples = len(idx) if self.strategy.counts_samples else 0
             else:
                 loss, samples = own
-            if self.delay and own is None:  # (a strategy running its own units applies it per its own unit)
-                time.sleep(self.delay)  # injected straggler: counted as compute
+            if self.slowdown and own is None:  # (a strategy running its own units applies it per its own unit)
+                time.sleep(self.slowdown.extra_s(time.perf_counter() - t0))
             compute_s = time.perf_counter() - t0
             if own is None:
                 h2d_s = self.device_copy.seconds()

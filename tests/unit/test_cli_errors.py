@@ -237,6 +237,7 @@ BAD_INPUTS = [
     (["--transport", "carrier-pigeon"], ["unknown --transport"]),
     (["--straggler", "9:0.1"], ["--straggler '9:0.1'", "RANK:SECONDS"]),
     (["--straggler", "1"], ["--straggler '1'"]),
+    (["--straggler", "1:x0.5"], ["--straggler '1:x0.5'", "RANK:xF", "F >= 1"]),
     (["--init-from", "{in}/missing.pt"], ["--init-from", "not a file"]),
     # straggler mitigation (issue 4)
     (["--transport", "ps", "--backup-workers", "-1"], ["--backup-workers must be >= 0"]),
