@@ -27,8 +27,10 @@ def check_runnable(config: RunConfig) -> int:
         check_creatable_dir(config.tensorboard, "--tensorboard")
     if config.task:
         from distrain.orchestrator.tasks import check_task
+        from distrain.trainers.own_optimizer import check_own_optimizer
 
-        _, num_samples, sizes = check_task(config, config.samples_per_step)
+        task, num_samples, sizes = check_task(config, config.samples_per_step)
+        check_own_optimizer(task, config, task.build_model())
     else:
         from distrain.orchestrator.tasks import check_target
 

@@ -36,6 +36,7 @@ class ShardGroup:
         assert len(self.bounds) == config.ps_shards, (self.bounds, config.ps_shards)
         self.clients = ps_clients(config)  # whom each shard's rule counts: worker actors, or replicas (--fsdp)
         spec = OptimizerSpec(config.optimizer, config.momentum, config.weight_decay, dict(config.optimizer_args))
+        spec.task_config = config if config.task else None  # a user task may bring its own optimizer
         # Sandblaster's shards also hold its accumulators and L-BFGS history (strategies/sandblaster_shard.py).
         actor = ray.remote(SandblasterShard if rule.mode == "sandblaster" else ParameterShard)
         self.shards = [

@@ -33,6 +33,7 @@ from distrain.trainers.optim_state import (
     import_flat_state,
     make_optimizer,
 )
+from distrain.trainers.own_optimizer import build_own
 from distrain.trainers.task import Task, to_device
 
 
@@ -78,6 +79,7 @@ class ShardedTrainer:
         self._pending_dir: Path | None = None  # that checkpoint, until `shard` has cut the model
         self.last_loss = float("nan")
         self.hybrid: HybridGradients | None = None
+        self.own_optimizer, self.scheduler = False, None  # set by `shard`, with the optimizer
 
     # ------------------------------------------------------------------ sharding
     def shard(
@@ -107,7 +109,11 @@ class ShardedTrainer:
         self.names = [n for n, _ in named]  # the checkpoints' keys for the optimizer state
         self.params = [p for _, p in named]
         name, lr, momentum, weight_decay, args = self._optimizer_spec
-        self.optimizer = make_optimizer(name, self.params, lr, momentum, weight_decay, args)
+        own = build_own(self.task, self.params)  # the task's own optimizer over this worker's DTensor shards
+        self.own_optimizer, self.scheduler = own is not None, None if own is None else own[1]
+        self.optimizer = (
+            own[0] if own is not None else make_optimizer(name, self.params, lr, momentum, weight_decay, args)
+        )
         if self._pending_optimizer is not None:
             self._import_optimizer(self._pending_optimizer)
             self._pending_optimizer = None
@@ -156,9 +162,12 @@ class ShardedTrainer:
 
     def apply_update(self, lr: float) -> None:
         assert self.optimizer is not None
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        if not self.own_optimizer:  # the task's own optimizer keeps its own rates (trainers/own_optimizer.py)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
 
     def evaluate(self, batches: Iterable[Any]) -> dict[str, tuple[float, float]]:
         return evaluate_model(self.model, self.task, batches, self.precision, self.device)
