@@ -73,10 +73,11 @@ class LocalTrainer:
         self.clip_grad_norm = clip_grad_norm  # --clip-grad-norm: 0 is off
         # The task's own optimizer (trainers/own_optimizer.py): over the flat tensor when it declares itself
         # element-wise (state in the same flat form as distrain's own), else over the whole tensors.
-        own = build_own(task, [self.flat_param] if task.elementwise_optimizer else self.params)
+        flat = task is None or task.elementwise_optimizer  # (some tests' trainers have no task)
+        own = None if task is None else build_own(task, [self.flat_param] if flat else self.params)
         self.scheduler = None if own is None else own[1]
         self.own_optimizer = own is not None
-        self.opt_params = [self.flat_param] if own is None or task.elementwise_optimizer else self.params
+        self.opt_params = [self.flat_param] if own is None or flat else self.params
         if own is not None:
             self.optimizer = own[0]
         else:
