@@ -80,6 +80,7 @@ class OptimizerSpec:
     # A user task's run config: the shard builds the task and, where it defines `configure_optimizers`
     # (declared element-wise: orchestrator/run_checks.py refuses the rest), steps its slice with that.
     task_config: Any = None
+    task_builder: Any = None  # config -> task (orchestrator/tasks.py's build_task, passed down)
 
 
 @dataclass
@@ -116,10 +117,9 @@ class ParameterShard:
         self.grad = self.grad_tensor.numpy()  # where a BSP round sums its gradients
         own = None
         if optimizer.task_config is not None:
-            from distrain.orchestrator.tasks import build_task
             from distrain.trainers.own_optimizer import build_own
 
-            own = build_own(build_task(optimizer.task_config), [self.param])
+            own = build_own(optimizer.task_builder(optimizer.task_config), [self.param])
         self.own_optimizer, self.scheduler = own is not None, None if own is None else own[1]
         if own is not None:  # stepped at its own rates, its scheduler once per update applied here
             self.optimizer = own[0]
