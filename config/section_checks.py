@@ -132,9 +132,10 @@ def check_lr_decay(config: RunConfig) -> None:
 
 @config_check(stage="across")
 def check_update_rules(config: RunConfig) -> None:
-    """--accumulate-steps and --clip-grad-norm where a replica holds only part of the gradient (a pipeline's
-    stage, an FSDP or tensor-parallel shard): its global norm and a micro-step without the stage's or shards'
-    collectives are not built there yet (docs/optimization.md). Sandblaster refuses them itself."""
+    """--accumulate-steps and --clip-grad-norm where a worker holds part of the model in a way they do not
+    handle yet (docs/optimization.md): a pipeline's stage (its norm is one stage's, its schedule runs once
+    per step) and a tensor-parallel split (whole and split tensors side by side). FSDP shards take both.
+    Sandblaster refuses them itself."""
     given = [
         f
         for f, on in (
@@ -143,7 +144,7 @@ def check_update_rules(config: RunConfig) -> None:
         )
         if on
     ]
-    layout = "--pipeline-stages" if config.pipelined else "--fsdp/--tensor-parallel" if config.sharded else ""
+    layout = "--pipeline-stages" if config.pipelined else "--tensor-parallel" if config.replica_grid[1] > 1 else ""
     if given and layout:
         raise ConfigError(
             f"{given[0]} is not supported with {layout} yet (each worker holds part of the model); drop it"

@@ -112,12 +112,8 @@ class TrainWorker:
             self.device,
             config.optimizer_args,
             config.precision,
-            # (refused with sharded replicas: config/section_checks.py `check_update_rules`)
-            **(
-                {}
-                if config.sharded
-                else {"accumulate_steps": config.accumulate_steps, "clip_grad_norm": config.clip_grad_norm}
-            ),
+            accumulate_steps=config.accumulate_steps,
+            clip_grad_norm=config.clip_grad_norm,
         )
         self.device_copy = DeviceCopy(self.trainer.device)
         # A full-batch strategy's step is one pass over the whole training set: one step per epoch.

@@ -4,7 +4,7 @@ algebra, and a task's own element-wise optimizer and scheduler run the same on b
 
 - BSP over the collective, N = 2 workers x k = 2 accumulation steps at B = 16, clipped to norm 0.1 (the
   gradient's is about 0.3), equals one worker at 64 clipped the same (the clip is of the all-reduced
-  gradient), within 1e-5 (CLI);
+  gradient), within 1e-5 (CLI), and so does one replica cut over --fsdp 2 workers at 2 x 16;
 - a task's own Adam with a StepLR, declared element-wise, steps the same under BSP over the PS (the shards
   build it per slice) at 2 workers x k = 2 x 8 as over the collective at 2 x 16, within 1e-5, at the
   scheduler's rates (fit). (2 x 16 over the collective is one worker at 32: tests/integration/test_bsp.py.)
@@ -76,6 +76,14 @@ def test_accumulation_and_clipping_keep_bsp_equal_to_one_worker_at_the_global_ba
     assert (final_params(tmp_path / "cli") - clipped).abs().max().item() <= TOL
     rows = steps_of(tmp_path / "cli")
     assert len(rows) == 12 and (rows["samples"] == 32).all()  # one row per update, k x B samples each
+    # One replica cut over D = 2 FSDP workers, k = 2: FSDP reduces in the last micro-batch only, and the
+    # clip's norm is gathered over the two shards.
+    fsdp = run_training(
+        RunConfig(**BASE, workers=1, fsdp=2, batch_size=16, accumulate_steps=2, clip_grad_norm=0.1,
+                  run_dir=str(tmp_path / "fsdp"))
+    )  # fmt: skip
+    assert fsdp.summary["global_batch_size"] == 64
+    assert (final_params(fsdp.run_dir) - clipped).abs().max().item() <= TOL
 
 
 def test_a_task_elementwise_optimizer_and_scheduler_run_alike_on_both_transports_with_accumulation(tmp_path):
