@@ -133,9 +133,9 @@ def check_lr_decay(config: RunConfig) -> None:
 @config_check(stage="across")
 def check_update_rules(config: RunConfig) -> None:
     """--accumulate-steps and --clip-grad-norm where a worker holds part of the model in a way they do not
-    handle yet (docs/optimization.md): a pipeline's stage (its norm is one stage's, its schedule runs once
-    per step) and a tensor-parallel split (whole and split tensors side by side). FSDP shards take both.
-    Sandblaster refuses them itself."""
+    handle yet (docs/optimization.md): a tensor-parallel split (whole and split tensors side by side), and a
+    pipeline of FSDP-sharded stages. FSDP shards and pipeline stages each take both. Sandblaster refuses
+    them itself."""
     given = [
         f
         for f, on in (
@@ -144,7 +144,10 @@ def check_update_rules(config: RunConfig) -> None:
         )
         if on
     ]
-    layout = "--pipeline-stages" if config.pipelined else "--tensor-parallel" if config.replica_grid[1] > 1 else ""
+    shards, tp, _ = config.replica_grid
+    layout = (
+        "--tensor-parallel" if tp > 1 else "--pipeline-stages with --fsdp" if config.pipelined and shards > 1 else ""
+    )
     if given and layout:
         raise ConfigError(
             f"{given[0]} is not supported with {layout} yet (each worker holds part of the model); drop it"

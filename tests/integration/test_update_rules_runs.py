@@ -4,7 +4,8 @@ algebra, and a task's own element-wise optimizer and scheduler run the same on b
 
 - BSP over the collective, N = 2 workers x k = 2 accumulation steps at B = 16, clipped to norm 0.1 (the
   gradient's is about 0.3), equals one worker at 64 clipped the same (the clip is of the all-reduced
-  gradient), within 1e-5 (CLI), and so does one replica cut over --fsdp 2 workers at 2 x 16;
+  gradient), within 1e-5 (CLI), and so do one replica cut over --fsdp 2 workers at 2 x 16 and one cut
+  into --pipeline-stages 2 at 2 x 32 (2 micro-batches each);
 - a task's own Adam with a StepLR, declared element-wise, steps the same under BSP over the PS (the shards
   build it per slice) at 2 workers x k = 2 x 8 as over the collective at 2 x 16, within 1e-5, at the
   scheduler's rates (fit). (2 x 16 over the collective is one worker at 32: tests/integration/test_bsp.py.)
@@ -84,6 +85,14 @@ def test_accumulation_and_clipping_keep_bsp_equal_to_one_worker_at_the_global_ba
     )  # fmt: skip
     assert fsdp.summary["global_batch_size"] == 64
     assert (final_params(fsdp.run_dir) - clipped).abs().max().item() <= TOL
+    # One replica cut into S = 2 pipeline stages, k = 2 x M = 2 micro-batches of 16 in one schedule, the
+    # clip's norm summed over the stages.
+    pipe = run_training(
+        RunConfig(**BASE, workers=1, pipeline_stages=2, microbatches=2, batch_size=32, accumulate_steps=2,
+                  clip_grad_norm=0.1, run_dir=str(tmp_path / "pipe"))
+    )  # fmt: skip
+    assert pipe.summary["status"] == "completed"
+    assert (final_params(pipe.run_dir) - clipped).abs().max().item() <= TOL
 
 
 def test_a_task_elementwise_optimizer_and_scheduler_run_alike_on_both_transports_with_accumulation(tmp_path):

@@ -212,7 +212,10 @@ def test_accumulation_multiplies_the_global_batch_and_the_samples_per_step():
     [
         ({"accumulate_steps": 0}, "--accumulate-steps must be >= 1"),
         ({"clip_grad_norm": -1.0}, "--clip-grad-norm must be >= 0"),
-        ({"clip_grad_norm": 1.0, "pipeline_stages": 2}, "--clip-grad-norm is not supported with --pipeline-stages"),
+        (
+            {"clip_grad_norm": 1.0, "pipeline_stages": 2, "fsdp": 2, "workers": 1},
+            "--clip-grad-norm is not supported with --pipeline-stages with --fsdp",
+        ),
         ({"accumulate_steps": 2, "tensor_parallel": 2}, "--accumulate-steps is not supported with --tensor-parallel"),
         ({"accumulate_steps": 2, "strategy": "sandblaster"}, "sandblaster ignores --accumulate-steps"),
         ({"clip_grad_norm": 1.0, "strategy": "sandblaster"}, "sandblaster ignores --clip-grad-norm"),
