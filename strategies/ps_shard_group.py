@@ -38,7 +38,10 @@ class ShardGroup:
         self.clients = ps_clients(config)  # whom each shard's rule counts: worker actors, or replicas (--fsdp)
         spec = OptimizerSpec(config.optimizer, config.momentum, config.weight_decay, dict(config.optimizer_args))
         if config.task and task_builder is not None:  # a user task may bring its own optimizer
-            spec.task_config, spec.task_builder = config, task_builder
+            from distrain.trainers.own_optimizer import defines_own
+
+            if defines_own(task_builder(config)):  # (the shards build the task only then)
+                spec.task_config, spec.task_builder = config, task_builder
         # Sandblaster's shards also hold its accumulators and L-BFGS history (strategies/sandblaster_shard.py).
         actor = ray.remote(SandblasterShard if rule.mode == "sandblaster" else ParameterShard)
         self.shards = [
