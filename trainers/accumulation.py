@@ -30,5 +30,6 @@ def _part(value: Any, n: int, lo: int, hi: int) -> Any:
     if isinstance(value, dict):
         return {key: _part(v, n, lo, hi) for key, v in value.items()}
     if isinstance(value, tuple | list):
-        return type(value)(_part(v, n, lo, hi) for v in value)
+        parts = [_part(v, n, lo, hi) for v in value]
+        return type(value)(*parts) if hasattr(value, "_fields") else type(value)(parts)  # a namedtuple too
     return value

@@ -177,18 +177,6 @@ class ClassificationTask(Task):
 
         return MODELS.get(self.model)(DATASETS.get(self.dataset).info)
 
-    def configure_optimizers(self, params: list[nn.Parameter]) -> Any:
-        """The task's own optimizer over `params`, or (optimizer, torch lr_scheduler) stepped once per
-        update; None (the default): distrain's --optimizer at --lr's schedule (docs/optimization.md)."""
-        return None
-
-    def micro_batches(self, batch: Any, k: int) -> list[Any]:
-        """`batch` cut into `k` micro-batches for --accumulate-steps (each weighted by its sample count):
-        by default every tensor whose first dimension is the batch's size, in tuples, lists and dicts."""
-        from distrain.trainers.accumulation import split_batch
-
-        return split_batch(batch, k, self.batch_size(batch))
-
     def tensor_parallel_plan(self, tp: int) -> dict[str, Any] | None:
         from distrain.trainers.tensor_parallel import BUILTIN_PLANS
 

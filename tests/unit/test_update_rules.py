@@ -4,6 +4,7 @@ schedule.py; docs/optimization.md)."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
 
@@ -124,6 +125,8 @@ def test_split_batch_cuts_batch_tensors_and_shares_the_rest():
     parts = split_batch({"x": x, "pair": (y, table), "name": "a"}, 2, 8)
     assert [p["x"].tolist() for p in parts] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert parts[1]["pair"][0].shape == (4, 2) and parts[1]["pair"][1] is table and parts[0]["name"] == "a"
+    pair = collections.namedtuple("Pair", "x y")(x, y)
+    assert split_batch(pair, 2, 8)[1].y.tolist() == y[4:].tolist()
     with pytest.raises(ValueError, match="cannot be cut"):
         split_batch(x[:2], 3, 2)
 
