@@ -173,8 +173,8 @@ class RunConfig:
         run's is the MAX's: under the strategies that take a range each update is one worker's B samples
         whatever the membership, so the rate is the one the fixed run at MAX uses (README, elastic). A
         sharded replica (--fsdp D) is D data-parallel ranks: R x D x B (D x T under a tensor-parallel
-        hybrid plan, config/layout_section.py)."""
-        return self.worker_slots * layout_section.data_ranks_per_replica(self) * self.batch_size
+        hybrid plan, config/layout_section.py), times --accumulate-steps k."""
+        return self.worker_slots * layout_section.data_ranks_per_replica(self) * self.unit_samples
 
     @property
     def num_worker_actors(self) -> int:
@@ -207,7 +207,14 @@ class RunConfig:
     @property
     def samples_per_step(self) -> int:
         """Samples handed out per step: with backup workers, b x B more than the update uses."""
-        return strategy_section.replicas_per_step(self) * layout_section.data_ranks_per_replica(self) * self.batch_size
+        return (
+            strategy_section.replicas_per_step(self) * layout_section.data_ranks_per_replica(self) * self.unit_samples
+        )
+
+    @property
+    def unit_samples(self) -> int:
+        """Samples one data-parallel rank computes per update: --accumulate-steps k micro-batches of B."""
+        return self.accumulate_steps * self.batch_size
 
     @property
     def stragglers(self) -> dict[int, Slowdown]:

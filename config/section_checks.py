@@ -94,10 +94,10 @@ def check_resources(config: RunConfig) -> None:
 
 @config_check
 def check_optimization(config: RunConfig) -> None:
-    at_least(config, ("batch_size", "base_batch_size"), 1)
+    at_least(config, ("batch_size", "base_batch_size", "accumulate_steps"), 1)
     positive_numbers(config, ("lr",))
     one_of(config, "precision", PRECISIONS)
-    non_negative_numbers(config, ("momentum", "weight_decay", "warmup_epochs"))
+    non_negative_numbers(config, ("momentum", "weight_decay", "warmup_epochs", "clip_grad_norm"))
     if config.momentum is not None and config.momentum >= 1:
         raise ConfigError(f"--momentum must be < 1, got {config.momentum}")
     if config.warmup_epochs > config.epochs:
@@ -128,6 +128,30 @@ def check_lr_decay(config: RunConfig) -> None:
             raise ConfigError(f"--lr-decay-epochs must be a positive number, got {config.lr_decay_epochs}")
         if config.lr_decay_gamma is not None and not 0 < config.lr_decay_gamma <= 1:
             raise ConfigError(f"--lr-decay-gamma must be in (0, 1], got {config.lr_decay_gamma}")
+
+
+@config_check(stage="across")
+def check_update_rules(config: RunConfig) -> None:
+    """--accumulate-steps and --clip-grad-norm where a worker holds part of the model in a way they do not
+    handle yet (docs/optimization.md): a tensor-parallel split (whole and split tensors side by side), and a
+    pipeline of FSDP-sharded stages. FSDP shards and pipeline stages each take both. Sandblaster refuses
+    them itself."""
+    given = [
+        f
+        for f, on in (
+            ("--accumulate-steps", config.accumulate_steps != 1),
+            ("--clip-grad-norm", bool(config.clip_grad_norm)),
+        )
+        if on
+    ]
+    shards, tp, _ = config.replica_grid
+    layout = (
+        "--tensor-parallel" if tp > 1 else "--pipeline-stages with --fsdp" if config.pipelined and shards > 1 else ""
+    )
+    if given and layout:
+        raise ConfigError(
+            f"{given[0]} is not supported with {layout} yet (each worker holds part of the model); drop it"
+        )
 
 
 @config_check

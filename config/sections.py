@@ -199,6 +199,22 @@ class Optimization:
         "Weight decay (adamw: decoupled); default the optimizer's own: 0, adamw 0.01; rprop refuses it.",
         "optimizer",
     )
+    accumulate_steps: int = setting(
+        1,
+        "Gradient accumulation: micro-batches of --batch-size each worker adds up per update (k); the global "
+        "batch is then workers x k x B, and a step (one metrics row per worker) is one update "
+        "(docs/optimization.md).",
+        "optimizer",
+        metavar="K",
+    )
+    clip_grad_norm: float = setting(
+        0.0,
+        "Clip the global L2 norm of the gradient each update applies to this (0: off): after the all-reduce "
+        "under bsp, each worker's push under the parameter-server strategies, each local step under local-sgd "
+        "and diloco (docs/optimization.md).",
+        "optimizer",
+        metavar="NORM",
+    )
     precision: str = setting(
         "fp32",
         "Forward pass dtype: fp32, bf16 or fp16 (torch.autocast; parameters, gradients, optimizer state and "

@@ -27,8 +27,10 @@ def check_runnable(config: RunConfig) -> int:
         check_creatable_dir(config.tensorboard, "--tensorboard")
     if config.task:
         from distrain.orchestrator.tasks import check_task
+        from distrain.trainers.own_optimizer import check_own_optimizer
 
-        _, num_samples, sizes = check_task(config, config.samples_per_step)
+        task, num_samples, sizes = check_task(config, config.samples_per_step)
+        check_own_optimizer(task, config, task.build_model())
     else:
         from distrain.orchestrator.tasks import check_target
 
@@ -85,7 +87,19 @@ def check_init_from(config: RunConfig, num_params: int) -> dict[str, Any] | None
         recorded = (checkpoint.get("config") or {}).get("optimizer")
         flat = FlatOptimizerState.from_dict(checkpoint["optimizer"])
         args = (config.optimizer, config.momentum, config.weight_decay, config.optimizer_args)
+        if own_optimizer(config):  # the task's own optimizer: its state is the task's to match
+            return checkpoint
         if recorded not in (None, config.optimizer) or not state_fits(*args, flat):
             # Another optimizer's state (or one missing an entry this one steps with): start it afresh.
             checkpoint = checkpoint | {"optimizer": FlatOptimizerState().to_dict()}
     return checkpoint
+
+
+def own_optimizer(config: RunConfig) -> bool:
+    """Whether the run's task brings its own optimizer (`Task.configure_optimizers`)."""
+    if not config.task:
+        return False
+    from distrain.orchestrator.tasks import build_task
+    from distrain.trainers.own_optimizer import defines_own
+
+    return defines_own(build_task(config))

@@ -112,6 +112,8 @@ class TrainWorker:
             self.device,
             config.optimizer_args,
             config.precision,
+            accumulate_steps=config.accumulate_steps,
+            clip_grad_norm=config.clip_grad_norm,
         )
         self.device_copy = DeviceCopy(self.trainer.device)
         # A full-batch strategy's step is one pass over the whole training set: one step per epoch.
@@ -289,7 +291,7 @@ class TrainWorker:
                 "slice": slice_,
                 "epoch": epoch,
                 "loss": loss,
-                "lr": lr if comm.lr is None else comm.lr,
+                "lr": comm.lr if comm.lr is not None else self.trainer.applied_lr if self.trainer.own_optimizer else lr,
                 "samples": samples,
                 "compute_s": compute_s,
                 "comm_s": comm.seconds,

@@ -120,6 +120,8 @@ class PSStrategy(Strategy):
         # A non-finite gradient never reaches the shards. Skipped, the push still carries the clock
         # (None for the gradient): the worker takes part in its round, contributing nothing.
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
+        if ok:  # --clip-grad-norm: each push's own gradient (a shard sees only its slice of the norm)
+            trainer.clip_gradient_()
         host = self.staging(trainer)
         grads = host.grads_in() if ok else None
         result, traffic = self.channel.push_pull("grads", self.clock, grads, lr, host.params_out())

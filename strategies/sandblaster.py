@@ -87,6 +87,9 @@ class SandblasterOptions(StrategyOptions):
             ("--lr", self.batch_optimizer == "lbfgs" and run.lr != run.field_info("lr").default),
             # Its passes compute exact float32 sums in eval mode (LocalTrainer.portion_sums), no autocast.
             ("--precision", run.precision != "fp32"),
+            # A pass is the whole training set already, and L-BFGS's step length comes from its line search.
+            ("--accumulate-steps", run.accumulate_steps != 1),
+            ("--clip-grad-norm", bool(run.clip_grad_norm)),
         ]
         for flag, given in ignored:
             if given:

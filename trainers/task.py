@@ -20,7 +20,9 @@ way. `derived_metrics` then turns the reduced means into figures that are not me
 Optional hooks, used by strategies that need them: `forward` + `criterion` (a pipeline runs the
 criterion on its last stage; `loss` defaults to `criterion(forward(model, batch), batch)`),
 `split_points` (module names where a model may be cut into stages), `param_groups` (e.g. no weight
-decay on biases) and `deterministic_loss` (the loss in eval mode, for full-batch methods).
+decay on biases), `deterministic_loss` (the loss in eval mode, for full-batch methods),
+`configure_optimizers` (the task's own optimizer and rate scheduler) and `micro_batches` (how
+--accumulate-steps cuts a batch).
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ class Task:
     #: {"loss": (0.0, math.inf), "accuracy": (0.0, 1.0)}: a --target outside them is refused before the run
     #: starts, as one that can never be reached. A metric not listed may take any value.
     metric_ranges: dict[str, tuple[float, float]] = {}
+
+    #: Whether `configure_optimizers` returns an element-wise optimizer: each parameter value's update
+    #: reads only its own gradient and state (SGD, Adam, ...), so it may be built over flat slices that cut
+    #: across tensors, as parameter-server shards hold them. Only then may the task run over --transport ps.
+    elementwise_optimizer: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Each subclass's constructor records its call, so that a run given an object records how to build
@@ -100,6 +107,18 @@ class Task:
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]] | None:
         """Optimizer parameter groups (torch.optim's format); None: one group of every parameter."""
         return None
+
+    def configure_optimizers(self, params: list[nn.Parameter]) -> Any:
+        """The task's own optimizer over `params`, or (optimizer, torch lr_scheduler) stepped once per
+        update; None (the default): distrain's --optimizer at --lr's schedule (docs/optimization.md)."""
+        return None
+
+    def micro_batches(self, batch: Any, k: int) -> list[Any]:
+        """`batch` cut into `k` micro-batches for --accumulate-steps (each weighted by its sample count):
+        by default every tensor whose first dimension is the batch's size, in tuples, lists and dicts."""
+        from distrain.trainers.accumulation import split_batch
+
+        return split_batch(batch, k, self.batch_size(batch))
 
     def tensor_parallel_plan(self, tp: int) -> dict[str, Any] | None:
         """How `--tensor-parallel tp` splits the model: submodule name -> "colwise" or "rowwise" (an

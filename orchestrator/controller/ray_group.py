@@ -25,6 +25,7 @@ from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.orchestrator.controller.group import PhaseSetup
 from distrain.orchestrator.failure_policy import USER_CODE
 from distrain.orchestrator.recovery import RunLost, classify, discard, kill_all
+from distrain.orchestrator.tasks import build_task
 from distrain.orchestrator.worker import TrainWorker
 from distrain.plugins import USER_MODULE_PREFIX, is_lone_module
 from distrain.strategies.driver_actor import PS_SHARDS, ActorSetup, DriverActor, checked, start_in_order
@@ -186,6 +187,7 @@ class RayWorkerGroup:
             params=lambda: self._first_params(timeout),
             param_shapes=lambda: self.result(self.workers[self.members()[0]].param_shapes.remote(), 0, timeout),
             shard_slots=lambda count: self.placement.shards(workers, count),
+            task_builder=build_task,
         )
         self._start_driver_actors(specs, setup)
         first = self.workers[self.members()[0]]  # an elastic run's slot 0 may have no worker
