@@ -78,6 +78,12 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _code_cell(text: str) -> str:
+    """Code in a table cell: a pipe as an HTML entity, which neither MkDocs nor the forge splits the row
+    on (inside a code span MkDocs would show a backslash escape as it is)."""
+    return f"<code>{text.replace('|', '&#124;')}</code>" if "|" in text else f"`{text}`"
+
+
 def _section_titles() -> dict[str, str]:
     from distrain.config import SECTION_CLASSES
 
@@ -102,7 +108,8 @@ def option_tables(command: Any) -> list[str]:
         for option in members:
             meaning, default = _help_and_default(option)
             shown = default if default in ("none", "see meaning") else f"`{default}`"
-            rows.append("| " + " | ".join(_cell(c) for c in (f"`{_flag(option)}`", shown, _code_spans(meaning))) + " |")
+            cells = [_code_cell(_flag(option)), _cell(shown), _cell(_code_spans(meaning))]
+            rows.append("| " + " | ".join(cells) + " |")
         parts += ["", title, "", *rows] if len(panels) > 1 else ["", *rows]
     return parts
 

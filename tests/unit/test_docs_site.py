@@ -82,3 +82,12 @@ def test_a_page_the_nav_does_not_name_is_added_and_a_broken_link_fails_the_build
     (docs / "index.md").write_text("# Home\n\nSee [a page that is not there](missing.md).\n")
     done = mkdocs_build(config, tmp_path / "site")
     assert done.returncode != 0 and "missing.md" in done.stdout + done.stderr
+
+
+def test_the_readmes_links_reach_pages_that_exist():
+    """The README is read on the forge, not built: its links to docs/ pages are checked here instead."""
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert len([link for link in links if link.startswith("docs/")]) > 15
+    for link in links:
+        assert "#" not in link and (ROOT / link).is_file(), link

@@ -10,13 +10,19 @@ from distrain import flag_table
 from distrain.flag_table import commands, options, run_options
 
 
+def first_flag(row: str) -> str:
+    """A table row's first flag: `--seed`, or <code>--workers N&#124;MIN..MAX</code> (a pipe in it)."""
+    cell = row.split(" | ")[0].removeprefix("| ").removeprefix("<code>").strip("`")
+    return cell.split(" ")[0]
+
+
 def page_rows() -> dict[str, dict[str, str]]:
     """The committed page's table rows, per command section: first flag -> its row."""
     sections = re.split(r"^## `distrain (\S+)`$", flag_table.PAGE.read_text(), flags=re.M)
     rows: dict[str, dict[str, str]] = {}
     for name, body in zip(sections[1::2], sections[2::2], strict=True):
-        lines = [line for line in body.splitlines() if line.startswith("| `")]
-        rows[name] = {line.split(" | ")[0].strip("| `").split(" ")[0]: line for line in lines}
+        lines = [line for line in body.splitlines() if line.startswith(("| `", "| <code>"))]
+        rows[name] = {first_flag(line): line for line in lines}
     return rows
 
 
@@ -39,6 +45,7 @@ def test_every_command_and_every_flag_is_on_the_page():
     for name, flag in (("tune", "--batch-sizes"), ("tune", "--scheduler"), ("plan", "--preset"), ("report", "--out")):
         assert flag in rows[name], (name, flag)
     assert "| `RUN_DIRS...` |" in flag_table.PAGE.read_text()  # report's argument
+    assert "<code>--workers N&#124;MIN..MAX</code>" in rows["run"]["--workers"]  # a pipe the table keeps
 
 
 def test_write_page_writes_the_generated_page_and_leaves_an_up_to_date_one(tmp_path):
