@@ -52,22 +52,23 @@ def on_nav(nav: Navigation, config: Any, files: Any) -> Navigation:
     return nav
 
 
-_LINK_DIR: list[str] = []
+PREFIX = "distrain-docs-"
 
 
 @event_priority(100)  # before mkdocstrings' own, which reads sys.path
 def on_config(config: Any) -> Any:
     root = Path(config.config_file_path).resolve().parent  # mkdocs.yml sits at the package's root
-    folder = tempfile.mkdtemp(prefix="distrain-docs-")
+    if any(Path(entry, "distrain").resolve() == root for entry in sys.path if entry):
+        return config  # already found (PYTHONPATH, or `mkdocs serve` loading the config again)
+    folder = tempfile.mkdtemp(prefix=PREFIX)
     (Path(folder) / "distrain").symlink_to(root, target_is_directory=True)
     sys.path.insert(0, folder)
-    _LINK_DIR.append(folder)
     return config
 
 
 def on_shutdown() -> None:
-    while _LINK_DIR:
-        folder = _LINK_DIR.pop()
-        if folder in sys.path:
-            sys.path.remove(folder)
+    # Found on sys.path rather than remembered: `mkdocs serve` loads this module again on each rebuild.
+    temp = Path(tempfile.gettempdir())
+    for folder in [e for e in sys.path if Path(e).name.startswith(PREFIX) and Path(e).parent == temp]:
+        sys.path.remove(folder)
         shutil.rmtree(folder, ignore_errors=True)  # the link only: rmtree does not follow it
