@@ -19,7 +19,7 @@ from distrain.config import parse_optimizer_args
 from distrain.errors import DistrainError, RunFailed
 
 DIVERGED_EXIT_CODE = 3  # not 2: files were written (the metrics, the summary); not 1: no bug either
-# What `distrain run` exits with (README "Exit codes", and `distrain run --help`). 1 is left to bugs
+# What `distrain run` exits with (docs/flags.md, and `distrain run --help`). 1 is left to bugs
 # (a traceback, the worker's own error among them).
 EXIT_CODES = {
     0: "completed",

@@ -171,7 +171,7 @@ class RunConfig:
     def global_batch_size(self) -> int:
         """Samples whose gradients make one update (the learning rate is scaled for this). An elastic
         run's is the MAX's: under the strategies that take a range each update is one worker's B samples
-        whatever the membership, so the rate is the one the fixed run at MAX uses (README, elastic). A
+        whatever the membership, so the rate is the one the fixed run at MAX uses (docs/elastic.md). A
         sharded replica (--fsdp D) is D data-parallel ranks: R x D x B (D x T under a tensor-parallel
         hybrid plan, config/layout_section.py), times --accumulate-steps k."""
         return self.worker_slots * layout_section.data_ranks_per_replica(self) * self.unit_samples

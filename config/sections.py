@@ -1,7 +1,7 @@
 """The run's spec: one frozen dataclass per concern (`SECTION_CLASSES`), each field a documented `setting`
 (its flag, help text, section, shown default), and the fixed choices those fields take.
 
-These are the declarations flags, YAML keys, `--help`, the README's flag tables and Tune's dimensions are
+These are the declarations flags, YAML keys, `--help`, docs/reference/cli.md and Tune's dimensions are
 made from. The checks of their values are registered next door (`section_checks.py`; the strategy section
 and its checks: `strategy_section.py`).
 """
