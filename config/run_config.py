@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from distrain.config import layout_section, strategy_section, yaml_io
+from distrain.config import layout_section, shares_section, strategy_section, yaml_io
 from distrain.config.checks import run_checks
 from distrain.config.parsing import (
     ChaosEvent,
@@ -208,6 +208,11 @@ class RunConfig:
     def samples_per_step(self) -> int:
         """Samples handed out per step: with backup workers, b x B more than the update uses."""
         return strategy_section.replicas_per_step(self) * layout_section.data_ranks_per_replica(self) * self.batch_size
+
+    @property
+    def worker_shares(self) -> tuple[int, ...] | None:
+        """Each worker's samples per step under --worker-weights, in rank order (None: equal slices)."""
+        return shares_section.worker_shares(self)
 
     @property
     def stragglers(self) -> dict[int, Slowdown]:

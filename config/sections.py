@@ -267,6 +267,15 @@ class Stragglers:
         "10 ms more, over two windows of 20 of its steps (released under half those margins).",
         "stragglers",
     )
+    worker_weights: str = setting(
+        "",
+        "Heterogeneous workers' static shares, one weight per worker (e.g. 3,1): each step's global batch "
+        "(--workers x --batch-size) is cut in proportion, each worker's gradient weighted by its share, so the "
+        "update is still the whole batch's (bsp, either transport; docs/heterogeneous.md).",
+        "stragglers",
+        "equal",
+        metavar="W1,W2,...",
+    )
 
 
 @dataclass(frozen=True)

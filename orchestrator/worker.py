@@ -117,6 +117,8 @@ class TrainWorker:
         # A full-batch strategy's step is one pass over the whole training set: one step per epoch.
         full_batch = strategy_class(config.strategy).full_batch
         self.sharder = EpochSharder(len(train), len(train) if full_batch else config.samples_per_step, config.seed)
+        # Heterogeneous workers (--worker-weights): each worker's samples per step, in rank order (None: equal).
+        self.shares = config.worker_shares
         # The run's end, and where checkpoints are taken: as the driver's dispatcher queues them (one rule).
         self.checkpoints = CheckpointSchedule.of_run(config, self.sharder.steps_per_epoch)
         self.total_steps = self.checkpoints.total_steps
@@ -240,6 +242,8 @@ class TrainWorker:
             if own is None:
                 idx = self._indices(epoch, step, slice_)
                 batch = self.train_reader.read(idx)
+                if self.shares is not None:  # its gradient stands for its share of the step's samples
+                    self.strategy.weigh_share(len(idx), self.sharder.global_batch)
                 if i + 1 < len(ahead) and ahead[i + 1][2] >= 0:
                     self.train_reader.prefetch(self._indices(*ahead[i + 1]))
                 # Moved here, timed (`h2d_s`); the trainer's own `to_device` then finds it in place.
@@ -333,7 +337,7 @@ class TrainWorker:
             rows["channel_state"] = [{"step": end, "state": state}]
 
     def _indices(self, epoch: int, step: int, slice_: int) -> np.ndarray:
-        return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step)
+        return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step, self.shares)
 
     def evaluate(self, shard: int, num_shards: int) -> tuple[dict[str, tuple[float, float]], float]:
         """Score this worker's contiguous share of the test set: ((sum, count) per metric, seconds)."""
