@@ -49,6 +49,7 @@ OPTIMIZER_NAMES = (
 )
 REFUSED_OPTIMIZER_NAMES = ("lbfgs", "sparseadam", "adafactor", "muon")
 PLACEMENTS = ("pack", "spread")
+BALANCE_MODES = ("none", "speed")  # --balance (config/shares_section.py)
 
 # The options of the built-in classification task, which a user's --task does not read.
 BUILTIN_TASK_FIELDS = ("model", "dataset", "data_dir", "target_accuracy")
@@ -275,6 +276,14 @@ class Stragglers:
         "stragglers",
         "equal",
         metavar="W1,W2,...",
+    )
+    balance: str = setting(
+        "none",
+        "none, or speed: the driver sets each worker's share of the step's batch in proportion to its measured "
+        "speed (seconds per sample), moving them at segment starts only when the predicted step time falls by "
+        "more than 10 %; the global batch and the update stay those of --workers x --batch-size (bsp, either "
+        "transport; starts from --worker-weights if given).",
+        "stragglers",
     )
 
 

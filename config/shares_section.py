@@ -1,5 +1,6 @@
-"""Heterogeneous workers' shares of each step's batch (--worker-weights; docs/heterogeneous.md): what the
-weights make of the global batch, and the runs that cannot take unequal shares yet, refused in one line.
+"""Heterogeneous workers' shares of each step's batch (--worker-weights, --balance speed;
+docs/heterogeneous.md): what the weights make of the global batch, and the runs that cannot take unequal
+shares yet, refused in one line.
 
 Unequal shares keep the update the whole batch's only where a step's gradients are combined by one mean
 that the channel can weight (BSP over either transport). The others are refused rather than run wrong:
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from distrain.config.checks import config_check
 from distrain.config.parsing import parse_worker_weights
+from distrain.config.sections import BALANCE_MODES
 from distrain.errors import ConfigError
 from distrain.trainers.shares import split_batch
 
@@ -32,11 +34,18 @@ def worker_shares(config: RunConfig) -> tuple[int, ...] | None:
     return split_batch(config.global_batch_size, weights)
 
 
+def unequal_shares(config: RunConfig) -> bool:
+    """Whether the run's workers may take unequal shares (--worker-weights or --balance speed)."""
+    return bool(str(config.worker_weights).strip()) or config.balance != "none"
+
+
 @config_check(stage="across")
-def check_worker_weights(config: RunConfig) -> None:
-    if not str(config.worker_weights).strip():
+def check_worker_shares(config: RunConfig) -> None:
+    if config.balance not in BALANCE_MODES:
+        raise ConfigError(f"unknown --balance {config.balance!r}; choose one of: {', '.join(BALANCE_MODES)}")
+    if not unequal_shares(config):
         return
-    given = f"{FLAG} {config.worker_weights}"
+    given = f"{FLAG} {config.worker_weights}" if str(config.worker_weights).strip() else "--balance speed"
     for flag, used in (
         ("--workers MIN..MAX", config.elastic),
         ("--schedule", bool(config.schedule)),
@@ -49,7 +58,7 @@ def check_worker_weights(config: RunConfig) -> None:
     if config.strategy not in SHARED_STRATEGIES:
         raise ConfigError(
             f"{given} applies to --strategy {', '.join(SHARED_STRATEGIES)} (either transport), not "
-            f"--strategy {config.strategy}; drop {FLAG}"
+            f"--strategy {config.strategy}; drop it"
         )
     options = config.options_of("bsp")
     for flag, used in (("--backup-workers", options.backup_workers), ("--backup-tasks", options.backup_tasks)):

@@ -211,12 +211,18 @@ class TrainWorker:
             self.strategy.channel.load_state_dict(channel)
 
     # ------------------------------------------------------------------ training
-    def run_segment(self, units: list[tuple[int, int, int]]) -> dict[str, list[Any]]:
+    def run_segment(self, units: list[tuple[int, int, int]], shares: list[int] | None = None) -> dict[str, list[Any]]:
         """Train on `units` ((epoch, step, slice) each), in order; returns their rows as columns.
+        `shares` (--balance speed): every worker's samples per step from this segment on, the same for
+        every worker's segment at these steps (the driver's orchestrator/balance.py decides them).
 
         The strategy may skip units or trade them for others (`Strategy.plan`); each computed unit
         gets one row.
         """
+        if shares is not None:
+            if len(shares) != self.strategy.slices_per_step or sum(shares) != self.sharder.global_batch:
+                raise ValueError(f"shares {shares} do not cut a step of {self.sharder.global_batch} samples")
+            self.shares = tuple(shares)
         rows: dict[str, list[Any]] = {c: [] for c in self.columns}
         diverged: dict[str, Any] | None = None
         # A strategy that computes the units as given (no portions handed out on the way) lets the
