@@ -272,7 +272,8 @@ class Stragglers:
         "",
         "Heterogeneous workers' static shares, one weight per worker (e.g. 3,1): each step's global batch "
         "(--workers x --batch-size) is cut in proportion, each worker's gradient weighted by its share, so the "
-        "update is still the whole batch's (bsp, either transport; docs/heterogeneous.md).",
+        "update is still the whole batch's (bsp over either transport; local-sgd and diloco weigh their "
+        "averages by the samples each replica took; docs/heterogeneous.md).",
         "stragglers",
         "equal",
         metavar="W1,W2,...",
@@ -281,8 +282,8 @@ class Stragglers:
         "none",
         "none, or speed: the driver sets each worker's share of the step's batch in proportion to its measured "
         "speed (seconds per sample), moving them at segment starts only when the predicted step time falls by "
-        "more than 10 %; the global batch and the update stay those of --workers x --batch-size (bsp, either "
-        "transport; starts from --worker-weights if given).",
+        "more than 10 %; the global batch stays --workers x --batch-size (bsp, local-sgd, diloco; starts from "
+        "--worker-weights if given).",
         "stragglers",
     )
 

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from distrain.config.run_config import RunConfig
 
 FLAG = "--worker-weights"
-# The strategies whose steps take unequal shares (one weighted mean of the gradients per step).
-SHARED_STRATEGIES = ("bsp",)
+# The strategies whose steps take unequal shares: BSP (one weighted mean of the gradients per step), local
+# SGD and DiLoCo (equal numbers of local steps at unequal batches, averages weighted by samples trained on).
+SHARED_STRATEGIES = ("bsp", "local-sgd", "diloco")
 
 
 def worker_shares(config: RunConfig) -> tuple[int, ...] | None:
@@ -57,11 +58,12 @@ def check_worker_shares(config: RunConfig) -> None:
     parse_worker_weights(config.worker_weights, config.worker_slots)  # numbers, positive, one per worker
     if config.strategy not in SHARED_STRATEGIES:
         raise ConfigError(
-            f"{given} applies to --strategy {', '.join(SHARED_STRATEGIES)} (either transport), not "
+            f"{given} applies to --strategy {', '.join(SHARED_STRATEGIES)}, not "
             f"--strategy {config.strategy}; drop it"
         )
-    options = config.options_of("bsp")
-    for flag, used in (("--backup-workers", options.backup_workers), ("--backup-tasks", options.backup_tasks)):
+    options = config.options_of("bsp") if config.strategy == "bsp" else None
+    backups = (options.backup_workers, options.backup_tasks) if options is not None else (0, False)
+    for flag, used in zip(("--backup-workers", "--backup-tasks"), backups, strict=True):
         if used:
             raise ConfigError(f"{given} does not compose with {flag}: a round's mean is over the first gradients in")
     if config.global_batch_size < config.worker_slots:

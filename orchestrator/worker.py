@@ -18,6 +18,7 @@ import ray
 import torch
 
 from distrain.config import RunConfig
+from distrain.config.shares_section import unequal_shares
 from distrain.errors import ResourceError
 from distrain.orchestrator.checkpoint import CHECKPOINTS
 from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
@@ -117,8 +118,10 @@ class TrainWorker:
         # A full-batch strategy's step is one pass over the whole training set: one step per epoch.
         full_batch = strategy_class(config.strategy).full_batch
         self.sharder = EpochSharder(len(train), len(train) if full_batch else config.samples_per_step, config.seed)
-        # Heterogeneous workers (--worker-weights): each worker's samples per step, in rank order (None: equal).
+        # Heterogeneous workers (--worker-weights, --balance speed): each worker's samples per step, in rank
+        # order (None: equal slices); `weighs`: the strategy is told each step's share (even an equal one).
         self.shares = config.worker_shares
+        self.weighs = unequal_shares(config)
         # The run's end, and where checkpoints are taken: as the driver's dispatcher queues them (one rule).
         self.checkpoints = CheckpointSchedule.of_run(config, self.sharder.steps_per_epoch)
         self.total_steps = self.checkpoints.total_steps
@@ -248,7 +251,7 @@ class TrainWorker:
             if own is None:
                 idx = self._indices(epoch, step, slice_)
                 batch = self.train_reader.read(idx)
-                if self.shares is not None:  # its gradient stands for its share of the step's samples
+                if self.weighs:  # its gradient stands for its share of the step's samples
                     self.strategy.weigh_share(len(idx), self.sharder.global_batch)
                 if i + 1 < len(ahead) and ahead[i + 1][2] >= 0:
                     self.train_reader.prefetch(self._indices(*ahead[i + 1]))

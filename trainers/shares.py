@@ -49,3 +49,24 @@ def gradient_weight(samples: int, workers: int, total: int) -> float:
     """The factor a worker's mean gradient over `samples` of a step's `total` is multiplied by before a mean
     over `workers`: b_i * N / B, so the mean is sum_i b_i g_i / B, the whole batch's mean gradient."""
     return samples * workers / total
+
+
+class ShareTally:
+    """The samples a worker took of its steps' samples since its replica last joined an average (local
+    SGD's round, a DiLoCo fragment's outer step). Under unequal shares the average weighs each replica by
+    them: the period's mean over the workers of tally weight x value is sum_i m_i / T x value_i, each
+    replica counted by the samples it trained on (T: the steps' samples, the same on every worker)."""
+
+    def __init__(self) -> None:
+        self.mine = 0
+        self.total = 0
+
+    def add(self, samples: int, step_samples: int) -> None:
+        self.mine += samples
+        self.total += step_samples
+
+    def take(self, workers: int) -> float:
+        """This worker's weight for the average now (1 without a tally), and start counting afresh."""
+        weight = gradient_weight(self.mine, workers, self.total) if self.total else 1.0
+        self.mine = self.total = 0
+        return weight

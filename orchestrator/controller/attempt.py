@@ -468,6 +468,9 @@ class Attempt:
             figures = self.group.actor_figures(self.config)
             if figures is not None:  # a failed run's actors may be gone; the metrics still tell
                 summary |= {"stragglers": self.detector.summary()} | figures
+        if unequal_shares(self.config):  # each worker's samples per step at the end (the report shows them)
+            final = self.balancer.current if self.balancer is not None else self.config.worker_shares
+            summary["worker_shares"] = list(final or ())
         if self.balancer is not None:  # --balance speed: the shares it ended at, and when they moved
             summary["balance"] = self.balancer.summary()
         summary.update(self.state.ledger.summary())

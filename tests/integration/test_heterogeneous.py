@@ -46,6 +46,7 @@ def test_weighted_shares_equal_one_process_at_the_global_batch_on_both_transport
         assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5, transport
         steps = step_rows(run)
         assert steps.groupby("worker")["samples"].unique().map(list).to_dict() == {0: [48], 1: [16]}, transport
+        assert run.summary["worker_shares"] == [48, 16]  # what the report shows
 
 
 def test_speed_balanced_shares_move_mid_epoch_see_every_sample_once_and_equal_one_process(tmp_path, one_process):
@@ -55,6 +56,7 @@ def test_speed_balanced_shares_move_mid_epoch_see_every_sample_once_and_equal_on
     config = cfg(tmp_path, "balanced", balance="speed", straggler=["1:x3"])
     run = run_training(config)
     moves = run.summary["balance"]["moves"]
+    assert run.summary["worker_shares"] == run.summary["balance"]["final_shares"] == moves[-1]["shares"]
     assert moves and moves[0]["step"] < 22 and moves[0]["shares"][1] < moves[0]["shares"][0], moves
     steps = step_rows(run)
     shares = steps.pivot(index="step", columns="worker", values="samples")
@@ -63,7 +65,7 @@ def test_speed_balanced_shares_move_mid_epoch_see_every_sample_once_and_equal_on
     sharder = EpochSharder(len(train), 64, config.seed)
     assert sharder.steps_per_epoch == 22
     seen = []
-    for (step, epoch), row in steps.groupby(["step", "epoch"]):
+    for step, epoch in steps[["step", "epoch"]].drop_duplicates().itertuples(index=False):
         cut = tuple(int(b) for b in shares.loc[step])
         within = step - epoch * sharder.steps_per_epoch
         blocks = [sharder.worker_indices(epoch, within, r, 2, cut) for r in range(2)]
@@ -72,3 +74,22 @@ def test_speed_balanced_shares_move_mid_epoch_see_every_sample_once_and_equal_on
     first = [s for s in seen if s[0] == 0]
     assert len(first) == len(set(first)) == 22 * 64
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+
+
+def test_local_sgd_and_diloco_weigh_their_averages_by_the_samples_each_replica_took(tmp_path, one_process):
+    """Equal numbers of local steps at unequal batches (--worker-weights 3,1): local SGD at τ = 1, its
+    momentum averaged with θ, is one process at 64; and DiLoCo with plain outer SGD (lr 1) is local SGD
+    at τ = H, each average weighted by the samples the replicas took (unweighted, it would not be)."""
+    shares = dict(worker_weights="3,1")
+    tau1 = run_training(cfg(tmp_path, "tau1", strategy="local-sgd", tau=1, **shares))
+    # Averaging θ_i − η m_i rounds differently from θ − η mean(m): test_local_sgd.py's tolerance for τ = 1
+    # vs BSP.
+    diff = (final_params(tau1.run_dir) - one_process).abs()
+    assert diff.max().item() <= 2e-4 and diff.mean().item() <= 2e-6
+    short = dict(momentum=0.0, max_steps=9, **shares)
+    local = run_training(cfg(tmp_path, "tau3", strategy="local-sgd", tau=3, **short))
+    diloco = run_training(
+        cfg(tmp_path, "h3", strategy="diloco", sync_every=3, outer_lr=1.0, outer_momentum=0.0, **short)
+    )
+    assert (final_params(diloco.run_dir) - final_params(local.run_dir)).abs().max().item() <= 1e-5
+    assert step_rows(diloco).groupby("worker")["samples"].unique().map(list).to_dict() == {0: [48], 1: [16]}

@@ -3,6 +3,8 @@ and the gradient weight that makes unequal batches' mean the whole batch's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -67,3 +69,15 @@ def test_the_config_gives_each_worker_its_share_of_the_global_batch():
     assert RunConfig(workers=2, batch_size=32, worker_weights="3,1").worker_shares == (48, 16)
     assert RunConfig(workers=3, batch_size=10, worker_weights="1, 1, 2").worker_shares == (8, 7, 15)
     assert RunConfig(workers=2).worker_shares is None
+
+
+def test_the_report_shows_each_workers_share():
+    import pandas as pd
+
+    from distrain.reporting.report import Run, table_rows
+
+    summary = {"workers": 2, "worker_shares": [48, 16], "status": "completed"}
+    run = Run(Path("r"), "r", {"strategy": "bsp", "workers": 2}, summary, pd.DataFrame())
+    assert table_rows([run])[0][2] == "2 (b=48/16)"
+    plain = Run(Path("p"), "p", {"strategy": "bsp", "workers": 2}, {"workers": 2}, pd.DataFrame())
+    assert table_rows([plain])[0][2] == "2"
