@@ -81,3 +81,17 @@ def test_the_report_shows_each_workers_share():
     assert table_rows([run])[0][2] == "2 (b=48/16)"
     plain = Run(Path("p"), "p", {"strategy": "bsp", "workers": 2}, {"workers": 2}, pd.DataFrame())
     assert table_rows([plain])[0][2] == "2"
+
+
+def test_the_planner_predicts_a_step_under_worker_speeds_and_recommends_proportional_shares():
+    from distrain.planning.heterogeneous import parse_worker_speeds, share_effect
+
+    effect = share_effect(0.010, 32, parse_worker_speeds("1,1,0.5"))
+    assert effect.equal_shares == (32, 32, 32) and effect.shares == (39, 38, 19)
+    assert effect.equal_step_s == pytest.approx(0.020)  # the half-speed worker's 32 samples
+    assert effect.balanced_step_s == pytest.approx(max(39 / 32 * 0.010, 19 / 32 * 0.010 / 0.5))
+    assert effect.speedup == pytest.approx(0.020 / effect.balanced_step_s) and effect.speedup > 1.5
+    assert "--worker-weights 1,1,0.5" in effect.text() and "39/38/19" in effect.text()
+    for bad in ("1,0", "1,x", "", "1,-2"):
+        with pytest.raises(ConfigError, match="--worker-speeds"):
+            parse_worker_speeds(bad)
