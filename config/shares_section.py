@@ -58,8 +58,7 @@ def check_worker_shares(config: RunConfig) -> None:
     parse_worker_weights(config.worker_weights, config.worker_slots)  # numbers, positive, one per worker
     if config.strategy not in SHARED_STRATEGIES:
         raise ConfigError(
-            f"{given} applies to --strategy {', '.join(SHARED_STRATEGIES)}, not "
-            f"--strategy {config.strategy}; drop it"
+            f"{given} applies to --strategy {', '.join(SHARED_STRATEGIES)}, not --strategy {config.strategy}; drop it"
         )
     options = config.options_of("bsp") if config.strategy == "bsp" else None
     backups = (options.backup_workers, options.backup_tasks) if options is not None else (0, False)

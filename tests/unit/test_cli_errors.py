@@ -249,6 +249,8 @@ BAD_INPUTS = [
     (["--worker-weights", "3,1", "--workers", "2..3"], ["does not compose with --workers MIN..MAX"]),
     (["--worker-weights", "3,1", "--pipeline-stages", "2"], ["does not compose with --pipeline-stages"]),
     (["--worker-weights", "3,1", "--fsdp", "2"], ["does not compose with --fsdp/--tensor-parallel"]),
+    (["--balance", "fastest"], ["unknown --balance 'fastest'", "none, speed"]),
+    (["--balance", "speed", "--strategy", "async"], ["--balance speed applies to", "not --strategy async"]),
     # straggler mitigation (issue 4)
     (["--transport", "ps", "--backup-workers", "-1"], ["--backup-workers must be >= 0"]),
     (["--backup-workers", "1"], ["--backup-workers needs", "--strategy bsp --transport ps"]),
