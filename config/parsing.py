@@ -66,6 +66,24 @@ def parse_stragglers(specs: list[str], workers: int) -> dict[int, Slowdown]:
     return slowdowns
 
 
+def parse_worker_weights(text: str, workers: int) -> tuple[float, ...]:
+    """ "3,1" (--worker-weights) -> (3.0, 1.0): one positive number per worker; "" -> () (equal shares)."""
+    if not str(text).strip():
+        return ()
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        weights = tuple(float(p) for p in parts)
+    except ValueError:
+        weights = ()
+    if not weights or not all(w > 0 and math.isfinite(w) for w in weights):
+        raise ConfigError(f"--worker-weights {text!r} must be positive numbers separated by commas, e.g. 3,1")
+    if len(weights) != workers:
+        raise ConfigError(
+            f"--worker-weights {text!r} gives {len(weights)} weights for {workers} workers; give one per worker"
+        )
+    return weights
+
+
 TARGET_SYNTAX = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*(\S+)\s*$")
 
 

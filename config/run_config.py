@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from distrain.config import layout_section, strategy_section, yaml_io
+from distrain.config import layout_section, shares_section, strategy_section, yaml_io
 from distrain.config.checks import run_checks
 from distrain.config.parsing import (
     ChaosEvent,
@@ -215,6 +215,11 @@ class RunConfig:
     def unit_samples(self) -> int:
         """Samples one data-parallel rank computes per update: --accumulate-steps k micro-batches of B."""
         return self.accumulate_steps * self.batch_size
+
+    @property
+    def worker_shares(self) -> tuple[int, ...] | None:
+        """Each worker's samples per step under --worker-weights, in rank order (None: equal slices)."""
+        return shares_section.worker_shares(self)
 
     @property
     def stragglers(self) -> dict[int, Slowdown]:

@@ -49,6 +49,7 @@ OPTIMIZER_NAMES = (
 )
 REFUSED_OPTIMIZER_NAMES = ("lbfgs", "sparseadam", "adafactor", "muon")
 PLACEMENTS = ("pack", "spread")
+BALANCE_MODES = ("none", "speed")  # --balance (config/shares_section.py)
 
 # The options of the built-in classification task, which a user's --task does not read.
 BUILTIN_TASK_FIELDS = ("model", "dataset", "data_dir", "target_accuracy")
@@ -281,6 +282,24 @@ class Stragglers:
         2.0,
         "Flag a worker as a straggler when its recent median compute time is this many times the others' and "
         "10 ms more, over two windows of 20 of its steps (released under half those margins).",
+        "stragglers",
+    )
+    worker_weights: str = setting(
+        "",
+        "Heterogeneous workers' static shares, one weight per worker (e.g. 3,1): each step's global batch "
+        "(--workers x --batch-size) is cut in proportion, each worker's gradient weighted by its share, so the "
+        "update is still the whole batch's (bsp over either transport; local-sgd and diloco weigh their "
+        "averages by the samples each replica took; docs/heterogeneous.md).",
+        "stragglers",
+        "equal",
+        metavar="W1,W2,...",
+    )
+    balance: str = setting(
+        "none",
+        "none, or speed: the driver sets each worker's share of the step's batch in proportion to its measured "
+        "speed (seconds per sample), moving them at segment starts only when the predicted step time falls by "
+        "more than 10 %; the global batch stays --workers x --batch-size (bsp, local-sgd, diloco; starts from "
+        "--worker-weights if given).",
         "stragglers",
     )
 

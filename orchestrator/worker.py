@@ -18,6 +18,7 @@ import ray
 import torch
 
 from distrain.config import RunConfig
+from distrain.config.shares_section import unequal_shares
 from distrain.errors import ResourceError
 from distrain.orchestrator.checkpoint import CHECKPOINTS
 from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
@@ -119,6 +120,10 @@ class TrainWorker:
         # A full-batch strategy's step is one pass over the whole training set: one step per epoch.
         full_batch = strategy_class(config.strategy).full_batch
         self.sharder = EpochSharder(len(train), len(train) if full_batch else config.samples_per_step, config.seed)
+        # Heterogeneous workers (--worker-weights, --balance speed): each worker's samples per step, in rank
+        # order (None: equal slices); `weighs`: the strategy is told each step's share (even an equal one).
+        self.shares = config.worker_shares
+        self.weighs = unequal_shares(config)
         # The run's end, and where checkpoints are taken: as the driver's dispatcher queues them (one rule).
         self.checkpoints = CheckpointSchedule.of_run(config, self.sharder.steps_per_epoch)
         self.total_steps = self.checkpoints.total_steps
@@ -211,12 +216,18 @@ class TrainWorker:
             self.strategy.channel.load_state_dict(channel)
 
     # ------------------------------------------------------------------ training
-    def run_segment(self, units: list[tuple[int, int, int]]) -> dict[str, list[Any]]:
+    def run_segment(self, units: list[tuple[int, int, int]], shares: list[int] | None = None) -> dict[str, list[Any]]:
         """Train on `units` ((epoch, step, slice) each), in order; returns their rows as columns.
+        `shares` (--balance speed): every worker's samples per step from this segment on, the same for
+        every worker's segment at these steps (the driver's orchestrator/balance.py decides them).
 
         The strategy may skip units or trade them for others (`Strategy.plan`); each computed unit
         gets one row.
         """
+        if shares is not None:
+            if len(shares) != self.strategy.slices_per_step or sum(shares) != self.sharder.global_batch:
+                raise ValueError(f"shares {shares} do not cut a step of {self.sharder.global_batch} samples")
+            self.shares = tuple(shares)
         rows: dict[str, list[Any]] = {c: [] for c in self.columns}
         diverged: dict[str, Any] | None = None
         # A strategy that computes the units as given (no portions handed out on the way) lets the
@@ -242,6 +253,8 @@ class TrainWorker:
             if own is None:
                 idx = self._indices(epoch, step, slice_)
                 batch = self.train_reader.read(idx)
+                if self.weighs:  # its gradient stands for its share of the step's samples
+                    self.strategy.weigh_share(len(idx), self.sharder.global_batch)
                 if i + 1 < len(ahead) and ahead[i + 1][2] >= 0:
                     self.train_reader.prefetch(self._indices(*ahead[i + 1]))
                 # Moved here, timed (`h2d_s`); the trainer's own `to_device` then finds it in place.
@@ -335,7 +348,7 @@ class TrainWorker:
             rows["channel_state"] = [{"step": end, "state": state}]
 
     def _indices(self, epoch: int, step: int, slice_: int) -> np.ndarray:
-        return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step)
+        return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step, self.shares)
 
     def evaluate(self, shard: int, num_shards: int) -> tuple[dict[str, tuple[float, float]], float]:
         """Score this worker's contiguous share of the test set: ((sum, count) per metric, seconds)."""

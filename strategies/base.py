@@ -286,6 +286,14 @@ class Strategy(ABC):
         runs its schedule here)."""
         return trainer.compute_gradients(batch)
 
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """Heterogeneous shares (docs/heterogeneous.md): this worker's next gradient is the mean over
+        `samples` of the step's `step_samples`. By default the channel weights it by b_i * N / B on its way
+        out, so the mean over the N workers is the whole batch's mean gradient."""
+        from distrain.trainers.shares import gradient_weight
+
+        self.channel.gradient_weight = gradient_weight(samples, self.slices_per_step, step_samples)
+
     def eval_share(self, shard: int, num_shards: int) -> tuple[int, int]:
         """Which share of the test set worker `shard` of `num_shards` scores: (share, shares)."""
         return shard, num_shards

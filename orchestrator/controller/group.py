@@ -74,8 +74,11 @@ class WorkerGroup(Protocol):
     def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         """Worker `rank`'s codec state now (orchestrator/channel_checkpoint.py; empty without a codec)."""
 
-    def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> Any:
-        """Make a call on worker `rank`; the handle `wait` and `result` take."""
+    def submit(
+        self, kind: str, rank: int, payload: Any, whole_test_set: bool = False, shares: tuple[int, ...] | None = None
+    ) -> Any:
+        """Make a call on worker `rank`; the handle `wait` and `result` take. `shares`: a segment's
+        workers' samples per step (--balance speed), where the driver sets them."""
 
     def wait(self, handles: list[Any], timeout: float, num_returns: int = 1) -> list[Any]:
         """Handles among `handles` whose result is in: up to `num_returns`, once that many are (or

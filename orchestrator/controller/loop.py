@@ -87,7 +87,13 @@ class PhaseLoop:
         if kind == "segment" and self.scaling is not None:
             self.scaling.fed(rank)
         # An elastic run's one member scores the whole test set (membership changes).
-        return self.a.group.submit(kind, rank, payload, whole_test_set=self.a.membership is not None)
+        whole = self.a.membership is not None
+        balancer = self.a.balancer
+        if kind == "segment" and balancer is not None and payload:  # --balance speed: the same for every worker
+            epoch, step, _ = payload[0]
+            shares = balancer.shares_for(epoch * self.a.steps_per_epoch + step)
+            return self.a.group.submit(kind, rank, payload, whole_test_set=whole, shares=shares)
+        return self.a.group.submit(kind, rank, payload, whole_test_set=whole)
 
     # ------------------------------------------------------------------ losses
     def lose(self, lost: RunLost, rank: int | None = None) -> None:

@@ -255,10 +255,12 @@ class RayWorkerGroup:
     def channel_state(self, rank: int, timeout: float | None) -> dict[str, Any]:
         return self.result(self.workers[rank].channel_state.remote(), rank, timeout)
 
-    def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> Any:
+    def submit(
+        self, kind: str, rank: int, payload: Any, whole_test_set: bool = False, shares: tuple[int, ...] | None = None
+    ) -> Any:
         worker = self.workers[rank]
         if kind == "segment":
-            return worker.run_segment.remote(payload)
+            return worker.run_segment.remote(payload, None if shares is None else list(shares))
         if kind == "eval":
             return worker.evaluate.remote(0, 1) if whole_test_set else worker.evaluate.remote(rank, len(self.workers))
         assert kind == "state", kind

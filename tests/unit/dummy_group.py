@@ -160,7 +160,9 @@ class DummyGroup:
         self.log.append(("channel_state", rank))
         return {"grads": {"residual": torch.tensor([rank, int(worker.value)])}} if self.config.compress else {}
 
-    def submit(self, kind: str, rank: int, payload: Any, whole_test_set: bool = False) -> int:
+    def submit(
+        self, kind: str, rank: int, payload: Any, whole_test_set: bool = False, shares: tuple[int, ...] | None = None
+    ) -> int:
         handle = next(self.ids)
         self.calls[handle] = Call(kind, rank, payload, self.workers[rank])
         self.log.append((kind, rank))

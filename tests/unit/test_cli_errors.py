@@ -239,6 +239,18 @@ BAD_INPUTS = [
     (["--straggler", "1"], ["--straggler '1'"]),
     (["--straggler", "1:x0.5"], ["--straggler '1:x0.5'", "RANK:xF", "F >= 1"]),
     (["--init-from", "{in}/missing.pt"], ["--init-from", "not a file"]),
+    # heterogeneous workers (issue 31)
+    (["--worker-weights", "3,1,1"], ["--worker-weights '3,1,1' gives 3 weights for 2 workers"]),
+    (["--worker-weights", "3,0"], ["--worker-weights '3,0' must be positive numbers"]),
+    (["--worker-weights", "3,-1"], ["--worker-weights '3,-1' must be positive numbers"]),
+    (["--worker-weights", "3;1"], ["--worker-weights '3;1' must be positive numbers"]),
+    (["--worker-weights", "3,1", "--strategy", "ssp"], ["applies to --strategy bsp", "not --strategy ssp"]),
+    (["--worker-weights", "3,1", "--transport", "ps", "--backup-tasks"], ["does not compose with --backup-tasks"]),
+    (["--worker-weights", "3,1", "--workers", "2..3"], ["does not compose with --workers MIN..MAX"]),
+    (["--worker-weights", "3,1", "--pipeline-stages", "2"], ["does not compose with --pipeline-stages"]),
+    (["--worker-weights", "3,1", "--fsdp", "2"], ["does not compose with --fsdp/--tensor-parallel"]),
+    (["--balance", "fastest"], ["unknown --balance 'fastest'", "none, speed"]),
+    (["--balance", "speed", "--strategy", "async"], ["--balance speed applies to", "not --strategy async"]),
     # straggler mitigation (issue 4)
     (["--transport", "ps", "--backup-workers", "-1"], ["--backup-workers must be >= 0"]),
     (["--backup-workers", "1"], ["--backup-workers needs", "--strategy bsp --transport ps"]),
