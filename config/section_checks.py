@@ -13,6 +13,7 @@ from distrain.config.parsing import parse_chaos, parse_stragglers, parse_target
 from distrain.config.sections import (
     BUILTIN_TASK_FIELDS,
     COMMON_FIELDS,
+    LOGGER_NAMES,
     LR_DECAYS,
     LR_SCALING_RULES,
     ON_NONFINITE,
@@ -160,6 +161,11 @@ def check_output(config: RunConfig) -> None:
         raise ConfigError(f"--target-accuracy must be in (0, 1], got {config.target_accuracy}")
     if config.target:
         parse_target(config.target)
+    unknown = [name for name in config.logger_names if name not in LOGGER_NAMES]
+    if unknown:
+        raise ConfigError(f"--loggers: unknown logger {unknown[0]!r}; choose from {', '.join(LOGGER_NAMES)}")
+    if config.mlflow_uri and "mlflow" not in config.logger_names:
+        raise ConfigError("--mlflow-uri is for --loggers mlflow; add mlflow to --loggers or drop --mlflow-uri")
 
 
 @config_check

@@ -101,10 +101,10 @@ def run_training(
     started for the run stays up for the next one in this process (cluster.connect)."""
     emit = on_event or (lambda event: None)
     hooks = Callbacks(callbacks)
-    if config.tensorboard:
-        from distrain.orchestrator.tensorboard import TensorBoardWriter
+    if config.tensorboard or config.loggers:
+        from distrain.orchestrator.loggers import build_loggers
 
-        hooks.callbacks.append(TensorBoardWriter(config.tensorboard))
+        hooks.callbacks.extend(build_loggers(config))
     emit(Preparing("checking the task, its data and the run directory"))
     plan = preflight(config, resume, auto)
     connection = None

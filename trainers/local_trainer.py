@@ -60,6 +60,7 @@ class LocalTrainer:
             offset += n
         self._grads_are_views: bool | None = None
         self.last_loss = float("nan")  # the last batch's loss (local SGD's AdaComm reads it)
+        self.last_logs: dict[str, float] | None = None  # the task's own scalars of the last batch (see split_loss)
         # The optimizer steps one flat tensor (θ in `params_flat`, its gradient `grads_flat`), as a PS
         # shard steps its slice. Every optimizer distrain runs is element-wise, so each value gets the
         # same update as under a per-tensor step, while a step costs one pass of ~10 kernels instead of
@@ -78,7 +79,7 @@ class LocalTrainer:
         self.model.train()
         self.grads_flat.zero_()
         with autocast(self.precision, self.device):
-            loss = scalar_loss(self.task, self.task.loss(self.model, to_device(batch, self.device)))
+            loss, logs = split_loss(self.task, self.task.loss(self.model, to_device(batch, self.device)))
         loss = loss.float()
         if self.scaler is not None:
             (loss * self.scaler.scale).backward()
@@ -87,6 +88,7 @@ class LocalTrainer:
             loss.backward()
         self._ensure_grads_in_flat_buffer()
         self.last_loss = float(loss.detach())
+        self.last_logs = logged_values(self.task, logs)
         return self.last_loss
 
     def portion_sums(self, batch: Any, with_gradient: bool) -> tuple[float, int]:
@@ -167,6 +169,33 @@ class LocalTrainer:
 
     def load_flat_optimizer_state(self, flat: FlatOptimizerState) -> None:
         import_flat_state(self.optimizer, [self.flat_param], flat)
+
+
+def split_loss(task: Task, returned: Any) -> tuple[torch.Tensor, Any]:
+    """What the task's `loss` returned, as (the scalar loss, its own scalars or None). A task logs values
+    of its own per step by returning `(loss, {"name": value})`; they reach the metrics as `train_<name>`
+    columns and every logger. A plain tensor (the usual case) costs one type check."""
+    if type(returned) is tuple and len(returned) == 2:
+        return scalar_loss(task, returned[0]), returned[1]
+    return scalar_loss(task, returned), None
+
+
+def logged_values(task: Task, logs: Any) -> dict[str, float] | None:
+    """The task's own scalars (the dict `split_loss` found) as floats, checked; None when it logged none.
+    Read after the backward pass, so a tensor value's host copy waits for nothing the step still needs."""
+    if logs is None:
+        return None
+    if not isinstance(logs, dict) or not all(isinstance(k, str) and k for k in logs):
+        raise TypeError(
+            f"{type(task).__name__}.loss returned a (loss, logs) pair whose logs are {type(logs).__name__}; "
+            "they must be a dict {name: number}"
+        )
+    try:
+        return {name: float(value.detach() if torch.is_tensor(value) else value) for name, value in logs.items()}
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(
+            f"{type(task).__name__}.loss returned logs that are not all numbers (one scalar per name)"
+        ) from None
 
 
 def scalar_loss(task: Task, loss: Any) -> torch.Tensor:

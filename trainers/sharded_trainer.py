@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distrain.trainers.local_trainer import evaluate_model, scalar_loss
+from distrain.trainers.local_trainer import evaluate_model, logged_values, split_loss
 from distrain.trainers.optim_state import (
     FlatOptimizerState,
     import_flat_state,
@@ -77,6 +77,7 @@ class ShardedTrainer:
         self.loaded_from: Path | None = None  # the sharded checkpoint this worker started from, if any
         self._pending_dir: Path | None = None  # that checkpoint, until `shard` has cut the model
         self.last_loss = float("nan")
+        self.last_logs: dict[str, float] | None = None  # the task's own scalars (local_trainer.split_loss)
         self.hybrid: HybridGradients | None = None
 
     # ------------------------------------------------------------------ sharding
@@ -138,13 +139,14 @@ class ShardedTrainer:
         assert self.optimizer is not None, "shard() comes first"
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = scalar_loss(self.task, self.task.loss(self.model, to_device(batch, self.device)))
+        loss, logs = split_loss(self.task, self.task.loss(self.model, to_device(batch, self.device)))
         if self.hybrid is None:
             loss.float().backward()
         else:
             self.hybrid.scale(loss.float()).backward()
             self.hybrid.sum_whole(self.model)
         self.last_loss = float(loss.detach())
+        self.last_logs = logged_values(self.task, logs)
         return self.last_loss
 
     def local_grad_sum(self) -> torch.Tensor:
