@@ -134,7 +134,7 @@ def check_lr_decay(config: RunConfig) -> None:
 @config_check
 def check_checkpointing(config: RunConfig) -> None:
     at_least(config, ("checkpoint_every", "checkpoint_steps"), 0)
-    if config.init_from and not Path(config.init_from).is_file():
+    if config.init_from and "://" not in config.init_from and not Path(config.init_from).is_file():  # or a URI
         raise ConfigError(f"--init-from {config.init_from!r} is not a file; pass a checkpoint (.pt) path")
 
 

@@ -10,7 +10,8 @@ Every logger sees the same figures, x axis = global steps completed:
 `Logger` turns the driver's hooks (worker rows, evaluations) into those figures; a back end implements
 `open`, `write`, `flush` and `close`: tensorboard (orchestrator/tensorboard.py), csv (csv_logger.py),
 mlflow (mlflow_logger.py). A step is written once every worker's row of it is in (rows arrive per
-segment and per worker, in any order), and at an evaluation or the run's end whatever is pending.
+segment and per worker, in any order, an evaluation's sometimes before them), and at the run's end
+whatever is still pending.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ class Logger(Callback):
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         if not self.opened:
             return
+        # Steps still waiting for a worker's rows stay pending: an evaluation can begin before the driver has
+        # taken in every worker's last segment (their rows come after it), and a step half averaged would
+        # be written wrong. A step some worker never reports (k-of-n, backup tasks) is written at the end.
         done = int(metrics["steps_done"])
-        self._write_steps(sorted(s for s in self.pending if s < done))  # the evaluated steps are all in
         tests = {
             f"test/{name.removeprefix('test_')}": float(value)
             for name, value in metrics.items()

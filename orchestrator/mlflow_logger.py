@@ -5,8 +5,8 @@ The tracking URI is --mlflow-uri, by default a SQLite database beside the run di
 (`loggers.default_mlflow_uri`: no server; MLflow's file store is legacy). Written through an
 `MlflowClient` of its own, not the `mlflow.start_run` global: a notebook's own active run is left alone.
 Metrics are buffered and sent in batches at each evaluation and at the end (one database transaction per
-batch, not per step). The MLflow run's id is kept in RUN_DIR/mlflow_run.json, so a resumed run goes on
-logging to the same MLflow run. Needs the `mlflow` extra (mlflow-skinny with SQLAlchemy and Alembic).
+batch, not per step). The MLflow run's id and tracking URI are kept in RUN_DIR/mlflow_run.json, so a resumed run (from a
+--storage copy too) goes on logging to the same MLflow run. Needs the `mlflow` extra (mlflow-skinny with SQLAlchemy and Alembic).
 """
 
 from __future__ import annotations
@@ -40,13 +40,15 @@ class MlflowLogger(Logger):
     def open(self, info: RunInfo) -> None:
         from mlflow.entities import Param
 
-        self.uri = self.uri or default_mlflow_uri(info.run_dir)
-        self.client = self._client_class(tracking_uri=self.uri)
         self.record = info.run_dir / RUN_FILE
-        if self.record.exists():  # a resumed run: the same MLflow run
-            self.run_id = json.loads(self.record.read_text())["run_id"]
+        if self.record.exists():  # a resumed run: the same MLflow run, where it is (unless --mlflow-uri moved it)
+            recorded = json.loads(self.record.read_text())
+            self.run_id, self.uri = recorded["run_id"], self.uri or recorded["tracking_uri"]
+            self.client = self._client_class(tracking_uri=self.uri)
             self.client.update_run(self.run_id, status="RUNNING")
             return
+        self.uri = self.uri or default_mlflow_uri(info.run_dir)
+        self.client = self._client_class(tracking_uri=self.uri)
         experiment = self.client.get_experiment_by_name(EXPERIMENT)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
         run = self.client.create_run(experiment_id, run_name=info.run_dir.name)

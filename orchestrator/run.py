@@ -105,6 +105,11 @@ def run_training(
         from distrain.orchestrator.loggers import build_loggers
 
         hooks.callbacks.extend(build_loggers(config))
+    if config.storage:  # last: it copies what the others wrote
+        from distrain.orchestrator.storage import StorageSync, check_storage
+
+        check_storage(config.storage)
+        hooks.callbacks.append(StorageSync(config.storage, config.sharded))
     emit(Preparing("checking the task, its data and the run directory"))
     plan = preflight(config, resume, auto)
     connection = None

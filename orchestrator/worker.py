@@ -6,6 +6,7 @@ segment's metrics rows as columns, so it is off the per-step path and gathers me
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -200,6 +201,11 @@ class TrainWorker:
         impl = strategy_class(config.strategy).implementation(config)
         self.strategy = impl(config, ctx)
         self.strategy.setup(self.trainer)
+        saver = getattr(self.strategy, "saver", None)  # a sharded replica's checkpoint shards: its own copy
+        if saver is not None and config.storage:  # to --storage (the driver's sync leaves state-*/ alone)
+            from distrain.orchestrator.storage import upload_files
+
+            saver.upload = functools.partial(upload_files, Path(config.run_dir), config.storage)
         self.columns = STEP_COLUMNS + tuple(c for c in impl.metric_columns if c not in STEP_COLUMNS)
         saved, self.strategy_state = self.strategy_state, None
         if saved is not None and saved.get("strategy") == self.strategy.name:

@@ -54,6 +54,7 @@ def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run
                 num_cpus=config.cpus_per_worker,
                 num_gpus=config.gpus_per_worker,
                 scheduling_strategy=placement.worker(rank),
+                **storage_env(config),
             )
             .remote(config, rank, run_start)
         )
@@ -62,7 +63,21 @@ def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run
         worker.rebuild.remote(config, rank, run_start)  # runs before any later call: an actor's calls keep their order
         return worker
     pinned = NodeAffinitySchedulingStrategy(node, soft=False)
-    return ray.remote(TrainWorker).options(num_cpus=0, scheduling_strategy=pinned).remote(config, rank, run_start)
+    return (
+        ray.remote(TrainWorker)
+        .options(num_cpus=0, scheduling_strategy=pinned, **storage_env(config))
+        .remote(config, rank, run_start)
+    )
+
+
+def storage_env(config: RunConfig) -> dict[str, Any]:
+    """--storage: the driver's AWS_* variables (credentials, region, endpoint) in the worker's environment,
+    which a worker copying its checkpoint shards there needs on any node (a Ray started earlier, or on
+    another machine, does not have this process's environment)."""
+    from distrain.orchestrator.storage import aws_environment
+
+    env = aws_environment() if config.storage else {}
+    return {"runtime_env": {"env_vars": env}} if env else {}
 
 
 def worker_node(placement: cluster.Placement, rank: int) -> str | None:
