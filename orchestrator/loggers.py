@@ -9,15 +9,14 @@ Every logger sees the same figures, x axis = global steps completed:
 
 `Logger` turns the driver's hooks (worker rows, evaluations) into those figures; a back end implements
 `open`, `write`, `flush` and `close`: tensorboard (orchestrator/tensorboard.py), csv (csv_logger.py),
-mlflow (mlflow_logger.py). A step is written once every worker's row of it is in (rows arrive per
-segment and per worker, in any order, an evaluation's sometimes before them), and at the run's end
-whatever is still pending.
+mlflow (mlflow_logger.py); `logger_choice.build_loggers` makes those a run names. A step is written once
+every worker's row of it is in (rows arrive per segment and per worker, in any order, an evaluation's
+sometimes before them), and at the run's end whatever is still pending.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from distrain.orchestrator.callbacks import Callback, RunInfo
@@ -123,32 +122,3 @@ class Logger(Callback):
             if speed is not None and step == steps[-1]:
                 values["train/samples_per_s"] = speed
             self.write(step + 1, values)
-
-
-def build_loggers(config: Any) -> list[Logger]:
-    """The loggers --loggers names (and --tensorboard DIR's, which writes under DIR/<run id>/)."""
-    loggers: list[Logger] = []
-    if config.tensorboard:
-        from distrain.orchestrator.tensorboard import TensorBoardWriter
-
-        loggers.append(TensorBoardWriter(config.tensorboard))
-    for name in config.logger_names:
-        if name == "tensorboard":
-            from distrain.orchestrator.tensorboard import TensorBoardWriter
-
-            loggers.append(TensorBoardWriter(None))
-        elif name == "csv":
-            from distrain.orchestrator.csv_logger import CsvLogger
-
-            loggers.append(CsvLogger())
-        elif name == "mlflow":
-            from distrain.orchestrator.mlflow_logger import MlflowLogger
-
-            loggers.append(MlflowLogger(config.mlflow_uri))
-    return loggers
-
-
-def default_mlflow_uri(run_dir: Path) -> str:
-    """--loggers mlflow without --mlflow-uri: one SQLite database beside the run directories (runs/), so the
-    runs of one folder compare in one MLflow experiment, with no server (MLflow's file store is legacy)."""
-    return f"sqlite:///{run_dir.resolve().parent / 'mlflow.db'}"

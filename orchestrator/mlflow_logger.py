@@ -5,19 +5,21 @@ The tracking URI is --mlflow-uri, by default a SQLite database beside the run di
 (`loggers.default_mlflow_uri`: no server; MLflow's file store is legacy). Written through an
 `MlflowClient` of its own, not the `mlflow.start_run` global: a notebook's own active run is left alone.
 Metrics are buffered and sent in batches at each evaluation and at the end (one database transaction per
-batch, not per step). The MLflow run's id and tracking URI are kept in RUN_DIR/mlflow_run.json, so a resumed run (from a
---storage copy too) goes on logging to the same MLflow run. Needs the `mlflow` extra (mlflow-skinny with SQLAlchemy and Alembic).
+batch, not per step). The MLflow run's id and tracking URI are kept in RUN_DIR/mlflow_run.json, so a
+resumed run (from a --storage copy too) goes on logging to the same MLflow run. Needs the `mlflow` extra
+(mlflow-skinny with SQLAlchemy and Alembic).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from distrain.errors import ConfigError
 from distrain.orchestrator.callbacks import RunInfo
-from distrain.orchestrator.loggers import Logger, default_mlflow_uri
+from distrain.orchestrator.loggers import Logger
 
 EXPERIMENT = "distrain"
 RUN_FILE = "mlflow_run.json"
@@ -74,3 +76,9 @@ class MlflowLogger(Logger):
     def close(self, summary: dict[str, Any]) -> None:
         self.flush()
         self.client.set_terminated(self.run_id, status=STATUS.get(str(summary.get("status")), "FAILED"))
+
+
+def default_mlflow_uri(run_dir: Path) -> str:
+    """--loggers mlflow without --mlflow-uri: one SQLite database beside the run directories (runs/), so the
+    runs of one folder compare in one MLflow experiment, with no server (MLflow's file store is legacy)."""
+    return f"sqlite:///{run_dir.resolve().parent / 'mlflow.db'}"

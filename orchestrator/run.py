@@ -102,7 +102,7 @@ def run_training(
     emit = on_event or (lambda event: None)
     hooks = Callbacks(callbacks)
     if config.tensorboard or config.loggers:
-        from distrain.orchestrator.loggers import build_loggers
+        from distrain.orchestrator.logger_choice import build_loggers
 
         hooks.callbacks.extend(build_loggers(config))
     if config.storage:  # last: it copies what the others wrote

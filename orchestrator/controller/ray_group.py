@@ -71,12 +71,13 @@ def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run
 
 
 def storage_env(config: RunConfig) -> dict[str, Any]:
-    """--storage: the driver's AWS_* variables (credentials, region, endpoint) in the worker's environment,
-    which a worker copying its checkpoint shards there needs on any node (a Ray started earlier, or on
-    another machine, does not have this process's environment)."""
+    """--storage: the driver's AWS_* variables (credentials, region, endpoint) in the environment of a
+    sharded run's workers, which copy their checkpoint shards there from any node (a Ray started earlier,
+    or on another machine, does not have this process's environment). Other workers write nothing there,
+    and keep Ray's ready worker processes (an actor with a runtime_env of its own needs a new one)."""
     from distrain.orchestrator.storage import aws_environment
 
-    env = aws_environment() if config.storage else {}
+    env = aws_environment() if config.storage and config.sharded else {}
     return {"runtime_env": {"env_vars": env}} if env else {}
 
 

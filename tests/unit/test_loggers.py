@@ -12,7 +12,7 @@ import pytest
 from distrain.config import RunConfig
 from distrain.errors import ConfigError
 from distrain.orchestrator.callbacks import RunInfo
-from distrain.orchestrator.loggers import build_loggers
+from distrain.orchestrator.logger_choice import build_loggers
 from tests.tensorboard_events import read_scalars
 
 # Two workers, three global steps, rows arriving out of order and per segment; the task logs `acc`
