@@ -115,7 +115,10 @@ class StorageSync(Callback):
 
     def on_checkpoint(self, path: Path, step: int) -> None:
         if self.uploader is not None:
-            self.uploader.sync()
+            try:
+                self.uploader.sync()
+            except OSError:  # the storage out of reach for now: the next copy sends what this one missed,
+                pass  # and the one at the end raises (training goes on meanwhile, staged locally)
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
         if self.uploader is not None:
