@@ -95,3 +95,24 @@ def test_uris_that_cannot_be_used_are_refused_in_one_line(tmp_path, s3_bucket): 
         filesystem("nosuch://x/y")
     with pytest.raises(ConfigError, match="nothing there"):
         download(f"{s3_bucket}/no-such-run", "--resume")
+
+
+def test_a_failed_copy_at_a_checkpoint_is_made_up_later_and_raised_only_at_the_end(tmp_path, monkeypatch):
+    run_dir = make_run(tmp_path)
+    storage = str(tmp_path / "shared")
+    sync = StorageSync(storage, sharded=False)
+    info = RunInfo(run_dir, RunConfig(), total_steps=4, steps_per_epoch=2, start_step=0, num_params=1, target=None)
+    sync.on_run_start(info)
+    real = sync.uploader.sync
+
+    def unreachable(only=None):
+        raise OSError("connection refused")
+
+    (run_dir / "checkpoints" / "step-00000004.pt").write_bytes(b"ckpt4")
+    monkeypatch.setattr(sync.uploader, "sync", unreachable)
+    sync.on_checkpoint(run_dir / "checkpoints" / "step-00000004.pt", 4)  # the run goes on
+    with pytest.raises(OSError, match="connection refused"):
+        sync.on_run_end({"status": "completed"})
+    monkeypatch.setattr(sync.uploader, "sync", real)
+    sync.on_run_end({"status": "completed"})
+    assert remote_files(f"{storage}/r1")["checkpoints/step-00000004.pt"] == b"ckpt4"
