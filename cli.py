@@ -147,7 +147,11 @@ def list_strategies() -> None:
 @user_errors
 def report(
     run_dirs: Annotated[
-        list[Path], typer.Argument(help="Run directories written by `distrain run` (e.g. runs/*).", show_default=False)
+        list[str],  # not Paths: a --storage URI (s3://...) would lose a slash
+        typer.Argument(
+            help="Run directories written by `distrain run` (e.g. runs/*), or their --storage URIs.",
+            show_default=False,
+        ),
     ],
     out_dir: Annotated[
         Path | None,

@@ -151,6 +151,11 @@ class RunConfig:
 
     # ------------------------------------------------------------------ derived values
     @property
+    def logger_names(self) -> list[str]:
+        """--loggers as a list of names, in the order given, each once."""
+        return list(dict.fromkeys(n.strip().lower() for n in self.loggers.split(",") if n.strip()))
+
+    @property
     def elastic(self) -> bool:
         """--workers MIN..MAX: membership changes while the run goes on (orchestrator/membership.py)."""
         return self.max_workers > 0

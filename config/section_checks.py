@@ -13,6 +13,7 @@ from distrain.config.parsing import parse_chaos, parse_stragglers, parse_target
 from distrain.config.sections import (
     BUILTIN_TASK_FIELDS,
     COMMON_FIELDS,
+    LOGGER_NAMES,
     LR_DECAYS,
     LR_SCALING_RULES,
     ON_NONFINITE,
@@ -157,7 +158,7 @@ def check_update_rules(config: RunConfig) -> None:
 @config_check
 def check_checkpointing(config: RunConfig) -> None:
     at_least(config, ("checkpoint_every", "checkpoint_steps"), 0)
-    if config.init_from and not Path(config.init_from).is_file():
+    if config.init_from and "://" not in config.init_from and not Path(config.init_from).is_file():  # or a URI
         raise ConfigError(f"--init-from {config.init_from!r} is not a file; pass a checkpoint (.pt) path")
 
 
@@ -184,6 +185,11 @@ def check_output(config: RunConfig) -> None:
         raise ConfigError(f"--target-accuracy must be in (0, 1], got {config.target_accuracy}")
     if config.target:
         parse_target(config.target)
+    unknown = [name for name in config.logger_names if name not in LOGGER_NAMES]
+    if unknown:
+        raise ConfigError(f"--loggers: unknown logger {unknown[0]!r}; choose from {', '.join(LOGGER_NAMES)}")
+    if config.mlflow_uri and "mlflow" not in config.logger_names:
+        raise ConfigError("--mlflow-uri is for --loggers mlflow; add mlflow to --loggers or drop --mlflow-uri")
 
 
 @config_check

@@ -50,6 +50,8 @@ OPTIMIZER_NAMES = (
 REFUSED_OPTIMIZER_NAMES = ("lbfgs", "sparseadam", "adafactor", "muon")
 PLACEMENTS = ("pack", "spread")
 BALANCE_MODES = ("none", "speed")  # --balance (config/shares_section.py)
+# --loggers (orchestrator/loggers.py builds them)
+LOGGER_NAMES = ("tensorboard", "csv", "mlflow")
 
 # The options of the built-in classification task, which a user's --task does not read.
 BUILTIN_TASK_FIELDS = ("model", "dataset", "data_dir", "target_accuracy")
@@ -325,6 +327,28 @@ class Output:
         "Write TensorBoard event files (training loss, lr, samples/s, test metrics) under DIR/<run id>/.",
         "output",
         metavar="DIR",
+    )
+    loggers: str = setting(
+        "",
+        f"Log each step's figures (loss, lr, samples/s, the task's own scalars) and each evaluation's with "
+        f"these, comma-separated: {_one_of(LOGGER_NAMES, 'and')} (tensorboard: RUN_DIR/tensorboard/; csv: "
+        f"RUN_DIR/scalars.csv; mlflow: --mlflow-uri, needs the mlflow extra).",
+        "output",
+        metavar="NAME,...",
+    )
+    mlflow_uri: str = setting(
+        "",
+        "MLflow tracking URI for --loggers mlflow, e.g. sqlite:///runs/mlflow.db or http://host:5000.",
+        "output",
+        "sqlite:///<run dir's parent>/mlflow.db",
+    )
+    storage: str = setting(
+        "",
+        "Also keep the run on this storage: a local path or a pyarrow filesystem URI (s3://bucket/prefix; "
+        "credentials and endpoint from AWS_* variables). The run directory is synced to URI/<run id>/ at each "
+        "checkpoint and at the end; --resume, --init-from, report and load_model take such URIs.",
+        "output",
+        metavar="URI",
     )
 
 

@@ -22,7 +22,7 @@ from distrain.config.layout_section import GLOBAL_BATCH, LAYOUT_FIELDS, global_b
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.checkpoint import LATEST, latest_checkpoint, load_checkpoint_for, whole_checkpoint
 from distrain.orchestrator.checkpoint_schedule import run_steps
-from distrain.orchestrator.metrics import SCHEMA, MetricsSink
+from distrain.orchestrator.metrics import LOGGED_PREFIX, SCHEMA, MetricsSink
 from distrain.trainers.datasets import DATASETS
 
 # Flags a resumed run may change: none of them changes what one step computes.
@@ -32,6 +32,9 @@ RESUMABLE = frozenset(
         "max_steps",
         "eval_every",
         "tensorboard",
+        "loggers",
+        "mlflow_uri",
+        "storage",
         "checkpoint_every",
         "checkpoint_steps",
         "max_failures",
@@ -247,12 +250,12 @@ def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, li
     path = Path(config.run_dir) / "metrics.parquet"
     try:
         table = pq.read_table(path)
-        # The base columns, the strategies' own step columns, and the task's own evaluation metrics
-        # (test_<name>, orchestrator/metrics.py).
+        # The base columns, the strategies' own step columns, and the task's own evaluation metrics and
+        # logged scalars (test_<name>, train_<name>: orchestrator/metrics.py).
         impls = [s.implementation(config) for s in config.strategy_classes]
         declared = {n: t for s in impls for n, t in s.metric_columns.items() if n not in SCHEMA.names}
         extra = [pa.field(n, pa.type_for_alias(t)) for n, t in declared.items() if n in table.schema.names]
-        names = [n for n in table.schema.names if n.startswith("test_") and n not in SCHEMA.names]
+        names = [n for n in table.schema.names if n.startswith(("test_", LOGGED_PREFIX)) and n not in SCHEMA.names]
         extra += [pa.field(n, pa.float64()) for n in names]
         # A base column added since the file was written is left out here and null in the rows
         # (MetricsSink.add_rows); any other column missing makes the file unreadable.

@@ -101,10 +101,15 @@ def run_training(
     started for the run stays up for the next one in this process (cluster.connect)."""
     emit = on_event or (lambda event: None)
     hooks = Callbacks(callbacks)
-    if config.tensorboard:
-        from distrain.orchestrator.tensorboard import TensorBoardWriter
+    if config.tensorboard or config.loggers:
+        from distrain.orchestrator.logger_choice import build_loggers
 
-        hooks.callbacks.append(TensorBoardWriter(config.tensorboard))
+        hooks.callbacks.extend(build_loggers(config))
+    if config.storage:  # last: it copies what the others wrote
+        from distrain.orchestrator.storage import StorageSync, check_storage
+
+        check_storage(config.storage)
+        hooks.callbacks.append(StorageSync(config.storage, config.sharded))
     emit(Preparing("checking the task, its data and the run directory"))
     plan = preflight(config, resume, auto)
     connection = None

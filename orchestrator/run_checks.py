@@ -79,11 +79,13 @@ def check_tensor_parallel(config: RunConfig) -> None:
 def check_init_from(config: RunConfig, num_params: int) -> dict[str, Any] | None:
     """The --init-from checkpoint (when there is one), checked against the model."""
     from distrain.orchestrator.checkpoint import load_checkpoint_for, whole_checkpoint  # torch.load
+    from distrain.orchestrator.storage import localize
     from distrain.trainers.optim_state import FlatOptimizerState, state_fits
 
-    checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
+    path = localize(config.init_from, "--init-from") if config.init_from else None  # a URI: its local copy
+    checkpoint = load_checkpoint_for(path, config.model, num_params) if path else None
     if checkpoint is not None:
-        checkpoint = whole_checkpoint(checkpoint, config.init_from)  # a sharded run's, put together: any layout
+        checkpoint = whole_checkpoint(checkpoint, path)  # a sharded run's, put together: any layout
         recorded = (checkpoint.get("config") or {}).get("optimizer")
         flat = FlatOptimizerState.from_dict(checkpoint["optimizer"])
         args = (config.optimizer, config.momentum, config.weight_decay, config.optimizer_args)

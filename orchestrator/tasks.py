@@ -18,7 +18,7 @@ from distrain.config import RunConfig, Target, parse_target
 from distrain.errors import ConfigError
 from distrain.orchestrator.files import atomic_write
 from distrain.plugins import is_lone_module, load_object
-from distrain.trainers.task import ClassificationTask, Task
+from distrain.trainers.task import ClassificationTask, Task, loss_only
 
 
 def task_class(path: str) -> type[Task]:
@@ -192,7 +192,7 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]
     reader = BatchReader(train, task.collate, prefetch=False)
     first = min(batch_size, len(train))
     batch = _call(name, "collate (reading a batch)", lambda: reader.read(list(range(first))))
-    loss = _call(name, "loss", lambda: task.loss(model, batch))
+    loss = loss_only(_call(name, "loss", lambda: task.loss(model, batch)))  # (loss, logs): the loss checked
     if not (torch.is_tensor(loss) and loss.dim() == 0):
         got = f"a tensor of shape {tuple(loss.shape)}" if torch.is_tensor(loss) else type(loss).__name__
         raise ConfigError(f"--task {name}: loss() must return a scalar tensor (mean over the batch), got {got}")

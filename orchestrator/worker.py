@@ -6,6 +6,7 @@ segment's metrics rows as columns, so it is off the per-step path and gathers me
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -23,7 +24,7 @@ from distrain.errors import ResourceError
 from distrain.orchestrator.checkpoint import CHECKPOINTS
 from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
 from distrain.orchestrator.gpu_stats import GpuStats
-from distrain.orchestrator.metrics import SCHEMA
+from distrain.orchestrator.metrics import LOGGED_PREFIX, SCHEMA
 from distrain.orchestrator.peak_memory import PeakMemory
 from distrain.orchestrator.tasks import build_task
 from distrain.plugins import USER_MODULE_PREFIX
@@ -207,6 +208,11 @@ class TrainWorker:
         impl = strategy_class(config.strategy).implementation(config)
         self.strategy = impl(config, ctx)
         self.strategy.setup(self.trainer)
+        saver = getattr(self.strategy, "saver", None)  # a sharded replica's checkpoint shards: its own copy
+        if saver is not None and config.storage:  # to --storage (the driver's sync leaves state-*/ alone)
+            from distrain.orchestrator.storage import upload_files
+
+            saver.upload = functools.partial(upload_files, Path(config.run_dir), config.storage)
         self.columns = STEP_COLUMNS + tuple(c for c in impl.metric_columns if c not in STEP_COLUMNS)
         saved, self.strategy_state = self.strategy_state, None
         if saved is not None and saved.get("strategy") == self.strategy.name:
@@ -322,8 +328,16 @@ class TrainWorker:
             } | {c: comm.extra.get(c) for c in type(self.strategy).metric_columns}
             for key, value in values.items():
                 rows[key].append(value)
+            logs = self.trainer.last_logs if own is None else None  # the task's own scalars (Task.loss)
+            if logs:
+                n = len(rows["step"]) - 1  # this row's index: earlier rows of the segment logged none
+                for name, value in logs.items():
+                    rows.setdefault(f"{LOGGED_PREFIX}{name}", [None] * n).append(value)
             if diverged is not None:
                 break
+        for key in rows:  # a name missing from the later rows: null there
+            if key.startswith(LOGGED_PREFIX):
+                rows[key].extend([None] * (len(rows["step"]) - len(rows[key])))
         try:
             self.strategy.settle(rows)
         except GroupBroken as e:  # elastic local SGD: the block's average failed, the block is undone

@@ -63,6 +63,7 @@ class LocalTrainer:
             offset += n
         self._grads_are_views: bool | None = None
         self.last_loss = float("nan")  # the last batch's loss (local SGD's AdaComm reads it)
+        self.last_logs: dict[str, float] | None = None  # the task's own scalars of the last batch (see split_loss)
         # The optimizer steps one flat tensor (θ in `params_flat`, its gradient `grads_flat`), as a PS
         # shard steps its slice. Every optimizer distrain runs is element-wise, so each value gets the
         # same update as under a per-tensor step, while a step costs one pass of ~10 kernels instead of
@@ -98,10 +99,11 @@ class LocalTrainer:
         batch = to_device(batch, self.device)
         parts = [batch] if self.accumulate_steps == 1 else self.task.micro_batches(batch, self.accumulate_steps)
         total = sum(self.task.batch_size(part) for part in parts) if len(parts) > 1 else 1
-        loss_sum = 0.0
+        loss_sum, logs_sum = 0.0, None
         for i, part in enumerate(parts):
             with autocast(self.precision, self.device):
-                loss = scalar_loss(self.task, self.task.loss(self.model, part)).float()
+                loss, logs = split_loss(self.task, self.task.loss(self.model, part))
+            loss = loss.float()
             weight = self.task.batch_size(part) / total if len(parts) > 1 else 1.0
             scale = weight * (self.scaler.scale if self.scaler is not None else 1.0)
             scaled = loss if scale == 1.0 else loss * scale  # k = 1 in fp32: the very ops of a plain step
@@ -110,9 +112,11 @@ class LocalTrainer:
             else:  # the last micro-batch: the backward that strategies' gradient hooks watch
                 scaled.backward()
             loss_sum += float(loss.detach()) * weight
+            logs_sum = add_logs(logs_sum, logged_values(self.task, logs), weight)
         self._grads_scaled = self.scaler is not None
         self._ensure_grads_in_flat_buffer()
         self.last_loss = loss_sum
+        self.last_logs = logs_sum
         return self.last_loss
 
     def _accumulate(self, loss: torch.Tensor) -> None:
@@ -221,6 +225,40 @@ class LocalTrainer:
 
     def load_flat_optimizer_state(self, flat: FlatOptimizerState) -> None:
         import_flat_state(self.optimizer, self.opt_params, flat)
+
+
+def split_loss(task: Task, returned: Any) -> tuple[torch.Tensor, Any]:
+    """What the task's `loss` returned, as (the scalar loss, its own scalars or None). A task logs values
+    of its own per step by returning `(loss, {"name": value})`; they reach the metrics as `train_<name>`
+    columns and every logger. A plain tensor (the usual case) costs one type check."""
+    if type(returned) is tuple and len(returned) == 2:
+        return scalar_loss(task, returned[0]), returned[1]
+    return scalar_loss(task, returned), None
+
+
+def logged_values(task: Task, logs: Any) -> dict[str, float] | None:
+    """The task's own scalars (the dict `split_loss` found) as floats, checked; None when it logged none.
+    Read after the backward pass, so a tensor value's host copy waits for nothing the step still needs."""
+    if logs is None:
+        return None
+    if not isinstance(logs, dict) or not all(isinstance(k, str) and k for k in logs):
+        raise TypeError(
+            f"{type(task).__name__}.loss returned a (loss, logs) pair whose logs are {type(logs).__name__}; "
+            "they must be a dict {name: number}"
+        )
+    try:
+        return {name: float(value.detach() if torch.is_tensor(value) else value) for name, value in logs.items()}
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(
+            f"{type(task).__name__}.loss returned logs that are not all numbers (one scalar per name)"
+        ) from None
+
+
+def add_logs(total: dict[str, float] | None, values: dict[str, float] | None, weight: float) -> dict[str, float] | None:
+    """A micro-batch's own scalars added into the step's, weighted like its loss (--accumulate-steps)."""
+    if values is None:
+        return total
+    return {name: (total or {}).get(name, 0.0) + value * weight for name, value in values.items()}
 
 
 def scalar_loss(task: Task, loss: Any) -> torch.Tensor:

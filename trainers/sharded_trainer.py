@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distrain.trainers.local_trainer import evaluate_model, scalar_loss
+from distrain.trainers.local_trainer import add_logs, evaluate_model, logged_values, split_loss
 from distrain.trainers.optim_state import (
     FlatOptimizerState,
     import_flat_state,
@@ -82,6 +82,7 @@ class ShardedTrainer:
         self.loaded_from: Path | None = None  # the sharded checkpoint this worker started from, if any
         self._pending_dir: Path | None = None  # that checkpoint, until `shard` has cut the model
         self.last_loss = float("nan")
+        self.last_logs: dict[str, float] | None = None  # the task's own scalars (local_trainer.split_loss)
         self.hybrid: HybridGradients | None = None
         self.own_optimizer, self.scheduler = False, None  # set by `shard`, with the optimizer
 
@@ -153,18 +154,20 @@ class ShardedTrainer:
         # reduces (reduce-scatter, and HSDP's all-reduce) only in the last one's backward, as its no_sync.
         parts = [batch] if self.accumulate_steps == 1 else self.task.micro_batches(batch, self.accumulate_steps)
         total = sum(self.task.batch_size(part) for part in parts)
-        loss_sum = 0.0
+        loss_sum, logs_sum = 0.0, None
         for i, part in enumerate(parts):
             if len(parts) > 1 and hasattr(self.model, "set_requires_gradient_sync"):
                 self.model.set_requires_gradient_sync(i + 1 == len(parts))
-            loss = scalar_loss(self.task, self.task.loss(self.model, part))
+            loss, logs = split_loss(self.task, self.task.loss(self.model, part))
             weight = self.task.batch_size(part) / total if len(parts) > 1 else 1.0
             scaled = loss.float() if weight == 1.0 else loss.float() * weight
             (scaled if self.hybrid is None else self.hybrid.scale(scaled)).backward()
             loss_sum += float(loss.detach()) * weight
+            logs_sum = add_logs(logs_sum, logged_values(self.task, logs), weight)
         if self.hybrid is not None:
             self.hybrid.sum_whole(self.model)
         self.last_loss = loss_sum
+        self.last_logs = logs_sum
         return self.last_loss
 
     def clip_gradient_(self) -> None:

@@ -84,7 +84,8 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must define loss(self, model, batch) or criterion()")
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """Scalar, mean over the batch; what is differentiated each step."""
+        """Scalar, mean over the batch; what is differentiated each step. May return `(loss, {"name":
+        value})` to log scalars of its own each step (metrics columns `train_<name>`, every logger)."""
         return self.criterion(self.forward(model, batch), batch)
 
     def metrics(self, model: nn.Module, batch: Any) -> dict[str, MetricValue]:
@@ -132,7 +133,7 @@ class Task:
         was_training = model.training
         model.eval()
         try:
-            return self.loss(model, batch)
+            return loss_only(self.loss(model, batch))
         finally:
             model.train(was_training)
 
@@ -152,12 +153,17 @@ class Task:
     def evaluate_batch(self, model: nn.Module, batch: Any) -> dict[str, tuple[float, float]]:
         """(sum, count) of the loss and of every metric over one batch (model already in eval mode)."""
         n = self.batch_size(batch)
-        sums = {"loss": (float(self.loss(model, batch)) * n, float(n))}
+        sums = {"loss": (float(loss_only(self.loss(model, batch))) * n, float(n))}
         figures = self.metrics(model, batch)
         _check_figures(self, "metrics", figures, "{name: number (the batch mean) or (sum, count) pair}")
         for name, value in figures.items():
             sums[name] = _as_sum(self, name, value, n)
         return sums
+
+
+def loss_only(returned: Any) -> Any:
+    """The loss of what `Task.loss` returned, without the scalars a task may log beside it."""
+    return returned[0] if type(returned) is tuple and len(returned) == 2 else returned
 
 
 class ClassificationTask(Task):

@@ -307,11 +307,14 @@ class Attempt:
 
     def record_rows(self, rows: dict[str, list[Any]]) -> None:
         """A segment's metrics rows: the sink, the callbacks, the throughput figure."""
+        from distrain.orchestrator.metrics import LOGGED_PREFIX
         from distrain.orchestrator.worker import STEP_COLUMNS
 
         self.sink.add_steps(rows)
-        if self.hooks:
-            self.hooks.call("on_rows", {k: v for k, v in rows.items() if k in STEP_COLUMNS})
+        if self.hooks:  # the step columns and the task's own scalars (train_<name>)
+            self.hooks.call(
+                "on_rows", {k: v for k, v in rows.items() if k in STEP_COLUMNS or k.startswith(LOGGED_PREFIX)}
+            )
         self.throughput.add_steps(rows["step"], rows["samples"], rows["wall_time"], rows.get("dropped"))
 
     def watch_stragglers(self, rows: dict[str, list[Any]]) -> None:

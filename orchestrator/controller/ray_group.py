@@ -55,6 +55,7 @@ def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run
                 num_cpus=config.cpus_per_worker,
                 num_gpus=config.gpus_per_worker,
                 scheduling_strategy=placement.worker(rank),
+                **storage_env(config),
             )
             .remote(config, rank, run_start)
         )
@@ -63,7 +64,22 @@ def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run
         worker.rebuild.remote(config, rank, run_start)  # runs before any later call: an actor's calls keep their order
         return worker
     pinned = NodeAffinitySchedulingStrategy(node, soft=False)
-    return ray.remote(TrainWorker).options(num_cpus=0, scheduling_strategy=pinned).remote(config, rank, run_start)
+    return (
+        ray.remote(TrainWorker)
+        .options(num_cpus=0, scheduling_strategy=pinned, **storage_env(config))
+        .remote(config, rank, run_start)
+    )
+
+
+def storage_env(config: RunConfig) -> dict[str, Any]:
+    """--storage: the driver's AWS_* variables (credentials, region, endpoint) in the environment of a
+    sharded run's workers, which copy their checkpoint shards there from any node (a Ray started earlier,
+    or on another machine, does not have this process's environment). Other workers write nothing there,
+    and keep Ray's ready worker processes (an actor with a runtime_env of its own needs a new one)."""
+    from distrain.orchestrator.storage import aws_environment
+
+    env = aws_environment() if config.storage and config.sharded else {}
+    return {"runtime_env": {"env_vars": env}} if env else {}
 
 
 def worker_node(placement: cluster.Placement, rank: int) -> str | None:
