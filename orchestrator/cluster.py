@@ -214,14 +214,15 @@ def _stop_kept() -> None:
         kept[1].close()
 
 
-def connect(config: RunConfig, keep: bool = False) -> RayConnection:
-    """Reuse an initialised Ray, connect to `--address`, or start a local Ray sized for the run. With
-    `keep` (distrain.fit), a local Ray started here stays up for the next run in this process (its warm
-    workers with it: orchestrator/warm_pool.py) and stops at exit; a later run it is too small for, or
-    one for `--address`, stops it and starts over."""
+def connect(config: RunConfig, keep: bool = False, extra_cpus: int = 0) -> RayConnection:
+    """Reuse an initialised Ray, connect to `--address`, or start a local Ray sized for the run (and
+    `extra_cpus` more: those Ray Data streams on, orchestrator/streaming.py). With `keep` (distrain.fit),
+    a local Ray started here stays up for the next run in this process (its warm workers with it:
+    orchestrator/warm_pool.py) and stops at exit; a later run it is too small for, or one for `--address`,
+    stops it and starts over."""
     global _kept
     if _kept is not None and ray.is_initialized() and _session_dir() == _kept[0]:
-        if config.address or cpus_needed(config) > ray.cluster_resources().get("CPU", 0.0):
+        if config.address or cpus_needed(config) + extra_cpus > ray.cluster_resources().get("CPU", 0.0):
             _stop_kept()
     if ray.is_initialized():
         if config.address:  # a dead --address is refused as a fresh process would refuse it
@@ -233,7 +234,7 @@ def connect(config: RunConfig, keep: bool = False) -> RayConnection:
     else:
         # A local cluster gets at least the CPUs the run reserves, so `--workers 4` works on a laptop
         # with 2 cores (oversubscribed, as with torchrun), instead of waiting forever for resources.
-        needed = int(-(-cpus_needed(config) // 1))
+        needed = int(-(-cpus_needed(config) // 1)) + extra_cpus
         start_local_ray(max(os.cpu_count() or 1, needed))
         session = _session_dir()
         if keep and session is not None:
