@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
-from distrain.orchestrator import address, code_shipping, interrupts, leftovers, memory, trial_resources
+from distrain.orchestrator import address, code_shipping, interrupts, leftovers, memory, streaming, trial_resources
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -266,6 +266,22 @@ def check_resources(config: RunConfig) -> None:
             f"but the cluster has {total.get('CPU', 0.0):g}; lower {_or(flags)}{',' if len(flags) > 1 else ''} "
             "or the CPUs per actor"
         )
+
+
+def check_data_cpus(config: RunConfig) -> int:
+    """The CPUs left to Ray Data once the run's workers (and shards) hold theirs, for a task's streamed
+    training set (orchestrator/streaming.py); refused in one line below `DATA_CPUS`, where
+    `streaming_split` would wait forever."""
+    total = float(ray.cluster_resources().get("CPU", 0.0))
+    held = cpus_needed(config)
+    if total - held < streaming.DATA_CPUS:
+        workers, flags = workers_text(config)
+        raise ResourceError(
+            f"Ray Data needs {streaming.DATA_CPUS} CPU the workers do not hold to stream the training set, but the "
+            f"cluster has {total:g} and the run's {workers} hold {held:g}; lower --cpus-per-worker or "
+            f"{' or '.join(flags)}, or give Ray more CPUs"
+        )
+    return int(total - held)
 
 
 def workers_text(config: RunConfig) -> tuple[str, list[str]]:

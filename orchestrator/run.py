@@ -140,7 +140,7 @@ def run_training(
             connection = cluster.connect(config, keep=keep_ray, extra_cpus=streaming.DATA_CPUS if stream else 0)
         cluster.check_resources(config)
         if stream is not None:
-            free = streaming.check_data_cpus(config)
+            free = cluster.check_data_cpus(config)
             rows = f"{stream.rows} rows"
             emit(Notice(f"Ray Data streams the training set ({rows}) on the {free} CPU(s) the workers leave free"))
         unused = cluster.unused_gpus(config)

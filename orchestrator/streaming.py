@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distrain.config import RunConfig
-from distrain.errors import ConfigError, ResourceError
+from distrain.errors import ConfigError
 
 DATA_CPUS = 1  # CPUs left free of workers for Ray Data's tasks, at the least
 STREAMING_STRATEGIES = "bsp, local-sgd or diloco"  # those with `streams_data`, for the refusal
@@ -164,25 +164,6 @@ def prepared(config: RunConfig) -> Streamed | None:
     return _streamed if _streamed is not None and _streamed.key == _key(config) else None
 
 
-def check_data_cpus(config: RunConfig) -> int:
-    """The CPUs left to Ray Data once the run's workers (and shards) hold theirs; refused in one line
-    below `DATA_CPUS`, where `streaming_split` would wait forever."""
-    import ray
-
-    from distrain.orchestrator.cluster import cpus_needed, workers_text
-
-    total = float(ray.cluster_resources().get("CPU", 0.0))
-    held = cpus_needed(config)
-    if total - held < DATA_CPUS:
-        workers, flags = workers_text(config)
-        raise ResourceError(
-            f"Ray Data needs {DATA_CPUS} CPU the workers do not hold to stream the training set, but the cluster "
-            f"has {total:g} and the run's {workers} hold {held:g}; lower --cpus-per-worker or {' or '.join(flags)}, "
-            "or give Ray more CPUs"
-        )
-    return int(total - held)
-
-
 @dataclass
 class Shard:
     """What one worker streams: its iterator of `streaming_split`, the Dataset's rows, its batch."""
@@ -192,11 +173,10 @@ class Shard:
     batch: int  # rows a unit reads
 
 
-def shards(streamed: Streamed, config: RunConfig) -> list[Shard]:
-    """One shard per worker actor, of a fresh `streaming_split` (an attempt's workers all start anew)."""
+def shards(streamed: Streamed, config: RunConfig, held_cpus: float) -> list[Shard]:
+    """One shard per worker actor, of a fresh `streaming_split` (an attempt's workers all start anew);
+    `held_cpus`: the CPUs the run's actors hold (`cluster.cpus_needed`)."""
     import ray
-
-    from distrain.orchestrator.cluster import cpus_needed
 
     n = config.num_worker_actors
     ds = streamed.train
@@ -206,7 +186,7 @@ def shards(streamed: Streamed, config: RunConfig) -> list[Shard]:
     total = ray.cluster_resources()
     options = ds.context.execution_options
     options.resource_limits = options.resource_limits.copy(
-        cpu=max(float(DATA_CPUS), total.get("CPU", 0.0) - cpus_needed(config)),
+        cpu=max(float(DATA_CPUS), total.get("CPU", 0.0) - held_cpus),
         gpu=max(0.0, total.get("GPU", 0.0) - n * config.gpus_per_worker),
     )
     batch = config.samples_per_step // n

@@ -214,7 +214,16 @@ def check_task(
     sizes = [p.numel() for p in model.parameters() if p.requires_grad]
     if sum(sizes) == 0:
         raise ConfigError(f"--task {name}: the model has no trainable parameters")
-    first = min(batch_size, num_train)
+    if not streamed:  # a streamed set's first batch would cost an execution of its own: read by the workers
+        _check_first_loss(name, task, model, train, min(batch_size, num_train))
+    check_target(config, _reported_metrics(name, task, model, test), task)
+    return task, num_train, sizes
+
+
+def _check_first_loss(name: str, task: Task, model: Any, train: Any, first: int) -> None:
+    """The task's loss on the first `first` training samples is a finite scalar that depends on the model."""
+    import torch
+
     batch = _call(name, "collate (reading a batch)", lambda: _first_batch(task, train, first))
     loss = _call(name, "loss", lambda: task.loss(model, batch))
     if not (torch.is_tensor(loss) and loss.dim() == 0):
@@ -230,8 +239,6 @@ def check_task(
             f"samples 0..{first - 1}); check the data (NaN or inf values) and the model (e.g. a log or a division "
             "by zero)"
         )
-    check_target(config, _reported_metrics(name, task, model, test), task)
-    return task, num_train, sizes
 
 
 def _first_batch(task: Task, data: Any, n: int) -> Any:

@@ -137,7 +137,7 @@ class RayWorkerGroup:
         shards: list[Any] = [None] * self.config.num_worker_actors
         if self.stream is not None:  # only whole attempts stream (streaming.refusal): a new split for all
             assert sorted(ranks) == list(range(len(shards))), f"a streamed run starts every worker, not {ranks}"
-            shards = streaming.shards(self.stream, self.config)
+            shards = streaming.shards(self.stream, self.config, cluster.cpus_needed(self.config))
         for rank in ranks:
             self.workers[rank] = start_worker(
                 self.config, self.placement, rank, self.run_start, self.warm, shards[rank]
