@@ -137,7 +137,8 @@ def run_training(
             connection = early[0]
         else:
             emit(Preparing(_connecting(config), plan.run_dir))
-            connection = cluster.connect(config, keep=keep_ray, extra_cpus=streaming.DATA_CPUS if stream else 0)
+            more = {"extra_cpus": streaming.DATA_CPUS} if stream else {}  # room for Ray Data (streaming.py)
+            connection = cluster.connect(config, keep=keep_ray, **more)
         cluster.check_resources(config)
         if stream is not None:
             free = cluster.check_data_cpus(config)

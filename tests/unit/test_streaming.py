@@ -140,3 +140,15 @@ def test_datasets_needing_ray_at_once_start_distrains_ray_first():
     calls.clear()
     with pytest.raises(ray.exceptions.RaySystemError):  # nothing to start Ray with: Ray's own error
         streaming.datasets_lazily(NeedsRay(), None)
+
+
+def test_default_collate_columns_makes_a_dict_of_writable_tensors():
+    import torch
+
+    from distrain.trainers.task import Task
+
+    column = np.arange(6, dtype=np.float32).reshape(3, 2)
+    column.flags.writeable = False  # as Ray Data's arrays may be: views of its blocks
+    batch = Task().collate_columns({"x": column, "y": np.array([1, 0, 1])})
+    assert set(batch) == {"x", "y"} and torch.equal(batch["x"], torch.from_numpy(column.copy()))
+    assert batch["y"].tolist() == [1, 0, 1] and Task().batch_size(batch) == 3
