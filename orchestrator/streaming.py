@@ -126,8 +126,9 @@ def prepare(config: RunConfig, train: Any, start_ray: Callable[[], None] | None)
     if not ray.is_initialized():
         if start_ray is None:  # `distrain plan`, `distrain tune`: nothing to start Ray for the data with
             raise ConfigError(
-                f"--task {config.task}: its training set is a Ray Dataset, which only `distrain run` and "
-                "distrain.fit stream; return a map-style torch Dataset here"
+                f"--task {config.task}: its training set is a Ray Dataset, which `distrain plan`, `distrain tune` and "
+                f"--strategy auto do not stream; name --strategy {STREAMING_STRATEGIES} to `distrain run` or "
+                "distrain.fit, or return a map-style torch Dataset"
             )
         start_ray()
     if ray.util.get_current_placement_group() is not None:  # a Tune trial: every CPU of its group is a worker's
