@@ -7,6 +7,7 @@ before Ray starts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from distrain.config import RunConfig
@@ -18,18 +19,19 @@ from distrain.trainers.datasets import DATASETS, check_dataset
 from distrain.trainers.models import parameter_sizes
 
 
-def check_runnable(config: RunConfig) -> int:
+def check_runnable(config: RunConfig, start_ray: Callable[[], None] | None = None) -> int:
     """Raises ConfigError for a config that `run_training` would refuse; returns the model's size.
 
     A user's task is built once here (orchestrator/tasks.py): its data sets, its model, its loss on
-    one batch; the built-in task is checked from its registries without loading any data."""
+    one batch; the built-in task is checked from its registries without loading any data. A task's
+    Ray Dataset is counted on the Ray `start_ray` starts (orchestrator/streaming.py)."""
     if config.tensorboard:  # filled only once the run has started: a path it cannot write is refused now
         check_creatable_dir(config.tensorboard, "--tensorboard")
     if config.task:
         from distrain.orchestrator.tasks import check_task
         from distrain.trainers.own_optimizer import check_own_optimizer
 
-        task, num_samples, sizes = check_task(config, config.samples_per_step)
+        task, num_samples, sizes = check_task(config, config.samples_per_step, start_ray)
         check_own_optimizer(task, config, task.build_model())
     else:
         from distrain.orchestrator.tasks import check_target

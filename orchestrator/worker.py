@@ -26,6 +26,7 @@ from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
 from distrain.orchestrator.gpu_stats import GpuStats
 from distrain.orchestrator.metrics import LOGGED_PREFIX, SCHEMA
 from distrain.orchestrator.peak_memory import PeakMemory
+from distrain.orchestrator.streaming import Shard, StreamReader, by_value, is_dataset, test_batches
 from distrain.orchestrator.tasks import build_task
 from distrain.plugins import USER_MODULE_PREFIX
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
@@ -49,7 +50,7 @@ STEP_COLUMNS = tuple(n for n in SCHEMA.names if n not in ("run_id", "kind", "tes
 class TrainWorker:
     """Hosted as a Ray actor by the orchestrator (`ray.remote(TrainWorker)`)."""
 
-    def __init__(self, config: RunConfig, rank: int, run_start: float) -> None:
+    def __init__(self, config: RunConfig, rank: int, run_start: float, data: Shard | None = None) -> None:
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
         seed_globals(config.seed, rank)  # dropout, augmentation: the same --seed draws the same (per rank)
         if config.deterministic:
@@ -71,11 +72,11 @@ class TrainWorker:
         # takes it for a dead actor to retry.
         self.init_error: Exception | None = None
         try:
-            self._build(config)
+            self._build(config, data)
         except Exception as e:  # noqa: BLE001 - re-raised, unchanged, by the first call
             self.init_error = e
 
-    def _build(self, config: RunConfig) -> None:
+    def _build(self, config: RunConfig, data: Shard | None) -> None:
         if config.uses_gpus and not torch.cuda.is_available():
             # Ray gave this actor a GPU, but torch cannot use one (a CPU build of torch, a driver that does
             # not match, CUDA_VISIBLE_DEVICES empty): training on the CPU instead would be silently slow.
@@ -86,9 +87,14 @@ class TrainWorker:
             )
         # The task's data is built here, in the worker's own process: nothing passes through the driver.
         self.task = build_task(config)
+        # A streamed training set (a Ray Dataset, orchestrator/streaming.py) is read from `data`, this
+        # worker's shard of the driver's split; the one built here only plans its reads and is dropped.
         train, self.test_set = self.task.datasets()
+        if is_dataset(self.test_set):  # streamed by this worker's evaluation
+            by_value(self.task)
         # On a CUDA device the prefetched batch is pinned on the reader thread: its copy is then asynchronous.
         pin = pins_memory(self.device)
+        self.stream: StreamReader | None = None
         self.train_reader = BatchReader(train, self.task.collate, prefetch=config.prefetch, pin=pin)
         self.test_reader = BatchReader(self.test_set, self.task.collate, prefetch=False)
         model = seeded(self.task.build_model, config.seed)
@@ -120,7 +126,10 @@ class TrainWorker:
         self.device_copy = DeviceCopy(self.trainer.device)
         # A full-batch strategy's step is one pass over the whole training set: one step per epoch.
         full_batch = strategy_class(config.strategy).full_batch
-        self.sharder = EpochSharder(len(train), len(train) if full_batch else config.samples_per_step, config.seed)
+        rows = data.rows if data is not None else len(train)
+        self.sharder = EpochSharder(rows, rows if full_batch else config.samples_per_step, config.seed)
+        if data is not None:
+            self.stream = StreamReader(data, self.task.collate_columns, self.sharder.steps_per_epoch)
         # Heterogeneous workers (--worker-weights, --balance speed): each worker's samples per step, in rank
         # order (None: equal slices); `weighs`: the strategy is told each step's share (even an equal one).
         self.shares = config.worker_shares
@@ -257,16 +266,19 @@ class TrainWorker:
             own = self.strategy.run_unit(self.trainer, self.train_reader, global_step)
             h2d_s = None
             if own is None:
-                idx = self._indices(epoch, step, slice_)
-                batch = self.train_reader.read(idx)
-                if self.weighs:  # its gradient stands for its share of the step's samples
-                    self.strategy.weigh_share(len(idx), self.sharder.global_batch)
-                if i + 1 < len(ahead) and ahead[i + 1][2] >= 0:
-                    self.train_reader.prefetch(self._indices(*ahead[i + 1]))
+                if self.stream is not None:  # the next batch of this worker's shard (its own prefetch)
+                    batch, read = self.stream.read(epoch, step)
+                else:
+                    idx = self._indices(epoch, step, slice_)
+                    batch, read = self.train_reader.read(idx), len(idx)
+                    if self.weighs:  # its gradient stands for its share of the step's samples
+                        self.strategy.weigh_share(len(idx), self.sharder.global_batch)
+                    if i + 1 < len(ahead) and ahead[i + 1][2] >= 0:
+                        self.train_reader.prefetch(self._indices(*ahead[i + 1]))
                 # Moved here, timed (`h2d_s`); the trainer's own `to_device` then finds it in place.
                 batch = self.device_copy.move(batch)
                 loss = self.strategy.compute_gradients(self.trainer, batch)
-                samples = len(idx) if self.strategy.counts_samples else 0
+                samples = read if self.strategy.counts_samples else 0
             else:
                 loss, samples = own
             if self.slowdown and own is None:  # (a strategy running its own units applies it per its own unit)
@@ -369,6 +381,9 @@ class TrainWorker:
         t0 = time.perf_counter()
         self.strategy.prepare_eval(self.trainer)
         shard, num_shards = self.strategy.eval_share(shard, num_shards)
+        if is_dataset(self.test_set):  # a streamed test set: share 0 streams it whole
+            batches = test_batches(self.test_set, self.task.collate_columns, shard, EVAL_BATCH)
+            return self.strategy.evaluate(self.trainer, batches), time.perf_counter() - t0
         n = len(self.test_set)
         lo, hi = n * shard // num_shards, n * (shard + 1) // num_shards
         batches = (self.test_reader.read(np.arange(i, min(i + EVAL_BATCH, hi))) for i in range(lo, hi, EVAL_BATCH))
@@ -443,8 +458,8 @@ class TrainWorker:
         """After a completed run: leave the transports, drop the replica (model, data, reader threads) and
         keep only the process, warm, for the next run in this Ray session. Returns this actor's node id."""
         self.shutdown()
-        for reader in ("train_reader", "test_reader"):
-            if hasattr(self, reader):
+        for reader in ("train_reader", "test_reader", "stream"):
+            if getattr(self, reader, None) is not None:
                 getattr(self, reader).close()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()  # a strategy that left one behind: not the next run's
@@ -452,12 +467,12 @@ class TrainWorker:
         gc.collect()
         return ray.get_runtime_context().get_node_id()
 
-    def rebuild(self, config: RunConfig, rank: int, run_start: float) -> None:
+    def rebuild(self, config: RunConfig, rank: int, run_start: float, data: Shard | None = None) -> None:
         """A warm worker taken for a new run: built as a fresh actor would be (its global RNGs seeded by
         `__init__`; a task file imported again, so an edited one is read as it is now)."""
         for name in [m for m in sys.modules if m.startswith(USER_MODULE_PREFIX)]:
             del sys.modules[name]
-        self.__init__(config, rank, run_start)  # type: ignore[misc]
+        self.__init__(config, rank, run_start, data)  # type: ignore[misc]
 
     def alive(self) -> bool:
         return True

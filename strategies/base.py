@@ -151,6 +151,10 @@ class Strategy(ABC):
     # Its driver-side actor hands a lost worker's outstanding work out again (`worker_lost(rank)`), so a
     # dead worker is replaced in place even with --backup-tasks (orchestrator/replacement.py).
     reissues_lost_work: ClassVar[bool] = False
+    # Its workers can read a streamed data set (a Ray Data `Dataset`, orchestrator/streaming.py): each takes
+    # the next batch of its own shard, in order, one per unit of a fixed work plan. False for every strategy
+    # that assigns samples by index (shared plans, portions handed out, re-dealt units, full passes).
+    streams_data: ClassVar[bool] = False
     # Its membership can change mid-run (`--workers MIN..MAX`, orchestrator/membership.py): a joiner takes
     # everything it needs from live actors, a leaver's unfinished units go to the others.
     elastic: ClassVar[bool] = False

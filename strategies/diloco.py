@@ -170,6 +170,7 @@ class DiLoCoOptions(StrategyOptions):
 @STRATEGIES.register("diloco", "DiLoCo: H inner steps, then an outer optimizer step on the averaged pseudo-gradient")
 class DiLoCo(Strategy):
     name = "diloco"
+    streams_data = True  # over the collective, one replica a worker (orchestrator/streaming.py)
     transports = ("collective",)
     Options = DiLoCoOptions
     compresses = "the pseudo-gradients, fragment by fragment (blocking: a compressed fragment does not overlap)"

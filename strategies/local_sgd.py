@@ -121,6 +121,7 @@ STATS = 3  # loss sum, loss count, interval seconds: appended to the averaged bu
 @STRATEGIES.register("local-sgd", "local SGD: tau local steps, then average parameters (--adaptive-tau: AdaComm)")
 class LocalSGD(LocalPeriods, Strategy):
     name = "local-sgd"
+    streams_data = True  # over the collective, one replica a worker (orchestrator/streaming.py)
     transports = ("collective",)
     Options = LocalSGDOptions
     compresses = "theta's change at a round (optimizer state and AdaComm's statistics travel in float32)"

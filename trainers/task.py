@@ -7,7 +7,8 @@ and datasets in its own process, reads the samples its work plan names by index,
 
     class MyTask(distrain.Task):
         def build_model(self): ...              # torch.nn.Module
-        def datasets(self): ...                 # (train, test): map-style torch Datasets
+        def datasets(self): ...                 # (train, test): map-style torch Datasets, or
+                                                # Ray Data Datasets (docs/raydata.md)
         def loss(self, model, batch): ...       # scalar tensor, mean over the batch
         def metrics(self, model, batch): ...    # optional: {"name": value}
 
@@ -141,6 +142,12 @@ class Task:
     def collate(self, samples: list[Any]) -> Any:
         """Samples (as the dataset returns them) into one batch; torch's default_collate by default."""
         return default_collate(samples)
+
+    def collate_columns(self, columns: dict[str, np.ndarray]) -> Any:
+        """A streamed batch (a Ray Data `Dataset`'s: column name -> numpy array, docs/raydata.md) into
+        the batch `loss` takes; by default a dict of tensors, one per column."""
+        # (copied: Ray Data's arrays may be read-only views of its blocks, which torch warns about)
+        return {name: torch.tensor(column) for name, column in columns.items()}
 
     def batch_size(self, batch: Any) -> int:
         """Samples in `batch`: the length of its first tensor."""

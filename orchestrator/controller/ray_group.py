@@ -20,11 +20,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distrain.config import RunConfig
 from distrain.errors import DistrainError
-from distrain.orchestrator import cluster, warm_pool
+from distrain.orchestrator import cluster, streaming, warm_pool
 from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.orchestrator.controller.group import PhaseSetup
 from distrain.orchestrator.failure_policy import USER_CODE
 from distrain.orchestrator.recovery import RunLost, classify, discard, kill_all
+from distrain.orchestrator.streaming import Streamed
 from distrain.orchestrator.tasks import build_task
 from distrain.orchestrator.worker import TrainWorker
 from distrain.plugins import USER_MODULE_PREFIX, is_lone_module
@@ -43,10 +44,13 @@ def get(refs: Any, timeout: float | None = None) -> Any:
         raise
 
 
-def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run_start: float, warm: bool) -> Any:
+def start_worker(
+    config: RunConfig, placement: cluster.Placement, rank: int, run_start: float, warm: bool, data: Any = None
+) -> Any:
     """A TrainWorker actor for `rank`, in its placement-group bundle; or, for a run whose workers may be
     kept warm (orchestrator/warm_pool.py), an idle one on the bundle's node, else a fresh one that asks
-    for no CPU and is pinned to that node (the bundle holds the CPU; the actor can outlive the group)."""
+    for no CPU and is pinned to that node (the bundle holds the CPU; the actor can outlive the group).
+    `data`: the worker's shard of a streamed training set (orchestrator/streaming.py)."""
     node = worker_node(placement, rank) if warm else None
     if node is None:
         return (
@@ -57,17 +61,17 @@ def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run
                 scheduling_strategy=placement.worker(rank),
                 **storage_env(config),
             )
-            .remote(config, rank, run_start)
+            .remote(config, rank, run_start, data)
         )
     worker = warm_pool.take(node)
     if worker is not None:
-        worker.rebuild.remote(config, rank, run_start)  # runs before any later call: an actor's calls keep their order
+        worker.rebuild.remote(config, rank, run_start, data)  # runs before any later call: calls keep their order
         return worker
     pinned = NodeAffinitySchedulingStrategy(node, soft=False)
     return (
         ray.remote(TrainWorker)
         .options(num_cpus=0, scheduling_strategy=pinned, **storage_env(config))
-        .remote(config, rank, run_start)
+        .remote(config, rank, run_start, data)
     )
 
 
@@ -119,9 +123,11 @@ class RayWorkerGroup:
         actors: list[Any],
         on_started: Callable[[int, int], None] = lambda started, total: None,
         warm: bool = False,
+        stream: Streamed | None = None,
     ) -> None:
         self.config = config
         self.warm = warm  # workers kept warm after a completed run (orchestrator/warm_pool.py)
+        self.stream = stream  # the task's Ray Dataset to train on, split afresh for each attempt (streaming.py)
         self.placement = placement
         self.run_start = run_start
         self.actors = actors  # everything started, killed on the way out (run_training's list)
@@ -145,8 +151,14 @@ class RayWorkerGroup:
         return list(range(self.config.num_worker_actors))
 
     def start(self, ranks: list[int]) -> None:
+        shards: list[Any] = [None] * self.config.num_worker_actors
+        if self.stream is not None:  # only whole attempts stream (streaming.refusal): a new split for all
+            assert sorted(ranks) == list(range(len(shards))), f"a streamed run starts every worker, not {ranks}"
+            shards = streaming.shards(self.stream, self.config, cluster.cpus_needed(self.config))
         for rank in ranks:
-            self.workers[rank] = start_worker(self.config, self.placement, rank, self.run_start, self.warm)
+            self.workers[rank] = start_worker(
+                self.config, self.placement, rank, self.run_start, self.warm, shards[rank]
+            )
             self.actors.append(self.workers[rank])
 
     def describe(self, ranks: list[int], timeout: float) -> list[dict[str, Any]]:
