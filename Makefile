@@ -25,6 +25,8 @@ run: $(BIN)/.installed
 
 # One test at a time: two pytest-xdist workers finished in 24 minutes instead of 27-32, but in two fresh-clone
 # runs 2 and 3 integration tests failed beside the other worker's runs (timing under load), so not yet.
+# The docs site's strict build and the wheel's install-and-run are tests too (tests/unit/test_docs_site.py,
+# tests/integration/test_wheel.py).
 test: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
@@ -32,9 +34,11 @@ test: $(BIN)/.installed-dev
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
 
-# README.md's flag table, rewritten from `distrain run`'s help texts (tests/unit/test_flag_table.py checks it).
-docs: $(BIN)/.installed
+# The documentation site: docs/reference/cli.md rewritten from the commands' help texts
+# (tests/unit/test_flag_table.py checks it), then the site built into site/ (open site/index.html).
+docs: $(BIN)/.installed-dev
 	$(BIN)/python -m distrain.flag_table
+	$(BIN)/python -m mkdocs build --strict
 
 # Side-by-side benchmarks (minutes; run on a quiet machine). They print markdown; RESULTS.md records them.
 bench: $(BIN)/.installed
@@ -42,4 +46,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/ps_cost.py --reps 100 --rounds 1 --workers 3 --epochs 4
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site dist

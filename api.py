@@ -151,8 +151,14 @@ def prepare_resume(run_dir: str | Path, overrides: dict[str, Any]) -> PreparedRu
     """The spec of a run resumed from `run_dir`: its config.yaml with only resumable `overrides` changed
     (`strategy auto` read as the strategy the run chose), checked against its latest checkpoint."""
     from distrain.orchestrator.resume import resume_config
+    from distrain.orchestrator.storage import download, is_uri, parent_uri
     from distrain.planning.auto_strategy import resumed_values
 
+    if is_uri(run_dir):  # a run kept on --storage: resumed from a local copy, synced back to where it was
+        uri = str(run_dir)
+        run_dir = download(uri, "--resume")
+        if overrides.get("storage") is None:
+            overrides = dict(overrides, storage=parent_uri(uri))
     return PreparedRun(resume_config(run_dir, resumed_values(run_dir, overrides)), resume=True)
 
 

@@ -27,7 +27,7 @@ from distrain.commands import run as run_command
 from distrain.commands import tune as tune_command
 from distrain.commands.options import SectionedCommand, command_function
 from distrain.commands.options import shown_default as _shown_default  # noqa: F401 (tests read it here)
-from distrain.commands.run import EXIT_CODES  # noqa: F401 (README "Exit codes")
+from distrain.commands.run import EXIT_CODES  # noqa: F401 (docs/flags.md "Exit codes")
 from distrain.commands.run_display import RunDisplay, membership_line  # noqa: F401 (tests read them here)
 from distrain.commands.run_summary import membership_row, print_summary, tensorboard_line  # noqa: F401
 from distrain.config import RunConfig
@@ -147,7 +147,11 @@ def list_strategies() -> None:
 @user_errors
 def report(
     run_dirs: Annotated[
-        list[Path], typer.Argument(help="Run directories written by `distrain run` (e.g. runs/*).", show_default=False)
+        list[str],  # not Paths: a --storage URI (s3://...) would lose a slash
+        typer.Argument(
+            help="Run directories written by `distrain run` (e.g. runs/*), or their --storage URIs.",
+            show_default=False,
+        ),
     ],
     out_dir: Annotated[
         Path | None,
@@ -162,6 +166,29 @@ def report(
     from distrain.commands.report import report
 
     report(run_dirs, out_dir)
+
+
+@app.command()
+@user_errors
+def examples(
+    copy: Annotated[
+        Path | None,
+        typer.Option(
+            "--copy",
+            metavar="DIR",
+            help="Copy the examples into DIR (new or empty) to edit them; their commands then run from DIR.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """List the examples shipped with distrain (your own tasks, a strategy plugin, the notebook, the
+    cluster configs), each with the command that runs it; --copy DIR copies them into DIR."""
+    from distrain.commands import examples as bundled
+
+    if copy is None:
+        bundled.list_examples()
+    else:
+        bundled.copy_examples(copy)
 
 
 def _stdin_is_terminal() -> bool:

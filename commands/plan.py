@@ -49,6 +49,12 @@ def parameters() -> list[inspect.Parameter]:
         own("calibration", Path | None, "Reuse the calibration of an earlier plan (its directory or plan.json)."),
         own("calibration_steps", int, "Steps of each tiny calibration run (as long as the runs you plan is best).", 40),
         own("calibration_repeats", int, "Repeats of each tiny run (medians); 1 is faster, less robust to load.", 3),
+        own(
+            "worker_speeds",
+            str | None,
+            "Heterogeneous workers' relative speeds, e.g. 1,1,0.5: the step time with equal shares and with "
+            "the shares --worker-weights would give.",
+        ),
         own_option("config", Path | None, None, "--config", help="YAML file of run config keys."),
         *run_options(sections=[s for s in SECTIONS if s != "strategy"], also=PLAN_TRAFFIC_FLAGS, without=PLAN_FLAGS),
     ]
@@ -93,14 +99,17 @@ def plan(
     calibration: Path | None,
     calibration_steps: int,
     calibration_repeats: int,
+    worker_speeds: str | None,
     config: Path | None,
     task_arg: list[str] | None = None,
     optimizer_arg: list[str] | None = None,
     **flags: Any,
 ) -> None:
+    from distrain.planning.heterogeneous import parse_worker_speeds, share_effect
     from distrain.units import parse_worker_counts
 
     counts = parse_worker_counts(workers)
+    speeds = parse_worker_speeds(worker_speeds) if worker_speeds is not None else None
     hardware = what_if_hardware(preset, bandwidth, latency, gpu_flops)
     if calibration_steps < 6:
         raise DistrainError(
@@ -123,6 +132,9 @@ def plan(
         say(f"calibrating on this cluster ({what})...")
     result = make_plan(cfg, counts, target, hardware, saved, steps=calibration_steps, repeats=calibration_repeats)
     print_plan(result)
+    if speeds is not None:
+        effect = share_effect(result.calibration.compute_s, result.calibration.batch_size, speeds)
+        consoles.out.print(effect.text(), markup=False, highlight=False)
 
 
 def print_plan(result: Any) -> None:

@@ -11,7 +11,8 @@ from rich.text import Text
 from distrain.commands.console import print_wide, say, warn
 
 
-def report(run_dirs: list[Path], out_dir: Path | None) -> None:
+def report(run_dirs: list[str] | list[Path], out_dir: Path | None) -> None:
+    from distrain.orchestrator.storage import localize  # a --storage URI: reported from its local copy
     from distrain.reporting.report import (
         COLUMNS,
         choose_out_dir,
@@ -21,7 +22,7 @@ def report(run_dirs: list[Path], out_dir: Path | None) -> None:
         write_report,
     )
 
-    run_dirs, repeats = distinct_dirs(run_dirs)
+    run_dirs, repeats = distinct_dirs([Path(localize(d, "report")) for d in run_dirs])
     runs = load_runs(run_dirs)
     target = choose_out_dir(out_dir)
     written = write_report(runs, target)

@@ -19,7 +19,7 @@ from distrain.config import parse_optimizer_args
 from distrain.errors import DistrainError, RunFailed
 
 DIVERGED_EXIT_CODE = 3  # not 2: files were written (the metrics, the summary); not 1: no bug either
-# What `distrain run` exits with (README "Exit codes", and `distrain run --help`). 1 is left to bugs
+# What `distrain run` exits with (docs/flags.md, and `distrain run --help`). 1 is left to bugs
 # (a traceback, the worker's own error among them).
 EXIT_CODES = {
     0: "completed",
@@ -47,7 +47,7 @@ def parameters(plugin_values: dict[str, Any]) -> list[inspect.Parameter]:
         *run_options(plugin_values=plugin_values),
         own_option(
             "resume",
-            Path | None,
+            str | None,  # not a Path: a --storage URI (s3://...) would lose a slash
             None,
             "--resume",
             help="Continue the run in this directory from its latest checkpoint (e.g. after its driver was killed); "
@@ -60,7 +60,7 @@ def parameters(plugin_values: dict[str, Any]) -> list[inspect.Parameter]:
 
 def run(
     config: Path | None = None,
-    resume: Path | None = None,
+    resume: str | None = None,
     task_arg: list[str] | None = None,
     optimizer_arg: list[str] | None = None,
     run_dir: str | None = None,

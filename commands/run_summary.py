@@ -132,18 +132,24 @@ def _run_files(run_dir: Path) -> list[str]:
 
 
 def tensorboard_line(run_dir: Path) -> str | None:
-    """With --tensorboard DIR (as the run's config.yaml records it): where the run's event files are
-    (DIR/<run id>/, as orchestrator/tensorboard.py writes them) and the command that shows them."""
+    """With --tensorboard DIR or --loggers tensorboard (as the run's config.yaml records them): where the
+    run's event files are (DIR/<run id>/ or RUN_DIR/tensorboard/, as orchestrator/tensorboard.py writes
+    them) and the command that shows them."""
     import importlib.util
     import shlex
 
     try:
-        root = str(RunConfig.load_yaml(run_dir / "config.yaml").get("tensorboard") or "")
+        recorded = RunConfig.load_yaml(run_dir / "config.yaml")
     except (OSError, DistrainError):
         return None
-    if not root:
+    root = str(recorded.get("tensorboard") or "")
+    if root:
+        where = Path(root) / run_dir.name
+    elif "tensorboard" in str(recorded.get("loggers") or ""):
+        where, root = run_dir / "tensorboard", str(run_dir.parent)  # beside the other runs' in that folder
+    else:
         return None
-    line = f"TensorBoard events in {Path(root) / run_dir.name}/; view with: tensorboard --logdir {shlex.quote(root)}"
+    line = f"TensorBoard events in {where}/; view with: tensorboard --logdir {shlex.quote(root)}"
     if importlib.util.find_spec("tensorboard") is None:  # distrain writes them without it (tensorboardX)
         line += " (the viewer: pip install tensorboard, or the tensorboard extra)"
     return line

@@ -59,7 +59,7 @@ def swept_flags() -> dict[str, tuple[str, str]]:
     owned = {name: (name, "--" + name.replace("_", "-")) for name in strategy_sweep_flags()}
     return {**SWEPT_FLAGS, **owned}
 
-# A sweep of more trials than this asks first (or takes --yes). A 4 x 4 x 2 grid (README's example is
+# A sweep of more trials than this asks first (or takes --yes). A 4 x 4 x 2 grid (docs/sweeps.md's example is
 # 24 trials) is deliberate and starts at once; what this catches is the accident: one more axis than
 # meant, --num-samples 500, a list typed with an extra value, each worth hours of cluster time.
 CONFIRM_ABOVE = 32

@@ -82,7 +82,7 @@ def _syntax(entry: dict[str, Any]) -> str:
 
 CODECS: tuple[str, ...] = tuple(_syntax(e) for e in REGISTRY.values())
 _CHOICES = "choose " + (", ".join(CODECS[:-1]) + " or " + CODECS[-1] if len(CODECS) > 1 else CODECS[0])
-# `--compress`'s help lists what is found here (so a new codec file shows up in --help and the README table)
+# `--compress`'s help lists what is found here (so a new codec file shows up in --help and the CLI reference)
 CODEC_HELP = (
     ", ".join(CODECS[:-1])
     + " or "

@@ -19,6 +19,7 @@ from __future__ import annotations
 # The checks register themselves on import (checks.py orders them by stage).
 from distrain.config import layout_section as _layout_section  # noqa: F401
 from distrain.config import section_checks as _section_checks  # noqa: F401
+from distrain.config import shares_section as _shares_section  # noqa: F401
 from distrain.config import strategy_section as _strategy_section  # noqa: F401
 from distrain.config.checks import config_check
 from distrain.config.parsing import (

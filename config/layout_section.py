@@ -125,7 +125,8 @@ def global_batch_of(recorded: dict[str, Any], slots: int) -> int:
     checkpoint's config) and its replicas `slots` (a fixed --workers, or a range's MAX); runs recorded
     before --fsdp had D = 1, before --tensor-parallel T = 1."""
     tp = tp_sample_ranks(recorded.get("model"), recorded.get("task"), int(recorded.get("tensor_parallel") or 1))
-    return slots * int(recorded.get("fsdp") or 1) * tp * int(recorded["batch_size"])
+    k = int(recorded.get("accumulate_steps") or 1)  # --accumulate-steps (1 in runs recorded before it)
+    return slots * int(recorded.get("fsdp") or 1) * tp * k * int(recorded["batch_size"])
 
 
 def grid_text(layout: dict[str, Any]) -> str:

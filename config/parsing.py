@@ -32,19 +32,56 @@ def parse_optimizer_args(specs: list[str]) -> dict[str, Any]:
     return args
 
 
-def parse_stragglers(specs: list[str], workers: int) -> dict[int, float]:
-    """["RANK:SECONDS", ...] -> {rank: seconds added to each of that worker's steps}."""
-    delays: dict[int, float] = {}
+@dataclass(frozen=True)
+class Slowdown:
+    """An injected straggler (--straggler): `seconds` added to each of the worker's steps (RANK:SECONDS), or its
+    compute stretched to `factor` times as long (RANK:xF). The factor form models a slower machine: its
+    delay shrinks with a smaller batch, where a fixed delay per step would not."""
+
+    seconds: float = 0.0
+    factor: float = 1.0
+
+    def extra_s(self, compute_s: float) -> float:
+        """Seconds to add after a unit of work that took `compute_s`."""
+        return self.seconds + (self.factor - 1.0) * compute_s
+
+
+def parse_stragglers(specs: list[str], workers: int) -> dict[int, Slowdown]:
+    """["RANK:SECONDS" or "RANK:xF", ...] -> {rank: its Slowdown}."""
+    slowdowns: dict[int, Slowdown] = {}
     for spec in specs:
-        rank_text, sep, seconds_text = spec.partition(":")
+        rank_text, sep, value_text = spec.partition(":")
+        factor = value_text.strip().lower().startswith("x")
         try:
-            rank, seconds = int(rank_text), float(seconds_text)
+            rank, value = int(rank_text), float(value_text.strip()[1:] if factor else value_text)
         except ValueError:
-            rank, seconds = -1, -1.0
-        if not sep or not 0 <= rank < workers or not (seconds >= 0 and math.isfinite(seconds)):
-            raise ConfigError(f"--straggler {spec!r} must be RANK:SECONDS with 0 <= RANK < {workers} and SECONDS >= 0")
-        delays[rank] = seconds
-    return delays
+            rank, value = -1, -1.0
+        ok = value >= 1 if factor else value >= 0
+        if not sep or not 0 <= rank < workers or not (ok and math.isfinite(value)):
+            raise ConfigError(
+                f"--straggler {spec!r} must be RANK:SECONDS (SECONDS >= 0 added to each step) or RANK:xF (compute "
+                f"takes F >= 1 times as long), with 0 <= RANK < {workers}"
+            )
+        slowdowns[rank] = Slowdown(factor=value) if factor else Slowdown(seconds=value)
+    return slowdowns
+
+
+def parse_worker_weights(text: str, workers: int) -> tuple[float, ...]:
+    """ "3,1" (--worker-weights) -> (3.0, 1.0): one positive number per worker; "" -> () (equal shares)."""
+    if not str(text).strip():
+        return ()
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        weights = tuple(float(p) for p in parts)
+    except ValueError:
+        weights = ()
+    if not weights or not all(w > 0 and math.isfinite(w) for w in weights):
+        raise ConfigError(f"--worker-weights {text!r} must be positive numbers separated by commas, e.g. 3,1")
+    if len(weights) != workers:
+        raise ConfigError(
+            f"--worker-weights {text!r} gives {len(weights)} weights for {workers} workers; give one per worker"
+        )
+    return weights
 
 
 TARGET_SYNTAX = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*(\S+)\s*$")

@@ -14,10 +14,11 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from distrain.config import layout_section, strategy_section, yaml_io
+from distrain.config import layout_section, shares_section, strategy_section, yaml_io
 from distrain.config.checks import run_checks
 from distrain.config.parsing import (
     ChaosEvent,
+    Slowdown,
     Target,
     format_workers,
     overlay,
@@ -150,6 +151,11 @@ class RunConfig:
 
     # ------------------------------------------------------------------ derived values
     @property
+    def logger_names(self) -> list[str]:
+        """--loggers as a list of names, in the order given, each once."""
+        return list(dict.fromkeys(n.strip().lower() for n in self.loggers.split(",") if n.strip()))
+
+    @property
     def elastic(self) -> bool:
         """--workers MIN..MAX: membership changes while the run goes on (orchestrator/membership.py)."""
         return self.max_workers > 0
@@ -170,10 +176,10 @@ class RunConfig:
     def global_batch_size(self) -> int:
         """Samples whose gradients make one update (the learning rate is scaled for this). An elastic
         run's is the MAX's: under the strategies that take a range each update is one worker's B samples
-        whatever the membership, so the rate is the one the fixed run at MAX uses (README, elastic). A
+        whatever the membership, so the rate is the one the fixed run at MAX uses (docs/elastic.md). A
         sharded replica (--fsdp D) is D data-parallel ranks: R x D x B (D x T under a tensor-parallel
-        hybrid plan, config/layout_section.py)."""
-        return self.worker_slots * layout_section.data_ranks_per_replica(self) * self.batch_size
+        hybrid plan, config/layout_section.py), times --accumulate-steps k."""
+        return self.worker_slots * layout_section.data_ranks_per_replica(self) * self.unit_samples
 
     @property
     def num_worker_actors(self) -> int:
@@ -206,10 +212,23 @@ class RunConfig:
     @property
     def samples_per_step(self) -> int:
         """Samples handed out per step: with backup workers, b x B more than the update uses."""
-        return strategy_section.replicas_per_step(self) * layout_section.data_ranks_per_replica(self) * self.batch_size
+        return (
+            strategy_section.replicas_per_step(self) * layout_section.data_ranks_per_replica(self) * self.unit_samples
+        )
 
     @property
-    def straggler_delays(self) -> dict[int, float]:
+    def unit_samples(self) -> int:
+        """Samples one data-parallel rank computes per update: --accumulate-steps k micro-batches of B."""
+        return self.accumulate_steps * self.batch_size
+
+    @property
+    def worker_shares(self) -> tuple[int, ...] | None:
+        """Each worker's samples per step under --worker-weights, in rank order (None: equal slices)."""
+        return shares_section.worker_shares(self)
+
+    @property
+    def stragglers(self) -> dict[int, Slowdown]:
+        """Injected slowdowns by worker rank (--straggler)."""
         return parse_stragglers(self.straggler, self.num_worker_actors)
 
     @property

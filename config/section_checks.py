@@ -13,6 +13,7 @@ from distrain.config.parsing import parse_chaos, parse_monitor, parse_stragglers
 from distrain.config.sections import (
     BUILTIN_TASK_FIELDS,
     COMMON_FIELDS,
+    LOGGER_NAMES,
     LR_DECAYS,
     LR_SCALING_RULES,
     ON_NONFINITE,
@@ -94,10 +95,10 @@ def check_resources(config: RunConfig) -> None:
 
 @config_check
 def check_optimization(config: RunConfig) -> None:
-    at_least(config, ("batch_size", "base_batch_size"), 1)
+    at_least(config, ("batch_size", "base_batch_size", "accumulate_steps"), 1)
     positive_numbers(config, ("lr",))
     one_of(config, "precision", PRECISIONS)
-    non_negative_numbers(config, ("momentum", "weight_decay", "warmup_epochs"))
+    non_negative_numbers(config, ("momentum", "weight_decay", "warmup_epochs", "clip_grad_norm"))
     if config.momentum is not None and config.momentum >= 1:
         raise ConfigError(f"--momentum must be < 1, got {config.momentum}")
     if config.warmup_epochs > config.epochs:
@@ -130,12 +131,36 @@ def check_lr_decay(config: RunConfig) -> None:
             raise ConfigError(f"--lr-decay-gamma must be in (0, 1], got {config.lr_decay_gamma}")
 
 
+@config_check(stage="across")
+def check_update_rules(config: RunConfig) -> None:
+    """--accumulate-steps and --clip-grad-norm where a worker holds part of the model in a way they do not
+    handle yet (docs/optimization.md): a tensor-parallel split (whole and split tensors side by side), and a
+    pipeline of FSDP-sharded stages. FSDP shards and pipeline stages each take both. Sandblaster refuses
+    them itself."""
+    given = [
+        f
+        for f, on in (
+            ("--accumulate-steps", config.accumulate_steps != 1),
+            ("--clip-grad-norm", bool(config.clip_grad_norm)),
+        )
+        if on
+    ]
+    shards, tp, _ = config.replica_grid
+    layout = (
+        "--tensor-parallel" if tp > 1 else "--pipeline-stages with --fsdp" if config.pipelined and shards > 1 else ""
+    )
+    if given and layout:
+        raise ConfigError(
+            f"{given[0]} is not supported with {layout} yet (each worker holds part of the model); drop it"
+        )
+
+
 @config_check
 def check_checkpointing(config: RunConfig) -> None:
     at_least(config, ("checkpoint_every", "checkpoint_steps"), 0)
     if config.checkpoint_best:
         parse_monitor(config.checkpoint_best)
-    if config.init_from and not Path(config.init_from).is_file():
+    if config.init_from and "://" not in config.init_from and not Path(config.init_from).is_file():  # or a URI
         raise ConfigError(f"--init-from {config.init_from!r} is not a file; pass a checkpoint (.pt) path")
 
 
@@ -164,6 +189,11 @@ def check_output(config: RunConfig) -> None:
         parse_target(config.target)
     if not (0 <= config.val_fraction < 1):
         raise ConfigError(f"--val-fraction must be in [0, 1), got {config.val_fraction}")
+    unknown = [name for name in config.logger_names if name not in LOGGER_NAMES]
+    if unknown:
+        raise ConfigError(f"--loggers: unknown logger {unknown[0]!r}; choose from {', '.join(LOGGER_NAMES)}")
+    if config.mlflow_uri and "mlflow" not in config.logger_names:
+        raise ConfigError("--mlflow-uri is for --loggers mlflow; add mlflow to --loggers or drop --mlflow-uri")
 
 
 @config_check

@@ -1,7 +1,7 @@
 """The run's spec: one frozen dataclass per concern (`SECTION_CLASSES`), each field a documented `setting`
 (its flag, help text, section, shown default), and the fixed choices those fields take.
 
-These are the declarations flags, YAML keys, `--help`, the README's flag tables and Tune's dimensions are
+These are the declarations flags, YAML keys, `--help`, docs/reference/cli.md and Tune's dimensions are
 made from. The checks of their values are registered next door (`section_checks.py`; the strategy section
 and its checks: `strategy_section.py`).
 """
@@ -49,6 +49,9 @@ OPTIMIZER_NAMES = (
 )
 REFUSED_OPTIMIZER_NAMES = ("lbfgs", "sparseadam", "adafactor", "muon")
 PLACEMENTS = ("pack", "spread")
+BALANCE_MODES = ("none", "speed")  # --balance (config/shares_section.py)
+# --loggers (orchestrator/loggers.py builds them)
+LOGGER_NAMES = ("tensorboard", "csv", "mlflow")
 
 # The options of the built-in classification task, which a user's --task does not read.
 BUILTIN_TASK_FIELDS = ("model", "dataset", "data_dir", "target_accuracy")
@@ -206,6 +209,22 @@ class Optimization:
         "Weight decay (adamw: decoupled); default the optimizer's own: 0, adamw 0.01; rprop refuses it.",
         "optimizer",
     )
+    accumulate_steps: int = setting(
+        1,
+        "Gradient accumulation: micro-batches of --batch-size each worker adds up per update (k); the global "
+        "batch is then workers x k x B, and a step (one metrics row per worker) is one update "
+        "(docs/optimization.md).",
+        "optimizer",
+        metavar="K",
+    )
+    clip_grad_norm: float = setting(
+        0.0,
+        "Clip the global L2 norm of the gradient each update applies to this (0: off): after the all-reduce "
+        "under bsp, each worker's push under the parameter-server strategies, each local step under local-sgd "
+        "and diloco (docs/optimization.md).",
+        "optimizer",
+        metavar="NORM",
+    )
     precision: str = setting(
         "fp32",
         "Forward pass dtype: fp32, bf16 or fp16 (torch.autocast; parameters, gradients, optimizer state and "
@@ -271,14 +290,33 @@ class Stragglers:
 
     straggler: list[str] = setting(
         (),
-        "RANK:SECONDS adds that delay to every step of that worker (repeatable; for experiments).",
+        "RANK:SECONDS adds that delay to every step of that worker; RANK:xF makes its compute take F times as "
+        "long (a slower machine; repeatable; for experiments).",
         "stragglers",
-        metavar="RANK:SECONDS",
+        metavar="RANK:SECONDS|RANK:xF",
     )
     straggler_threshold: float = setting(
         2.0,
         "Flag a worker as a straggler when its recent median compute time is this many times the others' and "
         "10 ms more, over two windows of 20 of its steps (released under half those margins).",
+        "stragglers",
+    )
+    worker_weights: str = setting(
+        "",
+        "Heterogeneous workers' static shares, one weight per worker (e.g. 3,1): each step's global batch "
+        "(--workers x --batch-size) is cut in proportion, each worker's gradient weighted by its share, so the "
+        "update is still the whole batch's (bsp over either transport; local-sgd and diloco weigh their "
+        "averages by the samples each replica took; docs/heterogeneous.md).",
+        "stragglers",
+        "equal",
+        metavar="W1,W2,...",
+    )
+    balance: str = setting(
+        "none",
+        "none, or speed: the driver sets each worker's share of the step's batch in proportion to its measured "
+        "speed (seconds per sample), moving them at segment starts only when the predicted step time falls by "
+        "more than 10 %; the global batch stays --workers x --batch-size (bsp, local-sgd, diloco; starts from "
+        "--worker-weights if given).",
         "stragglers",
     )
 
@@ -307,6 +345,28 @@ class Output:
         "Write TensorBoard event files (training loss, lr, samples/s, test metrics) under DIR/<run id>/.",
         "output",
         metavar="DIR",
+    )
+    loggers: str = setting(
+        "",
+        f"Log each step's figures (loss, lr, samples/s, the task's own scalars) and each evaluation's with "
+        f"these, comma-separated: {_one_of(LOGGER_NAMES, 'and')} (tensorboard: RUN_DIR/tensorboard/; csv: "
+        f"RUN_DIR/scalars.csv; mlflow: --mlflow-uri, needs the mlflow extra).",
+        "output",
+        metavar="NAME,...",
+    )
+    mlflow_uri: str = setting(
+        "",
+        "MLflow tracking URI for --loggers mlflow, e.g. sqlite:///runs/mlflow.db or http://host:5000.",
+        "output",
+        "sqlite:///<run dir's parent>/mlflow.db",
+    )
+    storage: str = setting(
+        "",
+        "Also keep the run on this storage: a local path or a pyarrow filesystem URI (s3://bucket/prefix; "
+        "credentials and endpoint from AWS_* variables). The run directory is synced to URI/<run id>/ at each "
+        "checkpoint and at the end; --resume, --init-from, report and load_model take such URIs.",
+        "output",
+        metavar="URI",
     )
 
 

@@ -48,7 +48,8 @@ class Callback:
 
     def on_rows(self, rows: dict[str, list[Any]]) -> bool | None:
         """Each segment's metrics rows as they arrive, as columns (worker, step, epoch, loss, lr, samples,
-        wall_time, compute_s, comm_s, ...; one row per worker step, `step` the global step)."""
+        wall_time, compute_s, comm_s, ...; one row per worker step, `step` the global step), and a
+        `train_<name>` column per scalar the task logs from its `loss` (null on rows that logged none)."""
         return None
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> bool | None:

@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from distrain.config import RunConfig
 from distrain.errors import ResourceError
-from distrain.orchestrator import address, code_shipping, interrupts, leftovers, memory, trial_resources
+from distrain.orchestrator import address, code_shipping, interrupts, leftovers, memory, streaming, trial_resources
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -214,14 +214,15 @@ def _stop_kept() -> None:
         kept[1].close()
 
 
-def connect(config: RunConfig, keep: bool = False) -> RayConnection:
-    """Reuse an initialised Ray, connect to `--address`, or start a local Ray sized for the run. With
-    `keep` (distrain.fit), a local Ray started here stays up for the next run in this process (its warm
-    workers with it: orchestrator/warm_pool.py) and stops at exit; a later run it is too small for, or
-    one for `--address`, stops it and starts over."""
+def connect(config: RunConfig, keep: bool = False, extra_cpus: int = 0) -> RayConnection:
+    """Reuse an initialised Ray, connect to `--address`, or start a local Ray sized for the run (and
+    `extra_cpus` more: those Ray Data streams on, orchestrator/streaming.py). With `keep` (distrain.fit),
+    a local Ray started here stays up for the next run in this process (its warm workers with it:
+    orchestrator/warm_pool.py) and stops at exit; a later run it is too small for, or one for `--address`,
+    stops it and starts over."""
     global _kept
     if _kept is not None and ray.is_initialized() and _session_dir() == _kept[0]:
-        if config.address or cpus_needed(config) > ray.cluster_resources().get("CPU", 0.0):
+        if config.address or cpus_needed(config) + extra_cpus > ray.cluster_resources().get("CPU", 0.0):
             _stop_kept()
     if ray.is_initialized():
         if config.address:  # a dead --address is refused as a fresh process would refuse it
@@ -233,7 +234,7 @@ def connect(config: RunConfig, keep: bool = False) -> RayConnection:
     else:
         # A local cluster gets at least the CPUs the run reserves, so `--workers 4` works on a laptop
         # with 2 cores (oversubscribed, as with torchrun), instead of waiting forever for resources.
-        needed = int(-(-cpus_needed(config) // 1))
+        needed = int(-(-cpus_needed(config) // 1)) + extra_cpus
         start_local_ray(max(os.cpu_count() or 1, needed))
         session = _session_dir()
         if keep and session is not None:
@@ -265,6 +266,22 @@ def check_resources(config: RunConfig) -> None:
             f"but the cluster has {total.get('CPU', 0.0):g}; lower {_or(flags)}{',' if len(flags) > 1 else ''} "
             "or the CPUs per actor"
         )
+
+
+def check_data_cpus(config: RunConfig) -> int:
+    """The CPUs left to Ray Data once the run's workers (and shards) hold theirs, for a task's streamed
+    training set (orchestrator/streaming.py); refused in one line below `DATA_CPUS`, where
+    `streaming_split` would wait forever."""
+    total = float(ray.cluster_resources().get("CPU", 0.0))
+    held = cpus_needed(config)
+    if total - held < streaming.DATA_CPUS:
+        workers, flags = workers_text(config)
+        raise ResourceError(
+            f"Ray Data needs {streaming.DATA_CPUS} CPU the workers do not hold to stream the training set, but the "
+            f"cluster has {total:g} and the run's {workers} hold {held:g}; lower --cpus-per-worker or "
+            f"{' or '.join(flags)}, or give Ray more CPUs"
+        )
+    return int(total - held)
 
 
 def workers_text(config: RunConfig) -> tuple[str, list[str]]:

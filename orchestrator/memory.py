@@ -245,7 +245,7 @@ def estimate(config: RunConfig, num_params: int, cut: CutSizes | None = None) ->
         shards = shards_per_replica(config)
         held = [
             (-(-params // shards) * FLOAT_BYTES * copies,
-             int(ACTIVATION_FACTOR * config.batch_size * pipeline.in_flight(s) * values) * FLOAT_BYTES)
+             int(ACTIVATION_FACTOR * config.unit_samples * pipeline.in_flight(s) * values) * FLOAT_BYTES)
             for s, (params, values) in enumerate(stage_shares(config))
         ]  # fmt: skip
         model_bytes, activation_bytes = max(held, key=sum)

@@ -4,7 +4,9 @@ Rows arrive in batches (a segment's worth per worker per remote call). Step rows
 share one schema, told apart by `kind`; columns that do not apply to a row are null. The schema is
 `SCHEMA` (the strategies' column families included: strategies/step_columns.py) plus one float column per
 evaluation metric and split beyond the test loss and accuracy (`val_<name>` on the validation split,
-`test_<name>` on the test set, e.g. `val_loss`, `test_perplexity`), added when it first appears. The file is
+`test_<name>` on the test set, e.g. `val_loss`, `test_perplexity`), and one per scalar the task logs from its
+`loss` (`train_<name>`, on step rows: `Task.loss` returning `(loss, {name: value})`), each added when it first
+appears. The file is
 written atomically (temporary file, fsync, rename), so a crash never leaves a half-written one.
 """
 
@@ -20,6 +22,9 @@ from distrain.orchestrator.files import atomic_write
 from distrain.orchestrator.gpu_stats import GPU_COLUMNS
 from distrain.orchestrator.peak_memory import PEAK_COLUMNS
 from distrain.strategies.step_columns import family_columns
+
+# The columns of the scalars a task logs each step (`Task.loss` returning `(loss, {"name": value})`).
+LOGGED_PREFIX = "train_"
 
 SCHEMA = pa.schema(
     [
@@ -104,6 +109,7 @@ class MetricsSink:
         self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
 
     def add_steps(self, columns: dict[str, list[Any]]) -> None:
+        self._widen([name for name in columns if name.startswith(LOGGED_PREFIX)])
         self._append(columns, "step")
 
     def add_eval(self, epoch: int, step: int, metrics: dict[str, float], wall_time: float, eval_s: float) -> None:
@@ -149,7 +155,7 @@ class MetricsSink:
 
     def add_rows(self, columns: dict[str, list[Any]]) -> None:
         """Rows from `rows()` (a checkpoint's), as they were."""
-        self._widen([name for name in columns if name.startswith(EVAL_PREFIXES)])
+        self._widen([name for name in columns if name.startswith((*EVAL_PREFIXES, LOGGED_PREFIX))])
         n = len(next(iter(columns.values()))) if columns else 0
         # Columns added since the rows were written (a checkpoint of an earlier version) are null in them.
         present = {name: columns.get(name, [None] * n) for name in self.schema.names}

@@ -22,7 +22,7 @@ from distrain.config.layout_section import GLOBAL_BATCH, LAYOUT_FIELDS, global_b
 from distrain.errors import ConfigError, DistrainError
 from distrain.orchestrator.checkpoint import LATEST, latest_checkpoint, load_checkpoint_for, whole_checkpoint
 from distrain.orchestrator.checkpoint_schedule import run_steps
-from distrain.orchestrator.metrics import EVAL_PREFIXES, SCHEMA, MetricsSink
+from distrain.orchestrator.metrics import EVAL_PREFIXES, LOGGED_PREFIX, SCHEMA, MetricsSink
 from distrain.trainers.datasets import DATASETS
 from distrain.trainers.splits import train_part_size
 
@@ -35,6 +35,9 @@ RESUMABLE = frozenset(
         "test_every_epoch",
         "checkpoint_best",
         "tensorboard",
+        "loggers",
+        "mlflow_uri",
+        "storage",
         "checkpoint_every",
         "checkpoint_steps",
         "max_failures",
@@ -250,12 +253,13 @@ def recorded_rows(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, li
     path = Path(config.run_dir) / "metrics.parquet"
     try:
         table = pq.read_table(path)
-        # The base columns, the strategies' own step columns, and the task's own evaluation metrics
-        # (test_<name>, orchestrator/metrics.py).
+        # The base columns, the strategies' own step columns, and the task's own evaluation metrics and
+        # logged scalars (test_<name>, train_<name>: orchestrator/metrics.py).
         impls = [s.implementation(config) for s in config.strategy_classes]
         declared = {n: t for s in impls for n, t in s.metric_columns.items() if n not in SCHEMA.names}
         extra = [pa.field(n, pa.type_for_alias(t)) for n, t in declared.items() if n in table.schema.names]
-        names = [n for n in table.schema.names if n.startswith(EVAL_PREFIXES) and n not in SCHEMA.names]
+        added = (*EVAL_PREFIXES, LOGGED_PREFIX)  # the columns a run widens its schema with
+        names = [n for n in table.schema.names if n.startswith(added) and n not in SCHEMA.names]
         extra += [pa.field(n, pa.float64()) for n in names]
         # A base column added since the file was written is left out here and null in the rows
         # (MetricsSink.add_rows); any other column missing makes the file unreadable.

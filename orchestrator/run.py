@@ -14,6 +14,7 @@ lists) and receives metrics rows in batches, evaluation partial sums, and the st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import RunFailed
-from distrain.orchestrator import auto_choice, cluster, interrupts, memory, warm_pool
+from distrain.orchestrator import auto_choice, cluster, interrupts, memory, streaming, warm_pool
 from distrain.orchestrator.callbacks import Callback, Callbacks
 from distrain.orchestrator.chaos import refuse_on_cluster, refuse_unreachable
 from distrain.orchestrator.controller.attempt import Attempt, record_no_space
@@ -56,10 +57,16 @@ class _Driver(Attempt):
         return record_no_space(self, full, atomic_write_text)
 
 
-def preflight(config: RunConfig, resume: bool = False, auto: dict[str, Any] | None = None) -> Plan:
+def preflight(
+    config: RunConfig,
+    resume: bool = False,
+    auto: dict[str, Any] | None = None,
+    start_ray: Callable[[], None] | None = None,
+) -> Plan:
     """Checks that need no cluster, then (a new run) the claim of its directory: before Ray starts, so a
-    directory that cannot be made, or that another run holds, is refused at once. Writes nothing else."""
-    num_params = check_runnable(config)  # a sweep makes the same checks for each of its trials
+    directory that cannot be made, or that another run holds, is refused at once. Writes nothing else.
+    (A task whose training set is a Ray Dataset is the exception: `start_ray` starts Ray to count it.)"""
+    num_params = check_runnable(config, start_ray)  # a sweep makes the same checks for each of its trials
     needs = memory.estimate(config, num_params)
     memory.check_worker(config, needs)  # --worker-memory: the budget each worker states, wherever it runs
     if not config.address and not ray.is_initialized():  # the local Ray this run will start: this machine
@@ -101,12 +108,29 @@ def run_training(
     started for the run stays up for the next one in this process (cluster.connect)."""
     emit = on_event or (lambda event: None)
     hooks = Callbacks(callbacks)
-    if config.tensorboard:
-        from distrain.orchestrator.tensorboard import TensorBoardWriter
+    if config.tensorboard or config.loggers:
+        from distrain.orchestrator.logger_choice import build_loggers
 
-        hooks.callbacks.append(TensorBoardWriter(config.tensorboard))
+        hooks.callbacks.extend(build_loggers(config))
+    if config.storage:  # last: it copies what the others wrote
+        from distrain.orchestrator.storage import StorageSync, check_storage
+
+        check_storage(config.storage)
+        hooks.callbacks.append(StorageSync(config.storage, config.sharded))
     emit(Preparing("checking the task, its data and the run directory"))
-    plan = preflight(config, resume, auto)
+    early: list[cluster.RayConnection] = []  # Ray started to count a task's Ray Dataset (orchestrator/streaming.py)
+
+    def start_ray() -> None:
+        emit(Preparing(_connecting(config) + " to count the task's Ray Dataset"))
+        early.append(cluster.connect(config, keep=keep_ray, extra_cpus=streaming.DATA_CPUS))
+
+    try:
+        plan = preflight(config, resume, auto, start_ray)
+    except BaseException:
+        for started_early in early:
+            started_early.close()
+        raise
+    stream = streaming.prepared(config)
     connection = None
     group: RayWorkerGroup | None = None
     placement = None
@@ -114,9 +138,17 @@ def run_training(
     started = False  # the run's actors were placed: from here on an interrupted run is recorded
     state: RunState | None = None
     try:
-        emit(Preparing(_connecting(config), plan.run_dir))
-        connection = cluster.connect(config, keep=keep_ray)
+        if early:
+            connection = early[0]
+        else:
+            emit(Preparing(_connecting(config), plan.run_dir))
+            more = {"extra_cpus": streaming.DATA_CPUS} if stream else {}  # room for Ray Data (streaming.py)
+            connection = cluster.connect(config, keep=keep_ray, **more)
         cluster.check_resources(config)
+        if stream is not None:
+            free = cluster.check_data_cpus(config)
+            rows = f"{stream.rows} rows"
+            emit(Notice(f"Ray Data streams the training set ({rows}) on the {free} CPU(s) the workers leave free"))
         unused = cluster.unused_gpus(config)
         if unused:
             emit(Notice(f"the cluster has {unused:g} GPU(s) and this run uses none; --gpus-per-worker 1 uses them"))
@@ -137,7 +169,7 @@ def run_training(
         # shards there), whatever the working directory of their processes.
         at_run_dir = config.replace(run_dir=str(plan.run_dir.resolve()))
         group = RayWorkerGroup(
-            at_run_dir, placement, state.run_start, actors, lambda up, n: emit(WorkersStarting(up, n)), warm
+            at_run_dir, placement, state.run_start, actors, lambda up, n: emit(WorkersStarting(up, n)), warm, stream
         )
         if config.elastic:  # --workers MIN..MAX: its books go on across attempts
             state.membership = Membership(config, placement)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ before Ray starts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from distrain.config import RunConfig
@@ -19,17 +20,20 @@ from distrain.trainers.models import parameter_sizes
 from distrain.trainers.splits import SPLITS, train_part_size
 
 
-def check_runnable(config: RunConfig) -> int:
+def check_runnable(config: RunConfig, start_ray: Callable[[], None] | None = None) -> int:
     """Raises ConfigError for a config that `run_training` would refuse; returns the model's size.
 
     A user's task is built once here (orchestrator/tasks.py): its data sets, its model, its loss on
-    one batch; the built-in task is checked from its registries without loading any data."""
+    one batch; the built-in task is checked from its registries without loading any data. A task's
+    Ray Dataset is counted on the Ray `start_ray` starts (orchestrator/streaming.py)."""
     if config.tensorboard:  # filled only once the run has started: a path it cannot write is refused now
         check_creatable_dir(config.tensorboard, "--tensorboard")
     if config.task:
         from distrain.orchestrator.tasks import check_task
+        from distrain.trainers.own_optimizer import check_own_optimizer
 
-        _, num_samples, sizes = check_task(config, config.samples_per_step)
+        task, num_samples, sizes = check_task(config, config.samples_per_step, start_ray)
+        check_own_optimizer(task, config, task.build_model())
     else:
         from distrain.orchestrator.tasks import check_checkpoint_best, check_target
 
@@ -81,15 +85,29 @@ def check_tensor_parallel(config: RunConfig) -> None:
 def check_init_from(config: RunConfig, num_params: int) -> dict[str, Any] | None:
     """The --init-from checkpoint (when there is one), checked against the model."""
     from distrain.orchestrator.checkpoint import load_checkpoint_for, whole_checkpoint  # torch.load
+    from distrain.orchestrator.storage import localize
     from distrain.trainers.optim_state import FlatOptimizerState, state_fits
 
-    checkpoint = load_checkpoint_for(config.init_from, config.model, num_params) if config.init_from else None
+    path = localize(config.init_from, "--init-from") if config.init_from else None  # a URI: its local copy
+    checkpoint = load_checkpoint_for(path, config.model, num_params) if path else None
     if checkpoint is not None:
-        checkpoint = whole_checkpoint(checkpoint, config.init_from)  # a sharded run's, put together: any layout
+        checkpoint = whole_checkpoint(checkpoint, path)  # a sharded run's, put together: any layout
         recorded = (checkpoint.get("config") or {}).get("optimizer")
         flat = FlatOptimizerState.from_dict(checkpoint["optimizer"])
         args = (config.optimizer, config.momentum, config.weight_decay, config.optimizer_args)
+        if own_optimizer(config):  # the task's own optimizer: its state is the task's to match
+            return checkpoint
         if recorded not in (None, config.optimizer) or not state_fits(*args, flat):
             # Another optimizer's state (or one missing an entry this one steps with): start it afresh.
             checkpoint = checkpoint | {"optimizer": FlatOptimizerState().to_dict()}
     return checkpoint
+
+
+def own_optimizer(config: RunConfig) -> bool:
+    """Whether the run's task brings its own optimizer (`Task.configure_optimizers`)."""
+    if not config.task:
+        return False
+    from distrain.orchestrator.tasks import build_task
+    from distrain.trainers.own_optimizer import defines_own
+
+    return defines_own(build_task(config))

@@ -11,15 +11,17 @@ not of the contract's form is one line before Ray starts rather than a failure i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from distrain.config import RunConfig, Target, parse_target
 from distrain.errors import ConfigError
+from distrain.orchestrator import streaming
 from distrain.orchestrator.files import atomic_write
 from distrain.plugins import is_lone_module, load_object
 from distrain.trainers.splits import SPLITS, task_splits
-from distrain.trainers.task import ClassificationTask, Task
+from distrain.trainers.task import ClassificationTask, Task, loss_only
 
 
 def task_class(path: str) -> type[Task]:
@@ -154,32 +156,55 @@ def run_target(config: RunConfig, task: Task | None = None) -> Target | None:
 
 
 def train_size(config: RunConfig) -> int:
-    """Samples in the task's training set (the task is built; its data sets are made)."""
-    return len(task_splits(build_task(config), config.val_fraction).train)
+    """Samples in the task's training set, less its validation split (the task is built; its data sets are
+    made). A streamed set's were counted once, by the task's check (orchestrator/streaming.py)."""
+    streamed = streaming.prepared(config)
+    if streamed is not None:
+        return streamed.rows
+    train = task_splits(build_task(config), config.val_fraction).train
+    if streaming.is_dataset(train):
+        raise ConfigError(f"--task {config.task}: its training set is a Ray Dataset, counted only by `distrain run`")
+    return len(train)
 
 
-def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]]:
+def check_task(
+    config: RunConfig, batch_size: int, start_ray: Callable[[], None] | None = None
+) -> tuple[Task, int, list[int]]:
     """Build a user task once in the driver: its data sets are not empty, its model builds, its loss is
-    a scalar on a batch of `batch_size`. Returns (task, training samples, values of each trainable tensor)."""
+    a scalar on a batch of `batch_size`. Returns (task, training samples, values of each trainable tensor).
+    A training set that is a Ray Dataset is counted here, on the Ray `start_ray` starts if none is up yet
+    (orchestrator/streaming.py)."""
     import torch
-
-    from distrain.trainers.task import BatchReader
 
     task = build_task(config)
     name = config.task
-    returned = _call(name, "datasets", task.datasets)
+    streaming.forget()
+    returned = _call(name, "datasets", lambda: streaming.datasets_lazily(task, start_ray))
     splits = task_splits(task, config.val_fraction, returned)
     train, val, test = splits.train, splits.val, splits.test
+    streamed = streaming.is_dataset(train)
+    if any(streaming.is_dataset(ds) for ds in (val, test)) and not streamed:
+        raise ConfigError(
+            f"--task {name}: the test set is a Ray Dataset but the training set is not; stream both or neither"
+        )
+    if streamed:
+        streaming.check_streamable(config)
+        streaming.by_value(task)
     for which, ds in (("training", train), ("validation", val), ("test", test)):
-        try:
-            n = len(ds)
-        except TypeError:
-            raise ConfigError(f"--task {name}: the {which} set has no len(); pass a map-style Dataset") from None
+        if streaming.is_dataset(ds):
+            # (a streamed test set is first read by the check of its metrics, below)
+            n = streaming.prepare(config, ds, start_ray) if ds is train else 1
+        else:
+            try:
+                n = len(ds)
+            except TypeError:
+                raise ConfigError(f"--task {name}: the {which} set has no len(); pass a map-style Dataset") from None
         if n == 0:
             raise ConfigError(f"--task {name}: the {which} set is empty")
-    if batch_size > len(train):
+    num_train = streaming.prepared(config).rows if streamed else len(train)  # type: ignore[union-attr]
+    if batch_size > num_train:
         raise ConfigError(
-            f"the global batch ({batch_size}) exceeds the {len(train)} training samples of --task {name}; "
+            f"the global batch ({batch_size}) exceeds the {num_train} training samples of --task {name}; "
             "lower --batch-size or --workers"
         )
     model = _call(name, "build_model", task.build_model)
@@ -188,10 +213,20 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]
     sizes = [p.numel() for p in model.parameters() if p.requires_grad]
     if sum(sizes) == 0:
         raise ConfigError(f"--task {name}: the model has no trainable parameters")
-    reader = BatchReader(train, task.collate, prefetch=False)
-    first = min(batch_size, len(train))
-    batch = _call(name, "collate (reading a batch)", lambda: reader.read(list(range(first))))
-    loss = _call(name, "loss", lambda: task.loss(model, batch))
+    if not streamed:  # a streamed set's first batch would cost an execution of its own: read by the workers
+        _check_first_loss(name, task, model, train, min(batch_size, num_train))
+    reported = _reported_metrics(name, task, model, test)
+    check_target(config, reported, task, splits.val_is_test)
+    check_checkpoint_best(config, reported, splits.val_is_test)
+    return task, num_train, sizes
+
+
+def _check_first_loss(name: str, task: Task, model: Any, train: Any, first: int) -> None:
+    """The task's loss on the first `first` training samples is a finite scalar that depends on the model."""
+    import torch
+
+    batch = _call(name, "collate (reading a batch)", lambda: _first_batch(task, train, first))
+    loss = loss_only(_call(name, "loss", lambda: task.loss(model, batch)))  # (loss, logs): the loss checked
     if not (torch.is_tensor(loss) and loss.dim() == 0):
         got = f"a tensor of shape {tuple(loss.shape)}" if torch.is_tensor(loss) else type(loss).__name__
         raise ConfigError(f"--task {name}: loss() must return a scalar tensor (mean over the batch), got {got}")
@@ -205,10 +240,15 @@ def check_task(config: RunConfig, batch_size: int) -> tuple[Task, int, list[int]
             f"samples 0..{first - 1}); check the data (NaN or inf values) and the model (e.g. a log or a division "
             "by zero)"
         )
-    reported = _reported_metrics(name, task, model, test)
-    check_target(config, reported, task, splits.val_is_test)
-    check_checkpoint_best(config, reported, splits.val_is_test)
-    return task, len(train), sizes
+
+
+def _first_batch(task: Task, data: Any, n: int) -> Any:
+    """The first `n` samples of `data` as the workers read them: by index, or streamed (Ray Data)."""
+    from distrain.trainers.task import BatchReader
+
+    if streaming.is_dataset(data):
+        return task.collate_columns(data.take_batch(n, batch_format="numpy"))
+    return BatchReader(data, task.collate, prefetch=False).read(list(range(n)))
 
 
 def _reported_metrics(name: str, task: Task, model: Any, test: Any) -> set[str]:
@@ -216,10 +256,9 @@ def _reported_metrics(name: str, task: Task, model: Any, test: Any) -> set[str]:
     test_ twins), from its evaluation of a few test samples (the model in eval mode, as the workers evaluate)."""
     import torch
 
-    from distrain.trainers.task import BatchReader, reduce_metrics
+    from distrain.trainers.task import reduce_metrics
 
-    reader = BatchReader(test, task.collate, prefetch=False)
-    batch = _call(name, "collate (reading a test batch)", lambda: reader.read(list(range(min(8, len(test))))))
+    batch = _call(name, "collate (reading a test batch)", lambda: _first_batch(task, test, min(8, _size(test))))
     model.eval()
     with torch.no_grad():
         parts = _call(name, "metrics", lambda: task.evaluate_batch(model, batch))
@@ -275,6 +314,11 @@ def check_target(config: RunConfig, reported: set[str], task: Task | None = None
             f"{source} {target} selects on the test set, which is scored only at the end of the run; name the "
             f"validation metric ({target.metric.replace('test_', 'val_', 1)}), or add --test-every-epoch"
         )
+
+
+def _size(data: Any) -> int:
+    """Samples in a map-style set; a streamed one's first 8 are enough to check its metrics on."""
+    return 8 if streaming.is_dataset(data) else len(data)
 
 
 def _call(name: str, what: str, fn: Any) -> Any:

@@ -45,10 +45,11 @@ def load_model(path: str | Path) -> Any:
     `checkpoint_of`), on the CPU and in eval mode."""
     from distrain.config import RunConfig
     from distrain.orchestrator.checkpoint import load_checkpoint, whole_checkpoint
+    from distrain.orchestrator.storage import localize
     from distrain.orchestrator.tasks import build_task, load_task_object
     from distrain.trainers.models import seeded
 
-    checkpoint, run_dir = checkpoint_of(path)
+    checkpoint, run_dir = checkpoint_of(localize(path, "load_model"))  # a --storage URI: its local copy
     payload = whole_checkpoint(load_checkpoint(checkpoint), checkpoint)
     config = RunConfig.from_mapping(payload["config"])
     load_task_object(config, run_dir, "load_model")  # a task object handed to distrain.fit: the very one, from task.pkl

@@ -6,6 +6,7 @@ segment's metrics rows as columns, so it is off the per-step path and gathers me
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -18,12 +19,14 @@ import ray
 import torch
 
 from distrain.config import RunConfig
+from distrain.config.shares_section import unequal_shares
 from distrain.errors import ResourceError
 from distrain.orchestrator.checkpoint import CHECKPOINTS
 from distrain.orchestrator.checkpoint_schedule import CheckpointSchedule
 from distrain.orchestrator.gpu_stats import GpuStats
-from distrain.orchestrator.metrics import SCHEMA
+from distrain.orchestrator.metrics import LOGGED_PREFIX, SCHEMA
 from distrain.orchestrator.peak_memory import PeakMemory
+from distrain.orchestrator.streaming import Shard, StreamReader, by_value, is_dataset, test_batches
 from distrain.orchestrator.tasks import build_task
 from distrain.plugins import USER_MODULE_PREFIX
 from distrain.strategies.base import CommStats, NonFinite, Strategy, StrategyContext
@@ -48,7 +51,7 @@ STEP_COLUMNS = tuple(n for n in SCHEMA.names if n not in ("run_id", "kind", "tes
 class TrainWorker:
     """Hosted as a Ray actor by the orchestrator (`ray.remote(TrainWorker)`)."""
 
-    def __init__(self, config: RunConfig, rank: int, run_start: float) -> None:
+    def __init__(self, config: RunConfig, rank: int, run_start: float, data: Shard | None = None) -> None:
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
         seed_globals(config.seed, rank)  # dropout, augmentation: the same --seed draws the same (per rank)
         if config.deterministic:
@@ -57,7 +60,7 @@ class TrainWorker:
         self.rank = rank
         self.world_size = config.num_worker_actors
         self.run_start = run_start
-        self.delay = config.straggler_delays.get(rank, 0.0)
+        self.slowdown = config.stragglers.get(rank)  # --straggler: injected, counted as compute
         self.device = "cuda" if config.uses_gpus else "cpu"
         self.peak_memory = PeakMemory(self.device)  # from here: building the replica counts towards the peak
         self.gpu_stats = GpuStats(self.device)  # NVML's utilisation and memory (null columns without it)
@@ -70,11 +73,11 @@ class TrainWorker:
         # takes it for a dead actor to retry.
         self.init_error: Exception | None = None
         try:
-            self._build(config)
+            self._build(config, data)
         except Exception as e:  # noqa: BLE001 - re-raised, unchanged, by the first call
             self.init_error = e
 
-    def _build(self, config: RunConfig) -> None:
+    def _build(self, config: RunConfig, data: Shard | None) -> None:
         if config.uses_gpus and not torch.cuda.is_available():
             # Ray gave this actor a GPU, but torch cannot use one (a CPU build of torch, a driver that does
             # not match, CUDA_VISIBLE_DEVICES empty): training on the CPU instead would be silently slow.
@@ -85,11 +88,16 @@ class TrainWorker:
             )
         # The task's data is built here, in the worker's own process: nothing passes through the driver.
         self.task = build_task(config)
+        # A streamed training set (a Ray Dataset, orchestrator/streaming.py) is read from `data`, this
+        # worker's shard of the driver's split; the one built here only plans its reads and is dropped.
         splits = task_splits(self.task, config.val_fraction)
         train, self.val_is_test = splits.train, splits.val_is_test
         self.eval_sets = {"val": splits.val, "test": splits.test}
+        if any(is_dataset(ds) for ds in self.eval_sets.values()):  # streamed by this worker's evaluation
+            by_value(self.task)
         # On a CUDA device the prefetched batch is pinned on the reader thread: its copy is then asynchronous.
         pin = pins_memory(self.device)
+        self.stream: StreamReader | None = None
         self.train_reader = BatchReader(train, self.task.collate, prefetch=config.prefetch, pin=pin)
         self.eval_readers = {k: BatchReader(ds, self.task.collate, prefetch=False) for k, ds in self.eval_sets.items()}
         model = seeded(self.task.build_model, config.seed)
@@ -115,11 +123,20 @@ class TrainWorker:
             self.device,
             config.optimizer_args,
             config.precision,
+            accumulate_steps=config.accumulate_steps,
+            clip_grad_norm=config.clip_grad_norm,
         )
         self.device_copy = DeviceCopy(self.trainer.device)
         # A full-batch strategy's step is one pass over the whole training set: one step per epoch.
         full_batch = strategy_class(config.strategy).full_batch
-        self.sharder = EpochSharder(len(train), len(train) if full_batch else config.samples_per_step, config.seed)
+        rows = data.rows if data is not None else len(train)
+        self.sharder = EpochSharder(rows, rows if full_batch else config.samples_per_step, config.seed)
+        if data is not None:
+            self.stream = StreamReader(data, self.task.collate_columns, self.sharder.steps_per_epoch)
+        # Heterogeneous workers (--worker-weights, --balance speed): each worker's samples per step, in rank
+        # order (None: equal slices); `weighs`: the strategy is told each step's share (even an equal one).
+        self.shares = config.worker_shares
+        self.weighs = unequal_shares(config)
         # The run's end, and where checkpoints are taken: as the driver's dispatcher queues them (one rule).
         self.checkpoints = CheckpointSchedule.of_run(config, self.sharder.steps_per_epoch)
         self.total_steps = self.checkpoints.total_steps
@@ -204,6 +221,11 @@ class TrainWorker:
         impl = strategy_class(config.strategy).implementation(config)
         self.strategy = impl(config, ctx)
         self.strategy.setup(self.trainer)
+        saver = getattr(self.strategy, "saver", None)  # a sharded replica's checkpoint shards: its own copy
+        if saver is not None and config.storage:  # to --storage (the driver's sync leaves state-*/ alone)
+            from distrain.orchestrator.storage import upload_files
+
+            saver.upload = functools.partial(upload_files, Path(config.run_dir), config.storage)
         self.columns = STEP_COLUMNS + tuple(c for c in impl.metric_columns if c not in STEP_COLUMNS)
         saved, self.strategy_state = self.strategy_state, None
         if saved is not None and saved.get("strategy") == self.strategy.name:
@@ -213,12 +235,18 @@ class TrainWorker:
             self.strategy.channel.load_state_dict(channel)
 
     # ------------------------------------------------------------------ training
-    def run_segment(self, units: list[tuple[int, int, int]]) -> dict[str, list[Any]]:
+    def run_segment(self, units: list[tuple[int, int, int]], shares: list[int] | None = None) -> dict[str, list[Any]]:
         """Train on `units` ((epoch, step, slice) each), in order; returns their rows as columns.
+        `shares` (--balance speed): every worker's samples per step from this segment on, the same for
+        every worker's segment at these steps (the driver's orchestrator/balance.py decides them).
 
         The strategy may skip units or trade them for others (`Strategy.plan`); each computed unit
         gets one row.
         """
+        if shares is not None:
+            if len(shares) != self.strategy.slices_per_step or sum(shares) != self.sharder.global_batch:
+                raise ValueError(f"shares {shares} do not cut a step of {self.sharder.global_batch} samples")
+            self.shares = tuple(shares)
         rows: dict[str, list[Any]] = {c: [] for c in self.columns}
         diverged: dict[str, Any] | None = None
         # A strategy that computes the units as given (no portions handed out on the way) lets the
@@ -242,18 +270,23 @@ class TrainWorker:
             own = self.strategy.run_unit(self.trainer, self.train_reader, global_step)
             h2d_s = None
             if own is None:
-                idx = self._indices(epoch, step, slice_)
-                batch = self.train_reader.read(idx)
-                if i + 1 < len(ahead) and ahead[i + 1][2] >= 0:
-                    self.train_reader.prefetch(self._indices(*ahead[i + 1]))
+                if self.stream is not None:  # the next batch of this worker's shard (its own prefetch)
+                    batch, read = self.stream.read(epoch, step)
+                else:
+                    idx = self._indices(epoch, step, slice_)
+                    batch, read = self.train_reader.read(idx), len(idx)
+                    if self.weighs:  # its gradient stands for its share of the step's samples
+                        self.strategy.weigh_share(len(idx), self.sharder.global_batch)
+                    if i + 1 < len(ahead) and ahead[i + 1][2] >= 0:
+                        self.train_reader.prefetch(self._indices(*ahead[i + 1]))
                 # Moved here, timed (`h2d_s`); the trainer's own `to_device` then finds it in place.
                 batch = self.device_copy.move(batch)
                 loss = self.strategy.compute_gradients(self.trainer, batch)
-                samples = len(idx) if self.strategy.counts_samples else 0
+                samples = read if self.strategy.counts_samples else 0
             else:
                 loss, samples = own
-            if self.delay and own is None:  # (a strategy running its own units applies it per its own unit)
-                time.sleep(self.delay)  # injected straggler: counted as compute
+            if self.slowdown and own is None:  # (a strategy running its own units applies it per its own unit)
+                time.sleep(self.slowdown.extra_s(time.perf_counter() - t0))
             compute_s = time.perf_counter() - t0
             if own is None:
                 h2d_s = self.device_copy.seconds()
@@ -293,7 +326,7 @@ class TrainWorker:
                 "slice": slice_,
                 "epoch": epoch,
                 "loss": loss,
-                "lr": lr if comm.lr is None else comm.lr,
+                "lr": comm.lr if comm.lr is not None else self.trainer.applied_lr if self.trainer.own_optimizer else lr,
                 "samples": samples,
                 "compute_s": compute_s,
                 "comm_s": comm.seconds,
@@ -311,8 +344,16 @@ class TrainWorker:
             } | {c: comm.extra.get(c) for c in type(self.strategy).metric_columns}
             for key, value in values.items():
                 rows[key].append(value)
+            logs = self.trainer.last_logs if own is None else None  # the task's own scalars (Task.loss)
+            if logs:
+                n = len(rows["step"]) - 1  # this row's index: earlier rows of the segment logged none
+                for name, value in logs.items():
+                    rows.setdefault(f"{LOGGED_PREFIX}{name}", [None] * n).append(value)
             if diverged is not None:
                 break
+        for key in rows:  # a name missing from the later rows: null there
+            if key.startswith(LOGGED_PREFIX):
+                rows[key].extend([None] * (len(rows["step"]) - len(rows[key])))
         try:
             self.strategy.settle(rows)
         except GroupBroken as e:  # elastic local SGD: the block's average failed, the block is undone
@@ -337,7 +378,7 @@ class TrainWorker:
             rows["channel_state"] = [{"step": end, "state": state}]
 
     def _indices(self, epoch: int, step: int, slice_: int) -> np.ndarray:
-        return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step)
+        return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step, self.shares)
 
     def evaluate(
         self, shard: int, num_shards: int, splits: tuple[str, ...] = ("val",)
@@ -353,9 +394,13 @@ class TrainWorker:
             if self.val_is_test and split == "val":
                 scored["val"] = scored["test"]
                 continue
-            n, reader = len(self.eval_sets[split]), self.eval_readers[split]
-            lo, hi = n * shard // num_shards, n * (shard + 1) // num_shards
-            batches = (reader.read(np.arange(i, min(i + EVAL_BATCH, hi))) for i in range(lo, hi, EVAL_BATCH))
+            data = self.eval_sets[split]
+            if is_dataset(data):  # a streamed set: share 0 streams it whole
+                batches = test_batches(data, self.task.collate_columns, shard, EVAL_BATCH)
+            else:
+                n, reader = len(data), self.eval_readers[split]
+                lo, hi = n * shard // num_shards, n * (shard + 1) // num_shards
+                batches = (reader.read(np.arange(i, min(i + EVAL_BATCH, hi))) for i in range(lo, hi, EVAL_BATCH))
             scored[split] = self.strategy.evaluate(self.trainer, batches)
         return scored, time.perf_counter() - t0
 
@@ -428,21 +473,23 @@ class TrainWorker:
         """After a completed run: leave the transports, drop the replica (model, data, reader threads) and
         keep only the process, warm, for the next run in this Ray session. Returns this actor's node id."""
         self.shutdown()
-        for reader in [getattr(self, "train_reader", None), *getattr(self, "eval_readers", {}).values()]:
+        for reader in [getattr(self, "train_reader", None), getattr(self, "stream", None)]:
             if reader is not None:
                 reader.close()
+        for reader in getattr(self, "eval_readers", {}).values():
+            reader.close()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()  # a strategy that left one behind: not the next run's
         self.__dict__.clear()
         gc.collect()
         return ray.get_runtime_context().get_node_id()
 
-    def rebuild(self, config: RunConfig, rank: int, run_start: float) -> None:
+    def rebuild(self, config: RunConfig, rank: int, run_start: float, data: Shard | None = None) -> None:
         """A warm worker taken for a new run: built as a fresh actor would be (its global RNGs seeded by
         `__init__`; a task file imported again, so an edited one is read as it is now)."""
         for name in [m for m in sys.modules if m.startswith(USER_MODULE_PREFIX)]:
             del sys.modules[name]
-        self.__init__(config, rank, run_start)  # type: ignore[misc]
+        self.__init__(config, rank, run_start, data)  # type: ignore[misc]
 
     def alive(self) -> bool:
         return True

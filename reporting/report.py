@@ -197,6 +197,8 @@ def table_rows(runs: Sequence[Run]) -> list[list[str]]:
         if "strategy" in s and not c.get("schedule"):
             c = c | {"strategy": s["strategy"]}
         workers = str(s.get("workers", c.get("workers", "?")))
+        if s.get("worker_shares"):  # heterogeneous workers: each one's samples per step (at the end)
+            workers += f" (b={'/'.join(map(str, s['worker_shares']))})"
         figures = [_fmt(s.get(key), spec) for key, spec in FIGURES.items()]
         rows.append([label, strategy_text(c), workers, *figures, str(_failures(s))])
     return rows

@@ -114,6 +114,8 @@ class BSPBackupTasks(PSStrategy):
         t0 = time.perf_counter()
         # A non-finite portion gradient is never pushed; skipped, the portion counts as done with nothing.
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
+        if ok:  # --clip-grad-norm: each push's own gradient, as under the other PS strategies
+            trainer.clip_gradient_()
         grads = trainer.grads_flat.numpy() if ok else None
         pushes = self.channel.push_portion_async(a.tag, a.portion, grads, lr)
         self.next_request = self._request((a.tag, a.portion, pushes))

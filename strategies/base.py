@@ -151,6 +151,10 @@ class Strategy(ABC):
     # Its driver-side actor hands a lost worker's outstanding work out again (`worker_lost(rank)`), so a
     # dead worker is replaced in place even with --backup-tasks (orchestrator/replacement.py).
     reissues_lost_work: ClassVar[bool] = False
+    # Its workers can read a streamed data set (a Ray Data `Dataset`, orchestrator/streaming.py): each takes
+    # the next batch of its own shard, in order, one per unit of a fixed work plan. False for every strategy
+    # that assigns samples by index (shared plans, portions handed out, re-dealt units, full passes).
+    streams_data: ClassVar[bool] = False
     # Its membership can change mid-run (`--workers MIN..MAX`, orchestrator/membership.py): a joiner takes
     # everything it needs from live actors, a leaver's unfinished units go to the others.
     elastic: ClassVar[bool] = False
@@ -285,6 +289,14 @@ class Strategy(ABC):
         """Forward and backward of one batch into `trainer.grads_flat`; returns the loss (a pipeline
         runs its schedule here)."""
         return trainer.compute_gradients(batch)
+
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """Heterogeneous shares (docs/heterogeneous.md): this worker's next gradient is the mean over
+        `samples` of the step's `step_samples`. By default the channel weights it by b_i * N / B on its way
+        out, so the mean over the N workers is the whole batch's mean gradient."""
+        from distrain.trainers.shares import gradient_weight
+
+        self.channel.gradient_weight = gradient_weight(samples, self.slices_per_step, step_samples)
 
     def eval_share(self, shard: int, num_shards: int) -> tuple[int, int]:
         """Which share of the test set worker `shard` of `num_shards` scores: (share, shares)."""

@@ -98,6 +98,7 @@ class BSPOptions(StrategyOptions):
 class BSP(Strategy):
     name = "bsp"
     transports = ("collective", "ps")
+    streams_data = True  # over the collective, one replica a worker (orchestrator/streaming.py)
     Options = BSPOptions
     compresses = "the gradient all-reduce (collective); gradient pushes (ps)"
     # --workers MIN..MAX: ElasticBSP over the collective (below), BSPOverPS and

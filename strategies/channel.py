@@ -114,11 +114,15 @@ class GradientReduce:
         channel.open(name, shapes=[p.shape for p in params])
         self.overlap = None
         if channel.world_size > 1 and channel.codec_of(name) is None:
-            self.overlap = OverlappedAllReduce(params, grads_flat, channel.world_size, link=channel.link)
+            weight = channel.weight_of_gradient
+            self.overlap = OverlappedAllReduce(params, grads_flat, channel.world_size, link=channel.link, weight=weight)
 
     def finish(self) -> Traffic:
         """The mean over the workers, in place in the buffer; what it cost."""
         if self.overlap is None:
+            weight = self.channel.gradient_weight
+            if weight != 1.0:  # (the overlapped buckets are weighted at their launch)
+                self.grads_flat.mul_(weight)
             return self.channel.all_reduce(self.name, self.grads_flat)
         seconds = self.overlap.finish()  # the buckets went out during backward: what is left to wait for
         moved = _ring(self.grads_flat.numel() * self.grads_flat.element_size(), self.channel.world_size)
@@ -155,6 +159,10 @@ class Channel:
         self.streams: dict[str, Stream] = {}
         self._ps: PSClient | None = None
         self._saved: dict[str, Any] = {}  # a checkpoint's stream state, for streams not opened yet
+        # Heterogeneous shares (docs/heterogeneous.md): the factor this worker's gradient is multiplied by
+        # on its way out (the gradient all-reduce, a gradient push), b_i * N / B, so the others' mean of
+        # unequal batches' gradients is the whole batch's. 1 with equal shares. Set per step by the strategy.
+        self.gradient_weight = 1.0
 
     # ------------------------------------------------------------------ the workers' group
     def join(self, rank: int | None = None, size: int | None = None, rendezvous: str | None = None) -> None:
@@ -191,6 +199,10 @@ class Channel:
     def world_size(self) -> int:
         """The group's size (elastic: the current members'), else the run's workers."""
         return self.group.world_size if self.group is not None else self.ctx.world_size
+
+    def weight_of_gradient(self) -> float:
+        """`gradient_weight` as it is now (what the overlapped all-reduce reads at each bucket's launch)."""
+        return self.gradient_weight
 
     # ------------------------------------------------------------------ streams
     def open(self, name: str, shapes: Sequence[Any] | None = None, exact: bool = False) -> Stream:
@@ -385,6 +397,8 @@ class Channel:
         nbytes = params.nbytes
         codec = self.codec_of(name)
         raw = None
+        if grads is not None and self.gradient_weight != 1.0:  # a copy: the caller's gradient stays its own
+            grads = grads * self.gradient_weight
         payload: Any = None if grads is None else grads.numpy()
         if grads is not None and codec is not None:
             if not stream.shard_feedback:

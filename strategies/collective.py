@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -119,8 +120,12 @@ class OverlappedAllReduce:
         first_bucket_bytes: int = FIRST_BUCKET_BYTES,
         bucket_bytes: int = BUCKET_BYTES,
         link: Link | None = None,
+        weight: Callable[[], float] | None = None,
     ) -> None:
         self.grads_flat = grads_flat
+        # This worker's gradient weight (heterogeneous shares, trainers/shares.py): each bucket is
+        # multiplied by it just before its launch, as the gradient is complete there and not yet sent.
+        self.weight = weight
         self.link = link or Link()  # each bucket is one emulated transfer, launched when the bucket is
         self.done = 0.0  # and the step's emulated transfers all complete by this time (perf_counter)
         self.world_size = world_size
@@ -162,6 +167,9 @@ class OverlappedAllReduce:
 
     def _launch_next(self) -> None:
         lo, hi = self.buckets[self.next]
+        weight = 1.0 if self.weight is None else self.weight()
+        if weight != 1.0:
+            self.grads_flat[lo:hi].mul_(weight)
         self.works.append(dist.all_reduce(self.grads_flat[lo:hi], op=dist.ReduceOp.SUM, async_op=True))
         if self.link.emulated:
             nbytes = ring_allreduce_bytes((hi - lo) * self.grads_flat.element_size(), self.world_size)

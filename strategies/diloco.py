@@ -60,6 +60,7 @@ from distrain.strategies.base import (
 )
 from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
 from distrain.strategies.strategy_names import STRATEGIES
+from distrain.trainers.shares import ShareTally
 
 if TYPE_CHECKING:
     import torch
@@ -169,6 +170,7 @@ class DiLoCoOptions(StrategyOptions):
 @STRATEGIES.register("diloco", "DiLoCo: H inner steps, then an outer optimizer step on the averaged pseudo-gradient")
 class DiLoCo(Strategy):
     name = "diloco"
+    streams_data = True  # over the collective, one replica a worker (orchestrator/streaming.py)
     transports = ("collective",)
     Options = DiLoCoOptions
     compresses = "the pseudo-gradients, fragment by fragment (blocking: a compressed fragment does not overlap)"
@@ -207,6 +209,7 @@ class DiLoCo(Strategy):
         self.fragments: list[Fragment] = []  # θ_g fragment by fragment (one fragment: DiLoCo itself)
         self.t = 0  # inner steps since the period began (fragment p syncs when t % H == its offset)
         self.outer_steps = 0  # fragment outer steps completed (one fragment: DiLoCo's outer steps)
+        self.tallies: list[ShareTally] = []  # heterogeneous shares: samples per fragment since its last sync
 
     @classmethod
     def check_model(cls, config: RunConfig, tensor_sizes: list[int]) -> None:
@@ -226,6 +229,7 @@ class DiLoCo(Strategy):
             Fragment.create(lo, hi, (i * o.sync_every) // o.fragments, trainer.params_flat, o)
             for i, (lo, hi) in enumerate(spans)
         ]
+        self.tallies = [ShareTally() for _ in self.fragments]
         # Each fragment's pseudo-gradient is a stream of its own (under --compress: its own error feedback
         # and PowerSGD warm start, which needs the fragment's tensor shapes).
         starts = [0]
@@ -277,10 +281,21 @@ class DiLoCo(Strategy):
         stats.averaging_round = self.outer_steps
         return stats
 
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """Unequal shares: H inner steps at each replica's own batch; each fragment's pseudo-gradient is
+        weighted by the samples the replica trained on since that fragment last synced (`ShareTally`), as
+        Streaming DiLoCo weighs by tokens, so the outer gradient is the sample-weighted mean."""
+        for tally in self.tallies:
+            tally.add(samples, step_samples)
+
     def _launch(self, f: Fragment, trainer: LocalTrainer, stats: CommStats, due: int) -> None:
         """Start the all-reduce of this fragment's pseudo-gradient θ_g − θ_i (in the background; under
         --compress the codec runs now, blocking, and the mean still waits until `due`)."""
         f.delta = f.param.data - trainer.params_flat[f.lo : f.hi]
+        if self.tallies:
+            weight = self.tallies[self.fragments.index(f)].take(self.ctx.world_size)
+            if weight != 1.0:
+                f.delta.mul_(weight)
         f.work = self.channel.all_reduce_async(f.stream, f.delta)
         stats.add(f.work.traffic)
         f.due, f.since = due, 0

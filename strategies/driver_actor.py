@@ -50,6 +50,9 @@ class ActorSetup:
     # The shapes of the model's trainable parameters, in order (a call to a worker): under --fsdp D the
     # shards hold θ in FSDP's chunk order (trainers/shard_layout.py).
     param_shapes: Callable[[], list[tuple[int, ...]]] = lambda: _unset("param_shapes")
+    # Builds the run's task from its config (the orchestrator's `build_task`, handed down so this layer
+    # need not import it): PS shards build a task's own optimizer (`Task.configure_optimizers`) with it.
+    task_builder: Callable[[RunConfig], Any] | None = None
     _theta: Any = field(default=None, init=False, repr=False)
 
     def theta(self) -> np.ndarray:
@@ -157,7 +160,7 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
             if optimizer is not None:
                 vectors = {k: layout.to_shards(v) for k, v in optimizer.vectors.items()}
                 optimizer = type(optimizer)(vectors, dict(optimizer.scalars))
-        group = ShardGroup(setup.phase, rule, theta, optimizer, where, bounds)
+        group = ShardGroup(setup.phase, rule, theta, optimizer, where, bounds, task_builder=setup.task_builder)
         return group, list(group.shards)
 
     def ready(group: Any, setup: ActorSetup) -> list[Any]:

@@ -51,6 +51,7 @@ from distrain.strategies.base import (
 from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
 from distrain.strategies.local_periods import LocalPeriods
 from distrain.strategies.strategy_names import STRATEGIES
+from distrain.trainers.shares import ShareTally
 
 if TYPE_CHECKING:
     import torch
@@ -120,6 +121,7 @@ STATS = 3  # loss sum, loss count, interval seconds: appended to the averaged bu
 @STRATEGIES.register("local-sgd", "local SGD: tau local steps, then average parameters (--adaptive-tau: AdaComm)")
 class LocalSGD(LocalPeriods, Strategy):
     name = "local-sgd"
+    streams_data = True  # over the collective, one replica a worker (orchestrator/streaming.py)
     transports = ("collective",)
     Options = LocalSGDOptions
     compresses = "theta's change at a round (optimizer state and AdaComm's statistics travel in float32)"
@@ -150,6 +152,7 @@ class LocalSGD(LocalPeriods, Strategy):
         super().__init__(config, ctx)
         self.init_periods(config, self.options, ctx.total_steps)
         self.anchor: torch.Tensor | None = None  # θ after the last round (equal on every worker)
+        self.tally = ShareTally()  # heterogeneous shares: the samples this replica took since the last round
 
     def setup(self, trainer: LocalTrainer) -> None:
         self.channel.join()
@@ -165,6 +168,11 @@ class LocalSGD(LocalPeriods, Strategy):
         if ok:
             trainer.apply_update(lr)
         return self.book_step(trainer, lr, ok)
+
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """Unequal shares: each replica takes its τ local steps at its own batch, and the round weighs it by
+        the samples it trained on (`ShareTally`); τ = 1 is then BSP at the global batch, momentum included."""
+        self.tally.add(samples, step_samples)
 
     def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
         if self.pending == 0:
@@ -187,6 +195,9 @@ class LocalSGD(LocalPeriods, Strategy):
         # state and the statistics stay float32 under --compress (a lossy code of them would make the
         # replicas disagree on what they hold or on τ): the channel sends them after θ's change.
         buffer = torch.cat([trainer.params_flat - self.anchor, *vectors, stats.to(trainer.params_flat.device)])
+        weight = self.tally.take(self.ctx.world_size)
+        if weight != 1.0:  # θ's change and the optimizer state, not the statistics
+            buffer[: n * (1 + len(vectors))].mul_(weight)
         traffic = self.channel.all_reduce("params", buffer, exact_tail=buffer.numel() - n)
         # Every worker holds the same averaged buffer, so all agree. Skipped, the round is discarded:
         # each replica goes back to the last average (its local optimizer state stays as it is).

@@ -95,8 +95,9 @@ class PipelineShape:
 
     @classmethod
     def of(cls, config: RunConfig) -> PipelineShape:
+        """(--accumulate-steps k runs one schedule of k x M micro-batches: `PipelineBSP.setup`.)"""
         section = config.section("strategy")
-        return cls(section.pipeline_stages, section.microbatches, section.pipeline_schedule)
+        return cls(section.pipeline_stages, section.microbatches * config.accumulate_steps, section.pipeline_schedule)
 
     def in_flight(self, stage: int) -> float:
         """The share of a replica's batch whose activations stage `stage` holds at once."""
@@ -331,7 +332,11 @@ class PipelineBSP(Strategy):
             trainer.model.register_forward_hook(lambda module, args, out: out.contiguous())
         self.pp_stage = PipelineStage(trainer.model, self.stage, self.stages, trainer.device, group=self.pipe_group)
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
-        self.schedule = schedule(self.pp_stage, self.config.microbatches, loss_fn=self._loss, scale_grads=True)
+        # --accumulate-steps k: one schedule over k x M micro-batches of B/M (the mean over all of them is
+        # the gradient of the k x B batch's mean loss); the clip is the replica's, in `step`, not the stage's.
+        self.parts = self.config.microbatches * self.config.accumulate_steps
+        trainer.clip_grad_norm = 0.0
+        self.schedule = schedule(self.pp_stage, self.parts, loss_fn=self._loss, scale_grads=True)
         self._mbs: list[Any] = []
         _install_wait_timer()
         self._time_stage_calls()
@@ -407,7 +412,7 @@ class PipelineBSP(Strategy):
         trainer.model.train()
         self._zero_grads(trainer)
         batch = to_device(batch, trainer.device)
-        mbs = split_batch(batch, self.config.microbatches)
+        mbs = split_batch(batch, self.parts)
         kwargs: dict[str, Any] = {}
         if self.first:
             inputs = [model_inputs(trainer.task, mb) for mb in mbs]
@@ -468,6 +473,8 @@ class PipelineBSP(Strategy):
         traffic = Traffic()
         if self.dp_group is not None:  # the stage's gradient, averaged with its R copies
             traffic = self.channel.all_reduce("grads", trainer.grads_flat, subgroup=self.dp_group)
+        if self.config.clip_grad_norm > 0:
+            self._clip_replica_gradient(trainer.grads_flat)
         # Decided on the all-reduced gradient, which every copy of the stage holds: they skip together.
         # (Other stages decide on their own gradients: a non-finite loss makes every stage's non-finite.)
         applied = self.finite(all_finite(trainer.grads_flat), "all-reduced gradient")
@@ -481,6 +488,20 @@ class PipelineBSP(Strategy):
         return CommStats(bytes_sent=sent, bytes_received=got, nonfinite=None if applied else True, extra=extra).add(
             traffic
         )
+
+    def _clip_replica_gradient(self, grads: torch.Tensor) -> None:
+        """--clip-grad-norm over the whole model: the S stages' squared norms summed over the pipeline group,
+        then torch's clip_grad_norm_ rule (scale by limit / (norm + 1e-6) where that is below 1). Every stage
+        calls it, finite or not, so the collective always matches."""
+        import torch
+        import torch.distributed as dist
+
+        squares = grads.double().pow(2).sum().reshape(1)
+        if self.stages > 1:
+            dist.all_reduce(squares, group=self.pipe_group)
+        coef = self.config.clip_grad_norm / (float(squares.sqrt()) + 1e-6)
+        if coef < 1.0:
+            grads.mul_(torch.tensor(coef, dtype=grads.dtype))
 
     # ------------------------------------------------------------------ evaluation
     def eval_share(self, shard: int, num_shards: int) -> tuple[int, int]:

@@ -120,6 +120,8 @@ class PSStrategy(Strategy):
         # A non-finite gradient never reaches the shards. Skipped, the push still carries the clock
         # (None for the gradient): the worker takes part in its round, contributing nothing.
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
+        if ok:  # --clip-grad-norm: each push's own gradient (a shard sees only its slice of the norm)
+            trainer.clip_gradient_()
         host = self.staging(trainer)
         grads = host.grads_in() if ok else None
         result, traffic = self.channel.push_pull("grads", self.clock, grads, lr, host.params_out())
@@ -159,7 +161,7 @@ class PSStrategy(Strategy):
 # momentum"), and sgd's default momentum 0.9 on top of it oscillates: a well-conditioned regression
 # ended at MSE 0.24-9.7 under ssp and 1.0-19 under async (3 workers, noise floor 0.01), 0.011-0.013 with
 # it, within a point of the old accuracy on the digits. Dividing by the staleness shrinks the steps made on
-# old parameters, works for every optimizer, and leaves --momentum as given (README, "Asynchronous
+# old parameters, works for every optimizer, and leaves --momentum as given (docs/strategies.md, "Asynchronous
 # defaults", has the measurements and the momentum rule it was chosen over).
 STALENESS_LR_HELP = (
     "Divide a gradient's rate by its staleness tau when tau > 1 (Zhang et al. 2016: steps made on old "

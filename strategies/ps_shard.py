@@ -77,6 +77,10 @@ class OptimizerSpec:
     momentum: float | None
     weight_decay: float | None
     args: dict[str, Any] = field(default_factory=dict)  # --optimizer-arg: further constructor arguments
+    # A user task's run config: the shard builds the task and, where it defines `configure_optimizers`
+    # (declared element-wise: orchestrator/run_checks.py refuses the rest), steps its slice with that.
+    task_config: Any = None
+    task_builder: Any = None  # config -> task (orchestrator/tasks.py's build_task, passed down)
 
 
 @dataclass
@@ -111,9 +115,18 @@ class ParameterShard:
         self.grad_tensor = torch.zeros_like(self.param)
         self.theta = self.param.detach().numpy()  # shares memory with the parameter
         self.grad = self.grad_tensor.numpy()  # where a BSP round sums its gradients
-        self.optimizer = make_optimizer(
-            optimizer.name, [self.param], 0.0, optimizer.momentum, optimizer.weight_decay, optimizer.args
-        )
+        own = None
+        if optimizer.task_config is not None:
+            from distrain.trainers.own_optimizer import build_own
+
+            own = build_own(optimizer.task_builder(optimizer.task_config), [self.param])
+        self.own_optimizer, self.scheduler = own is not None, None if own is None else own[1]
+        if own is not None:  # stepped at its own rates, its scheduler once per update applied here
+            self.optimizer = own[0]
+        else:
+            self.optimizer = make_optimizer(
+                optimizer.name, [self.param], 0.0, optimizer.momentum, optimizer.weight_decay, optimizer.args
+            )
         if optimizer_state is not None:
             import_flat_state(self.optimizer, [self.param], FlatOptimizerState.from_dict(optimizer_state))
         self.version = 0
@@ -278,9 +291,12 @@ class ParameterShard:
                 self.param.grad = torch.from_numpy(grad)
         else:
             self.param.grad = self.grad_tensor
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        if not self.own_optimizer:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.version += 1
         self.updates_applied += 1
 

@@ -29,6 +29,7 @@ class ShardGroup:
         optimizer_state: FlatOptimizerState | None,
         scheduling: list[Any],
         bounds: list[tuple[int, int]] | None = None,
+        task_builder: Any = None,
     ) -> None:
         """`bounds`: each shard's slice of `theta` (default: K near-equal contiguous slices)."""
         assert config.ps_shards is not None
@@ -36,6 +37,11 @@ class ShardGroup:
         assert len(self.bounds) == config.ps_shards, (self.bounds, config.ps_shards)
         self.clients = ps_clients(config)  # whom each shard's rule counts: worker actors, or replicas (--fsdp)
         spec = OptimizerSpec(config.optimizer, config.momentum, config.weight_decay, dict(config.optimizer_args))
+        if config.task and task_builder is not None:  # a user task may bring its own optimizer
+            from distrain.trainers.own_optimizer import defines_own
+
+            if defines_own(task_builder(config)):  # (the shards build the task only then)
+                spec.task_config, spec.task_builder = config, task_builder
         # Sandblaster's shards also hold its accumulators and L-BFGS history (strategies/sandblaster_shard.py).
         actor = ray.remote(SandblasterShard if rule.mode == "sandblaster" else ParameterShard)
         self.shards = [

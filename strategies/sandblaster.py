@@ -87,6 +87,9 @@ class SandblasterOptions(StrategyOptions):
             ("--lr", self.batch_optimizer == "lbfgs" and run.lr != run.field_info("lr").default),
             # Its passes compute exact float32 sums in eval mode (LocalTrainer.portion_sums), no autocast.
             ("--precision", run.precision != "fp32"),
+            # A pass is the whole training set already, and L-BFGS's step length comes from its line search.
+            ("--accumulate-steps", run.accumulate_steps != 1),
+            ("--clip-grad-norm", bool(run.clip_grad_norm)),
         ]
         for flag, given in ignored:
             if given:
@@ -121,7 +124,7 @@ class Sandblaster(PSStrategy):
         self.portions_done = 0
         self.sent = self.received = 0  # bytes of gradients pushed, of θ pulled, in the last iteration
         # An injected straggler's delay applies per portion here (the unit of work), not per iteration.
-        self.delay = config.straggler_delays.get(ctx.rank, 0.0)
+        self.slowdown = config.stragglers.get(ctx.rank)
 
     @classmethod
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
@@ -226,9 +229,10 @@ class Sandblaster(PSStrategy):
             lo, hi = task.portion * n // task.of, (task.portion + 1) * n // task.of
             batch = reader.read(np.arange(lo, hi))
             grad = task.kind == "grad"
+            started = time.perf_counter()
             loss_sum, count = trainer.portion_sums(batch, with_gradient=grad)
-            if self.delay:
-                time.sleep(self.delay)  # --straggler: this worker is slow at every portion it computes
+            if self.slowdown:  # --straggler: this worker is slow at every portion it computes
+                time.sleep(self.slowdown.extra_s(time.perf_counter() - started))
             g = trainer.grads_flat.numpy() if grad else None
             pushes = [
                 shard.sb_add.remote(

@@ -136,6 +136,7 @@ class ShardedBSP(Strategy):
         import torch.distributed as dist
 
         t0 = time.perf_counter()
+        trainer.clip_gradient_()  # --clip-grad-norm: the reduced gradient's norm, on every worker alike
         total = trainer.local_grad_sum()
         if self.config.on_nonfinite == "skip":
             # Every worker holds a different shard: the sum over all of them decides for all (a NaN or inf

@@ -21,6 +21,7 @@ from distrain.trainers.optim_state import (
     import_flat_state,
     make_optimizer,
 )
+from distrain.trainers.own_optimizer import build_own
 from distrain.trainers.precision import LossScaler, autocast
 from distrain.trainers.task import Task, to_device
 
@@ -37,6 +38,8 @@ class LocalTrainer:
         device: torch.device | str = "cpu",
         optimizer_args: dict[str, Any] | None = None,
         precision: str = "fp32",
+        accumulate_steps: int = 1,
+        clip_grad_norm: float = 0.0,
     ) -> None:
         self.device = torch.device(device)
         # --precision: the forward pass's dtype (trainers/precision.py); parameters, gradients and the
@@ -60,13 +63,27 @@ class LocalTrainer:
             offset += n
         self._grads_are_views: bool | None = None
         self.last_loss = float("nan")  # the last batch's loss (local SGD's AdaComm reads it)
+        self.last_logs: dict[str, float] | None = None  # the task's own scalars of the last batch (see split_loss)
         # The optimizer steps one flat tensor (θ in `params_flat`, its gradient `grads_flat`), as a PS
         # shard steps its slice. Every optimizer distrain runs is element-wise, so each value gets the
         # same update as under a per-tensor step, while a step costs one pass of ~10 kernels instead of
         # ~10 per parameter tensor (the char LM's 30 tensors under Adam: 0.92 ms -> 0.32 ms a step).
         self.flat_param = nn.Parameter(self.params_flat)  # shares params_flat's storage: the views see it
         self.flat_param.grad = self.grads_flat
-        self.optimizer = make_optimizer(optimizer, [self.flat_param], lr, momentum, weight_decay, optimizer_args)
+        self.accumulate_steps = accumulate_steps  # --accumulate-steps: micro-batches per update
+        self.clip_grad_norm = clip_grad_norm  # --clip-grad-norm: 0 is off
+        # The task's own optimizer (trainers/own_optimizer.py): over the flat tensor when it declares itself
+        # element-wise (state in the same flat form as distrain's own), else over the whole tensors.
+        flat = task is None or task.elementwise_optimizer  # (some tests' trainers have no task)
+        own = None if task is None else build_own(task, [self.flat_param] if flat else self.params)
+        self.scheduler = None if own is None else own[1]
+        self.own_optimizer = own is not None
+        self.opt_params = [self.flat_param] if own is None or flat else self.params
+        if own is not None:
+            self.optimizer = own[0]
+        else:
+            self.optimizer = make_optimizer(optimizer, [self.flat_param], lr, momentum, weight_decay, optimizer_args)
+        self.applied_lr: float | None = None  # the rate of the last update (the task's own optimizer's)
 
     @property
     def nbytes(self) -> int:
@@ -74,20 +91,51 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ the step
     def compute_gradients(self, batch: Any) -> float:
-        """Forward and backward of the task's loss on one batch; leaves the gradient in `grads_flat`."""
+        """Forward and backward of the task's loss on one batch; leaves the gradient in `grads_flat`.
+        Under --accumulate-steps k the batch is k micro-batches (`Task.micro_batches`), each loss weighted
+        by its share of the samples: `grads_flat` holds the gradient of the whole batch's mean loss."""
         self.model.train()
         self.grads_flat.zero_()
-        with autocast(self.precision, self.device):
-            loss = scalar_loss(self.task, self.task.loss(self.model, to_device(batch, self.device)))
-        loss = loss.float()
-        if self.scaler is not None:
-            (loss * self.scaler.scale).backward()
-            self._grads_scaled = True
-        else:
-            loss.backward()
+        batch = to_device(batch, self.device)
+        parts = [batch] if self.accumulate_steps == 1 else self.task.micro_batches(batch, self.accumulate_steps)
+        total = sum(self.task.batch_size(part) for part in parts) if len(parts) > 1 else 1
+        loss_sum, logs_sum = 0.0, None
+        for i, part in enumerate(parts):
+            with autocast(self.precision, self.device):
+                loss, logs = split_loss(self.task, self.task.loss(self.model, part))
+            loss = loss.float()
+            weight = self.task.batch_size(part) / total if len(parts) > 1 else 1.0
+            scale = weight * (self.scaler.scale if self.scaler is not None else 1.0)
+            scaled = loss if scale == 1.0 else loss * scale  # k = 1 in fp32: the very ops of a plain step
+            if i + 1 < len(parts):
+                self._accumulate(scaled)
+            else:  # the last micro-batch: the backward that strategies' gradient hooks watch
+                scaled.backward()
+            loss_sum += float(loss.detach()) * weight
+            logs_sum = add_logs(logs_sum, logged_values(self.task, logs), weight)
+        self._grads_scaled = self.scaler is not None
         self._ensure_grads_in_flat_buffer()
-        self.last_loss = float(loss.detach())
+        self.last_loss = loss_sum
+        self.last_logs = logs_sum
         return self.last_loss
+
+    def _accumulate(self, loss: torch.Tensor) -> None:
+        """Add `loss`'s gradient into `grads_flat` without accumulating into `.grad`: the post-accumulate
+        hooks (BSP's overlapped all-reduce, strategies/collective.py) then fire once per update, on the
+        last micro-batch's backward, when the buffer holds the whole sum (as DDP's no_sync)."""
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        offset = 0
+        for p, g in zip(self.params, grads, strict=True):
+            n = p.numel()
+            if g is not None:
+                self.grads_flat[offset : offset + n].add_(g.reshape(-1))
+            offset += n
+
+    def clip_gradient_(self) -> None:
+        """--clip-grad-norm: scale `grads_flat` so its global L2 norm is at most the limit, as
+        torch.nn.utils.clip_grad_norm_ does over the model's parameters (one flat tensor: the same norm)."""
+        if self.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_([self.flat_param], self.clip_grad_norm)
 
     def portion_sums(self, batch: Any, with_gradient: bool) -> tuple[float, int]:
         """Full-batch methods (Sandblaster): the loss *summed* over `batch` with the model in eval mode
@@ -131,9 +179,15 @@ class LocalTrainer:
     def apply_update(self, lr: float) -> None:
         """One optimizer step with `grads_flat` (already averaged by the strategy) at rate `lr`."""
         self.unscale_grads_()  # a strategy that never unscaled (a plugin's) still steps with the true gradient
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.clip_gradient_()  # the gradient this update applies: all-reduced under BSP, local elsewhere
+        if self.own_optimizer:  # the task's own rates, moved by its own scheduler
+            self.applied_lr = float(self.optimizer.param_groups[0]["lr"])
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, batches: Iterable[Any]) -> dict[str, tuple[float, float]]:
@@ -144,6 +198,8 @@ class LocalTrainer:
     def state_dict(self) -> dict[str, Any]:
         """Model state and the optimizer's state in flat form (transport-independent); fp16's loss scale."""
         state = {"model": self.model_state(), "optimizer": self.flat_optimizer_state().to_dict()}
+        if self.scheduler is not None:  # the task's own scheduler's position
+            state["scheduler"] = self.scheduler.state_dict()
         return state | self.scaler_state()
 
     def scaler_state(self) -> dict[str, Any]:
@@ -161,12 +217,48 @@ class LocalTrainer:
         self.load_flat_optimizer_state(FlatOptimizerState.from_dict(state["optimizer"]))
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        if self.scheduler is not None and state.get("scheduler"):
+            self.scheduler.load_state_dict(state["scheduler"])
 
     def flat_optimizer_state(self) -> FlatOptimizerState:
-        return export_flat_state(self.optimizer, [self.flat_param])
+        return export_flat_state(self.optimizer, self.opt_params)
 
     def load_flat_optimizer_state(self, flat: FlatOptimizerState) -> None:
-        import_flat_state(self.optimizer, [self.flat_param], flat)
+        import_flat_state(self.optimizer, self.opt_params, flat)
+
+
+def split_loss(task: Task, returned: Any) -> tuple[torch.Tensor, Any]:
+    """What the task's `loss` returned, as (the scalar loss, its own scalars or None). A task logs values
+    of its own per step by returning `(loss, {"name": value})`; they reach the metrics as `train_<name>`
+    columns and every logger. A plain tensor (the usual case) costs one type check."""
+    if type(returned) is tuple and len(returned) == 2:
+        return scalar_loss(task, returned[0]), returned[1]
+    return scalar_loss(task, returned), None
+
+
+def logged_values(task: Task, logs: Any) -> dict[str, float] | None:
+    """The task's own scalars (the dict `split_loss` found) as floats, checked; None when it logged none.
+    Read after the backward pass, so a tensor value's host copy waits for nothing the step still needs."""
+    if logs is None:
+        return None
+    if not isinstance(logs, dict) or not all(isinstance(k, str) and k for k in logs):
+        raise TypeError(
+            f"{type(task).__name__}.loss returned a (loss, logs) pair whose logs are {type(logs).__name__}; "
+            "they must be a dict {name: number}"
+        )
+    try:
+        return {name: float(value.detach() if torch.is_tensor(value) else value) for name, value in logs.items()}
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(
+            f"{type(task).__name__}.loss returned logs that are not all numbers (one scalar per name)"
+        ) from None
+
+
+def add_logs(total: dict[str, float] | None, values: dict[str, float] | None, weight: float) -> dict[str, float] | None:
+    """A micro-batch's own scalars added into the step's, weighted like its loss (--accumulate-steps)."""
+    if values is None:
+        return total
+    return {name: (total or {}).get(name, 0.0) + value * weight for name, value in values.items()}
 
 
 def scalar_loss(task: Task, loss: Any) -> torch.Tensor:

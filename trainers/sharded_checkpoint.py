@@ -172,6 +172,10 @@ class AsyncSaver:
         # collectives run on the CPU beside the training's.
         self.group = dist.new_group(backend="gloo")
         self.pending: Any = None
+        # --storage: copies this worker's own files of each save there once it is written (the worker
+        # sets it; orchestrator/storage.py). On another node than the driver they exist only here.
+        self.upload: Any = None
+        self._uploaded: Any = None
 
     def save(self, entries: dict[str, torch.Tensor], directory: Path) -> None:
         """Begin writing `entries` to `directory`, once the previous save is written: training waits for
@@ -181,9 +185,35 @@ class AsyncSaver:
         self.wait()
         directory.mkdir(parents=True, exist_ok=True)
         self.pending = dcp.async_save(entries, checkpoint_id=str(directory), process_group=self.group)
+        if self.upload is not None:
+            import threading
+
+            import torch.distributed as dist
+
+            rank, done = dist.get_rank(self.group), threading.Event()
+            self._uploaded = (done, [])
+            self.pending.add_done_callback(lambda future: self._upload(future, directory, rank, done))
+
+    def _upload(self, future: Any, directory: Path, rank: int, done: Any) -> None:
+        """In the save's thread, once it is written: this worker's files (DCP names them by its rank in the
+        save's group; the coordinator's index last), without holding up training."""
+        try:
+            if future.exception() is None:
+                own = sorted(directory.glob(f"__{rank}_*")) + sorted(directory.glob(f"__{rank}{METADATA}"))
+                self.upload(own + ([directory / METADATA] if rank == 0 else []))
+        except Exception as e:  # raised by wait(), on the training thread
+            self._uploaded[1].append(e)
+        finally:
+            done.set()
 
     def wait(self) -> None:
-        """Until the save in flight (if any) is written; its error, if it failed, raised here."""
+        """Until the save in flight (if any) is written (and copied to --storage); its error, if it failed,
+        raised here."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
             pending.result()
+        if self._uploaded is not None:
+            (done, errors), self._uploaded = self._uploaded, None
+            done.wait()
+            if errors:
+                raise errors[0]

@@ -27,12 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from distrain.trainers.local_trainer import evaluate_model, scalar_loss
+from distrain.trainers.local_trainer import add_logs, evaluate_model, logged_values, split_loss
 from distrain.trainers.optim_state import (
     FlatOptimizerState,
     import_flat_state,
     make_optimizer,
 )
+from distrain.trainers.own_optimizer import build_own
 from distrain.trainers.task import Task, to_device
 
 
@@ -65,9 +66,13 @@ class ShardedTrainer:
         device: torch.device | str = "cpu",
         optimizer_args: dict[str, Any] | None = None,
         precision: str = "fp32",
+        accumulate_steps: int = 1,
+        clip_grad_norm: float = 0.0,
     ) -> None:
         self.device = torch.device(device)
         self.precision = precision
+        self.accumulate_steps = accumulate_steps  # --accumulate-steps (FSDP only: config/section_checks.py)
+        self.clip_grad_norm = clip_grad_norm  # --clip-grad-norm: 0 is off
         self.model = model.to(self.device)
         self.task = task
         self.numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -77,7 +82,9 @@ class ShardedTrainer:
         self.loaded_from: Path | None = None  # the sharded checkpoint this worker started from, if any
         self._pending_dir: Path | None = None  # that checkpoint, until `shard` has cut the model
         self.last_loss = float("nan")
+        self.last_logs: dict[str, float] | None = None  # the task's own scalars (local_trainer.split_loss)
         self.hybrid: HybridGradients | None = None
+        self.own_optimizer, self.scheduler = False, None  # set by `shard`, with the optimizer
 
     # ------------------------------------------------------------------ sharding
     def shard(
@@ -107,7 +114,11 @@ class ShardedTrainer:
         self.names = [n for n, _ in named]  # the checkpoints' keys for the optimizer state
         self.params = [p for _, p in named]
         name, lr, momentum, weight_decay, args = self._optimizer_spec
-        self.optimizer = make_optimizer(name, self.params, lr, momentum, weight_decay, args)
+        own = build_own(self.task, self.params)  # the task's own optimizer over this worker's DTensor shards
+        self.own_optimizer, self.scheduler = own is not None, None if own is None else own[1]
+        self.optimizer = (
+            own[0] if own is not None else make_optimizer(name, self.params, lr, momentum, weight_decay, args)
+        )
         if self._pending_optimizer is not None:
             self._import_optimizer(self._pending_optimizer)
             self._pending_optimizer = None
@@ -138,14 +149,32 @@ class ShardedTrainer:
         assert self.optimizer is not None, "shard() comes first"
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = scalar_loss(self.task, self.task.loss(self.model, to_device(batch, self.device)))
-        if self.hybrid is None:
-            loss.float().backward()
-        else:
-            self.hybrid.scale(loss.float()).backward()
+        batch = to_device(batch, self.device)
+        # --accumulate-steps k: k micro-batches, each loss weighted by its share of the samples; FSDP
+        # reduces (reduce-scatter, and HSDP's all-reduce) only in the last one's backward, as its no_sync.
+        parts = [batch] if self.accumulate_steps == 1 else self.task.micro_batches(batch, self.accumulate_steps)
+        total = sum(self.task.batch_size(part) for part in parts)
+        loss_sum, logs_sum = 0.0, None
+        for i, part in enumerate(parts):
+            if len(parts) > 1 and hasattr(self.model, "set_requires_gradient_sync"):
+                self.model.set_requires_gradient_sync(i + 1 == len(parts))
+            loss, logs = split_loss(self.task, self.task.loss(self.model, part))
+            weight = self.task.batch_size(part) / total if len(parts) > 1 else 1.0
+            scaled = loss.float() if weight == 1.0 else loss.float() * weight
+            (scaled if self.hybrid is None else self.hybrid.scale(scaled)).backward()
+            loss_sum += float(loss.detach()) * weight
+            logs_sum = add_logs(logs_sum, logged_values(self.task, logs), weight)
+        if self.hybrid is not None:
             self.hybrid.sum_whole(self.model)
-        self.last_loss = float(loss.detach())
+        self.last_loss = loss_sum
+        self.last_logs = logs_sum
         return self.last_loss
+
+    def clip_gradient_(self) -> None:
+        """--clip-grad-norm over this replica's DTensor gradients: torch's clip_grad_norm_ gathers the norm
+        over the shards (a collective: every worker of the mesh calls it, finite or not)."""
+        if self.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None], self.clip_grad_norm)
 
     def local_grad_sum(self) -> torch.Tensor:
         """The sum of this worker's gradient shards (NaN or inf if any value is), for the run-wide check."""
@@ -156,9 +185,12 @@ class ShardedTrainer:
 
     def apply_update(self, lr: float) -> None:
         assert self.optimizer is not None
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        if not self.own_optimizer:  # the task's own optimizer keeps its own rates (trainers/own_optimizer.py)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
 
     def evaluate(self, batches: Iterable[Any]) -> dict[str, tuple[float, float]]:
         return evaluate_model(self.model, self.task, batches, self.precision, self.device)

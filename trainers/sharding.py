@@ -2,8 +2,9 @@
 
 Epoch e visits the training set in the order of a permutation drawn from (seed, e). Global step k of
 the epoch takes the next `global_batch` indices of that order; worker r of N takes the r-th of N equal
-contiguous slices. So N workers at batch B see, step for step, exactly the samples one worker at batch
-N*B sees, which is what makes BSP over N workers equal to one large-batch worker. The incomplete last
+contiguous slices, or, given heterogeneous workers' shares (trainers/shares.py), the r-th of N unequal
+contiguous blocks. So N workers see, step for step, exactly the samples one worker at the global batch
+sees, which is what makes BSP over N workers equal to one large-batch worker. The incomplete last
 global batch of an epoch is dropped, so every step has the same global batch size.
 """
 
@@ -14,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from distrain.errors import ConfigError
+from distrain.trainers.shares import share_bounds
 
 
 class EpochSharder:
@@ -41,7 +43,16 @@ class EpochSharder:
         start = step * self.global_batch
         return self.order(epoch)[start : start + self.global_batch]
 
-    def worker_indices(self, epoch: int, step: int, rank: int, world_size: int) -> np.ndarray:
+    def worker_indices(
+        self, epoch: int, step: int, rank: int, world_size: int, shares: tuple[int, ...] | None = None
+    ) -> np.ndarray:
+        """Worker `rank`'s samples of a step: the r-th equal slice, or its block of `shares` (one count per
+        worker, summing to the global batch)."""
+        if shares is not None:
+            if len(shares) != world_size or sum(shares) != self.global_batch:
+                raise ValueError(f"shares {shares} do not cut a global batch of {self.global_batch} in {world_size}")
+            start, stop = share_bounds(shares, rank)
+            return self.global_batch_indices(epoch, step)[start:stop]
         if self.global_batch % world_size:
             raise ValueError(f"global batch {self.global_batch} does not split into {world_size} equal parts")
         per_worker = self.global_batch // world_size

@@ -83,7 +83,9 @@ def task_splits(task: Any, val_fraction: float, returned: Any = None) -> Splits:
     if len(got) == 3:
         return Splits(got[0], got[1], got[2], False)
     train, test = got
-    if getattr(task, "carve_validation", False) and val_size(len(train), val_fraction) > 0:
+    # A streamed training set (a Ray Dataset: no indexing) is not carved: it validates on its test set.
+    carvable = getattr(task, "carve_validation", False) and hasattr(train, "__getitem__")
+    if carvable and val_size(len(train), val_fraction) > 0:
         train, val = carve_validation(train, val_fraction)
         return Splits(train, val, test, False)
     return Splits(train, test, test, True)

@@ -7,7 +7,8 @@ and datasets in its own process, reads the samples its work plan names by index,
 
     class MyTask(distrain.Task):
         def build_model(self): ...              # torch.nn.Module
-        def datasets(self): ...                 # (train, val, test) or (train, test): map-style torch Datasets
+        def datasets(self): ...                 # (train, val, test) or (train, test): map-style torch
+                                                # Datasets, or Ray Data Datasets (docs/raydata.md)
         def loss(self, model, batch): ...       # scalar tensor, mean over the batch
         def metrics(self, model, batch): ...    # optional: {"name": value}
 
@@ -22,7 +23,9 @@ the validation split) and `test_<name>` (the test set: at the end, or each evalu
 Optional hooks, used by strategies that need them: `forward` + `criterion` (a pipeline runs the
 criterion on its last stage; `loss` defaults to `criterion(forward(model, batch), batch)`),
 `split_points` (module names where a model may be cut into stages), `param_groups` (e.g. no weight
-decay on biases) and `deterministic_loss` (the loss in eval mode, for full-batch methods).
+decay on biases), `deterministic_loss` (the loss in eval mode, for full-batch methods),
+`configure_optimizers` (the task's own optimizer and rate scheduler) and `micro_batches` (how
+--accumulate-steps cuts a batch).
 """
 
 from __future__ import annotations
@@ -60,6 +63,11 @@ class Task:
     #: starts, as one that can never be reached. A metric not listed may take any value.
     metric_ranges: dict[str, tuple[float, float]] = {}
 
+    #: Whether `configure_optimizers` returns an element-wise optimizer: each parameter value's update
+    #: reads only its own gradient and state (SGD, Adam, ...), so it may be built over flat slices that cut
+    #: across tensors, as parameter-server shards hold them. Only then may the task run over --transport ps.
+    elementwise_optimizer: bool = False
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Each subclass's constructor records its call, so that a run given an object records how to build
         # it again (trainers/task_call.py): config.yaml's `task` + `task_args`, what workers and --resume use.
@@ -83,7 +91,8 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must define loss(self, model, batch) or criterion()")
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """Scalar, mean over the batch; what is differentiated each step."""
+        """Scalar, mean over the batch; what is differentiated each step. May return `(loss, {"name":
+        value})` to log scalars of its own each step (metrics columns `train_<name>`, every logger)."""
         return self.criterion(self.forward(model, batch), batch)
 
     def metrics(self, model: nn.Module, batch: Any) -> dict[str, MetricValue]:
@@ -107,6 +116,18 @@ class Task:
         """Optimizer parameter groups (torch.optim's format); None: one group of every parameter."""
         return None
 
+    def configure_optimizers(self, params: list[nn.Parameter]) -> Any:
+        """The task's own optimizer over `params`, or (optimizer, torch lr_scheduler) stepped once per
+        update; None (the default): distrain's --optimizer at --lr's schedule (docs/optimization.md)."""
+        return None
+
+    def micro_batches(self, batch: Any, k: int) -> list[Any]:
+        """`batch` cut into `k` micro-batches for --accumulate-steps (each weighted by its sample count):
+        by default every tensor whose first dimension is the batch's size, in tuples, lists and dicts."""
+        from distrain.trainers.accumulation import split_batch
+
+        return split_batch(batch, k, self.batch_size(batch))
+
     def tensor_parallel_plan(self, tp: int) -> dict[str, Any] | None:
         """How `--tensor-parallel tp` splits the model: submodule name -> "colwise" or "rowwise" (an
         nn.Linear's outputs or inputs cut tp ways, Megatron style), or a torch `ParallelStyle`; modules
@@ -119,7 +140,7 @@ class Task:
         was_training = model.training
         model.eval()
         try:
-            return self.loss(model, batch)
+            return loss_only(self.loss(model, batch))
         finally:
             model.train(was_training)
 
@@ -127,6 +148,12 @@ class Task:
     def collate(self, samples: list[Any]) -> Any:
         """Samples (as the dataset returns them) into one batch; torch's default_collate by default."""
         return default_collate(samples)
+
+    def collate_columns(self, columns: dict[str, np.ndarray]) -> Any:
+        """A streamed batch (a Ray Data `Dataset`'s: column name -> numpy array, docs/raydata.md) into
+        the batch `loss` takes; by default a dict of tensors, one per column."""
+        # (copied: Ray Data's arrays may be read-only views of its blocks, which torch warns about)
+        return {name: torch.tensor(column) for name, column in columns.items()}
 
     def batch_size(self, batch: Any) -> int:
         """Samples in `batch`: the length of its first tensor."""
@@ -139,12 +166,17 @@ class Task:
     def evaluate_batch(self, model: nn.Module, batch: Any) -> dict[str, tuple[float, float]]:
         """(sum, count) of the loss and of every metric over one batch (model already in eval mode)."""
         n = self.batch_size(batch)
-        sums = {"loss": (float(self.loss(model, batch)) * n, float(n))}
+        sums = {"loss": (float(loss_only(self.loss(model, batch))) * n, float(n))}
         figures = self.metrics(model, batch)
         _check_figures(self, "metrics", figures, "{name: number (the batch mean) or (sum, count) pair}")
         for name, value in figures.items():
             sums[name] = _as_sum(self, name, value, n)
         return sums
+
+
+def loss_only(returned: Any) -> Any:
+    """The loss of what `Task.loss` returned, without the scalars a task may log beside it."""
+    return returned[0] if type(returned) is tuple and len(returned) == 2 else returned
 
 
 class ClassificationTask(Task):

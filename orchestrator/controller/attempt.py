@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from distrain.config import RunConfig
+from distrain.config.shares_section import unequal_shares
 from distrain.errors import ConfigError, RunFailed
 from distrain.orchestrator import auto_choice, channel_checkpoint, interrupts, outcome
+from distrain.orchestrator.balance import ShareBalancer
 from distrain.orchestrator.best_checkpoint import BestKeeper
 from distrain.orchestrator.callbacks import Callbacks, RunInfo
 from distrain.orchestrator.checkpoint import CHECKPOINTS, checkpoint_name, save_checkpoint
@@ -91,6 +93,12 @@ class Attempt:
         self.throughput.add_columns(self.sink.rows())
         self.config_dict = recorded(config, plan.run_dir).to_dict()
         self.detector = StragglerDetector(config.num_worker_actors, config.straggler_threshold)
+        # --balance speed: each worker's share of a step, moved towards its measured speed (balance.py).
+        self.balancer = (
+            ShareBalancer(config.worker_slots, config.global_batch_size, config.worker_shares)
+            if config.balance == "speed"
+            else None
+        )
         self.task = build_task(config)  # for its derived metrics and default target (no data is loaded)
         self.target = run_target(config, self.task)
         self.best = BestKeeper(config, Path(plan.run_dir), self.sink.rows())  # --checkpoint-best
@@ -304,16 +312,25 @@ class Attempt:
 
     def record_rows(self, rows: dict[str, list[Any]]) -> None:
         """A segment's metrics rows: the sink, the callbacks, the throughput figure."""
+        from distrain.orchestrator.metrics import LOGGED_PREFIX
         from distrain.orchestrator.worker import STEP_COLUMNS
 
         self.sink.add_steps(rows)
-        if self.hooks:
-            self.hooks.call("on_rows", {k: v for k, v in rows.items() if k in STEP_COLUMNS})
+        if self.hooks:  # the step columns and the task's own scalars (train_<name>)
+            self.hooks.call(
+                "on_rows", {k: v for k, v in rows.items() if k in STEP_COLUMNS or k.startswith(LOGGED_PREFIX)}
+            )
         self.throughput.add_steps(rows["step"], rows["samples"], rows["wall_time"], rows.get("dropped"))
 
     def watch_stragglers(self, rows: dict[str, list[Any]]) -> None:
         """Feed the detector; tell the display, and the portion scheduler, when its verdict changes."""
-        self.detector.add(rows["worker"], rows["compute_s"])
+        compute = rows["compute_s"]
+        if unequal_shares(self.config):  # a worker with a larger share is not slow: judged per equal share
+            equal = self.config.global_batch_size / self.config.worker_slots
+            compute = [c * equal / n if n else c for c, n in zip(compute, rows["samples"], strict=True)]
+        if self.balancer is not None:
+            self.balancer.add(rows["worker"], rows["compute_s"], rows["samples"])
+        self.detector.add(rows["worker"], compute)
         if rows["step"] and self.detector.update(max(rows["step"])):
             slow = dict(self.detector.flagged)
             self.emit(StragglersChanged(max(rows["step"]), slow))
@@ -480,6 +497,11 @@ class Attempt:
             figures = self.group.actor_figures(self.config)
             if figures is not None:  # a failed run's actors may be gone; the metrics still tell
                 summary |= {"stragglers": self.detector.summary()} | figures
+        if unequal_shares(self.config):  # each worker's samples per step at the end (the report shows them)
+            final = self.balancer.current if self.balancer is not None else self.config.worker_shares
+            summary["worker_shares"] = list(final or ())
+        if self.balancer is not None:  # --balance speed: the shares it ended at, and when they moved
+            summary["balance"] = self.balancer.summary()
         summary.update(self.state.ledger.summary())
         steps = df[df["kind"] == "step"]
         for strategy in self.config.strategy_classes:  # the strategies' own figures, from their step rows

@@ -134,7 +134,7 @@ class CollectiveScaling:
                 a.record_rows(rows)
                 loop.last_loss = rows["loss"][-1]
         if end.redo:
-            self.membership.samples_redone += len(end.redo) * self.config.batch_size
+            self.membership.samples_redone += len(end.redo) * self.config.unit_samples
         if end.lost or end.redo:
             self.lost(end.lost, end.redo, end.without_row, end.source)
         self.settle()  # a member lost: the survivors agree again before anyone reads the model

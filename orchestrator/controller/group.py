@@ -75,9 +75,16 @@ class WorkerGroup(Protocol):
         """Worker `rank`'s codec state now (orchestrator/channel_checkpoint.py; empty without a codec)."""
 
     def submit(
-        self, kind: str, rank: int, payload: Any, whole_test_set: bool = False, splits: tuple[str, ...] = ("val",)
+        self,
+        kind: str,
+        rank: int,
+        payload: Any,
+        whole_test_set: bool = False,
+        shares: tuple[int, ...] | None = None,
+        splits: tuple[str, ...] = ("val",),
     ) -> Any:
-        """Make a call on worker `rank`; the handle `wait` and `result` take (an evaluation scores `splits`)."""
+        """Make a call on worker `rank`; the handle `wait` and `result` take. `shares`: a segment's
+        workers' samples per step (--balance speed), where the driver sets them; an evaluation scores `splits`."""
 
     def wait(self, handles: list[Any], timeout: float, num_returns: int = 1) -> list[Any]:
         """Handles among `handles` whose result is in: up to `num_returns`, once that many are (or

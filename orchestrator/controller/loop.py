@@ -90,6 +90,11 @@ class PhaseLoop:
             self.scaling.fed(rank)
         # An elastic run's one member scores the whole test set (membership changes).
         whole = self.a.membership is not None
+        balancer = self.a.balancer
+        if kind == "segment" and balancer is not None and payload:  # --balance speed: the same for every worker
+            epoch, step, _ = payload[0]
+            shares = balancer.shares_for(epoch * self.a.steps_per_epoch + step)
+            return self.a.group.submit(kind, rank, payload, whole_test_set=whole, shares=shares)
         if kind == "eval":
             return self.a.group.submit(kind, rank, payload, whole_test_set=whole, splits=self.splits_of(payload))
         return self.a.group.submit(kind, rank, payload, whole_test_set=whole)

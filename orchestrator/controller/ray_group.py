@@ -20,11 +20,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distrain.config import RunConfig
 from distrain.errors import DistrainError
-from distrain.orchestrator import cluster, warm_pool
+from distrain.orchestrator import cluster, streaming, warm_pool
 from distrain.orchestrator.chaos import ChaosMonkey
 from distrain.orchestrator.controller.group import PhaseSetup
 from distrain.orchestrator.failure_policy import USER_CODE
 from distrain.orchestrator.recovery import RunLost, classify, discard, kill_all
+from distrain.orchestrator.streaming import Streamed
+from distrain.orchestrator.tasks import build_task
 from distrain.orchestrator.worker import TrainWorker
 from distrain.plugins import USER_MODULE_PREFIX, is_lone_module
 from distrain.strategies.driver_actor import PS_SHARDS, ActorSetup, DriverActor, checked, start_in_order
@@ -42,10 +44,13 @@ def get(refs: Any, timeout: float | None = None) -> Any:
         raise
 
 
-def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run_start: float, warm: bool) -> Any:
+def start_worker(
+    config: RunConfig, placement: cluster.Placement, rank: int, run_start: float, warm: bool, data: Any = None
+) -> Any:
     """A TrainWorker actor for `rank`, in its placement-group bundle; or, for a run whose workers may be
     kept warm (orchestrator/warm_pool.py), an idle one on the bundle's node, else a fresh one that asks
-    for no CPU and is pinned to that node (the bundle holds the CPU; the actor can outlive the group)."""
+    for no CPU and is pinned to that node (the bundle holds the CPU; the actor can outlive the group).
+    `data`: the worker's shard of a streamed training set (orchestrator/streaming.py)."""
     node = worker_node(placement, rank) if warm else None
     if node is None:
         return (
@@ -54,15 +59,31 @@ def start_worker(config: RunConfig, placement: cluster.Placement, rank: int, run
                 num_cpus=config.cpus_per_worker,
                 num_gpus=config.gpus_per_worker,
                 scheduling_strategy=placement.worker(rank),
+                **storage_env(config),
             )
-            .remote(config, rank, run_start)
+            .remote(config, rank, run_start, data)
         )
     worker = warm_pool.take(node)
     if worker is not None:
-        worker.rebuild.remote(config, rank, run_start)  # runs before any later call: an actor's calls keep their order
+        worker.rebuild.remote(config, rank, run_start, data)  # runs before any later call: calls keep their order
         return worker
     pinned = NodeAffinitySchedulingStrategy(node, soft=False)
-    return ray.remote(TrainWorker).options(num_cpus=0, scheduling_strategy=pinned).remote(config, rank, run_start)
+    return (
+        ray.remote(TrainWorker)
+        .options(num_cpus=0, scheduling_strategy=pinned, **storage_env(config))
+        .remote(config, rank, run_start, data)
+    )
+
+
+def storage_env(config: RunConfig) -> dict[str, Any]:
+    """--storage: the driver's AWS_* variables (credentials, region, endpoint) in the environment of a
+    sharded run's workers, which copy their checkpoint shards there from any node (a Ray started earlier,
+    or on another machine, does not have this process's environment). Other workers write nothing there,
+    and keep Ray's ready worker processes (an actor with a runtime_env of its own needs a new one)."""
+    from distrain.orchestrator.storage import aws_environment
+
+    env = aws_environment() if config.storage and config.sharded else {}
+    return {"runtime_env": {"env_vars": env}} if env else {}
 
 
 def worker_node(placement: cluster.Placement, rank: int) -> str | None:
@@ -102,9 +123,11 @@ class RayWorkerGroup:
         actors: list[Any],
         on_started: Callable[[int, int], None] = lambda started, total: None,
         warm: bool = False,
+        stream: Streamed | None = None,
     ) -> None:
         self.config = config
         self.warm = warm  # workers kept warm after a completed run (orchestrator/warm_pool.py)
+        self.stream = stream  # the task's Ray Dataset to train on, split afresh for each attempt (streaming.py)
         self.placement = placement
         self.run_start = run_start
         self.actors = actors  # everything started, killed on the way out (run_training's list)
@@ -128,8 +151,14 @@ class RayWorkerGroup:
         return list(range(self.config.num_worker_actors))
 
     def start(self, ranks: list[int]) -> None:
+        shards: list[Any] = [None] * self.config.num_worker_actors
+        if self.stream is not None:  # only whole attempts stream (streaming.refusal): a new split for all
+            assert sorted(ranks) == list(range(len(shards))), f"a streamed run starts every worker, not {ranks}"
+            shards = streaming.shards(self.stream, self.config, cluster.cpus_needed(self.config))
         for rank in ranks:
-            self.workers[rank] = start_worker(self.config, self.placement, rank, self.run_start, self.warm)
+            self.workers[rank] = start_worker(
+                self.config, self.placement, rank, self.run_start, self.warm, shards[rank]
+            )
             self.actors.append(self.workers[rank])
 
     def describe(self, ranks: list[int], timeout: float) -> list[dict[str, Any]]:
@@ -186,6 +215,7 @@ class RayWorkerGroup:
             params=lambda: self._first_params(timeout),
             param_shapes=lambda: self.result(self.workers[self.members()[0]].param_shapes.remote(), 0, timeout),
             shard_slots=lambda count: self.placement.shards(workers, count),
+            task_builder=build_task,
         )
         self._start_driver_actors(specs, setup)
         first = self.workers[self.members()[0]]  # an elastic run's slot 0 may have no worker
@@ -254,11 +284,17 @@ class RayWorkerGroup:
         return self.result(self.workers[rank].channel_state.remote(), rank, timeout)
 
     def submit(
-        self, kind: str, rank: int, payload: Any, whole_test_set: bool = False, splits: tuple[str, ...] = ("val",)
+        self,
+        kind: str,
+        rank: int,
+        payload: Any,
+        whole_test_set: bool = False,
+        shares: tuple[int, ...] | None = None,
+        splits: tuple[str, ...] = ("val",),
     ) -> Any:
         worker = self.workers[rank]
         if kind == "segment":
-            return worker.run_segment.remote(payload)
+            return worker.run_segment.remote(payload, None if shares is None else list(shares))
         if kind == "eval":
             shard, shards = (0, 1) if whole_test_set else (rank, len(self.workers))
             return worker.evaluate.remote(shard, shards, splits)

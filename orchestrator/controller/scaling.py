@@ -138,7 +138,7 @@ class ElasticScaling:
             if a.group.has_shards() and a.confirmed_clock:
                 a.group.rebase_clock(rank, a.confirmed_clock[rank])
             self.sync_members()  # whoever waited on its clock goes on
-            self.membership.samples_redone += units_redone * config.batch_size
+            self.membership.samples_redone += units_redone * config.unit_samples
             self.membership.renew(rank)
             members = len(a.members())
             why = cause or leave_cause(lost)

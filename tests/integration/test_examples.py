@@ -1,4 +1,4 @@
-"""The examples in examples/ run through the CLI as the README shows them, on small data."""
+"""The examples in examples/ run through the CLI as docs/tasks.md shows them, on small data."""
 
 from __future__ import annotations
 

@@ -214,8 +214,9 @@ def test_fit_twice_in_one_process_with_a_class_and_an_instance(tmp_path):
 
 
 def test_readme_fit_then_resume_trains_the_same_task(tmp_path, monkeypatch, request):
-    """The README's snippet: `Regression` imported from my_task.py (the README's own file), an instance with
-    a non-default size given to fit(), then fit(resume=...) goes on training that task, not Regression()."""
+    """The own-task snippet (README, docs/tasks.md): `Regression` imported from my_task.py (their file), an
+    instance with a non-default size given to fit(), then fit(resume=...) goes on training that task, not
+    Regression()."""
     (tmp_path / "my_task.py").write_text(readme_task_file())
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("my_task", None)

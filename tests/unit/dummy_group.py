@@ -165,7 +165,13 @@ class DummyGroup:
         return {"grads": {"residual": torch.tensor([rank, int(worker.value)])}} if self.config.compress else {}
 
     def submit(
-        self, kind: str, rank: int, payload: Any, whole_test_set: bool = False, splits: tuple[str, ...] = ("val",)
+        self,
+        kind: str,
+        rank: int,
+        payload: Any,
+        whole_test_set: bool = False,
+        shares: tuple[int, ...] | None = None,
+        splits: tuple[str, ...] = ("val",),
     ) -> int:
         handle = next(self.ids)
         self.calls[handle] = Call(kind, rank, payload, self.workers[rank], splits=splits)

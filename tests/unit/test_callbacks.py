@@ -96,6 +96,11 @@ def test_the_run_s_last_line_names_its_tensorboard_events(tmp_path, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"TensorBoard events in {tmp_path / 'tb' / 'r'}/; view with: tensorboard --logdir "
                            f"{tmp_path / 'tb'}")  # fmt: skip
+    (run_dir / "config.yaml").write_text(RunConfig(loggers="csv,tensorboard").to_yaml())  # in the run directory
+    print_summary(summary, run_dir)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"TensorBoard events in {run_dir / 'tensorboard'}/; view with: tensorboard --logdir "
+                           f"{tmp_path / 'runs'}")  # fmt: skip
     (run_dir / "config.yaml").write_text(RunConfig().to_yaml())  # without --tensorboard: no such line
     print_summary(summary, run_dir)
     assert "TensorBoard" not in capsys.readouterr().out

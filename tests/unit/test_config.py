@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from distrain.config import RECORDED_HEADER, RunConfig, flatten
+from distrain.config.parsing import Slowdown, parse_stragglers
 from distrain.errors import ConfigError, DistrainError
 from distrain.fields import SECTIONS
 
@@ -319,7 +320,19 @@ def test_backup_workers_add_actors_and_samples_but_not_to_the_update_batch():
     cfg = RunConfig(transport="ps", workers=4, backup_workers=1, batch_size=16, straggler=["4:0.1"])
     assert cfg.num_worker_actors == 5 and cfg.samples_per_step == 80
     assert cfg.global_batch_size == 64  # the learning rate is scaled for N·B
-    assert cfg.straggler_delays == {4: 0.1}  # a backup worker can be the slow one
+    assert cfg.stragglers == {4: Slowdown(seconds=0.1)}  # a backup worker can be the slow one
+
+
+def test_a_straggler_is_a_fixed_delay_per_step_or_a_factor_on_its_compute():
+    slow = parse_stragglers(["0:0.25", "1:x3", "2:X1.5"], workers=3)
+    assert slow == {0: Slowdown(seconds=0.25), 1: Slowdown(factor=3.0), 2: Slowdown(factor=1.5)}
+    # The delay after a unit that took 0.1 s: fixed, or (F - 1) x its compute, so the unit takes F x as long.
+    assert slow[0].extra_s(0.1) == 0.25 and slow[0].extra_s(0.01) == 0.25
+    assert abs(slow[1].extra_s(0.1) - 0.2) < 1e-12 and abs(slow[1].extra_s(0.01) - 0.02) < 1e-12
+    assert abs(slow[2].extra_s(0.1) - 0.05) < 1e-12
+    for bad in ("1:x0.5", "1:x", "1:xfast", "1:-1", "3:x2", "1:xinf"):
+        with pytest.raises(ConfigError, match="RANK:xF"):
+            parse_stragglers([bad], workers=3)
 
 
 def test_backup_tasks_default_to_two_portions_per_worker_and_a_new_strategy_drops_them(tmp_path):

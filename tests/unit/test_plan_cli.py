@@ -53,6 +53,7 @@ def test_worker_counts_and_units():
         (["--calibration-repeats", "0"], "--calibration-repeats"),
         (["--calibration", "nowhere.json"], "--calibration"),
         (["--model", "no-such-model"], "model"),
+        (["--worker-speeds", "1,0"], "--worker-speeds"),
     ],
 )
 @pytest.mark.usefixtures("no_ray")
@@ -69,9 +70,8 @@ def test_plan_from_a_saved_calibration_writes_table_png_and_recommendation(tmp_p
     saved = tmp_path / "saved.json"
     saved.write_text(json.dumps({"calibration": _calibration().to_dict()}))
     out = tmp_path / "plan"
-    result = runner.invoke(
-        app, ["plan", "--workers", "1,2,8", "--calibration", str(saved), "--preset", "10gbe", "--out", str(out)]
-    )
+    args = ["plan", "--workers", "1,2,8", "--calibration", str(saved), "--preset", "10gbe", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--worker-speeds", "1,1,0.5"])
     assert result.exit_code == 0, result.output
     frame = pd.read_parquet(out / "predictions.parquet")
     assert len(frame) == 2 * 3 * len(planner.CANDIDATES)  # here and 10gbe, 3 counts, every candidate
@@ -86,6 +86,9 @@ def test_plan_from_a_saved_calibration_writes_table_png_and_recommendation(tmp_p
     assert set(record["recommendations"]) == {"1", "2", "8"}
     assert (out / "plan.png").read_bytes()[:4] == b"\x89PNG"
     assert "recommended at N=8: --strategy" in result.output and "stragglers at N=8" in result.output
+    # --worker-speeds: equal shares wait 2 x 2 ms for the half-speed worker; 39/38/19 take 39/32 x 2 ms
+    assert "worker speeds 1,1,0.5: equal shares 32/32/32 take 4.0 ms" in result.output
+    assert "b = 39/38/19: 2.4 ms, x1.64" in result.output
 
 
 @pytest.mark.usefixtures("no_ray")

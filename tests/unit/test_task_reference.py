@@ -196,13 +196,24 @@ def test_a_config_yaml_of_a_shipped_object_is_refused_in_one_line(tmp_path):
         tasks.build_task(config)
 
 
-# The README's own task file, and its fit-then-resume snippet, are run for real in
-# tests/integration/test_user_task_acceptance.py (test_readme_fit_then_resume_trains_the_same_task).
-README = Path(__file__).resolve().parents[2] / "README.md"
+# The own-task example: docs/tasks.md's task file, which the README repeats word for word; it and its
+# fit-then-resume snippet are run for real in tests/integration/test_user_task_acceptance.py
+# (test_readme_fit_then_resume_trains_the_same_task).
+ROOT = Path(__file__).resolve().parents[2]
+TASKS_PAGE, README = ROOT / "docs" / "tasks.md", ROOT / "README.md"
+
+
+def task_file_in(page: Path) -> str:
+    """The page's `# my_task.py` code block."""
+    text = page.read_text()
+    start = text.index("```python\n# my_task.py\n") + len("```python\n")
+    return textwrap.dedent(text[start : text.index("```", start)])
 
 
 def readme_task_file() -> str:
-    """The README's `# my_task.py` code block."""
-    text = README.read_text()
-    start = text.index("```python\n# my_task.py\n") + len("```python\n")
-    return textwrap.dedent(text[start : text.index("```", start)])
+    """The example task file, as docs/tasks.md gives it."""
+    return task_file_in(TASKS_PAGE)
+
+
+def test_the_readme_repeats_the_docs_task_file_word_for_word():
+    assert task_file_in(README) == task_file_in(TASKS_PAGE) and "class Regression(distrain.Task)" in readme_task_file()

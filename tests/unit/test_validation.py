@@ -242,9 +242,9 @@ def test_a_last_evaluation_without_the_test_set_gets_it_after_training(tmp_path)
     from tests.unit.test_controller import controller
 
     class ValidationOnly(DummyGroup):
-        def submit(self, kind, rank, payload, whole_test_set=False, splits=("val",)):
+        def submit(self, kind, rank, payload, whole_test_set=False, splits=("val",), **rest):
             asked = ("test",) if splits == ("test",) else ("val",)
-            return super().submit(kind, rank, payload, whole_test_set, asked)
+            return super().submit(kind, rank, payload, whole_test_set=whole_test_set, splits=asked, **rest)
 
     cfg = RunConfig(
         run_dir=str(tmp_path / "run"), strategy="bsp", workers=2, batch_size=160, epochs=2, lr_scaling="none",

@@ -1,0 +1,72 @@
+"""Heterogeneous workers' shares of each step's batch (--worker-weights, --balance speed;
+docs/heterogeneous.md): what the weights make of the global batch, and the runs that cannot take unequal
+shares yet, refused in one line.
+
+Unequal shares keep the update the whole batch's only where a step's gradients are combined by one mean
+that the channel can weight (BSP over either transport). The others are refused rather than run wrong:
+k-of-n rounds and backup tasks (a round's mean is over whichever gradients arrive first), sharded
+replicas and pipelines (a replica's batch is cut again inside it), elastic ranges (the slices are the
+MAX's, whoever takes them), and strategies without one mean per step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from distrain.config.checks import config_check
+from distrain.config.parsing import parse_worker_weights
+from distrain.config.sections import BALANCE_MODES
+from distrain.errors import ConfigError
+from distrain.trainers.shares import split_batch
+
+if TYPE_CHECKING:
+    from distrain.config.run_config import RunConfig
+
+FLAG = "--worker-weights"
+# The strategies whose steps take unequal shares: BSP (one weighted mean of the gradients per step), local
+# SGD and DiLoCo (equal numbers of local steps at unequal batches, averages weighted by samples trained on).
+SHARED_STRATEGIES = ("bsp", "local-sgd", "diloco")
+
+
+def worker_shares(config: RunConfig) -> tuple[int, ...] | None:
+    """Each worker's samples per step under --worker-weights, in rank order (None: equal slices)."""
+    weights = parse_worker_weights(config.worker_weights, config.worker_slots)
+    if not weights:
+        return None
+    return split_batch(config.global_batch_size, weights)
+
+
+def unequal_shares(config: RunConfig) -> bool:
+    """Whether the run's workers may take unequal shares (--worker-weights or --balance speed)."""
+    return bool(str(config.worker_weights).strip()) or config.balance != "none"
+
+
+@config_check(stage="across")
+def check_worker_shares(config: RunConfig) -> None:
+    if config.balance not in BALANCE_MODES:
+        raise ConfigError(f"unknown --balance {config.balance!r}; choose one of: {', '.join(BALANCE_MODES)}")
+    if not unequal_shares(config):
+        return
+    given = f"{FLAG} {config.worker_weights}" if str(config.worker_weights).strip() else "--balance speed"
+    for flag, used in (
+        ("--workers MIN..MAX", config.elastic),
+        ("--schedule", bool(config.schedule)),
+        ("--pipeline-stages", config.pipelined),
+        ("--fsdp/--tensor-parallel", config.sharded),
+    ):
+        if used:
+            raise ConfigError(f"{given} does not compose with {flag} yet; drop one of them")
+    parse_worker_weights(config.worker_weights, config.worker_slots)  # numbers, positive, one per worker
+    if config.strategy not in SHARED_STRATEGIES:
+        raise ConfigError(
+            f"{given} applies to --strategy {', '.join(SHARED_STRATEGIES)}, not --strategy {config.strategy}; drop it"
+        )
+    options = config.options_of("bsp") if config.strategy == "bsp" else None
+    backups = (options.backup_workers, options.backup_tasks) if options is not None else (0, False)
+    for flag, used in zip(("--backup-workers", "--backup-tasks"), backups, strict=True):
+        if used:
+            raise ConfigError(f"{given} does not compose with {flag}: a round's mean is over the first gradients in")
+    if config.global_batch_size < config.worker_slots:
+        raise ConfigError(
+            f"{given}: a global batch of {config.global_batch_size} cannot give each of {config.worker_slots} "
+            "workers a sample; raise --batch-size"
+        )

@@ -1,0 +1,95 @@
+"""Heterogeneous workers end to end: static shares (--worker-weights) and speed-balanced shares
+(--balance speed) give the update of one process at the global batch, over the same samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from distrain.config import RunConfig
+from distrain.orchestrator.run import run_training
+from distrain.orchestrator.tasks import build_task
+from distrain.trainers.sharding import EpochSharder
+from tests.helpers import final_params
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+STEPS = 30  # across an epoch's end (22 steps of 64 digits)
+
+
+def cfg(tmp_path, name: str, **kw) -> RunConfig:
+    base = dict(
+        optimizer="sgd", momentum=0.9, lr=0.05, lr_scaling="none", epochs=2, max_steps=STEPS, seed=7,
+        workers=2, batch_size=32, segment_steps=4, eval_every=0, run_dir=str(tmp_path / name),
+    )  # fmt: skip
+    return RunConfig(**(base | kw))
+
+
+def step_rows(run) -> pd.DataFrame:
+    df = pd.read_parquet(run.run_dir / "metrics.parquet")
+    return df[df["kind"] == "step"].sort_values(["step", "worker"])
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """One worker at the global batch, 64: what every heterogeneous run here must equal."""
+    return final_params(run_training(cfg(tmp_path_factory.mktemp("one"), "one", workers=1, batch_size=64)).run_dir)
+
+
+def test_weighted_shares_equal_one_process_at_the_global_batch_on_both_transports(tmp_path, one_process):
+    """--worker-weights 3,1 on 2 workers (b = 48 and 16 of B = 64) equals one worker at 64 over the same
+    samples after 30 momentum-SGD steps, over the all-reduce and over the parameter server; each step row
+    records the worker's share."""
+    for transport in ("collective", "ps"):
+        run = run_training(cfg(tmp_path, transport, worker_weights="3,1", transport=transport))
+        assert run.summary["steps_completed"] == STEPS
+        assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5, transport
+        steps = step_rows(run)
+        assert steps.groupby("worker")["samples"].unique().map(list).to_dict() == {0: [48], 1: [16]}, transport
+        assert run.summary["worker_shares"] == [48, 16]  # what the report shows
+
+
+def test_speed_balanced_shares_move_mid_epoch_see_every_sample_once_and_equal_one_process(tmp_path, one_process):
+    """Worker 1 computes 3x slower: --balance speed moves its share down at a segment start inside the
+    first epoch; rebuilt from the recorded shares, every step is cut into blocks covering its 64 samples,
+    each sample of the epoch once; and the update is still one process's at 64."""
+    config = cfg(tmp_path, "balanced", balance="speed", straggler=["1:x3"])
+    run = run_training(config)
+    moves = run.summary["balance"]["moves"]
+    assert run.summary["worker_shares"] == run.summary["balance"]["final_shares"] == moves[-1]["shares"]
+    assert moves and moves[0]["step"] < 22 and moves[0]["shares"][1] < moves[0]["shares"][0], moves
+    steps = step_rows(run)
+    shares = steps.pivot(index="step", columns="worker", values="samples")
+    assert (shares.sum(axis=1) == 64).all() and shares[1].nunique() > 1
+    train, _ = build_task(config).datasets()
+    sharder = EpochSharder(len(train), 64, config.seed)
+    assert sharder.steps_per_epoch == 22
+    seen = []
+    for step, epoch in steps[["step", "epoch"]].drop_duplicates().itertuples(index=False):
+        cut = tuple(int(b) for b in shares.loc[step])
+        within = step - epoch * sharder.steps_per_epoch
+        blocks = [sharder.worker_indices(epoch, within, r, 2, cut) for r in range(2)]
+        assert np.array_equal(np.concatenate(blocks), sharder.global_batch_indices(epoch, within))
+        seen += [(epoch, int(i)) for i in np.concatenate(blocks)]
+    first = [s for s in seen if s[0] == 0]
+    assert len(first) == len(set(first)) == 22 * 64
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+
+
+def test_local_sgd_and_diloco_weigh_their_averages_by_the_samples_each_replica_took(tmp_path, one_process):
+    """Equal numbers of local steps at unequal batches (--worker-weights 3,1): local SGD at τ = 1, its
+    momentum averaged with θ, is one process at 64; and DiLoCo with plain outer SGD (lr 1) is local SGD
+    at τ = H, each average weighted by the samples the replicas took (unweighted, it would not be)."""
+    shares = dict(worker_weights="3,1")
+    tau1 = run_training(cfg(tmp_path, "tau1", strategy="local-sgd", tau=1, **shares))
+    # Averaging θ_i − η m_i rounds differently from θ − η mean(m): test_local_sgd.py's tolerance for τ = 1
+    # vs BSP.
+    diff = (final_params(tau1.run_dir) - one_process).abs()
+    assert diff.max().item() <= 2e-4 and diff.mean().item() <= 2e-6
+    short = dict(momentum=0.0, max_steps=9, **shares)
+    local = run_training(cfg(tmp_path, "tau3", strategy="local-sgd", tau=3, **short))
+    diloco = run_training(
+        cfg(tmp_path, "h3", strategy="diloco", sync_every=3, outer_lr=1.0, outer_momentum=0.0, **short)
+    )
+    assert (final_params(diloco.run_dir) - final_params(local.run_dir)).abs().max().item() <= 1e-5
+    assert step_rows(diloco).groupby("worker")["samples"].unique().map(list).to_dict() == {0: [48], 1: [16]}

@@ -1,0 +1,113 @@
+"""Issue 30 on real Ray actors (docs/optimization.md): gradient accumulation and clipping keep BSP's
+algebra, and a task's own element-wise optimizer and scheduler run the same on both transports; through
+`distrain run` and `distrain.fit`.
+
+- BSP over the collective, N = 2 workers x k = 2 accumulation steps at B = 16, clipped to norm 0.1 (the
+  gradient's is about 0.3), equals one worker at 64 clipped the same (the clip is of the all-reduced
+  gradient), within 1e-5 (CLI), and so do one replica cut over --fsdp 2 workers at 2 x 16 and one cut
+  into --pipeline-stages 2 at 2 x 32 (2 micro-batches each);
+- a task's own Adam with a StepLR, declared element-wise, steps the same under BSP over the PS (the shards
+  build it per slice) at 2 workers x k = 2 x 8 as over the collective at 2 x 16, within 1e-5, at the
+  scheduler's rates (fit). (2 x 16 over the collective is one worker at 32: tests/integration/test_bsp.py.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+from typer.testing import CliRunner
+
+import distrain
+from distrain.cli import app
+from distrain.config import RunConfig
+from distrain.orchestrator.run import run_training
+from tests.helpers import final_params
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+BASE = dict(lr_scaling="none", lr=0.1, momentum=0.9, epochs=1, max_steps=6, seed=3, segment_steps=6, eval_every=0)
+TOL = 1e-5
+
+
+class AdamStepTask(distrain.Task):
+    """A tiny regression whose own Adam halves its rate every 3 updates (importable by the workers)."""
+
+    elementwise_optimizer = True
+
+    def build_model(self):
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def datasets(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(256, 4, generator=g)
+        y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+        return TensorDataset(x[:192], y[:192]), TensorDataset(x[192:], y[192:])
+
+    def loss(self, model, batch):
+        x, y = batch
+        return ((model(x).squeeze(-1) - y) ** 2).mean()
+
+    def configure_optimizers(self, params):
+        optimizer = torch.optim.Adam(params, lr=0.02)
+        return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+
+
+def steps_of(run_dir) -> pd.DataFrame:
+    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
+    return df[df["kind"] == "step"].sort_values(["step", "worker"])
+
+
+def test_accumulation_and_clipping_keep_bsp_equal_to_one_worker_at_the_global_batch(tmp_path):
+    one_clipped = run_training(
+        RunConfig(**BASE, workers=1, batch_size=64, clip_grad_norm=0.1, run_dir=str(tmp_path / "1c"))
+    )
+    one_plain = run_training(RunConfig(**BASE, workers=1, batch_size=64, run_dir=str(tmp_path / "1p")))
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in BASE.items()]
+    result = CliRunner().invoke(
+        app,
+        ["run", *flags, "--workers=2", "--batch-size=16", "--accumulate-steps=2", "--clip-grad-norm=0.1",
+         f"--run-dir={tmp_path / 'cli'}"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    clipped, plain = final_params(one_clipped.run_dir), final_params(one_plain.run_dir)
+    assert (clipped - plain).abs().max().item() > 1e-3  # the clip did bind
+    assert (final_params(tmp_path / "cli") - clipped).abs().max().item() <= TOL
+    rows = steps_of(tmp_path / "cli")
+    assert len(rows) == 12 and (rows["samples"] == 32).all()  # one row per update, k x B samples each
+    # One replica cut over D = 2 FSDP workers, k = 2: FSDP reduces in the last micro-batch only, and the
+    # clip's norm is gathered over the two shards.
+    fsdp = run_training(
+        RunConfig(**BASE, workers=1, fsdp=2, batch_size=16, accumulate_steps=2, clip_grad_norm=0.1,
+                  run_dir=str(tmp_path / "fsdp"))
+    )  # fmt: skip
+    assert fsdp.summary["global_batch_size"] == 64
+    assert (final_params(fsdp.run_dir) - clipped).abs().max().item() <= TOL
+    # One replica cut into S = 2 pipeline stages, k = 2 x M = 2 micro-batches of 16 in one schedule, the
+    # clip's norm summed over the stages.
+    pipe = run_training(
+        RunConfig(**BASE, workers=1, pipeline_stages=2, microbatches=2, batch_size=32, accumulate_steps=2,
+                  clip_grad_norm=0.1, run_dir=str(tmp_path / "pipe"))
+    )  # fmt: skip
+    assert pipe.summary["status"] == "completed"
+    assert (final_params(pipe.run_dir) - clipped).abs().max().item() <= TOL
+
+
+def test_a_task_elementwise_optimizer_and_scheduler_run_alike_on_both_transports_with_accumulation(tmp_path):
+    """Over the collective at 2 x 16; over the PS at 2 x k = 2 x 8: the same global batch of 32."""
+    common = dict(task=AdamStepTask, workers=2, epochs=1, seed=1, segment_steps=6, eval_every=0, progress=False)
+    runs = {
+        "collective": distrain.fit(**common, batch_size=16, run_dir=str(tmp_path / "collective")),
+        "ps": distrain.fit(**common, batch_size=8, accumulate_steps=2, strategy="bsp", transport="ps",
+                           run_dir=str(tmp_path / "ps")),
+    }  # fmt: skip
+    assert all(r.status == "completed" and r.summary["steps_completed"] == 6 for r in runs.values())
+    assert runs["ps"].summary["global_batch_size"] == 32
+    collective, ps = (final_params(tmp_path / t) for t in ("collective", "ps"))
+    assert (collective - ps).abs().max().item() <= TOL
+    rates = steps_of(tmp_path / "collective").groupby("step")["lr"].first().tolist()
+    assert rates == pytest.approx([0.02] * 3 + [0.01] * 3)  # the task's StepLR, not --lr's schedule
+    rows = steps_of(tmp_path / "ps")
+    assert len(rows) == 12 and (rows["samples"] == 16).all()  # one row per update, k x B samples each
