@@ -106,7 +106,11 @@ def test_every_codec_with_bsp_trains_digits_and_counts_its_bytes(tmp_path, codec
 def test_diloco_with_int8_pseudo_gradients_reaches_the_usual_accuracy(tmp_path):
     """DiLoCo's defaults (H = 8, outer Nesterov SGD lr 0.7 momentum 0.9, inner SGD lr 0.01) on the mlp, with
     its pseudo-gradients in int8; uncompressed, the same run is test_diloco's default-run test."""
-    config = RunConfig(strategy="diloco", model="mlp", epochs=6, compress="int8", run_dir=str(tmp_path / "dl-int8"))
+    # The whole training set (--val-fraction 0): with 10 % held out, 6 epochs of the mlp end near 0.90 (20 steps
+    # an epoch instead of 22: fewer outer steps), compressed or not.
+    config = RunConfig(
+        strategy="diloco", model="mlp", epochs=6, compress="int8", val_fraction=0.0, run_dir=str(tmp_path / "dl-int8")
+    )
     run = run_training(config)
     assert run.summary["final_test_accuracy"] >= 0.95, run.summary
     shapes = shapes_of(run.run_dir)

@@ -11,16 +11,17 @@ from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
 from distrain.orchestrator.tasks import build_task
 from distrain.trainers.sharding import EpochSharder
+from distrain.trainers.splits import task_splits
 from tests.helpers import final_params
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
-STEPS = 30  # across an epoch's end (22 steps of 64 digits)
+STEPS = 30  # across an epoch's end (22 steps of 64 digits: the whole training set, none held out to validate)
 
 
 def cfg(tmp_path, name: str, **kw) -> RunConfig:
     base = dict(
         optimizer="sgd", momentum=0.9, lr=0.05, lr_scaling="none", epochs=2, max_steps=STEPS, seed=7,
-        workers=2, batch_size=32, segment_steps=4, eval_every=0, run_dir=str(tmp_path / name),
+        workers=2, batch_size=32, segment_steps=4, eval_every=0, val_fraction=0.0, run_dir=str(tmp_path / name),
     )  # fmt: skip
     return RunConfig(**(base | kw))
 
@@ -57,13 +58,13 @@ def test_speed_balanced_shares_move_mid_epoch_see_every_sample_once_and_equal_on
     run = run_training(config)
     moves = run.summary["balance"]["moves"]
     assert run.summary["worker_shares"] == run.summary["balance"]["final_shares"] == moves[-1]["shares"]
+    train = task_splits(build_task(config), config.val_fraction).train  # what the workers train on
+    sharder = EpochSharder(len(train), 64, config.seed)
+    assert sharder.steps_per_epoch == 22
     assert moves and moves[0]["step"] < 22 and moves[0]["shares"][1] < moves[0]["shares"][0], moves
     steps = step_rows(run)
     shares = steps.pivot(index="step", columns="worker", values="samples")
     assert (shares.sum(axis=1) == 64).all() and shares[1].nunique() > 1
-    train, _ = build_task(config).datasets()
-    sharder = EpochSharder(len(train), 64, config.seed)
-    assert sharder.steps_per_epoch == 22
     seen = []
     for step, epoch in steps[["step", "epoch"]].drop_duplicates().itertuples(index=False):
         cut = tuple(int(b) for b in shares.loc[step])
