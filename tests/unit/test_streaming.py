@@ -51,9 +51,18 @@ def test_strategies_that_assign_by_index_are_refused(options, named):
     assert "\n" not in str(refused.value)
 
 
-def test_cli_refuses_a_streamed_task_under_ps_in_one_line_before_ray_starts(tmp_path):
+def test_cli_refuses_a_streamed_task_under_ps_in_one_line_before_ray_starts(tmp_path, monkeypatch):
     import ray
 
+    from distrain.orchestrator import cluster
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("the run connected to Ray before refusing")
+
+    # (`make test` runs this file after the integration tests, with their Ray still up: the connection is
+    # what must not happen, whether or not some Ray is running in this process)
+    monkeypatch.setattr(cluster, "connect", no_ray)
+    was_up = ray.is_initialized()
     write_digits(tmp_path, 64)
     result = CliRunner().invoke(
         app, ["run", "--task", TASK, "--task-arg", f"data_dir={tmp_path}", "--strategy", "async", "--workers", "2"]
@@ -61,7 +70,7 @@ def test_cli_refuses_a_streamed_task_under_ps_in_one_line_before_ray_starts(tmp_
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "--strategy async over --transport ps assigns samples" in lines[0], result.output
-    assert not ray.is_initialized()  # refused from the Dataset's plan alone: nothing was read
+    assert ray.is_initialized() == was_up  # refused from the Dataset's plan alone: nothing was read
 
 
 def test_ray_data_needs_a_cpu_the_workers_do_not_hold(monkeypatch):
@@ -122,7 +131,7 @@ def test_streamed_test_set_is_scored_by_share_zero_whole():
     assert list(streaming.test_batches(Test(), lambda c: c["x"], 1, 4)) == []
 
 
-def test_datasets_needing_ray_at_once_start_distrains_ray_first():
+def test_datasets_needing_ray_at_once_start_distrains_ray_first(monkeypatch):
     """Ray Data's in-memory Datasets (from_items) need Ray when built: the driver's call starts the run's
     Ray (`start_ray`) and calls `datasets()` again, rather than letting Ray Data start a Ray of its own."""
     import ray
@@ -136,7 +145,8 @@ def test_datasets_needing_ray_at_once_start_distrains_ray_first():
                 raise ray.exceptions.RaySystemError("Ray has not been started yet")
             return "train", "test"
 
-    assert not ray.is_initialized()
+    # The driver before distrain has started Ray (`make test` runs this file with the integration tests' Ray up)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     assert streaming.datasets_lazily(NeedsRay(), lambda: calls.append("start")) == ("train", "test")
     assert calls == ["datasets", "start", "datasets"]
     calls.clear()
