@@ -7,7 +7,7 @@ faster). Four contenders at the same global batch 2B and the same two actors:
   the first gradient in, so the slow worker's are mostly dropped;
 - static shares (`--worker-weights 3,1`): b = 1.5B and 0.5B, the speeds known in advance;
 - speed-balanced BSP (`--balance speed`): the driver measures and moves the shares.
-Reported per contender: `steady_state_samples_per_s` (summary.json) and the training time to a test
+Reported per contender: `steady_state_samples_per_s` (summary.json) and the training time to a validation
 accuracy (from the first step, one evaluation per epoch), medians over the rounds, interleaved.
 Acceptance (issue 31): balanced >= 1.4x plain BSP's samples/s, time to target not behind backup workers.
 
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
+from stragglers import training_time_to_target  # this folder is sys.path[0] when run as a script
 
 from distrain.config import RunConfig
 from distrain.orchestrator.cluster import start_local_ray
@@ -41,15 +41,6 @@ def contenders(b: int) -> dict[str, dict]:
         "static shares 3,1": dict(workers=2, batch_size=b, worker_weights="3,1"),
         "speed-balanced": dict(workers=2, batch_size=b, balance="speed"),
     }
-
-
-def time_to_target(run_dir: Path, target: float) -> float | None:
-    """Seconds from the start of the first step to the first evaluation at >= target."""
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    steps, evals = df[df["kind"] == "step"], df[df["kind"] == "eval"].sort_values("wall_time")
-    start = float((steps["wall_time"] - steps["compute_s"] - steps["comm_s"]).min())
-    hit = evals[evals["test_accuracy"] >= target]
-    return None if hit.empty else float(hit["wall_time"].iloc[0]) - start
 
 
 def main() -> None:
@@ -77,7 +68,7 @@ def main() -> None:
             )  # fmt: skip
             run = run_training(config)
             rate = run.summary.get("steady_state_samples_per_s")
-            t = time_to_target(run.run_dir, args.target)
+            t, _ = training_time_to_target(run.run_dir, args.target)
             shares[name] = run.summary.get("worker_shares", [])
             print(f"round {r + 1}: {name:<34} {rate} samples/s, to {args.target}: {t} s {shares[name]}", flush=True)
             if rate:
@@ -91,7 +82,7 @@ def main() -> None:
 
     plain = med(rates, "plain BSP")
     lines = [
-        f"Worker 1 of 2 computes 3x slower (--straggler 1:x3); global batch {2 * args.batch_size}; target test "
+        f"Worker 1 of 2 computes 3x slower (--straggler 1:x3); global batch {2 * args.batch_size}; target validation "
         f"accuracy {args.target}; median of {args.rounds} round(s); {total:.0f} s in all.",
         "",
         "| contender | steady-state samples/s | vs plain BSP | time to target (s) | shares at the end |",

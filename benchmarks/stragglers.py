@@ -99,7 +99,7 @@ def main() -> None:
     lines = [
         f"Straggler: worker {STRAGGLER} of {args.workers} (B={args.batch_size}), +{delay * 1e3:.1f} ms per step"
         f" (compute {compute * 1e3:.1f} ms:"
-        f" 4x slower). Target test accuracy {args.target}; median of {args.rounds} round(s); {total:.0f} s in all.",
+        f" 4x slower). Target val accuracy {args.target}; median of {args.rounds} round(s); {total:.0f} s in all.",
         "",
         "| contender | time to target, straggler (s) | no straggler (s) | speed-up vs plain BSP with straggler"
         " | slowdown from the straggler | epochs to target (straggler) |",
