@@ -5,8 +5,9 @@ shares yet, refused in one line.
 Unequal shares keep the update the whole batch's only where a step's gradients are combined by one mean
 that the channel can weight (BSP over either transport). The others are refused rather than run wrong:
 k-of-n rounds and backup tasks (a round's mean is over whichever gradients arrive first), sharded
-replicas and pipelines (a replica's batch is cut again inside it), elastic ranges (the slices are the
-MAX's, whoever takes them), and strategies without one mean per step."""
+replicas and pipelines (a replica's batch is cut again inside it), and strategies without one mean per
+step. Under a range (--workers MIN..MAX) only --balance speed over BSP's all-reduce takes shares (each
+round a whole step cut among the members, `check_elastic_shares`)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def check_worker_shares(config: RunConfig) -> None:
     if not unequal_shares(config):
         return
     given = f"{FLAG} {config.worker_weights}" if str(config.worker_weights).strip() else "--balance speed"
+    check_elastic_shares(config, given)
     for flag, used in (
-        ("--workers MIN..MAX", config.elastic),
         ("--schedule", bool(config.schedule)),
         ("--pipeline-stages", config.pipelined),
         ("--fsdp/--tensor-parallel", config.sharded),
@@ -69,4 +70,24 @@ def check_worker_shares(config: RunConfig) -> None:
         raise ConfigError(
             f"{given}: a global batch of {config.global_batch_size} cannot give each of {config.worker_slots} "
             "workers a sample; raise --batch-size"
+        )
+
+
+def check_elastic_shares(config: RunConfig, given: str) -> None:
+    """Shares under --workers MIN..MAX: --balance speed over BSP's all-reduce, whose rounds are lock-step
+    blocks that can each be a whole step cut among the members (orchestrator/elastic_balance.py). Static
+    weights are refused: a rank's slot is placed wherever there is room, so a per-rank weight names no
+    machine. The parameter server's rounds take units as members ask, and local SGD and DiLoCo average
+    blocks of equal slices: neither has a step to cut yet."""
+    if not config.elastic:
+        return
+    if str(config.worker_weights).strip():
+        raise ConfigError(
+            f"{given} does not compose with --workers MIN..MAX: a rank runs wherever its slot is placed, so a "
+            "weight per rank names no machine; use --balance speed"
+        )
+    if config.strategy != "bsp" or config.transport != "collective":
+        raise ConfigError(
+            f"{given} under --workers MIN..MAX needs --strategy bsp over the collective transport, not "
+            f"--strategy {config.strategy} --transport {config.transport}; drop one of them"
         )

@@ -64,3 +64,33 @@ class RoundPlan(WorkPlan):
 def real_units(units: list[Unit]) -> list[Unit]:
     """A block's units without the placeholders."""
     return [u for u in units if u[2] != PLACEHOLDER]
+
+
+class StepRoundPlan(RoundPlan):
+    """Elastic BSP with unequal shares (--balance speed under a range; orchestrator/elastic_balance.py): a
+    round is one whole step of the configured global batch, cut among the members by their shares. The
+    books count steps (a `RoundPlan` of one slot a step); the deal gives every member the step's unit
+    (epoch, step, its slot), whose samples are its slot's block of the step under the shares the driver
+    sends with the segment. So a step's samples are covered once whoever the members are, and no member
+    ever sits a round out (each share is >= 1)."""
+
+    def __init__(self, total_steps: int, steps_per_epoch: int, start_step: int = 0, cut_every: int = 0):
+        super().__init__(total_steps, steps_per_epoch, 1, start_step, cut_every)
+        self.steps_completed: set[tuple[int, int]] = set()
+
+    def deal(self, members: list[int], rounds: int, to_step_boundary: bool = False) -> dict[int, list[Unit]]:
+        steps = super().deal([-1], rounds, to_step_boundary).get(-1, [])
+        if not steps:
+            return {}
+        return {rank: [(epoch, step, rank) for epoch, step, _ in steps] for rank in members}
+
+    def requeue(self, units: list[Unit]) -> None:
+        """An abandoned round's units (one per member): its step, once, to be dealt again first."""
+        again = list(dict.fromkeys((epoch, step, 0) for epoch, step, _ in units))
+        super().requeue([u for u in again if u not in self.returned])
+
+    def complete(self, units: list[Unit]) -> list[int]:
+        """A step is done once, whichever of its members' units says so first (all stood together)."""
+        new = [(e, s, 0) for e, s, _ in units if (e, s) not in self.steps_completed]
+        self.steps_completed |= {(e, s) for e, s, _ in new}
+        return super().complete(list(dict.fromkeys(new)))

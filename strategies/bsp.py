@@ -283,6 +283,15 @@ class ElasticBSP(ReformedGroup, BSP):
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
         self.weight = 0.0  # this member's share of the round: 1 for a unit, 0 sitting one out
+        self.unit_weight = 1.0  # a unit's weight: 1, or under --balance speed its b_i x MAX / B
+
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """--balance speed under a range: a round is one whole step of B samples cut by the members' shares
+        (orchestrator/rounds.py StepRoundPlan). Weighted b_i x MAX / B, a round's weights add up to MAX, so
+        it is applied as a full round of MAX units (the rate unscaled) and the mean is Σ b_i g_i / B."""
+        from distrain.trainers.shares import gradient_weight
+
+        self.unit_weight = gradient_weight(samples, self.slices_per_step, step_samples)
 
     @classmethod
     def block_rounds(cls, config: RunConfig) -> int:
@@ -300,7 +309,7 @@ class ElasticBSP(ReformedGroup, BSP):
         """After a re-form's broadcast (nothing of BSP's own depends on the state)."""
 
     def compute_gradients(self, trainer: LocalTrainer, batch: object) -> float:
-        self.weight = 1.0
+        self.weight = self.unit_weight
         return super().compute_gradients(trainer, batch)
 
     def sit_out(self, trainer: LocalTrainer) -> None:
@@ -318,6 +327,8 @@ class ElasticBSP(ReformedGroup, BSP):
         n = trainer.grads_flat.numel()
         buffer = torch.empty(n + 2, dtype=trainer.grads_flat.dtype, device=trainer.grads_flat.device)
         buffer[:n].copy_(trainer.grads_flat)
+        if self.weight not in (0.0, 1.0):  # an unequal share's gradient (a sit-out's is zero already)
+            buffer[:n].mul_(self.weight)
         buffer[n], buffer[n + 1] = self.weight, lr * self.weight
         try:
             traffic = self.channel.all_reduce("grads", buffer, op="sum")

@@ -10,7 +10,7 @@ or push, makes the update that process's (docs/heterogeneous.md). Pure arithmeti
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from distrain.errors import ConfigError
 
@@ -70,3 +70,22 @@ class ShareTally:
         weight = gradient_weight(self.mine, workers, self.total) if self.total else 1.0
         self.mine = self.total = 0
         return weight
+
+
+def reshare(shares: Mapping[int, int], members: Sequence[int], total: int) -> dict[int, int]:
+    """The shares of a new membership (--workers MIN..MAX): each member that stays keeps its share as its
+    weight, each joiner comes in at the mean of those (with nobody staying, all equal), and the weights
+    are cut again into `total` by `split_batch` (Σ = total, each >= 1, largest remainder). So a joiner
+    starts at the mean share (total / members, to a sample) and a leaver's share goes to the others in
+    proportion to theirs; the balancer then moves them from measured times. `shares`: slot -> samples
+    per step of the membership before; `members`: the slots after, in the group's order."""
+    staying = [shares[m] for m in members if m in shares]
+    mean = sum(staying) / len(staying) if staying else 1.0
+    cut = split_batch(total, [float(shares.get(m, mean)) for m in members])
+    return dict(zip(members, cut, strict=True))
+
+
+def slot_shares(shares: Mapping[int, int], slots: int) -> tuple[int, ...]:
+    """Member shares as one count per slot of the range's MAX (0: no member there), the form a step's
+    samples are cut by (`share_bounds`): each member's block is where its slot falls in slot order."""
+    return tuple(shares.get(slot, 0) for slot in range(slots))

@@ -33,6 +33,7 @@ from distrain.orchestrator.controller.events import (
 from distrain.orchestrator.controller.group import PhaseSetup, WorkerGroup
 from distrain.orchestrator.controller.run_state import Diverged, Plan, RunState, recorded
 from distrain.orchestrator.controller.status import Stage, StageMachine, Status
+from distrain.orchestrator.elastic_balance import ElasticShareBalancer
 from distrain.orchestrator.failure_policy import USER_CODE, Decision, Situation, decide
 from distrain.orchestrator.files import NoSpace, atomic_write_text
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
@@ -94,11 +95,11 @@ class Attempt:
         self.config_dict = recorded(config, plan.run_dir).to_dict()
         self.detector = StragglerDetector(config.num_worker_actors, config.straggler_threshold)
         # --balance speed: each worker's share of a step, moved towards its measured speed (balance.py).
-        self.balancer = (
-            ShareBalancer(config.worker_slots, config.global_batch_size, config.worker_shares)
-            if config.balance == "speed"
-            else None
-        )
+        self.balancer: ShareBalancer | None = None
+        if config.balance == "speed" and config.elastic:  # over the members, told at each re-form
+            self.balancer = ElasticShareBalancer(config.worker_slots, config.global_batch_size)
+        elif config.balance == "speed":
+            self.balancer = ShareBalancer(config.worker_slots, config.global_batch_size, config.worker_shares)
         self.task = build_task(config)  # for its derived metrics and default target (no data is loaded)
         self.target = run_target(config, self.task)
         self.best = BestKeeper(config, Path(plan.run_dir), self.sink.rows())  # --checkpoint-best
@@ -498,7 +499,7 @@ class Attempt:
             if figures is not None:  # a failed run's actors may be gone; the metrics still tell
                 summary |= {"stragglers": self.detector.summary()} | figures
         if unequal_shares(self.config):  # each worker's samples per step at the end (the report shows them)
-            final = self.balancer.current if self.balancer is not None else self.config.worker_shares
+            final = self.balancer.summary()["final_shares"] if self.balancer is not None else self.config.worker_shares
             summary["worker_shares"] = list(final or ())
         if self.balancer is not None:  # --balance speed: the shares it ended at, and when they moved
             summary["balance"] = self.balancer.summary()

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.orchestrator.checkpoint import step_checkpoint_name
 from distrain.orchestrator.controller.status import Stage
+from distrain.orchestrator.elastic_balance import ElasticShareBalancer
 from distrain.orchestrator.failure_policy import LEAVE as LEAVES
 from distrain.orchestrator.failure_policy import USER_CODE, Situation
 from distrain.orchestrator.membership import JOIN, LEAVE, Membership, leave_cause
@@ -288,6 +289,8 @@ class CollectiveScaling:
             self.changes[-1]["setup_s"] = seconds  # the summary's reform_s adds these up
         self.members, self.source, self.changes = members, None, []
         self.dispatch.members = list(members)
+        if isinstance(a.balancer, ElasticShareBalancer):  # a joiner at the mean share, a leaver's shared out
+            a.balancer.follow(members, a.steps_done)
         a.machine.to(Stage.TRAINING)
 
     def _drop_dead(self) -> None:

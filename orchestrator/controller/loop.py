@@ -33,7 +33,7 @@ from distrain.orchestrator.membership import JOIN
 from distrain.orchestrator.phases import PhaseSpan
 from distrain.orchestrator.recovery import RunLost
 from distrain.orchestrator.replacement import replace_worker, replacement_ready
-from distrain.orchestrator.rounds import RoundPlan
+from distrain.orchestrator.rounds import RoundPlan, StepRoundPlan
 from distrain.orchestrator.work import WorkPlan
 from distrain.strategies.channel import run_codec
 
@@ -65,7 +65,12 @@ class PhaseLoop:
         blocks = needs_blocks(attempt)
         attempt.shared_plan = shared and not blocks  # a block's members all stop at its checkpoints' steps
         if blocks:  # lock-step blocks, the group re-formed between them
-            self.work: WorkPlan = RoundPlan(total, spe, config.worker_slots, start_step, every)
+            # --balance speed: a round is a whole step cut by the members' shares (elastic_balance.py)
+            self.work: WorkPlan = (
+                StepRoundPlan(total, spe, start_step, every)
+                if attempt.balancer is not None
+                else RoundPlan(total, spe, config.worker_slots, start_step, every)
+            )
             rounds = attempt.impl.block_rounds(config)  # BSP: --segment-steps; local SGD: τ (ends in its average)
             self.dispatch: Dispatcher = BlockDispatcher(self.work, self._submit, rounds, **books)
             self.scaling = CollectiveScaling(attempt, self)

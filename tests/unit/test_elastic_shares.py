@@ -1,0 +1,161 @@
+"""--balance speed under --workers MIN..MAX (BSP over the collective), without Ray: the share arithmetic of
+a join and a leave (trainers/shares.py `reshare`), the balancer over the members
+(orchestrator/elastic_balance.py), and the step rounds (orchestrator/rounds.py `StepRoundPlan`) that cut
+every step among whoever is a member, so each (epoch, sample) is trained on once through joins, leaves
+and a broken block. The run itself: tests/integration/test_elastic_shares.py."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from distrain.config import RunConfig
+from distrain.errors import ConfigError
+from distrain.orchestrator.block_dispatcher import BlockDispatcher
+from distrain.orchestrator.elastic_balance import ElasticShareBalancer
+from distrain.orchestrator.rounds import StepRoundPlan
+from distrain.strategies.bsp import ElasticBSP
+from distrain.trainers.sharding import EpochSharder
+from distrain.trainers.shares import gradient_weight, reshare, slot_shares
+
+B = 48  # the global batch: MAX 3 x --batch-size 16
+
+
+def test_a_joiner_starts_at_the_mean_share_and_the_sum_stays_the_global_batch():
+    assert reshare({}, [0], B) == {0: 48}  # the first member: the whole step
+    assert reshare({0: 48}, [0, 2], B) == {0: 24, 2: 24}
+    # Balanced 36/12, then slot 2 joins: it comes in at their mean (24 of 48 = 1/2 of the old sum, so
+    # 1/3 of the new one), and the others keep their ratio 3:1 in what is left.
+    after = reshare({0: 36, 1: 12}, [0, 1, 2], B)
+    assert after == {0: 24, 1: 8, 2: 16} and after[2] == B // 3
+    # Not divisible: the joiner's share is the mean B / N' to a sample (largest remainder), each >= 1.
+    for before in ({0: 47, 1: 1}, {0: 30, 1: 10, 2: 8}, {0: 1, 1: 1, 2: 46}):
+        members = [*before, 3]
+        shares = reshare(before, members, B)
+        assert sum(shares.values()) == B and min(shares.values()) >= 1
+        assert abs(shares[3] - B / len(members)) < 1, (before, shares)
+
+
+def test_a_leavers_share_goes_to_the_others_in_proportion():
+    assert reshare({0: 24, 1: 8, 2: 16}, [0, 1], B) == {0: 36, 1: 12}
+    assert reshare({0: 24, 1: 8, 2: 16}, [0], B) == {0: 48}
+    # A join and a leave at the same re-form: the leaver's share out, the joiner at the stayers' mean.
+    assert reshare({0: 30, 1: 18}, [0, 2], B) == {0: 24, 2: 24}
+    assert sum(reshare({0: 20, 1: 15, 2: 13}, [1, 2], B).values()) == B
+
+
+def test_slot_shares_cut_a_step_once_among_the_members_in_slot_order():
+    shares = slot_shares({0: 30, 2: 18}, 3)
+    assert shares == (30, 0, 18)
+    sharder = EpochSharder(480, B, seed=1)
+    blocks = [sharder.worker_indices(0, 3, r, 3, shares) for r in range(3)]
+    assert [len(b) for b in blocks] == [30, 0, 18]
+    assert np.array_equal(np.concatenate(blocks), sharder.global_batch_indices(0, 3))
+
+
+def feed(balancer: ElasticShareBalancer, per_sample: dict[int, float], rows: int) -> None:
+    """`rows` steps of each member (slot -> seconds per sample) at its share now."""
+    for _ in range(rows):
+        for slot, s in per_sample.items():
+            share = balancer.current[balancer.members.index(slot)]
+            balancer.add([slot], [share * s], [share])
+
+
+def test_the_balancer_follows_the_members_a_joiner_at_the_mean_then_measured():
+    balancer = ElasticShareBalancer(slots=3, global_batch=B)
+    balancer.follow([0, 1], step=0)
+    assert balancer.shares_for(0) == (24, 24, 0) and balancer.moves == []
+    feed(balancer, {0: 0.001, 1: 0.003}, rows=10)
+    assert balancer.shares_for(10) == (36, 12, 0)  # slot 1 three times slower: a quarter
+    balancer.follow([0, 1, 2], step=12)  # slot 2 joins at the mean of 36 and 12
+    assert balancer.shares_for(12) == (24, 8, 16)
+    assert balancer.moves[-1] == {"step": 12, "shares": [24, 8, 16], "joined": [2]}
+    feed(balancer, {0: 0.001, 1: 0.003}, rows=20)  # rows of 0 and 1 only: the joiner's speed is unknown
+    assert balancer.shares_for(20) == (24, 8, 16)  # nothing moves until the joiner has its rows
+    feed(balancer, {0: 0.001, 1: 0.003, 2: 0.001}, rows=10)
+    assert balancer.shares_for(30) == (21, 7, 20)  # then by speed: 3:1:3 of 48
+    balancer.follow([0, 2], step=31)  # slot 1 leaves: its 7 go to the others in proportion
+    assert balancer.shares_for(31) == (25, 0, 23)  # 21:20 of 48
+    balancer.add([1], [1.0], [7])  # a leaver's late row is not counted (nor an error)
+    assert balancer.summary()["final_shares"] == [25, 0, 23] and balancer.summary()["members"] == [0, 2]
+
+
+def test_a_rejoining_slot_is_measured_afresh():
+    balancer = ElasticShareBalancer(slots=2, global_batch=B)
+    balancer.follow([0, 1], step=0)
+    feed(balancer, {0: 0.001, 1: 0.001}, rows=10)
+    balancer.follow([0], step=10)
+    balancer.follow([0, 1], step=20)
+    assert len(balancer.recent[1]) == 0 and len(balancer.recent[0]) == 10
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.ids = itertools.count()
+        self.made: list = []
+
+    def __call__(self, kind, rank, payload):
+        self.made.append((kind, rank, payload))
+        return next(self.ids)
+
+
+def run_blocks(d: BlockDispatcher, memberships: list[list[int]], broken: int) -> list[dict]:
+    """Deal blocks until the plan is done, block i to `memberships[i]` (the last one from there on); every
+    member of block `broken` stops after its first round (a peer lost). Each block's deal, as dealt."""
+    blocks = []
+    for i in itertools.count():
+        if d.work.finished:
+            return blocks
+        d.members, d.turn_taken = memberships[min(i, len(memberships) - 1)], True
+        d.feed_all()
+        blocks.append(dict(d.block))
+        for handle, (_, rank, units) in list(d.pending.items()):
+            d.done(handle)
+            result = {"step": [e * 4 + s for e, s, _ in units], "slice": [u[2] for u in units]}
+            if i == broken:
+                result = {k: v[:1] for k, v in result.items()} | {"broken": [{"rounds": 1}]}
+            d.collect(rank, units, result)
+        d.close()
+    raise AssertionError
+
+
+def test_step_rounds_deal_each_step_to_every_member_once_through_joins_leaves_and_a_broken_block():
+    plan = StepRoundPlan(total_steps=12, steps_per_epoch=4)
+    d = BlockDispatcher(plan, Calls(), 2)
+    # 1 member, then 3 (a join), then a block of 3 broken after its first round, then 2 (a leave).
+    blocks = run_blocks(d, [[0], [0, 1, 2], [0, 1, 2], [0, 2]], broken=2)
+    assert plan.finished and plan.steps_done == 12
+    assert blocks[0] == {0: [(0, 0, 0), (0, 1, 0)]}
+    assert blocks[1] == {r: [(0, 2, r), (0, 3, r)] for r in (0, 1, 2)}  # a step a round, a unit each
+    assert blocks[2] == {r: [(1, 0, r), (1, 1, r)] for r in (0, 1, 2)}  # broken after (1, 0)
+    assert blocks[3] == {r: [(1, 1, r)] for r in (0, 2)}  # the abandoned round first, by the two left
+    assert blocks[4] == {r: [(1, 2, r), (1, 3, r)] for r in (0, 2)}
+    # Every step stood once: each block's rounds, less the broken block's abandoned one.
+    stood = [tuple(u[:2]) for i, b in enumerate(blocks) for u in next(iter(b.values()))[: 1 if i == 2 else None]]
+    assert sorted(stood) == [(e, s) for e in range(3) for s in range(4)] and len(stood) == 12
+    # Every member had a unit of each of its block's steps (none sat out), the slice its slot.
+    assert all(u[2] == rank for b in blocks for rank, units in b.items() for u in units)
+    assert plan.units_done == {0: 4, 1: 4, 2: 4}
+
+
+def test_an_elastic_bsp_unit_weight_makes_a_round_of_shares_a_full_round():
+    config = RunConfig(strategy="bsp", workers="1..3", batch_size=16, balance="speed")
+    assert config.global_batch_size == B and config.worker_slots == 3
+    weights = [gradient_weight(b, 3, B) for b in (30, 0, 18) if b]
+    assert sum(weights) == pytest.approx(3)  # applied as MAX units: the rate unscaled, the mean Σ b_i g_i / B
+    assert ElasticBSP.weigh_share is not ElasticBSP.__mro__[2].weigh_share  # its own (the raw all-reduce)
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (dict(worker_weights="3,1,1"), "a weight per rank names no machine"),
+        (dict(balance="speed", transport="ps"), "needs --strategy bsp over the collective transport"),
+        (dict(balance="speed", strategy="local-sgd"), "not --strategy local-sgd"),
+    ],
+)
+def test_shares_under_a_range_other_than_balanced_collective_bsp_are_refused(flags, words):
+    with pytest.raises(ConfigError, match=words):
+        RunConfig(**({"workers": "1..3", "batch_size": 16} | flags))
