@@ -94,3 +94,15 @@ def test_local_sgd_and_diloco_weigh_their_averages_by_the_samples_each_replica_t
     )
     assert (final_params(diloco.run_dir) - final_params(local.run_dir)).abs().max().item() <= 1e-5
     assert step_rows(diloco).groupby("worker")["samples"].unique().map(list).to_dict() == {0: [48], 1: [16]}
+
+
+def test_balanced_shares_under_a_range_equal_one_process_at_the_global_batch(tmp_path, one_process):
+    """--workers 1..2 --balance speed over the collective: every round is a whole step of B = 64 cut among
+    the members (a second member joining once placed changes the cut, not the step), each unit weighted
+    b_i x MAX / B, so the run equals one worker at 64 over the same samples; the rows' shares sum to 64."""
+    run = run_training(cfg(tmp_path, "elastic", workers="1..2", balance="speed", cpus_per_worker=3))
+    assert run.summary["steps_completed"] == STEPS
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+    steps = step_rows(run)
+    assert (steps.groupby("step")["samples"].sum() == 64).all() and set(steps["worker"]) <= {0, 1}
+    assert len(run.summary["worker_shares"]) == 2 and sum(run.summary["worker_shares"]) == 64
