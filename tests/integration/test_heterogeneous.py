@@ -112,3 +112,33 @@ def test_balanced_shares_under_a_range_equal_one_process_at_the_global_batch(tmp
     assert steps.groupby("worker")["samples"].unique().map(list).to_dict() == {0: [40], 1: [24]}
     assert run.summary["worker_shares"] == [40, 24]
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+
+
+def test_balanced_shares_under_a_range_restart_from_a_checkpoint_and_still_equal_one_process(
+    tmp_path, one_process, monkeypatch
+):
+    """--workers 2..4 (room for 2; B = 4 x 16) --balance speed: a member killed at step 15 would take the run below MIN,
+    so the attempt restarts from the last checkpoint (every 5 steps). The shares are not in the checkpoint: the new
+    attempt's balancer starts its members equal and decides again (here made to cut 40/24 once it does);
+    the steps after the restore are the same samples and updates, so the run still equals one process."""
+    from distrain.orchestrator.elastic_balance import ElasticShareBalancer
+
+    decided: list[tuple[int, ...]] = []
+
+    def unequal(self):
+        decided.append(self.current)  # the shares each decision starts from
+        return (40, 24) if len(self.members) == 2 else self.current
+
+    monkeypatch.setattr(ElasticShareBalancer, "proposal", unequal)
+    config = cfg(
+        tmp_path, "restart", workers="2..4", batch_size=16, balance="speed", cpus_per_worker=3, checkpoint_steps=5,
+        chaos=["kill-worker@15:1"], collective_timeout_s=20.0, hang_timeout_s=20.0,
+    )  # fmt: skip
+    run = run_training(config)
+    s = run.summary
+    assert s["status"] == "completed" and s["failures"] == 1, s["failure_events"]
+    (event,) = s["failure_events"]
+    assert event["action"] == "restarted" and event["restored_step"] in (10, 15)
+    assert decided[0] == (32, 32) and decided.count((32, 32)) == 2  # equal at each attempt's start: recomputed
+    assert s["steps_completed"] == STEPS and s["worker_shares"] == [40, 24, 0, 0]
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
