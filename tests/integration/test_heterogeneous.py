@@ -71,10 +71,11 @@ def test_weighted_shares_equal_one_process_at_the_global_batch_on_both_transport
 
 
 def test_speed_balanced_shares_move_mid_epoch_see_every_sample_once_and_equal_one_process(tmp_path, one_process):
-    """Worker 1 computes 3x slower: --balance speed moves its share down at a segment start inside the
+    """Worker 1 computes 6x slower: --balance speed moves its share down at a segment start inside the
     first epoch; rebuilt from the recorded shares, every step is cut into blocks covering its 64 samples,
-    each sample of the epoch once; and the update is still one process's at 64."""
-    config = cfg(tmp_path, "balanced", balance="speed", straggler=["1:x3"])
+    each sample of the epoch once; and the update is still one process's at 64. (At x3 a load of 7-9 once
+    hid the gain: worker 1 measured only 1.5x slower, within the balancer's noise margin, and no move came.)"""
+    config = cfg(tmp_path, "balanced", balance="speed", straggler=["1:x6"])
     run = run_training(config)
     moves = run.summary["balance"]["moves"]
     assert run.summary["worker_shares"] == run.summary["balance"]["final_shares"] == moves[-1]["shares"]
