@@ -131,8 +131,6 @@ def derive(values: dict[str, Any]) -> dict[str, Any]:
     them: --workers (their COUNTs' sum), --batch-size (the largest BATCH: the largest worker's, which
     its memory estimate reads) and --gpus-per-worker (the groups' one amount). A replaced value given as
     well must agree (a config.yaml distrain wrote holds both), else the run is refused in one line."""
-    from distrain.config.parsing import parse_workers  # parsing imports the sections, which import this
-
     values = dict(values)
     specs = normalise(values.get("worker_groups"))
     values["worker_groups"] = specs
@@ -155,12 +153,22 @@ def derive(values: dict[str, Any]) -> dict[str, Any]:
         given = values.get(name)
         if given is None or given == "":
             continue
-        same = parse_workers(given) == (derived[name], 0) if name == "workers" else given == derived[name]
-        if not same:
+        if not _same(given, derived[name]):
             raise ConfigError(
                 f"{FLAG} sets each group's workers and batch, so {flag} {given} cannot be combined with it; drop {flag}"
             )
     return values | derived
+
+
+def _same(given: Any, derived: Any) -> bool:
+    """A replaced value given as well agrees: the same number (--workers 2, "2" or 2.0; a range never
+    does), or the same text."""
+    if isinstance(derived, str):
+        return given == derived
+    try:
+        return float(given) == derived
+    except (TypeError, ValueError):
+        return False
 
 
 def groups_of(config: RunConfig) -> tuple[WorkerGroup, ...]:
