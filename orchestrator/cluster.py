@@ -262,8 +262,10 @@ def check_resources(config: RunConfig) -> None:
     need_cpus = cpus_needed(config)
     if need_cpus > total.get("CPU", 0.0):
         shards = f" + {num_shards(config)} shards x {config.cpus_per_shard:g}" if num_shards(config) else ""
+        each = "their groups' CPUs" if groups_section.rank_bundles(config) else f"{config.cpus_per_worker:g}"
+        flags = ["--worker-group COUNTs"] if groups_section.rank_bundles(config) else flags
         raise ResourceError(
-            f"the run needs {need_cpus:g} CPUs ({workers} x {config.cpus_per_worker:g}{shards}) "
+            f"the run needs {need_cpus:g} CPUs ({workers} x {each}{shards}) "
             f"but the cluster has {total.get('CPU', 0.0):g}; lower {_or(flags)}{',' if len(flags) > 1 else ''} "
             "or the CPUs per actor"
         )

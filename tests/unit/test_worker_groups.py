@@ -94,3 +94,18 @@ def test_groups_take_the_shares_path_so_balance_starts_from_their_batches():
     assert config.worker_shares == (48, 16)
     with pytest.raises(ConfigError, match="--worker-group does not compose with --pipeline-stages"):
         RunConfig(worker_groups=FAST_SLOW, pipeline_stages=2)
+
+
+def test_a_cluster_without_a_groups_resource_or_its_cpus_is_refused_before_placement(monkeypatch):
+    from distrain.errors import ResourceError
+
+    config = RunConfig(worker_groups=["fast:1:48:CPU=3,fast=1", "slow:1:16:slow=1"])
+    have = {"CPU": 8.0, "fast": 1.0}
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: dict(have))
+    with pytest.raises(ResourceError, match="need 1 of resource 'slow' but the cluster has 0"):
+        cluster.check_resources(config)
+    have.update(slow=1.0, CPU=3.0)
+    with pytest.raises(ResourceError, match=r"needs 4 CPUs \(2 workers x their groups' CPUs\)"):
+        cluster.check_resources(config)
+    have["CPU"] = 4.0
+    cluster.check_resources(config)  # fits
