@@ -23,6 +23,14 @@ from distrain.fields import SECTIONS, FieldInfo
 
 PY_TYPES: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str, "list[str]": list[str]}
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
+# A repeatable field whose flag names one item (--worker-group for worker_groups): its parameter, named
+# after the flag, is handed to the command under the field's own name (a KEY=VALUE mapping such as
+# --task-arg is parsed by the command itself instead).
+LISTED_UNDER_FLAG = {
+    info.flag.removeprefix("--").replace("-", "_"): info.name
+    for info in map(RunConfig.field_info, RunConfig.field_names())
+    if info.kind == "list[str]" and info.flag.removeprefix("--").replace("-", "_") != info.name
+}
 
 
 def shown_default(field: str | FieldInfo) -> str | bool:
@@ -99,7 +107,7 @@ def command_function(name: str, body: Callable[..., Any], params: list[inspect.P
     every parsed flag to `body` by keyword."""
 
     def command(**flags: Any) -> Any:
-        return body(**flags)
+        return body(**{LISTED_UNDER_FLAG.get(k, k): v for k, v in flags.items()})
 
     command.__name__ = command.__qualname__ = name
     command.__doc__ = doc

@@ -20,7 +20,8 @@ from distrain.config.strategy_section import TRAFFIC_FIELDS
 from distrain.errors import DistrainError
 from distrain.fields import SECTIONS
 
-PLAN_FLAGS = {"config", "resume", "workers", "strategy", "transport", "schedule", "run_dir"}  # plan's own, or moot
+# plan's own, or moot (--worker-group: plan's --worker-speeds says what unequal workers would gain)
+PLAN_FLAGS = {"config", "resume", "workers", "worker_groups", "strategy", "transport", "schedule", "run_dir"}
 PLAN_TRAFFIC_FLAGS = TRAFFIC_FIELDS  # what every strategy's traffic goes through (the channel's)
 
 HELP = """Predict step time, traffic and memory of every strategy at each worker count, calibrated on this

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from distrain.config.checks import config_check
+from distrain.config.groups_section import recorded_group_batch
 from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.trainers.builtin_names import tp_sample_ranks
@@ -126,6 +127,9 @@ def global_batch_of(recorded: dict[str, Any], slots: int) -> int:
     before --fsdp had D = 1, before --tensor-parallel T = 1."""
     tp = tp_sample_ranks(recorded.get("model"), recorded.get("task"), int(recorded.get("tensor_parallel") or 1))
     k = int(recorded.get("accumulate_steps") or 1)  # --accumulate-steps (1 in runs recorded before it)
+    groups = recorded_group_batch(recorded)  # --worker-group: the groups' own batches
+    if groups:
+        return groups
     return slots * int(recorded.get("fsdp") or 1) * tp * k * int(recorded["batch_size"])
 
 

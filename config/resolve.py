@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from distrain.config import groups_section
 from distrain.config.parsing import parse_workers
 from distrain.config.sections import COMMON_FIELDS, OPTIMIZER_NAMES, SECTION_CLASSES
 from distrain.config.strategy_options import strategies_named
@@ -20,7 +21,7 @@ def resolve_sections(values: dict[str, Any]) -> dict[str, Any]:
     number of shards, the task's and a strategy plugin's absolute paths)."""
     from distrain.plugins import absolute_import_path, check_import_path_exists, is_import_path, split_import_path
 
-    values = dict(values)
+    values = groups_section.derive(values)  # --worker-group sets --workers, --batch-size, --gpus-per-worker
     workers_given = values.get("workers")
     max_given = values.pop("max_workers", None)  # a rebuilt config's (to_dict writes the range into `workers`)
     workers, max_workers = parse_workers(COMMON_FIELDS["workers"].default if workers_given is None else workers_given)

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from distrain.config import layout_section, shares_section, strategy_section, yaml_io
+from distrain.config import groups_section, layout_section, shares_section, strategy_section, yaml_io
 from distrain.config.checks import run_checks
 from distrain.config.parsing import (
     ChaosEvent,
@@ -178,8 +178,12 @@ class RunConfig:
         run's is the MAX's: under the strategies that take a range each update is one worker's B samples
         whatever the membership, so the rate is the one the fixed run at MAX uses (docs/elastic.md). A
         sharded replica (--fsdp D) is D data-parallel ranks: R x D x B (D x T under a tensor-parallel
-        hybrid plan, config/layout_section.py), times --accumulate-steps k."""
-        return self.worker_slots * layout_section.data_ranks_per_replica(self) * self.unit_samples
+        hybrid plan, config/layout_section.py), times --accumulate-steps k. Under --worker-group: the sum of
+        the groups' COUNT x BATCH (x k)."""
+        return (
+            groups_section.group_batch(self)
+            or self.worker_slots * layout_section.data_ranks_per_replica(self) * self.unit_samples
+        )
 
     @property
     def num_worker_actors(self) -> int:
@@ -211,8 +215,9 @@ class RunConfig:
 
     @property
     def samples_per_step(self) -> int:
-        """Samples handed out per step: with backup workers, b x B more than the update uses."""
-        return (
+        """Samples handed out per step: with backup workers, b x B more than the update uses (resource
+        groups take no backups: their global batch)."""
+        return groups_section.group_batch(self) or (
             strategy_section.replicas_per_step(self) * layout_section.data_ranks_per_replica(self) * self.unit_samples
         )
 
@@ -223,7 +228,8 @@ class RunConfig:
 
     @property
     def worker_shares(self) -> tuple[int, ...] | None:
-        """Each worker's samples per step under --worker-weights, in rank order (None: equal slices)."""
+        """Each worker's samples per step under --worker-weights or --worker-group, in rank order (None:
+        equal slices)."""
         return shares_section.worker_shares(self)
 
     @property

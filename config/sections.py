@@ -83,6 +83,18 @@ class Resources:
         1.0, "CPUs reserved for each worker actor (also its torch thread count).", "resources"
     )
     gpus_per_worker: float = setting(0.0, "GPUs per worker actor; > 0 switches the collective to NCCL.", "resources")
+    worker_groups: list[str] = setting(
+        (),
+        "A resource group of COUNT workers taking BATCH samples a step each, whose placement bundles ask for "
+        "RESOURCE=AMOUNT (CPU, GPU, or a custom node resource such as fast=1, so Ray puts the group on its kind "
+        "of node; repeatable, ranks dealt group by group). Replaces --workers and --batch-size: the global batch "
+        "is the sum of COUNT x BATCH, each rank's share its group's BATCH (as --worker-weights; "
+        "docs/heterogeneous.md).",
+        "resources",
+        "none",
+        flag="--worker-group",
+        metavar="NAME:COUNT:BATCH[:RESOURCE=AMOUNT,...]",
+    )
     address: str = setting(
         "", "Ray address: empty starts a local Ray; 'auto' or host:port connects to a cluster.", "resources", "local"
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from distrain.config import groups_section
 from distrain.config.checks import config_check
 from distrain.config.parsing import parse_worker_weights
 from distrain.config.sections import BALANCE_MODES
@@ -29,7 +30,11 @@ SHARED_STRATEGIES = ("bsp", "local-sgd", "diloco")
 
 
 def worker_shares(config: RunConfig) -> tuple[int, ...] | None:
-    """Each worker's samples per step under --worker-weights, in rank order (None: equal slices)."""
+    """Each worker's samples per step under --worker-weights or --worker-group (its group's batch), in rank
+    order (None: equal slices)."""
+    groups = groups_section.rank_shares(config)
+    if groups:
+        return groups
     weights = parse_worker_weights(config.worker_weights, config.worker_slots)
     if not weights:
         return None
@@ -37,8 +42,9 @@ def worker_shares(config: RunConfig) -> tuple[int, ...] | None:
 
 
 def unequal_shares(config: RunConfig) -> bool:
-    """Whether the run's workers may take unequal shares (--worker-weights or --balance speed)."""
-    return bool(str(config.worker_weights).strip()) or config.balance != "none"
+    """Whether the run's workers may take unequal shares (--worker-weights, --worker-group or --balance speed)."""
+    given = bool(str(config.worker_weights).strip()) or bool(groups_section.rank_shares(config))
+    return given or config.balance != "none"
 
 
 @config_check(stage="across")
@@ -47,8 +53,14 @@ def check_worker_shares(config: RunConfig) -> None:
         raise ConfigError(f"unknown --balance {config.balance!r}; choose one of: {', '.join(BALANCE_MODES)}")
     if not unequal_shares(config):
         return
-    given = f"{FLAG} {config.worker_weights}" if str(config.worker_weights).strip() else "--balance speed"
-    check_elastic_shares(config, given)
+    given = (
+        f"{FLAG} {config.worker_weights}"
+        if str(config.worker_weights).strip()
+        else groups_section.FLAG
+        if groups_section.rank_shares(config)
+        else "--balance speed"
+    )
+    check_elastic_shares(config, given)  # (--worker-group never has a range: its counts fix --workers)
     for flag, used in (
         ("--schedule", bool(config.schedule)),
         ("--pipeline-stages", config.pipelined),

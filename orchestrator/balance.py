@@ -1,13 +1,22 @@
 """--balance speed: the driver moves each worker's share of a step's batch towards its measured speed.
 
-Fed the step rows' compute times and samples, it keeps each worker's recent seconds per sample (the
-median of its last `window` rows: a worker's compute time, injected slowdowns included, grows with its
-batch, so per sample it is a speed that does not depend on the share it had). At a segment's start
-(`shares_for`) it proposes shares b_i proportional to 1 / (seconds per sample), cut by
-trainers/shares.py, and moves to them only when the predicted step time, the slowest worker's
-b_i x s_i, falls by more than `hysteresis` (10 %), or by more than three standard errors of the
-measured speeds where the machine is noisier than that: measurement noise between equal workers then
-leaves the shares where they are instead of moving them every segment.
+Fed the step rows' compute times and samples, it models each worker's step time as affine in its share,
+t_i(b) = a_i + c_i·b (a fixed cost per step plus a cost per sample: compute time, injected slowdowns
+included, grows with the batch but not in proportion where per-step overheads weigh). The model is
+anchored at the worker's current share (the median of its last `window` rows there) and its slope is
+fitted by least squares to the medians at the other shares it ran recently, those far enough from the
+current one to be told apart through the noise; with no such share yet it is linear (a_i = 0, the
+seconds per sample measured). At a segment's start (`shares_for`) it proposes the shares that minimise
+the predicted step time max_i t_i(b_i) (water-filling, cut by largest remainder, each ≥ 1,
+trainers/shares.py) and moves to them only when that time falls by more than `hysteresis` (10 %), or by
+more than three standard errors of the measured medians where the machine is noisier than that:
+measurement noise between equal workers then leaves the shares where they are, and once the fitted
+model says no share can do better by the hysteresis, the shares stop moving.
+
+Why affine: a linear model (seconds per sample) predicts a slow worker's step shrinking in proportion
+to its share, so where fixed costs dominate it moves the shares in small steps, each predicting a gain
+above the hysteresis that the next measurement does not show. With two shares measured, the affine fit
+predicts what a move gains and goes to the optimum in one move.
 
 Every worker's segment starting at the same step gets the same shares (the decision for a step is made
 once, by whichever worker is dealt it first, and remembered), so each step's samples are still cut
@@ -20,21 +29,86 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from distrain.trainers.shares import split_batch
 
 HYSTERESIS = 0.10  # the predicted step time must fall by more than this for the shares to move
-WINDOW = 20  # rows per worker the speed is the median of
-MIN_ROWS = 10  # rows each worker needs before any move
-# On a noisy machine the margin is this many standard errors of the speeds' medians when that exceeds the
+WINDOW = 20  # rows at the current share whose median anchors a worker's model
+MIN_ROWS = 10  # rows each worker needs at its current share before any move
+HISTORY = 60  # rows per worker kept for the slope: about three windows, so the shares before a move are in it
+# A share counts for the slope only when it differs from the current one by this fraction: nearby shares'
+# times differ by less than their noise, and a slope between them could be anything.
+MIN_SPAN = 0.2
+# The fitted fixed cost is at most this fraction of the step's time at the current share (so the slope is
+# at least 5 % of the seconds per sample): a flat or falling fit is noise, and a worker whose time did not
+# depend on its batch at all would be handed the whole batch.
+MAX_FIXED = 0.95
+# On a noisy machine the margin is this many standard errors of the medians when that exceeds the
 # hysteresis: a move must be worth more than what the measurements can tell apart.
 NOISE_MARGIN = 3.0
 
 
+@dataclass(frozen=True)
+class StepModel:
+    """One worker's step time at a share of b samples: fixed_s + per_sample_s x b."""
+
+    fixed_s: float
+    per_sample_s: float
+
+    def time(self, samples: float) -> float:
+        return self.fixed_s + self.per_sample_s * samples
+
+
 def step_time(shares: Sequence[int], seconds_per_sample: Sequence[float]) -> float:
-    """A synchronous step's compute time: the slowest worker's b_i x s_i."""
+    """A synchronous step's compute time under a linear model: the slowest worker's b_i x s_i."""
     return max(b * s for b, s in zip(shares, seconds_per_sample, strict=True))
+
+
+def predicted_step_time(shares: Sequence[int], models: Sequence[StepModel]) -> float:
+    """A synchronous step's compute time: the slowest worker's t_i(b_i)."""
+    return max(m.time(b) for b, m in zip(shares, models, strict=True))
+
+
+def fit_step_model(rows: Sequence[tuple[int, float]], share: int, window: int = WINDOW) -> StepModel:
+    """A worker's affine model from its recent (samples, compute seconds) rows, anchored at the median of
+    the last `window` rows at `share` (there must be some); linear where no other share is far enough."""
+    anchor = statistics.median([t for b, t in rows if b == share][-window:])
+    at: dict[int, list[float]] = {}
+    for b, t in rows:
+        if abs(b - share) >= MIN_SPAN * share:
+            at.setdefault(b, []).append(t)
+    linear = anchor / share
+    if not at:
+        return StepModel(0.0, linear)
+    # Least squares through the anchor, each other share's median counted by its rows.
+    num = sum(len(ts) * (b - share) * (statistics.median(ts) - anchor) for b, ts in at.items())
+    den = sum(len(ts) * (b - share) ** 2 for b, ts in at.items())
+    slope = min(max(num / den, (1 - MAX_FIXED) * linear), linear)  # fixed cost in [0, MAX_FIXED x anchor]
+    return StepModel(anchor - slope * share, slope)
+
+
+def balanced_shares(total: int, models: Sequence[StepModel]) -> tuple[int, ...]:
+    """The shares of `total` minimising the predicted step time: every worker's t_i(b_i) at one level T
+    (b_i = (T - a_i) / c_i), a worker whose b_i would fall below 1 held at 1 and the level found again for
+    the rest; then cut by largest remainder (each ≥ 1, sum = total)."""
+    held: set[int] = set()
+    ideal = [1.0] * len(models)
+    while len(held) < len(models):
+        free = [i for i in range(len(models)) if i not in held]
+        level = (total - len(held) + sum(models[i].fixed_s / models[i].per_sample_s for i in free)) / sum(
+            1 / models[i].per_sample_s for i in free
+        )
+        for i in free:
+            ideal[i] = (level - models[i].fixed_s) / models[i].per_sample_s
+        below = {i for i in free if ideal[i] < 1}
+        if not below:
+            break
+        held |= below
+        for i in below:
+            ideal[i] = 1.0
+    return split_batch(total, ideal)
 
 
 class ShareBalancer:
@@ -46,45 +120,53 @@ class ShareBalancer:
         hysteresis: float = HYSTERESIS,
         window: int = WINDOW,
         min_rows: int = MIN_ROWS,
+        history: int = HISTORY,
     ) -> None:
         self.global_batch = global_batch
         self.hysteresis = hysteresis
+        self.window = window
         self.min_rows = min_rows
         self.current = tuple(initial) if initial is not None else split_batch(global_batch, [1.0] * workers)
-        self.recent = [deque[float](maxlen=window) for _ in range(workers)]
+        self.rows = [deque[tuple[int, float]](maxlen=max(history, window)) for _ in range(workers)]
         self.decided: dict[int, tuple[int, ...]] = {}  # segment start step -> its shares
         self.moves: list[dict[str, Any]] = []  # every change: the step it applies from, the shares
 
     def add(self, workers: Sequence[int], compute_s: Sequence[float], samples: Sequence[int]) -> None:
         for worker, seconds, n in zip(workers, compute_s, samples, strict=True):
             if n and seconds is not None and seconds > 0:
-                self.recent[worker].append(seconds / n)
+                self.rows[worker].append((int(n), float(seconds)))
 
-    def speeds(self) -> list[float] | None:
-        """Each worker's recent seconds per sample; None until every worker has `min_rows` rows."""
-        if any(len(r) < self.min_rows for r in self.recent):
+    def at_current(self, worker: int) -> list[float]:
+        """The worker's last `window` compute times at its current share."""
+        share = self.current[worker]
+        return [t for b, t in self.rows[worker] if b == share][-self.window :]
+
+    def models(self) -> list[StepModel] | None:
+        """Each worker's step model; None until every worker has `min_rows` rows at its current share."""
+        if any(len(self.at_current(w)) < self.min_rows for w in range(len(self.rows))):
             return None
-        return [statistics.median(r) for r in self.recent]
+        return [fit_step_model(self.rows[w], self.current[w], self.window) for w in range(len(self.rows))]
 
     def noise(self) -> float:
-        """The largest relative standard error of a worker's median seconds per sample (1.4826 x the
+        """The largest relative standard error of a worker's median time at its current share (1.4826 x the
         median absolute deviation estimates the spread; the median's error is ~1.25 x spread / sqrt(n))."""
         errors = []
-        for r in self.recent:
-            median = statistics.median(r)
-            mad = statistics.median(abs(x - median) for x in r)
-            errors.append(1.25 * 1.4826 * mad / math.sqrt(len(r)) / median if median > 0 else 0.0)
+        for w in range(len(self.rows)):
+            times = self.at_current(w)
+            median = statistics.median(times)
+            mad = statistics.median(abs(x - median) for x in times)
+            errors.append(1.25 * 1.4826 * mad / math.sqrt(len(times)) / median if median > 0 else 0.0)
         return max(errors, default=0.0)
 
     def proposal(self) -> tuple[int, ...]:
-        """The shares to run from now on: proportional to speed where that predicts a step faster by more
-        than the hysteresis, else the current ones."""
-        per_sample = self.speeds()
-        if per_sample is None or min(per_sample) <= 0:
+        """The shares to run from now on: those the models predict fastest, where that beats the current
+        shares' predicted step time by more than the margin, else the current ones."""
+        models = self.models()
+        if models is None or min(m.per_sample_s for m in models) <= 0:
             return self.current
-        proposed = split_batch(self.global_batch, [1.0 / s for s in per_sample])
+        proposed = balanced_shares(self.global_batch, models)
         margin = max(self.hysteresis, NOISE_MARGIN * self.noise())
-        if step_time(self.current, per_sample) > (1 + margin) * step_time(proposed, per_sample):
+        if predicted_step_time(self.current, models) > (1 + margin) * predicted_step_time(proposed, models):
             return proposed
         return self.current
 

@@ -24,7 +24,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from distrain.config import RunConfig
+from distrain.config import RunConfig, groups_section
 from distrain.errors import ResourceError
 from distrain.orchestrator import address, code_shipping, interrupts, leftovers, memory, streaming, trial_resources
 
@@ -258,11 +258,14 @@ def check_resources(config: RunConfig) -> None:
             f"but the cluster has {total.get('GPU', 0.0):g}; lower {_or(['--gpus-per-worker', *flags])}, "
             "or add GPU nodes"
         )
+    check_custom_resources(config)
     need_cpus = cpus_needed(config)
     if need_cpus > total.get("CPU", 0.0):
         shards = f" + {num_shards(config)} shards x {config.cpus_per_shard:g}" if num_shards(config) else ""
+        each = "their groups' CPUs" if groups_section.rank_bundles(config) else f"{config.cpus_per_worker:g}"
+        flags = ["--worker-group COUNTs"] if groups_section.rank_bundles(config) else flags
         raise ResourceError(
-            f"the run needs {need_cpus:g} CPUs ({workers} x {config.cpus_per_worker:g}{shards}) "
+            f"the run needs {need_cpus:g} CPUs ({workers} x {each}{shards}) "
             f"but the cluster has {total.get('CPU', 0.0):g}; lower {_or(flags)}{',' if len(flags) > 1 else ''} "
             "or the CPUs per actor"
         )
@@ -324,15 +327,39 @@ num_shards = trial_resources.num_shards
 def cpus_needed(config: RunConfig) -> float:
     """CPUs the run cannot start without: an elastic run's MIN workers (it grows as room appears)."""
     workers = config.workers if config.elastic else config.num_worker_actors
+    groups = groups_section.rank_bundles(config)  # --worker-group: each group's own CPUs per worker
+    if groups:
+        return sum(b["CPU"] for b in groups) + num_shards(config) * config.cpus_per_shard
     return workers * config.cpus_per_worker + num_shards(config) * config.cpus_per_shard
 
 
 def bundles(config: RunConfig) -> list[dict[str, float]]:
-    """One bundle per worker actor."""
+    """One bundle per worker actor: under --worker-group its group's resources (custom node resources
+    included, which is what puts each group on its kind of node)."""
+    groups = groups_section.rank_bundles(config)
+    if groups:
+        return groups
     worker = {"CPU": config.cpus_per_worker}
     if config.gpus_per_worker > 0:
         worker["GPU"] = config.gpus_per_worker
     return [dict(worker) for _ in range(config.num_worker_actors)]
+
+
+def check_custom_resources(config: RunConfig) -> None:
+    """Fail fast when the cluster has too little of a custom resource the groups ask for (a node kind
+    that was never started with it, e.g. `ray start --resources '{"fast": 1}'`), where the placement
+    group would wait until its timeout."""
+    need: Counter[str] = Counter()
+    for bundle in bundles(config):
+        need.update({k: v for k, v in bundle.items() if k not in ("CPU", "GPU")})
+    total = ray.cluster_resources()
+    for name, amount in need.items():
+        if amount > total.get(name, 0.0):
+            raise ResourceError(
+                f"the run's --worker-group(s) need {amount:g} of resource {name!r} but the cluster has "
+                f"{total.get(name, 0.0):g}; start nodes with it (ray start --resources '{{\"{name}\": N}}') "
+                "or change the group"
+            )
 
 
 def reserve(config: RunConfig, timeout_s: float = 60.0) -> PlacementGroup:

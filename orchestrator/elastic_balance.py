@@ -7,11 +7,12 @@ always the whole batch's mean and an epoch's samples are each seen once, as in a
 scaling policy tells the balancer the members at each re-form (`follow`): a joiner starts at the mean
 share of the current members and a leaver's share goes to the others in proportion (`reshare`); from
 there the balancer moves the shares by measured speed as in a fixed run (a joiner's speed is known once
-it has its own rows: until then nothing moves). A slot that rejoins is a new worker, maybe on another
-node: its speed is measured afresh.
+it has rows at its share: until then nothing moves). A member that stays keeps its rows (samples,
+seconds): those at its share before the change give the affine model its slope at once. A slot that
+rejoins is a new worker, maybe on another node: its speed is measured afresh.
 
-The base balancer works on the members in group order (its `current` and `recent` are theirs); what
-goes out (`shares_for`, `summary`) is per slot.
+The base balancer works on the members in group order (its `current` and `rows` are theirs); what goes
+out (`shares_for`, `summary`) is per slot.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ class ElasticShareBalancer(ShareBalancer):
         super().__init__(slots, global_batch, **kw)
         self.slots = slots
         self.members: list[int] = []
-        self.windows: dict[int, deque] = {}  # slot -> its member's recent rows (the base's `recent`, by slot)
-        self.empty = self.recent[0]  # an empty window of the base's kind (its maxlen), never filled: copied
-        self.current, self.recent = (), []  # no members until the first re-form (`follow`)
+        self.windows: dict[int, deque] = {}  # slot -> its member's recent rows (the base's `rows`, by slot)
+        self.empty = self.rows[0]  # an empty window of the base's kind (its maxlen), never filled: copied
+        self.current, self.rows = (), []  # no members until the first re-form (`follow`)
 
     def follow(self, members: Sequence[int], step: int) -> None:
         """The group was re-formed with `members` (slots, group order) before global step `step`."""
@@ -42,7 +43,7 @@ class ElasticShareBalancer(ShareBalancer):
         shares = reshare(before, members, self.global_batch)
         self.windows = {m: self.windows[m] if m in before else self.empty.copy() for m in members}
         self.members = members
-        self.recent = [self.windows[m] for m in members]
+        self.rows = [self.windows[m] for m in members]
         self.current = tuple(shares[m] for m in members)
         self.decided = {}  # decisions made for the old membership (a lost block's steps are dealt again)
         if before:  # (the first membership is the start, not a move)

@@ -79,7 +79,7 @@ def refusal(config: RunConfig) -> str | None:
     if config.elastic:
         return f"--workers {config.workers}..{config.max_workers} (elastic) re-deals a leaver's samples by index"
     if unequal_shares(config):  # equal=True shards: every worker reads the same rows per step
-        return "--worker-weights / --balance speed give workers unequal shares of each step"
+        return "--worker-weights / --worker-group / --balance speed give workers unequal shares of each step"
     d, t, s = config.replica_grid
     cut = [f"{flag} {n}" for flag, n in (("--fsdp", d), ("--tensor-parallel", t), ("--pipeline-stages", s)) if n > 1]
     if cut:

@@ -8,7 +8,7 @@ concurrent trials never ask for more than the cluster has.
 
 from __future__ import annotations
 
-from distrain.config import RunConfig
+from distrain.config import RunConfig, groups_section
 
 # The trial driver only hands out work and records metrics; a sliver of a CPU keeps it accounted for
 # without costing a worker slot (Ray drops an all-zero head bundle, which would shift every index).
@@ -24,12 +24,9 @@ def trial_bundles(config: RunConfig) -> list[dict[str, float]]:
     worker = {"CPU": config.cpus_per_worker}
     if config.gpus_per_worker > 0:
         worker["GPU"] = config.gpus_per_worker
+    workers = groups_section.rank_bundles(config) or [dict(worker) for _ in range(config.num_worker_actors)]
     shard = {"CPU": config.cpus_per_shard}
-    return (
-        [dict(DRIVER_BUNDLE)]
-        + [dict(worker) for _ in range(config.num_worker_actors)]
-        + [dict(shard) for _ in range(num_shards(config))]
-    )
+    return [dict(DRIVER_BUNDLE)] + workers + [dict(shard) for _ in range(num_shards(config))]
 
 
 def trial_cpus(config: RunConfig) -> float:

@@ -19,6 +19,7 @@ import ray
 import torch
 
 from distrain.config import RunConfig
+from distrain.config.groups_section import worker_cpus
 from distrain.config.shares_section import unequal_shares
 from distrain.errors import ResourceError
 from distrain.orchestrator.checkpoint import CHECKPOINTS
@@ -52,7 +53,7 @@ class TrainWorker:
     """Hosted as a Ray actor by the orchestrator (`ray.remote(TrainWorker)`)."""
 
     def __init__(self, config: RunConfig, rank: int, run_start: float, data: Shard | None = None) -> None:
-        torch.set_num_threads(max(1, int(config.cpus_per_worker)))
+        torch.set_num_threads(max(1, int(worker_cpus(config, rank))))
         seed_globals(config.seed, rank)  # dropout, augmentation: the same --seed draws the same (per rank)
         if config.deterministic:
             use_deterministic_kernels()

@@ -19,6 +19,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distrain.config import RunConfig
+from distrain.config.groups_section import worker_cpus
 from distrain.errors import DistrainError
 from distrain.orchestrator import cluster, streaming, warm_pool
 from distrain.orchestrator.chaos import ChaosMonkey
@@ -56,7 +57,7 @@ def start_worker(
         return (
             ray.remote(TrainWorker)
             .options(
-                num_cpus=config.cpus_per_worker,
+                num_cpus=worker_cpus(config, rank),
                 num_gpus=config.gpus_per_worker,
                 scheduling_strategy=placement.worker(rank),
                 **storage_env(config),

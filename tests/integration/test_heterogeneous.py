@@ -31,6 +31,26 @@ def step_rows(run) -> pd.DataFrame:
     return df[df["kind"] == "step"].sort_values(["step", "worker"])
 
 
+def samples_seen(run, config: RunConfig) -> list[tuple[int, int]]:
+    """Every (epoch, sample) the run's workers trained on, rebuilt from the shares each step row recorded:
+    each step's shares sum to the global batch, some worker's share changed during the run, and the
+    workers' blocks at a step tile exactly that step's samples of the epoch."""
+    train = task_splits(build_task(config), config.val_fraction).train  # what the workers train on
+    total, n = config.global_batch_size, config.worker_slots
+    sharder = EpochSharder(len(train), total, config.seed)
+    steps = step_rows(run)
+    shares = steps.pivot(index="step", columns="worker", values="samples")
+    assert (shares.sum(axis=1) == total).all() and shares.nunique().max() > 1
+    seen = []
+    for step, epoch in steps[["step", "epoch"]].drop_duplicates().itertuples(index=False):
+        cut = tuple(int(b) for b in shares.loc[step])
+        within = step - epoch * sharder.steps_per_epoch
+        blocks = np.concatenate([sharder.worker_indices(epoch, within, r, n, cut) for r in range(n)])
+        assert np.array_equal(blocks, sharder.global_batch_indices(epoch, within))
+        seen += [(epoch, int(i)) for i in blocks]
+    return seen
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """One worker at the global batch, 64: what every heterogeneous run here must equal."""
@@ -51,27 +71,16 @@ def test_weighted_shares_equal_one_process_at_the_global_batch_on_both_transport
 
 
 def test_speed_balanced_shares_move_mid_epoch_see_every_sample_once_and_equal_one_process(tmp_path, one_process):
-    """Worker 1 computes 3x slower: --balance speed moves its share down at a segment start inside the
+    """Worker 1 computes 6x slower: --balance speed moves its share down at a segment start inside the
     first epoch; rebuilt from the recorded shares, every step is cut into blocks covering its 64 samples,
-    each sample of the epoch once; and the update is still one process's at 64."""
-    config = cfg(tmp_path, "balanced", balance="speed", straggler=["1:x3"])
+    each sample of the epoch once; and the update is still one process's at 64. (At x3 a load of 7-9 once
+    hid the gain: worker 1 measured only 1.5x slower, within the balancer's noise margin, and no move came.)"""
+    config = cfg(tmp_path, "balanced", balance="speed", straggler=["1:x6"])
     run = run_training(config)
     moves = run.summary["balance"]["moves"]
     assert run.summary["worker_shares"] == run.summary["balance"]["final_shares"] == moves[-1]["shares"]
-    train = task_splits(build_task(config), config.val_fraction).train  # what the workers train on
-    sharder = EpochSharder(len(train), 64, config.seed)
-    assert sharder.steps_per_epoch == 22
     assert moves and moves[0]["step"] < 22 and moves[0]["shares"][1] < moves[0]["shares"][0], moves
-    steps = step_rows(run)
-    shares = steps.pivot(index="step", columns="worker", values="samples")
-    assert (shares.sum(axis=1) == 64).all() and shares[1].nunique() > 1
-    seen = []
-    for step, epoch in steps[["step", "epoch"]].drop_duplicates().itertuples(index=False):
-        cut = tuple(int(b) for b in shares.loc[step])
-        within = step - epoch * sharder.steps_per_epoch
-        blocks = [sharder.worker_indices(epoch, within, r, 2, cut) for r in range(2)]
-        assert np.array_equal(np.concatenate(blocks), sharder.global_batch_indices(epoch, within))
-        seen += [(epoch, int(i)) for i in np.concatenate(blocks)]
+    seen = samples_seen(run, config)
     first = [s for s in seen if s[0] == 0]
     assert len(first) == len(set(first)) == 22 * 64
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
@@ -94,6 +103,50 @@ def test_local_sgd_and_diloco_weigh_their_averages_by_the_samples_each_replica_t
     )
     assert (final_params(diloco.run_dir) - final_params(local.run_dir)).abs().max().item() <= 1e-5
     assert step_rows(diloco).groupby("worker")["samples"].unique().map(list).to_dict() == {0: [48], 1: [16]}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "accuracy"),
+    [
+        # The least final test accuracy each must reach: BSP's update does not depend on the shares (one
+        # process at 64: 0.96 in 3 epochs); local SGD's local steps do (0.94-0.96 measured). DiLoCo with plain
+        # outer SGD at lr 1 averages as local SGD does; with its default outer Nesterov (0.7, 0.9) 3 epochs
+        # ended anywhere from 0.69 to 0.83, depending on where the shares went.
+        pytest.param(dict(transport="ps"), 0.9, id="bsp-ps"),
+        pytest.param(dict(strategy="local-sgd", tau=4), 0.85, id="local-sgd"),
+        pytest.param(dict(strategy="diloco", sync_every=4, outer_lr=1.0, outer_momentum=0.0), 0.85, id="diloco"),
+    ],
+)
+def test_speed_balanced_shares_under_the_other_strategies(tmp_path, strategy, accuracy):
+    """--balance speed end to end where else it is accepted (BSP over the parameter server, local SGD,
+    DiLoCo), worker 1 computing 3x slower, 3 whole epochs on the mlp: the slow worker's share falls below
+    half the batch, the shares change mid-run and every sample of every epoch is still trained on exactly
+    once (rebuilt from the recorded shares), and the model learns (digits: chance is 0.1)."""
+    config = cfg(
+        tmp_path, "balanced", model="mlp", epochs=3, max_steps=0, balance="speed", straggler=["1:x3"], **strategy
+    )
+    run = run_training(config)
+    assert run.summary["steps_completed"] == 3 * 22
+    moves = run.summary["balance"]["moves"]
+    assert moves and run.summary["worker_shares"] == moves[-1]["shares"], moves
+    assert any(m["step"] % 22 for m in moves), moves  # some move inside an epoch (22 steps)
+    assert min(step_rows(run).query("worker == 1")["samples"]) < 32, moves
+    seen = samples_seen(run, config)
+    assert len(seen) == len(set(seen)) == 3 * 22 * 64
+    assert run.summary["final_test_accuracy"] >= accuracy, run.summary["final_test_accuracy"]
+
+
+def test_equal_workers_under_speed_balance_keep_their_shares_within_ten_percent_of_equal(tmp_path):
+    """Issue 31's noise acceptance on a real run: two equal workers, --balance speed, 4 epochs of the mlp
+    deciding every 4 steps: every step row's share stays within 10 % of 32, with at most one move. (On
+    the loaded 2-core machine two such runs predicted gains up to 10 %, the hysteresis, and a noise margin
+    of 36-58 % held them; a 2-worker move that a gain of 10 % to 12.5 % allows is to 35/29, still inside.)"""
+    config = cfg(tmp_path, "equal", model="mlp", epochs=4, max_steps=0, balance="speed")
+    run = run_training(config)
+    assert run.summary["steps_completed"] == 4 * 22
+    assert len(run.summary["balance"]["moves"]) <= 1, run.summary["balance"]
+    samples = step_rows(run)["samples"]
+    assert ((samples - 32).abs() <= 3.2).all(), samples.value_counts()
 
 
 def test_balanced_shares_under_a_range_equal_one_process_at_the_global_batch(tmp_path, one_process, monkeypatch):

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from distrain.orchestrator.balance import ShareBalancer, step_time
+from distrain.orchestrator.balance import (
+    MAX_FIXED,
+    ShareBalancer,
+    StepModel,
+    balanced_shares,
+    fit_step_model,
+    predicted_step_time,
+    step_time,
+)
 
 
 def feed(balancer: ShareBalancer, per_sample: list[float], rows: int, rng=None, noise: float = 0.0) -> None:
@@ -65,3 +74,124 @@ def test_static_weights_are_the_starting_point_and_a_changed_speed_moves_them():
     feed(balancer, [0.001, 0.001], rows=20)  # the slow worker got fast (its window is all new rows)
     assert balancer.shares_for(5) == (32, 32)
     assert balancer.summary() == {"final_shares": [32, 32], "moves": [{"step": 5, "shares": [32, 32]}]}
+
+
+# The affine model (t_i(b) = a_i + c_i·b): synthetic step times with a fixed cost per step.
+
+
+def feed_affine(balancer: ShareBalancer, fixed: list[float], per_sample: list[float], rows: int, rng=None,
+                noise: float = 0.0) -> None:  # fmt: skip
+    """`rows` steps of every worker at its current share, each taking fixed + share x per-sample (x noise)."""
+    for _ in range(rows):
+        for w, (a, c) in enumerate(zip(fixed, per_sample, strict=True)):
+            jitter = 1.0 + (rng.uniform(-noise, noise) if rng is not None else 0.0)
+            b = balancer.current[w]
+            balancer.add([w], [(a + c * b) * jitter], [b])
+
+
+def run_segments(balancer, fixed, per_sample, segments, rows=4, rng=None, noise=0.0) -> list[tuple[int, ...]]:
+    """`segments` more segments of `rows` steps each; the shares each segment after them was dealt."""
+    shares = []
+    start = max(balancer.decided, default=0)
+    for segment in range(segments):
+        feed_affine(balancer, fixed, per_sample, rows, rng, noise)
+        shares.append(balancer.shares_for(start + rows * (segment + 1)))
+    return shares
+
+
+def test_the_fit_recovers_a_fixed_cost_and_a_cost_per_sample_from_two_shares():
+    rows = [(32, 0.02 + 0.001 * 32)] * 10 + [(16, 0.02 + 0.001 * 16)] * 10
+    model = fit_step_model(rows, 16)
+    assert model.fixed_s == pytest.approx(0.02) and model.per_sample_s == pytest.approx(0.001)
+    assert fit_step_model(rows[:10], 32) == StepModel(0.0, pytest.approx(0.052 / 32))  # one share: linear
+    # A share too near the current one (17 of 16, under MIN_SPAN) says nothing about the slope.
+    assert fit_step_model([(17, 0.5)] * 10 + [(16, 0.036)] * 10, 16) == StepModel(0.0, pytest.approx(0.036 / 16))
+    # A fit falling with the batch (noise) is held at MAX_FIXED of the step fixed, never a free worker.
+    falling = fit_step_model([(32, 0.030)] * 10 + [(16, 0.036)] * 10, 16)
+    assert falling.fixed_s == pytest.approx(MAX_FIXED * 0.036) and falling.per_sample_s > 0
+
+
+def test_balanced_shares_equalise_the_predicted_times_and_hold_a_hopeless_worker_at_one():
+    models = [StepModel(0.02, 0.0005), StepModel(0.02, 0.0015)]
+    assert balanced_shares(64, models) == (48, 16)  # 0.02 + 0.0005 x 48 = 0.02 + 0.0015 x 16
+    assert balanced_shares(64, [StepModel(0.0, 0.001), StepModel(0.0, 0.003)]) == (48, 16)
+    # Worker 1's fixed cost alone exceeds what worker 0 takes for the whole batch: it gets the minimum, 1.
+    assert balanced_shares(64, [StepModel(0.0, 0.001), StepModel(0.1, 0.001)]) == (63, 1)
+    three = [StepModel(0.01, 0.001), StepModel(0.0, 0.002), StepModel(0.05, 0.001)]
+    shares = balanced_shares(100, three)
+    assert sum(shares) == 100 and min(shares) >= 1
+    best = min(predicted_step_time((a, b, 100 - a - b), three) for a in range(1, 99) for b in range(1, 100 - a))
+    assert predicted_step_time(shares, three) <= best + 0.002  # within a sample's time of the best integer cut
+
+
+def test_a_worker_three_times_slower_per_sample_without_fixed_cost_converges_to_a_quarter():
+    """(a) Zero fixed cost, worker 1's cost per sample 3x: shares converge to 3:1, the inverse of the costs."""
+    balancer = ShareBalancer(workers=2, global_batch=64)
+    shares = run_segments(balancer, [0.0, 0.0], [0.001, 0.003], segments=40)
+    assert shares[-1] == (48, 16) and len(balancer.moves) == 1  # found at once, then it stays
+    rng = np.random.default_rng(3)
+    balancer = ShareBalancer(workers=2, global_batch=64)
+    shares = run_segments(balancer, [0.0, 0.0], [0.001, 0.003], segments=60, rng=rng, noise=0.15)
+    assert all(abs(s[1] - 16) <= 2 for s in shares[-30:]), shares  # through noise, near 3:1 and staying
+
+
+def test_a_large_fixed_cost_stops_the_shares_at_the_optimum():
+    """(b) Each step costs 20 ms fixed plus 0.5 ms (worker 0) or 1.5 ms (worker 1) per sample: the best
+    shares are 48/16 (both 44 ms). The first move, made on a linear model (one share measured), undershoots
+    to 42/22; the affine fit through the two shares then goes to the optimum, and there it stays: no cut
+    predicts a step faster by more than the hysteresis."""
+    fixed, per_sample = [0.02, 0.02], [0.0005, 0.0015]
+    balancer = ShareBalancer(workers=2, global_batch=64)
+    run_segments(balancer, fixed, per_sample, segments=9)
+    assert [m["shares"] for m in balancer.moves] == [[42, 22], [48, 16]]
+    # A linear model at 42/22 would predict 47/17 and so on, each move 'worth' the hysteresis and truly
+    # worth less; the affine fit through the two shares measured is the truth, so it predicted the gain.
+    run_segments(balancer, fixed, per_sample, segments=3)
+    models = balancer.models()
+    assert models is not None
+    assert [m.fixed_s for m in models] == pytest.approx(fixed)
+    assert [m.per_sample_s for m in models] == pytest.approx(per_sample)
+    # There it stays, also once the rows at 32/32 and 42/22 have left the history and the model is linear
+    # again (at equal step times, the linear model's proposal is the shares it has).
+    shares = run_segments(balancer, fixed, per_sample, segments=60)
+    assert set(shares) == {(48, 16)} and len(balancer.moves) == 2
+    # Near the optimum, with the truth measured, a gain under the hysteresis moves nothing.
+    near = ShareBalancer(workers=2, global_batch=64, initial=(46, 18))
+    run_segments(near, fixed, per_sample, segments=3)
+    assert near.current == (46, 18) and not near.moves
+    # Through +-15 % noise the slopes are fitted less exactly: the shares settle inside the hysteresis band
+    # (a step at most 10 % slower than the optimum's; 7 % at worst over 200 seeds) after a few moves.
+    truth = [StepModel(a, c) for a, c in zip(fixed, per_sample, strict=True)]
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        balancer = ShareBalancer(workers=2, global_batch=64)
+        shares = run_segments(balancer, fixed, per_sample, segments=80, rng=rng, noise=0.15)
+        assert all(predicted_step_time(s, truth) <= 1.1 * 0.044 for s in shares[20:]), (seed, balancer.moves)
+        assert len(balancer.moves) <= 4, (seed, balancer.moves)
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_equal_workers_with_fifteen_percent_noise_stay_within_ten_percent_of_equal(workers):
+    """(c) Issue 31's acceptance: equal workers, step times jittered by +-15 %, with and without a fixed
+    cost; 30 runs of 100 segments: every segment's shares within 10 % of equal, at most one move."""
+    equal = 32
+    for seed in range(30):
+        for fixed in (0.0, 0.03):
+            rng = np.random.default_rng(seed)
+            balancer = ShareBalancer(workers=workers, global_batch=equal * workers)
+            shares = run_segments(balancer, [fixed] * workers, [0.001] * workers, segments=100, rng=rng, noise=0.15)
+            assert all(abs(b - equal) <= 0.1 * equal for s in shares for b in s), (seed, fixed, balancer.moves)
+            assert len(balancer.moves) <= 1, (seed, fixed, balancer.moves)
+
+
+def test_equal_workers_started_unequal_return_near_equal_and_stay_there_through_noise():
+    """The affine path under noise: equal workers (10 ms fixed, 1 ms per sample) started at 40/24 (a stale
+    --worker-weights) move back towards equal, stop inside the hysteresis band and stay, without thrashing."""
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        balancer = ShareBalancer(workers=2, global_batch=64, initial=(40, 24))
+        shares = run_segments(balancer, [0.01, 0.01], [0.001, 0.001], segments=100, rng=rng, noise=0.15)
+        # Settled inside the hysteresis band: a step at most 10 % slower than the best cut's (equal).
+        truth = [StepModel(0.01, 0.001)] * 2
+        assert all(predicted_step_time(s, truth) <= 1.1 * 0.042 for s in shares[10:]), (seed, balancer.moves)
+        assert len(balancer.moves) <= 2, (seed, balancer.moves)

@@ -24,6 +24,8 @@ WIDE = [
     "1",
 ]
 
+GROUPS = ["--worker-group", "fast:1:48:fast=1", "--worker-group", "slow:1:16:slow=1"]  # issue 31's resource groups
+
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under root with its content and modification time."""
@@ -57,6 +59,9 @@ def workdir(tmp_path, monkeypatch, no_ray):
     (inputs / "twice.yaml").write_text("workers: 8\nmodel: mlp\nworkers: 2\n")
     (inputs / "elastic.yaml").write_text("resources:\n  workers: 2..3\nstrategy:\n  name: async\n")
     (inputs / "elastic_bad.yaml").write_text("workers: 3..2\nstrategy: async\n")
+    (inputs / "groups_bad.yaml").write_text(
+        "resources:\n  worker_groups:\n    - {name: a, workers: 1, batch_size: 8, gpus: 1}\n"
+    )
     full = inputs / "full_run"
     full.mkdir()
     (full / "metrics.parquet").write_bytes(b"precious results")
@@ -250,6 +255,23 @@ BAD_INPUTS = [
     (["--worker-weights", "3,1", "--pipeline-stages", "2"], ["does not compose with --pipeline-stages"]),
     (["--worker-weights", "3,1", "--fsdp", "2"], ["does not compose with --fsdp/--tensor-parallel"]),
     (["--balance", "fastest"], ["unknown --balance 'fastest'", "none, speed"]),
+    # resource groups (issue 31): --worker-group NAME:COUNT:BATCH[:RESOURCE=AMOUNT,...]
+    (["--worker-group", "fast:1:48:fast"], ["--worker-group 'fast:1:48:fast'", "'fast' must be RESOURCE=AMOUNT"]),
+    (["--worker-group", "fast:1:48:fast=many"], ["'fast=many' must be RESOURCE=AMOUNT"]),
+    (["--worker-group", "fast:1:48:cpu=2"], ["write CPU=2", "not cpu="]),
+    (["--worker-group", "fast:1:48:fast=0"], ["fast=0 must be > 0"]),
+    (["--worker-group", "fast:1"], ["--worker-group 'fast:1' must be NAME:COUNT:BATCH"]),
+    (["--worker-group", "fast:0:48"], ["COUNT and BATCH must be >= 1, got 0 and 48"]),
+    (["--worker-group", "fast:-1:48"], ["COUNT and BATCH must be >= 1, got -1 and 48"]),
+    (["--worker-group", "fast:1:0"], ["COUNT and BATCH must be >= 1, got 1 and 0"]),
+    (["--worker-group", "a:1:8", "--worker-group", "a:1:8"], ["group 'a' is named twice"]),
+    (["--worker-group", "g:1:8:GPU=1", "--worker-group", "c:1:8"], ["ask for 0 and 1 GPUs per worker"]),
+    ([*GROUPS, "--workers", "3"], ["--workers 3 cannot be combined with it; drop --workers"]),
+    ([*GROUPS, "--batch-size", "32"], ["--batch-size 32 cannot be combined with it; drop --batch-size"]),
+    ([*GROUPS, "--worker-weights", "3,1"], ["--worker-weights 3,1 cannot be combined with it"]),
+    ([*GROUPS, "--strategy", "ssp"], ["--worker-group applies to --strategy bsp", "not --strategy ssp"]),
+    ([*GROUPS, "--fsdp", "2"], ["--worker-group does not compose with --fsdp/--tensor-parallel"]),
+    (["--config", "{in}/groups_bad.yaml"], ["worker_groups entry", "unknown key(s) gpus", "cpus_per_worker"]),
     (["--balance", "speed", "--strategy", "async"], ["--balance speed applies to", "not --strategy async"]),
     # straggler mitigation (issue 4)
     (["--transport", "ps", "--backup-workers", "-1"], ["--backup-workers must be >= 0"]),

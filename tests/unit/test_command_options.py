@@ -55,7 +55,9 @@ def test_tune_takes_the_shared_run_options_in_its_order_and_its_sweep_flags():
 
 def test_a_section_chooses_the_options_and_without_drops_them():
     resources = {p.name for p in run_options(sections=("resources",))}
-    assert resources == {i.name for i in COMMON_FIELDS.values() if i.section == "resources"}
+    # A parameter is named after its flag (--worker-group: worker_group, handed on as worker_groups).
+    named = {i.flag.removeprefix("--").replace("-", "_") for i in COMMON_FIELDS.values() if i.section == "resources"}
+    assert resources == named
     assert "workers" not in {p.name for p in run_options(sections=SECTIONS, without={"workers"})}
     assert {p.name for p in run_options(sections=(), also=("compress",))} == {"compress"}
 

@@ -88,7 +88,7 @@ def test_a_rejoining_slot_is_measured_afresh():
     feed(balancer, {0: 0.001, 1: 0.001}, rows=10)
     balancer.follow([0], step=10)
     balancer.follow([0, 1], step=20)
-    assert len(balancer.recent[1]) == 0 and len(balancer.recent[0]) == 10
+    assert len(balancer.rows[1]) == 0 and len(balancer.rows[0]) == 10
 
 
 class Calls:

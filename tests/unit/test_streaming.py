@@ -38,8 +38,9 @@ def test_collective_strategies_stream(options):
         ({"workers": "2..4"}, "--workers 2..4 (elastic)"),
         ({"pipeline_stages": 2, "task": "tests/pipeline_task.py:WideMLP"}, "--pipeline-stages 2 cuts a replica"),
         ({"fsdp": 2}, "--fsdp 2 cuts a replica"),
-        ({"worker_weights": "3,1"}, "--worker-weights / --balance speed give workers unequal shares"),
-        ({"balance": "speed"}, "--worker-weights / --balance speed give workers unequal shares"),
+        ({"worker_weights": "3,1"}, "--worker-weights / --worker-group / --balance speed give workers unequal shares"),
+        ({"balance": "speed"}, "--worker-weights / --worker-group / --balance speed give workers unequal shares"),
+        ({"worker_groups": ["a:1:48", "b:1:16"]}, "--worker-group / --balance speed give workers unequal shares"),
     ],
 )
 def test_strategies_that_assign_by_index_are_refused(options, named):
