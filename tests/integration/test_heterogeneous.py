@@ -162,7 +162,10 @@ def test_balanced_shares_under_a_range_equal_one_process_at_the_global_batch(tmp
     assert run.summary["steps_completed"] == STEPS
     steps = step_rows(run)
     assert (steps.groupby("step")["samples"].sum() == 64).all()
-    assert steps.groupby("worker")["samples"].unique().map(list).to_dict() == {0: [40], 1: [24]}
+    # Rank 1 may join after rank 0 started alone (its placement and build take a while when the machine is
+    # loaded): rank 0 then takes whole steps of 64 until the join.
+    shares = steps.groupby("worker")["samples"].unique().map(set).to_dict()
+    assert shares[0] in ({40}, {64, 40}) and shares[1] == {24}, shares
     assert run.summary["worker_shares"] == [40, 24]
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
 
@@ -193,5 +196,6 @@ def test_balanced_shares_under_a_range_restart_from_a_checkpoint_and_still_equal
     (event,) = s["failure_events"]
     assert event["action"] == "restarted" and event["restored_step"] in (10, 15)
     assert decided[0] == (32, 32) and decided.count((32, 32)) == 2  # equal at each attempt's start: recomputed
-    assert s["steps_completed"] == STEPS and s["worker_shares"] == [40, 24, 0, 0]
+    # (the new attempt's members may be placed in other slots of the four: the shares are per slot)
+    assert s["steps_completed"] == STEPS and [b for b in s["worker_shares"] if b] == [40, 24]
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
