@@ -130,7 +130,7 @@ class ShardedPS(ShardedBSP):
         import torch.distributed as dist
 
         t0 = time.perf_counter()
-        trainer.clip_gradient_()  # --clip-grad-norm: the replica's gradient, each push (a collective of its D)
+        trainer.clip_gradient_(self.update_group)  # --clip-grad-norm: the replica's gradient, each push
         grads = self._local_gradient(trainer)
         ok = bool(grads.sum().isfinite()) and math.isfinite(trainer.last_loss)
         if self.config.on_nonfinite == "skip":  # the replica's D workers skip together (one update)

@@ -71,7 +71,7 @@ class ShardedTrainer:
     ) -> None:
         self.device = torch.device(device)
         self.precision = precision
-        self.accumulate_steps = accumulate_steps  # --accumulate-steps (FSDP only: config/section_checks.py)
+        self.accumulate_steps = accumulate_steps  # --accumulate-steps: micro-batches per update
         self.clip_grad_norm = clip_grad_norm  # --clip-grad-norm: 0 is off
         self.model = model.to(self.device)
         self.task = task
@@ -85,6 +85,7 @@ class ShardedTrainer:
         self.last_logs: dict[str, float] | None = None  # the task's own scalars (local_trainer.split_loss)
         self.hybrid: HybridGradients | None = None
         self.own_optimizer, self.scheduler = False, None  # set by `shard`, with the optimizer
+        self.tp_rank = 0  # this worker's tensor-parallel rank (set by `shard`)
 
     # ------------------------------------------------------------------ sharding
     def shard(
@@ -101,6 +102,7 @@ class ShardedTrainer:
 
         forget_earlier_meshes()
         tp = mesh["tp"].size()
+        self.tp_rank = mesh["tp"].get_local_rank()
         if tp > 1:  # the plan was checked before the run started (orchestrator/run_checks.py)
             apply_plan(self.model, self.task.tensor_parallel_plan(tp) or {}, mesh["tp"])
         self.hybrid = HybridGradients(self.model, mesh["tp"]) if own_samples and tp > 1 else None
@@ -170,11 +172,16 @@ class ShardedTrainer:
         self.last_logs = logs_sum
         return self.last_loss
 
-    def clip_gradient_(self) -> None:
-        """--clip-grad-norm over this replica's DTensor gradients: torch's clip_grad_norm_ gathers the norm
-        over the shards (a collective: every worker of the mesh calls it, finite or not)."""
-        if self.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None], self.clip_grad_norm)
+    def clip_gradient_(self, group: Any = None, limit: float | None = None) -> None:
+        """--clip-grad-norm (or `limit`) over the gradient one update applies, whose pieces the workers of
+        `group` hold (None: the run's): trainers/cut_gradient_norm.py counts each element once across
+        FSDP shards, tensor-parallel splits and the tensors the T workers hold alike. A collective: every
+        worker of `group` calls it, finite or not."""
+        from distrain.trainers.cut_gradient_norm import clip_cut_gradient_
+
+        limit = self.clip_grad_norm if limit is None else limit
+        if limit > 0:
+            clip_cut_gradient_([p.grad for p in self.params if p.grad is not None], limit, group, self.tp_rank)
 
     def local_grad_sum(self) -> torch.Tensor:
         """The sum of this worker's gradient shards (NaN or inf if any value is), for the run-wide check."""

@@ -95,6 +95,44 @@ def test_accumulation_and_clipping_keep_bsp_equal_to_one_worker_at_the_global_ba
     assert (final_params(pipe.run_dir) - clipped).abs().max().item() <= TOL
 
 
+def test_tensor_parallel_replicas_accumulate_and_clip_as_one_worker_at_the_global_batch(tmp_path):
+    """The cnn at --tensor-parallel 2 (its hybrid plan: each worker on its own samples, the classifier
+    split; global batch T x k x B): k = 2 micro-steps of 16 equal one worker at 64, and clipped to 0.1,
+    k = 1 at 32, one worker at 64 clipped alike (the norm counts the split classifier's halves once and
+    the convolutions' gradients, which both workers hold, once); the clip binds. Then the mlp (its two
+    workers share each slice) cut --fsdp 2 x --tensor-parallel 2 and a pipeline of --fsdp 2 sharded
+    stages, both at k = 2 and clipped, against one worker: the norm over FSDP shards of tensor-parallel
+    halves, and over the stages' shards."""
+    one = {
+        name: run_training(RunConfig(**BASE, workers=1, batch_size=64, run_dir=str(tmp_path / name), **kw))
+        for name, kw in (("plain", {}), ("clipped", {"clip_grad_norm": 0.1}))
+    }
+    ends = {name: final_params(run.run_dir) for name, run in one.items()}
+    assert (ends["clipped"] - ends["plain"]).abs().max().item() > 1e-3  # the clip did bind
+    accumulated = run_training(
+        RunConfig(**BASE, workers=1, tensor_parallel=2, batch_size=16, accumulate_steps=2,
+                  run_dir=str(tmp_path / "t2k2"))
+    )  # fmt: skip
+    assert accumulated.summary["global_batch_size"] == 64
+    assert (final_params(accumulated.run_dir) - ends["plain"]).abs().max().item() <= TOL
+    clipped = run_training(
+        RunConfig(**BASE, workers=1, tensor_parallel=2, batch_size=32, clip_grad_norm=0.1,
+                  run_dir=str(tmp_path / "t2c"))
+    )  # fmt: skip
+    assert (final_params(clipped.run_dir) - ends["clipped"]).abs().max().item() <= TOL
+    mlp = BASE | {"model": "mlp", "clip_grad_norm": 0.1}
+    one_mlp = run_training(RunConfig(**mlp, workers=1, batch_size=64, run_dir=str(tmp_path / "m1")))
+    reference = final_params(one_mlp.run_dir)
+    layouts = {
+        "d2t2": dict(fsdp=2, tensor_parallel=2, batch_size=16),
+        "s2d2": dict(fsdp=2, pipeline_stages=2, microbatches=2, batch_size=16),
+    }
+    for name, layout in layouts.items():
+        run = run_training(RunConfig(**mlp, **layout, workers=1, accumulate_steps=2, run_dir=str(tmp_path / name)))
+        assert run.summary["global_batch_size"] == 64, name
+        assert (final_params(run.run_dir) - reference).abs().max().item() <= TOL, name
+
+
 def test_a_task_elementwise_optimizer_and_scheduler_run_alike_on_both_transports_with_accumulation(tmp_path):
     """Over the collective at 2 x 16; over the PS at 2 x k = 2 x 8: the same global batch of 32."""
     common = dict(task=AdamStepTask, workers=2, epochs=1, seed=1, segment_steps=6, eval_every=0, progress=False)

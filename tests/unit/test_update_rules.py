@@ -215,11 +215,6 @@ def test_accumulation_multiplies_the_global_batch_and_the_samples_per_step():
     [
         ({"accumulate_steps": 0}, "--accumulate-steps must be >= 1"),
         ({"clip_grad_norm": -1.0}, "--clip-grad-norm must be >= 0"),
-        (
-            {"clip_grad_norm": 1.0, "pipeline_stages": 2, "fsdp": 2, "workers": 1},
-            "--clip-grad-norm is not supported with --pipeline-stages with --fsdp",
-        ),
-        ({"accumulate_steps": 2, "tensor_parallel": 2}, "--accumulate-steps is not supported with --tensor-parallel"),
         ({"accumulate_steps": 2, "strategy": "sandblaster"}, "sandblaster ignores --accumulate-steps"),
         ({"clip_grad_norm": 1.0, "strategy": "sandblaster"}, "sandblaster ignores --clip-grad-norm"),
     ],
@@ -227,3 +222,19 @@ def test_accumulation_multiplies_the_global_batch_and_the_samples_per_step():
 def test_bad_or_unsupported_update_rules_are_refused_in_one_line(kw, error):
     with pytest.raises(ConfigError, match=error):
         RunConfig(**kw)
+
+
+@pytest.mark.parametrize(
+    ("layout", "global_batch"),
+    [
+        ({"tensor_parallel": 2, "model": "mlp"}, 2 * 16),  # the T workers share a slice
+        ({"tensor_parallel": 2, "model": "cnn"}, 2 * 2 * 16),  # the hybrid: each its own
+        ({"tensor_parallel": 2, "fsdp": 2, "model": "mlp"}, 2 * 2 * 16),
+        ({"pipeline_stages": 2, "fsdp": 2, "model": "mlp"}, 2 * 2 * 16),
+    ],
+)
+def test_cut_replicas_take_accumulation_and_clipping(layout, global_batch):
+    """Tensor-parallel replicas and pipelines of FSDP stages accumulate and clip (trainers/cut_gradient_norm.py):
+    no refusal, and the global batch counts the k micro-steps."""
+    config = RunConfig(**layout, workers=1, batch_size=16, accumulate_steps=2, clip_grad_norm=1.0)
+    assert config.global_batch_size == global_batch
