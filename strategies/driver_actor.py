@@ -171,6 +171,7 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
         from distrain.strategies.partition import ps_clients
 
         clocks = [clock] * ps_clients(setup.phase)
-        return [s.set_counters.remote(counters["version"], clocks) for s in group.shards]
+        scheduler = counters.get("scheduler")  # a task's own scheduler's position (strategies/ps_shard.py)
+        return [s.set_counters.remote(counters["version"], clocks, scheduler) for s in group.shards]
 
     return DriverActor(PS_SHARDS, build=build, ready=ready)

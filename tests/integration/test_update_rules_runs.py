@@ -149,3 +149,22 @@ def test_a_task_elementwise_optimizer_and_scheduler_run_alike_on_both_transports
     assert rates == pytest.approx([0.02] * 3 + [0.01] * 3)  # the task's StepLR, not --lr's schedule
     rows = steps_of(tmp_path / "ps")
     assert len(rows) == 12 and (rows["samples"] == 16).all()  # one row per update, k x B samples each
+
+
+def test_a_ps_run_with_its_own_scheduler_resumes_at_the_scheduler_s_position(tmp_path):
+    """BSP over the PS (2 shards) with the task's Adam and StepLR (halved every 3 updates): 4 updates,
+    then --resume to 10, ends where the run taken straight through to 10 does (the shards' scheduler
+    state rides in the checkpoint's "ps" counters). Without it the resumed shards would start the
+    schedule again at 0.02 for updates 5 and 6, and the ends differ."""
+    from distrain.orchestrator.checkpoint import load_checkpoint
+    from distrain.orchestrator.resume import resume_config
+
+    common = dict(task=AdamStepTask, workers=2, epochs=2, seed=1, batch_size=16, segment_steps=4, eval_every=0,
+                  strategy="bsp", transport="ps", ps_shards=2, progress=False)  # fmt: skip
+    straight = distrain.fit(**common, max_steps=10, run_dir=str(tmp_path / "straight"))
+    first = distrain.fit(**common, max_steps=4, run_dir=str(tmp_path / "parts"))
+    ps = load_checkpoint(Path(first.run_dir) / "checkpoints" / "final.pt")["ps"]
+    assert ps["version"] == 4 and ps["scheduler"]["last_epoch"] == 4 and ps["scheduler"]["_last_lr"] == [0.01]
+    resumed = run_training(resume_config(first.run_dir, {"max_steps": 10}), resume=True)
+    assert straight.summary["steps_completed"] == resumed.summary["steps_completed"] == 10
+    assert torch.equal(final_params(resumed.run_dir), final_params(straight.run_dir))

@@ -238,3 +238,23 @@ def test_cut_replicas_take_accumulation_and_clipping(layout, global_batch):
     no refusal, and the global batch counts the k micro-steps."""
     config = RunConfig(**layout, workers=1, batch_size=16, accumulate_steps=2, clip_grad_norm=1.0)
     assert config.global_batch_size == global_batch
+
+
+def test_a_replica_resumed_from_its_state_goes_on_at_its_scheduler_s_rates():
+    """The checkpoint's flat optimizer state carries no param_groups, and a StepLR computes its next rate
+    from the group's current one: the scheduler's state must bring its rates back (restore_scheduler)."""
+    straight, first = trainer(OwnAdam()), trainer(OwnAdam())
+    rates = []
+    for t, steps in ((straight, 5), (first, 3)):
+        for _ in range(steps):
+            t.compute_gradients(batch())
+            t.apply_update(0.0)
+            rates.append(t.applied_lr)
+    resumed = trainer(OwnAdam())
+    resumed.load_state_dict(first.state_dict())
+    for _ in range(2):
+        resumed.compute_gradients(batch())
+        resumed.apply_update(0.0)
+        rates.append(resumed.applied_lr)
+    assert rates[:5] == [0.01, 0.01, 0.005, 0.005, 0.0025] and rates[5:] == rates[:5]
+    assert torch.equal(resumed.params_flat, straight.params_flat)
