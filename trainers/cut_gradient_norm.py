@@ -66,12 +66,12 @@ def clip_cut_gradient_(grads: Sequence[torch.Tensor], limit: float, group: Any =
     """Scale every piece of the gradient by limit / (norm + 1e-6) where that is below 1 (torch's rule);
     the norm as `cut_gradient_norm`. Returns the norm. A gradient that is not finite stays so (a NaN norm
     scales nothing, an infinite one turns inf into NaN): the strategy's finiteness check decides."""
-    from distrain.trainers.sharded_trainer import local_part
+    from torch.distributed.tensor import DTensor
 
     norm = float(cut_gradient_norm(grads, group, tp_rank))
     coef = limit / (norm + 1e-6)
     if coef < 1.0:
         with torch.no_grad():
-            for g in grads:
-                local_part(g).mul_(coef)
+            for g in grads:  # each piece where it lives (a DTensor's local part shares its storage)
+                (g.to_local() if isinstance(g, DTensor) else g).mul_(coef)
     return norm
