@@ -215,6 +215,7 @@ class ShardedBSP(Strategy):
         self.saver.save(entries, directory / name)
         finite = bool(total.isfinite())
         self.saved = {"dir": name, "step": step, "finite": finite} | self.checkpoint_keys(trainer)
+        self.saved |= trainer.scheduler_state()  # a task's own scheduler: its position, in the reference
         return ShardsSaved(time.perf_counter() - t0, finite)  # the wait for the last save, the staging
 
     def checkpoint_keys(self, trainer: ShardedTrainer) -> dict[str, list[str]]:

@@ -86,6 +86,8 @@ class ShardedTrainer:
         self.hybrid: HybridGradients | None = None
         self.own_optimizer, self.scheduler = False, None  # set by `shard`, with the optimizer
         self.tp_rank = 0  # this worker's tensor-parallel rank (set by `shard`)
+        self.applied_lr: float | None = None  # the rate of the last update (the task's own optimizer's)
+        self._pending_scheduler: dict[str, Any] | None = None  # a checkpoint's, until `shard` builds the scheduler
 
     # ------------------------------------------------------------------ sharding
     def shard(
@@ -127,6 +129,9 @@ class ShardedTrainer:
         if self._pending_dir is not None:
             self._load_sharded(self._pending_dir)
             self._pending_dir = None
+        if self._pending_scheduler is not None:
+            self._restore_scheduler(self._pending_scheduler)
+            self._pending_scheduler = None
 
     def whole_flat(self) -> torch.Tensor:
         """The trainable parameters flat, in order, on the CPU: before `shard` (the whole model), for the
@@ -192,7 +197,9 @@ class ShardedTrainer:
 
     def apply_update(self, lr: float) -> None:
         assert self.optimizer is not None
-        if not self.own_optimizer:  # the task's own optimizer keeps its own rates (trainers/own_optimizer.py)
+        if self.own_optimizer:  # the task's own optimizer keeps its own rates (trainers/own_optimizer.py)
+            self.applied_lr = float(self.optimizer.param_groups[0]["lr"])  # the step row's lr column
+        else:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
         self.optimizer.step()
@@ -223,6 +230,10 @@ class ShardedTrainer:
         """A sharded checkpoint ({"sharded": {"path": directory}}: each worker reads its own pieces, once
         the model is cut) or a whole (layout-free) state: before `shard` into the model as it is, after
         it into each shard."""
+        # A task's own scheduler's position: in the shards' reference, or beside a whole state.
+        scheduler = state["sharded"].get("scheduler") if "sharded" in state else state.get("scheduler")
+        if self.optimizer is None:
+            self._pending_scheduler = scheduler
         if "sharded" in state:
             directory = Path(state["sharded"]["path"])
             self.loaded_from = directory
@@ -230,6 +241,7 @@ class ShardedTrainer:
                 self._pending_dir = directory
             else:
                 self._load_sharded(directory)
+                self._restore_scheduler(scheduler)
             return
         flat = FlatOptimizerState.from_dict(state["optimizer"])
         if self.optimizer is None:
@@ -241,6 +253,17 @@ class ShardedTrainer:
             for key, value in state["model"].items():
                 local_part(own[key]).copy_(local_part(shard_of(value, own[key])))
         self._import_optimizer(flat)
+        self._restore_scheduler(scheduler)
+
+    def scheduler_state(self) -> dict[str, Any]:
+        """{"scheduler": its state} where the task's own scheduler runs (the same on every worker), else {}."""
+        return {"scheduler": self.scheduler.state_dict()} if self.scheduler is not None else {}
+
+    def _restore_scheduler(self, state: dict[str, Any] | None) -> None:
+        if self.scheduler is not None and state:
+            from distrain.trainers.own_optimizer import restore_scheduler
+
+            restore_scheduler(self.scheduler, state)
 
     def _load_sharded(self, directory: Path) -> None:
         """Every worker of the run at once: its pieces of the model and optimizer state (DCP reshards)."""

@@ -168,3 +168,22 @@ def test_a_ps_run_with_its_own_scheduler_resumes_at_the_scheduler_s_position(tmp
     resumed = run_training(resume_config(first.run_dir, {"max_steps": 10}), resume=True)
     assert straight.summary["steps_completed"] == resumed.summary["steps_completed"] == 10
     assert torch.equal(final_params(resumed.run_dir), final_params(straight.run_dir))
+
+
+@pytest.mark.parametrize("layout", [{"workers": 2}, {"workers": 1, "fsdp": 2}], ids=["replicas", "fsdp"])
+def test_a_replica_run_with_its_own_scheduler_resumes_at_the_scheduler_s_position(tmp_path, layout):
+    """BSP over the collective with the task's Adam and StepLR (halved every 3 updates), plain replicas
+    and one replica cut over --fsdp 2 (the scheduler's state in the shards' reference): 4 updates, then
+    --resume to 10, at the straight run's rates (the lr column) and to its end."""
+    from distrain.orchestrator.resume import resume_config
+
+    common = dict(task=AdamStepTask, epochs=2, seed=1, batch_size=16, segment_steps=4, eval_every=0, progress=False)
+    straight = distrain.fit(**common, **layout, max_steps=10, run_dir=str(tmp_path / "straight"))
+    first = distrain.fit(**common, **layout, max_steps=4, run_dir=str(tmp_path / "parts"))
+    resumed = run_training(resume_config(first.run_dir, {"max_steps": 10}), resume=True)
+    assert resumed.summary["steps_completed"] == 10
+    rates = {name: steps_of(run.run_dir).groupby("step")["lr"].first() for name, run in
+             (("straight", straight), ("resumed", resumed))}  # fmt: skip
+    assert rates["resumed"].tolist() == pytest.approx([0.02] * 3 + [0.01] * 3 + [0.005] * 3 + [0.0025])
+    assert rates["straight"].tolist() == rates["resumed"].tolist()
+    assert (final_params(resumed.run_dir) - final_params(straight.run_dir)).abs().max().item() <= TOL
