@@ -22,8 +22,10 @@ def report(run_dirs: list[str] | list[Path], out_dir: Path | None) -> None:
         write_report,
     )
 
-    run_dirs, repeats = distinct_dirs([Path(localize(d, "report")) for d in run_dirs])
-    runs = load_runs(run_dirs)
+    given = [str(d) for d in run_dirs]  # the report names each run so, a URI too (not its local copy)
+    local = [Path(localize(d, "report")) for d in given]
+    kept, repeats = distinct_dirs(local)
+    runs = load_runs([local[i] for i in kept], [given[i] for i in kept])
     target = choose_out_dir(out_dir)
     written = write_report(runs, target)
     table = Table(title=Text(f"distrain report: {len(runs)} run(s)"))
@@ -56,5 +58,5 @@ def report(run_dirs: list[str] | list[Path], out_dir: Path | None) -> None:
         print_wide(table)
     files = ", ".join(p.name for p in written)
     say(f"report in {target}/ ({files})")
-    for path, kept in repeats:  # said, not silently dropped
-        warn(f"note: {str(path)!r} is the same run directory as {str(kept)!r}; it is reported once")
+    for repeat, first in repeats:  # said, not silently dropped
+        warn(f"note: {given[repeat]!r} is the same run directory as {given[first]!r}; it is reported once")

@@ -131,30 +131,6 @@ def check_lr_decay(config: RunConfig) -> None:
             raise ConfigError(f"--lr-decay-gamma must be in (0, 1], got {config.lr_decay_gamma}")
 
 
-@config_check(stage="across")
-def check_update_rules(config: RunConfig) -> None:
-    """--accumulate-steps and --clip-grad-norm where a worker holds part of the model in a way they do not
-    handle yet (docs/optimization.md): a tensor-parallel split (whole and split tensors side by side), and a
-    pipeline of FSDP-sharded stages. FSDP shards and pipeline stages each take both. Sandblaster refuses
-    them itself."""
-    given = [
-        f
-        for f, on in (
-            ("--accumulate-steps", config.accumulate_steps != 1),
-            ("--clip-grad-norm", bool(config.clip_grad_norm)),
-        )
-        if on
-    ]
-    shards, tp, _ = config.replica_grid
-    layout = (
-        "--tensor-parallel" if tp > 1 else "--pipeline-stages with --fsdp" if config.pipelined and shards > 1 else ""
-    )
-    if given and layout:
-        raise ConfigError(
-            f"{given[0]} is not supported with {layout} yet (each worker holds part of the model); drop it"
-        )
-
-
 @config_check
 def check_checkpointing(config: RunConfig) -> None:
     at_least(config, ("checkpoint_every", "checkpoint_steps"), 0)

@@ -145,4 +145,5 @@ def whole_checkpoint(payload: dict[str, Any], path: str | Path) -> dict[str, Any
 
     ref = payload["sharded"]
     whole = read_whole(directory, ref["model_keys"], ref["param_names"], payload.get("strategy_state"))
-    return {k: v for k, v in payload.items() if k != "sharded"} | whole
+    scheduler = {"scheduler": ref["scheduler"]} if "scheduler" in ref else {}  # a task's own, as a replica's
+    return {k: v for k, v in payload.items() if k != "sharded"} | whole | scheduler

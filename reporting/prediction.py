@@ -24,7 +24,7 @@ def prediction_rows(runs: Sequence[Run]) -> list[list[str]]:
             continue
         predicted = float(choice["predicted"]["step_s"])
         try:
-            measured = float(steady_figures_of(run.metrics, str(run.path))["step_s"])
+            measured = float(steady_figures_of(run.metrics, run.source)["step_s"])
         except (ValueError, KeyError):  # too short a run to have a steady state
             rows.append([run.label, choice["strategy"], f"{predicted * 1e3:.2f}", "-", "-"])
             continue

@@ -67,11 +67,17 @@ NOT_SETTINGS = ("run_dir", "tensorboard", "address", "data_dir", "resume")
 
 @dataclass
 class Run:
-    path: Path
+    path: Path  # where its files are read: the directory, or a --storage URI's local copy
     label: str
     config: dict[str, Any]
     summary: dict[str, Any]
     metrics: pd.DataFrame
+    given: str | None = None  # how the user named it (a URI such as s3://bucket/runs/r); None: `path`
+
+    @property
+    def source(self) -> str:
+        """The run as the user named it: the report names it so, never by a download cache's path."""
+        return self.given or str(self.path)
 
 
 def load_run(path: Path) -> Run:
@@ -104,28 +110,32 @@ def _read(path: Path, read: Callable[[Path], Any], what: str, expect: type) -> A
     return value
 
 
-def load_runs(paths: Sequence[Path]) -> list[Run]:
-    """All the runs, in the order given; runs whose directory names collide are labelled by path."""
+def load_runs(paths: Sequence[Path], given: Sequence[str] | None = None) -> list[Run]:
+    """All the runs, in the order given; `given`: how the user named each (a --storage URI whose local
+    copy `paths` holds), by which the report names it. Runs whose directory names collide are labelled
+    by that name in full."""
     runs = [load_run(Path(p)) for p in paths]
+    for run, name in zip(runs, given or [None] * len(runs), strict=True):
+        run.given = name
     names = [run.label for run in runs]
     for run in runs:
         if names.count(run.label) > 1:
-            run.label = str(run.path)
+            run.label = run.source
     return runs
 
 
-def distinct_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
-    """The paths in order with each directory once (however it is spelled), and each repeat left out
-    paired with the path kept for it."""
-    first: dict[Path, Path] = {}
+def distinct_dirs(paths: Sequence[Path]) -> tuple[list[int], list[tuple[int, int]]]:
+    """The indices of `paths` with each directory once (however it is spelled; a URI's local copy is
+    one directory per URI), in order, and each repeat's index paired with the index kept for it."""
+    first: dict[Path, int] = {}
     kept, repeats = [], []
-    for path in map(Path, paths):
+    for i, path in enumerate(map(Path, paths)):
         key = path.resolve()
         if key in first:
-            repeats.append((path, first[key]))
+            repeats.append((i, first[key]))
         else:
-            first[key] = path
-            kept.append(path)
+            first[key] = i
+            kept.append(i)
     return kept, repeats
 
 
@@ -343,7 +353,7 @@ def render(runs: Sequence[Run]) -> dict[str, bytes]:
             files[name] = buffer.getvalue()
     w = smoothing_window(plotted)
     text = "# distrain report\n\n" + setup_text(runs) + "\n"
-    text += "\n".join(f"- `{run.label}`: `{run.path}`" for run in runs) + "\n\n"
+    text += "\n".join(f"- `{run.label}`: `{run.source}`" for run in runs) + "\n\n"
     text += markdown_table(table_rows(runs), COLUMNS) + "\n"
 
     sections = (settings_section(runs), gpu_section(runs), events_section(plotted), prediction_section(runs))

@@ -171,6 +171,8 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
         from distrain.strategies.partition import ps_clients
 
         clocks = [clock] * ps_clients(setup.phase)
-        return [s.set_counters.remote(counters["version"], clocks) for s in group.shards]
+        # A task's own scheduler's position, where the shards step one (strategies/ps_shard.py).
+        scheduler = (counters["scheduler"],) if "scheduler" in counters else ()
+        return [s.set_counters.remote(counters["version"], clocks, *scheduler) for s in group.shards]
 
     return DriverActor(PS_SHARDS, build=build, ready=ready)

@@ -112,9 +112,19 @@ class PSClient:
 
     def snapshot(self) -> tuple[np.ndarray, FlatOptimizerState, dict[str, Any]]:
         """θ and the optimizer state of the whole vector, from every shard's snapshot, and the counters
-        (version, worker clocks) a restored shard continues from. Every push reaches every shard, so
-        shard 0's counters are everyone's."""
+        (version, worker clocks, and a task's own scheduler's state where the shards step one) a restored
+        shard continues from. Every push reaches every shard, and every shard applies the same updates,
+        so shard 0's counters are everyone's."""
         snaps = ray.get([s.snapshot.remote() for s in self.shards], timeout=self.timeout_s)
         theta = np.concatenate([snap["theta"] for snap in snaps])
         optimizer = FlatOptimizerState.concat([FlatOptimizerState.from_dict(snap["optimizer"]) for snap in snaps])
-        return theta, optimizer, {"version": snaps[0]["version"], "clocks": list(snaps[0]["clocks"])}
+        return theta, optimizer, counters_of(snaps[0])
+
+
+def counters_of(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint's "ps" entry keeps of a shard's snapshot: its version, the worker clocks and,
+    where the shards step a task's own scheduler, its state (strategies/ps_shard.py)."""
+    counters = {"version": snapshot["version"], "clocks": list(snapshot["clocks"])}
+    if "scheduler" in snapshot:
+        counters["scheduler"] = snapshot["scheduler"]
+    return counters

@@ -29,6 +29,13 @@ Rules (`ConsistencyRule`, definitions in shared/reference/algorithms.md):
 A push may carry no gradient (None): the worker's step was skipped under --on-nonfinite skip. It
 counts as taking part (a round or portion closes with it, the clock advances) but contributes
 nothing: a round applies the mean of the gradients it did get, and none at all means no update.
+
+A task's own scheduler (`Task.configure_optimizers`) steps once per update applied here (`_apply`), as
+a replica's steps once per optimizer step: a round that closes empty (every gradient skipped, or an
+elastic round without members) moves the version but applies no update, so it does not move the rates,
+as a skipped step does not on a replica. Its position is therefore its own counter, not the version:
+`snapshot` and `restore` carry it, and a run going on from a checkpoint gives it back with the
+counters (`set_counters`).
 """
 
 from __future__ import annotations
@@ -314,13 +321,23 @@ class ParameterShard:
 
     async def snapshot(self) -> dict[str, Any]:
         async with self.changed:
-            return {
+            snap = {
                 "shard_id": self.shard_id,
                 "theta": self.theta.copy(),
                 "optimizer": export_flat_state(self.optimizer, [self.param]).to_dict(),
                 "version": self.version,
                 "clocks": list(self.clocks),
             }
+            if self.scheduler is not None:  # the task's own scheduler: its position and rates
+                snap["scheduler"] = self.scheduler.state_dict()
+            return snap
+
+    def _restore_scheduler(self, state: dict[str, Any] | None) -> None:
+        """The task's scheduler back at a snapshot's position (nothing when either side has none)."""
+        if self.scheduler is not None and state:
+            from distrain.trainers.own_optimizer import restore_scheduler
+
+            restore_scheduler(self.scheduler, state)
 
     def _floor(self) -> int:
         """The least clock among the members: what the bound is measured from."""
@@ -371,11 +388,13 @@ class ParameterShard:
         async with self.changed:
             return self.clocks[worker]
 
-    async def set_counters(self, version: int, clocks: list[int]) -> None:
-        """Continue a checkpointed run: its version and every worker's clock (θ came with the constructor)."""
+    async def set_counters(self, version: int, clocks: list[int], scheduler: dict[str, Any] | None = None) -> None:
+        """Continue a checkpointed run: its version, every worker's clock and the task's scheduler's
+        position (θ and the optimizer state came with the constructor)."""
         async with self.changed:
             self.version = version
             self.clocks = list(clocks)
+            self._restore_scheduler(scheduler)
             self.changed.notify_all()
 
     async def counters(self) -> dict[str, Any]:
@@ -399,5 +418,6 @@ class ParameterShard:
             import_flat_state(self.optimizer, [self.param], FlatOptimizerState.from_dict(snapshot["optimizer"]))
             self.version = snapshot["version"]
             self.clocks = list(snapshot["clocks"])
+            self._restore_scheduler(snapshot.get("scheduler"))
             self.round.clear()
             self.changed.notify_all()

@@ -119,8 +119,19 @@ class ShardedBSP(Strategy):
         """Join the run's group, make the (R, D, T) mesh, cut the trainer's model over it, and count what
         FSDP moves per step: a tensor-parallel worker's own part of the parameters (tensor parallelism's
         activation all-reduces are not counted here)."""
+        import torch.distributed as dist
+
         self.channel.join()
         mesh = self.channel.device_mesh((self.replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
+        # The workers holding the gradient one update applies (--clip-grad-norm's norm is theirs): every
+        # worker of the run (None) when FSDP spans the replicas, else the replica's own D x T, whose steps
+        # are its own (every worker creates every replica's group).
+        self.update_group = None
+        if not self.fsdp_across_replicas and self.replicas > 1:
+            size = self.shards * self.tp
+            self.update_group, _ = dist.new_subgroups_by_enumeration(
+                [list(range(r * size, (r + 1) * size)) for r in range(self.replicas)]
+            )
         reshard = self.config.reshard_after_forward
         trainer.shard(mesh, reshard, across_replicas=self.fsdp_across_replicas, own_samples=self.own_samples)
         from distrain.trainers.sharded_checkpoint import AsyncSaver
@@ -136,7 +147,9 @@ class ShardedBSP(Strategy):
         import torch.distributed as dist
 
         t0 = time.perf_counter()
-        trainer.clip_gradient_()  # --clip-grad-norm: the reduced gradient's norm, on every worker alike
+        # --clip-grad-norm: the norm of the update's whole gradient (reduced over the replicas under HSDP,
+        # the replica's own otherwise), each element counted once; every worker scales its pieces alike.
+        trainer.clip_gradient_(self.update_group)
         total = trainer.local_grad_sum()
         if self.config.on_nonfinite == "skip":
             # Every worker holds a different shard: the sum over all of them decides for all (a NaN or inf
@@ -202,6 +215,7 @@ class ShardedBSP(Strategy):
         self.saver.save(entries, directory / name)
         finite = bool(total.isfinite())
         self.saved = {"dir": name, "step": step, "finite": finite} | self.checkpoint_keys(trainer)
+        self.saved |= trainer.scheduler_state()  # a task's own scheduler: its position, in the reference
         return ShardsSaved(time.perf_counter() - t0, finite)  # the wait for the last save, the staging
 
     def checkpoint_keys(self, trainer: ShardedTrainer) -> dict[str, list[str]]:

@@ -44,15 +44,9 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
         self.anchor: torch.Tensor | None = None  # this worker's part of θ after the last round, flat
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
-        import torch.distributed as dist
-
         mesh = self.join_mesh(trainer)
         self.across = mesh["replicate"].get_group()  # the workers holding this worker's part elsewhere
-        # A replica's own D x T workers decide its local steps (every worker creates every replica's group).
-        size = self.shards * self.tp
-        self.step_group, _ = dist.new_subgroups_by_enumeration(
-            [list(range(r * size, (r + 1) * size)) for r in range(self.replicas)]
-        )
+        self.step_group = self.update_group  # a replica's own D x T workers decide its local steps
         # Replicas start equal (the same seed, or the same loaded state), as plain local SGD's broadcast makes them.
         self.anchor = _flat(trainer.params).clone()
         self.interval_start = time.perf_counter()

@@ -118,6 +118,9 @@ class ShardedPipelineBSP(PipelineBSP):
         from distrain.trainers.optim_state import state_bytes
 
         t0 = time.perf_counter()
+        # --clip-grad-norm: the whole model's norm, each stage's shards counted once over every worker
+        # (the schedule zeroed the trainer's own limit: PipelineBSP.make_schedule).
+        trainer.clip_gradient_(None, limit=self.config.clip_grad_norm)
         # Every worker holds a different piece of the gradient: the sum over all of them decides for all,
         # so every stage and shard skips (or stops) together.
         total = trainer.local_grad_sum()

@@ -130,7 +130,7 @@ class ShardedPS(ShardedBSP):
         import torch.distributed as dist
 
         t0 = time.perf_counter()
-        trainer.clip_gradient_()  # --clip-grad-norm: the replica's gradient, each push (a collective of its D)
+        trainer.clip_gradient_(self.update_group)  # --clip-grad-norm: the replica's gradient, each push
         grads = self._local_gradient(trainer)
         ok = bool(grads.sum().isfinite()) and math.isfinite(trainer.last_loss)
         if self.config.on_nonfinite == "skip":  # the replica's D workers skip together (one update)
@@ -173,14 +173,15 @@ class ShardedPS(ShardedBSP):
         import ray
         import torch
 
+        from distrain.strategies.ps_client import counters_of
         from distrain.trainers.optim_state import FlatOptimizerState
 
         snaps = ray.get([s.snapshot.remote() for s in self.ctx.ps_shards], timeout=self.client.timeout_s)
         theta = self.layout.from_shards(torch.from_numpy(np.concatenate([s["theta"] for s in snaps])))
         optimizer = FlatOptimizerState.concat([FlatOptimizerState.from_dict(s["optimizer"]) for s in snaps])
         optimizer.vectors = {k: self.layout.from_shards(v) for k, v in optimizer.vectors.items()}
-        counters = {"version": snaps[0]["version"], "clocks": list(snaps[0]["clocks"])}
-        return {"model": whole_state_dict(trainer, theta), "optimizer": optimizer.to_dict(), "ps": counters}
+        model = whole_state_dict(trainer, theta)
+        return {"model": model, "optimizer": optimizer.to_dict(), "ps": counters_of(snaps[0])}
 
 
 class ShardedAsync(ShardedPS):

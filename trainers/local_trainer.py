@@ -21,7 +21,7 @@ from distrain.trainers.optim_state import (
     import_flat_state,
     make_optimizer,
 )
-from distrain.trainers.own_optimizer import build_own
+from distrain.trainers.own_optimizer import build_own, restore_scheduler
 from distrain.trainers.precision import LossScaler, autocast
 from distrain.trainers.task import Task, to_device
 
@@ -218,7 +218,7 @@ class LocalTrainer:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         if self.scheduler is not None and state.get("scheduler"):
-            self.scheduler.load_state_dict(state["scheduler"])
+            restore_scheduler(self.scheduler, state["scheduler"])
 
     def flat_optimizer_state(self) -> FlatOptimizerState:
         return export_flat_state(self.optimizer, self.opt_params)

@@ -51,6 +51,16 @@ def build_own(task: Task, params: list[torch.nn.Parameter]) -> tuple[torch.optim
     return optimizer, scheduler
 
 
+def restore_scheduler(scheduler: Any, state: dict[str, Any]) -> None:
+    """Put a checkpointed scheduler back where it was: its counters (`last_epoch`: the updates it has
+    stepped) and the rates it had set on the optimizer's groups. distrain's flat optimizer state carries
+    no param_groups, and a chainable scheduler (StepLR, ExponentialLR, ...) computes its next rate from
+    the group's current one: without the rates, a resumed StepLR would start again from the first."""
+    scheduler.load_state_dict(state)
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr
+
+
 def check_own_optimizer(task: Task, config: Any, model: torch.nn.Module) -> None:
     """Refuse (one line) a task's own optimizer where it cannot run: Sandblaster (its own full-batch
     method), and the parameter-server transport unless the task declares it element-wise; build it once

@@ -71,7 +71,7 @@ class ShardedTrainer:
     ) -> None:
         self.device = torch.device(device)
         self.precision = precision
-        self.accumulate_steps = accumulate_steps  # --accumulate-steps (FSDP only: config/section_checks.py)
+        self.accumulate_steps = accumulate_steps  # --accumulate-steps: micro-batches per update
         self.clip_grad_norm = clip_grad_norm  # --clip-grad-norm: 0 is off
         self.model = model.to(self.device)
         self.task = task
@@ -85,6 +85,9 @@ class ShardedTrainer:
         self.last_logs: dict[str, float] | None = None  # the task's own scalars (local_trainer.split_loss)
         self.hybrid: HybridGradients | None = None
         self.own_optimizer, self.scheduler = False, None  # set by `shard`, with the optimizer
+        self.tp_rank = 0  # this worker's tensor-parallel rank (set by `shard`)
+        self.applied_lr: float | None = None  # the rate of the last update (the task's own optimizer's)
+        self._pending_scheduler: dict[str, Any] | None = None  # a checkpoint's, until `shard` builds the scheduler
 
     # ------------------------------------------------------------------ sharding
     def shard(
@@ -101,6 +104,7 @@ class ShardedTrainer:
 
         forget_earlier_meshes()
         tp = mesh["tp"].size()
+        self.tp_rank = mesh["tp"].get_local_rank()
         if tp > 1:  # the plan was checked before the run started (orchestrator/run_checks.py)
             apply_plan(self.model, self.task.tensor_parallel_plan(tp) or {}, mesh["tp"])
         self.hybrid = HybridGradients(self.model, mesh["tp"]) if own_samples and tp > 1 else None
@@ -125,6 +129,9 @@ class ShardedTrainer:
         if self._pending_dir is not None:
             self._load_sharded(self._pending_dir)
             self._pending_dir = None
+        if self._pending_scheduler is not None:
+            self._restore_scheduler(self._pending_scheduler)
+            self._pending_scheduler = None
 
     def whole_flat(self) -> torch.Tensor:
         """The trainable parameters flat, in order, on the CPU: before `shard` (the whole model), for the
@@ -170,11 +177,16 @@ class ShardedTrainer:
         self.last_logs = logs_sum
         return self.last_loss
 
-    def clip_gradient_(self) -> None:
-        """--clip-grad-norm over this replica's DTensor gradients: torch's clip_grad_norm_ gathers the norm
-        over the shards (a collective: every worker of the mesh calls it, finite or not)."""
-        if self.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None], self.clip_grad_norm)
+    def clip_gradient_(self, group: Any = None, limit: float | None = None) -> None:
+        """--clip-grad-norm (or `limit`) over the gradient one update applies, whose pieces the workers of
+        `group` hold (None: the run's): trainers/cut_gradient_norm.py counts each element once across
+        FSDP shards, tensor-parallel splits and the tensors the T workers hold alike. A collective: every
+        worker of `group` calls it, finite or not."""
+        from distrain.trainers.cut_gradient_norm import clip_cut_gradient_
+
+        limit = self.clip_grad_norm if limit is None else limit
+        if limit > 0:
+            clip_cut_gradient_([p.grad for p in self.params if p.grad is not None], limit, group, self.tp_rank)
 
     def local_grad_sum(self) -> torch.Tensor:
         """The sum of this worker's gradient shards (NaN or inf if any value is), for the run-wide check."""
@@ -185,7 +197,9 @@ class ShardedTrainer:
 
     def apply_update(self, lr: float) -> None:
         assert self.optimizer is not None
-        if not self.own_optimizer:  # the task's own optimizer keeps its own rates (trainers/own_optimizer.py)
+        if self.own_optimizer:  # the task's own optimizer keeps its own rates (trainers/own_optimizer.py)
+            self.applied_lr = float(self.optimizer.param_groups[0]["lr"])  # the step row's lr column
+        else:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
         self.optimizer.step()
@@ -216,6 +230,10 @@ class ShardedTrainer:
         """A sharded checkpoint ({"sharded": {"path": directory}}: each worker reads its own pieces, once
         the model is cut) or a whole (layout-free) state: before `shard` into the model as it is, after
         it into each shard."""
+        # A task's own scheduler's position: in the shards' reference, or beside a whole state.
+        scheduler = state["sharded"].get("scheduler") if "sharded" in state else state.get("scheduler")
+        if self.optimizer is None:
+            self._pending_scheduler = scheduler
         if "sharded" in state:
             directory = Path(state["sharded"]["path"])
             self.loaded_from = directory
@@ -223,6 +241,7 @@ class ShardedTrainer:
                 self._pending_dir = directory
             else:
                 self._load_sharded(directory)
+                self._restore_scheduler(scheduler)
             return
         flat = FlatOptimizerState.from_dict(state["optimizer"])
         if self.optimizer is None:
@@ -234,6 +253,17 @@ class ShardedTrainer:
             for key, value in state["model"].items():
                 local_part(own[key]).copy_(local_part(shard_of(value, own[key])))
         self._import_optimizer(flat)
+        self._restore_scheduler(scheduler)
+
+    def scheduler_state(self) -> dict[str, Any]:
+        """{"scheduler": its state} where the task's own scheduler runs (the same on every worker), else {}."""
+        return {"scheduler": self.scheduler.state_dict()} if self.scheduler is not None else {}
+
+    def _restore_scheduler(self, state: dict[str, Any] | None) -> None:
+        if self.scheduler is not None and state:
+            from distrain.trainers.own_optimizer import restore_scheduler
+
+            restore_scheduler(self.scheduler, state)
 
     def _load_sharded(self, directory: Path) -> None:
         """Every worker of the run at once: its pieces of the model and optimizer state (DCP reshards)."""

@@ -137,7 +137,8 @@ class Attempt:
             self.emit(Notice(selection_note(self.task, self.config.val_fraction)))
         self.state.steps_done = self.steps_done
         if self.checkpoint is not None:
-            keys = ("model", "optimizer", "sharded", "strategy_state", "scaler")  # "sharded": a reference
+            # "sharded": a reference; "scheduler": a task's own scheduler's position (a replica's)
+            keys = ("model", "optimizer", "sharded", "strategy_state", "scaler", "scheduler")
             per_rank, notice = channel_checkpoint.restore(self.checkpoint, ranks, run_codec(self.config))
             if notice is not None:
                 self.emit(Notice(notice))
@@ -404,7 +405,7 @@ class Attempt:
                 extra=extra,
             )
             payload = {"global_step": steps_done}
-            kept = ("model", "optimizer", "sharded", "ps", "strategy_state", "scaler")  # "sharded": a reference
+            kept = ("model", "optimizer", "sharded", "ps", "strategy_state", "scaler", "scheduler")
             for key in (*kept, channel_checkpoint.KEY, channel_checkpoint.WHY):
                 if key in state:
                     payload[key] = state[key]

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import distrain
 from distrain.cli import app
-from distrain.orchestrator.storage import filesystem
+from distrain.orchestrator.storage import filesystem, local_copy_of
 from tests.s3_server import s3_bucket  # noqa: F401 - the fixture
 from tests.tensorboard_events import read_scalars
 
@@ -87,7 +87,9 @@ def test_a_run_on_s3_with_every_logger_resumes_and_reports_from_the_bucket(tmp_p
     result = CliRunner().invoke(app, ["report", f"{storage}/r", "--out", str(out)])
     assert result.exit_code == 0, result.output
     text = (out / "report.md").read_text()
-    assert "| r | bsp | 2 |" in text and f"{Path(resumed.run_dir)}`" in text  # the bucket's copy, downloaded
+    # Named as the user named it: the URI, not the local copy the report read (orchestrator/storage.py).
+    assert "| r | bsp | 2 |" in text and f"- `r`: `{storage}/r`" in text
+    assert str(local_copy_of(f"{storage}/r")) not in text and str(Path(resumed.run_dir)) not in text
     model = distrain.load_model(f"{storage}/r")
     final = torch.load(io.BytesIO(read_remote(f"{storage}/r/checkpoints/final.pt")), weights_only=False)
     for name, value in model.state_dict().items():

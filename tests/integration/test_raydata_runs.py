@@ -6,7 +6,8 @@ whose training set is a Ray Dataset read from Parquet files this test writes (te
   the epoch (the ids each worker's batches held), 20 steps of 2 x 32 rows, to a stated accuracy;
 - through `distrain run --task path.py:Name` under local SGD, the test set a Ray Dataset too: the
   evaluation scores every test row once (the recorded figures equal the final model's, recomputed here
-  on the whole test set), and the run says how many CPUs Ray Data streams on.
+  on the whole test set), and the run says how many CPUs Ray Data streams on;
+- through `distrain.fit` under DiLoCo: every training row once in the epoch, the outer steps on time.
 """
 
 from __future__ import annotations
@@ -80,3 +81,23 @@ def test_local_sgd_through_the_cli_streams_the_test_set_too(data, tmp_path):
         accuracy = float((logits.argmax(1) == y).float().mean())
     assert summary["final_test_accuracy"] == pytest.approx(accuracy, abs=1e-9)
     assert summary["final_test_loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_diloco_through_fit_reads_every_row_once(data, tmp_path):
+    """DiLoCo over the streamed training set: each worker's inner steps take its own shard of
+    `streaming_split`, the outer steps every H = 5 inner steps; every row once in the epoch, 4 outer steps."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    args = {"data_dir": str(data), "seen_dir": str(seen)}
+    result = distrain.fit(
+        TASK, task_args=args, strategy="diloco", sync_every=5, run_dir=str(tmp_path / "run"), progress=False, **RUN
+    )
+    assert result.status == "completed", result.summary
+    assert result.summary["outer_steps"] == 4
+    steps = pd.read_parquet(tmp_path / "run" / "metrics.parquet").query("kind == 'step'")
+    assert sorted(steps["step"].unique()) == list(range(20))
+    assert steps.groupby("worker")["samples"].sum().to_dict() == {0: ROWS // 2, 1: ROWS // 2}
+    ids = sorted(int(i) for f in seen.glob("*.txt") for i in f.read_text().split())
+    assert ids == list(range(ROWS))  # every row once: no row twice, none left out
+    assert len(list(seen.glob("*.txt"))) == 2
+    assert steps.sort_values("step")["loss"].iloc[0] > 2 * result.summary["final_test_loss"], result.summary

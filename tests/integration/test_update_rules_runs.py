@@ -95,6 +95,44 @@ def test_accumulation_and_clipping_keep_bsp_equal_to_one_worker_at_the_global_ba
     assert (final_params(pipe.run_dir) - clipped).abs().max().item() <= TOL
 
 
+def test_tensor_parallel_replicas_accumulate_and_clip_as_one_worker_at_the_global_batch(tmp_path):
+    """The cnn at --tensor-parallel 2 (its hybrid plan: each worker on its own samples, the classifier
+    split; global batch T x k x B): k = 2 micro-steps of 16 equal one worker at 64, and clipped to 0.1,
+    k = 1 at 32, one worker at 64 clipped alike (the norm counts the split classifier's halves once and
+    the convolutions' gradients, which both workers hold, once); the clip binds. Then the mlp (its two
+    workers share each slice) cut --fsdp 2 x --tensor-parallel 2 and a pipeline of --fsdp 2 sharded
+    stages, both at k = 2 and clipped, against one worker: the norm over FSDP shards of tensor-parallel
+    halves, and over the stages' shards."""
+    one = {
+        name: run_training(RunConfig(**BASE, workers=1, batch_size=64, run_dir=str(tmp_path / name), **kw))
+        for name, kw in (("plain", {}), ("clipped", {"clip_grad_norm": 0.1}))
+    }
+    ends = {name: final_params(run.run_dir) for name, run in one.items()}
+    assert (ends["clipped"] - ends["plain"]).abs().max().item() > 1e-3  # the clip did bind
+    accumulated = run_training(
+        RunConfig(**BASE, workers=1, tensor_parallel=2, batch_size=16, accumulate_steps=2,
+                  run_dir=str(tmp_path / "t2k2"))
+    )  # fmt: skip
+    assert accumulated.summary["global_batch_size"] == 64
+    assert (final_params(accumulated.run_dir) - ends["plain"]).abs().max().item() <= TOL
+    clipped = run_training(
+        RunConfig(**BASE, workers=1, tensor_parallel=2, batch_size=32, clip_grad_norm=0.1,
+                  run_dir=str(tmp_path / "t2c"))
+    )  # fmt: skip
+    assert (final_params(clipped.run_dir) - ends["clipped"]).abs().max().item() <= TOL
+    mlp = BASE | {"model": "mlp", "clip_grad_norm": 0.1}
+    one_mlp = run_training(RunConfig(**mlp, workers=1, batch_size=64, run_dir=str(tmp_path / "m1")))
+    reference = final_params(one_mlp.run_dir)
+    layouts = {
+        "d2t2": dict(fsdp=2, tensor_parallel=2, batch_size=16),
+        "s2d2": dict(fsdp=2, pipeline_stages=2, microbatches=2, batch_size=16),
+    }
+    for name, layout in layouts.items():
+        run = run_training(RunConfig(**mlp, **layout, workers=1, accumulate_steps=2, run_dir=str(tmp_path / name)))
+        assert run.summary["global_batch_size"] == 64, name
+        assert (final_params(run.run_dir) - reference).abs().max().item() <= TOL, name
+
+
 def test_a_task_elementwise_optimizer_and_scheduler_run_alike_on_both_transports_with_accumulation(tmp_path):
     """Over the collective at 2 x 16; over the PS at 2 x k = 2 x 8: the same global batch of 32."""
     common = dict(task=AdamStepTask, workers=2, epochs=1, seed=1, segment_steps=6, eval_every=0, progress=False)
@@ -111,3 +149,41 @@ def test_a_task_elementwise_optimizer_and_scheduler_run_alike_on_both_transports
     assert rates == pytest.approx([0.02] * 3 + [0.01] * 3)  # the task's StepLR, not --lr's schedule
     rows = steps_of(tmp_path / "ps")
     assert len(rows) == 12 and (rows["samples"] == 16).all()  # one row per update, k x B samples each
+
+
+def test_a_ps_run_with_its_own_scheduler_resumes_at_the_scheduler_s_position(tmp_path):
+    """BSP over the PS (2 shards) with the task's Adam and StepLR (halved every 3 updates): 4 updates,
+    then --resume to 10, ends where the run taken straight through to 10 does (the shards' scheduler
+    state rides in the checkpoint's "ps" counters). Without it the resumed shards would start the
+    schedule again at 0.02 for updates 5 and 6, and the ends differ."""
+    from distrain.orchestrator.checkpoint import load_checkpoint
+    from distrain.orchestrator.resume import resume_config
+
+    common = dict(task=AdamStepTask, workers=2, epochs=2, seed=1, batch_size=16, segment_steps=4, eval_every=0,
+                  strategy="bsp", transport="ps", ps_shards=2, progress=False)  # fmt: skip
+    straight = distrain.fit(**common, max_steps=10, run_dir=str(tmp_path / "straight"))
+    first = distrain.fit(**common, max_steps=4, run_dir=str(tmp_path / "parts"))
+    ps = load_checkpoint(Path(first.run_dir) / "checkpoints" / "final.pt")["ps"]
+    assert ps["version"] == 4 and ps["scheduler"]["last_epoch"] == 4 and ps["scheduler"]["_last_lr"] == [0.01]
+    resumed = run_training(resume_config(first.run_dir, {"max_steps": 10}), resume=True)
+    assert straight.summary["steps_completed"] == resumed.summary["steps_completed"] == 10
+    assert torch.equal(final_params(resumed.run_dir), final_params(straight.run_dir))
+
+
+@pytest.mark.parametrize("layout", [{"workers": 2}, {"workers": 1, "fsdp": 2}], ids=["replicas", "fsdp"])
+def test_a_replica_run_with_its_own_scheduler_resumes_at_the_scheduler_s_position(tmp_path, layout):
+    """BSP over the collective with the task's Adam and StepLR (halved every 3 updates), plain replicas
+    and one replica cut over --fsdp 2 (the scheduler's state in the shards' reference): 4 updates, then
+    --resume to 10, at the straight run's rates (the lr column) and to its end."""
+    from distrain.orchestrator.resume import resume_config
+
+    common = dict(task=AdamStepTask, epochs=2, seed=1, batch_size=16, segment_steps=4, eval_every=0, progress=False)
+    straight = distrain.fit(**common, **layout, max_steps=10, run_dir=str(tmp_path / "straight"))
+    first = distrain.fit(**common, **layout, max_steps=4, run_dir=str(tmp_path / "parts"))
+    resumed = run_training(resume_config(first.run_dir, {"max_steps": 10}), resume=True)
+    assert resumed.summary["steps_completed"] == 10
+    rates = {name: steps_of(run.run_dir).groupby("step")["lr"].first() for name, run in
+             (("straight", straight), ("resumed", resumed))}  # fmt: skip
+    assert rates["resumed"].tolist() == pytest.approx([0.02] * 3 + [0.01] * 3 + [0.005] * 3 + [0.0025])
+    assert rates["straight"].tolist() == rates["resumed"].tolist()
+    assert (final_params(resumed.run_dir) - final_params(straight.run_dir)).abs().max().item() <= TOL

@@ -87,6 +87,10 @@ def test_the_shards_take_their_counters_back_when_the_run_goes_on(strategy, valu
     refs = spec.ready(group, ActorSetup(config, 3, 0, 1, counters=counters))
     # SSP's bounded rule goes on from the furthest clock; the others from the version.
     assert refs == [("s0.set_counters", 7, [clock] * 3), ("s1.set_counters", 7, [clock] * 3)]
+    # A task's own scheduler stepped by the shards: its state goes back to every shard with the counters.
+    scheduler = {"last_epoch": 6, "_last_lr": [0.01]}
+    refs = spec.ready(group, ActorSetup(config, 3, 0, 1, counters=counters | {"scheduler": scheduler}))
+    assert refs == [(f"s{i}.set_counters", 7, [clock] * 3, scheduler) for i in range(2)]
 
 
 def test_start_in_order_hands_earlier_handles_to_later_specs_and_waits_on_each_ready():

@@ -214,3 +214,77 @@ def test_a_skipped_portion_counts_as_done_and_the_round_averages_the_others():
     s = asyncio.run(scenario())
     np.testing.assert_allclose(s.theta, [-2.0, -2.0])
     assert s.version == 1
+
+
+# ---------------------------------------------------------------------- a task's own scheduler on a shard
+class _StepTask:
+    """What a shard builds from a task's config: SGD at 1.0, halved every 2 updates by a StepLR."""
+
+    def configure_optimizers(self, params):
+        import torch
+
+        optimizer = torch.optim.SGD(params, lr=1.0)
+        return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+
+
+def _own_shard(theta=(0.0, 0.0), optimizer_state=None) -> ParameterShard:
+    from distrain.trainers.task import Task
+
+    class StepTask(_StepTask, Task):
+        pass
+
+    spec = OptimizerSpec("sgd", 0.0, 0.0, task_config="any", task_builder=lambda config: StepTask())
+    return ParameterShard(0, 1, ConsistencyRule.bsp(), spec, np.array(theta, np.float32), optimizer_state)
+
+
+def _updates(s: ParameterShard, grads: list) -> list[float]:
+    """Push each of `grads` (None: a skipped step) as worker 0's next round; the rate after each."""
+
+    async def scenario():
+        rates = []
+        for g in grads:
+            await s.push_pull(0, s.version, None if g is None else np.array(g, np.float32), 0.0, s.version)
+            rates.append(s.optimizer.param_groups[0]["lr"])
+        return rates
+
+    return asyncio.run(scenario())
+
+
+def test_a_shard_steps_a_task_scheduler_once_per_update_applied_not_per_round():
+    """An empty round (every gradient skipped) moves the version, not the rates: the rule a replica's
+    skipped step follows."""
+    s = _own_shard()
+    rates = _updates(s, [[1.0, 1.0], None, [1.0, 1.0], [1.0, 1.0], None])
+    assert s.version == 5 and s.scheduler.last_epoch == 3
+    assert rates == [1.0, 1.0, 0.5, 0.5, 0.5]
+    np.testing.assert_allclose(s.theta, [-2.5, -2.5])  # updates at 1.0, 1.0 and 0.5 (the empty round: none)
+
+
+def test_a_shard_resumed_from_its_snapshot_goes_on_at_the_scheduler_s_position():
+    """3 updates, a snapshot (a checkpoint's "ps" counters and flat state), a new shard from it: the
+    next 3 updates are those of the shard taken straight through; without the scheduler's state the new
+    one would start again at rate 1.0."""
+    from distrain.strategies.ps_client import counters_of
+
+    grads = [[1.0, -1.0], [0.5, 2.0], None, [1.0, 1.0], [2.0, 0.0], [1.0, 3.0], [0.5, 0.5]]
+    straight = _own_shard()
+    straight_rates = _updates(straight, grads)
+    first = _own_shard()
+    _updates(first, grads[:4])
+    snap = asyncio.run(first.snapshot())
+    counters = counters_of(snap)
+    assert counters["scheduler"]["last_epoch"] == 3 and counters["version"] == 4
+    resumed = _own_shard(snap["theta"], snap["optimizer"])
+    asyncio.run(resumed.set_counters(counters["version"], counters["clocks"], counters["scheduler"]))
+    assert _updates(resumed, grads[4:]) == straight_rates[4:]
+    np.testing.assert_array_equal(resumed.theta, straight.theta)
+    restored = _own_shard()  # recovery's path: a running shard restored to the snapshot
+    asyncio.run(restored.restore(snap))
+    assert _updates(restored, grads[4:]) == straight_rates[4:]
+    np.testing.assert_array_equal(restored.theta, straight.theta)
+
+
+def test_a_shard_without_a_task_scheduler_keeps_its_counters_as_they_were():
+    from distrain.strategies.ps_client import counters_of
+
+    assert set(counters_of(asyncio.run(shard(ConsistencyRule.bsp(), 1).snapshot()))) == {"version", "clocks"}

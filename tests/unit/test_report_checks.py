@@ -100,5 +100,5 @@ def test_distinct_dirs_keeps_the_first_spelling_of_each_directory(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a, b = tmp_path / "a", tmp_path / "b"
-    kept, repeats = distinct_dirs([a, b, tmp_path / "b" / ".." / "a", a])
-    assert kept == [a, b] and repeats == [(tmp_path / "b" / ".." / "a", a), (a, a)]
+    kept, repeats = distinct_dirs([a, b, tmp_path / "b" / ".." / "a", a])  # by index: paths[2] repeats paths[0]
+    assert kept == [0, 1] and repeats == [(2, 0), (3, 0)]

@@ -215,11 +215,6 @@ def test_accumulation_multiplies_the_global_batch_and_the_samples_per_step():
     [
         ({"accumulate_steps": 0}, "--accumulate-steps must be >= 1"),
         ({"clip_grad_norm": -1.0}, "--clip-grad-norm must be >= 0"),
-        (
-            {"clip_grad_norm": 1.0, "pipeline_stages": 2, "fsdp": 2, "workers": 1},
-            "--clip-grad-norm is not supported with --pipeline-stages with --fsdp",
-        ),
-        ({"accumulate_steps": 2, "tensor_parallel": 2}, "--accumulate-steps is not supported with --tensor-parallel"),
         ({"accumulate_steps": 2, "strategy": "sandblaster"}, "sandblaster ignores --accumulate-steps"),
         ({"clip_grad_norm": 1.0, "strategy": "sandblaster"}, "sandblaster ignores --clip-grad-norm"),
     ],
@@ -227,3 +222,39 @@ def test_accumulation_multiplies_the_global_batch_and_the_samples_per_step():
 def test_bad_or_unsupported_update_rules_are_refused_in_one_line(kw, error):
     with pytest.raises(ConfigError, match=error):
         RunConfig(**kw)
+
+
+@pytest.mark.parametrize(
+    ("layout", "global_batch"),
+    [
+        ({"tensor_parallel": 2, "model": "mlp"}, 2 * 16),  # the T workers share a slice
+        ({"tensor_parallel": 2, "model": "cnn"}, 2 * 2 * 16),  # the hybrid: each its own
+        ({"tensor_parallel": 2, "fsdp": 2, "model": "mlp"}, 2 * 2 * 16),
+        ({"pipeline_stages": 2, "fsdp": 2, "model": "mlp"}, 2 * 2 * 16),
+    ],
+)
+def test_cut_replicas_take_accumulation_and_clipping(layout, global_batch):
+    """Tensor-parallel replicas and pipelines of FSDP stages accumulate and clip (trainers/cut_gradient_norm.py):
+    no refusal, and the global batch counts the k micro-steps."""
+    config = RunConfig(**layout, workers=1, batch_size=16, accumulate_steps=2, clip_grad_norm=1.0)
+    assert config.global_batch_size == global_batch
+
+
+def test_a_replica_resumed_from_its_state_goes_on_at_its_scheduler_s_rates():
+    """The checkpoint's flat optimizer state carries no param_groups, and a StepLR computes its next rate
+    from the group's current one: the scheduler's state must bring its rates back (restore_scheduler)."""
+    straight, first = trainer(OwnAdam()), trainer(OwnAdam())
+    rates = []
+    for t, steps in ((straight, 5), (first, 3)):
+        for _ in range(steps):
+            t.compute_gradients(batch())
+            t.apply_update(0.0)
+            rates.append(t.applied_lr)
+    resumed = trainer(OwnAdam())
+    resumed.load_state_dict(first.state_dict())
+    for _ in range(2):
+        resumed.compute_gradients(batch())
+        resumed.apply_update(0.0)
+        rates.append(resumed.applied_lr)
+    assert rates[:5] == [0.01, 0.01, 0.005, 0.005, 0.0025] and rates[5:] == rates[:5]
+    assert torch.equal(resumed.params_flat, straight.params_flat)
