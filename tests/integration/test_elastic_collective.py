@@ -7,7 +7,11 @@ brings it back to MAX; that node is removed without warning mid-round (the survi
 fails, the round is abandoned and redone, the group re-forms among the survivors: a shrink, not a
 failure). Checked from the recorded metrics and the membership books: every (epoch, step, slice)
 exactly once, the parameters equal on every member just before and just after each re-form, the
-learning rate following the round's global batch."""
+learning rate following the round's global batch.
+
+The three strategies run one after another in one subprocess, on one simulated cluster (each run adds and
+removes its own nodes, so each starts from the head alone): a subprocess, its imports and a cluster cost
+CI about ten seconds each, twice saved. Each strategy is still its own test, reading its own run."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys, time
+    import json, sys, time, traceback
     import psutil
     import ray
     from ray.cluster_utils import Cluster
@@ -91,31 +95,56 @@ SCRIPT = textwrap.dedent(
         cluster.remove_node(node, allow_graceful=False)
 
 
-    churn = Churn()
-    # DiLoCo at the run's lr 0.05 (not its default 0.01) so the rate checks below read one figure for all
-    extra = {"local-sgd": {"tau": 4}, "diloco": {"sync_every": 4, "lr": 0.05}}.get(sys.argv[2], {})
-    cfg = RunConfig(
-        strategy=sys.argv[2], **extra, model="mlp", workers="1..3", batch_size=16, epochs=4, segment_steps=4, seed=3,
-        comm_delay_ms=100.0, hang_timeout_s=30.0, collective_timeout_s=30.0, run_dir=sys.argv[1],
-    )
-    r = run_training(cfg, callbacks=[churn])
-    out = {"summary": r.summary, "phase": churn.phase, "log": log,
-           "nodes": {k: n.node_id for k, n in nodes.items()}, "head": head}
+    def churned_run(strategy, run_dir):
+        churn = Churn()
+        # DiLoCo at the run's lr 0.05 (not its default 0.01) so the rate checks below read one figure for all
+        extra = {"local-sgd": {"tau": 4}, "diloco": {"sync_every": 4, "lr": 0.05}}.get(strategy, {})
+        cfg = RunConfig(
+            strategy=strategy, **extra, model="mlp", workers="1..3", batch_size=16, epochs=4, segment_steps=4,
+            seed=3, comm_delay_ms=100.0, hang_timeout_s=30.0, collective_timeout_s=30.0, run_dir=run_dir,
+        )
+        r = run_training(cfg, callbacks=[churn])
+        return {"summary": r.summary, "phase": churn.phase, "log": log,
+                "nodes": {k: n.node_id for k, n in nodes.items()}, "head": head}
+
+
+    results = {}
+    for strategy in sys.argv[2:]:
+        log, nodes = [], {}  # this run's (Churn and crash read the module's names)
+        try:
+            results[strategy] = churned_run(strategy, f"{sys.argv[1]}/{strategy}")
+        except Exception:  # the other strategies still run: each test reports its own
+            results[strategy] = {"error": traceback.format_exc()}
+        for node in nodes.values():  # a run that failed mid-churn: the next starts from the head alone
+            if node in cluster.worker_nodes:
+                cluster.remove_node(node, allow_graceful=False)
     ray.shutdown()
     cluster.shutdown()
-    print("RESULT " + json.dumps(out, default=str))
+    print("RESULT " + json.dumps(results, default=str))
     """
 )
 
 
-@pytest.mark.serial  # beside another test file's runs, a run has ended before its new node's workers joined
-@pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
-def test_collective_run_grows_drains_and_loses_a_node_reforming_from_memory(tmp_path, strategy):
-    run_dir = tmp_path / "r"
-    args = [sys.executable, "-c", SCRIPT, str(run_dir), strategy]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+STRATEGIES = ["bsp", "local-sgd", "diloco"]
+
+
+@pytest.fixture(scope="module")
+def churned_runs(tmp_path_factory) -> dict:
+    """Every strategy's run under churn, in one subprocess: strategy -> (its RESULT, its run directory)."""
+    root = tmp_path_factory.mktemp("churn")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(root), *STRATEGIES], capture_output=True, text=True,
+                          timeout=1500)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
+    results = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
+    return {strategy: (out, root / strategy) for strategy, out in results.items()}
+
+
+@pytest.mark.serial  # beside another test file's runs, a run has ended before its new node's workers joined
+@pytest.mark.timeout(1500)  # the first test waits for all three runs
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_collective_run_grows_drains_and_loses_a_node_reforming_from_memory(churned_runs, strategy):
+    out, run_dir = churned_runs[strategy]
+    assert "error" not in out, out.get("error")
     s, m = out["summary"], out["summary"]["membership"]
     assert out["phase"] == "done", out["log"]
     assert s["status"] == "completed" and s["failures"] == 0, s["failure_events"]  # a shrink above MIN is no failure
