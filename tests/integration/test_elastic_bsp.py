@@ -5,7 +5,11 @@ node is removed without warning and the run shrinks back to MIN. Checked from th
 the shards' books: every (epoch, step, slice) unit exactly once, rounds (versions) only moving
 forward, each round made of the gradients of that round's members (1, then 3, then 1 again), joiners
 entering at a round boundary with the live shards' parameters. The same with backup workers (k-of-n,
-k = members - b). The round logic without Ray: tests/unit/test_elastic_rounds.py."""
+k = members - b). The round logic without Ray: tests/unit/test_elastic_rounds.py.
+
+Runs on the same head (2 CPUs: plain BSP and backup tasks) go one after another in one subprocess, on one
+simulated cluster (each run adds and removes its own node): a subprocess, its imports and a cluster cost
+CI about ten seconds each. Each is still its own test, reading its own run."""
 
 from __future__ import annotations
 
@@ -21,14 +25,14 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys, time
+    import json, sys, time, traceback
     import ray
     from ray.cluster_utils import Cluster
     from distrain.config import RunConfig
     from distrain.orchestrator.callbacks import Callback
     from distrain.orchestrator.run import run_training
 
-    head_cpus, workers, backups, tasks = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "tasks"
+    head_cpus, runs = int(sys.argv[2]), json.loads(sys.argv[3])  # {name: [workers, backups, mode]}
     fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "_system_config": fast})
     ray.init(address=cluster.address)
@@ -59,30 +63,58 @@ SCRIPT = textwrap.dedent(
                 self.phase = "done"
 
 
-    churn = Churn()  # backup tasks: longer, as the first member takes most portions while the others start
-    cfg = RunConfig(
-        strategy="bsp", transport="ps", backup_workers=backups, backup_tasks=tasks, model="mlp", workers=workers,
-        batch_size=16, epochs=5 if tasks else 3, segment_steps=2, seed=3, comm_delay_ms=60.0, hang_timeout_s=30.0,
-        collective_timeout_s=60.0, run_dir=sys.argv[1],
-    )
-    r = run_training(cfg, callbacks=[churn])
-    out = {"summary": r.summary, "phase": churn.phase, "log": log}
+    def churned_run(workers, backups, tasks, run_dir):
+        churn = Churn()  # backup tasks: longer, as the first member takes most portions while the others start
+        cfg = RunConfig(
+            strategy="bsp", transport="ps", backup_workers=backups, backup_tasks=tasks, model="mlp", workers=workers,
+            batch_size=16, epochs=5 if tasks else 3, segment_steps=2, seed=3, comm_delay_ms=60.0, hang_timeout_s=30.0,
+            collective_timeout_s=60.0, run_dir=run_dir,
+        )
+        r = run_training(cfg, callbacks=[churn])
+        return {"summary": r.summary, "phase": churn.phase, "log": log}
+
+
+    results = {}
+    for name, (workers, backups, mode) in runs.items():
+        log, nodes = [], {}  # this run's (Churn reads the module's names)
+        try:
+            results[name] = churned_run(workers, backups, mode == "tasks", f"{sys.argv[1]}/{name}")
+        except Exception:  # the other runs still go: each test reports its own
+            results[name] = {"error": traceback.format_exc()}
+        for node in nodes.values():  # a run that failed mid-churn: the next starts from the head alone
+            if node in cluster.worker_nodes:
+                cluster.remove_node(node, allow_graceful=False)
     ray.shutdown()
     cluster.shutdown()
-    print("RESULT " + json.dumps(out, default=str))
+    print("RESULT " + json.dumps(results, default=str))
     """
 )
+
+
+# Runs on a head with room for MIN = 1: name -> (--workers, --backup-workers, mode).
+ON_TWO_CPUS = {"bsp": ("1..3", 0, "rounds"), "tasks": ("1..3", 0, "tasks")}
+
+
+@pytest.fixture(scope="module")
+def on_two_cpus(tmp_path_factory) -> dict:
+    """The runs of ON_TWO_CPUS, one after another on one simulated cluster: name -> (RESULT, run dir)."""
+    return _runs(tmp_path_factory.mktemp("churn"), 2, ON_TWO_CPUS)
 
 
 # k-of-n is paced by wall time: beside another test file's runs, it has ended before the lost node's member left.
 K_OF_N = pytest.param("2..3", 1, 3, id="k-of-n", marks=pytest.mark.serial)
 
 
+@pytest.mark.timeout(1200)  # [bsp] waits for both of ON_TWO_CPUS' runs
 @pytest.mark.parametrize("workers, backups, head_cpus", [pytest.param("1..3", 0, 2, id="bsp"), K_OF_N])
 def test_bsp_over_ps_grows_and_shrinks_with_every_unit_once_and_rounds_of_the_members(
-    tmp_path, workers, backups, head_cpus
+    request, tmp_path, workers, backups, head_cpus
 ):
-    out, rows = _run(tmp_path, workers, backups, head_cpus, "rounds")
+    if head_cpus == 2:
+        assert ON_TWO_CPUS["bsp"] == (workers, backups, "rounds")
+        out, rows = _checked(*request.getfixturevalue("on_two_cpus")["bsp"], workers)
+    else:
+        out, rows = _checked(*_runs(tmp_path, head_cpus, {"k-of-n": (workers, backups, "rounds")})["k-of-n"], workers)
     s, m = out["summary"], out["summary"]["membership"]
     low = int(workers.split("..")[0])
     joins = [e for e in m["events"] if e["change"] == "join" and e["cause"] == "placed"]
@@ -117,8 +149,9 @@ def test_bsp_over_ps_grows_and_shrinks_with_every_unit_once_and_rounds_of_the_me
     assert s["final_test_accuracy"] > 0.5
 
 
-def test_backup_tasks_under_a_range_hand_portions_to_the_members_and_a_leavers_out_again(tmp_path):
-    out, rows = _run(tmp_path, "1..3", 0, 2, "tasks")
+@pytest.mark.timeout(1200)
+def test_backup_tasks_under_a_range_hand_portions_to_the_members_and_a_leavers_out_again(on_two_cpus):
+    out, rows = _checked(*on_two_cpus["tasks"], ON_TWO_CPUS["tasks"][0])
     s, m = out["summary"], out["summary"]["membership"]
     portions = 6  # 2 x MAX
     # Every round is the whole global batch in P portions, each counted once whoever computed it;
@@ -134,14 +167,19 @@ def test_backup_tasks_under_a_range_hand_portions_to_the_members_and_a_leavers_o
     assert s["final_test_accuracy"] > 0.5
 
 
-def _run(tmp_path, workers: str, backups: int, head_cpus: int, mode: str) -> tuple[dict, pd.DataFrame]:
-    """One run under churn (grow to 3, then lose the added node): its summary and step rows, with the
-    membership checks every mode shares."""
-    run_dir = tmp_path / "r"
-    args = [sys.executable, "-c", SCRIPT, str(run_dir), str(head_cpus), workers, str(backups), mode]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+def _runs(root, head_cpus: int, runs: dict) -> dict:
+    """Runs under churn (each: grow to 3, then lose the added node), one after another on one simulated
+    cluster with a head of `head_cpus`: name -> (its RESULT, its run directory)."""
+    args = [sys.executable, "-c", SCRIPT, str(root), str(head_cpus), json.dumps(runs)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600 * len(runs))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
+    results = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
+    return {name: (out, root / name) for name, out in results.items()}
+
+
+def _checked(out: dict, run_dir, workers: str) -> tuple[dict, pd.DataFrame]:
+    """One run's summary and step rows, with the membership checks every mode shares."""
+    assert "error" not in out, out.get("error")
     s, m = out["summary"], out["summary"]["membership"]
     low = int(workers.split("..")[0])
     assert out["phase"] == "done", out["log"]
