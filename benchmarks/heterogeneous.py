@@ -10,9 +10,10 @@ Two cases, every run of both interleaved round by round on one Ray started once:
      the first gradient in, so the slow worker's are mostly dropped;
    - static shares (`--worker-weights 3,1`): b = 1.5B and 0.5B, the speeds known in advance;
    - speed-balanced BSP (`--balance speed`): the driver measures and moves the shares.
-2. A static "fast" and "slow" group (per-group batch sizes are not built, docs/heterogeneous.md: the
-   groups are emulated by ranks): workers 0-1 fast, 2-3 at `--straggler x3`, global batch 4B; plain BSP,
-   the groups' known speeds as static shares (`--worker-weights 3,3,1,1`), and `--balance speed`.
+2. A static "fast" and "slow" resource group: workers 0-1 fast, 2-3 at `--straggler x3`, global batch
+   4B; plain BSP, the groups' known speeds as per-group batch sizes (`--worker-group fast:2:1.5B
+   --worker-group slow:2:0.5B`, on one node here: placement by node kind is tests/integration/
+   test_worker_groups.py's), and `--balance speed`.
 
 Reported per contender: `steady_state_samples_per_s` (summary.json) and its ratio to its case's plain
 BSP, and the training time to a validation accuracy (from the first step, one evaluation per epoch;
@@ -63,7 +64,10 @@ def contenders(case: str, b: int) -> dict[str, dict]:
     slow = dict(workers=4, batch_size=b, straggler=["2:x3", "3:x3"])
     return {
         PLAIN: slow,
-        "static group shares 3,3,1,1": dict(worker_weights="3,3,1,1", **slow),
+        # --worker-group: two groups at 1.5B and 0.5B per worker (ranks dealt group by group: 2-3 are slow)
+        "resource groups fast:2, slow:2": dict(
+            worker_groups=[f"fast:2:{3 * b // 2}", f"slow:2:{b // 2}"], straggler=slow["straggler"]
+        ),
         BALANCED: dict(balance="speed", **slow),
     }
 
