@@ -3,11 +3,13 @@ docs/heterogeneous.md): what the weights make of the global batch, and the runs 
 shares yet, refused in one line.
 
 Unequal shares keep the update the whole batch's only where a step's gradients are combined by one mean
-that the channel can weight (BSP over either transport). The others are refused rather than run wrong:
-k-of-n rounds and backup tasks (a round's mean is over whichever gradients arrive first), sharded
-replicas and pipelines (a replica's batch is cut again inside it), and strategies without one mean per
-step. Under a range (--workers MIN..MAX) only --balance speed over BSP's all-reduce takes shares (each
-round a whole step cut among the members, `check_elastic_shares`)."""
+that can be weighted (BSP over either transport; a pipeline's per-stage all-reduce over its replicas).
+The others are refused rather than run wrong: k-of-n rounds and backup tasks (a round's mean is over
+whichever gradients arrive first), sharded replicas (a replica's batch is cut again inside it), and
+strategies without one mean per step. A pipeline's replicas take static weights only, one per replica
+(`pipeline_shares`: whole sets of micro-batches). Under a range (--workers MIN..MAX) only --balance
+speed over BSP's all-reduce takes shares (each round a whole step cut among the members,
+`check_elastic_shares`)."""
 
 from __future__ import annotations
 
@@ -38,7 +40,21 @@ def worker_shares(config: RunConfig) -> tuple[int, ...] | None:
     weights = parse_worker_weights(config.worker_weights, config.worker_slots)
     if not weights:
         return None
+    if config.pipelined:
+        return pipeline_shares(config, weights)
     return split_batch(config.global_batch_size, weights)
+
+
+def pipeline_shares(config: RunConfig, weights: tuple[float, ...]) -> tuple[int, ...]:
+    """A pipeline's replica shares: the global batch cut in whole sets of its P micro-batches (P = M x
+    --accumulate-steps), b_r = P x u_r with u = split_batch(B / P, weights). torch's schedules allocate
+    each stage's receive buffers from the first micro-batch's shape, so a replica's micro-batches must all
+    be one size (--microbatches already divides --batch-size); with b_r a multiple of P they are, b_r / P
+    each, and the schedule's mean over its P micro-batches is the mean over the replica's b_r samples."""
+    from distrain.strategies.pipeline import PipelineShape
+
+    parts = PipelineShape.of(config).micro
+    return tuple(parts * u for u in split_batch(config.global_batch_size // parts, weights))
 
 
 def unequal_shares(config: RunConfig) -> bool:
@@ -61,13 +77,19 @@ def check_worker_shares(config: RunConfig) -> None:
         else "--balance speed"
     )
     check_elastic_shares(config, given)  # (--worker-group never has a range: its counts fix --workers)
+    if config.pipelined and (config.balance != "none" or groups_section.rank_shares(config)):
+        what = "--balance speed" if config.balance != "none" else groups_section.FLAG
+        raise ConfigError(
+            f"{what} does not compose with --pipeline-stages yet; a pipeline's replicas take --worker-weights"
+        )
     for flag, used in (
         ("--schedule", bool(config.schedule)),
-        ("--pipeline-stages", config.pipelined),
         ("--fsdp/--tensor-parallel", config.sharded),
     ):
         if used:
             raise ConfigError(f"{given} does not compose with {flag} yet; drop one of them")
+    if config.pipelined:
+        check_replica_weights(config)
     parse_worker_weights(config.worker_weights, config.worker_slots)  # numbers, positive, one per worker
     if config.strategy not in SHARED_STRATEGIES:
         raise ConfigError(
@@ -102,4 +124,16 @@ def check_elastic_shares(config: RunConfig, given: str) -> None:
         raise ConfigError(
             f"{given} under --workers MIN..MAX needs --strategy bsp over the collective transport, not "
             f"--strategy {config.strategy} --transport {config.transport}; drop one of them"
+        )
+
+
+def check_replica_weights(config: RunConfig) -> None:
+    """A pipeline's weights are one per replica (--workers R), not one per stage actor (R x S): said in
+    those words, since R x S weights is the natural mistake. (Each replica always gets at least one
+    sample per micro-batch: B / P = R x --batch-size / --microbatches >= R.)"""
+    count = len(str(config.worker_weights).split(","))
+    if count != config.worker_slots:
+        raise ConfigError(
+            f"{FLAG} {config.worker_weights!r} gives {count} weights for {config.worker_slots} pipeline replicas "
+            f"(--workers {config.worker_slots}, {config.replica_size} stage actors each); give one per replica"
         )

@@ -12,6 +12,12 @@ name actors that way: ranks 0..S-1 are replica 0's stages). Each actor holds one
 2. each stage's gradient is averaged with its R copies (one all-reduce over the stage's data-parallel
    group), then every stage steps its own optimizer: the update BSP makes on the global batch R x B.
 
+Unequal replica shares (--worker-weights, one weight per replica; docs/heterogeneous.md): replica r takes
+b_r samples of the step's B (its contiguous block, whole sets of its micro-batches, so they stay equal:
+config/shares_section.py `pipeline_shares`); its stages' gradients are the mean over its b_r samples, and
+each stage multiplies its gradient by b_r x R / B before the all-reduce (`weigh_share`), so the mean over
+the R copies is the whole batch's mean gradient, the update of one process at B.
+
 The process groups: one default group of all S x R actors (the run's TCP rendezvous, as BSP's), plus
 per-replica pipeline groups and per-stage data-parallel groups made from it with `new_group` (every
 actor creates every group, in the same order, as torch requires).
@@ -249,6 +255,7 @@ class PipelineBSP(Strategy):
         self.bytes_p2p = (0, 0)  # this step's activations/gradients (sent, received)
         self.stats: dict[str, Any] = {}
         self.steps_run = 0
+        self.share_weight = 1.0  # b_r x R / B under unequal replica shares (`weigh_share`)
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -297,6 +304,14 @@ class PipelineBSP(Strategy):
         # The work plan gives actor r slice r; a pipeline's S stages all read their replica's slice.
         for epoch, step, _ in units:
             yield epoch, step, self.replica
+
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """Unequal replica shares: every stage of replica r gets the replica's b_r (its slice of the step),
+        and weights its gradient by b_r x R / B before the stage's all-reduce over the R copies (`step`;
+        the channel's own weight applies to the whole group's gradient all-reduce, which a pipeline has not)."""
+        from distrain.trainers.shares import gradient_weight
+
+        self.share_weight = gradient_weight(samples, self.replicas, step_samples)
 
     def pipeline_ranks(self) -> list[int]:
         return [self.replica * self.stages + s for s in range(self.stages)]
@@ -472,6 +487,8 @@ class PipelineBSP(Strategy):
 
         traffic = Traffic()
         if self.dp_group is not None:  # the stage's gradient, averaged with its R copies
+            if self.share_weight != 1.0:  # its replica's share of the step (`weigh_share`)
+                trainer.grads_flat.mul_(self.share_weight)
             traffic = self.channel.all_reduce("grads", trainer.grads_flat, subgroup=self.dp_group)
         if self.config.clip_grad_norm > 0:
             self._clip_replica_gradient(trainer.grads_flat)

@@ -329,7 +329,10 @@ class Attempt:
         compute = rows["compute_s"]
         if unequal_shares(self.config):  # a worker with a larger share is not slow: judged per equal share
             equal = self.config.global_batch_size / self.config.worker_slots
-            compute = [c * equal / n if n else c for c, n in zip(compute, rows["samples"], strict=True)]
+            taken = rows["samples"]
+            if self.config.pipelined:  # every stage of a replica runs its share (only the last counts it)
+                taken = [self.config.worker_shares[r] for r in rows["replica"]]
+            compute = [c * equal / n if n else c for c, n in zip(compute, taken, strict=True)]
         if self.balancer is not None:
             self.balancer.add(rows["worker"], rows["compute_s"], rows["samples"])
         self.detector.add(rows["worker"], compute)

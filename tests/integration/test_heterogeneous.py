@@ -70,6 +70,36 @@ def test_weighted_shares_equal_one_process_at_the_global_batch_on_both_transport
         assert run.summary["worker_shares"] == [48, 16]  # what the report shows
 
 
+def test_weighted_pipeline_replicas_equal_one_process_and_see_every_sample_once(tmp_path, one_process):
+    """--worker-weights 3,1 over a pipeline's replicas (S = 2 stages, R = 2 replicas, M = 4 micro-batches):
+    replica 0 takes 48 samples a step (micro-batches of 12), replica 1 16 (of 4), each stage weights its
+    gradient by b_r x R / B before the all-reduce over its copies: after 30 momentum-SGD steps (across an
+    epoch's end) the model equals one process at 64. The last stage's rows record each replica's share,
+    and rebuilt from them every step's blocks tile its 64 samples, each sample of the epoch once."""
+    config = cfg(tmp_path, "pipe", worker_weights="3,1", pipeline_stages=2, microbatches=4)
+    run = run_training(config)
+    assert run.summary["steps_completed"] == STEPS and run.summary["worker_shares"] == [48, 16]
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+    steps = step_rows(run)
+    assert sorted(set(zip(steps["worker"], steps["stage"], steps["replica"], strict=True))) == [
+        (0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)
+    ]  # fmt: skip
+    last = steps[steps["stage"] == 1]  # the stage that counts its replica's samples (the others record 0)
+    assert last.groupby("replica")["samples"].unique().map(list).to_dict() == {0: [48], 1: [16]}
+    assert (steps[steps["stage"] == 0]["samples"] == 0).all()
+    train = task_splits(build_task(config), config.val_fraction).train
+    sharder = EpochSharder(len(train), config.global_batch_size, config.seed)
+    seen = []
+    for (step, epoch), rows in last.groupby(["step", "epoch"]):
+        cut = tuple(int(b) for b in rows.sort_values("replica")["samples"])
+        within = step - epoch * sharder.steps_per_epoch
+        blocks = np.concatenate([sharder.worker_indices(epoch, within, r, 2, cut) for r in range(2)])
+        assert np.array_equal(blocks, sharder.global_batch_indices(epoch, within))
+        seen += [(epoch, int(i)) for i in blocks]
+    first = [s for s in seen if s[0] == 0]
+    assert len(first) == len(set(first)) == 22 * 64
+
+
 def test_speed_balanced_shares_move_mid_epoch_see_every_sample_once_and_equal_one_process(tmp_path, one_process):
     """Worker 1 computes 6x slower: --balance speed moves its share down at a segment start inside the
     first epoch; rebuilt from the recorded shares, every step is cut into blocks covering its 64 samples,

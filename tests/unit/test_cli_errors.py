@@ -252,7 +252,8 @@ BAD_INPUTS = [
     (["--worker-weights", "3,1", "--strategy", "ssp"], ["applies to --strategy bsp", "not --strategy ssp"]),
     (["--worker-weights", "3,1", "--transport", "ps", "--backup-tasks"], ["does not compose with --backup-tasks"]),
     (["--worker-weights", "3,1", "--workers", "2..3"], ["does not compose with --workers MIN..MAX"]),
-    (["--worker-weights", "3,1", "--pipeline-stages", "2"], ["does not compose with --pipeline-stages"]),
+    (["--worker-weights", "3,1,1,1", "--pipeline-stages", "2"], ["gives 4 weights for 2 pipeline replicas"]),
+    (["--balance", "speed", "--pipeline-stages", "2"], ["--balance speed does not compose with --pipeline-stages"]),
     (["--worker-weights", "3,1", "--fsdp", "2"], ["does not compose with --fsdp/--tensor-parallel"]),
     (["--balance", "fastest"], ["unknown --balance 'fastest'", "none, speed"]),
     # resource groups (issue 31): --worker-group NAME:COUNT:BATCH[:RESOURCE=AMOUNT,...]

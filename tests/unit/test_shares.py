@@ -71,6 +71,21 @@ def test_the_config_gives_each_worker_its_share_of_the_global_batch():
     assert RunConfig(workers=2).worker_shares is None
 
 
+def test_a_pipelines_replicas_take_whole_sets_of_their_micro_batches():
+    """One weight per replica; each share a multiple of P = --microbatches x --accumulate-steps, so a
+    replica's micro-batches stay one size (torch's schedules receive into buffers of the first one's
+    shape) and the schedule's mean over them is the mean over the replica's samples."""
+    pipe = dict(model="mlp", workers=2, batch_size=32, pipeline_stages=2, microbatches=4)
+    assert RunConfig(**pipe, worker_weights="3,1").worker_shares == (48, 16)
+    assert RunConfig(**pipe, worker_weights="2,1").worker_shares == (44, 20)  # not 43/21: 11 and 5 sets of 4
+    assert RunConfig(**pipe, worker_weights="2,1", accumulate_steps=2).worker_shares == (88, 40)  # P = 8
+    assert RunConfig(**pipe, worker_weights="1000,1").worker_shares == (60, 4)  # each replica one set at least
+    three = RunConfig(**(pipe | dict(workers=3, microbatches=8)), worker_weights="1,1,2").worker_shares
+    assert three == (24, 24, 48) and all(b % 8 == 0 for b in three)
+    with pytest.raises(ConfigError, match="gives 4 weights for 2 pipeline replicas"):
+        RunConfig(**pipe, worker_weights="3,1,3,1")
+
+
 def test_the_report_shows_each_workers_share():
     import pandas as pd
 
