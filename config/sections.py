@@ -318,7 +318,8 @@ class Stragglers:
         "Heterogeneous workers' static shares, one weight per worker (e.g. 3,1): each step's global batch "
         "(--workers x --batch-size) is cut in proportion, each worker's gradient weighted by its share, so the "
         "update is still the whole batch's (bsp over either transport; local-sgd and diloco weigh their "
-        "averages by the samples each replica took; docs/heterogeneous.md).",
+        "averages by the samples each replica took; under --pipeline-stages one weight per replica, cut in whole "
+        "sets of micro-batches; docs/heterogeneous.md).",
         "stragglers",
         "equal",
         metavar="W1,W2,...",
