@@ -53,8 +53,9 @@ class ActorSetup:
     # Builds the run's task from its config (the orchestrator's `build_task`, handed down so this layer
     # need not import it): PS shards build a task's own optimizer (`Task.configure_optimizers`) with it.
     task_builder: Callable[[RunConfig], Any] | None = None
-    # The run's shards may come from and go to the warm pool (orchestrator/warm_pool.py; ps_shard_group.py).
-    warm: bool = False
+    # The warm pool (orchestrator/warm_pool.py: take, keep) when the run's shards may come from and go to
+    # it (strategies/ps_shard_group.py), else None.
+    pool: Any = None
     _theta: Any = field(default=None, init=False, repr=False)
 
     def theta(self) -> np.ndarray:
@@ -163,7 +164,7 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
                 vectors = {k: layout.to_shards(v) for k, v in optimizer.vectors.items()}
                 optimizer = type(optimizer)(vectors, dict(optimizer.scalars))
         group = ShardGroup(
-            setup.phase, rule, theta, optimizer, where, bounds, task_builder=setup.task_builder, warm=setup.warm
+            setup.phase, rule, theta, optimizer, where, bounds, task_builder=setup.task_builder, pool=setup.pool
         )
         return group, list(group.shards)
 

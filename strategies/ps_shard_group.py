@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
+from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from distrain.orchestrator import warm_pool
 from distrain.strategies.partition import partition, ps_clients
 from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
 from distrain.strategies.sandblaster_shard import SandblasterShard
@@ -26,7 +26,8 @@ class ShardGroup:
     affinity for a run's own placement, or a shard bundle: a Tune trial's, an elastic run's, or a warm
     run's own; see cluster.Placement).
 
-    `warm`: the run's shards may be kept warm (orchestrator/warm_pool.py). Where every shard has a bundle
+    `pool`: the warm pool (orchestrator/warm_pool.py, handed down: this layer does not import the
+    orchestrator) when the run's shards may be kept warm, else None. Where every shard has a bundle
     holding its CPUs and the rule is not Sandblaster's, shard k is an idle shard from the pool on its
     bundle's node, rebuilt (`ParameterShard.rebuild`), or a fresh zero-CPU actor pinned to that node;
     `rebuilding` holds the rebuild calls (the spec's `ready` waits on them before anything else)."""
@@ -40,7 +41,7 @@ class ShardGroup:
         scheduling: list[Any],
         bounds: list[tuple[int, int]] | None = None,
         task_builder: Any = None,
-        warm: bool = False,
+        pool: Any = None,
     ) -> None:
         """`bounds`: each shard's slice of `theta` (default: K near-equal contiguous slices)."""
         assert config.ps_shards is not None
@@ -57,8 +58,8 @@ class ShardGroup:
         cls = SandblasterShard if rule.mode == "sandblaster" else ParameterShard
         concurrency = max(64, 4 * config.num_worker_actors)
         self.pool_kind = f"ps_shard/{concurrency}"  # a warm shard serves only as many callers as it was made for
-        nodes = bundle_nodes(scheduling) if warm and cls is ParameterShard else None
-        self.poolable = nodes is not None
+        nodes = bundle_nodes(scheduling) if pool is not None and cls is ParameterShard else None
+        self.pool = pool if nodes is not None else None
         self.rebuilding: list[Any] = []
         self.shards = []
         for k, (start, stop) in enumerate(self.bounds):
@@ -70,7 +71,7 @@ class ShardGroup:
                 theta[start:stop],
                 optimizer_state.slice(start, stop).to_dict() if optimizer_state else None,
             )
-            shard = warm_pool.take(nodes[k], self.pool_kind) if nodes is not None else None
+            shard = self.pool.take(nodes[k], self.pool_kind) if self.pool is not None else None
             if shard is not None:
                 self.rebuilding.append(shard.rebuild.remote(*args))
             else:
@@ -91,13 +92,13 @@ class ShardGroup:
     def keep_warm(self) -> list[Any]:
         """After a completed run: retire the shards into the warm pool, as many as it keeps; returns those
         kept (the caller no longer kills them). None kept when one does not retire cleanly."""
-        if not self.poolable:
+        if self.pool is None:
             return []
         try:
             nodes = ray.get([s.retire.remote() for s in self.shards], timeout=10)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
             return []
-        return warm_pool.keep(self.shards, nodes, self.pool_kind)
+        return self.pool.keep(self.shards, nodes, self.pool_kind)
 
     def stats(self) -> list[dict]:
         """Each shard's record of dropped gradients and round membership (`ParameterShard.stats`)."""
@@ -109,6 +110,7 @@ def bundle_nodes(scheduling: list[Any]) -> list[str] | None:
     does not hold the shards' CPUs: those shards ask for their own, so they cannot be kept warm)."""
     if not all(isinstance(s, PlacementGroupSchedulingStrategy) for s in scheduling):
         return None
-    from distrain.orchestrator.cluster import bundle_nodes as placed
-
-    return [placed(s.placement_group)[s.placement_group_bundle_index] for s in scheduling]
+    return [
+        placement_group_table(s.placement_group)["bundles_to_node_id"][s.placement_group_bundle_index]
+        for s in scheduling
+    ]

@@ -218,7 +218,7 @@ class RayWorkerGroup:
             # A warm run's shards ask for no CPU: each goes in a bundle that holds its CPUs (cluster.Placement).
             shard_slots=lambda count: self.placement.shards(workers, count, phase.cpus_per_shard if self.warm else 0.0),
             task_builder=build_task,
-            warm=self.warm,
+            pool=warm_pool if self.warm else None,
         )
         self._start_driver_actors(specs, setup)
         first = self.workers[self.members()[0]]  # an elastic run's slot 0 may have no worker
