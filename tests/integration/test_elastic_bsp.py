@@ -50,10 +50,11 @@ SCRIPT = textwrap.dedent(
                 # the lost node's members leave once Ray's health checks (1.5 s) and the driver have seen it
                 # go: keep the run going that long (on a loaded machine it could end first, still at MAX)
                 time.sleep(0.3)
-            if self.phase == "grown" and not {1, 2} <= self.seen and time.time() - self.grown_at < 60:
+            if self.phase == "grown" and not {1, 2} <= self.seen and time.time() - self.grown_at < 120:
                 # the joiners are starting on the new node: slow the run until both have pushed (with the
-                # validation split's shorter epochs, a loaded machine ended a run before they had, still at MIN)
-                time.sleep(0.3)
+                # validation split's shorter epochs, a loaded machine ended a run before they had, still at MIN;
+                # 0.3 s per segment was not enough: a run's remaining segments slept under 25 s in all)
+                time.sleep(1.0)
             if self.phase == "grow":
                 nodes["a"] = cluster.add_node(num_cpus=2)
                 self.phase, self.seen, self.grown_at = "grown", set(), time.time()
