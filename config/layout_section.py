@@ -192,8 +192,13 @@ def check_layout(config: RunConfig) -> None:
             "over the collective transport, or async, ssp or bsp over --transport ps, so far (the other "
             "strategies across cut replicas are not built yet); drop it or use one of those"
         )
-    if config.pipelined and t > 1:  # pipeline stages compose with --fsdp (strategies/sharded_pipeline.py) only
-        raise ConfigError(f"--tensor-parallel {t} does not compose with --pipeline-stages yet; drop one of them")
+    if config.pipelined and tp_sample_ranks(config.model, config.task, t) > 1:
+        # A hybrid plan's T workers each feed their own samples through the convolutions: a stage boundary
+        # would hand stage s + 1 T different batches where torch's schedule has one micro-batch.
+        raise ConfigError(
+            f"--tensor-parallel {t} with the {config.model} model's hybrid plan (each tensor-parallel "
+            "worker on its own samples) does not compose with --pipeline-stages; drop one of them"
+        )
     for flag, used in (
         ("--workers MIN..MAX", config.elastic),
         ("--compress", config.compress is not None),

@@ -20,9 +20,12 @@ class ActivationMeter:
         self.peak = 0
 
     def pack(self, t: torch.Tensor) -> Any:
-        if t.untyped_storage().data_ptr() == self.param_storage:
+        # A DTensor (a tensor-parallel layer's input or weight) is a wrapper with no storage of its own:
+        # what it holds is its local tensor.
+        local = getattr(t, "_local_tensor", t)
+        if local.untyped_storage().data_ptr() == self.param_storage:
             return t
-        return _Held(t, self)
+        return _Held(t, local, self)
 
     @staticmethod
     def unpack(held: Any) -> torch.Tensor:
@@ -32,8 +35,8 @@ class ActivationMeter:
 class _Held:
     __slots__ = ("t", "n", "meter")
 
-    def __init__(self, t: torch.Tensor, meter: ActivationMeter) -> None:
-        self.t, self.n, self.meter = t, t.numel() * t.element_size(), meter
+    def __init__(self, t: torch.Tensor, local: torch.Tensor, meter: ActivationMeter) -> None:
+        self.t, self.n, self.meter = t, local.numel() * local.element_size(), meter
         meter.live += self.n
         meter.peak = max(meter.peak, meter.live)
 

@@ -1,11 +1,20 @@
-"""Pipelines of sharded stages: BSP over R replicas of a model cut into S stages, each stage's module
-sharded D ways by FSDP2 (`--pipeline-stages S --fsdp D`; BSP.implementation picks it).
+"""Pipelines of cut stages: BSP over R replicas of a model cut into S stages, each stage's module split
+T ways by its tensor-parallel plan and sharded D ways by FSDP2 (`--pipeline-stages S` with `--fsdp D`
+and/or `--tensor-parallel T`; BSP.implementation picks it).
 
-R x S x D worker actors; actor rank = (replica x S + stage) x D + shard (trainers/grid_position.py): a
-stage's D shards are neighbours, then a replica's S stages. Each worker builds its
-stage (trainers/pipeline_split.py, the full model's parameter names kept) and `fully_shard`s it over
-the run's device mesh (R, S, D, 1) = ("replicate", "stage", "shard", "tp") sliced to ("replicate",
-"shard"): its stage's D shards in every replica, HSDP as ShardedBSP's (trainers/sharded_trainer.py).
+R x S x D x T worker actors; actor rank = ((replica x S + stage) x D + shard) x T + tp
+(trainers/grid_position.py): a stage's T tensor-parallel workers are neighbours, then its D shards, then
+a replica's S stages. Each worker builds its stage (trainers/pipeline_split.py, the full model's
+parameter names kept), applies the plan's entries for the layers in that stage over the mesh's "tp"
+dimension, and `fully_shard`s it over the run's device mesh (R, S, D, T) = ("replicate", "stage",
+"shard", "tp") sliced to ("replicate", "shard"): its stage's D shards in every replica, HSDP as
+ShardedBSP's (trainers/sharded_trainer.py).
+
+Tensor parallelism across a stage boundary needs no extra step: torch's Colwise/RowwiseParallel hand
+plain local tensors in and out (`use_local_output`), so a colwise layer ending stage s gives TP rank t
+its slice of the features and sends it to TP rank t of stage s + 1, whose rowwise layer expects just
+that slice (a pipeline is one shard and one TP rank of every stage: the mesh's "stage" dimension). The
+cnn's hybrid plan (each TP worker on its own samples) is refused with stages (config/layout_section.py).
 
 A replica is D pipelines side by side: shard d of every stage forms one pipeline (the mesh's "stage"
 dimension, a group of S workers whose group rank is the stage, as torch's PipelineStage needs), feeding
@@ -23,8 +32,7 @@ Checkpoints: every worker writes its stage's shards through DCP, as ShardedBSP's
 one whole-model checkpoint that any layout (or one process) reads back. Rank 0 hands the driver the
 reference with the whole model's keys, gathered from its pipeline's stages at set-up.
 
-Not built: tensor parallelism with stages (config/layout_section.py refuses it), elastic membership and
-strategies other than BSP (pipelines are BSP-only, config/strategy_section.py).
+Not built: elastic membership and strategies other than BSP (pipelines are BSP-only, config/strategy_section.py).
 """
 
 from __future__ import annotations
@@ -50,16 +58,16 @@ SHARDED_PIPELINE_COLUMNS = PIPELINE_COLUMNS | {
 
 
 class ShardedPipelineBSP(PipelineBSP):
-    """`bsp` with --pipeline-stages S >= 2 and --fsdp D >= 2."""
+    """`bsp` with --pipeline-stages S >= 2 and --fsdp D >= 2 and/or --tensor-parallel T >= 2."""
 
     metric_columns = SHARDED_PIPELINE_COLUMNS
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        self.shards, tp, _ = config.replica_grid
-        self.replicas = ctx.world_size // (self.stages * self.shards)
-        where = grid_position(ctx.rank, self.shards, tp, self.stages)
-        self.replica, self.stage, self.shard = where.replica, where.stage, where.shard
+        self.shards, self.tp, _ = config.replica_grid
+        self.replicas = ctx.world_size // (self.stages * self.shards * self.tp)
+        where = grid_position(ctx.rank, self.shards, self.tp, self.stages)
+        self.replica, self.stage, self.shard, self.tp_rank = where.replica, where.stage, where.shard, where.tp
         self.data_rank = where.data_rank(self.shards)
         self.first, self.last = self.stage == 0, self.stage == self.stages - 1
         self.saved: dict[str, Any] | None = None  # the last checkpoint begun (ShardedBSP.checkpoint_shards)
@@ -69,13 +77,16 @@ class ShardedPipelineBSP(PipelineBSP):
         return self.replicas * self.shards
 
     def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
-        # The S stages of shard d in replica r all read data-parallel rank (r, d)'s slice.
+        # The S stages of shard d in replica r all read data-parallel rank (r, d)'s slice (its T
+        # tensor-parallel workers too: they share it).
         for epoch, step, _ in units:
             yield epoch, step, self.data_rank
 
     def pipeline_ranks(self) -> list[int]:
-        """The run ranks of this worker's pipeline: shard `shard` of each of its replica's stages."""
-        return [(self.replica * self.stages + s) * self.shards + self.shard for s in range(self.stages)]
+        """The run ranks of this worker's pipeline: shard `shard`, TP rank `tp_rank` of each of its replica's
+        stages."""
+        R, S, D, T = self.replica, self.stages, self.shards, self.tp
+        return [((R * S + s) * D + self.shard) * T + self.tp_rank for s in range(S)]
 
     # ------------------------------------------------------------------ set-up
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
@@ -84,10 +95,12 @@ class ShardedPipelineBSP(PipelineBSP):
         from distrain.trainers.sharded_checkpoint import AsyncSaver
 
         self.channel.join()
-        S, D, R = self.stages, self.shards, self.replicas
-        mesh = self.channel.device_mesh((R, S, D, 1), ("replicate", "stage", "shard", "tp"))
+        S, D, T, R = self.stages, self.shards, self.tp, self.replicas
+        mesh = self.channel.device_mesh((R, S, D, T), ("replicate", "stage", "shard", "tp"))
         reshard = self.config.reshard_after_forward
-        trainer.shard(mesh, reshard)  # FSDP over ("replicate", "shard"): this stage's shards, every replica
+        # The plan's layers of this stage over "tp", then FSDP over ("replicate", "shard"): this stage's
+        # shards, every replica.
+        trainer.shard(mesh, reshard)
         self.pipe_group = mesh["stage"].get_group()  # group rank = stage (torch's PipelineStage peers)
         self.saver = AsyncSaver()
         self.make_schedule(trainer)  # type: ignore[arg-type]
@@ -141,10 +154,11 @@ class ShardedPipelineBSP(PipelineBSP):
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, trainer: ShardedTrainer, batches: Iterable[Any]) -> dict[str, tuple[float, float]]:  # type: ignore[override]
-        """Each of the replica's D pipelines runs the replica's share (the stage's forward gathers its
-        parameters from all D shards); shard 0's last stage scores it."""
+        """Each of the replica's D x T pipelines runs the replica's share (the stage's forward gathers its
+        parameters from all D shards, its split layers talk over the T workers); shard 0's TP rank 0's
+        last stage scores it."""
         totals = super().evaluate(trainer, batches)  # type: ignore[arg-type]
-        return totals if self.shard == 0 else {}
+        return totals if self.shard == 0 and self.tp_rank == 0 else {}
 
     # ------------------------------------------------------------------ state
     def at_epoch_end(self, trainer: ShardedTrainer) -> CommStats | None:  # type: ignore[override]

@@ -19,8 +19,8 @@ WIDTH = 1024
 
 
 class WideMLP(distrain.Task):
-    def __init__(self, blocks: int = 4, samples: int = 512, width: int = WIDTH) -> None:
-        self.blocks, self.samples, self.width = blocks, samples, width
+    def __init__(self, blocks: int = 4, samples: int = 512, width: int = WIDTH, tp_plan: bool = False) -> None:
+        self.blocks, self.samples, self.width, self.tp_plan = blocks, samples, width, tp_plan
 
     def build_model(self) -> nn.Module:
         layers: list[nn.Module] = []
@@ -36,6 +36,11 @@ class WideMLP(distrain.Task):
 
     def split_points(self):
         return [str(2 * i) for i in range(1, self.blocks)]  # before each Linear but the first
+
+    def tensor_parallel_plan(self, tp: int):
+        # With `tp_plan`: the second block's Linear column-wise, the third's row-wise; at S = 2 the stage
+        # boundary falls between them (each TP rank hands its slice of the features to the next stage's).
+        return {"2": "colwise", "4": "rowwise"} if self.tp_plan and self.blocks >= 3 else None
 
     def criterion(self, output, batch):
         return nn.functional.mse_loss(output, batch[1])

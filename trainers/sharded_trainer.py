@@ -105,8 +105,12 @@ class ShardedTrainer:
         forget_earlier_meshes()
         tp = mesh["tp"].size()
         self.tp_rank = mesh["tp"].get_local_rank()
-        if tp > 1:  # the plan was checked before the run started (orchestrator/run_checks.py)
-            apply_plan(self.model, self.task.tensor_parallel_plan(tp) or {}, mesh["tp"])
+        if tp > 1:  # the plan was checked on the whole model before the run started (orchestrator/run_checks.py)
+            # A pipeline stage holds some of the model's layers (under their own names): it splits those.
+            here = dict(self.model.named_modules())
+            plan = {name: style for name, style in (self.task.tensor_parallel_plan(tp) or {}).items() if name in here}
+            if plan:
+                apply_plan(self.model, plan, mesh["tp"])
         self.hybrid = HybridGradients(self.model, mesh["tp"]) if own_samples and tp > 1 else None
         self.tp_numel = sum(local_part(p).numel() for p in self.model.parameters() if p.requires_grad)
         dp = mesh["replicate", "shard"] if across_replicas else mesh["shard"]

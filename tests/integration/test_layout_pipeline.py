@@ -2,7 +2,9 @@
 on real Ray actors over real gloo groups: S = 2 x D = 2 equals one process at the same global batch
 after 20 steps of momentum SGD, each of the four workers holds a quarter of the parameters, gradients and
 optimizer state, its sharded checkpoint is the whole model's, and R = 2 such replicas (HSDP per stage,
-1F1B) resume as one at the same global batch, ending where one process does."""
+1F1B) resume as one at the same global batch, ending where one process does. S = 2 x T = 2 (a
+tensor-parallel plan whose column-wise layer ends stage 0 and whose row-wise layer starts stage 1) equals
+one process too."""
 
 from __future__ import annotations
 
@@ -89,3 +91,29 @@ def test_sharded_stages_of_two_replicas_resume_as_one_replica_at_the_same_global
     )
     assert resumed.summary["status"] == "completed" and resumed.summary["steps_completed"] == 20
     assert (final_params(resumed.run_dir) - one_process[0]).abs().max().item() <= TOL
+
+
+def test_two_stages_split_two_ways_across_the_stage_boundary_equal_one_process(tmp_path, one_process):
+    """S = 2 x T = 2: the task's plan cuts Linear "2" (the end of stage 0) column-wise and Linear "4" (the
+    start of stage 1) row-wise, so each TP rank of stage 0 sends its half of the features to its peer in
+    stage 1. The run is one process's at B = 32, and each worker holds its stage's whole layers plus half
+    of the split ones."""
+    planned = {"task_args": TASK["task_args"] | {"tp_plan": True}}
+    run = run_training(cfg(tmp_path, "s2t2", workers=1, tensor_parallel=2, batch_size=32, pipeline_stages=2,
+                           microbatches=2, **planned))  # fmt: skip
+    assert run.summary["status"] == "completed" and run.summary["global_batch_size"] == 32
+    assert run.summary["layout"]["workers_per_replica"] == 4
+    params, one_steps, one_test_loss = one_process
+    assert (final_params(run.run_dir) - params).abs().max().item() <= TOL
+    assert abs(run.summary["final_test_loss"] - one_test_loss) <= TOL  # TP rank 0's pipeline scores, once
+    rows = steps_of(run.run_dir)
+    # rank = ((replica x S + stage) x D + shard) x T + tp: two TP ranks of stage 0, then two of stage 1.
+    firsts = rows.groupby("worker")[["stage", "shard", "replica"]].first()
+    assert firsts["stage"].tolist() == [0, 0, 1, 1] and firsts["shard"].tolist() == [0, 0, 0, 0]
+    last = rows[rows["stage"] == 1].groupby("step")["loss"].mean().to_numpy()
+    assert abs(last - one_steps["loss"].to_numpy()).max() <= TOL
+    # Stage 0: Linear 0 whole and Linear 2 cut by rows (weight and bias); stage 1: Linear 4's weight cut by
+    # columns (its bias whole) and Linear 6 whole.
+    whole, half = WIDTH * WIDTH + WIDTH, (WIDTH * WIDTH + WIDTH) // 2
+    held = rows.groupby("stage")["mem_param_bytes"].max()
+    assert held.tolist() == [4 * (whole + half), 4 * (WIDTH * WIDTH // 2 + WIDTH + whole)]

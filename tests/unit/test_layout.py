@@ -39,7 +39,7 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
         (dict(fsdp=2, strategy="sandblaster"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
         (dict(fsdp=2, strategy="async", ps_shards=4), r"^--ps-shards 4 with --fsdp 2: PS shard d holds FSDP chunk d"),
         (dict(fsdp=2, transport="ps", backup_tasks=True), r"^--fsdp 2 over --transport ps does not compose with --b"),
-        (dict(tensor_parallel=2, pipeline_stages=2), r"^--tensor-parallel 2 does not compose with --pipeline-stages"),
+        (dict(model="cnn", tensor_parallel=2, pipeline_stages=2), r"^--tensor-parallel 2 with the cnn model's hybrid"),
         (dict(fsdp=2, workers="1..2"), r"^--fsdp 2 does not compose with --workers MIN..MAX yet"),
         (dict(fsdp=2, compress="topk:0.1"), r"^--fsdp 2 does not compose with --compress yet"),
         (dict(fsdp=2, precision="bf16"), r"^--fsdp 2 does not compose with --precision bf16 yet"),

@@ -61,7 +61,7 @@ def test_stages_of_shards_make_a_run_of_r_s_d_workers_under_sharded_pipeline_bsp
 @pytest.mark.parametrize(
     "given, message",
     [
-        (dict(tensor_parallel=2), r"^--tensor-parallel 2 does not compose with --pipeline-stages yet"),
+        (dict(model="cnn", tensor_parallel=2), r"^--tensor-parallel 2 with the cnn model's hybrid plan .* --pipeline"),
         (dict(fsdp=2, strategy="diloco"), r"^--pipeline-stages runs with --strategy bsp"),
         (dict(fsdp=2, workers="1..2"), r"does not compose with --workers MIN..MAX"),
     ],
