@@ -141,3 +141,12 @@ def test_a_replica_joins_whole_and_a_lost_worker_takes_its_replica_out_without_a
     without_row = Counter(tuple(u[1:]) for e in m["events"] for u in e.get("units_without_row", []))
     slots = cfg.worker_slots * 2
     assert step_rows(cfg) == Counter({(st, r): 1 for st in range(STEPS) for r in range(slots)}) - without_row
+
+
+def test_the_membership_line_counts_replicas_against_a_range_of_replicas():
+    from distrain.cli import membership_line
+    from distrain.orchestrator.membership import MembershipChanged
+
+    event = MembershipChanged(7, "leave", 5, "node lost", 4)
+    assert membership_line(event, (2, 3), 2) == "step 7: worker 5 left (node lost); 4 workers, 2 replicas of 2..3"
+    assert membership_line(event, (2, 3)) == "step 7: worker 5 left (node lost); 4 of 2..3"
