@@ -185,7 +185,7 @@ class RunDisplay:
                 self._say(self.stage)
             return
         if isinstance(event, MembershipChanged):
-            self._say(membership_line(event, self.cfg.worker_range))
+            self._say(membership_line(event, self.cfg.worker_range, self.cfg.replica_size))
             return
         if isinstance(event, StragglersChanged):
             slow = ", ".join(f"worker {w} ({r:.1f}x the others' step time)" for w, r in sorted(event.slow.items()))
@@ -302,9 +302,11 @@ def _speed(samples_per_s: float | None) -> str:
     return "-" if samples_per_s is None else f"{samples_per_s:,.0f}"
 
 
-def membership_line(event: Any, worker_range: tuple[int, int]) -> str:
-    """One line per join or leave of an elastic run: who, why, how many now, what is redone."""
+def membership_line(event: Any, worker_range: tuple[int, int], per: int = 1) -> str:
+    """One line per join or leave of an elastic run: who, why, how many now, what is redone. `per`: the
+    workers of a replica (--fsdp D), whose range counts replicas."""
     low, high = worker_range
     verb = "joined" if event.change == "join" else "left"
     redone = f"; its {event.units_redone} unit(s) go to the others" if event.units_redone else ""
-    return f"step {event.step}: worker {event.rank} {verb} ({event.cause}){redone}; {event.members} of {low}..{high}"
+    now = f"{event.members}" if per == 1 else f"{event.members} workers, {event.members // per} replicas"
+    return f"step {event.step}: worker {event.rank} {verb} ({event.cause}){redone}; {now} of {low}..{high}"

@@ -199,8 +199,9 @@ def check_layout(config: RunConfig) -> None:
             f"--tensor-parallel {t} with the {config.model} model's hybrid plan (each tensor-parallel "
             "worker on its own samples) does not compose with --pipeline-stages; drop one of them"
         )
+    if config.elastic:
+        check_elastic_layout(config, t, given)
     for flag, used in (
-        ("--workers MIN..MAX", config.elastic),
         ("--compress", config.compress is not None),
         ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
         # FSDP's own reduce-scatter moves the gradient, outside the loss scale and the channel.
@@ -208,6 +209,27 @@ def check_layout(config: RunConfig) -> None:
     ):
         if used:
             raise ConfigError(f"{given} does not compose with {flag} yet; drop one of them")
+
+
+def check_elastic_layout(config: RunConfig, t: int, given: str) -> None:
+    """--workers MIN..MAX across cut replicas (strategies/elastic_sharded_bsp.py): whole replicas of D
+    FSDP workers join and leave, under BSP over the collective transport only, with --fsdp alone."""
+    if config.strategy != "bsp":
+        raise ConfigError(
+            f"{given} with --workers MIN..MAX runs under --strategy bsp only so far (elastic {config.strategy} "
+            "across cut replicas is not built yet); drop the range or use --strategy bsp"
+        )
+    if t > 1:
+        raise ConfigError(
+            f"--tensor-parallel {t} does not compose with --workers MIN..MAX yet (elastic cut replicas take --fsdp "
+            "alone); drop one of them"
+        )
+    for flag, used in (
+        ("--pipeline-stages", config.pipelined),
+        ("--balance speed/--worker-weights", bool(config.balance == "speed" or config.worker_weights)),
+    ):
+        if used:
+            raise ConfigError(f"{given} with --workers MIN..MAX does not compose with {flag} yet; drop one of them")
 
 
 def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:

@@ -325,8 +325,8 @@ num_shards = trial_resources.num_shards
 
 
 def cpus_needed(config: RunConfig) -> float:
-    """CPUs the run cannot start without: an elastic run's MIN workers (it grows as room appears)."""
-    workers = config.workers if config.elastic else config.num_worker_actors
+    """CPUs the run cannot start without: an elastic run's MIN replicas (it grows as room appears)."""
+    workers = config.workers * config.replica_size if config.elastic else config.num_worker_actors
     groups = groups_section.rank_bundles(config)  # --worker-group: each group's own CPUs per worker
     if groups:
         return sum(b["CPU"] for b in groups) + num_shards(config) * config.cpus_per_shard

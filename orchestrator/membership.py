@@ -77,7 +77,8 @@ class MembershipChanged:
 
 @dataclass
 class ElasticPlacement:
-    """One single-bundle placement group per slot (module docstring)."""
+    """One placement group per slot (module docstring): a slot is a replica, of one worker's bundle, or
+    under --fsdp D of D bundles (its D workers are ranks slot x D + d, placed and given back together)."""
 
     config: RunConfig
     groups: list[PlacementGroup | None] = field(default_factory=list)
@@ -88,6 +89,7 @@ class ElasticPlacement:
     shard_group: PlacementGroup | None = None  # the PS shards', reserved first (pending workers never starve them)
 
     def __post_init__(self) -> None:
+        self.per = self.config.replica_size  # workers (bundles) a slot's group holds
         slots = self.config.worker_slots
         self.groups, self.ready = [None] * slots, [None] * slots
         count = num_shards(self.config)
@@ -104,18 +106,20 @@ class ElasticPlacement:
         for rank in range(slots):
             self.ask(rank)
 
-    def ask(self, rank: int) -> None:
-        """A fresh pending group for `rank` (one bundle, the worker's resources)."""
+    def ask(self, slot: int) -> None:
+        """A fresh pending group for `slot` (a bundle of the worker's resources per worker of the replica)."""
         bundle = {"CPU": self.config.cpus_per_worker}
         if self.config.gpus_per_worker > 0:
             bundle["GPU"] = self.config.gpus_per_worker
-        pg = placement_group([bundle], strategy="PACK")
-        self.groups[rank], self.ready[rank] = pg, pg.ready()
+        pg = placement_group([bundle] * self.per, strategy="PACK")
+        self.groups[slot], self.ready[slot] = pg, pg.ready()
 
     def renew(self, rank: int) -> None:
-        """`rank` left: give its group back and ask for a new one (placed wherever there is room)."""
-        self._remove(rank)
-        self.ask(rank)
+        """`rank` left (with its replica's other workers): give its slot's group back and ask for a new
+        one (placed wherever there is room)."""
+        slot = rank // self.per
+        self._remove(slot)
+        self.ask(slot)
 
     def wait_for_min(self, timeout_s: float) -> list[int]:
         """Block until MIN slots are placed; the ranks placed by then. Refused after `timeout_s`."""
@@ -123,31 +127,31 @@ class ElasticPlacement:
         deadline = time.monotonic() + timeout_s
         while True:
             placed = self.ready_ranks()
-            if len(placed) >= low:
+            if len(placed) // self.per >= low:
                 return placed
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ResourceError(
-                    f"could place only {len(placed)} of the MIN {low} workers of --workers "
+                    f"could place only {len(placed) // self.per} of the MIN {low} replicas of --workers "
                     f"{format_workers(*self.config.worker_range)} within {timeout_s:.0f}s; the cluster is busy or "
                     "too small: lower MIN or add nodes"
                 )
             ray.wait([r for r in self.ready if r is not None], num_returns=low, timeout=min(1.0, left))
 
     def ready_ranks(self) -> list[int]:
-        """Slots whose group is placed now (no waiting)."""
-        refs = {ref: rank for rank, ref in enumerate(self.ready) if ref is not None}
+        """The worker ranks of the slots whose group is placed now (no waiting)."""
+        refs = {ref: slot for slot, ref in enumerate(self.ready) if ref is not None}
         if not refs:
             return []
         done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
-        return sorted(refs[ref] for ref in done)
+        return sorted(refs[ref] * self.per + d for ref in done for d in range(self.per))
 
     def node_of(self, rank: int) -> str | None:
-        pg = self.groups[rank]
+        pg = self.groups[rank // self.per]
         if pg is None:
             return None
         try:
-            return placement_group_table(pg)["bundles_to_node_id"].get(0)
+            return placement_group_table(pg)["bundles_to_node_id"].get(rank % self.per)
         except Exception:  # noqa: BLE001 - a group being removed or rescheduled
             return None
 
@@ -157,7 +161,8 @@ class ElasticPlacement:
         return set(ray._private.state.state.get_draining_nodes())
 
     def worker(self, rank: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(self.groups[rank], placement_group_bundle_index=0)
+        slot, bundle = divmod(rank, self.per)
+        return PlacementGroupSchedulingStrategy(self.groups[slot], placement_group_bundle_index=bundle)
 
     def shards(self, workers: int, count: int) -> list[Any]:
         """The PS shards go in their own group's bundles."""
@@ -166,8 +171,8 @@ class ElasticPlacement:
             PlacementGroupSchedulingStrategy(self.shard_group, placement_group_bundle_index=k) for k in range(count)
         ]
 
-    def _remove(self, rank: int) -> None:
-        pg, self.groups[rank], self.ready[rank] = self.groups[rank], None, None
+    def _remove(self, slot: int) -> None:
+        pg, self.groups[slot], self.ready[slot] = self.groups[slot], None, None
         if pg is not None:
             try:
                 remove_placement_group(pg)
@@ -175,8 +180,8 @@ class ElasticPlacement:
                 pass
 
     def release(self) -> None:
-        for rank in range(len(self.groups)):
-            self._remove(rank)
+        for slot in range(len(self.groups)):
+            self._remove(slot)
         if self.shard_group is not None:
             try:
                 remove_placement_group(self.shard_group)

@@ -112,21 +112,7 @@ class TrainWorker:
             self.stage_plan = plan_stages_for(model, self.task.split_points(), config)
             self.stage = position_of(config, self.rank).stage
             model = stage_module(model, self.stage_plan, self.stage)
-        # A sharded replica's trainer keeps the whole model until its strategy's `setup` shards it.
-        trainer_class = ShardedTrainer if config.sharded else LocalTrainer
-        self.trainer = trainer_class(
-            model,
-            self.task,
-            config.optimizer,
-            config.lr,
-            config.momentum,
-            config.weight_decay,
-            self.device,
-            config.optimizer_args,
-            config.precision,
-            accumulate_steps=config.accumulate_steps,
-            clip_grad_norm=config.clip_grad_norm,
-        )
+        self.trainer = self._make_trainer(model)
         self.device_copy = DeviceCopy(self.trainer.device)
         # A full-batch strategy's step is one pass over the whole training set: one step per epoch.
         full_batch = strategy_class(config.strategy).full_batch
@@ -153,6 +139,24 @@ class TrainWorker:
             min_lr=config.lr_min,
             decay_epochs=config.lr_decay_epochs,
             gamma=config.lr_decay_gamma,
+        )
+
+    def _make_trainer(self, model: Any) -> Any:
+        """The trainer of `model` (a sharded replica's keeps the whole model until its strategy cuts it)."""
+        config = self.config
+        trainer_class = ShardedTrainer if config.sharded else LocalTrainer
+        return trainer_class(
+            model,
+            self.task,
+            config.optimizer,
+            config.lr,
+            config.momentum,
+            config.weight_decay,
+            self.device,
+            config.optimizer_args,
+            config.precision,
+            accumulate_steps=config.accumulate_steps,
+            clip_grad_norm=config.clip_grad_norm,
         )
 
     def _built(self) -> None:
@@ -259,8 +263,12 @@ class TrainWorker:
             lr = self.schedule.lr_at(global_step)
             t0 = time.perf_counter()
             if slice_ < 0:  # elastic BSP: no unit for this member in this round; it joins the all-reduce
-                self.strategy.sit_out(self.trainer)
                 try:
+                    if getattr(self.strategy, "sits_out_on_a_batch", False):  # FSDP: its collectives need a pass
+                        batch = self.train_reader.read(self._indices(epoch, step, 0))
+                        self.strategy.sit_out_on(self.trainer, self.device_copy.move(batch))
+                    else:
+                        self.strategy.sit_out(self.trainer)
                     self.strategy.step(self.trainer, lr)
                 except GroupBroken as e:
                     rows["broken"] = [{"rounds": rounds, "error": str(e)}]
@@ -282,7 +290,11 @@ class TrainWorker:
                         self.train_reader.prefetch(self._indices(*ahead[i + 1]))
                 # Moved here, timed (`h2d_s`); the trainer's own `to_device` then finds it in place.
                 batch = self.device_copy.move(batch)
-                loss = self.strategy.compute_gradients(self.trainer, batch)
+                try:
+                    loss = self.strategy.compute_gradients(self.trainer, batch)
+                except GroupBroken as e:  # elastic across cut replicas: FSDP's collectives lost a peer
+                    rows["broken"] = [{"rounds": rounds, "error": str(e)}]
+                    break
                 samples = read if self.strategy.counts_samples else 0
             else:
                 loss, samples = own
@@ -434,6 +446,8 @@ class TrainWorker:
         the parameters' digests before and after, and the seconds it took."""
         import torch.distributed as dist
 
+        if getattr(self.strategy, "rebuilds_replica", False):  # elastic across cut replicas
+            return self._reform_cut(rendezvous, group_rank, group_size, src)
         t0 = time.perf_counter()
         before = param_digest(self.trainer.params_flat)
         self.strategy.reform(group_rank, group_size, rendezvous)
@@ -447,6 +461,34 @@ class TrainWorker:
                 self.strategy.load_extra_state(saved["state"])
         self.strategy.reformed(self.trainer)
         after = param_digest(self.trainer.params_flat)
+        return {"before": before, "after": after, "seconds": time.perf_counter() - t0}
+
+    def _reform_cut(self, rendezvous: str, group_rank: int, group_size: int, src: int) -> dict[str, Any]:
+        """`reform` for a cut replica's worker (strategies/elastic_sharded_bsp.py): join the new group, cut
+        a fresh trainer over the new mesh, put this worker's own pieces back, then take worker d's of the
+        source replica (a broadcast over the mesh's "replicate" group: a joiner gets a live replica's
+        pieces, a survivor a round further goes back to the source's). Digests are of the local pieces."""
+        import torch.distributed as dist
+
+        from distrain.trainers import replica_shards
+
+        t0 = time.perf_counter()
+        before = replica_shards.digest(self.trainer)
+        kept = replica_shards.local_state(self.trainer) if self.trainer.optimizer is not None else None
+        self.strategy.reform(group_rank, group_size, rendezvous)
+        if kept is not None:  # cut over the old group's mesh: a fresh trainer for the new one
+            self.trainer = self._make_trainer(seeded(self.task.build_model, self.config.seed))
+        mesh = self.strategy.cut(self.trainer, group_size)
+        if kept is not None:
+            replica_shards.load_local(self.trainer, kept)
+        shards = self.strategy.shards
+        source, mine, shard = src // shards, group_rank // shards, group_rank % shards
+        box = [replica_shards.local_state(self.trainer) if mine == source else None]
+        if group_size > shards:
+            dist.broadcast_object_list(box, src=source * shards + shard, group=mesh["replicate"].get_group())
+        if mine != source:
+            replica_shards.load_local(self.trainer, box[0])
+        after = replica_shards.digest(self.trainer)
         return {"before": before, "after": after, "seconds": time.perf_counter() - t0}
 
     def flat_params(self) -> np.ndarray:

@@ -137,6 +137,10 @@ class BSP(Strategy):
             from distrain.strategies.sharded_ps import ShardedBSPOverPS
 
             return ShardedBSPOverPS
+        if config.sharded and config.elastic:  # --workers MIN..MAX: whole replicas join and leave
+            from distrain.strategies.elastic_sharded_bsp import ElasticShardedBSP
+
+            return ElasticShardedBSP
         if config.sharded:
             from distrain.strategies.sharded_bsp import ShardedBSP
 

@@ -154,9 +154,11 @@ class ShardedTrainer:
         return sum(local_part(p.grad).numel() * p.grad.element_size() for p in self.params if p.grad is not None)
 
     # ------------------------------------------------------------------ the step
-    def compute_gradients(self, batch: Any) -> float:
+    def compute_gradients(self, batch: Any, loss_weight: float = 1.0) -> float:
         """Forward and backward of the task's loss on this worker's batch; FSDP leaves each shard's
-        gradient averaged over the replica's D workers (and, across replicas, over all of them)."""
+        gradient averaged over the replica's D workers (and, across replicas, over all of them).
+        `loss_weight` 0: a worker with no unit in an elastic round still runs FSDP's collectives, adding
+        a zero gradient (strategies/elastic_sharded_bsp.py)."""
         assert self.optimizer is not None, "shard() comes first"
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -171,7 +173,7 @@ class ShardedTrainer:
                 self.model.set_requires_gradient_sync(i + 1 == len(parts))
             loss, logs = split_loss(self.task, self.task.loss(self.model, part))
             weight = self.task.batch_size(part) / total if len(parts) > 1 else 1.0
-            scaled = loss.float() if weight == 1.0 else loss.float() * weight
+            scaled = loss.float() if weight * loss_weight == 1.0 else loss.float() * (weight * loss_weight)
             (scaled if self.hybrid is None else self.hybrid.scale(scaled)).backward()
             loss_sum += float(loss.detach()) * weight
             logs_sum = add_logs(logs_sum, logged_values(self.task, logs), weight)

@@ -88,6 +88,9 @@ class CollectiveScaling:
         self.changes: list[dict[str, Any]] = []  # membership events since the last re-form
         self.drains: list[dict[str, Any]] = []  # draining nodes waiting for a step boundary
         self.left: set[int] = set()  # members of the block just ended that left with it (`_end_block`)
+        # Workers a membership slot holds: 1, or under --fsdp D a replica's D (ranks slot x D + d), which
+        # leave and join together (strategies/elastic_sharded_bsp.py); MIN and MAX count replicas.
+        self.per = attempt.config.replica_size
 
     def begin(self) -> None:
         """The phase's first process group, of the members it starts with."""
@@ -170,7 +173,7 @@ class CollectiveScaling:
         with it (a member of the block just ended has left already)."""
         members = self.a.members()
         gone = lost.target in self.left
-        return Situation(elastic_min=self.config.workers, members=len(members) + gone, member=True)
+        return Situation(elastic_min=self.config.workers, members=len(members) // self.per + gone, member=True)
 
     def leave(self, lost: RunLost) -> None:
         """The failure policy's LEAVE for `lost`: a member of the block just ended left with it
@@ -193,16 +196,26 @@ class CollectiveScaling:
         return self.a.decide(lost, situation=situation).action == LEAVES
 
     def _leave(self, rank: int, cause: str, lost: RunLost | None, redo: list[Unit], without_row: list[Unit]) -> None:
+        """`rank` leaves, and with it the rest of its replica under --fsdp D (one event each; the
+        slot's group is given back once)."""
         a = self.a
+        if rank not in a.members():  # left already, with a replica mate lost in the same block
+            return
         a.machine.to(Stage.RESIZING)
-        self.group.kill(rank)
+        first = rank - rank % self.per
+        mates = [r for r in range(first, first + self.per) if r != rank and r in a.members()]
+        for r in [rank, *mates]:
+            self.group.kill(r)
         self.membership.renew(rank)
-        members = len(a.members())
-        event = self.membership.record(LEAVE, rank, cause, members, a.steps_done, a.now(), a.emit, len(redo))
-        if lost is not None:
-            event["detail"] = lost.detail
-        event["units_without_row"] = [list(u) for u in without_row]
-        self.changes.append(event)
+        for r in [rank, *mates]:
+            why = cause if r == rank else f"replica of {rank} left ({cause})"
+            members = len(a.members())
+            units = len(redo) if r == rank else 0
+            event = self.membership.record(LEAVE, r, why, members, a.steps_done, a.now(), a.emit, units)
+            if lost is not None and r == rank:
+                event["detail"] = lost.detail
+            event["units_without_row"] = [list(u) for u in without_row] if r == rank else []
+            self.changes.append(event)
 
     # ------------------------------------------------------------------ joins and drains
     def _join(self) -> None:
@@ -211,16 +224,28 @@ class CollectiveScaling:
         for rank in self.membership.joinable(a.members()):
             if rank not in self.joining:
                 self.joining[rank] = group.start_joiner(rank)
-        for rank, handle in list(self.joining.items()):
-            if not group.wait([handle], 0):
+        for first in sorted({rank - rank % self.per for rank in self.joining}):
+            ranks = list(range(first, first + self.per))  # a replica's workers join together, once all are built
+            if any(r not in self.joining for r in ranks):
                 continue
-            del self.joining[rank]
-            if not group.admit(rank, handle, a.phase_config or a.config, self.config.collective_timeout_s):
-                self.membership.renew(rank)  # it died being built (its node went): ask for room again
+            handles = [self.joining[r] for r in ranks]
+            if len(group.wait(handles, 0, num_returns=len(handles))) < len(handles):
+                continue
+            phase = a.phase_config or a.config
+            admitted = []
+            for r, handle in zip(ranks, handles, strict=True):
+                del self.joining[r]
+                if group.admit(r, handle, phase, self.config.collective_timeout_s):
+                    admitted.append(r)
+            if len(admitted) < len(ranks):  # one died being built (its node went): ask for room again
+                for r in admitted:
+                    group.kill(r)
+                self.membership.renew(first)
                 continue
             a.machine.to(Stage.RESIZING)
-            members = len(a.members())
-            self.changes.append(self.membership.record(JOIN, rank, "placed", members, a.steps_done, a.now(), a.emit))
+            for r in ranks:
+                members = len(a.members())
+                self.changes.append(self.membership.record(JOIN, r, "placed", members, a.steps_done, a.now(), a.emit))
 
     def _preempted(self) -> None:
         """A draining node: checkpoint at the next step boundary, then its members leave."""
@@ -239,7 +264,7 @@ class CollectiveScaling:
             state = self.group.state(src, self.config.hang_timeout_s)
             epochs = a.steps_done // a.steps_per_epoch
             a.save(step_checkpoint_name(a.steps_done), state, epochs, a.steps_done)  # fills entry's path
-            if not ranks or not self._leaves(RunLost("node", ranks[0], "draining"), len(staying) + 1):
+            if not ranks or not self._leaves(RunLost("node", ranks[0], "draining"), len(staying) // self.per + 1):
                 continue  # leaving would go below MIN: they stay until it goes
             for rank in ranks:
                 self._leave(rank, "node draining", None, [], [])
@@ -300,5 +325,5 @@ class CollectiveScaling:
             gone = self.group.probe(rank, self.config.collective_timeout_s)
             if gone is not None:
                 self._leave(rank, leave_cause(gone), gone, [], [])
-        if len(self.a.members()) < self.config.workers:
+        if len(self.a.members()) // self.per < self.config.workers:
             raise RunLost("worker", None, "below --workers MIN before the re-form")

@@ -69,7 +69,7 @@ class PhaseLoop:
             self.work: WorkPlan = (
                 StepRoundPlan(total, spe, start_step, every)
                 if attempt.balancer is not None
-                else RoundPlan(total, spe, config.worker_slots, start_step, every)
+                else RoundPlan(total, spe, config.worker_slots * config.replica_size, start_step, every)
             )
             rounds = attempt.impl.block_rounds(config)  # BSP: --segment-steps; local SGD: τ (ends in its average)
             self.dispatch: Dispatcher = BlockDispatcher(self.work, self._submit, rounds, **books)

@@ -139,6 +139,7 @@ class RayWorkerGroup:
         self.driver: dict[str, Any] = {}
         self.driver_processes: list[Any] = []
         self.joining: dict[int, Any] = {}  # elastic collective: slot -> a worker being built, not a member yet
+        self.side_calls: list[Any] = []  # elastic across cut replicas: replica mates' evaluations and states
         self.impl = strategy_class(config.strategy).implementation(config)
 
     # ------------------------------------------------------------------ workers
@@ -275,7 +276,32 @@ class RayWorkerGroup:
         self.driver_specs, self.driver_processes = (), []
 
     def state(self, rank: int, timeout: float | None) -> dict[str, Any]:
-        return self.result(self.workers[rank].state.remote(), rank, timeout)
+        first = self._replica_first(rank)
+        return self.result(self._on_replica(rank, lambda w: w.state.remote()), first, timeout)
+
+    def _replica_first(self, rank: int) -> int:
+        """Worker d = 0 of `rank`'s replica under a range across cut replicas (`_on_replica`), else `rank`."""
+        per = self.config.replica_size if self.config.elastic else 1
+        return rank - rank % per
+
+    def _on_replica(self, rank: int, call: Any) -> Any:
+        """`call(worker)` on `rank`, or, elastic across cut replicas (strategies/elastic_sharded_bsp.py), on
+        each of its replica's D workers (an evaluation or a gathered state is a collective inside the
+        replica): worker d = 0's answer is the replica's. The others' calls are kept, read later
+        (`_settle_side_calls`), so a failure among them is dropped quietly rather than reported by Ray."""
+        first = self._replica_first(rank)
+        per = self.config.replica_size if self.config.elastic else 1
+        if per == 1:
+            return call(self.workers[rank])
+        refs = [call(self.workers[r]) for r in range(first, first + per)]
+        self._settle_side_calls()
+        self.side_calls += refs[1:]
+        return refs[0]
+
+    def _settle_side_calls(self) -> None:
+        if self.side_calls:
+            done, self.side_calls = ray.wait(self.side_calls, num_returns=len(self.side_calls), timeout=0)
+            discard(done, 0)
 
     def save_shards(self, ranks: list[int], step: int, timeout: float | None) -> bool:
         refs = [self.workers[r].save_shards.remote(step) for r in ranks]
@@ -298,9 +324,9 @@ class RayWorkerGroup:
             return worker.run_segment.remote(payload, None if shares is None else list(shares))
         if kind == "eval":
             shard, shards = (0, 1) if whole_test_set else (rank, len(self.workers))
-            return worker.evaluate.remote(shard, shards, splits)
+            return self._on_replica(rank, lambda w: w.evaluate.remote(shard, shards, splits))
         assert kind == "state", kind
-        return worker.state.remote()
+        return self._on_replica(rank, lambda w: w.state.remote())
 
     def wait(self, handles: list[Any], timeout: float, num_returns: int = 1) -> list[Any]:
         ready, _ = ray.wait(handles, num_returns=num_returns, timeout=timeout)

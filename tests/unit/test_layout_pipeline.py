@@ -63,7 +63,7 @@ def test_stages_of_shards_make_a_run_of_r_s_d_workers_under_sharded_pipeline_bsp
     [
         (dict(model="cnn", tensor_parallel=2), r"^--tensor-parallel 2 with the cnn model's hybrid plan .* --pipeline"),
         (dict(fsdp=2, strategy="diloco"), r"^--pipeline-stages runs with --strategy bsp"),
-        (dict(fsdp=2, workers="1..2"), r"does not compose with --workers MIN..MAX"),
+        (dict(fsdp=2, workers="1..2"), r"^--fsdp 2 with --workers MIN..MAX does not compose with --pipeline-stages"),
     ],
 )
 def test_what_stays_refused_with_stages_in_one_line(given, message):
