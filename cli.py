@@ -32,7 +32,7 @@ from distrain.commands.run_display import RunDisplay, membership_line  # noqa: F
 from distrain.commands.run_summary import membership_row, print_summary, tensorboard_line  # noqa: F401
 from distrain.config import RunConfig
 from distrain.errors import DistrainError
-from distrain.orchestrator import interrupts
+from distrain.orchestrator import interrupts, ray_start
 
 try:  # typer >= 0.24 parses with its own vendored copy of click (and keeps Abort in typer.exceptions)
     from typer._click import exceptions as click_exceptions
@@ -241,6 +241,7 @@ def main() -> int:
     from distrain.orchestrator.remote_errors import plain_ray_logs_when_piped
 
     plain_ray_logs_when_piped()  # output to a file or a pipe (a log, `ray job submit`): no colour codes in it
+    ray_start.enable()  # a fresh process: `distrain run` may begin its local Ray while torch loads
     with interrupts.installed():
         return _main()
 

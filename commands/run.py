@@ -4,6 +4,7 @@ calls too) under the run's display; the closing table, and the exit code of a di
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
 from typing import Any
@@ -71,18 +72,38 @@ def run(
     overrides["optimizer_args"] = parse_optimizer_args(optimizer_arg) if optimizer_arg else None
     if resume is not None and config is not None:
         raise DistrainError("--resume uses the run's own config.yaml; drop --config")
-    from distrain import api  # the front door a notebook uses too: one code path from the spec on
+    from distrain.orchestrator import ray_start, startup
 
-    # The display first: torch and Ray take seconds to load, the settings' checks among them.
-    with RunDisplay(run_dir=str(resume) if resume is not None else overrides.get("run_dir") or "") as display:
-        if resume is not None:
-            prepared = api.prepare_resume(resume, overrides)
-        else:
-            prepared = api.prepare(str(config) if config else None, overrides, say=display.say)
-        display.configured(prepared.config)
-        result = api.train(prepared, display.on_event)
+    try:
+        from distrain import api  # the front door a notebook uses too: one code path from the spec on
+
+        # The display first: torch and Ray take seconds to load, the settings' checks among them.
+        with RunDisplay(run_dir=str(resume) if resume is not None else overrides.get("run_dir") or "") as display:
+            if resume is not None:
+                prepared = api.prepare_resume(resume, overrides)
+            else:
+                with _early_ray(str(config) if config else None, overrides):
+                    prepared = api.prepare(str(config) if config else None, overrides, say=display.say)
+            display.configured(prepared.config)
+            result = api.train(prepared, display.on_event)
+    finally:
+        ray_start.discard()  # begun and never taken: the run ended before it needed Ray
     print_summary(result.summary, result.run_dir)
+    clock = startup.current()
+    line = clock.line() if clock is not None else None
+    if line is not None:
+        consoles.say(line)
     exit_if_diverged(result.summary)
+
+
+def _early_ray(config_file: str | None, overrides: dict[str, Any]) -> Any:
+    """A new run's local Ray begins once its torch-free checks pass, while torch loads (ray_start.py);
+    not under --strategy auto, whose calibration starts the Ray it measures on."""
+    from distrain.config.checks import before_torch
+    from distrain.orchestrator import ray_start
+    from distrain.planning.auto_strategy import requested
+
+    return contextlib.nullcontext() if requested(overrides, config_file) else before_torch(ray_start.begin)
 
 
 def exit_if_diverged(summary: dict[str, Any]) -> None:
