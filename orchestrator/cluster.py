@@ -212,6 +212,24 @@ def start_local_ray(num_cpus: int) -> None:
 _kept: tuple[str, RayConnection] | None = None
 
 
+def local_cpus(config: RunConfig, extra_cpus: int = 0) -> int:
+    """The CPUs a local Ray is started with for `config`: at least those the run reserves, so `--workers 4`
+    works on a laptop with 2 cores (oversubscribed, as with torchrun), instead of waiting forever."""
+    return max(os.cpu_count() or 1, int(-(-cpus_needed(config) // 1)) + extra_cpus)
+
+
+def start_local_ray_for(config: RunConfig) -> int:
+    """Start the local Ray `connect` would start for `config` (orchestrator/ray_start.py's thread runs
+    this while the driver loads torch); returns its num_cpus."""
+    num_cpus = local_cpus(config)
+    start_local_ray(num_cpus)
+    return num_cpus
+
+
+def stop_local_ray() -> None:
+    RayConnection(started_here=True).close()
+
+
 def _session_dir() -> str | None:
     node = _local_node()
     return node.get_session_dir_path() if node is not None else None
@@ -245,10 +263,7 @@ def connect(config: RunConfig, keep: bool = False, extra_cpus: int = 0) -> RayCo
         # Another node may not have the task's file: ship it (the local Ray below shares this disk).
         return RayConnection(started_here=True, shipped=join(config.address, config.task))
     else:
-        # A local cluster gets at least the CPUs the run reserves, so `--workers 4` works on a laptop
-        # with 2 cores (oversubscribed, as with torchrun), instead of waiting forever for resources.
-        needed = int(-(-cpus_needed(config) // 1)) + extra_cpus
-        num_cpus = max(os.cpu_count() or 1, needed)
+        num_cpus = local_cpus(config, extra_cpus)
         if not ray_start.take(num_cpus):  # begun by the CLI while it loaded torch (orchestrator/ray_start.py)
             started = time.perf_counter()
             start_local_ray(num_cpus)

@@ -16,9 +16,9 @@ streaming.py), no `--strategy auto` (its calibration connects first).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,8 @@ def enable() -> None:
 @dataclass
 class EarlyRay:
     config: Any  # the run's RunConfig, its torch-free checks passed
+    start: Callable[[Any], int]  # starts the local Ray for a config; returns its num_cpus
+    stop: Callable[[], None]  # stops it
     num_cpus: int = 0
     thread: threading.Thread | None = None
     error: BaseException | None = None
@@ -42,10 +44,7 @@ class EarlyRay:
     def _start(self) -> None:
         started = time.perf_counter()
         try:
-            from distrain.orchestrator import cluster
-
-            self.num_cpus = local_cpus(self.config)
-            cluster.start_local_ray(self.num_cpus)
+            self.num_cpus = self.start(self.config)
         except BaseException as e:  # noqa: BLE001 - handed to the thread that takes it
             self.error = e
         finally:
@@ -72,22 +71,16 @@ class _DropThreadNotice(logging.Filter):
         return "SIGTERM handler is not set" not in record.getMessage()
 
 
-def local_cpus(config: Any) -> int:
-    """The CPUs `cluster.connect` starts a local Ray with for `config` (one rule, there)."""
-    from distrain.orchestrator import cluster
-
-    return max(os.cpu_count() or 1, int(-(-cluster.cpus_needed(config) // 1)))
-
-
-def begin(config: Any) -> None:
-    """Begin the local Ray for `config` on a thread when the run will surely start one (the module's note)."""
+def begin(config: Any, start: Callable[[Any], int], stop: Callable[[], None]) -> None:
+    """Begin the local Ray for `config` on a thread (`start(config)`, which returns its num_cpus) when the
+    run will surely start one (the module's note); `stop` stops it again, if the run does not take it."""
     global _pending
     if not _enabled or _pending is not None:
         return
     if config.address or config.task or config.strategy == "auto":
         return
     logging.getLogger("ray._private.worker").addFilter(_DropThreadNotice())
-    _pending = EarlyRay(config)
+    _pending = EarlyRay(config, start, stop)
     _pending.thread = threading.Thread(target=_pending._start, name="distrain-ray-start", daemon=True)
     _pending.thread.start()
 
@@ -108,7 +101,7 @@ def take(num_cpus: int) -> bool:
     from distrain.orchestrator import startup
 
     if early.num_cpus != num_cpus:
-        _stop()
+        early.stop()
         return False
     startup.ray_started(early.seconds or 0.0, in_background=True)
     return True
@@ -122,10 +115,4 @@ def discard() -> None:
         return
     early.done.wait()
     if early.error is None:
-        _stop()
-
-
-def _stop() -> None:
-    from distrain.orchestrator.cluster import RayConnection
-
-    RayConnection(started_here=True).close()
+        early.stop()
