@@ -299,8 +299,7 @@ def main() -> int:
     from distrain.orchestrator.remote_errors import plain_ray_logs_when_piped
 
     plain_ray_logs_when_piped()  # output to a file or a pipe (a log, `ray job submit`): no colour codes in it
-    ray_start.enable()  # a fresh process: `distrain run` may begin its local Ray while torch loads
-    with interrupts.installed():
+    with interrupts.installed(), ray_start.enabled():  # `distrain run` may begin its Ray while torch loads
         return _main()
 
 

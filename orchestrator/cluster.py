@@ -264,7 +264,13 @@ def connect(config: RunConfig, keep: bool = False, extra_cpus: int = 0) -> RayCo
         return RayConnection(started_here=True, shipped=join(config.address, config.task))
     else:
         num_cpus = local_cpus(config, extra_cpus)
-        if not ray_start.take(num_cpus):  # begun by the CLI while it loaded torch (orchestrator/ray_start.py)
+        # Begun by the CLI while it loaded torch (orchestrator/ray_start.py). Taken in a held section, as
+        # ray.init runs; then the driver's SIGINT/SIGTERM handlers go back in place: Ray's core worker
+        # put its own there (in C++, unseen by Python's records) on the thread that started it.
+        with interrupts.deferred():
+            taken = ray_start.take(num_cpus)
+            interrupts.reassert()
+        if not taken:
             started = time.perf_counter()
             start_local_ray(num_cpus)
             startup.ray_started(time.perf_counter() - started, in_background=False)

@@ -11,23 +11,35 @@ interruption) stops it (`discard`), so nothing is left running and the outcome i
 Only for the plain case: a fresh process (the console entry, not a notebook's `fit`, not a test's
 in-process runner), no --address, no --resume, no --task (a Ray Dataset sizes Ray for its readers:
 streaming.py), no `--strategy auto` (its calibration connects first).
+
+Signals: Ray's core worker puts its own SIGTERM handler in place as it connects; on the main thread the
+driver puts its own back at once (interrupts.deferred), here when the run takes the Ray (interrupts.reassert). A SIGTERM
+in between (after Ray is up, before the checks end) gets Ray's handler: a stack dump and exit -6 instead
+of the one line and 143.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-_enabled = False  # set by the console entry (cli.main): only a fresh CLI process begins Ray early
+_enabled = False  # within the console entry (cli.main): only a fresh CLI process begins Ray early
 
 
-def enable() -> None:
+@contextlib.contextmanager
+def enabled() -> Iterator[None]:
+    """Early starts allowed for the block's length (cli.main's; tests also call main in-process)."""
     global _enabled
-    _enabled = True
+    before, _enabled = _enabled, True
+    try:
+        yield
+    finally:
+        _enabled = before
 
 
 @dataclass

@@ -138,7 +138,11 @@ def test_no_early_ray_for_a_cluster_a_task_or_auto(early_ray_enabled, given):
 
 def test_no_early_ray_outside_the_console_entry(monkeypatch):
     monkeypatch.setattr(ray_start, "_pending", None)
-    ray_start.begin(PLAIN, lambda config: 2, lambda: None)  # `_enabled` is off: a test, a notebook
+    ray_start.begin(PLAIN, lambda config: 2, lambda: None)  # not within main(): a test, a notebook
+    assert not ray_start.pending()
+    with ray_start.enabled():
+        pass
+    ray_start.begin(PLAIN, lambda config: 2, lambda: None)  # main() has returned
     assert not ray_start.pending()
 
 
