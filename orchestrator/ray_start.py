@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,7 +64,10 @@ class EarlyRay:
             self.seconds = time.perf_counter() - started
             self.done.set()
         # The thread stays: Ray's GCS and raylet die with the *thread* that started them (Ray asks the
-        # kernel for PR_SET_PDEATHSIG, which follows the parent thread), so it lives as long as the process.
+        # kernel for PR_SET_PDEATHSIG, which follows the parent thread), so it lives as long as the process,
+        # with SIGINT and SIGTERM blocked: the kernel then hands them to a thread that is doing something
+        # (blocked from here on, not before: what this thread spawned would inherit the mask).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         threading.Event().wait()
 
     def wait(self) -> None:
