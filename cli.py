@@ -5,13 +5,15 @@ display and closing table). `run`, `plan` and `tune` take the run options genera
 field declarations (`commands/options.py`), each naming only its own options and which run options it
 takes. Every user-facing problem (`DistrainError`) becomes one line on stderr and its exit code
 (`EXIT_CODES`: 2 for bad input). This module knows neither Ray nor torch: the orchestrator is imported
-only when a command needs it, which also keeps `distrain --help` fast.
+only when a command needs it. `run`, `plan` and `tune` are stand-ins bearing their help texts until a
+command line names one of them (`prepare_commands`) or `app` is read (`build_commands`): their options
+come from every config field and strategy, which `distrain --help` need not load to list them.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -22,17 +24,9 @@ import typer
 from rich.text import Text
 
 from distrain.commands import console as consoles
-from distrain.commands import plan as plan_command
-from distrain.commands import run as run_command
-from distrain.commands import tune as tune_command
-from distrain.commands.options import SectionedCommand, command_function
-from distrain.commands.options import shown_default as _shown_default  # noqa: F401 (tests read it here)
-from distrain.commands.run import EXIT_CODES  # noqa: F401 (docs/flags.md "Exit codes")
-from distrain.commands.run_display import RunDisplay, membership_line  # noqa: F401 (tests read them here)
-from distrain.commands.run_summary import membership_row, print_summary, tensorboard_line  # noqa: F401
-from distrain.config import RunConfig
+from distrain.commands.help_texts import EXIT_CODES, PLAN_HELP, RUN_HELP, TUNE_HELP  # noqa: F401 (docs/flags.md)
 from distrain.errors import DistrainError
-from distrain.orchestrator import interrupts
+from distrain.orchestrator import interrupts, ray_start
 
 try:  # typer >= 0.24 parses with its own vendored copy of click (and keeps Abort in typer.exceptions)
     from typer._click import exceptions as click_exceptions
@@ -41,7 +35,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
     from click.exceptions import Abort  # type: ignore[no-redef,assignment]
 
-app = typer.Typer(
+_app = typer.Typer(  # `app` (module __getattr__): with every command built
     name="distrain",
     help="Distributed SGD on Ray: BSP, async and SSP parameter servers, local SGD, one flag apart.",
     no_args_is_help=True,
@@ -87,6 +81,8 @@ def _interrupted_line(run_dir: Path | None) -> str:
 
 
 def _version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("distrain")
     except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
@@ -101,7 +97,7 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@_app.callback()
 def _app_options(
     version: Annotated[
         bool,
@@ -115,26 +111,62 @@ def _app_options(
 
 # A strategy named by import path on the command line (`main` looks before parsing): its options become flags.
 _PLUGIN_VALUES: dict[str, Any] = {}
+_LATER = ("run", "plan", "tune")  # built from the config's fields only when needed (`build_commands`)
+_built = False
+
+
+def _register(name: str, function: Any, **options: Any) -> None:
+    """Register `function` as the command `name`, in the place of the command of that name (the
+    stand-in's, an earlier build's): the order of `distrain --help` stays the order below."""
+    before = list(_app.registered_commands)
+    _app.command(name, **options)(function)
+    new = _app.registered_commands.pop()
+    at = next((i for i, c in enumerate(before) if c.name == name), len(before))
+    _app.registered_commands[:] = [*before[:at], new, *(c for c in before[at:] if c.name != name)]
+
+
+def _stand_in(name: str, help_text: str) -> None:
+    """The command `name` as `distrain --help` lists it: its help text, no options yet."""
+
+    def command() -> None:  # pragma: no cover - replaced before any command line that names it is parsed
+        raise AssertionError(f"{name} was not built")
+
+    command.__name__ = name
+    _register(name, command, help=help_text)
 
 
 def _register_run() -> None:
     """(Re)build the `run` command from the config's fields: every section's, every built-in strategy's
     options, and the options of a strategy named by import path on the command line (`main`)."""
+    from distrain.commands import run as run_command
+    from distrain.commands.options import SectionedCommand, command_function
+
     run = command_function("run", run_command.run, run_command.parameters(_PLUGIN_VALUES), run_command.HELP)
-    before = list(app.registered_commands)
-    app.command("run", cls=SectionedCommand)(user_errors(run))
-    new = app.registered_commands.pop()
-    at = next((i for i, c in enumerate(before) if c.name == "run"), 0)  # first in `distrain --help`
-    app.registered_commands[:] = [*before[:at], new, *(c for c in before[at:] if c.name != "run")]
+    _register("run", user_errors(run), cls=SectionedCommand)
 
 
-_register_run()
-app.command("plan", cls=SectionedCommand)(
-    user_errors(command_function("plan", plan_command.plan, plan_command.parameters(), plan_command.HELP))
-)
+def build_commands() -> None:
+    """Replace the stand-ins of run, plan and tune with the commands and all their options (once)."""
+    global _built
+    if _built:
+        return
+    from distrain.commands import plan as plan_command
+    from distrain.commands import tune as tune_command
+    from distrain.commands.options import SectionedCommand, command_function
+
+    _register_run()
+    plan = command_function("plan", plan_command.plan, plan_command.parameters(), plan_command.HELP)
+    _register("plan", user_errors(plan), cls=SectionedCommand)
+    tune = command_function("tune", _tune, tune_command.parameters(), tune_command.HELP)
+    _register("tune", user_errors(tune), cls=SectionedCommand)
+    _built = True
 
 
-@app.command("strategies")
+_stand_in("run", RUN_HELP)
+_stand_in("plan", PLAN_HELP)
+
+
+@_app.command("strategies")
 def list_strategies() -> None:
     """List the built-in strategies: what each does, the transports it runs on (its default first) and
     its own options. Your own: --strategy path/to/file.py:ClassName (a distrain.strategies.base.Strategy)."""
@@ -143,7 +175,7 @@ def list_strategies() -> None:
     list_strategies()
 
 
-@app.command()
+@_app.command()
 @user_errors
 def report(
     run_dirs: Annotated[
@@ -168,7 +200,7 @@ def report(
     report(run_dirs, out_dir)
 
 
-@app.command()
+@_app.command()
 @user_errors
 def examples(
     copy: Annotated[
@@ -196,13 +228,34 @@ def _stdin_is_terminal() -> bool:
 
 
 def _tune(**flags: Any) -> None:
+    from distrain.commands import tune as tune_command
+
     # Whether a large sweep can be confirmed is asked at the time (a test stands in for the terminal).
     tune_command.tune(stdin_is_terminal=lambda: _stdin_is_terminal(), **flags)
 
 
-app.command("tune", cls=SectionedCommand)(
-    user_errors(command_function("tune", _tune, tune_command.parameters(), tune_command.HELP))
-)
+_stand_in("tune", TUNE_HELP)
+
+# Read here by tests and docs, loaded when read: (module, name).
+_LAZY = {
+    "_shown_default": ("distrain.commands.options", "shown_default"),
+    "RunDisplay": ("distrain.commands.run_display", "RunDisplay"),
+    "membership_line": ("distrain.commands.run_display", "membership_line"),
+    "membership_row": ("distrain.commands.run_summary", "membership_row"),
+    "print_summary": ("distrain.commands.run_summary", "print_summary"),
+    "tensorboard_line": ("distrain.commands.run_summary", "tensorboard_line"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """`app` with every command built; the names tests read here, loaded when read."""
+    if name == "app":
+        build_commands()
+        return _app
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def prepare_commands(argv: list[str]) -> None:
@@ -215,6 +268,8 @@ def prepare_commands(argv: list[str]) -> None:
         strategy, task = _flag_value(argv, "--strategy"), _flag_value(argv, "--task")
         config = _flag_value(argv, "--config")
         if (strategy is None or task is None) and config:
+            from distrain.config import RunConfig
+
             recorded = RunConfig.load_yaml(config)
             strategy, task = strategy or recorded.get("strategy"), task or recorded.get("task")
     wanted = {"strategy": str(strategy)} if strategy and ":" in str(strategy) else {}
@@ -223,7 +278,10 @@ def prepare_commands(argv: list[str]) -> None:
     if wanted != _PLUGIN_VALUES:
         _PLUGIN_VALUES.clear()
         _PLUGIN_VALUES.update(wanted)
-        _register_run()
+        if _built:
+            _register_run()
+    if next((arg for arg in argv if not arg.startswith("-")), None) in _LATER:  # the command it names
+        build_commands()
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -241,7 +299,7 @@ def main() -> int:
     from distrain.orchestrator.remote_errors import plain_ray_logs_when_piped
 
     plain_ray_logs_when_piped()  # output to a file or a pipe (a log, `ray job submit`): no colour codes in it
-    with interrupts.installed():
+    with interrupts.installed(), ray_start.enabled():  # `distrain run` may begin its Ray while torch loads
         return _main()
 
 
@@ -251,7 +309,7 @@ def _main() -> int:
     except DistrainError as e:
         consoles.err.print(Text("error: ", style="bold red") + Text(str(e)), highlight=False)
         return 2
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(_app)
     try:
         return command.main(standalone_mode=False) or 0
     except click_exceptions.NoArgsIsHelpError as e:

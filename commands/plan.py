@@ -13,6 +13,7 @@ from rich.text import Text
 
 from distrain.commands import console as consoles
 from distrain.commands.console import print_wide, say
+from distrain.commands.help_texts import PLAN_HELP
 from distrain.commands.options import own_option, parse_task_args, run_options
 from distrain.compression.spec import FLAG as CODEC_FLAG
 from distrain.config import RunConfig, parse_optimizer_args
@@ -24,10 +25,7 @@ from distrain.fields import SECTIONS
 PLAN_FLAGS = {"config", "resume", "workers", "worker_groups", "strategy", "transport", "schedule", "run_dir"}
 PLAN_TRAFFIC_FLAGS = TRAFFIC_FIELDS  # what every strategy's traffic goes through (the channel's)
 
-HELP = """Predict step time, traffic and memory of every strategy at each worker count, calibrated on this
-cluster with a few real steps and micro-benchmarks; recommend one, with its reason. With --fsdp or
---tensor-parallel, or a model over --worker-memory, also BSP and DiLoCo across cut replicas (the layouts
-that fit)."""
+HELP = PLAN_HELP
 
 
 def parameters() -> list[inspect.Parameter]:

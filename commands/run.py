@@ -4,6 +4,7 @@ calls too) under the run's display; the closing table, and the exit code of a di
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
 from typing import Any
@@ -12,29 +13,13 @@ import typer
 from rich.text import Text
 
 from distrain.commands import console as consoles
+from distrain.commands.help_texts import DIVERGED_EXIT_CODE, EXIT_CODES  # noqa: F401 (docs/flags.md)
+from distrain.commands.help_texts import RUN_HELP as HELP  # noqa: F401 (the command's help, as plan.HELP)
 from distrain.commands.options import own_option, parse_task_args, run_options
 from distrain.commands.run_display import RunDisplay
 from distrain.commands.run_summary import print_summary
 from distrain.config import parse_optimizer_args
-from distrain.errors import DistrainError, RunFailed
-
-DIVERGED_EXIT_CODE = 3  # not 2: files were written (the metrics, the summary); not 1: no bug either
-# What `distrain run` exits with (docs/flags.md, and `distrain run --help`). 1 is left to bugs
-# (a traceback, the worker's own error among them).
-EXIT_CODES = {
-    0: "completed",
-    2: "bad input",
-    DIVERGED_EXIT_CODE: "diverged",
-    RunFailed.exit_code: "failed after it started (--max-failures used up, disk full)",
-    130: "interrupted (SIGINT)",
-    143: "interrupted (SIGTERM)",
-}
-
-HELP = f"""Train one model with one strategy; writes runs/<id>/ (config, metrics, summary, checkpoints).
-
-Every on/off flag also has a --no- form (e.g. --no-staleness-lr) that turns off what --config turns on.
-
-Exit codes: {", ".join(f"{code} {what}" for code, what in EXIT_CODES.items())}."""
+from distrain.errors import DistrainError
 
 
 def parameters(plugin_values: dict[str, Any]) -> list[inspect.Parameter]:
@@ -71,18 +56,52 @@ def run(
     overrides["optimizer_args"] = parse_optimizer_args(optimizer_arg) if optimizer_arg else None
     if resume is not None and config is not None:
         raise DistrainError("--resume uses the run's own config.yaml; drop --config")
-    from distrain import api  # the front door a notebook uses too: one code path from the spec on
+    from distrain.orchestrator import ray_start, startup
 
-    # The display first: torch and Ray take seconds to load, the settings' checks among them.
-    with RunDisplay(run_dir=str(resume) if resume is not None else overrides.get("run_dir") or "") as display:
-        if resume is not None:
-            prepared = api.prepare_resume(resume, overrides)
-        else:
-            prepared = api.prepare(str(config) if config else None, overrides, say=display.say)
-        display.configured(prepared.config)
-        result = api.train(prepared, display.on_event)
+    try:
+        from distrain import api  # the front door a notebook uses too: one code path from the spec on
+
+        # The display first: torch and Ray take seconds to load, the settings' checks among them.
+        with RunDisplay(run_dir=str(resume) if resume is not None else overrides.get("run_dir") or "") as display:
+            if resume is not None:
+                prepared = api.prepare_resume(resume, overrides)
+            else:
+                with _early_ray(str(config) if config else None, overrides):
+                    prepared = api.prepare(str(config) if config else None, overrides, say=display.say)
+            display.configured(prepared.config)
+            result = api.train(prepared, display.on_event)
+    finally:
+        ray_start.discard()  # begun and never taken: the run ended before it needed Ray
     print_summary(result.summary, result.run_dir)
+    clock = startup.current()
+    line = clock.line() if clock is not None else None
+    if line is not None:
+        consoles.say(line)
     exit_if_diverged(result.summary)
+
+
+def _early_ray(config_file: str | None, overrides: dict[str, Any]) -> Any:
+    """A new run's local Ray begins once its torch-free checks pass, while torch loads (ray_start.py);
+    not under --strategy auto, whose calibration starts the Ray it measures on."""
+    from distrain.config.checks import before_torch
+    from distrain.orchestrator import ray_start
+    from distrain.planning.auto_strategy import requested
+
+    if requested(overrides, config_file):
+        return contextlib.nullcontext()
+    return before_torch(lambda config: ray_start.begin(config, _start_local_ray, _stop_local_ray))
+
+
+def _start_local_ray(config: Any) -> int:  # on ray_start's thread: Ray loads there, not here
+    from distrain.orchestrator import cluster
+
+    return cluster.start_local_ray_for(config)
+
+
+def _stop_local_ray() -> None:
+    from distrain.orchestrator import cluster
+
+    cluster.stop_local_ray()
 
 
 def exit_if_diverged(summary: dict[str, Any]) -> None:

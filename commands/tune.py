@@ -13,6 +13,7 @@ import typer
 
 from distrain.commands import console as consoles
 from distrain.commands.console import say, warn
+from distrain.commands.help_texts import TUNE_HELP
 from distrain.commands.options import own_option, parse_task_args, run_options
 from distrain.commands.run_display import describe_task
 from distrain.errors import DistrainError
@@ -23,7 +24,7 @@ try:  # typer >= 0.24 keeps Abort in typer.exceptions
 except ImportError:  # pragma: no cover - older typer on the real click
     from click.exceptions import Abort  # type: ignore[no-redef,assignment]
 
-HELP = "Sweep batch size, LR scaling, warmup, LR (and more) with Ray Tune; each trial is a distributed run."
+HELP = TUNE_HELP
 
 # The run options every trial of a sweep shares (a sweep flag or --param varies the others).
 SHARED_RUN_OPTIONS = (
@@ -58,6 +59,7 @@ def swept_flags() -> dict[str, tuple[str, str]]:
     """Every sweep flag: argument -> (the RunConfig field it varies, the flag as typed)."""
     owned = {name: (name, "--" + name.replace("_", "-")) for name in strategy_sweep_flags()}
     return {**SWEPT_FLAGS, **owned}
+
 
 # A sweep of more trials than this asks first (or takes --yes). A 4 x 4 x 2 grid (docs/sweeps.md's example is
 # 24 trials) is deliberate and starts at once; what this catches is the accident: one more axis than

@@ -10,7 +10,8 @@ others (the optimizer's constructor, which loads torch: every other mistake is f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,6 +41,25 @@ def registered() -> list[Check]:
     return [check for stage in STAGES for check in _CHECKS[stage].values()]
 
 
+# Called with a config whose torch-free stages passed, before the "last" stage loads torch: `distrain run`
+# begins its local Ray there (orchestrator/ray_start.py), so that it comes up while torch loads.
+_before_torch: list[Check] = []
+
+
+@contextlib.contextmanager
+def before_torch(fn: Check) -> Iterator[None]:
+    """Call `fn` with each config that passed every check but the last stage's, for the block's length."""
+    _before_torch.append(fn)
+    try:
+        yield
+    finally:
+        _before_torch.remove(fn)
+
+
 def run_checks(config: RunConfig) -> None:
-    for check in registered():
-        check(config)
+    for stage in STAGES:
+        if stage == "last":
+            for fn in list(_before_torch):
+                fn(config)
+        for check in _CHECKS[stage].values():
+            check(config)

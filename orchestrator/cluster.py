@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +27,17 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from distrain.config import RunConfig, groups_section
 from distrain.errors import ResourceError
-from distrain.orchestrator import address, code_shipping, interrupts, leftovers, memory, streaming, trial_resources
+from distrain.orchestrator import (
+    address,
+    code_shipping,
+    interrupts,
+    leftovers,
+    memory,
+    ray_start,
+    startup,
+    streaming,
+    trial_resources,
+)
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -201,6 +212,24 @@ def start_local_ray(num_cpus: int) -> None:
 _kept: tuple[str, RayConnection] | None = None
 
 
+def local_cpus(config: RunConfig, extra_cpus: int = 0) -> int:
+    """The CPUs a local Ray is started with for `config`: at least those the run reserves, so `--workers 4`
+    works on a laptop with 2 cores (oversubscribed, as with torchrun), instead of waiting forever."""
+    return max(os.cpu_count() or 1, int(-(-cpus_needed(config) // 1)) + extra_cpus)
+
+
+def start_local_ray_for(config: RunConfig) -> int:
+    """Start the local Ray `connect` would start for `config` (orchestrator/ray_start.py's thread runs
+    this while the driver loads torch); returns its num_cpus."""
+    num_cpus = local_cpus(config)
+    start_local_ray(num_cpus)
+    return num_cpus
+
+
+def stop_local_ray() -> None:
+    RayConnection(started_here=True).close()
+
+
 def _session_dir() -> str | None:
     node = _local_node()
     return node.get_session_dir_path() if node is not None else None
@@ -221,10 +250,12 @@ def connect(config: RunConfig, keep: bool = False, extra_cpus: int = 0) -> RayCo
     orchestrator/warm_pool.py) and stops at exit; a later run it is too small for, or one for `--address`,
     stops it and starts over."""
     global _kept
+    if ray_start.pending() and (config.address or extra_cpus):  # not the plain local run it was begun for
+        ray_start.discard()
     if _kept is not None and ray.is_initialized() and _session_dir() == _kept[0]:
         if config.address or cpus_needed(config) + extra_cpus > ray.cluster_resources().get("CPU", 0.0):
             _stop_kept()
-    if ray.is_initialized():
+    if ray.is_initialized() and not ray_start.pending():
         if config.address:  # a dead --address is refused as a fresh process would refuse it
             address.reachable(config.address)
         return RayConnection(started_here=False)
@@ -232,10 +263,17 @@ def connect(config: RunConfig, keep: bool = False, extra_cpus: int = 0) -> RayCo
         # Another node may not have the task's file: ship it (the local Ray below shares this disk).
         return RayConnection(started_here=True, shipped=join(config.address, config.task))
     else:
-        # A local cluster gets at least the CPUs the run reserves, so `--workers 4` works on a laptop
-        # with 2 cores (oversubscribed, as with torchrun), instead of waiting forever for resources.
-        needed = int(-(-cpus_needed(config) // 1)) + extra_cpus
-        start_local_ray(max(os.cpu_count() or 1, needed))
+        num_cpus = local_cpus(config, extra_cpus)
+        # Begun by the CLI while it loaded torch (orchestrator/ray_start.py). Taken in a held section, as
+        # ray.init runs; then the driver's SIGINT/SIGTERM handlers go back in place: Ray's core worker
+        # put its own there (in C++, unseen by Python's records) on the thread that started it.
+        with interrupts.deferred():
+            taken = ray_start.take(num_cpus)
+            interrupts.reassert()
+        if not taken:
+            started = time.perf_counter()
+            start_local_ray(num_cpus)
+            startup.ray_started(time.perf_counter() - started, in_background=False)
         session = _session_dir()
         if keep and session is not None:
             # Registered after ray.init's own exit handler, so it runs first (atexit: last in, first out);

@@ -119,6 +119,15 @@ def deferred() -> Iterator[None]:
         check()
 
 
+def reassert() -> None:
+    """Put the handlers back even where Python still records them as in place: a library's C++ code
+    (Ray's core worker, connecting on another thread: orchestrator/ray_start.py) may have replaced them
+    underneath, which `signal.getsignal` does not see. Main thread, and only where install() was called."""
+    if _installed and threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, _handle)
+
+
 @dataclass
 class Lent:
     caught: bool = False  # the borrower's handler caught a SIGINT

@@ -22,7 +22,7 @@ import ray
 
 from distrain.config import RunConfig
 from distrain.errors import RunFailed
-from distrain.orchestrator import auto_choice, cluster, interrupts, memory, streaming, warm_pool
+from distrain.orchestrator import auto_choice, cluster, interrupts, memory, ray_start, startup, streaming, warm_pool
 from distrain.orchestrator.callbacks import Callback, Callbacks
 from distrain.orchestrator.chaos import refuse_on_cluster, refuse_unreachable
 from distrain.orchestrator.controller.attempt import Attempt, record_no_space
@@ -69,7 +69,7 @@ def preflight(
     num_params = check_runnable(config, start_ray)  # a sweep makes the same checks for each of its trials
     needs = memory.estimate(config, num_params)
     memory.check_worker(config, needs)  # --worker-memory: the budget each worker states, wherever it runs
-    if not config.address and not ray.is_initialized():  # the local Ray this run will start: this machine
+    if not config.address and (ray_start.pending() or not ray.is_initialized()):  # the local Ray this run starts
         memory.check(needs, memory.local_available())
     total = total_steps(config)  # the run's length is known before anything starts (as the workers count it)
     if resume:
@@ -106,6 +106,8 @@ def run_training(
     """Run `config` to its end. `on_event` gets the display's events; `callbacks` (orchestrator/callbacks.py)
     get the run's hooks and may stop it early (status "stopped"). `keep_ray` (distrain.fit): a local Ray
     started for the run stays up for the next one in this process (cluster.connect)."""
+    startup.begin()  # this process's first run: its cold start is clocked (orchestrator/startup.py)
+    startup.mark("ready")
     emit = on_event or (lambda event: None)
     hooks = Callbacks(callbacks)
     if config.tensorboard or config.loggers:
@@ -130,6 +132,7 @@ def run_training(
         for started_early in early:
             started_early.close()
         raise
+    startup.mark("checked")
     stream = streaming.prepared(config)
     connection = None
     group: RayWorkerGroup | None = None
@@ -144,6 +147,7 @@ def run_training(
             emit(Preparing(_connecting(config), plan.run_dir))
             more = {"extra_cpus": streaming.DATA_CPUS} if stream else {}  # room for Ray Data (streaming.py)
             connection = cluster.connect(config, keep=keep_ray, **more)
+        startup.mark("ray")
         cluster.check_resources(config)
         if stream is not None:
             free = cluster.check_data_cpus(config)
@@ -205,6 +209,6 @@ def run_training(
 
 
 def _connecting(config: RunConfig) -> str:
-    if ray.is_initialized():
+    if ray.is_initialized() and not ray_start.pending():
         return "joining the Ray already running in this process"
     return f"connecting to Ray at {config.address}" if config.address else "starting a local Ray"

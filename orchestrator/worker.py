@@ -73,10 +73,12 @@ class TrainWorker:
         # itself (a ConfigError stays one line, a bug in the user's task keeps its traceback) and never
         # takes it for a dead actor to retry.
         self.init_error: Exception | None = None
+        built = time.perf_counter()
         try:
             self._build(config, data)
         except Exception as e:  # noqa: BLE001 - re-raised, unchanged, by the first call
             self.init_error = e
+        self.build_s = time.perf_counter() - built  # the task, its data, the model: the start-up's "data"
 
     def _build(self, config: RunConfig, data: Shard | None) -> None:
         if config.uses_gpus and not torch.cuda.is_available():
@@ -175,6 +177,7 @@ class TrainWorker:
             "num_params": self.full_params,
             "param_bytes": self.trainer.nbytes,  # what this actor holds (a pipeline stage: its slice)
             "val_is_test": self.val_is_test,  # no validation split: runs select on the test set
+            "build_s": self.build_s,
         }
 
     def rendezvous_address(self) -> str:

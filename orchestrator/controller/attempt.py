@@ -16,7 +16,7 @@ from typing import Any
 from distrain.config import RunConfig
 from distrain.config.shares_section import unequal_shares
 from distrain.errors import ConfigError, RunFailed
-from distrain.orchestrator import auto_choice, channel_checkpoint, interrupts, outcome
+from distrain.orchestrator import auto_choice, channel_checkpoint, interrupts, outcome, startup
 from distrain.orchestrator.balance import ShareBalancer
 from distrain.orchestrator.best_checkpoint import BestKeeper
 from distrain.orchestrator.callbacks import Callbacks, RunInfo
@@ -131,6 +131,7 @@ class Attempt:
         timeout = self.config.collective_timeout_s
         ranks = self.members()
         info = self.group.describe(ranks, timeout)
+        startup.workers_up(info)
         self.steps_per_epoch = self.state.steps_per_epoch = info[0]["steps_per_epoch"]
         selects = self.target is not None or self.best.monitor is not None
         if info[0].get("val_is_test") and selects and not self.start_step:
@@ -318,6 +319,7 @@ class Attempt:
         from distrain.orchestrator.worker import STEP_COLUMNS
 
         self.sink.add_steps(rows)
+        startup.steps(rows["step"], rows["wall_time"], self.run_start)
         if self.hooks:  # the step columns and the task's own scalars (train_<name>)
             self.hooks.call(
                 "on_rows", {k: v for k, v in rows.items() if k in STEP_COLUMNS or k.startswith(LOGGED_PREFIX)}
