@@ -172,6 +172,7 @@ class AsyncSaver:
         from concurrent.futures import ThreadPoolExecutor
 
         import torch.distributed as dist
+        import torch.distributed.checkpoint  # noqa: F401  (here, not in the first save's blocking window: ~0.1 CPU-s)
 
         from distrain.trainers.checkpoint_staging import StagingBuffers
 
