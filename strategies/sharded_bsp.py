@@ -210,12 +210,14 @@ class ShardedBSP(Strategy):
         name = state_dir_name(step)
         if self.ctx.rank == 0:  # an earlier attempt's save of this step (a run recovered after a failure)
             forget_save(directory / name)  # is not this one: its index goes (DCP's planning is a barrier)
-        total = local_sum(trainer.params)
+        finite = bool(local_sum(trainer.params).isfinite())
+        # The reference is made before the save begins (once its thread runs, it plans under the GIL) and
+        # kept once the save has begun.
+        saved = {"dir": name, "step": step, "finite": finite} | self.checkpoint_keys(trainer)
+        saved |= trainer.scheduler_state()  # a task's own scheduler: its position, in the reference
         entries = trainer.checkpoint_entries() | self.checkpoint_entries(trainer)
         self.saver.save(entries, directory / name)
-        finite = bool(total.isfinite())
-        self.saved = {"dir": name, "step": step, "finite": finite} | self.checkpoint_keys(trainer)
-        self.saved |= trainer.scheduler_state()  # a task's own scheduler: its position, in the reference
+        self.saved = saved
         return ShardsSaved(time.perf_counter() - t0, finite)  # the wait for the last save, the staging
 
     def checkpoint_keys(self, trainer: ShardedTrainer) -> dict[str, list[str]]:
@@ -228,7 +230,7 @@ class ShardedBSP(Strategy):
         must not meet this run's save thread in its collectives)."""
         saver = getattr(self, "saver", None)
         if saver is not None:
-            saver.wait()
+            saver.close()
         super().teardown()
 
     def checkpoint_entries(self, trainer: ShardedTrainer) -> dict[str, Any]:

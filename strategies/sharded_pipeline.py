@@ -178,5 +178,5 @@ class ShardedPipelineBSP(PipelineBSP):
         """The save in flight is written before the group it runs over goes."""
         saver = getattr(self, "saver", None)
         if saver is not None:
-            saver.wait()
+            saver.close()
         super().teardown()

@@ -13,9 +13,11 @@ the whole state (`read_whole`) for everything that wants it so: a run without sh
 --init-from, `distrain report`'s trained model. Entries are flat on purpose: DCP flattens nested dicts by
 joining keys with ".", which parameter names contain already.
 
-Saving is asynchronous (`dcp.async_save`): the worker blocks only while its shards are copied to CPU
-memory (staging); a thread writes them while training goes on, over a process group of its own (the
-save's collectives must not interleave with the training's on the run's group). The coordinator (rank 0)
+Saving is asynchronous (what `dcp.async_save` does, with what it makes per call kept for the run): the
+worker blocks only while its shards are copied to CPU memory (staging, into buffers kept from one save
+to the next: trainers/checkpoint_staging.py); one thread, the run's, writes them with `dcp.save` while
+training goes on, over a process group of its own (the save's collectives must not interleave with the
+training's on the run's group). The coordinator (rank 0)
 writes DCP's `.metadata` last, so a directory with it is complete (`is_complete`): the driver points a
 checkpoint file at a directory only then.
 """
@@ -163,15 +165,23 @@ def _keys_under(keys: Iterable[str], prefix: str) -> list[str]:
 
 class AsyncSaver:
     """A worker's side of the run's sharded checkpoints: one save in flight at a time (DCP's advice: wait
-    for the last before the next), over a process group of its own."""
+    for the last before the next), over a process group, a writer thread and staging buffers made once
+    for the run (`dcp.async_save` would make a stager and a thread per save)."""
 
     def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         import torch.distributed as dist
+        import torch.distributed.checkpoint  # noqa: F401  (here, not in the first save's blocking window: ~0.1 CPU-s)
+
+        from distrain.trainers.checkpoint_staging import StagingBuffers
 
         # Every worker makes it at set-up, in the same order (a collective); gloo: the thread's
         # collectives run on the CPU beside the training's.
         self.group = dist.new_group(backend="gloo")
         self.pending: Any = None
+        self.staging = StagingBuffers()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distrain-checkpoint")
         # --storage: copies this worker's own files of each save there once it is written (the worker
         # sets it; orchestrator/storage.py). On another node than the driver they exist only here.
         self.upload: Any = None
@@ -182,9 +192,10 @@ class AsyncSaver:
         that and for this one's tensors to be staged (copied to CPU memory), not for the writing."""
         import torch.distributed.checkpoint as dcp
 
-        self.wait()
+        self.wait()  # the staging buffers hold the previous save's state until it is written
         directory.mkdir(parents=True, exist_ok=True)
-        self.pending = dcp.async_save(entries, checkpoint_id=str(directory), process_group=self.group)
+        staged = self.staging.stage(entries)
+        self.pending = self._writer.submit(dcp.save, staged, checkpoint_id=str(directory), process_group=self.group)
         if self.upload is not None:
             import threading
 
@@ -193,6 +204,14 @@ class AsyncSaver:
             rank, done = dist.get_rank(self.group), threading.Event()
             self._uploaded = (done, [])
             self.pending.add_done_callback(lambda future: self._upload(future, directory, rank, done))
+
+    def close(self) -> None:
+        """The save in flight written, then the thread and the buffers let go (a run's end)."""
+        try:
+            self.wait()
+        finally:
+            self._writer.shutdown(wait=True)
+            self.staging.clear()
 
     def _upload(self, future: Any, directory: Path, rank: int, done: Any) -> None:
         """In the save's thread, once it is written: this worker's files (DCP names them by its rank in the

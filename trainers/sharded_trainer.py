@@ -88,6 +88,7 @@ class ShardedTrainer:
         self.tp_rank = 0  # this worker's tensor-parallel rank (set by `shard`)
         self.applied_lr: float | None = None  # the rate of the last update (the task's own optimizer's)
         self._pending_scheduler: dict[str, Any] | None = None  # a checkpoint's, until `shard` builds the scheduler
+        self._checkpoint_keys: dict[str, list[str]] | None = None  # `checkpoint_keys`, once the model is cut
 
     # ------------------------------------------------------------------ sharding
     def shard(
@@ -103,6 +104,7 @@ class ShardedTrainer:
         from distrain.trainers.tensor_parallel import apply_plan
 
         forget_earlier_meshes()
+        self._checkpoint_keys = None
         tp = mesh["tp"].size()
         self.tp_rank = mesh["tp"].get_local_rank()
         if tp > 1:  # the plan was checked on the whole model before the run started (orchestrator/run_checks.py)
@@ -230,7 +232,9 @@ class ShardedTrainer:
     def checkpoint_keys(self) -> dict[str, list[str]]:
         """The model's state dict keys and its trainable parameters' names, in order (a reader of the
         shards in one process puts the state back in this order: DCP's own is another)."""
-        return {"model_keys": list(self.model.state_dict()), "param_names": list(self.names)}
+        if self._checkpoint_keys is None:  # fixed once the model is cut; its state_dict runs FSDP's hooks
+            self._checkpoint_keys = {"model_keys": list(self.model.state_dict()), "param_names": list(self.names)}
+        return {k: list(v) for k, v in self._checkpoint_keys.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A sharded checkpoint ({"sharded": {"path": directory}}: each worker reads its own pieces, once
