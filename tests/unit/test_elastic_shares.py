@@ -152,8 +152,9 @@ def test_an_elastic_bsp_unit_weight_makes_a_round_of_shares_a_full_round():
     "flags, words",
     [
         (dict(worker_weights="3,1,1"), "a weight per rank names no machine"),
-        (dict(balance="speed", transport="ps"), "needs --strategy bsp over the collective transport"),
-        (dict(balance="speed", strategy="local-sgd"), "not --strategy local-sgd"),
+        (dict(balance="speed", transport="ps"), "needs the collective transport: the parameter server's elastic"),
+        (dict(balance="speed", strategy="local-sgd"), "not --strategy local-sgd: its elastic blocks deal equal"),
+        (dict(balance="speed", strategy="diloco"), "not --strategy diloco: its elastic blocks deal equal"),
     ],
 )
 def test_shares_under_a_range_other_than_balanced_collective_bsp_are_refused(flags, words):
