@@ -330,7 +330,7 @@ class Stragglers:
         "speed (seconds per sample), moving them at segment starts only when the predicted step time falls by "
         "more than 10 %; the global batch stays --workers x --batch-size (bsp, local-sgd, diloco, and under "
         "--pipeline-stages per replica in whole sets of micro-batches; starts from --worker-weights if given). "
-        "Under --workers MIN..MAX (bsp over the collective): every step is MAX x "
+        "Under --workers MIN..MAX (over the collective): every step is MAX x "
         "--batch-size cut among the members; a joiner starts at the mean share, a leaver's is shared out.",
         "stragglers",
     )

@@ -239,6 +239,48 @@ def test_balanced_shares_under_a_range_equal_one_process_at_the_global_batch(tmp
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize(
+    ("strategy", "reference"),
+    [
+        # τ = 1: every round averages θ and momentum weighted by samples, i.e. BSP at 64 (test_local_sgd's
+        # float tolerance for τ = 1 vs BSP, as at a fixed size above).
+        pytest.param(dict(strategy="local-sgd", tau=1), dict(), id="local-sgd"),
+        # H = 1, plain inner SGD, outer SGD at lr 1: θ_g is the members' sample-weighted mean, i.e. BSP.
+        pytest.param(
+            dict(strategy="diloco", sync_every=1, outer_lr=1.0, outer_momentum=0.0, momentum=0.0),
+            dict(momentum=0.0),
+            id="diloco",
+        ),
+    ],
+)
+def test_local_sgd_and_diloco_take_balanced_shares_under_a_range(
+    tmp_path, one_process, monkeypatch, strategy, reference
+):
+    """--workers 1..2 --balance speed under local SGD and DiLoCo: a block is whole steps of 64 cut among
+    the members, each member's average weighted by the samples it took in the block, at the unscaled rate.
+    The driver's balancer is made to cut 40/24 once both are members; at τ = H = 1 the run is then one
+    process at 64 (unweighted or at the members' scaled rate it would not be)."""
+    from distrain.orchestrator.elastic_balance import ElasticShareBalancer
+
+    unequal = lambda self: (40, 24) if len(self.members) == 2 else self.current  # noqa: E731
+    monkeypatch.setattr(ElasticShareBalancer, "proposal", unequal)
+    # Rank 0 is held 1 s a step (--straggler, a time only) so that rank 1, built while rank 0 trains alone,
+    # joins before the run ends (these runs took 20 s, and rank 1 once joined none of them).
+    config = cfg(
+        tmp_path, "elastic", workers="1..2", balance="speed", cpus_per_worker=3, straggler=["0:1"], **strategy
+    )
+    run = run_training(config)
+    assert run.summary["steps_completed"] == STEPS
+    steps = step_rows(run)
+    assert (steps.groupby("step")["samples"].sum() == 64).all()
+    shares = steps.groupby("worker")["samples"].unique().map(set).to_dict()
+    assert shares[0] in ({40}, {64, 40}) and shares.get(1) == {24}, shares
+    one = cfg(tmp_path, "one", workers=1, batch_size=64, **reference)
+    alone = final_params(run_training(one).run_dir) if reference else one_process
+    diff = (final_params(run.run_dir) - alone).abs()
+    assert diff.max().item() <= 2e-4 and diff.mean().item() <= 2e-6, (diff.max().item(), diff.mean().item())
+
+
 def test_a_straggler_under_a_range_is_slowed_once_a_member_and_balanced(tmp_path, one_process):
     """--straggler composes with --workers MIN..MAX (a slowdown belongs to a rank): --workers 1..2 --balance
     speed --straggler 1:x6 over 2 epochs. Once rank 1 is a member its steps are 6x slower and the balancer
