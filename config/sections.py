@@ -328,8 +328,9 @@ class Stragglers:
         "none",
         "none, or speed: the driver sets each worker's share of the step's batch in proportion to its measured "
         "speed (seconds per sample), moving them at segment starts only when the predicted step time falls by "
-        "more than 10 %; the global batch stays --workers x --batch-size (bsp, local-sgd, diloco; starts from "
-        "--worker-weights if given). Under --workers MIN..MAX (bsp over the collective): every step is MAX x "
+        "more than 10 %; the global batch stays --workers x --batch-size (bsp, local-sgd, diloco, and under "
+        "--pipeline-stages per replica in whole sets of micro-batches; starts from --worker-weights if given). "
+        "Under --workers MIN..MAX (over the collective): every step is MAX x "
         "--batch-size cut among the members; a joiner starts at the mean share, a leaver's is shared out.",
         "stragglers",
     )

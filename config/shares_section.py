@@ -6,10 +6,10 @@ Unequal shares keep the update the whole batch's only where a step's gradients a
 that can be weighted (BSP over either transport; a pipeline's per-stage all-reduce over its replicas).
 The others are refused rather than run wrong: k-of-n rounds and backup tasks (a round's mean is over
 whichever gradients arrive first), sharded replicas (a replica's batch is cut again inside it), and
-strategies without one mean per step. A pipeline's replicas take static weights only, one per replica
-(`pipeline_shares`: whole sets of micro-batches). Under a range (--workers MIN..MAX) only --balance
-speed over BSP's all-reduce takes shares (each round a whole step cut among the members,
-`check_elastic_shares`)."""
+strategies without one mean per step. A pipeline's replicas take weights, one per replica, and --balance
+speed, in whole sets of micro-batches (`pipeline_shares`; orchestrator/pipeline_balance.py). Under a
+range (--workers MIN..MAX) only --balance speed over the collective transport takes shares (BSP, local
+SGD, DiLoCo: each round a whole step cut among the members, `check_elastic_shares`)."""
 
 from __future__ import annotations
 
@@ -77,10 +77,10 @@ def check_worker_shares(config: RunConfig) -> None:
         else "--balance speed"
     )
     check_elastic_shares(config, given)  # (--worker-group never has a range: its counts fix --workers)
-    if config.pipelined and (config.balance != "none" or groups_section.rank_shares(config)):
-        what = "--balance speed" if config.balance != "none" else groups_section.FLAG
+    if config.pipelined and groups_section.rank_shares(config):
         raise ConfigError(
-            f"{what} does not compose with --pipeline-stages yet; a pipeline's replicas take --worker-weights"
+            f"{groups_section.FLAG} does not compose with --pipeline-stages yet; a pipeline's replicas take "
+            "--worker-weights or --balance speed"
         )
     for flag, used in (
         ("--schedule", bool(config.schedule)),
@@ -88,7 +88,7 @@ def check_worker_shares(config: RunConfig) -> None:
     ):
         if used:
             raise ConfigError(f"{given} does not compose with {flag} yet; drop one of them")
-    if config.pipelined:
+    if config.pipelined and str(config.worker_weights).strip():
         check_replica_weights(config)
     parse_worker_weights(config.worker_weights, config.worker_slots)  # numbers, positive, one per worker
     if config.strategy not in SHARED_STRATEGIES:
@@ -108,11 +108,11 @@ def check_worker_shares(config: RunConfig) -> None:
 
 
 def check_elastic_shares(config: RunConfig, given: str) -> None:
-    """Shares under --workers MIN..MAX: --balance speed over BSP's all-reduce, whose rounds are lock-step
-    blocks that can each be a whole step cut among the members (orchestrator/elastic_balance.py). Static
-    weights are refused: a rank's slot is placed wherever there is room, so a per-rank weight names no
-    machine. The parameter server's rounds take units as members ask, and local SGD and DiLoCo average
-    blocks of equal slices: neither has a step to cut yet."""
+    """Shares under --workers MIN..MAX: --balance speed over the collective transport (BSP, local SGD,
+    DiLoCo), whose rounds are lock-step blocks that can each be a whole step cut among the members
+    (orchestrator/elastic_balance.py). Static weights are refused: a rank's slot is placed wherever there
+    is room, so a per-rank weight names no machine. The parameter server's rounds take units as members
+    ask: no step is held by a known set of members to cut."""
     if not config.elastic:
         return
     if str(config.worker_weights).strip():
@@ -120,11 +120,14 @@ def check_elastic_shares(config: RunConfig, given: str) -> None:
             f"{given} does not compose with --workers MIN..MAX: a rank runs wherever its slot is placed, so a "
             "weight per rank names no machine; use --balance speed"
         )
-    if config.strategy != "bsp" or config.transport != "collective":
+    if config.strategy in SHARED_STRATEGIES and config.transport != "collective":
         raise ConfigError(
-            f"{given} under --workers MIN..MAX needs --strategy bsp over the collective transport, not "
-            f"--strategy {config.strategy} --transport {config.transport}; drop one of them"
+            f"{given} under --workers MIN..MAX needs the collective transport: the parameter server's elastic "
+            "rounds take units as members ask for them, so no step is cut among its members; use --transport "
+            "collective or a fixed --workers N"
         )
+    # local SGD and DiLoCo: their blocks are whole steps cut among the members too, each member's average
+    # weighted by the samples it took in the block (strategies/local_sgd.py `block_weight`).
 
 
 def check_replica_weights(config: RunConfig) -> None:

@@ -196,7 +196,8 @@ def check_elastic(config: RunConfig) -> None:
         )
     for flag, used in (
         ("--pipeline-stages", config.pipelined),
-        ("--straggler", bool(config.straggler)),
+        # (--straggler composes: a slowdown belongs to a rank, RANK < MAX; a rank that is not a member
+        # has nothing to slow, and one that rejoins is slowed again.)
         ("--schedule", bool(config.schedule)),
         # The collective re-form (orchestrator/controller/collective_scaling.py): a codec's per-rank error
         # feedback is not carried across group sizes.

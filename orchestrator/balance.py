@@ -136,6 +136,10 @@ class ShareBalancer:
             if n and seconds is not None and seconds > 0:
                 self.rows[worker].append((int(n), float(seconds)))
 
+    def add_rows(self, rows: dict[str, list[Any]]) -> None:
+        """A segment's step rows (columns): each worker's compute time at the share it ran."""
+        self.add(rows["worker"], rows["compute_s"], rows["samples"])
+
     def at_current(self, worker: int) -> list[float]:
         """The worker's last `window` compute times at its current share."""
         share = self.current[worker]

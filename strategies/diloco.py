@@ -60,7 +60,7 @@ from distrain.strategies.base import (
 )
 from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
 from distrain.strategies.strategy_names import STRATEGIES
-from distrain.trainers.shares import ShareTally
+from distrain.trainers.shares import ShareTally, block_weight
 
 if TYPE_CHECKING:
     import torch
@@ -431,6 +431,7 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
             f.param.data.copy_(trainer.params_flat[f.lo : f.hi])
         self.block_start_optimizer = trainer.flat_optimizer_state()
         self.took = 0  # inner steps taken in this block
+        self.tallies = [ShareTally()]  # --balance speed: the samples taken in this block (`block_weight`)
 
     def sit_out(self, trainer: LocalTrainer) -> None:
         """No unit for this member in this round: no inner step (its optimizer state stays)."""
@@ -444,7 +445,12 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
             self.sitting = False
             return stats
         c = self.config
-        stats.lr = lr * lr_factor(size, c.worker_slots, c.batch_size, c.base_batch_size, c.lr_scaling)
+        # --balance speed: every round is a whole step of MAX x --batch-size cut among the members: the
+        # configured rate, as at a fixed size with shares.
+        balanced = c.balance == "speed"
+        stats.lr = lr * (
+            1.0 if balanced else lr_factor(size, c.worker_slots, c.batch_size, c.base_batch_size, c.lr_scaling)
+        )
         if self.usable_gradient(trainer, "loss or gradient", check_loss=True):
             trainer.apply_update(stats.lr)
             self.took += 1
@@ -463,7 +469,7 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
 
         assert self.channel.joined
         trainer, (f,) = self.trainer, self.fragments
-        w = 1.0 if self.took else 0.0
+        w = block_weight(self.config.balance == "speed", self.tallies[0], self.took)
         local = trainer.params_flat
         buffer = torch.cat([(f.param.data - local) * w, torch.tensor([w], dtype=local.dtype, device=local.device)])
         try:
@@ -481,7 +487,7 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
             self.outer_steps += 1
         local.copy_(f.param.data)
         self.block_start_optimizer = trainer.flat_optimizer_state()
-        self.took = 0
+        self.took, self.tallies = 0, [ShareTally()]
         if rows.get("comm_s"):  # the round's time and bytes go on the block's last row
             rows["comm_s"][-1] += traffic.seconds
             rows["bytes_sent"][-1] += traffic.sent
@@ -493,4 +499,4 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
         (f,) = self.fragments
         self.trainer.params_flat.copy_(f.param.data)
         self.trainer.load_flat_optimizer_state(self.block_start_optimizer)
-        self.took = 0
+        self.took, self.tallies = 0, [ShareTally()]

@@ -51,7 +51,7 @@ from distrain.strategies.base import (
 from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
 from distrain.strategies.local_periods import LocalPeriods
 from distrain.strategies.strategy_names import STRATEGIES
-from distrain.trainers.shares import ShareTally
+from distrain.trainers.shares import ShareTally, block_weight
 
 if TYPE_CHECKING:
     import torch
@@ -249,6 +249,7 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
         self.anchor = trainer.params_flat.clone()
         self.anchor_optimizer = trainer.flat_optimizer_state()
         self.pending, self.took = 0, 0
+        self.tally = ShareTally()  # (a block undone or re-formed counts afresh)
 
     def sit_out(self, trainer: LocalTrainer) -> None:
         """No unit for this member in this round: no local step at all (its optimizer state stays)."""
@@ -261,7 +262,14 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
             self.sitting = False
             return CommStats(period=self.tau, averaging_round=self.rounds, extra={"members": size})
         c = self.config
-        rate = lr * lr_factor(size, c.worker_slots, c.batch_size, c.base_batch_size, c.lr_scaling)
+        # --balance speed: every round is a whole step of MAX x --batch-size cut among the members, so the
+        # rate is the configured one, as at a fixed size with shares.
+        scale = (
+            1.0
+            if c.balance == "speed"
+            else lr_factor(size, c.worker_slots, c.batch_size, c.base_batch_size, c.lr_scaling)
+        )
+        rate = lr * scale
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
         if ok:
             trainer.apply_update(rate)
@@ -279,14 +287,15 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
 
     def settle(self, rows: dict[str, list]) -> None:
         """The block's averaging round: Σ w·(θ_i − θ_anchor), Σ w·state_i, Σ w in one all-reduce, w = 1 for
-        a member that took a step. Raises GroupBroken (after going back to the last average) if it fails."""
+        a member that took a step (`block_weight`: under --balance speed its samples in the block). Raises
+        GroupBroken (after going back to the last average) if it fails."""
         import torch
 
         assert self.channel.joined
         trainer = self.trainer
         n = trainer.numel
         opt = trainer.flat_optimizer_state()
-        w = 1.0 if self.took else 0.0
+        w = block_weight(self.config.balance == "speed", self.tally, self.took)
         parts = [(trainer.params_flat - self.anchor) * w]
         parts += [v.to(trainer.params_flat.device) * w for v in opt.vectors.values()]
         parts.append(torch.tensor([w], dtype=trainer.params_flat.dtype, device=trainer.params_flat.device))
@@ -296,7 +305,7 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
         except (RuntimeError, OSError) as e:
             trainer.params_flat.copy_(self.anchor)  # the block is undone: back to the last average
             trainer.load_flat_optimizer_state(self.anchor_optimizer)
-            self.took = 0
+            self.took, self.tally = 0, ShareTally()
             raise GroupBroken(str(e)) from e
         members = float(buffer[-1])
         if members > 0:
@@ -309,6 +318,7 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
         self.anchor_optimizer = opt
         self.rounds += 1
         self.pending, self.took = 0, 0
+        self.tally = ShareTally()
         if rows.get("comm_s"):  # the round's time and bytes go on the block's last row
             rows["comm_s"][-1] += traffic.seconds
             rows["averaging_round"][-1] = self.rounds

@@ -60,6 +60,9 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 PIPELINE_COLUMNS = {
     "stage": "int32",
     "replica": "int32",
+    # The replica's samples this step, on every stage's row (`samples` counts them on the last stage only):
+    # what --balance speed's pipeline balancer reads each stage's time against.
+    "replica_samples": "int32",
     "pipe_step_s": "float64",  # the schedule's step, wall time
     "pipe_compute_s": "float64",  # forward and backward of this stage's micro-batches
     "pipe_wait_s": "float64",  # blocked in point-to-point waits (sends and receives)
@@ -222,6 +225,31 @@ class _Fixed:
         return self
 
 
+def _nbytes(values: Any) -> int:
+    """Bytes of the tensors in `values` (nested in tuples and lists)."""
+    import torch
+
+    if torch.is_tensor(values):
+        return values.numel() * values.element_size()
+    if isinstance(values, tuple | list):
+        return sum(_nbytes(v) for v in values)
+    return 0
+
+
+def batch_length(batch: Any) -> int:
+    """The samples in `batch` (tensors, possibly nested): its first tensor's length along dim 0."""
+    import torch
+
+    if torch.is_tensor(batch):
+        return len(batch)
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, tuple | list) else ()
+    for v in values:
+        n = batch_length(v)
+        if n:
+            return n
+    return 0
+
+
 def split_batch(batch: Any, parts: int) -> list[Any]:
     """`batch` (tensors, possibly nested in tuples, lists and dicts) cut into `parts` along dim 0."""
     import torch
@@ -340,20 +368,30 @@ class PipelineBSP(Strategy):
     def make_schedule(self, trainer: LocalTrainer) -> None:
         """torch's stage of `trainer.model` over this worker's pipeline group and the run's schedule of its
         micro-batches (the task's criterion as the last stage's loss), timed."""
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
         self.trainer = trainer
         if not self.last:  # gloo sends and receives only contiguous tensors (a pooling layer's output may not be)
             trainer.model.register_forward_hook(lambda module, args, out: out.contiguous())
-        self.pp_stage = PipelineStage(trainer.model, self.stage, self.stages, trainer.device, group=self.pipe_group)
-        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
         # --accumulate-steps k: one schedule over k x M micro-batches of B/M (the mean over all of them is
         # the gradient of the k x B batch's mean loss); the clip is the replica's, in `step`, not the stage's.
         self.parts = self.config.microbatches * self.config.accumulate_steps
         trainer.clip_grad_norm = 0.0
-        self.schedule = schedule(self.pp_stage, self.parts, loss_fn=self._loss, scale_grads=True)
         self._mbs: list[Any] = []
         _install_wait_timer()
+        self._count_input_bytes()
+        self._build_schedule()
+        self.built_for: int | None = None  # the replica's samples per step the schedule last ran at
+
+    def _build_schedule(self) -> None:
+        """A fresh torch stage and schedule. torch sizes a stage's receive buffers from its first step's
+        micro-batches and keeps them, so when --balance speed moves this replica's share (its micro-batches
+        change size: `compute_gradients`) every stage of the replica builds anew at that step, and the new
+        stages infer their shapes together again (the same module, parameters and groups)."""
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        trainer = self.trainer
+        self.pp_stage = PipelineStage(trainer.model, self.stage, self.stages, trainer.device, group=self.pipe_group)
+        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
+        self.schedule = schedule(self.pp_stage, self.parts, loss_fn=self._loss, scale_grads=True)
         self._time_stage_calls()
 
     def _loss(self, output: Any, which: torch.Tensor) -> torch.Tensor:
@@ -366,15 +404,7 @@ class PipelineBSP(Strategy):
         """Wrap this stage's forward and backward of one micro-batch: compute time, spans, p2p bytes."""
         stage, timer = self.pp_stage, self.timer
         forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
-
-        def nbytes(values: Any) -> int:
-            import torch
-
-            if torch.is_tensor(values):
-                return values.numel() * values.element_size()
-            if isinstance(values, tuple | list):
-                return sum(nbytes(v) for v in values)
-            return 0
+        nbytes = _nbytes
 
         def timed_forward(mb: int, args: Any, kwargs: Any, *rest: Any, **more: Any) -> Any:
             t0 = time.perf_counter()
@@ -397,14 +427,19 @@ class PipelineBSP(Strategy):
 
         stage.forward_one_chunk = timed_forward
         stage.backward_one_chunk = timed_backward
-        if not self.first:  # the activations coming in (and their gradient going back): the input's size
 
-            def count_input(module: Any, args: Any) -> None:
-                if _ACTIVE_TIMER is not None:
-                    n = nbytes(args)
-                    self.bytes_p2p = (self.bytes_p2p[0] + n, self.bytes_p2p[1] + n)
+    def _count_input_bytes(self) -> None:
+        """The activations coming in (and their gradient going back): the input's size. A hook on the
+        module, registered once whatever stages are built over it."""
+        if self.first:
+            return
 
-            self.trainer.model.register_forward_pre_hook(count_input)
+        def count_input(module: Any, args: Any) -> None:
+            if _ACTIVE_TIMER is not None:
+                n = _nbytes(args)
+                self.bytes_p2p = (self.bytes_p2p[0] + n, self.bytes_p2p[1] + n)
+
+        self.trainer.model.register_forward_pre_hook(count_input)
 
     # ------------------------------------------------------------------ the step
     # The trainer's gradient, around the schedule's step (a sharded stage's, ShardedPipelineBSP, is FSDP's).
@@ -427,6 +462,10 @@ class PipelineBSP(Strategy):
         trainer.model.train()
         self._zero_grads(trainer)
         batch = to_device(batch, trainer.device)
+        samples = batch_length(batch)
+        if self.built_for is not None and samples != self.built_for:  # its share moved: new micro-batch shapes
+            self._build_schedule()
+        self.built_for = samples
         mbs = split_batch(batch, self.parts)
         kwargs: dict[str, Any] = {}
         if self.first:
@@ -464,6 +503,7 @@ class PipelineBSP(Strategy):
         self.stats = {
             "stage": self.stage,
             "replica": self.replica,
+            "replica_samples": samples,
             "pipe_step_s": step_s,
             "pipe_compute_s": self.timer.compute,
             "pipe_wait_s": self.timer.wait,

@@ -72,6 +72,16 @@ class ShareTally:
         return weight
 
 
+def block_weight(balanced: bool, tally: ShareTally, took: int) -> float:
+    """A member's weight in an elastic block's average (local SGD's θ, DiLoCo's pseudo-gradient), which is
+    divided by the members' sum: 1 for a member that took a step (0 for one that only sat out); under
+    --balance speed the samples it trained on in the block (`tally`), so the average is Σ m_i x_i / Σ m_i,
+    each member counted by its share of the block's steps as at a fixed size (Σ m_i = the steps x B)."""
+    if balanced:
+        return float(tally.mine)
+    return 1.0 if took else 0.0
+
+
 def reshare(shares: Mapping[int, int], members: Sequence[int], total: int) -> dict[int, int]:
     """The shares of a new membership (--workers MIN..MAX): each member that stays keeps its share as its
     weight, each joiner comes in at the mean of those (with nobody staying, all equal), and the weights

@@ -37,12 +37,14 @@ from distrain.orchestrator.elastic_balance import ElasticShareBalancer
 from distrain.orchestrator.failure_policy import USER_CODE, Decision, Situation, decide
 from distrain.orchestrator.files import NoSpace, atomic_write_text
 from distrain.orchestrator.phases import PhaseSpan, plan_phases
+from distrain.orchestrator.pipeline_balance import PipelineShareBalancer
 from distrain.orchestrator.recovery import RestorePoint, RunLost
 from distrain.orchestrator.stragglers import StragglerDetector
 from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.tasks import build_task, run_target
 from distrain.orchestrator.throughput import SteadyState
 from distrain.strategies.channel import run_codec
+from distrain.strategies.pipeline import PipelineShape
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
 from distrain.trainers.sharded_checkpoint import is_complete
@@ -98,6 +100,14 @@ class Attempt:
         self.balancer: ShareBalancer | None = None
         if config.balance == "speed" and config.elastic:  # over the members, told at each re-form
             self.balancer = ElasticShareBalancer(config.worker_slots, config.global_batch_size)
+        elif config.balance == "speed" and config.pipelined:  # replica shares in whole sets of micro-batches
+            self.balancer = PipelineShareBalancer(
+                config.worker_slots,
+                config.pipeline_stages,
+                PipelineShape.of(config).micro,
+                config.global_batch_size,
+                config.worker_shares,
+            )
         elif config.balance == "speed":
             self.balancer = ShareBalancer(config.worker_slots, config.global_batch_size, config.worker_shares)
         self.task = build_task(config)  # for its derived metrics and default target (no data is loaded)
@@ -333,10 +343,10 @@ class Attempt:
             equal = self.config.global_batch_size / self.config.worker_slots
             taken = rows["samples"]
             if self.config.pipelined:  # every stage of a replica runs its share (only the last counts it)
-                taken = [self.config.worker_shares[r] for r in rows["replica"]]
+                taken = rows["replica_samples"]
             compute = [c * equal / n if n else c for c, n in zip(compute, taken, strict=True)]
         if self.balancer is not None:
-            self.balancer.add(rows["worker"], rows["compute_s"], rows["samples"])
+            self.balancer.add_rows(rows)
         self.detector.add(rows["worker"], compute)
         if rows["step"] and self.detector.update(max(rows["step"])):
             slow = dict(self.detector.flagged)

@@ -136,6 +136,9 @@ class CollectiveScaling:
         for rows in end.rows.values():
             if rows["step"]:
                 a.record_rows(rows)
+                # The detector and --balance speed's balancer measure the members from these rows (without
+                # this a range's balancer never had a row, and its shares stayed where the re-forms put them).
+                a.watch_stragglers(rows)
                 loop.last_loss = rows["loss"][-1]
         if end.redo:
             self.membership.samples_redone += len(end.redo) * self.config.unit_samples

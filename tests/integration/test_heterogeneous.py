@@ -100,6 +100,45 @@ def test_weighted_pipeline_replicas_equal_one_process_and_see_every_sample_once(
     assert len(first) == len(set(first)) == 22 * 64
 
 
+def test_balanced_pipeline_replicas_rebuild_their_schedules_and_equal_one_process(tmp_path, one_process, monkeypatch):
+    """--balance speed over a pipeline's replicas (S = 2, R = 2, M = 4; shares in sets of 4 samples): the
+    driver's balancer (in this process) is made to move the shares at segment starts inside the first
+    epoch, 32/32 -> 48/16 (step 4) -> 20/44 (step 12) -> 40/24 (step 16), as measured speeds would. Each
+    move changes the replicas' micro-batch sizes, so their stages rebuild torch's stage and schedule; the
+    gradients are weighted b_r x R / B. After 30 momentum-SGD steps the model equals one process at 64;
+    every stage's row records its replica's share, the last stage's `samples` is b_r, and rebuilt from
+    them every step's blocks tile its 64 samples, each sample of the epoch once."""
+    from distrain.orchestrator.pipeline_balance import PipelineShareBalancer
+
+    plan = {0: (8, 8), 1: (12, 4), 2: (12, 4), 3: (5, 11)}  # the k-th decision, units of 4 samples; then 10/6
+    monkeypatch.setattr(PipelineShareBalancer, "proposal", lambda self: plan.get(len(self.decided), (10, 6)))
+    config = cfg(tmp_path, "pipe-balanced", balance="speed", pipeline_stages=2, microbatches=4)
+    run = run_training(config)
+    assert run.summary["steps_completed"] == STEPS and run.summary["worker_shares"] == [40, 24]
+    assert [m["step"] for m in run.summary["balance"]["moves"]] == [4, 12, 16]
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+    steps = step_rows(run)
+    last = steps[steps["stage"] == 1]
+    assert (last["samples"] == last["replica_samples"]).all() and (steps[steps["stage"] == 0]["samples"] == 0).all()
+    by_step = steps.pivot_table(index="step", columns="worker", values="replica_samples")
+    assert (by_step[0] == by_step[1]).all() and (by_step[2] == by_step[3]).all()  # a replica's stages agree
+    expected = {0: (32, 32), 4: (48, 16), 12: (20, 44), 16: (40, 24)}
+    for step, row in by_step.iterrows():
+        start = max(k for k in expected if k <= step)
+        assert (row[1], row[3]) == expected[start], (step, row)
+    train = task_splits(build_task(config), config.val_fraction).train
+    sharder = EpochSharder(len(train), config.global_batch_size, config.seed)
+    seen = []
+    for (step, epoch), rows in last.groupby(["step", "epoch"]):
+        cut = tuple(int(b) for b in rows.sort_values("replica")["samples"])
+        within = step - epoch * sharder.steps_per_epoch
+        blocks = np.concatenate([sharder.worker_indices(epoch, within, r, 2, cut) for r in range(2)])
+        assert np.array_equal(blocks, sharder.global_batch_indices(epoch, within))
+        seen += [(epoch, int(i)) for i in blocks]
+    first = [s for s in seen if s[0] == 0]
+    assert len(first) == len(set(first)) == 22 * 64
+
+
 def test_speed_balanced_shares_move_mid_epoch_see_every_sample_once_and_equal_one_process(tmp_path, one_process):
     """Worker 1 computes 6x slower: --balance speed moves its share down at a segment start inside the
     first epoch; rebuilt from the recorded shares, every step is cut into blocks covering its 64 samples,
@@ -197,6 +236,78 @@ def test_balanced_shares_under_a_range_equal_one_process_at_the_global_batch(tmp
     shares = steps.groupby("worker")["samples"].unique().map(set).to_dict()
     assert shares[0] in ({40}, {64, 40}) and shares[1] == {24}, shares
     assert run.summary["worker_shares"] == [40, 24]
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("strategy", "reference"),
+    [
+        # τ = 1: every round averages θ and momentum weighted by samples, i.e. BSP at 64 (test_local_sgd's
+        # float tolerance for τ = 1 vs BSP, as at a fixed size above).
+        pytest.param(dict(strategy="local-sgd", tau=1), dict(), id="local-sgd"),
+        # H = 1, plain inner SGD, outer SGD at lr 1: θ_g is the members' sample-weighted mean, i.e. BSP.
+        pytest.param(
+            dict(strategy="diloco", sync_every=1, outer_lr=1.0, outer_momentum=0.0, momentum=0.0),
+            dict(momentum=0.0),
+            id="diloco",
+        ),
+    ],
+)
+def test_local_sgd_and_diloco_take_balanced_shares_under_a_range(
+    tmp_path, one_process, monkeypatch, strategy, reference
+):
+    """--workers 1..2 --balance speed under local SGD and DiLoCo: a block is whole steps of 64 cut among
+    the members, each member's average weighted by the samples it took in the block, at the unscaled rate.
+    The driver's balancer is made to cut 40/24 once both are members; at τ = H = 1 the run is then one
+    process at 64 (unweighted or at the members' scaled rate it would not be)."""
+    from distrain.orchestrator.elastic_balance import ElasticShareBalancer
+
+    unequal = lambda self: (40, 24) if len(self.members) == 2 else self.current  # noqa: E731
+    monkeypatch.setattr(ElasticShareBalancer, "proposal", unequal)
+    # Rank 0 is held 1 s a step (--straggler, a time only) so that rank 1, built while rank 0 trains alone,
+    # joins before the run ends (these runs took 20 s, and rank 1 once joined none of them).
+    config = cfg(
+        tmp_path, "elastic", workers="1..2", balance="speed", cpus_per_worker=3, straggler=["0:1"], **strategy
+    )
+    run = run_training(config)
+    assert run.summary["steps_completed"] == STEPS
+    steps = step_rows(run)
+    assert (steps.groupby("step")["samples"].sum() == 64).all()
+    shares = steps.groupby("worker")["samples"].unique().map(set).to_dict()
+    assert shares[0] in ({40}, {64, 40}) and shares.get(1) == {24}, shares
+    one = cfg(tmp_path, "one", workers=1, batch_size=64, **reference)
+    alone = final_params(run_training(one).run_dir) if reference else one_process
+    diff = (final_params(run.run_dir) - alone).abs()
+    assert diff.max().item() <= 2e-4 and diff.mean().item() <= 2e-6, (diff.max().item(), diff.mean().item())
+
+
+def test_a_straggler_under_a_range_is_slowed_once_a_member_and_balanced(tmp_path, one_process):
+    """--straggler composes with --workers MIN..MAX (a slowdown belongs to a rank): --workers 1..2 --balance
+    speed --straggler 1:x6 over 2 epochs. Once rank 1 is a member its steps are 6x slower and the balancer
+    moves its share below half; every step is still a whole 64 cut among the members in slot order, each
+    sample of each epoch once, and the run equals one process at 64 (30 steps: the `one_process` run)."""
+    config = cfg(
+        tmp_path, "elastic-straggler", workers="1..2", balance="speed", straggler=["1:x6"], cpus_per_worker=3
+    )
+    run = run_training(config)
+    assert run.summary["steps_completed"] == STEPS
+    steps = step_rows(run)
+    assert (steps.groupby("step")["samples"].sum() == 64).all()
+    assert min(steps.query("worker == 1")["samples"]) < 32, run.summary["balance"]
+    assert run.summary["worker_shares"][1] < 32
+    train = task_splits(build_task(config), config.val_fraction).train
+    sharder = EpochSharder(len(train), config.global_batch_size, config.seed)
+    seen = []
+    for (step, epoch), rows in steps.groupby(["step", "epoch"]):
+        cut = [0, 0]
+        for worker, samples in zip(rows["worker"], rows["samples"], strict=True):
+            cut[int(worker)] = int(samples)
+        within = step - epoch * sharder.steps_per_epoch
+        blocks = np.concatenate([sharder.worker_indices(epoch, within, r, 2, tuple(cut)) for r in range(2)])
+        assert np.array_equal(blocks, sharder.global_batch_indices(epoch, within))
+        seen += [(epoch, int(i)) for i in blocks]
+    first = [s for s in seen if s[0] == 0]
+    assert len(first) == len(set(first)) == 22 * 64
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
 
 

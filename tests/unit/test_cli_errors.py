@@ -188,7 +188,7 @@ BAD_INPUTS = [
         ["--strategy", "sandblaster", "--workers", "2..4"],
         ["--strategy sandblaster cannot change its membership", "that can: async, ssp, bsp over collective/ps"],
     ),
-    (["--strategy", "async", "--workers", "2..4", "--straggler", "0:0.1"], ["does not compose with --straggler"]),
+    (["--strategy", "async", "--workers", "2..4", "--straggler", "4:0.1"], ["--straggler '4:0.1'", "RANK < 4"]),
     (["--config", "{in}/elastic_bad.yaml"], ["--workers 3..2: MIN (3) is above MAX (2)"]),
     (["--config", "{in}/elastic.yaml", "--strategy", "sandblaster"], ["--strategy sandblaster cannot change its"]),
     (
@@ -253,7 +253,6 @@ BAD_INPUTS = [
     (["--worker-weights", "3,1", "--transport", "ps", "--backup-tasks"], ["does not compose with --backup-tasks"]),
     (["--worker-weights", "3,1", "--workers", "2..3"], ["does not compose with --workers MIN..MAX"]),
     (["--worker-weights", "3,1,1,1", "--pipeline-stages", "2"], ["gives 4 weights for 2 pipeline replicas"]),
-    (["--balance", "speed", "--pipeline-stages", "2"], ["--balance speed does not compose with --pipeline-stages"]),
     (["--worker-weights", "3,1", "--fsdp", "2"], ["does not compose with --fsdp/--tensor-parallel"]),
     (["--balance", "fastest"], ["unknown --balance 'fastest'", "none, speed"]),
     # resource groups (issue 31): --worker-group NAME:COUNT:BATCH[:RESOURCE=AMOUNT,...]

@@ -152,10 +152,27 @@ def test_an_elastic_bsp_unit_weight_makes_a_round_of_shares_a_full_round():
     "flags, words",
     [
         (dict(worker_weights="3,1,1"), "a weight per rank names no machine"),
-        (dict(balance="speed", transport="ps"), "needs --strategy bsp over the collective transport"),
-        (dict(balance="speed", strategy="local-sgd"), "not --strategy local-sgd"),
+        (dict(balance="speed", transport="ps"), "needs the collective transport: the parameter server's elastic"),
+        (dict(balance="speed", strategy="async"), "applies to --strategy bsp, local-sgd, diloco, not --strategy async"),
     ],
 )
 def test_shares_under_a_range_other_than_balanced_collective_bsp_are_refused(flags, words):
     with pytest.raises(ConfigError, match=words):
         RunConfig(**({"workers": "1..3", "batch_size": 16} | flags))
+
+
+@pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
+def test_balanced_shares_under_a_range_are_accepted_over_the_collective(strategy):
+    RunConfig(workers="1..3", batch_size=16, balance="speed", strategy=strategy).validate()
+
+
+def test_an_elastic_blocks_average_weighs_members_by_their_samples_under_balance_speed():
+    """block_weight: 1 for a member that stepped, 0 for one that sat out; under --balance speed its samples
+    in the block, so members of 40 and 24 samples a step average as 40 : 24 (the whole steps' mean)."""
+    from distrain.trainers.shares import ShareTally, block_weight
+
+    tally = ShareTally()
+    for _ in range(3):
+        tally.add(40, 64)
+    assert block_weight(True, tally, took=3) == 120.0
+    assert block_weight(False, tally, took=3) == 1.0 and block_weight(False, ShareTally(), took=0) == 0.0
