@@ -48,6 +48,14 @@ _session: str | None = None  # the Ray session those handles belong to
 _taken: dict[str, int] = {}  # per kind, processes handed out again in this process (tests, the notice)
 
 
+def shards_apply(elastic: bool) -> bool:
+    """Whether a run's PS shards may come from and go to the pool: never under --workers MIN..MAX. An
+    elastic run's membership re-places workers as nodes come and go; with kept shards (zero-CPU, pinned to
+    the node of a bundle they outlive) its backup-tasks run in test_elastic_bsp re-joined rank 1 on the head
+    after a node loss in 1 of 3 runs. Its shards start fresh, as before shards were kept."""
+    return not elastic
+
+
 def capacity() -> int:
     try:
         return max(0, int(os.environ.get(WARM_ENV, DEFAULT_CAPACITY)))
@@ -111,12 +119,11 @@ def taken(kind: str = WORKER) -> int:
     return _taken.get(kind, 0)
 
 
-def release() -> None:
-    """Kill every idle worker (their memory back to the node)."""
-    for workers in _idle.values():
-        for worker in workers:
+def release(keep_kind: str | None = None) -> None:
+    """Kill every idle process (their memory back to the node), or every one not of `keep_kind`."""
+    for key in [k for k in _idle if keep_kind is None or k[0] != keep_kind]:
+        for process in _idle.pop(key):
             try:
-                ray.kill(worker, no_restart=True)
+                ray.kill(process, no_restart=True)
             except Exception:  # noqa: BLE001 - gone with its session already
                 pass
-    _idle.clear()

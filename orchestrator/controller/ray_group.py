@@ -205,6 +205,7 @@ class RayWorkerGroup:
         if all(spec.name != PS_SHARDS for spec in specs):
             counters = None  # versions and clocks go on only where there are shards to hold them
         workers = self.config.num_worker_actors
+        warm = self.warm and warm_pool.shards_apply(self.config.elastic)
         setup = ActorSetup(
             phase,
             workers,
@@ -216,9 +217,9 @@ class RayWorkerGroup:
             params=lambda: self._first_params(timeout),
             param_shapes=lambda: self.result(self.workers[self.members()[0]].param_shapes.remote(), 0, timeout),
             # A warm run's shards ask for no CPU: each goes in a bundle that holds its CPUs (cluster.Placement).
-            shard_slots=lambda count: self.placement.shards(workers, count, phase.cpus_per_shard if self.warm else 0.0),
+            shard_slots=lambda count: self.placement.shards(workers, count, phase.cpus_per_shard if warm else 0.0),
             task_builder=build_task,
-            pool=warm_pool if self.warm else None,
+            pool=warm_pool if warm else None,
         )
         self._start_driver_actors(specs, setup)
         first = self.workers[self.members()[0]]  # an elastic run's slot 0 may have no worker

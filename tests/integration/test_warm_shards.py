@@ -110,3 +110,23 @@ def test_a_failed_ps_runs_shards_are_not_kept(tmp_path):
     while shard_actors_alive() - before:  # killed as before
         assert time.time() < deadline
         time.sleep(0.2)
+
+
+def test_an_elastic_ps_run_starts_fresh_shards_keeps_none_and_ends_the_idle_ones(tmp_path):
+    """--workers MIN..MAX re-places workers as nodes come and go; kept shards (zero-CPU, pinned to the node
+    of a bundle they outlive) once made test_elastic_bsp's backup-tasks run re-join a rank on the head after
+    a node loss. So an elastic run ends the idle shards first, starts its own fresh and keeps none."""
+    warm_pool.release()
+    before = shard_actors_alive()
+    run_training(cfg(tmp_path, "fixed", ps_shards=2))
+    kept = shard_actors_alive() - before
+    assert len(kept) == 2 and warm_pool.idle_count(SHARDS) == 2
+    taken = warm_pool.taken(SHARDS)
+    elastic = run_training(cfg(tmp_path, "elastic", strategy="bsp", workers="1..2", ps_shards=2))
+    assert elastic.summary["status"] == "completed"
+    assert warm_pool.taken(SHARDS) == taken and warm_pool.idle_count(SHARDS) == 0
+    assert warm_pool.idle_count() >= 1  # its workers are kept as before
+    deadline = time.time() + 30
+    while shard_actors_alive() - before:  # the idle ones killed before it started, its own after it ended
+        assert time.time() < deadline, shard_actors_alive() - before
+        time.sleep(0.2)

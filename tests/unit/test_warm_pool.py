@@ -63,3 +63,16 @@ def test_applies_only_to_cpu_workers_on_a_ray_that_outlives_the_run(monkeypatch)
     assert warm_pool.applies(uses_gpus=False, ray_ends_with_run=False)
     assert not warm_pool.applies(uses_gpus=True, ray_ends_with_run=False)
     assert not warm_pool.applies(uses_gpus=False, ray_ends_with_run=True)
+
+
+def test_an_elastic_run_takes_and_keeps_no_shards_and_sends_the_idle_ones_away(session, monkeypatch):
+    assert warm_pool.shards_apply(elastic=False) and not warm_pool.shards_apply(elastic=True)
+    monkeypatch.setenv(warm_pool.WARM_ENV, "4")
+    warm_pool.keep(["w"], ["n1"])
+    warm_pool.keep(["s1", "s2"], ["n1", "n2"], kind="ps_shard/64")
+    killed = []
+    monkeypatch.setattr(warm_pool.ray, "kill", lambda actor, no_restart: killed.append(actor))
+    warm_pool.release(keep_kind=warm_pool.WORKER)  # what run.py does before an elastic run
+    assert sorted(killed) == ["s1", "s2"] and warm_pool._idle_here() == {("worker", "n1"): ["w"]}
+    warm_pool.release()
+    assert sorted(killed) == ["s1", "s2", "w"] and warm_pool._idle_here() == {}
