@@ -51,8 +51,9 @@ _taken: dict[str, int] = {}  # per kind, processes handed out again in this proc
 def shards_apply(elastic: bool) -> bool:
     """Whether a run's PS shards may come from and go to the pool: never under --workers MIN..MAX. An
     elastic run's membership re-places workers as nodes come and go; with kept shards (zero-CPU, pinned to
-    the node of a bundle they outlive) its backup-tasks run in test_elastic_bsp re-joined rank 1 on the head
-    after a node loss in 1 of 3 runs. Its shards start fresh, as before shards were kept."""
+    the node of a bundle they outlive) there would be one more thing moving under it. A caution: the re-join
+    after a node loss in test_elastic_bsp once blamed on kept shards happens without them too. Its shards
+    start fresh, as before shards were kept."""
     return not elastic
 
 

@@ -114,8 +114,8 @@ def test_a_failed_ps_runs_shards_are_not_kept(tmp_path):
 
 def test_an_elastic_ps_run_starts_fresh_shards_keeps_none_and_ends_the_idle_ones(tmp_path):
     """--workers MIN..MAX re-places workers as nodes come and go; kept shards (zero-CPU, pinned to the node
-    of a bundle they outlive) once made test_elastic_bsp's backup-tasks run re-join a rank on the head after
-    a node loss. So an elastic run ends the idle shards first, starts its own fresh and keeps none."""
+    of a bundle they outlive) would be one more thing moving under it. So an elastic run ends the idle shards
+    first, starts its own fresh and keeps none."""
     warm_pool.release()
     before = shard_actors_alive()
     run_training(cfg(tmp_path, "fixed", ps_shards=2))
