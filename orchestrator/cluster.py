@@ -490,6 +490,8 @@ class Placement:
     first_worker: int  # bundle index of worker 0 (in groups[0])
     owned: bool  # reserved by this run (released at its end) or lent by a Tune trial
     per_group: int = 0  # workers per group when there are several (a pipeline's S); 0: all in groups[0]
+    # A warm run's shards' own one-bundle groups (`shards` with `hold_cpus`), released with the rest.
+    shard_groups: list[PlacementGroup] = field(default_factory=list)
 
     @property
     def group(self) -> PlacementGroup:
@@ -509,9 +511,15 @@ class Placement:
         group, index = self._bundle(rank)
         return bundle_nodes(group)[index]
 
-    def shards(self, workers: int, count: int) -> list[Any]:
+    def shards(self, workers: int, count: int, hold_cpus: float = 0.0) -> list[Any]:
         """Scheduling for `count` PS shards: in the trial's shard bundles, or (own group, which holds
-        only workers) on the nodes with the fewest workers."""
+        only workers) on the nodes with the fewest workers. With `hold_cpus` (a run whose shards may be
+        kept warm, orchestrator/warm_pool.py, and so ask for no CPU of their own) each of those shards
+        gets a one-bundle group of that many CPUs, steered to the same node, held until the run ends."""
+        if self.owned and hold_cpus > 0:
+            self._hold_shards(workers, count, hold_cpus)
+            held = self.shard_groups[:count]
+            return [PlacementGroupSchedulingStrategy(g, placement_group_bundle_index=0) for g in held]
         if self.owned:
             nodes = [self.worker_node(rank) for rank in range(workers)]
             return [NodeAffinitySchedulingStrategy(n, soft=True) for n in quietest_nodes(nodes, count)]
@@ -519,6 +527,24 @@ class Placement:
         return [
             PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=first + k) for k in range(count)
         ]
+
+    def _hold_shards(self, workers: int, count: int, cpus: float, timeout_s: float = 60.0) -> None:
+        """At least `count` shard groups of `cpus` CPUs (a later phase with more shards adds to them)."""
+        if len(self.shard_groups) >= count and all(g.bundle_specs[0].get("CPU") == cpus for g in self.shard_groups):
+            return
+        for group in self.shard_groups:  # a phase asking for another size: start over
+            remove_placement_group(group)
+        nodes = quietest_nodes([self.worker_node(rank) for rank in range(workers)], count)
+        self.shard_groups = [
+            placement_group([{"CPU": cpus}], strategy="STRICT_PACK", _soft_target_node_id=node) for node in nodes
+        ]
+        try:
+            ray.get([g.ready() for g in self.shard_groups], timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise ResourceError(
+                f"could not place the {count} parameter-server shard(s) within {timeout_s:.0f}s; "
+                "the cluster is busy or too small"
+            ) from None
 
 
 def place(config: RunConfig) -> Placement:
@@ -553,7 +579,7 @@ def release(placement: Placement | None) -> None:
         placement.release()
         return
     if placement is not None and placement.owned:
-        for group in placement.groups:
+        for group in placement.groups + placement.shard_groups:
             try:
                 remove_placement_group(group)
             except Exception:  # already gone with the cluster

@@ -164,8 +164,8 @@ class ElasticPlacement:
         slot, bundle = divmod(rank, self.per)
         return PlacementGroupSchedulingStrategy(self.groups[slot], placement_group_bundle_index=bundle)
 
-    def shards(self, workers: int, count: int) -> list[Any]:
-        """The PS shards go in their own group's bundles."""
+    def shards(self, workers: int, count: int, hold_cpus: float = 0.0) -> list[Any]:
+        """The PS shards go in their own group's bundles (which hold their CPUs: `hold_cpus` has nothing to add)."""
         assert self.shard_group is not None and count <= len(self.shard_group.bundle_specs)
         return [
             PlacementGroupSchedulingStrategy(self.shard_group, placement_group_bundle_index=k) for k in range(count)

@@ -169,6 +169,8 @@ def run_training(
         state = RunState.create(config, plan)
         started = True
         warm = warm_pool.applies(config.uses_gpus, ray_ends_with_run=connection.started_here)
+        if warm and not warm_pool.shards_apply(config.elastic):  # shards an earlier run kept: gone first
+            warm_pool.release(keep_kind=warm_pool.WORKER)
         # The workers know where the run's directory is (a sharded replica writes its own checkpoint
         # shards there), whatever the working directory of their processes.
         at_run_dir = config.replace(run_dir=str(plan.run_dir.resolve()))

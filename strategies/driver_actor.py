@@ -53,6 +53,9 @@ class ActorSetup:
     # Builds the run's task from its config (the orchestrator's `build_task`, handed down so this layer
     # need not import it): PS shards build a task's own optimizer (`Task.configure_optimizers`) with it.
     task_builder: Callable[[RunConfig], Any] | None = None
+    # The warm pool (orchestrator/warm_pool.py: take, keep) when the run's shards may come from and go to
+    # it (strategies/ps_shard_group.py), else None.
+    pool: Any = None
     _theta: Any = field(default=None, init=False, repr=False)
 
     def theta(self) -> np.ndarray:
@@ -160,13 +163,17 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
             if optimizer is not None:
                 vectors = {k: layout.to_shards(v) for k, v in optimizer.vectors.items()}
                 optimizer = type(optimizer)(vectors, dict(optimizer.scalars))
-        group = ShardGroup(setup.phase, rule, theta, optimizer, where, bounds, task_builder=setup.task_builder)
+        group = ShardGroup(
+            setup.phase, rule, theta, optimizer, where, bounds, task_builder=setup.task_builder, pool=setup.pool
+        )
         return group, list(group.shards)
 
     def ready(group: Any, setup: ActorSetup) -> list[Any]:
+        rebuilt = list(group.rebuilding)  # warm shards taken from the pool: built before the workers set up
         counters = setup.counters
         if counters is None:
-            return []
+            return rebuilt
+        group.wait_rebuilt()  # and before their counters are set (an async actor may reorder calls)
         clock = max(counters["clocks"]) if rule.mode == "bounded" else counters["version"]
         from distrain.strategies.partition import ps_clients
 

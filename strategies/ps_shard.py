@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -59,6 +61,9 @@ from distrain.trainers.optim_state import (
     make_optimizer,
 )
 from distrain.trainers.schedule import scaled_lr
+
+# torch's global RNG as this process started (a warm shard's `rebuild` puts it back: a fresh one's draws).
+_START_RNG = torch.get_rng_state()
 
 
 def decoded(grad: Any) -> np.ndarray | None:
@@ -411,6 +416,39 @@ class ParameterShard:
             self.clocks[worker] = clock
             self.changed.notify_all()
             return old
+
+    # ------------------------------------------------------------------ a warm shard (orchestrator/warm_pool.py)
+    async def retire(self) -> str:
+        """After a completed run: drop θ, the optimizer and every counter, keeping only the process (torch
+        imported) for the next run's shard on this node. Returns this actor's node id."""
+        node = self.node_id()
+        self.__dict__.clear()
+        gc.collect()
+        return node
+
+    async def rebuild(
+        self,
+        shard_id: int,
+        num_workers: int,
+        rule: ConsistencyRule,
+        optimizer: OptimizerSpec,
+        theta: np.ndarray,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> None:
+        """A warm shard taken for a new run: built as a fresh actor would be, by the constructor (the
+        class's own: a subclass's state too). torch's global RNG goes back to its state at process start
+        (a task's own optimizer is built from a task, which may draw from it) and a task file is imported
+        again (an edited one is read as it is now)."""
+        from distrain.plugins import USER_MODULE_PREFIX
+
+        for name in [m for m in sys.modules if m.startswith(USER_MODULE_PREFIX)]:
+            del sys.modules[name]
+        _codec.cache_clear()
+        torch.set_rng_state(_START_RNG)
+        self.__init__(shard_id, num_workers, rule, optimizer, theta, optimizer_state)  # type: ignore[misc]
+
+    def alive(self) -> bool:
+        return True
 
     async def restore(self, snapshot: dict[str, Any]) -> None:
         async with self.changed:

@@ -1,5 +1,7 @@
 """Starting and reading the parameter-server shard actors: what the PS shards' driver-actor spec builds
-(`driver_actor.ps_shards`); the controller kills them with the phase's other driver-side actors."""
+(`driver_actor.ps_shards`); the controller kills them with the phase's other driver-side actors, or,
+after a completed run whose shards may be kept warm, retires them into the warm pool
+(orchestrator/warm_pool.py), from which the next run's shard group on the same node takes them."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
+from ray.util.placement_group import placement_group_table
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from distrain.strategies.partition import partition, ps_clients
 from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
@@ -19,7 +23,14 @@ if TYPE_CHECKING:
 
 class ShardGroup:
     """K shard actors holding contiguous slices of θ, shard k scheduled by `scheduling[k]` (soft node
-    affinity for a run's own placement, or a Tune trial's shard bundle; see cluster.Placement)."""
+    affinity for a run's own placement, or a shard bundle: a Tune trial's, an elastic run's, or a warm
+    run's own; see cluster.Placement).
+
+    `pool`: the warm pool (orchestrator/warm_pool.py, handed down: this layer does not import the
+    orchestrator) when the run's shards may be kept warm, else None. Where every shard has a bundle
+    holding its CPUs and the rule is not Sandblaster's, shard k is an idle shard from the pool on its
+    bundle's node, rebuilt (`ParameterShard.rebuild`), or a fresh zero-CPU actor pinned to that node;
+    `rebuilding` holds the rebuild calls (the spec's `ready` waits on them before anything else)."""
 
     def __init__(
         self,
@@ -30,6 +41,7 @@ class ShardGroup:
         scheduling: list[Any],
         bounds: list[tuple[int, int]] | None = None,
         task_builder: Any = None,
+        pool: Any = None,
     ) -> None:
         """`bounds`: each shard's slice of `theta` (default: K near-equal contiguous slices)."""
         assert config.ps_shards is not None
@@ -43,13 +55,15 @@ class ShardGroup:
             if defines_own(task_builder(config)):  # (the shards build the task only then)
                 spec.task_config, spec.task_builder = config, task_builder
         # Sandblaster's shards also hold its accumulators and L-BFGS history (strategies/sandblaster_shard.py).
-        actor = ray.remote(SandblasterShard if rule.mode == "sandblaster" else ParameterShard)
-        self.shards = [
-            actor.options(
-                num_cpus=config.cpus_per_shard,
-                max_concurrency=max(64, 4 * config.num_worker_actors),
-                scheduling_strategy=scheduling[k],
-            ).remote(
+        cls = SandblasterShard if rule.mode == "sandblaster" else ParameterShard
+        concurrency = max(64, 4 * config.num_worker_actors)
+        self.pool_kind = f"ps_shard/{concurrency}"  # a warm shard serves only as many callers as it was made for
+        nodes = bundle_nodes(scheduling) if pool is not None and cls is ParameterShard else None
+        self.pool = pool if nodes is not None else None
+        self.rebuilding: list[Any] = []
+        self.shards = []
+        for k, (start, stop) in enumerate(self.bounds):
+            args = (
                 k,
                 self.clients,
                 rule,
@@ -57,12 +71,46 @@ class ShardGroup:
                 theta[start:stop],
                 optimizer_state.slice(start, stop).to_dict() if optimizer_state else None,
             )
-            for k, (start, stop) in enumerate(self.bounds)
-        ]
+            shard = self.pool.take(nodes[k], self.pool_kind) if self.pool is not None else None
+            if shard is not None:
+                self.rebuilding.append(shard.rebuild.remote(*args))
+            else:
+                if nodes is None:  # as before: its own CPUs, in its slot
+                    where = {"num_cpus": config.cpus_per_shard, "scheduling_strategy": scheduling[k]}
+                else:  # its bundle holds its CPUs; the actor can outlive the bundle's group
+                    where = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[k], soft=False)}
+                shard = ray.remote(cls).options(max_concurrency=concurrency, **where).remote(*args)
+            self.shards.append(shard)
 
-    def node_ids(self) -> list[str]:
+    def node_ids(self) -> list[str]:  # (a retired shard answers this too)
         return ray.get([s.node_id.remote() for s in self.shards])
+
+    def wait_rebuilt(self) -> None:
+        """Until the warm shards taken are rebuilt (calls made after may otherwise run before)."""
+        ray.get(self.rebuilding)
+
+    def keep_warm(self) -> list[Any]:
+        """After a completed run: retire the shards into the warm pool, as many as it keeps; returns those
+        kept (the caller no longer kills them). None kept when one does not retire cleanly."""
+        if self.pool is None:
+            return []
+        try:
+            nodes = ray.get([s.retire.remote() for s in self.shards], timeout=10)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
+            return []
+        return self.pool.keep(self.shards, nodes, self.pool_kind)
 
     def stats(self) -> list[dict]:
         """Each shard's record of dropped gradients and round membership (`ParameterShard.stats`)."""
         return ray.get([s.stats.remote() for s in self.shards])
+
+
+def bundle_nodes(scheduling: list[Any]) -> list[str] | None:
+    """The node of each shard's bundle, or None where a shard has no bundle (a run's own placement that
+    does not hold the shards' CPUs: those shards ask for their own, so they cannot be kept warm)."""
+    if not all(isinstance(s, PlacementGroupSchedulingStrategy) for s in scheduling):
+        return None
+    return [
+        placement_group_table(s.placement_group)["bundles_to_node_id"][s.placement_group_bundle_index]
+        for s in scheduling
+    ]

@@ -206,6 +206,7 @@ class RayWorkerGroup:
         if all(spec.name != PS_SHARDS for spec in specs):
             counters = None  # versions and clocks go on only where there are shards to hold them
         workers = self.config.num_worker_actors
+        warm = self.warm and warm_pool.shards_apply(self.config.elastic)
         setup = ActorSetup(
             phase,
             workers,
@@ -216,8 +217,10 @@ class RayWorkerGroup:
             started=self.driver,
             params=lambda: self._first_params(timeout),
             param_shapes=lambda: self.result(self.workers[self.members()[0]].param_shapes.remote(), 0, timeout),
-            shard_slots=lambda count: self.placement.shards(workers, count),
+            # A warm run's shards ask for no CPU: each goes in a bundle that holds its CPUs (cluster.Placement).
+            shard_slots=lambda count: self.placement.shards(workers, count, phase.cpus_per_shard if warm else 0.0),
             task_builder=build_task,
+            pool=warm_pool if warm else None,
         )
         self._start_driver_actors(specs, setup)
         first = self.workers[self.members()[0]]  # an elastic run's slot 0 may have no worker
@@ -451,8 +454,8 @@ class RayWorkerGroup:
             return []
 
     def shutdown(self) -> None:
-        """Destroy process groups cleanly after a completed run; a warm group's workers then go to the warm
-        pool, as many as it keeps (those the pool does not keep are killed on the way out, as always)."""
+        """Destroy process groups cleanly after a completed run; a warm group's workers, then its PS shards,
+        go to the warm pool, as many as it keeps (those it does not keep are killed on the way out, as always)."""
         live = [w for w in self.workers if w is not None]
         try:
             if not self.warm:
@@ -463,6 +466,8 @@ class RayWorkerGroup:
             return
         for worker in warm_pool.keep(live, nodes):
             self.actors.remove(worker)
+        for shard in self.shards.keep_warm() if self.shards is not None else []:
+            self.actors.remove(shard)
 
     def kill_all(self) -> None:
         kill_all(self.actors)  # (the books stay until `restart`: a failed run's summary reads them)

@@ -81,7 +81,9 @@ def test_the_shards_take_their_counters_back_when_the_run_goes_on(strategy, valu
     values = {"strategy": strategy, "transport": "ps", "workers": 3, **values}
     config, spec = RunConfig(**values), declared(**values)[0]
     log: list[Any] = []
-    group = SimpleNamespace(shards=[FakeActor(log, "s0"), FakeActor(log, "s1")])
+    group = SimpleNamespace(
+        shards=[FakeActor(log, "s0"), FakeActor(log, "s1")], rebuilding=[], wait_rebuilt=lambda: log.append("wait")
+    )
     assert spec.ready(group, ActorSetup(config, 3, 0, 1)) == []  # a fresh phase: nothing to restore
     counters = {"version": 7, "clocks": [3, 5, 4]}
     refs = spec.ready(group, ActorSetup(config, 3, 0, 1, counters=counters))
@@ -91,6 +93,20 @@ def test_the_shards_take_their_counters_back_when_the_run_goes_on(strategy, valu
     scheduler = {"last_epoch": 6, "_last_lr": [0.01]}
     refs = spec.ready(group, ActorSetup(config, 3, 0, 1, counters=counters | {"scheduler": scheduler}))
     assert refs == [(f"s{i}.set_counters", 7, [clock] * 3, scheduler) for i in range(2)]
+
+
+def test_warm_shards_are_rebuilt_before_the_workers_set_up_and_before_their_counters_are_set():
+    values = {"strategy": "bsp", "transport": "ps", "workers": 2}
+    config, spec = RunConfig(**values), declared(**values)[0]
+    log: list[Any] = []
+    group = SimpleNamespace(
+        shards=[FakeActor(log, "s0")], rebuilding=["s0.rebuild"], wait_rebuilt=lambda: log.append("waited")
+    )
+    assert spec.ready(group, ActorSetup(config, 2, 0, 1)) == ["s0.rebuild"]  # the controller waits on it
+    assert log == []
+    refs = spec.ready(group, ActorSetup(config, 2, 0, 1, counters={"version": 3, "clocks": [3, 3]}))
+    assert log == ["waited", ("s0.set_counters", 3, [3, 3])]  # in that order
+    assert refs == [("s0.set_counters", 3, [3, 3])]
 
 
 def test_start_in_order_hands_earlier_handles_to_later_specs_and_waits_on_each_ready():
