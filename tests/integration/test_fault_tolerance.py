@@ -93,7 +93,7 @@ def test_async_and_ssp_replace_a_killed_and_a_hung_worker_and_reach_accuracy(tmp
     """Worker 1 is killed, later worker 0 hangs: each is replaced in place, nobody waits forever on
     either (a wait past 3x --hang-timeout-s would fail the run), and every unit has one row."""
     cfg = RunConfig(
-        strategy=strategy, workers=2, epochs=4, segment_steps=5, chaos=["kill-worker@12:1", "hang-worker@35:0"],
+        strategy=strategy, workers=2, epochs=6, segment_steps=5, chaos=["kill-worker@12:1", "hang-worker@35:0"],
         hang_timeout_s=3.0, run_dir=str(tmp_path / strategy), seed=1,
     )  # fmt: skip
     run = run_training(cfg)
@@ -103,7 +103,8 @@ def test_async_and_ssp_replace_a_killed_and_a_hung_worker_and_reach_accuracy(tmp
         ("worker", 1, "replaced"),
         ("hang", 0, "replaced"),
     ]
-    # Async ordering varies with load (a CI stress run at load ~20 saw 0.911); 4 epochs reach ~0.95 quiet.
+    # Async ordering varies with load. After 4 epochs the curve was still steep (val 0.47, 0.81, 0.88, 0.94) and
+    # SSP ended anywhere from 0.84 (a CI run at load ~3) to 0.95; after 6, four runs at load ~25 ended at 0.96-0.98.
     assert s["final_test_accuracy"] >= 0.88, s["final_test_accuracy"]
     rows = steps_of(run.run_dir)
     per_unit = rows.groupby(["step", "slice"]).size()
