@@ -45,7 +45,7 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
         (dict(fsdp=2, workers="1..2", strategy="diloco"), r"^--fsdp 2 with --workers MIN..MAX runs under --strat"),
         (dict(fsdp=2, workers="1..2", tensor_parallel=2), r"^--tensor-parallel 2 does not compose with --workers"),
         (dict(fsdp=2, workers="2..3", worker_weights="1,1,2"), r"^--fsdp 2 with --workers MIN..MAX does not comp"),
-        (dict(fsdp=2, transport="ps", compress="topk:0.1"), r"^--fsdp 2 over --transport ps does not compose with --co"),
+        (dict(fsdp=2, transport="ps", compress="topk:0.1"), r"^--fsdp 2 over --transport ps does not compose with --c"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
         (dict(fsdp=2, precision="bf16"), r"^--fsdp 2 does not compose with --precision bf16 yet"),
