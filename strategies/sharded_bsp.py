@@ -17,6 +17,13 @@ channel's calls, so a row's bytes are the model's (per rank and step: all-gather
 --reshard-after-forward, again in backward, (D-1)/D x the parameter bytes each; reduce-scatter (D-1)/D;
 across replicas 2(R-1)/R x the shard's bytes) and its comm seconds are the run-wide finiteness check's.
 
+Under --compress no codec could act inside HSDP's all-reduce, so FSDP spans each replica's "shard"
+dimension only (`coded_grads`) and, after backward, every worker averages its part of the replica's mean
+gradient with the R - 1 workers holding that part in the other replicas, through the channel's "grads"
+stream over the mesh's "replicate" group (`average_gradient`: the codec, this worker's error feedback,
+PowerSGD on each part as a matrix). The row then counts FSDP's traffic inside the replica plus what the
+codec sent (`bytes_uncompressed`: the float32 all-reduce of the part instead).
+
 Checkpoints: at each step a checkpoint is due after, every worker begins writing its own shards through
 torch.distributed.checkpoint in a background thread (`checkpoint_shards`, trainers/sharded_checkpoint.py)
 and the row records the seconds training was blocked (`ckpt_block_s`); rank 0's `export_state` hands the
