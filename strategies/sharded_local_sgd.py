@@ -26,6 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats, StrategyContext, all_finite
+from distrain.strategies.channel import Traffic
 from distrain.strategies.local_periods import LocalPeriods
 from distrain.strategies.sharded_bsp import ShardedBSP, local_shapes
 
@@ -59,9 +60,8 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         local = ShardedBSP.step(self, trainer, lr)  # the local step: the replica's own FSDP step
         stats = self.book_step(trainer, lr, ok=not local.nonfinite)
-        stats.seconds += local.seconds
-        stats.bytes_sent += local.bytes_sent
-        stats.bytes_received += local.bytes_received
+        # FSDP's float32 traffic inside the replica, counted as sent in `bytes_uncompressed` too (a round's row).
+        stats.add(Traffic(local.seconds, local.bytes_sent, local.bytes_received))
         stats.extra.update(local.extra)
         return stats
 
