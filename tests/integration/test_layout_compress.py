@@ -104,7 +104,10 @@ def test_powersgd_on_sharded_replicas_trains_digits_and_sends_less(tmp_path):
     part = sum(s.numel() for s in PART)
     assert (rows["bytes_sent"] == INSIDE + codec_bytes("powersgd:4", PART)).all(), rows["bytes_sent"].unique()
     assert (rows["bytes_uncompressed"] == INSIDE + 4 * part).all()
-    assert (rows["bytes_sent"] < rows["bytes_uncompressed"]).all() and run.summary["codec_ratio"] > 1.5
+    # The codec's own part (PowerSGD's P and Q, the vectors float32) is over 10x below float32's; the row's
+    # ratio is diluted by FSDP's float32 traffic inside the replica, which no codec touches.
+    assert ((rows["bytes_uncompressed"] - INSIDE) > 10 * (rows["bytes_sent"] - INSIDE)).all()
+    assert run.summary["codec_ratio"] == pytest.approx((INSIDE + 4 * part) / (INSIDE + codec_bytes("powersgd:4", PART)))
     losses = rows.groupby("step")["loss"].mean()
     assert losses.tail(10).mean() < 0.5 * losses.head(10).mean()
 
