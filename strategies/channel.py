@@ -144,17 +144,9 @@ def _ring(nbytes: int, world_size: int) -> int:
 
 def run_codec(config: RunConfig) -> str | None:
     """The name of the codec a run's channels use (as `state_dict` states record it; None: float32), so
-    a checkpoint's codec state is compared without reading the flag elsewhere. Across cut replicas each
-    worker's residuals are those of its part, so the name says how the parts are cut: a run resumed at
-    another --fsdp or --tensor-parallel with as many workers starts its residuals at zero."""
+    a checkpoint's codec state is compared without reading the flag elsewhere."""
     codec = codec_of(config)
-    if codec is None:
-        return None
-    if not config.sharded:
-        return str(codec)
-    shards, tp, _ = config.replica_grid
-    cut = " x ".join(f"{flag} {n}" for flag, n in (("--fsdp", shards), ("--tensor-parallel", tp)) if n > 1)
-    return f"{codec} on the parts {cut} cuts"
+    return None if codec is None else str(codec)
 
 
 class Channel:

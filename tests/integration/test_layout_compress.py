@@ -114,14 +114,14 @@ def test_powersgd_on_sharded_replicas_trains_digits_and_sends_less(tmp_path):
 
 def test_a_sharded_run_resumed_at_a_step_checkpoint_goes_on_with_every_worker_s_residuals(tmp_path):
     """BSP under topk:0.05 at R = 2 x D = 2: the step-8 checkpoint holds each worker's residual of its part
-    (four different ones, each the size of its part, under a codec name that says how the parts are cut);
-    resumed from it, the run ends bit-identical to the run taken straight through. At another cut with as
-    many workers (R = 1 x D = 4) the residuals start at zero and the run says why."""
+    (four different ones, each the size of its part); resumed from it, the run ends bit-identical to the
+    run taken straight through (without them the resumed workers' first all-reduces would send other
+    values). (--resume at another layout is refused under a codec: orchestrator/resume.py.)"""
     kw = dict(compress="topk:0.05", checkpoint_steps=8, max_steps=16, **CUT)
     run = run_training(cfg(tmp_path, "run", **kw))
     straight = final_params(run.run_dir)
     ckpt = load_checkpoint(run.run_dir / "checkpoints" / "step-00000008.pt")
-    assert ckpt["channel"]["codec"] == "topk:0.05 on the parts --fsdp 2 cuts"
+    assert ckpt["channel"]["codec"] == "topk:0.05" and "sharded" in ckpt
     residuals = [s["grads"]["reducer"]["residual"] for s in ckpt["channel"]["ranks"].values()]
     assert len(residuals) == 4 and all(r.numel() == sum(s.numel() for s in PART) for r in residuals)
     assert all(not torch.equal(a, b) for i, a in enumerate(residuals) for b in residuals[i + 1 :])
@@ -131,13 +131,6 @@ def test_a_sharded_run_resumed_at_a_step_checkpoint_goes_on_with_every_worker_s_
     assert resumed.summary["status"] == "completed"
     assert not [n for n in notices if "error-feedback" in n]  # restored: nothing to say
     assert torch.equal(final_params(resumed.run_dir), straight)
-    (run.run_dir / "checkpoints" / "latest.json").write_text('{"name": "step-00000008.pt", "global_step": 8}\n')
-    notices.clear()
-    at_d4 = resume_config(run.run_dir, {"workers": 1, "fsdp": 4})
-    other = run_training(at_d4, on_event=notices_into(notices), resume=True)
-    assert other.summary["status"] == "completed"
-    said = [n for n in notices if "error-feedback" in n]
-    assert len(said) == 1 and "the checkpoint's is for topk:0.05 on the parts --fsdp 2 cuts" in said[0], notices
 
 
 def test_the_cli_runs_what_it_refused_before(tmp_path, monkeypatch):

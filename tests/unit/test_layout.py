@@ -73,29 +73,6 @@ def test_compress_composes_with_cut_replicas_over_the_collective(strategy, codec
     assert not plain.coded_grads and plain.fsdp_across_replicas  # HSDP as before
 
 
-def test_a_cut_replica_s_codec_state_names_its_cut():
-    """Each worker's residuals are its part's: the checkpoint's codec entry says how the parts were cut, so
-    a resume at another --fsdp with as many workers starts them at zero instead of loading the wrong sizes."""
-    from distrain.orchestrator import channel_checkpoint
-    from distrain.strategies.channel import run_codec
-
-    assert run_codec(RunConfig(workers=4, compress="int8")) == "int8"
-    assert run_codec(RunConfig(workers=2, fsdp=2)) is None
-    two = run_codec(RunConfig(workers=2, fsdp=2, compress="int8"))
-    assert two == "int8 on the parts --fsdp 2 cuts"
-    assert run_codec(RunConfig(workers=1, fsdp=2, tensor_parallel=2, compress="int8")) == (
-        "int8 on the parts --fsdp 2 x --tensor-parallel 2 cuts"
-    )
-    four = run_codec(RunConfig(workers=1, fsdp=4, compress="int8"))
-    saved = {"channel": {"codec": two, "ranks": {r: {"grads": {}} for r in range(4)}}}
-    assert channel_checkpoint.restore(saved, [0, 1, 2, 3], two)[0] == {r: {"channel": {"grads": {}}} for r in range(4)}
-    per_rank, notice = channel_checkpoint.restore(saved, [0, 1, 2, 3], four)
-    assert per_rank == {} and notice == (
-        "the codec's error-feedback state (int8 on the parts --fsdp 4 cuts) starts at zero: the checkpoint's is "
-        "for int8 on the parts --fsdp 2 cuts"
-    )
-
-
 @pytest.mark.parametrize("strategy", ["async", "ssp", "bsp"])
 def test_the_ps_strategies_run_across_cut_replicas(strategy):
     """async, ssp, bsp over --transport ps with --fsdp D (strategies/sharded_ps.py): D PS shards, each
