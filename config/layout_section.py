@@ -172,8 +172,9 @@ def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:
 def check_layout(config: RunConfig) -> None:
     """--fsdp D >= 1 and --tensor-parallel T >= 1; a replica cut over workers runs under BSP, DiLoCo or
     local SGD over the collective transport so far (FSDP's own reduce-scatter inside a replica; across
-    replicas an all-reduce of the shards every step, HSDP, or of each part at a period's end), alone but
-    for --fsdp with --pipeline-stages (BSP only: the strategy section refuses pipelines under the others);
+    replicas an all-reduce of the shards every step, HSDP, or of each part at a period's end; under
+    --compress the channel's codec carries that all-reduce), alone but for --fsdp with --pipeline-stages
+    (BSP only: the strategy section refuses pipelines under the others, and --compress with them);
     or, --fsdp D alone, under async, SSP or BSP over the PS (`check_ps_layout`: D PS shards, shard d
     holding FSDP chunk d)."""
     d, t = shards_per_replica(config), tp_degree(config)
@@ -201,8 +202,9 @@ def check_layout(config: RunConfig) -> None:
         )
     if config.elastic:
         check_elastic_layout(config, t, given)
+    # (--compress composes: the average across replicas goes through the channel's codec, part by part,
+    # while FSDP's reduce-scatter inside a replica stays float32: strategies/sharded_bsp.py.)
     for flag, used in (
-        ("--compress", config.compress is not None),
         ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
         # FSDP's own reduce-scatter moves the gradient, outside the loss scale and the channel.
         ("--precision " + config.precision, config.precision != "fp32"),

@@ -73,11 +73,13 @@ def _raw(t: Traffic) -> int:
 @dataclass
 class Stream:
     """One named stream: its tensors' shapes (PowerSGD needs whole matrices), whether it stays float32,
-    and, once it carried something under a codec, its compressed all-reduce (residual, warm start)."""
+    the group it is reduced over (a cut replica's parts cross the replicas only), and, once it carried
+    something under a codec, its compressed all-reduce (residual, warm start)."""
 
     name: str
     shapes: list[Any] | None = None
     exact: bool = False
+    group: Any = None  # the process group it reduces over (None: every worker of the channel's group)
     reducer: CompressedAllReduce | None = None
     shard_feedback: list[Any] = field(default_factory=list)  # towards the shards: one residual per slice
 
@@ -205,13 +207,16 @@ class Channel:
         return self.gradient_weight
 
     # ------------------------------------------------------------------ streams
-    def open(self, name: str, shapes: Sequence[Any] | None = None, exact: bool = False) -> Stream:
+    def open(self, name: str, shapes: Sequence[Any] | None = None, exact: bool = False, group: Any = None) -> Stream:
         """Declare stream `name`: the shapes of the tensors its flat buffer holds (a codec that compresses
-        whole matrices needs them), and `exact` for a stream that must travel float32 whatever --compress
-        says. Streams used without being opened are flat and compressed."""
+        whole matrices needs them), `exact` for a stream that must travel float32 whatever --compress
+        says, and the process `group` its all-reduces run over (made by torch.distributed or a device
+        mesh; every worker of it opens the stream alike), under the codec as any stream: a cut replica's
+        part of the gradient crosses the R workers holding that part (strategies/sharded_bsp.py). Streams
+        used without being opened are flat, compressed, and reduced over every worker."""
         stream = self.streams.get(name)
         if stream is None:
-            stream = self.streams[name] = Stream(name, None if shapes is None else list(shapes), exact)
+            stream = self.streams[name] = Stream(name, None if shapes is None else list(shapes), exact, group)
         return stream
 
     def codec_of(self, name: str) -> CodecSpec | None:
@@ -224,11 +229,20 @@ class Channel:
             from distrain.strategies.compressed_collective import CompressedAllReduce
 
             assert self.codec is not None
-            stream.reducer = CompressedAllReduce(self.codec, self.world_size, numel, stream.shapes, self.link)
+            size = self._size_of(stream)
+            stream.reducer = CompressedAllReduce(self.codec, size, numel, stream.shapes, self.link, stream.group)
             saved = self._saved.pop(stream.name, None)
             if saved is not None and "reducer" in saved:
                 stream.reducer.load_state_dict(saved["reducer"])
         return stream.reducer
+
+    def _size_of(self, stream: Stream) -> int:
+        """The ranks stream `stream` is reduced over: its group's, or the channel's."""
+        if stream.group is None:
+            return self._group().world_size
+        import torch.distributed as dist
+
+        return dist.get_world_size(stream.group)
 
     def _group(self) -> CollectiveGroup:
         assert self.group is not None, "the channel has not joined a group (Channel.join)"
@@ -271,24 +285,26 @@ class Channel:
         all-reduce; without a codec the whole buffer is one transfer. A codec reduces to a mean, so a sum
         (weighted values with their weights, elastic rounds) travels float32. A failed collective raises
         what torch.distributed raised (RuntimeError, OSError), before anything is changed in place.
-        Within a `subgroup` (see `subgroup`) the values travel float32."""
+        Within a `subgroup` (see `subgroup`) the values travel float32; a stream opened over a `group`
+        (see `open`) is reduced over that group, under the codec."""
         if op not in ("mean", "sum"):
             raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
         stream = self.open(name)
-        group = self._group()
+        self._group()
         if subgroup is not None:
             import torch.distributed as dist
 
             return self._plain(dist.get_world_size(subgroup), tensor, op, subgroup)
+        size = self._size_of(stream)
         head = tensor.numel() - exact_tail
         if self.codec_of(name) is None or head == 0 or op == "sum":
-            return self._plain(group.world_size, tensor, op)
+            return self._plain(size, tensor, op, stream.group)
         t0 = time.perf_counter()
         reducer = self._reducer(stream, head)
         sent = reducer.all_reduce_mean_(tensor[:head])
         traffic = Traffic(time.perf_counter() - t0, sent, sent, reducer.last_raw_bytes)
         if exact_tail:
-            traffic = traffic + self._plain(group.world_size, tensor[head:], "mean")
+            traffic = traffic + self._plain(size, tensor[head:], "mean", stream.group)
         return traffic
 
     def _plain(self, size: int, tensor: torch.Tensor, op: str, subgroup: Any = None) -> Traffic:
@@ -312,18 +328,19 @@ class Channel:
         import torch.distributed as dist
 
         stream = self.open(name)
-        group = self._group()
+        self._group()
         if self.codec_of(name) is not None:
             t0 = time.perf_counter()
             reducer = self._reducer(stream, tensor.numel())
             sent = reducer.all_reduce_mean_(tensor)
             return Pending(Traffic(time.perf_counter() - t0, sent, sent, reducer.last_raw_bytes))
-        moved = _ring(tensor.numel() * tensor.element_size(), group.world_size)
-        if group.world_size == 1:
+        size = self._size_of(stream)
+        moved = _ring(tensor.numel() * tensor.element_size(), size)
+        if size == 1:
             return Pending(Traffic(0.0, moved, moved))
         deadline = self.link.reserve(moved)
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
-        return Pending(Traffic(0.0, moved, moved), work, deadline, group.world_size, tensor)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True, group=stream.group)
+        return Pending(Traffic(0.0, moved, moved), work, deadline, size, tensor)
 
     def gradient_all_reduce(self, name: str, params: list[Any], grads_flat: torch.Tensor) -> GradientReduce:
         """The mean of a buffer that backward fills (`grads_flat` of `params`), launched as it fills;

@@ -13,8 +13,10 @@ link is charged with exactly that):
   feedback per stream on this worker: e <- (x + e) - D(C(x + e)). Bytes: (P-1) x payload.
 - "rounds", PowerSGD: three all-reduces (the uncompressed vectors in fp32, then P, then Q), each 2(P-1)/P of its
   payload; error feedback as the hook's: e <- (x + e) - (the decoded mean). It needs the tensors' shapes.
-With one rank the codec still runs (decode(encode(x + e)), the residual kept), nothing is sent, and the
-bytes are 0: a single worker computes what the compressed multi-worker run would.
+It reduces over the default group, or over the `group` it is given (a cut replica's part crosses the
+R replicas only: strategies/sharded_bsp.py). With one rank the codec still runs (decode(encode(x + e)),
+the residual kept), nothing is sent, and the bytes are 0: a single worker computes what the compressed
+multi-worker run would.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class CompressedAllReduce:
         numel: int,
         shapes: Sequence[torch.Size] | None = None,
         link: Link | None = None,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         if spec.needs_shapes and shapes is None:
             raise ConfigError(
@@ -56,6 +59,7 @@ class CompressedAllReduce:
         self.world_size = world_size
         self.numel = numel
         self.link = link or Link()
+        self.group = group  # the ranks it reduces over (None: the default group; `world_size` is its size)
         self.codec = spec.build(shapes) if spec.needs_shapes else spec.build()
         self.feedback = ErrorFeedback(self.codec, numel)
         self.last_raw_bytes = 0  # an uncompressed fp32 ring all-reduce of the same buffer, last call
@@ -110,7 +114,7 @@ class CompressedAllReduce:
             return
         nbytes = ring_allreduce_bytes(tensor.numel() * tensor.element_size(), self.world_size)
         done = self.link.reserve(nbytes, time.perf_counter())
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         self.link.hold_until(done)
         self.sent += nbytes
 
@@ -123,7 +127,7 @@ class CompressedAllReduce:
         nbytes = all_gather_bytes(packed.numel(), self.world_size)
         gathered = [torch.empty_like(packed) for _ in range(self.world_size)]
         done = self.link.reserve(nbytes, time.perf_counter())
-        dist.all_gather(gathered, packed)
+        dist.all_gather(gathered, packed, group=self.group)
         self.link.hold_until(done)
         self.sent += nbytes
         out = []

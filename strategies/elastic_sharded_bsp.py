@@ -46,6 +46,7 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
     rebuilds_replica = True  # a re-form makes a fresh trainer cut over the new mesh (TrainWorker.reform)
     sits_out_on_a_batch = True  # a placeholder round still runs FSDP's collectives (TrainWorker.run_segment)
     plan = Strategy.plan  # the units as dealt: slice = one of MAX x D (and the worker prefetches the next)
+    codes_gradients = False  # its own way (`step`): FSDP across the live replicas; --compress is refused
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)

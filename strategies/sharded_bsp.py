@@ -17,6 +17,13 @@ channel's calls, so a row's bytes are the model's (per rank and step: all-gather
 --reshard-after-forward, again in backward, (D-1)/D x the parameter bytes each; reduce-scatter (D-1)/D;
 across replicas 2(R-1)/R x the shard's bytes) and its comm seconds are the run-wide finiteness check's.
 
+Under --compress no codec could act inside HSDP's all-reduce, so FSDP spans each replica's "shard"
+dimension only (`coded_grads`) and, after backward, every worker averages its part of the replica's mean
+gradient with the R - 1 workers holding that part in the other replicas, through the channel's "grads"
+stream over the mesh's "replicate" group (`average_gradient`: the codec, this worker's error feedback,
+PowerSGD on each part as a matrix). The row then counts FSDP's traffic inside the replica plus what the
+codec sent (`bytes_uncompressed`: the float32 all-reduce of the part instead).
+
 Checkpoints: at each step a checkpoint is due after, every worker begins writing its own shards through
 torch.distributed.checkpoint in a background thread (`checkpoint_shards`, trainers/sharded_checkpoint.py)
 and the row records the seconds training was blocked (`ckpt_block_s`); rank 0's `export_state` hands the
@@ -31,11 +38,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distrain.compression.spec import codec_of
 from distrain.strategies.base import CommStats, ShardsSaved, Strategy, StrategyContext
 from distrain.trainers.builtin_names import tp_sample_ranks
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
+    from distrain.strategies.channel import Traffic
     from distrain.trainers.sharded_trainer import ShardedTrainer
 
 SHARDED_COLUMNS = {
@@ -72,6 +81,11 @@ class ShardedBSP(Strategy):
         self.replica, self.shard = divmod(self.dp_rank, self.shards)
         self.own_samples = tp_sample_ranks(config.model, config.task, self.tp) > 1  # a hybrid plan
         self.saved: dict[str, Any] | None = None  # the last checkpoint begun: its directory and step
+        # --compress: the gradient's average across the replicas goes through the channel's codec, so FSDP
+        # stays inside each replica and `step` averages each worker's part over the "replicate" group.
+        self.coded_grads = self.codes_gradients and codec_of(config) is not None
+        if self.coded_grads:
+            self.fsdp_across_replicas = False
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -106,8 +120,13 @@ class ShardedBSP(Strategy):
         return self.own_samples or self.tp_rank == 0
 
     # FSDP spans every replica's data-parallel workers (HSDP); a subclass whose replicas step alone
-    # between synchronisations (ShardedDiLoCo) keeps it inside the replica.
+    # between synchronisations (ShardedDiLoCo) keeps it inside the replica, and so does BSP under
+    # --compress (`coded_grads`: the channel averages the parts across the replicas instead).
     fsdp_across_replicas = True
+    # Whether, under --compress, `step` averages the gradient across the replicas through the channel's
+    # codec (BSP); False for a subclass whose replicas step alone (local SGD, DiLoCo: their rounds go
+    # through it), push to the shards (the PS strategies) or re-form (elastic: --compress is refused there).
+    codes_gradients = True
     # The workers whose gradient sums decide together whether a step is skipped: all of them (None: the
     # run's group), one HSDP step; a subclass whose replicas step alone may set a replica's own group.
     step_group: Any = None
@@ -134,6 +153,8 @@ class ShardedBSP(Strategy):
             )
         reshard = self.config.reshard_after_forward
         trainer.shard(mesh, reshard, across_replicas=self.fsdp_across_replicas, own_samples=self.own_samples)
+        if self.coded_grads:  # each worker's part of the gradient, averaged with the R workers holding it
+            self.channel.open("grads", shapes=local_shapes(trainer.params), group=mesh["replicate"].get_group())
         from distrain.trainers.sharded_checkpoint import AsyncSaver
 
         self.saver = AsyncSaver()
@@ -146,9 +167,12 @@ class ShardedBSP(Strategy):
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         import torch.distributed as dist
 
+        # --compress: FSDP averaged the gradient inside the replica; across the replicas, through the codec.
+        coded = self.average_gradient(trainer) if self.coded_grads else None
         t0 = time.perf_counter()
-        # --clip-grad-norm: the norm of the update's whole gradient (reduced over the replicas under HSDP,
-        # the replica's own otherwise), each element counted once; every worker scales its pieces alike.
+        # --clip-grad-norm: the norm of the update's whole gradient (reduced over the replicas under HSDP or
+        # the codec, the replica's own under local steps), each element counted once; every worker of
+        # `update_group` scales its pieces alike (all replicas hold the same averaged gradient).
         trainer.clip_gradient_(self.update_group)
         total = trainer.local_grad_sum()
         if self.config.on_nonfinite == "skip":
@@ -163,13 +187,39 @@ class ShardedBSP(Strategy):
         if applied:
             trainer.apply_update(lr)
         extra = self.layout_columns(trainer)
-        return CommStats(
+        stats = CommStats(
             seconds=seconds,
             bytes_sent=self.traffic,
             bytes_received=self.traffic,
             nonfinite=None if applied else True,
             extra=extra,
         )
+        return stats if coded is None else stats.add(coded)
+
+    def average_gradient(self, trainer: ShardedTrainer) -> Traffic:
+        """This worker's part of the gradient (FSDP's mean over its replica's D workers) averaged with the
+        parts the other replicas' workers at its place in the grid hold, through the channel's codec with
+        this worker's error feedback: the mean over all R x D batches, as HSDP's all-reduce makes it."""
+        import torch
+
+        from distrain.trainers.sharded_trainer import local_part
+
+        parts = [None if p.grad is None else local_part(p.grad) for p in trainer.params]
+        flat = torch.cat(
+            [
+                (torch.zeros_like(local_part(p.detach())) if g is None else g.detach()).reshape(-1)
+                for g, p in zip(parts, trainer.params, strict=True)
+            ]
+        )
+        traffic = self.channel.all_reduce("grads", flat)
+        offset = 0
+        with torch.no_grad():
+            for g, p in zip(parts, trainer.params, strict=True):
+                n = local_part(p).numel()
+                if g is not None:
+                    g.copy_(flat[offset : offset + n].view_as(g))
+                offset += n
+        return traffic
 
     # ------------------------------------------------------------------ evaluation
     def eval_share(self, shard: int, num_shards: int) -> tuple[int, int]:
@@ -241,3 +291,11 @@ class ShardedBSP(Strategy):
         """A reference to the last checkpoint this worker began (the driver waits for it to be complete;
         step None: none yet, and the driver has one begun: Attempt.finish)."""
         return {"sharded": dict(self.saved) if self.saved is not None else {"step": None}}
+
+
+def local_shapes(params: list[Any]) -> list[Any]:
+    """The shapes of this worker's parts of `params` (a DTensor's local shard: FSDP's rows, a
+    tensor-parallel split), in order: a stream's shapes, so PowerSGD compresses each part as a matrix."""
+    from distrain.trainers.sharded_trainer import local_part
+
+    return [local_part(p.detach()).shape for p in params]

@@ -8,8 +8,10 @@ on every replica. Every worker keeps θ_g for its own part, as DTensors shaped l
 the outer optimizer over them; the pseudo-gradient of its part, θ_g − θ_i, is averaged over the R
 workers that hold the same part in the other replicas (the mesh's "replicate" group) and the outer
 optimizer steps it. So a round moves 1/(D x T) of the model per worker, and no worker ever holds the
-whole model or its whole pseudo-gradient. Streaming DiLoCo (--fragments), --compress and elastic
-membership are not built across cut replicas (DiLoCoOptions.check refuses them).
+whole model or its whole pseudo-gradient. Under --compress the part's pseudo-gradient goes through the
+channel's codec over that group (the "pseudo_grads" stream: error feedback per worker, PowerSGD on each
+part as a matrix). Streaming DiLoCo (--fragments, --overlap-steps) and elastic membership are not built
+across cut replicas (DiLoCoOptions.check refuses them).
 
 Checkpoints: a period ends at every checkpoint, so θ_g is the model there; each worker writes its part of
 the outer optimizer's state beside its model shards (`checkpoint_entries`), and a run at any layout reads
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.adacomm import outer_steps_figure
 from distrain.strategies.base import CommStats, StrategyContext
-from distrain.strategies.sharded_bsp import ShardedBSP
+from distrain.strategies.sharded_bsp import ShardedBSP, local_shapes
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
@@ -36,6 +38,7 @@ OUTER = "outer"  # the outer optimizer's entries in a sharded checkpoint (traine
 class ShardedDiLoCo(ShardedBSP):
     name = "diloco"
     fsdp_across_replicas = False  # the inner steps are each replica's own
+    codes_gradients = False
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)  # self.options: DiLoCo's (this class's name)
@@ -55,6 +58,8 @@ class ShardedDiLoCo(ShardedBSP):
         # θ_g: this worker's part of every parameter (DTensors, as the parameters), with its outer optimizer.
         self.globals = [torch.nn.Parameter(p.detach().clone()) for p in trainer.params]
         self.outer = self.options.make_outer_optimizer(self.globals)
+        # The pseudo-gradient of this worker's part (under --compress through the codec: PowerSGD on each part).
+        self.channel.open("pseudo_grads", shapes=local_shapes(trainer.params), group=self.across)
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         stats = super().step(trainer, lr)  # the inner step: the replica's own FSDP step
@@ -83,10 +88,7 @@ class ShardedDiLoCo(ShardedBSP):
         pairs = zip(self.globals, self.trainer.params, strict=True)
         deltas = [local_part(g.detach()) - local_part(p.detach()) for g, p in pairs]
         flat = torch.cat([d.reshape(-1) for d in deltas])
-        if self.replicas > 1:
-            dist.all_reduce(flat, group=self.across)
-            flat.div_(self.replicas)
-        moved = 2 * (self.replicas - 1) * flat.numel() * flat.element_size() // self.replicas
+        traffic = self.channel.all_reduce("pseudo_grads", flat)
         total = flat.sum().reshape(1).double()
         dist.all_reduce(total)  # every worker decides alike
         if self.finite(bool(total.isfinite()), "averaged pseudo-gradient"):
@@ -105,9 +107,8 @@ class ShardedDiLoCo(ShardedBSP):
                 local_part(p).copy_(local_part(g))
         self.t = 0
         self.outer_steps += 1
-        stats.seconds += time.perf_counter() - t0
-        stats.bytes_sent += moved
-        stats.bytes_received += moved
+        stats.add(traffic)
+        stats.seconds += time.perf_counter() - t0 - traffic.seconds
         return stats
 
     # ------------------------------------------------------------------ state

@@ -14,8 +14,10 @@ second, tiny all-reduce, so every worker of every replica skips a round alike an
 worker-averaged loss is the mean of the R x D batch losses, which is what R plain replicas at D x B
 average. Periods are cut at epoch ends and step checkpoints as plain local SGD cuts them, so a
 checkpoint's shards (ShardedBSP's `checkpoint_shards`) hold the averaged state, equal on every replica.
---compress, the emulated link and --workers MIN..MAX are not built across cut replicas
-(config/layout_section.py refuses them).
+Under --compress the part of θ's change goes through the channel's codec over the "replicate" group (the
+"params" stream, error feedback per worker, PowerSGD on each part as a matrix) and the optimizer's state
+follows float32, as plain local SGD sends them. The emulated link and --workers MIN..MAX are not built
+across cut replicas (config/layout_section.py refuses them).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats, StrategyContext, all_finite
+from distrain.strategies.channel import Traffic
 from distrain.strategies.local_periods import LocalPeriods
-from distrain.strategies.sharded_bsp import ShardedBSP
+from distrain.strategies.sharded_bsp import ShardedBSP, local_shapes
 
 if TYPE_CHECKING:
     import torch
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 class ShardedLocalSGD(LocalPeriods, ShardedBSP):
     name = "local-sgd"
     fsdp_across_replicas = False  # the local steps are each replica's own
+    codes_gradients = False
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)  # self.options: local SGD's (this class's name)
@@ -47,6 +51,8 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
         mesh = self.join_mesh(trainer)
         self.across = mesh["replicate"].get_group()  # the workers holding this worker's part elsewhere
         self.step_group = self.update_group  # a replica's own D x T workers decide its local steps
+        # θ's change under --compress (a codec's shapes: this worker's parts), then the optimizer state float32.
+        self.channel.open("params", shapes=local_shapes(trainer.params), group=self.across)
         # Replicas start equal (the same seed, or the same loaded state), as plain local SGD's broadcast makes them.
         self.anchor = _flat(trainer.params).clone()
         self.interval_start = time.perf_counter()
@@ -54,9 +60,8 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         local = ShardedBSP.step(self, trainer, lr)  # the local step: the replica's own FSDP step
         stats = self.book_step(trainer, lr, ok=not local.nonfinite)
-        stats.seconds += local.seconds
-        stats.bytes_sent += local.bytes_sent
-        stats.bytes_received += local.bytes_received
+        # FSDP's float32 traffic inside the replica, counted as sent in `bytes_uncompressed` too (a round's row).
+        stats.add(Traffic(local.seconds, local.bytes_sent, local.bytes_received))
         stats.extra.update(local.extra)
         return stats
 
@@ -80,9 +85,8 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
         n = self.anchor.numel()
         vectors = state_vectors(trainer)
         buffer = torch.cat([_flat(trainer.params) - self.anchor, *(_flat(parts) for parts in vectors.values())])
-        if self.replicas > 1:
-            dist.all_reduce(buffer, group=self.across)
-            buffer.div_(self.replicas)
+        # As plain local SGD: θ's change through the codec (--compress), the optimizer state float32 after it.
+        traffic = self.channel.all_reduce("params", buffer, exact_tail=buffer.numel() - n)
         broken = 0.0 if all_finite(buffer) else 1.0
         totals = torch.tensor([*self.period_statistics(), broken], dtype=torch.float64, device=buffer.device)
         dist.all_reduce(totals)  # every worker of every replica: one decision, one τ
@@ -96,11 +100,10 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
                 for i, parts in enumerate(vectors.values()):
                     _unflatten(buffer[(i + 1) * n : (i + 2) * n], parts)
         self.round_closed(loss_sum, loss_count, elapsed_sum / self.ctx.world_size)
-        moved = ring_allreduce_bytes(buffer.numel() * buffer.element_size(), self.replicas)
-        moved += ring_allreduce_bytes(totals.numel() * totals.element_size(), self.ctx.world_size)
-        return CommStats(
-            seconds=time.perf_counter() - t0, bytes_sent=moved, bytes_received=moved, nonfinite=None if finite else True
-        )
+        moved = ring_allreduce_bytes(totals.numel() * totals.element_size(), self.ctx.world_size)
+        stats = CommStats(bytes_sent=moved, bytes_received=moved, nonfinite=None if finite else True).add(traffic)
+        stats.seconds = time.perf_counter() - t0
+        return stats
 
 
 def state_vectors(trainer: ShardedTrainer) -> dict[str, list[torch.Tensor]]:

@@ -61,6 +61,7 @@ class ShardedPS(ShardedBSP):
 
     transports = ("ps",)
     fsdp_across_replicas = False  # across replicas the shards combine the gradients
+    codes_gradients = False
 
     def __init__(self, config: RunConfig, ctx: Any) -> None:
         super().__init__(config, ctx)

@@ -219,3 +219,78 @@ def test_powersgd_equals_pytorchs_ddp_hook(tmp_path):
     reduced gradients. `min_compression_rate=1` (not 0) so the hook, like ours, leaves the biases
     uncompressed: with 0 it would compress a 1-D tensor as an n x 1 matrix."""
     run_two_rank_script(tmp_path, "hook.py", HOOK_SCRIPT)
+
+
+GROUP_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    from distrain.config import RunConfig
+    from distrain.strategies.base import StrategyContext
+    from distrain.strategies.channel import Channel
+
+    SHAPES = [torch.Size([6, 5]), torch.Size([6]), torch.Size([3, 4])]
+    N = sum(s.numel() for s in SHAPES)  # 48
+
+
+    def data(rank, step):
+        return torch.randn(N, generator=torch.Generator().manual_seed(100 * rank + step)) * (1 + rank)
+
+
+    def rank_main(rank, port):
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+        # Two groups of two, as a cut replica's "replicate" groups at R = 2 x D = 2: {0, 2} and {1, 3}.
+        groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        mine = groups[rank % 2]
+        peer = (rank + 2) % 4
+        everyone = [data(r, 0) for r in range(4)]
+        pair = (everyone[rank] + everyone[peer]) / 2  # the mean over this rank's group only
+        scale = max(everyone[rank].abs().max(), everyone[peer].abs().max())
+        # (codec, how far from the group's mean it may end): topk:1 and powersgd at full rank lose nothing;
+        # fp16 rounds, int8 within a step of its scale; rank-2 PowerSGD is a low-rank mean (None: unbounded).
+        cases = [("topk:1", 1e-6), ("powersgd:8", 1e-5), (None, 1e-6), ("fp16", 2e-3 * scale), ("int8", scale / 127)]
+        for codec, bound in [*cases, ("powersgd:2", None)]:
+            ch = Channel(RunConfig(compress=codec), StrategyContext(rank=rank, world_size=4, device="cpu"))
+            ch.group = SimpleNamespace(world_size=4)  # the default group is the run's four
+            ch.open("grads", shapes=SHAPES, group=mine)
+            x = everyone[rank].clone()
+            traffic = ch.all_reduce("grads", x)
+            if bound is not None:
+                assert (x - pair).abs().max() <= bound, (codec, (x - pair).abs().max())
+            others = [torch.empty_like(x) for _ in range(4)]
+            dist.all_gather(others, x)
+            assert torch.equal(others[rank], others[peer]) and not torch.equal(others[rank], others[(rank + 1) % 4])
+            if codec is None:
+                assert traffic.uncompressed is None and traffic.sent == 4 * N  # a ring over P = 2: 1 x payload
+            else:
+                assert traffic.uncompressed == 4 * N and ch.streams["grads"].reducer.world_size == 2, codec
+                if codec == "topk:1":
+                    assert traffic.sent == 8 * N  # values and indices, all-gathered with one peer
+            # An exact tail goes float32 over the same group.
+            y = everyone[rank].clone()
+            ch.open("params", shapes=SHAPES[:2], group=mine)
+            ch.all_reduce("params", y, exact_tail=12)
+            assert torch.allclose(y[-12:], pair[-12:], atol=1e-6)
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        mp.start_processes(rank_main, args=(int(sys.argv[1]),), nprocs=4, join=True, start_method="fork")
+        print("OK")
+    """
+)
+
+
+def test_a_stream_opened_over_a_group_reduces_within_it_under_every_kind_of_codec(tmp_path):
+    """Four gloo ranks in two groups of two (a cut replica's "replicate" groups): a channel stream opened
+    over its group averages within that group under a gather codec (topk:1, lossless: the group's mean
+    exactly), a summed one (fp16), PowerSGD's rounds and float32, counting P = 2's bytes, and an exact
+    tail travels float32 over the same group."""
+    run_two_rank_script(tmp_path, "groups.py", GROUP_SCRIPT)

@@ -12,8 +12,10 @@ from distrain.errors import ConfigError
 from distrain.orchestrator.checkpoint import LATEST
 from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run_checks import check_runnable
+from distrain.strategies.base import StrategyContext
 from distrain.strategies.bsp import BSP
 from distrain.strategies.sharded_bsp import ShardedBSP, fsdp_bytes_per_step
+from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.sharded_trainer import fsdp_units
 from distrain.trainers.tensor_parallel import BUILTIN_PLANS, check_plan, local_params
 
@@ -43,7 +45,9 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
         (dict(fsdp=2, workers="1..2", strategy="diloco"), r"^--fsdp 2 with --workers MIN..MAX runs under --strat"),
         (dict(fsdp=2, workers="1..2", tensor_parallel=2), r"^--tensor-parallel 2 does not compose with --workers"),
         (dict(fsdp=2, workers="2..3", worker_weights="1,1,2"), r"^--fsdp 2 with --workers MIN..MAX does not comp"),
-        (dict(fsdp=2, compress="topk:0.1"), r"^--fsdp 2 does not compose with --compress yet"),
+        (dict(fsdp=2, transport="ps", compress="topk:0.1"), r"^--fsdp 2 over --transport ps does not compose with --c"),
+        (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
+        (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
         (dict(fsdp=2, precision="bf16"), r"^--fsdp 2 does not compose with --precision bf16 yet"),
     ],
 )
@@ -51,6 +55,22 @@ def test_what_sharding_refuses_in_one_line(given, message):
     with pytest.raises(ConfigError, match=message) as caught:
         RunConfig(**given).validate()
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
+@pytest.mark.parametrize("codec", ["fp16", "int8", "topk:0.1", "powersgd:2", "sign"])
+def test_compress_composes_with_cut_replicas_over_the_collective(strategy, codec):
+    """--compress across cut replicas (issue 28): the average across the replicas goes through the codec;
+    under BSP FSDP then stays inside each replica (no HSDP: no codec could act inside FSDP's all-reduce)."""
+    for layout in (dict(fsdp=2), dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2)):
+        config = RunConfig(strategy=strategy, workers=2, model="mlp", compress=codec, **layout)
+        config.validate()
+        impl = strategy_class(strategy).implementation(config)
+        assert issubclass(impl, ShardedBSP) and impl.codes_gradients == (strategy == "bsp")
+    bsp = ShardedBSP(RunConfig(workers=2, fsdp=2, compress=codec), StrategyContext(rank=0, world_size=4, device="cpu"))
+    assert bsp.coded_grads and not bsp.fsdp_across_replicas
+    plain = ShardedBSP(RunConfig(workers=2, fsdp=2), StrategyContext(rank=0, world_size=4, device="cpu"))
+    assert not plain.coded_grads and plain.fsdp_across_replicas  # HSDP as before
 
 
 @pytest.mark.parametrize("strategy", ["async", "ssp", "bsp"])

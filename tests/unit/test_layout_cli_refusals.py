@@ -55,6 +55,20 @@ REFUSED = [
         ["--tensor-parallel 2 does not compose with --transport ps yet"],
     ),
     (["--model", "mlp", "--strategy", "sandblaster", "--fsdp", "2"], ["async, ssp or bsp over --transport ps"]),
+    # --compress across cut replicas runs over the collective transport (tests/integration/test_layout_compress.py);
+    # over the PS, with pipeline stages and under a range it is still refused
+    (
+        ["--model", "mlp", "--strategy", "async", "--transport", "ps", "--fsdp", "2", "--compress", "int8"],
+        ["--fsdp 2 over --transport ps does not compose with --compress yet"],
+    ),
+    (
+        ["--model", "mlp", "--fsdp", "2", "--pipeline-stages", "2", "--compress", "int8"],
+        ["--compress does not compose with --pipeline-stages"],
+    ),
+    (
+        ["--model", "mlp", "--fsdp", "2", "--workers", "1..2", "--compress", "topk:0.1"],
+        ["--workers 1..2 does not compose with --compress"],
+    ),
 ]
 
 

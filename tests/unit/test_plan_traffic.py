@@ -40,11 +40,11 @@ def loopback(monkeypatch):
     """Collectives of a world of P ranks that all hold this rank's values: the compressed all-reduce runs
     its whole path (and counts its bytes) without a process group."""
 
-    def all_gather(out, tensor):
+    def all_gather(out, tensor, group=None):
         for t in out:
             t.copy_(tensor)
 
-    fake = types.SimpleNamespace(all_reduce=lambda tensor, op=None: None, all_gather=all_gather,
+    fake = types.SimpleNamespace(all_reduce=lambda tensor, op=None, group=None: None, all_gather=all_gather,
                                  ReduceOp=types.SimpleNamespace(SUM=None))  # fmt: skip
     monkeypatch.setattr(compressed_collective, "dist", fake)
 
