@@ -142,10 +142,31 @@ def join(ray_address: str, task: str) -> list[str]:
 # through plasma; inlining up to 1 MiB cuts that PS step from 4.6 to 3.2 ms here, while at 4 MB the
 # object store is already 2x faster than inlining (benchmarks/RESULTS.md). Applies to clusters
 # distrain starts itself.
+# `worker_niceness`: Ray renices every worker process to 15 by default (RayConfig, "so that the OS
+# prioritizes CPU for other processes over workers"). distrain's workers are the job, and a BSP step
+# waits for the slowest of them: at nice 15 any other process on the node (a nice-0 process weighs 28x
+# more with the kernel) takes its CPU from the training first, which torchrun's ranks (nice 0) never
+# suffer (benchmarks/RESULTS.md, issue 32). On a Ray started elsewhere the worker actors ask for it
+# themselves (`worker_niceness_env`).
 LOCAL_SYSTEM_CONFIG = {
     "max_direct_call_object_size": 1024 * 1024,
     "task_rpc_inlined_bytes_limit": 64 * 1024 * 1024,
+    "worker_niceness": 0,
 }
+NICENESS_ENV = {"RAY_worker_niceness": "0"}  # read by a worker process's Ray core as it starts
+_unniced_session: str | None = None  # the session of the local Ray this process started (LOCAL_SYSTEM_CONFIG)
+
+
+def worker_niceness_env() -> dict[str, str]:
+    """The environment a training worker actor needs to run at nice 0 (see LOCAL_SYSTEM_CONFIG): nothing on
+    the local Ray this process started (every worker process is at 0 there, Ray's ready ones included); on
+    any other Ray, RAY_worker_niceness=0 in the actor's runtime_env, so Ray starts a process of its own for
+    it rather than hand it a ready one at nice 15."""
+    try:
+        session = ray._private.worker.global_worker.node.session_name
+    except AttributeError:  # not connected (unit tests): a Ray started later is not known to be ours
+        session = None
+    return {} if session is not None and session == _unniced_session else dict(NICENESS_ENV)
 QUIET = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
 
 
@@ -202,6 +223,8 @@ def start_local_ray(num_cpus: int) -> None:
             node = _local_node()
             if node is not None:
                 leftovers.record(Path(node.get_session_dir_path()))
+                global _unniced_session
+                _unniced_session = node.session_name
     except BaseException:  # interrupted while it started (raised once it had): stop it again
         RayConnection(started_here=True).close()
         raise
