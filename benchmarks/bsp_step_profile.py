@@ -241,6 +241,7 @@ def run_distrain(a: argparse.Namespace, tmp: Path, sampler: Sampler) -> dict[str
         run_dir=str(tmp / "distrain"),
         transport="collective",
         eval_every=0,
+        prefetch=not a.no_prefetch,
     )
     spies: list[subprocess.Popen] = []
     if a.py_spy:
@@ -321,6 +322,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--contenders", default="torchrun,distrain")
+    p.add_argument("--no-prefetch", action="store_true", help="distrain reads each batch on its training thread")
     p.add_argument("--py-spy", default="", help="path of a py-spy binary: profile the training ranks")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--spy-delay", type=float, default=1.0, help="seconds after the ranks appear before profiling")
