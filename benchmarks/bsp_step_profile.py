@@ -1,6 +1,6 @@
 """Where a BSP step's milliseconds go: distrain's worker against a torchrun DDP rank (issue 32).
 
-    .venv/bin/python benchmarks/bsp_step_profile.py [--model cnn] [--steps 600] [--py-spy /tmp/pyspy/bin/py-spy]
+    .venv/bin/python benchmarks/bsp_step_profile.py [--model cnn] [--steps 1000] [--py-spy /tmp/pyspy/bin/py-spy]
 
 Runs the two contenders of `bsp_throughput.py` once each (torchrun DDP first, then distrain BSP on a
 local Ray started here as that harness does), with the same model, data, batch and steps, and reports:
@@ -98,8 +98,9 @@ def group_of(pid: int, cmd: str, comm: str) -> str:
 class Sampler:
     """Snapshots of /proc every `every_s` seconds, on a thread."""
 
-    def __init__(self, every_s: float = 0.2) -> None:
+    def __init__(self, every_s: float = 0.5) -> None:
         self.every_s = every_s
+        self.own_cpu_s = 0.0  # what the snapshots cost (in the driver's figure: subtract it)
         self.samples: list[tuple[float, dict[int, tuple[str, float, int]]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -114,7 +115,9 @@ class Sampler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            t0 = time.thread_time()
             self.samples.append((time.time(), proc_snapshot()))
+            self.own_cpu_s += time.thread_time() - t0
             self._stop.wait(self.every_s)
 
     def cpu_between(self, t0: float, t1: float) -> tuple[dict[str, float], dict[str, set[int]], float]:
@@ -284,6 +287,9 @@ def report(name: str, out: dict[str, Any], sampler: Sampler, a: argparse.Namespa
             f"{1e3 * statistics.median(gaps) - s['compute_s'] - s['comm_s']:.2f} ms"
         )
     use, nice, span = sampler.cpu_between(t0, t1)
+    snapshots = sum(1 for t, _ in sampler.samples if t0 <= t <= t1) * sampler.own_cpu_s / len(sampler.samples)
+    if "driver (this process)" in use:  # the snapshots themselves, as an estimate
+        use["driver (this process)"] -= snapshots
     print(f"   CPU over the window ({span:.2f} s sampled), ms per step and cores busy:")
     for group, cpu in sorted(use.items(), key=lambda kv: -kv[1]):
         print(f"     {group:32s} {1e3 * cpu / steps:7.2f} ms/step  {cpu / span:5.2f} cores  nice {sorted(nice[group])}")
@@ -319,7 +325,7 @@ def main() -> int:
     p.add_argument("--model", default="cnn")
     p.add_argument("--dataset", default="digits")
     p.add_argument("--global-batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--contenders", default="torchrun,distrain")
     p.add_argument("--no-prefetch", action="store_true", help="distrain reads each batch on its training thread")
