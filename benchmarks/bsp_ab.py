@@ -24,10 +24,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def run(name: str, pythonpath: str, script: Path, extra: list[str], raw: Path) -> dict:
+def run(name: str, tree: str, script: Path, extra: list[str], raw: Path) -> dict:
     contender = "torchrun" if name == "ddp" else "distrain"
     cmd = [sys.executable, str(script), "--rounds", "1", "--contenders", contender, "--raw", str(raw), *extra]
-    env = dict(os.environ, PYTHONPATH=pythonpath)
+    pythonpath, *settings = tree.split(",")  # DIR[,VAR=VALUE...]: environment variables for this tree's runs
+    env = dict(os.environ, PYTHONPATH=pythonpath) | dict(kv.split("=", 1) for kv in settings)
     proc = subprocess.run(cmd, env=env, cwd=script.parent.parent, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stdout[-2000:] + proc.stderr[-2000:]}
@@ -37,7 +38,9 @@ def run(name: str, pythonpath: str, script: Path, extra: list[str], raw: Path) -
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tree", action="append", required=True, help="NAME=DIR (DIR/distrain is the tree)")
+    p.add_argument(
+        "--tree", action="append", required=True, help="NAME=DIR[,VAR=VALUE...] (DIR/distrain is the tree)"
+    )
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("extra", nargs="*", help="arguments for bsp_throughput.py (after --)")
     a = p.parse_args()
@@ -53,9 +56,9 @@ def main() -> int:
         if rnd % 2:
             order.reverse()
         for name in order:
-            path = trees.get(name, trees[first])
-            script = Path(path) / "distrain" / "benchmarks" / "bsp_throughput.py"
-            r = run(name, path, script, a.extra, tmp / f"{name}-{rnd}.json")
+            tree = trees.get(name, trees[first])
+            script = Path(tree.split(",")[0]) / "distrain" / "benchmarks" / "bsp_throughput.py"
+            r = run(name, tree, script, a.extra, tmp / f"{name}-{rnd}.json")
             results[name].append(r)
             print(f"[round {rnd + 1}] {name}: {r}", flush=True)
         row = {name: results[name][-1].get("sps") for name in contenders}
