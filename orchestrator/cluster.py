@@ -154,19 +154,21 @@ LOCAL_SYSTEM_CONFIG = {
     "worker_niceness": 0,
 }
 NICENESS_ENV = {"RAY_worker_niceness": "0"}  # read by a worker process's Ray core as it starts
-_unniced_session: str | None = None  # the session of the local Ray this process started (LOCAL_SYSTEM_CONFIG)
 
 
 def worker_niceness_env() -> dict[str, str]:
     """The environment a training worker actor needs to run at nice 0 (see LOCAL_SYSTEM_CONFIG): nothing on
-    the local Ray this process started (every worker process is at 0 there, Ray's ready ones included); on
-    any other Ray, RAY_worker_niceness=0 in the actor's runtime_env, so Ray starts a process of its own for
-    it rather than hand it a ready one at nice 15."""
+    a Ray whose system config says so already (one distrain started, also from a Tune trial's process on it:
+    every worker process is at 0 there, Ray's ready ones included); on any other Ray, RAY_worker_niceness=0
+    in the actor's runtime_env, so Ray starts a process of its own for it rather than hand it a ready one
+    at nice 15."""
     try:
-        session = ray._private.worker.global_worker.node.session_name
-    except AttributeError:  # not connected (unit tests): a Ray started later is not known to be ours
-        session = None
-    return {} if session is not None and session == _unniced_session else dict(NICENESS_ENV)
+        config = ray._private.state.state.get_system_config()  # the GCS's copy: what the cluster started with
+    except Exception:  # noqa: BLE001 - not connected, or a Ray without it: ask for it, it costs only a start
+        config = {}
+    return {} if config.get("worker_niceness") == 0 else dict(NICENESS_ENV)
+
+
 QUIET = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
 
 
@@ -223,8 +225,6 @@ def start_local_ray(num_cpus: int) -> None:
             node = _local_node()
             if node is not None:
                 leftovers.record(Path(node.get_session_dir_path()))
-                global _unniced_session
-                _unniced_session = node.session_name
     except BaseException:  # interrupted while it started (raised once it had): stop it again
         RayConnection(started_here=True).close()
         raise

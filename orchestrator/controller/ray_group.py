@@ -79,8 +79,8 @@ def start_worker(
 def worker_env(config: RunConfig) -> dict[str, Any]:
     """The worker actor's runtime_env, where it needs one (an actor with a runtime_env of its own gets a
     new process, not one of Ray's ready ones):
-    - on a Ray this process did not start, RAY_worker_niceness=0, so the worker runs at nice 0 as a
-      torchrun rank does, not at Ray's 15 (`cluster.worker_niceness_env`);
+    - on a Ray not started as distrain starts one, RAY_worker_niceness=0, so the worker runs at nice 0
+      as a torchrun rank does, not at Ray's 15 (`cluster.worker_niceness_env`);
     - --storage: the driver's AWS_* variables (credentials, region, endpoint) in the environment of a
       sharded run's workers, which copy their checkpoint shards there from any node (a Ray started
       earlier, or on another machine, does not have this process's environment). Other workers write

@@ -32,26 +32,19 @@ def test_local_ray_runs_its_workers_at_nice_zero():
     assert cluster.LOCAL_SYSTEM_CONFIG["worker_niceness"] == 0
 
 
-class _Node:
-    def __init__(self, session_name):
-        self.session_name = session_name
-
-
-def _connected_to(monkeypatch, session_name):
-    worker = type("W", (), {"node": _Node(session_name)})()
-    monkeypatch.setattr(cluster.ray._private.worker, "global_worker", worker)
+def _cluster_config(monkeypatch, config):
+    monkeypatch.setattr(cluster.ray._private.state.state, "get_system_config", lambda: dict(config))
 
 
 def test_workers_ask_for_nice_zero_on_a_ray_started_elsewhere(monkeypatch):
     from distrain.config import RunConfig
     from distrain.orchestrator.controller.ray_group import worker_env
 
-    monkeypatch.setattr(cluster, "_unniced_session", "session_mine")
-    _connected_to(monkeypatch, "session_theirs")  # e.g. `ray start`, or a script's own ray.init
+    _cluster_config(monkeypatch, {})  # e.g. `ray start`, or a script's own ray.init: Ray's 15
     assert cluster.worker_niceness_env() == {"RAY_worker_niceness": "0"}
     assert worker_env(RunConfig()) == {"runtime_env": {"env_vars": {"RAY_worker_niceness": "0"}}}
-    # On the Ray this process started every worker process is at 0 already: Ray's ready ones serve.
-    _connected_to(monkeypatch, "session_mine")
+    # On a Ray started as distrain starts one every worker process is at 0 already: Ray's ready ones serve.
+    _cluster_config(monkeypatch, cluster.LOCAL_SYSTEM_CONFIG)
     assert cluster.worker_niceness_env() == {}
     assert worker_env(RunConfig()) == {}
 
@@ -61,8 +54,7 @@ def test_storage_credentials_and_niceness_share_the_runtime_env(monkeypatch):
     from distrain.orchestrator import storage
     from distrain.orchestrator.controller.ray_group import worker_env
 
-    monkeypatch.setattr(cluster, "_unniced_session", None)
-    _connected_to(monkeypatch, "session_theirs")
+    _cluster_config(monkeypatch, {"worker_niceness": 5})
     monkeypatch.setattr(storage, "aws_environment", lambda: {"AWS_REGION": "eu-north-1"})
     sharded = RunConfig(storage="s3://bucket/runs", fsdp=2, workers=2)
     env = worker_env(sharded)["runtime_env"]["env_vars"]
