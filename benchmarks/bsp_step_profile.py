@@ -46,7 +46,7 @@ PHASES: list[tuple[str, tuple[tuple[str, str], ...]]] = [
     ("finiteness check", (("all_finite", "strategies/base.py"), ("usable_gradient", "strategies/base.py"))),
     ("optimizer step", (("apply_update", "local_trainer.py"), ("step", "torch/optim/"), ("wrapper", "torch/optim/"))),
     ("backward (DDP: with its all-reduce)", (("backward", "torch/_tensor.py"), ("_engine_run_backward", ""))),
-    ("forward + loss", (("loss", "trainers/task.py"), ("_call_impl", "torch/nn/"), ("forward", ""))),
+    ("forward + loss", (("loss", "trainers/task.py"), ("_wrapped_call_impl", "torch/nn/"), ("forward", ""))),
     ("batch read", (("read", "trainers/task.py"), ("train_batch", ""), ("worker_indices", ""), ("_indices", ""))),
     ("batch move", (("move", "trainers/task.py"), ("to_device", "trainers/task.py"))),
     ("prefetch hand-off", (("prefetch", "trainers/task.py"), ("submit", "trainers/task.py"))),
@@ -58,8 +58,9 @@ BETWEEN = "outside the step loop (Ray, between segments)"
 
 # ------------------------------------------------------------------------------------------ /proc
 def proc_snapshot() -> dict[int, tuple[str, float, int]]:
-    """pid -> (group, CPU seconds so far, nice) for every process."""
-    out = {}
+    """pid -> (group, CPU seconds so far, nice) for every process; this process's descendants (its
+    torchrun, its Ray) by what they are, everything else (other sessions' work) as one group."""
+    raw = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -70,18 +71,27 @@ def proc_snapshot() -> dict[int, tuple[str, float, int]]:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
         cpu = (int(fields[11]) + int(fields[12])) / TICK
-        out[int(entry)] = (
-            group_of(int(entry), cmd, stat[stat.index("(") + 1 : stat.rindex(")")]),
-            cpu,
-            int(fields[16]),
-        )
-    return out
+        raw[int(entry)] = (int(fields[1]), cmd, stat[stat.index("(") + 1 : stat.rindex(")")], cpu, int(fields[16]))
+    me = os.getpid()
+
+    def mine(pid: int) -> bool:
+        seen = 0
+        while pid in raw and seen < 64:
+            if pid == me:
+                return True
+            pid, seen = raw[pid][0], seen + 1
+        return False
+
+    return {
+        pid: (group_of(pid, cmd, comm) if mine(pid) else "other sessions' processes", cpu, nice)
+        for pid, (_, cmd, comm, cpu, nice) in raw.items()
+    }
 
 
 def group_of(pid: int, cmd: str, comm: str) -> str:
     if pid == os.getpid():
         return "driver (this process)"
-    if "TrainWorker" in cmd or "_ddp_worker.py" in cmd and "torch.distributed.run" not in cmd:
+    if "TrainWorker" in cmd or ("_ddp_worker.py" in cmd and "torch.distributed.run" not in cmd):
         return "training ranks"
     if "torch.distributed.run" in cmd:
         return "torchrun agent"
@@ -92,7 +102,7 @@ def group_of(pid: int, cmd: str, comm: str) -> str:
         return "Ray: idle workers"
     if "py-spy" in cmd:
         return "py-spy"
-    return "other processes"
+    return "other processes of this run"
 
 
 class Sampler:
@@ -155,7 +165,7 @@ def phase_of(stack: list[str]) -> str:
     for frame in reversed(stack):
         func, path = frame_parts(frame)
         for phase, keys in PHASES:
-            if any(func == f and where in path for f, where in keys):
+            if any((func == f or func.endswith("." + f)) and where in path for f, where in keys):
                 return phase
     return BETWEEN
 
@@ -171,28 +181,23 @@ def read_profile(path: Path) -> tuple[Counter[str], int]:
             continue
         stack = stack_text.split(";")
         n = int(count)
-        if any(frame_parts(f)[0] == "_loop" and "trainers/task.py" in f for f in stack):
+        if "distrain-prefetch" in stack[0] or any(
+            frame_parts(f)[0] == "_loop" and "trainers/task.py" in f for f in stack
+        ):
             if not (frame_parts(stack[-1])[0] == "_loop" or frame_parts(stack[-1])[0] in ("wait", "get")):
                 prefetch += n
             continue
-        if any(("default_worker.py" in f or "_ddp_worker.py" in f) and f.startswith("<module>") for f in stack):
-            phases[phase_of(stack)] += n
+        if "MainThread" in stack[0]:  # py-spy --threads: "thread (PID): NAME" first
+            phases[phase_of(stack[1:])] += n
     return phases, prefetch
 
 
 # ------------------------------------------------------------------------------------------ contenders
-def wait_for_pids(match: str, n: int, timeout: float = 120.0) -> list[int]:
+def wait_for_pids(n: int, timeout: float = 120.0) -> list[int]:
+    """The training ranks among this process's descendants, once there are `n` of them."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
-                if match in cmd and "torch.distributed.run" not in cmd and "py-spy" not in cmd:
-                    found.append(int(entry))
+        found = [pid for pid, (group, _, _) in proc_snapshot().items() if group == "training ranks"]
         if len(found) >= n:
             return found[:n]
         time.sleep(0.05)
@@ -207,7 +212,7 @@ def run_ddp(a: argparse.Namespace, tmp: Path, sampler: Sampler) -> dict[str, Any
     proc = subprocess.Popen(cmd, cwd=BENCH_DIR.parent, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     spies = []
     if a.py_spy:
-        pids = wait_for_pids("_ddp_worker.py", a.workers)
+        pids = wait_for_pids(a.workers)
         time.sleep(a.spy_delay)
         spies = spy(a.py_spy, pids, a.spy_seconds, tmp / "spy-ddp", a.rate)
     proc.wait()
@@ -250,7 +255,9 @@ def run_distrain(a: argparse.Namespace, tmp: Path, sampler: Sampler) -> dict[str
     if a.py_spy:
 
         def attach() -> None:
-            pids = wait_for_pids("TrainWorker", a.workers)
+            pids = wait_for_pids(a.workers)
+            while pids and not all(b"run_segment" in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids):
+                time.sleep(0.05)  # Ray names the method a worker runs in its title: training has begun
             time.sleep(a.spy_delay)
             spies.extend(spy(a.py_spy, pids, a.spy_seconds, tmp / "spy-distrain", a.rate))
 
