@@ -104,11 +104,6 @@ def first_bucket_cap(total_bytes: int) -> int:
     64 KiB). Under DDP's rule a gradient smaller than 1 MiB (the cnn's 0.6 MB, the char LM's 0.55 MB) is a
     single bucket, all-reduced only once backward is over; cut smaller, the last layers' gradients travel
     while backward computes the first layers' (benchmarks/RESULTS.md, issue 32)."""
-    import os
-
-    forced = os.environ.get("DISTRAIN_FIRST_BUCKET_BYTES")  # experiment only (issue 32's A/B)
-    if forced:
-        return int(forced)
     return max(MIN_FIRST_BUCKET_BYTES, min(FIRST_BUCKET_BYTES, total_bytes // 4))
 
 
