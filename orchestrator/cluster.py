@@ -142,10 +142,33 @@ def join(ray_address: str, task: str) -> list[str]:
 # through plasma; inlining up to 1 MiB cuts that PS step from 4.6 to 3.2 ms here, while at 4 MB the
 # object store is already 2x faster than inlining (benchmarks/RESULTS.md). Applies to clusters
 # distrain starts itself.
+# `worker_niceness`: Ray renices every worker process to 15 by default (RayConfig, "so that the OS
+# prioritizes CPU for other processes over workers"). distrain's workers are the job, and a BSP step
+# waits for the slowest of them: at nice 15 any other process on the node (a nice-0 process weighs 28x
+# more with the kernel) takes its CPU from the training first, which torchrun's ranks (nice 0) never
+# suffer (benchmarks/RESULTS.md, issue 32). On a Ray started elsewhere the worker actors ask for it
+# themselves (`worker_niceness_env`).
 LOCAL_SYSTEM_CONFIG = {
     "max_direct_call_object_size": 1024 * 1024,
     "task_rpc_inlined_bytes_limit": 64 * 1024 * 1024,
+    "worker_niceness": 0,
 }
+NICENESS_ENV = {"RAY_worker_niceness": "0"}  # read by a worker process's Ray core as it starts
+
+
+def worker_niceness_env() -> dict[str, str]:
+    """The environment a training worker actor needs to run at nice 0 (see LOCAL_SYSTEM_CONFIG): nothing on
+    a Ray whose system config says so already (one distrain started, also from a Tune trial's process on it:
+    every worker process is at 0 there, Ray's ready ones included); on any other Ray, RAY_worker_niceness=0
+    in the actor's runtime_env, so Ray starts a process of its own for it rather than hand it a ready one
+    at nice 15."""
+    try:
+        config = ray._private.state.state.get_system_config()  # the GCS's copy: what the cluster started with
+    except Exception:  # noqa: BLE001 - not connected, or a Ray without it: ask for it, it costs only a start
+        config = {}
+    return {} if config.get("worker_niceness") == 0 else dict(NICENESS_ENV)
+
+
 QUIET = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
 
 

@@ -96,15 +96,26 @@ class CollectiveGroup:
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # as DDP: a small first bucket starts communication early
 BUCKET_BYTES = 25 * 1024 * 1024
+MIN_FIRST_BUCKET_BYTES = 64 * 1024
+
+
+def first_bucket_cap(total_bytes: int) -> int:
+    """The first bucket's size: DDP's 1 MiB, but at most a quarter of the whole gradient (and at least
+    64 KiB). Under DDP's rule a gradient smaller than 1 MiB (the cnn's 0.6 MB, the char LM's 0.55 MB) is a
+    single bucket, all-reduced only once backward is over; cut smaller, the last layers' gradients travel
+    while backward computes the first layers' (benchmarks/RESULTS.md, issue 32)."""
+    return max(MIN_FIRST_BUCKET_BYTES, min(FIRST_BUCKET_BYTES, total_bytes // 4))
 
 
 class OverlappedAllReduce:
     """All-reduce the flat gradient buffer in buckets while backward is still running.
 
     The buffer is cut into contiguous buckets from its end (backward produces the last layers'
-    gradients first), 1 MiB for the first and 25 MiB after that, as DDP does. A post-accumulate-grad
-    hook on every parameter counts the bucket's gradients in; the bucket's all-reduce is launched
-    (async) as soon as its last gradient has accumulated, so it overlaps the rest of backward.
+    gradients first), 25 MiB each after a first one of 1 MiB as DDP cuts them, or of a quarter of the
+    gradient where that is less (`first_bucket_cap`), so that a small model's all-reduce overlaps too.
+    A post-accumulate-grad hook on every parameter counts the bucket's gradients in; the bucket's
+    all-reduce is launched (async) as soon as its last gradient has accumulated, so it overlaps the
+    rest of backward.
     `finish()` launches any bucket whose parameters got no gradient this step (unused parameters
     never fire their hook, and waiting for them would hang), waits for all, and divides by N.
     Every rank builds the same buckets from the same model and launches them strictly in bucket
@@ -117,7 +128,7 @@ class OverlappedAllReduce:
         params: list[torch.nn.Parameter],
         grads_flat: torch.Tensor,
         world_size: int,
-        first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+        first_bucket_bytes: int | None = None,
         bucket_bytes: int = BUCKET_BYTES,
         link: Link | None = None,
         weight: Callable[[], float] | None = None,
@@ -135,6 +146,8 @@ class OverlappedAllReduce:
             offset += p.numel()
         self.buckets: list[tuple[int, int]] = []
         bucket_of: dict[int, int] = {}
+        if first_bucket_bytes is None:
+            first_bucket_bytes = first_bucket_cap(offset * grads_flat.element_size())
         cap, hi, members = first_bucket_bytes, offset, []
         for i in range(len(params) - 1, -1, -1):
             members.append(i)

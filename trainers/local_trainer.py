@@ -62,6 +62,7 @@ class LocalTrainer:
             p.grad = self.grads_flat[offset : offset + n].view_as(p)
             offset += n
         self._grads_are_views: bool | None = None
+        self._in_train_mode = False  # `compute_gradients` has put the model in training mode
         self.last_loss = float("nan")  # the last batch's loss (local SGD's AdaComm reads it)
         self.last_logs: dict[str, float] | None = None  # the task's own scalars of the last batch (see split_loss)
         # The optimizer steps one flat tensor (θ in `params_flat`, its gradient `grads_flat`), as a PS
@@ -94,7 +95,9 @@ class LocalTrainer:
         """Forward and backward of the task's loss on one batch; leaves the gradient in `grads_flat`.
         Under --accumulate-steps k the batch is k micro-batches (`Task.micro_batches`), each loss weighted
         by its share of the samples: `grads_flat` holds the gradient of the whole batch's mean loss."""
-        self.model.train()
+        if not self._in_train_mode or not self.model.training:  # a walk over every module: not every step
+            self.model.train()  # (again after an evaluation, which leaves the model in eval mode)
+            self._in_train_mode = True
         self.grads_flat.zero_()
         batch = to_device(batch, self.device)
         parts = [batch] if self.accumulate_steps == 1 else self.task.micro_batches(batch, self.accumulate_steps)

@@ -256,7 +256,15 @@ class BatchReader:
     host memory, so the step's `to_device(..., non_blocking=True)` is a real asynchronous DMA copy; a batch
     read on the training thread itself is not pinned (pinning there is one more copy on the step's path,
     no faster than the pageable copy it would replace).
+
+    A batch that costs less than `CHEAP_READ_S` of CPU to read (the last read's, timed on the thread that
+    read it) is read on the training thread instead, unpinned batches only: the thread's work would not
+    overlap anything worth its hand-overs (the GIL between each of its torch calls and the training
+    thread's, a wake-up per batch), and where the workers fill the cores it runs on a core another worker
+    was using (benchmarks/RESULTS.md, issue 32). A read that grows dearer is prefetched again.
     """
+
+    CHEAP_READ_S = 0.5e-3
 
     def __init__(
         self, dataset: Dataset, collate: Callable[[list[Any]], Any], prefetch: bool = True, pin: bool = False
@@ -266,6 +274,7 @@ class BatchReader:
         self.pin = pin
         self._reader = _Reader() if prefetch else None
         self._ahead: tuple[bytes, _Reading] | None = None
+        self.read_cpu_s = math.inf  # CPU seconds the last batch took to read (unknown: prefetch)
 
     def read(self, indices: np.ndarray | Sequence[int]) -> Any:
         key = np.asarray(indices, dtype=np.int64).tobytes()
@@ -274,16 +283,22 @@ class BatchReader:
             self._ahead = None
             if ahead_key == key:
                 return reading.result()
-        return self._read(indices)
+        return self._timed_read(indices)
 
     def prefetch(self, indices: np.ndarray | Sequence[int]) -> None:
-        if self._reader is None:
+        if self._reader is None or (not self.pin and self.read_cpu_s < self.CHEAP_READ_S):
             return
         key = np.asarray(indices, dtype=np.int64).tobytes()
-        self._ahead = (key, self._reader.submit(self._read_pinned if self.pin else self._read, indices))
+        self._ahead = (key, self._reader.submit(self._read_pinned if self.pin else self._timed_read, indices))
+
+    def _timed_read(self, indices: np.ndarray | Sequence[int]) -> Any:
+        t0 = time.thread_time()
+        batch = self._read(indices)
+        self.read_cpu_s = time.thread_time() - t0
+        return batch
 
     def _read_pinned(self, indices: np.ndarray | Sequence[int]) -> Any:
-        return pinned(self._read(indices))
+        return pinned(self._timed_read(indices))
 
     def _read(self, indices: np.ndarray | Sequence[int]) -> Any:
         get_batch = getattr(self.dataset, "get_batch", None)

@@ -60,7 +60,7 @@ def start_worker(
                 num_cpus=worker_cpus(config, rank),
                 num_gpus=config.gpus_per_worker,
                 scheduling_strategy=placement.worker(rank),
-                **storage_env(config),
+                **worker_env(config),
             )
             .remote(config, rank, run_start, data)
         )
@@ -71,19 +71,25 @@ def start_worker(
     pinned = NodeAffinitySchedulingStrategy(node, soft=False)
     return (
         ray.remote(TrainWorker)
-        .options(num_cpus=0, scheduling_strategy=pinned, **storage_env(config))
+        .options(num_cpus=0, scheduling_strategy=pinned, **worker_env(config))
         .remote(config, rank, run_start, data)
     )
 
 
-def storage_env(config: RunConfig) -> dict[str, Any]:
-    """--storage: the driver's AWS_* variables (credentials, region, endpoint) in the environment of a
-    sharded run's workers, which copy their checkpoint shards there from any node (a Ray started earlier,
-    or on another machine, does not have this process's environment). Other workers write nothing there,
-    and keep Ray's ready worker processes (an actor with a runtime_env of its own needs a new one)."""
+def worker_env(config: RunConfig) -> dict[str, Any]:
+    """The worker actor's runtime_env, where it needs one (an actor with a runtime_env of its own gets a
+    new process, not one of Ray's ready ones):
+    - on a Ray not started as distrain starts one, RAY_worker_niceness=0, so the worker runs at nice 0
+      as a torchrun rank does, not at Ray's 15 (`cluster.worker_niceness_env`);
+    - --storage: the driver's AWS_* variables (credentials, region, endpoint) in the environment of a
+      sharded run's workers, which copy their checkpoint shards there from any node (a Ray started
+      earlier, or on another machine, does not have this process's environment). Other workers write
+      nothing there."""
     from distrain.orchestrator.storage import aws_environment
 
-    env = aws_environment() if config.storage and config.sharded else {}
+    env = cluster.worker_niceness_env()
+    if config.storage and config.sharded:
+        env |= aws_environment()
     return {"runtime_env": {"env_vars": env}} if env else {}
 
 

@@ -119,7 +119,10 @@ def test_compression_and_the_emulated_link_together_shrink_the_wait_for_the_link
     assert int8.comm_s == pytest.approx(0.001 + int8.bytes_per_worker / (10e6 / 8))  # one all-gather
     # an all-gather of int8 at P=4: (P-1) x n/4 against fp32's ring 2(P-1)n/P: about half the bytes and time
     assert int8.bytes_per_worker == pytest.approx(fp32.bytes_per_worker / 2, rel=0.01)
-    assert int8.comm_s == pytest.approx(fp32.comm_s / 2, rel=0.01)
+    # (fp32 goes in BSP's buckets, one latency each, partly hidden behind backward: the mlp's 0.34 MB is two,
+    # the first a quarter of it, collective.first_bucket_cap)
+    assert figures["buckets"] == 2
+    assert int8.comm_s == pytest.approx(fp32.comm_s / 2, rel=0.03)
 
 
 def test_local_sgd_and_diloco_rounds_include_the_epoch_ends():

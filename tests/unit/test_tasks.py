@@ -388,3 +388,36 @@ def test_the_built_in_tasks_options_given_at_their_default_are_refused_with_a_ta
 def test_fit_refuses_unknown_options():
     with pytest.raises(ConfigError, match="unknown option"):
         distrain.fit(wokers=2)
+
+
+class _ThreadNoting:
+    """A dataset that notes which thread read each batch, and spends `cpu_s` of CPU on it."""
+
+    def __init__(self, cpu_s):
+        self.cpu_s, self.threads = cpu_s, []
+
+    def __len__(self):
+        return 10
+
+    def get_batch(self, indices):
+        import threading
+        import time
+
+        self.threads.append(threading.current_thread().name)
+        end = time.thread_time() + self.cpu_s
+        while time.thread_time() < end:
+            pass
+        return torch.as_tensor(indices)
+
+
+@pytest.mark.parametrize(("cpu_s", "ahead"), [(0.0, False), (3 * BatchReader.CHEAP_READ_S, True)])
+def test_cheap_batches_are_read_on_the_training_thread_dear_ones_ahead(cpu_s, ahead):
+    data = _ThreadNoting(cpu_s)
+    reader = BatchReader(data, Task().collate, prefetch=True)
+    for i in range(4):
+        assert reader.read([i]).tolist() == [i]
+        reader.prefetch([i + 1])
+    reader.close()
+    # The first read is always the training thread's (nothing was read ahead); it prices the next ones.
+    assert data.threads[0] == "MainThread"
+    assert set(data.threads[1:]) == ({"distrain-prefetch"} if ahead else {"MainThread"}), data.threads

@@ -408,3 +408,28 @@ def test_no_decay_is_the_constant_schedule_it_was():
     b = LRSchedule.create(0.1, 256, 64, "linear", warmup_epochs=1, steps_per_epoch=5, decay="none", total_steps=9)
     assert [a.lr_at(k) for k in range(20)] == [b.lr_at(k) for k in range(20)]
     assert a.lr_at(19) == pytest.approx(0.4)
+
+
+def test_training_mode_is_set_once_and_again_after_an_evaluation():
+    """compute_gradients puts the model in training mode without walking its modules every step."""
+    data = load_dataset("digits")
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.5), torch.nn.Linear(64, 10))
+    model.eval()  # as built by a task that left it in eval mode: the first step still trains
+    trainer = LocalTrainer(model, ClassificationTask(), "sgd", 0.1, 0.0, 0.0)
+    walks = []
+    original = type(model).train
+
+    def counted(self, mode=True):
+        walks.append(mode)
+        return original(self, mode)
+
+    model.train = counted.__get__(model)
+    batch = data.train_batch(np.arange(16))
+    for _ in range(3):
+        trainer.compute_gradients(batch)
+        assert all(m.training for m in model.modules())
+    assert walks == [True]
+    trainer.evaluate([batch])  # leaves the model in eval mode
+    assert not model[1].training
+    trainer.compute_gradients(batch)
+    assert all(m.training for m in model.modules()) and walks == [True, False, True]  # eval() is train(False)
