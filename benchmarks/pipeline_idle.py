@@ -98,7 +98,7 @@ def run(root: Path, stages: int, micro: int, steps: int, tag: str) -> dict[str, 
         out["cores busy"] = float((per_step["cpu"] / (os.cpu_count() or 1) / per_step["step_s"]).median())
     spanned = df[(df["kind"] == "step") & df["pipe_spans"].notna()]
     lat, waited_share, replays, own = [], [], [], []
-    for step, group in spanned.groupby("step"):
+    for _step, group in spanned.groupby("step"):
         if len(group) < stages:
             continue
         spans: Spans = {}
