@@ -93,11 +93,16 @@ class PSClient:
             dropped=any(r.dropped for r in replies),
         )
 
-    def push_portion_async(self, tag: int, portion: int, grads: np.ndarray | None, lr: float) -> list[Any]:
-        """Backup tasks: offer one portion's gradient to every shard; refs to each shard's verdict
-        (True: the copy that counts). `grads` may be reused at once: the slices are serialised here."""
+    def push_portion_async(
+        self, tag: int, portion: int, grads: np.ndarray | None, lr: float, count: int = 1
+    ) -> list[Any]:
+        """Backup tasks: offer one chunk's gradient (`count` portions from `portion`) to every shard; refs to
+        each shard's verdict (True: the copy that counts). `grads` may be reused at once: the slices are
+        serialised here."""
         return [
-            shard.push_portion.remote(self.worker, tag, portion, None if grads is None else grads[start:stop], lr)
+            shard.push_portion.remote(
+                self.worker, tag, portion, None if grads is None else grads[start:stop], lr, count
+            )
             for shard, (start, stop) in zip(self.shards, self.bounds, strict=True)
         ]
 
