@@ -100,16 +100,16 @@ class Pace:
         return out
 
     def pays(self, copier: int, holder: int, started: float, count: int, now: float) -> bool:
-        """Whether `copier`, starting a copy of `holder`'s chunk of `count` portions now, may finish it first:
-        no only where the holder is expected to finish SLOW_EXCESS_S or more before the copy would. The
-        holder is expected at `started` + its pace; once past that, as late again as it is overdue. A pace
-        not measured yet: yes (MapReduce's rule)."""
+        """Whether `copier`, starting a copy of `holder`'s chunk of `count` portions now, is expected to finish
+        it first. The holder is expected at `started` + its pace; once past that, as late again as it is
+        overdue (so a holder late by more than the copy takes is copied). A pace not measured yet: yes
+        (MapReduce's rule)."""
         mine, theirs = self.per_portion.get(copier), self.per_portion.get(holder)
         if mine is None or theirs is None:
             return True
         planned = started + count * theirs
         expected = planned if now <= planned else 2 * now - planned
-        return expected + SLOW_EXCESS_S > now + count * mine
+        return now + count * mine < expected
 
 
 class PortionHandout:
