@@ -15,7 +15,12 @@ From the spans, per configuration:
 - own cores: the replay again with each span shrunk by its stage's CPU share (a stage alone on a core):
   an estimate of the idle on a machine with a core per stage, hand-offs still free;
 - cores busy: the stages' compute CPU seconds per step over (cores x step): 1.0 means the stages'
-  compute alone fills every core, and no schedule could idle less than 1 - cores / S.
+  compute alone fills every core, and no schedule could idle less than 1 - cores / S;
+- run queue (`pipe_runq_s`, Linux's run delay of the stage's thread): the share of the step a stage was
+  ready but waited for a core, split into the part inside its compute (the compute's wall time less its
+  CPU time) and the part in its idle time (woken, e.g. by a micro-batch's arrival, and no core free):
+  "idle waiting for a core" is that second part as a share of the step, the oversubscription inside
+  the idle fraction.
 
     python benchmarks/pipeline_idle.py [--configs 4x8 2x8] [--steps 8] [--repeat 1]
 """
@@ -96,6 +101,10 @@ def run(root: Path, stages: int, micro: int, steps: int, tag: str) -> dict[str, 
         out["CPU share of compute"] = share
         per_step = rows.groupby("step").agg(cpu=("pipe_compute_cpu_s", "sum"), step_s=("pipe_step_s", "median"))
         out["cores busy"] = float((per_step["cpu"] / (os.cpu_count() or 1) / per_step["step_s"]).median())
+    if "pipe_runq_s" in rows and rows["pipe_runq_s"].notna().all():
+        in_compute = rows["pipe_compute_s"] - rows["pipe_compute_cpu_s"]
+        out["idle waiting for a core"] = float(((rows["pipe_runq_s"] - in_compute) / rows["pipe_step_s"]).median())
+        out["compute waiting for a core"] = float((in_compute / rows["pipe_step_s"]).median())
     spanned = df[(df["kind"] == "step") & df["pipe_spans"].notna()]
     lat, waited_share, replays, own = [], [], [], []
     for _step, group in spanned.groupby("step"):

@@ -68,6 +68,10 @@ PIPELINE_COLUMNS = {
     # The CPU time of those forwards and backwards (this thread's): below pipe_compute_s by the time the
     # stage was runnable but off the CPU mid-computation (more stage processes than cores).
     "pipe_compute_cpu_s": "float64",
+    # Seconds over the step this stage's thread was ready to run but waited for a core (Linux's run
+    # delay, /proc/thread-self/schedstat; null elsewhere): in its compute (pipe_compute_s less
+    # pipe_compute_cpu_s) and after each wake-up, e.g. when a micro-batch it waited for arrived.
+    "pipe_runq_s": "float64",
     "pipe_wait_s": "float64",  # blocked in point-to-point waits (sends and receives)
     "pipe_idle_frac": "float64",  # 1 - compute / step: the bubble plus transfer time
     "mem_param_bytes": "int64",
@@ -162,10 +166,21 @@ class _Timer:
         self.wait = 0.0
         self.spans: list[tuple[str, int, float, float]] = []
         self.origin = 0.0
+        self.run_delay: float | None = None  # this thread's run delay when the step began
 
     def reset(self) -> None:
         self.compute, self.cpu, self.wait, self.spans = 0.0, 0.0, 0.0, []
         self.origin = time.perf_counter()
+        self.run_delay = run_delay_s()
+
+
+def run_delay_s() -> float | None:
+    """Seconds this thread has waited for a core since it started (Linux); None where not known."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 _ACTIVE_TIMER: _Timer | None = None  # one stage per actor process: the schedules' waits are its
@@ -564,6 +579,7 @@ class PipelineBSP(Strategy):
         # stage's step time covers the same span: the last stage's wait for stage 0 to finish counts as
         # its idle time, as the bubble formula counts it.
         step_s = time.perf_counter() - self.timer.origin
+        delay = run_delay_s()
         trainer.last_loss = float(loss)
         self.stats = {
             "stage": self.stage,
@@ -572,6 +588,7 @@ class PipelineBSP(Strategy):
             "pipe_step_s": step_s,
             "pipe_compute_s": self.timer.compute,
             "pipe_compute_cpu_s": self.timer.cpu,
+            "pipe_runq_s": None if (delay is None or self.timer.run_delay is None) else delay - self.timer.run_delay,
             "pipe_wait_s": self.timer.wait,
             "pipe_idle_frac": max(0.0, 1.0 - self.timer.compute / step_s) if step_s > 0 else None,
             "mem_param_bytes": trainer.nbytes,

@@ -235,3 +235,18 @@ def test_gpipe_posts_every_receive_of_a_step_before_computing_and_keeps_torch_s_
     sends = [e for e in events if e[0] == "post" and e[1].endswith("send")]
     assert sends == [*[("post", "fwd_send", i) for i in range(m)], *[("post", "bwd_send", i) for i in range(m)]]
     assert events[-1] == ("reduce", m)
+
+
+def test_run_delay_is_this_thread_s_wait_for_a_core_or_none_where_linux_does_not_say(monkeypatch):
+    from distrain.strategies import pipeline
+
+    first = pipeline.run_delay_s()
+    if first is not None:  # Linux: non-decreasing seconds
+        sum(i * i for i in range(200_000))
+        assert 0.0 <= first <= pipeline.run_delay_s()
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("/proc/thread-self/schedstat")
+
+    monkeypatch.setattr("builtins.open", missing)
+    assert pipeline.run_delay_s() is None
