@@ -39,11 +39,17 @@ class PortionQueue:
         return sum(count for _, count in self.unassigned)
 
     def take(
-        self, worker: int, slow: set[int], count: int = 1, copies: bool = True, worth: Worth | None = None
+        self,
+        worker: int,
+        slow: set[int],
+        count: int = 1,
+        copies: bool = True,
+        worth: Worth | None = None,
+        fresh: bool = True,
     ) -> tuple[int, int, bool] | None:
         """(start, portions, is a copy) for `worker`, recorded as running: up to `count` fresh portions in a
-        row, else a copy; None: nothing for it now."""
-        if self.unassigned:
+        row, else a copy (only a copy where not `fresh`); None: nothing for it now."""
+        if self.unassigned and fresh:
             start, n = self.unassigned.popleft()
             if start in self.returned:
                 self.returned.discard(start)

@@ -17,9 +17,10 @@ from hand-out to the report of its push):
 - a worker's first hand-out in a round is its share of what is left, `ceil(left / (1 + the fast workers
   not yet served this round))` portions in a row, computed as one batch; later ones the same rule;
 - a worker measured slow here (`Pace.slow`: over 2x the others' median and 5 ms a portion more) gets
-  no share: its work would only be copied. Every `PROBE_ROUNDS` rounds it gets one again (its pace is
-  measured anew, and a worker that recovered is back). The straggler detector's verdict (slower to
-  come: it judges windows of steps) only orders the copies, as before;
+  no share: its work would only be copied. Every `PROBE_ROUNDS` rounds it gets a copy of a chunk
+  running elsewhere instead, off the round's critical path (its pace is measured anew, and a worker
+  that recovered is back). The straggler detector's verdict (slower to come: it judges windows of
+  steps) only orders the copies, as before;
 - once nothing is left, an idle worker copies an outstanding chunk only where the copy is expected to
   finish first (`Pace.pays`); a pace not measured yet counts as paying (MapReduce's rule as it was).
 With no straggler every worker takes its P / N portions as one chunk: plain BSP's work per round.
@@ -217,9 +218,14 @@ class PortionScheduler(PortionHandout):
         measured = self.pace.slow()
         slow = self.slow | measured
         queue = self.queue
+        if worker in measured:  # its share would only be copied: none, but a copy to measure it by now and then
+            if self.round - self.shared.get(worker, self.round - PROBE_ROUNDS) < PROBE_ROUNDS:
+                return None
+            probe = queue.take(worker, slow - {worker}, fresh=False)
+            if probe is not None:
+                self.shared[worker] = self.round
+            return probe
         if queue.left:
-            if worker in measured and self.round - self.shared.get(worker, self.round - PROBE_ROUNDS) < PROBE_ROUNDS:
-                return None  # its share would only be copied
             waiting = self.active - measured - self.served - {worker}
             self.served.add(worker)
             self.shared[worker] = self.round

@@ -201,6 +201,7 @@ def test_scheduler_chunks_a_round_into_each_worker_s_share():
     async def with_one_slow():
         sched = PortionScheduler(per_round=8, steps_per_epoch=10, start_step=0, workers=4)
         known(sched, {0: 0.01, 1: 0.08, 2: 0.01, 3: 0.01})  # worker 1: 8x the others a portion
+        sched.shared[1] = 0  # measured by a copy this round already (no probe due)
         first = [await take(sched, w, upto=(0, 9)) for w in (0, 2)]
         waits = asyncio.create_task(take(sched, 1, upto=(0, 9)))
         last = await take(sched, 3, upto=(0, 9))
@@ -214,16 +215,19 @@ def test_scheduler_chunks_a_round_into_each_worker_s_share():
     asyncio.run(with_one_slow())
 
 
-def test_a_worker_measured_slow_gets_a_share_again_every_probe_rounds():
+def test_a_worker_measured_slow_gets_a_copy_to_measure_it_by_every_probe_rounds():
     sched = PortionScheduler(per_round=4, steps_per_epoch=100, start_step=0, workers=2)
     known(sched, {0: 0.01, 1: 0.1})
     sched.shared[1] = 0
     for r in range(1, PROBE_ROUNDS + 1):
         sched.round = r
         sched._open_round()
+        assert sched._take(1) is None, r  # no share: the fast worker takes the round whole
+        assert sched._take(0) == (0, 4, False)
         got = sched._take(1)
         assert (got is not None) == (r == PROBE_ROUNDS), r
-    assert got == (0, 2, False)  # the probe is a share the size of the others' (comparable paces)
+    assert got == (0, 4, True)  # the probe: a copy of the chunk running elsewhere, off the critical path
+    assert sched._take(1) is None  # once per PROBE_ROUNDS
 
 
 def test_a_copy_is_refused_only_where_the_holder_is_expected_to_finish_first():
