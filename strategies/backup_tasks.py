@@ -17,8 +17,10 @@ A worker pushes a chunk without waiting for the round, or even for the push: the
 next chunk goes out together with the push, carrying the push's object refs, and the scheduler
 counts the chunk done once the shards have it. While the push travels the worker computes its
 next chunk (same round, same θ), so per chunk it waits for one round trip to the scheduler.
-It pulls θ only when its next chunk belongs to a newer round than the θ it holds. Whether a
-pushed copy was the one the shards kept is learned at the end of the segment (`settle`).
+It pulls θ only when its next chunk belongs to a newer round than the θ it holds, and asks for the
+next round's θ together with its push (the shards answer when that round is applied, while the
+scheduler is still learning of it), so a round's θ is usually there when its first chunk is.
+Whether a pushed copy was the one the shards kept is learned at the end of the segment (`settle`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class BSPBackupTasks(PSStrategy):
         self.waited = 0.0  # seconds the current portion waited: for its assignment, and for θ of its round
         self.received = 0  # bytes of θ pulled for the current portion
         self.in_flight: list[tuple[list[Any], int]] = []  # this segment's pushes (refs, portions), in row order
+        self.ahead: tuple[int, list[Any]] | None = None  # (round, refs of its θ asked for with a push)
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
@@ -101,8 +104,15 @@ class BSPBackupTasks(PSStrategy):
             self.waited, self.received = time.perf_counter() - t0, 0
             if assignment.tag > self.held:
                 self.received = self.trainer.nbytes
-                waited, versions = self.channel.ps.pull_at(assignment.tag, self.trainer.params_flat.numpy())
-                self.waited += waited
+                params = self.trainer.params_flat.numpy()
+                if self.ahead is not None and self.ahead[0] == assignment.tag:  # asked for with the last push
+                    t1 = time.perf_counter()
+                    _, versions = self.channel.ps.install_pulled(self.ahead[1], params)
+                    self.waited += time.perf_counter() - t1  # this worker's wait (the shards' began earlier)
+                else:
+                    waited, versions = self.channel.ps.pull_at(assignment.tag, params)
+                    self.waited += waited
+                self.ahead = None
                 self.held = min(versions)
                 if max(versions) > assignment.tag:
                     # The round closed while we were told to help (some shard already applied it):
@@ -129,6 +139,10 @@ class BSPBackupTasks(PSStrategy):
         pushes = self.channel.push_portion_async(a.tag, a.portion, grads, lr, a.count)
         self.next_request = self._request((a.tag, a.portion, pushes))
         self.in_flight.append((pushes, a.count))
+        if (self.ahead is None or self.ahead[0] <= a.tag) and (a.epoch, a.step) != self.upto:
+            # The next round's θ, answered once the shards apply this one (not past the segment's last
+            # round: a call never answered would outlive the run on a warm shard).
+            self.ahead = (a.tag + 1, self.channel.ps.pull_at_async(a.tag + 1))
         return CommStats(
             seconds=time.perf_counter() - t0 + self.waited,
             bytes_sent=trainer.nbytes,
