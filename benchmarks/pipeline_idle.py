@@ -14,6 +14,10 @@ From the spans, per configuration:
   stages would have had with these compute times and zero hand-off latency;
 - own cores: the replay again with each span shrunk by its stage's CPU share (a stage alone on a core):
   an estimate of the idle on a machine with a core per stage, hand-offs still free;
+- these cores: those CPU seconds replayed on this machine's cores, shared equally among the stages ready
+  to run (the kernel's fair share), hand-offs free: the idle that oversubscription alone would give.
+  Measured idle less this is what hand-offs and everything else (Python between spans, other processes)
+  add;
 - cores busy: the stages' compute CPU seconds per step over (cores x step): 1.0 means the stages'
   compute alone fills every core, and no schedule could idle less than 1 - cores / S;
 - run queue (`pipe_runq_s`, Linux's run delay of the stage's thread): the share of the step a stage was
@@ -85,6 +89,41 @@ def replay(durations: dict[tuple[str, int, int], float], stages: int, micro: int
     return [1.0 - b / step for b in busy]
 
 
+def replay_on_cores(work: dict[tuple[str, int, int], float], stages: int, micro: int, cores: int) -> list[float]:
+    """GPipe with these CPU seconds per span on `cores` shared cores (the runnable stages share them
+    equally, as the kernel's fair scheduler does) and free hand-offs: each stage's idle fraction, counted as
+    the stages count it (1 - the wall time of its spans / the step)."""
+    order = [[("F", s, m) for m in range(micro)] + [("B", s, m) for m in range(micro)] for s in range(stages)]
+    at = [0] * stages  # index of each stage's current span
+    left = {k: v for k, v in work.items()}
+    began: dict[tuple[str, int, int], float] = {}
+    ended: dict[tuple[str, int, int], float] = {}
+    now = 0.0
+
+    def ready(s: int) -> bool:
+        if at[s] >= len(order[s]):
+            return False
+        kind, _, m = order[s][at[s]]
+        before = ("F", s - 1, m) if kind == "F" else ("B", s + 1, m)
+        return (kind == "F" and s == 0) or (kind == "B" and s == stages - 1) or before in ended
+
+    while any(a < len(o) for a, o in zip(at, order, strict=True)):
+        running = [s for s in range(stages) if ready(s)]
+        rate = min(1.0, cores / len(running))
+        for s in running:
+            began.setdefault(order[s][at[s]], now)
+        dt = min(left[order[s][at[s]]] for s in running) / rate
+        now += dt
+        for s in running:
+            key = order[s][at[s]]
+            left[key] -= dt * rate
+            if left[key] <= 1e-12:
+                ended[key] = now
+                at[s] += 1
+    busy = [sum(ended[k] - began[k] for k in ended if k[1] == s) for s in range(stages)]
+    return [1.0 - b / now for b in busy]
+
+
 def run(root: Path, stages: int, micro: int, steps: int, tag: str) -> dict[str, Any]:
     config = RunConfig(
         task=TASK, task_args={"blocks": 4, "samples": BATCH * (steps + 1) + 64}, optimizer="adam", lr=1e-4,
@@ -106,7 +145,7 @@ def run(root: Path, stages: int, micro: int, steps: int, tag: str) -> dict[str, 
         out["idle waiting for a core"] = float(((rows["pipe_runq_s"] - in_compute) / rows["pipe_step_s"]).median())
         out["compute waiting for a core"] = float((in_compute / rows["pipe_step_s"]).median())
     spanned = df[(df["kind"] == "step") & df["pipe_spans"].notna()]
-    lat, waited_share, replays, own = [], [], [], []
+    lat, waited_share, replays, own, shared = [], [], [], [], []
     for _step, group in spanned.groupby("step"):
         if len(group) < stages:
             continue
@@ -125,12 +164,14 @@ def run(root: Path, stages: int, micro: int, steps: int, tag: str) -> dict[str, 
         durations = {k: t1 - t0 for k, (t0, t1) in spans.items()}
         replays.append(statistics.mean(replay(durations, stages, micro)))
         if cpu_share:
-            alone = {k: d * cpu_share[k[1]] for k, d in durations.items()}
+            alone = {k: d * cpu_share[k[1]] for k, d in durations.items()}  # each span's CPU seconds
             own.append(statistics.mean(replay(alone, stages, micro)))
+            shared.append(statistics.mean(replay_on_cores(alone, stages, micro, os.cpu_count() or 1)))
     out["hand-off ms (median)"] = 1e3 * statistics.median(lat) if lat else float("nan")
     out["hand-off share"] = statistics.mean(waited_share) if waited_share else float("nan")
     out["replay idle"] = statistics.median(replays) if replays else float("nan")
     out["own-core idle"] = statistics.median(own) if own else float("nan")
+    out["these-cores idle"] = statistics.median(shared) if shared else float("nan")
     out["step ms"] = 1e3 * float(rows.groupby("step")["pipe_step_s"].median().median())
     out["load"] = os.getloadavg()[0]
     return out
