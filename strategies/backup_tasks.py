@@ -170,6 +170,7 @@ class BSPBackupTasks(PSStrategy):
 
 SHARED = frozenset({"compute_s", "comm_s", "h2d_s", "wait_s", "samples"})  # split equally over a chunk's portions
 ONCE = frozenset({"bytes_sent", "bytes_received", "bytes_uncompressed"})  # on a chunk's first portion
+NOT_ROWS = frozenset({"broken", "diverged", "channel_state", "nonfinite_shards"})  # a segment's notes to the driver
 
 
 def per_portion(rows: dict[str, list[Any]], counts: list[int]) -> None:
@@ -181,8 +182,8 @@ def per_portion(rows: dict[str, list[Any]], counts: list[int]) -> None:
     if all(c == 1 for c in counts):
         return
     for key, column in rows.items():
-        if not isinstance(column, list) or len(column) != n:
-            continue  # not a per-row column (a segment's notes to the driver)
+        if key in NOT_ROWS or not isinstance(column, list) or len(column) != n:
+            continue  # not a per-row column
         out: list[Any] = []
         for value, c in zip(column, counts, strict=True):
             if c == 1:

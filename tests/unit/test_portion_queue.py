@@ -88,3 +88,11 @@ def test_a_chunk_s_row_becomes_one_row_per_portion():
     assert rows["bytes_sent"] == [600, 0, 0, 600, 600]  # a chunk's push once
     assert rows["dropped"] == [False, False, False, True, False] and rows["loss"] == [1.5] * 3 + [2.0, 1.0]
     assert rows["h2d_s"] == [None] * 5 and rows["broken"] == [{"rounds": 1}]
+
+
+def test_a_segment_s_notes_to_the_driver_are_not_cut_even_when_one_row_long():
+    from distrain.strategies.backup_tasks import per_portion
+
+    rows = {"step": [3], "slice": [2], "samples": [64], "broken": [{"rounds": 0}]}
+    per_portion(rows, [2])
+    assert rows == {"step": [3, 3], "slice": [2, 3], "samples": [32, 32], "broken": [{"rounds": 0}]}
