@@ -10,8 +10,8 @@ shared with Sandblaster's coordinator): MapReduce's rule, with the straggler det
 slow set. A worker with nothing to take waits for the round to close. The first copy pushed is the one the
 shards keep; the rest are dropped there.
 
-What a portion costs is paid per hand-out (a forward and backward, a push, a round trip here) and, on a
-small model, mostly whatever its size (RESULTS.md, issue 32): so the scheduler hands out chunks, and
+What a portion costs is paid per hand-out (a forward and backward, a push of the whole gradient, a round
+trip here) whatever its size (RESULTS.md, issue 32): so the scheduler hands out chunks, and
 splits and copies only where that pays, by its own clock (`Pace`: each worker's seconds per portion,
 from hand-out to the report of its push):
 - a worker's first hand-out in a round is its share of what is left, `ceil(left / (1 + the fast workers
