@@ -285,7 +285,12 @@ class TrainWorker:
                 if self.stream is not None:  # the next batch of this worker's shard (its own prefetch)
                     batch, read = self.stream.read(epoch, step)
                 else:
-                    idx = self._indices(epoch, step, slice_)
+                    slices = self.strategy.unit_slices(slice_)
+                    idx = (
+                        self._indices(epoch, step, slice_)
+                        if len(slices) == 1
+                        else np.concatenate([self._indices(epoch, step, s) for s in slices])
+                    )
                     batch, read = self.train_reader.read(idx), len(idx)
                     if self.weighs:  # its gradient stands for its share of the step's samples
                         self.strategy.weigh_share(len(idx), self.sharder.global_batch)

@@ -6,12 +6,21 @@ gets a copy of one still outstanding (see `strategies/portion_scheduler.py`). Th
 gradient of each portion and drop copies ("portion-rounds" rule in `ps_shard.py`), then apply the mean of
 the P portion gradients: the mean gradient of the global batch, whoever computed which portion.
 
-A worker pushes a portion without waiting for the round, or even for the push: the request for its
-next portion goes out together with the push, carrying the push's object refs, and the scheduler
-counts the portion done once the shards have it. While the push travels the worker computes its
-next portion (same round, same θ), so per portion it waits for one round trip to the scheduler.
-It pulls θ only when its next portion belongs to a newer round than the θ it holds. Whether a
-pushed copy was the one the shards kept is learned at the end of the segment (`settle`).
+The scheduler hands out chunks: portions in a row that the worker reads and computes as one batch and
+pushes as one gradient (the mean over the chunk's samples; the shards weigh it by its portions). It
+sizes them so that, without a straggler, each worker takes its P / N portions as one chunk (plain BSP's
+work), gives no share to a worker it measured slow, and copies only where a copy is expected to finish
+first (`PortionScheduler`). Rows stay one per portion (`settle`): a chunk's rows share its times and
+samples equally, and its bytes are on the first.
+
+A worker pushes a chunk without waiting for the round, or even for the push: the request for its
+next chunk goes out together with the push, carrying the push's object refs, and the scheduler
+counts the chunk done once the shards have it. While the push travels the worker computes its
+next chunk (same round, same θ), so per chunk it waits for one round trip to the scheduler.
+It pulls θ only when its next chunk belongs to a newer round than the θ it holds, and asks for the
+next round's θ together with its push (the shards answer when that round is applied, while the
+scheduler is still learning of it), so a round's θ is usually there when its first chunk is.
+Whether a pushed copy was the one the shards kept is learned at the end of the segment (`settle`).
 """
 
 from __future__ import annotations
@@ -43,9 +52,7 @@ class BSPBackupTasks(PSStrategy):
 
     @classmethod
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
-        raise ConfigError(
-            f"{FLAG} does not apply to --backup-tasks portions; drop {FLAG} {codec} or the backup tasks"
-        )
+        raise ConfigError(f"{FLAG} does not apply to --backup-tasks portions; drop {FLAG} {codec} or the backup tasks")
 
     name = "bsp"
 
@@ -60,7 +67,8 @@ class BSPBackupTasks(PSStrategy):
         self.upto: tuple[int, int] = (0, 0)  # (epoch, step) of the current segment's last round
         self.waited = 0.0  # seconds the current portion waited: for its assignment, and for θ of its round
         self.received = 0  # bytes of θ pulled for the current portion
-        self.in_flight: list[list[Any]] = []  # push refs of this segment's portions, in row order
+        self.in_flight: list[tuple[list[Any], int]] = []  # this segment's pushes (refs, portions), in row order
+        self.ahead: tuple[int, list[Any]] | None = None  # (round, refs of its θ asked for with a push)
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
@@ -96,8 +104,15 @@ class BSPBackupTasks(PSStrategy):
             self.waited, self.received = time.perf_counter() - t0, 0
             if assignment.tag > self.held:
                 self.received = self.trainer.nbytes
-                waited, versions = self.channel.ps.pull_at(assignment.tag, self.trainer.params_flat.numpy())
-                self.waited += waited
+                params = self.trainer.params_flat.numpy()
+                if self.ahead is not None and self.ahead[0] == assignment.tag:  # asked for with the last push
+                    t1 = time.perf_counter()
+                    _, versions = self.channel.ps.install_pulled(self.ahead[1], params)
+                    self.waited += time.perf_counter() - t1  # this worker's wait (the shards' began earlier)
+                else:
+                    waited, versions = self.channel.ps.pull_at(assignment.tag, params)
+                    self.waited += waited
+                self.ahead = None
                 self.held = min(versions)
                 if max(versions) > assignment.tag:
                     # The round closed while we were told to help (some shard already applied it):
@@ -105,6 +120,10 @@ class BSPBackupTasks(PSStrategy):
                     continue
             self.current = assignment
             yield assignment.epoch, assignment.step, assignment.portion
+
+    def unit_slices(self, slice_: int) -> range:
+        """The chunk being computed: its portions, from `slice_`."""
+        return range(slice_, slice_ + self.current.count)
 
     def _request(self, finished: tuple[int, int, list[Any]] | None) -> Any:
         return self.scheduler.acquire.remote(self.ctx.rank, finished, *self.upto)
@@ -117,9 +136,13 @@ class BSPBackupTasks(PSStrategy):
         if ok:  # --clip-grad-norm: each push's own gradient, as under the other PS strategies
             trainer.clip_gradient_()
         grads = trainer.grads_flat.numpy() if ok else None
-        pushes = self.channel.push_portion_async(a.tag, a.portion, grads, lr)
+        pushes = self.channel.push_portion_async(a.tag, a.portion, grads, lr, a.count)
         self.next_request = self._request((a.tag, a.portion, pushes))
-        self.in_flight.append(pushes)
+        self.in_flight.append((pushes, a.count))
+        if (self.ahead is None or self.ahead[0] <= a.tag) and (a.epoch, a.step) != self.upto:
+            # The next round's θ, answered once the shards apply this one (not past the segment's last
+            # round: a call never answered would outlive the run on a warm shard).
+            self.ahead = (a.tag + 1, self.channel.ps.pull_at_async(a.tag + 1))
         return CommStats(
             seconds=time.perf_counter() - t0 + self.waited,
             bytes_sent=trainer.nbytes,
@@ -133,11 +156,44 @@ class BSPBackupTasks(PSStrategy):
         )
 
     def settle(self, rows: dict[str, list[Any]]) -> None:
-        """Wait for this segment's pushes and mark the copies the shards dropped."""
-        verdicts = ray.get([refs[0] for refs in self.in_flight])  # copies are identical: shard 0 speaks
-        ray.get([ref for refs in self.in_flight for ref in refs[1:]])
+        """Wait for this segment's pushes, mark the copies the shards dropped, and cut each chunk's row
+        into one per portion."""
+        verdicts = ray.get([refs[0] for refs, _ in self.in_flight])  # copies are identical: shard 0 speaks
+        ray.get([ref for refs, _ in self.in_flight for ref in refs[1:]])
         for i, counted in enumerate(verdicts):
             rows["dropped"][i] = not counted
             if not counted:
                 rows["applied_version"][i] = None
+        per_portion(rows, [count for _, count in self.in_flight])
         self.in_flight = []
+
+
+SHARED = frozenset({"compute_s", "comm_s", "h2d_s", "wait_s", "samples"})  # split equally over a chunk's portions
+ONCE = frozenset({"bytes_sent", "bytes_received", "bytes_uncompressed"})  # on a chunk's first portion
+NOT_ROWS = frozenset({"broken", "diverged", "channel_state", "nonfinite_shards"})  # a segment's notes to the driver
+
+
+def per_portion(rows: dict[str, list[Any]], counts: list[int]) -> None:
+    """Cut row i (a chunk of `counts[i]` portions; rows past `counts` are single) into one row per portion,
+    in place: `slice` counts up from the chunk's first portion, SHARED columns are split equally, ONCE
+    columns go on the first portion's row (0 on the others), the rest are repeated."""
+    n = len(rows["step"])
+    counts = counts[:n] + [1] * (n - len(counts))
+    if all(c == 1 for c in counts):
+        return
+    for key, column in rows.items():
+        if key in NOT_ROWS or not isinstance(column, list) or len(column) != n:
+            continue  # not a per-row column
+        out: list[Any] = []
+        for value, c in zip(column, counts, strict=True):
+            if c == 1:
+                out.append(value)
+            elif key == "slice":
+                out.extend(value + j for j in range(c))
+            elif key in SHARED and value is not None:
+                out.extend([value // c if isinstance(value, int) else value / c] * c)
+            elif key in ONCE and value is not None:
+                out.extend([value] + [0] * (c - 1))
+            else:
+                out.extend([value] * c)
+        rows[key] = out

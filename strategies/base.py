@@ -273,6 +273,11 @@ class Strategy(ABC):
         """
         yield from units
 
+    def unit_slices(self, slice_: int) -> range:
+        """The slices of the step that the unit `plan` just yielded with `slice_` covers, read and computed as
+        one batch: that slice alone (backup tasks: a chunk of portions in a row)."""
+        return range(slice_, slice_ + 1)
+
     def run_unit(self, trainer: LocalTrainer, reader: Any, global_step: int) -> tuple[float, int] | None:
         """Compute global step `global_step`'s unit this strategy's own way, returning (the loss to
         record, samples this worker read); None (the default): the worker computes the unit's batch

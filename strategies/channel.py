@@ -440,9 +440,12 @@ class Channel:
             for ef, residual in zip(stream.shard_feedback, saved["shards"], strict=True):
                 ef.residual = residual.detach().float().clone()
 
-    def push_portion_async(self, tag: int, portion: int, grads: np.ndarray | None, lr: float) -> list[Any]:
-        """Backup tasks: offer one portion's gradient (float32) to every shard; refs to their verdicts."""
-        return self.ps.push_portion_async(tag, portion, grads, lr)
+    def push_portion_async(
+        self, tag: int, portion: int, grads: np.ndarray | None, lr: float, count: int = 1
+    ) -> list[Any]:
+        """Backup tasks: offer one chunk's gradient (float32; `count` portions from `portion`) to every
+        shard; refs to their verdicts."""
+        return self.ps.push_portion_async(tag, portion, grads, lr, count)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -474,4 +477,3 @@ class Channel:
 
     def close(self) -> None:
         self.leave()
-

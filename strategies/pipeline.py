@@ -65,6 +65,13 @@ PIPELINE_COLUMNS = {
     "replica_samples": "int32",
     "pipe_step_s": "float64",  # the schedule's step, wall time
     "pipe_compute_s": "float64",  # forward and backward of this stage's micro-batches
+    # The CPU time of those forwards and backwards (this thread's): below pipe_compute_s by the time the
+    # stage was runnable but off the CPU mid-computation (more stage processes than cores).
+    "pipe_compute_cpu_s": "float64",
+    # Seconds over the step this stage's thread was ready to run but waited for a core (Linux's run
+    # delay, /proc/thread-self/schedstat; null elsewhere): in its compute (pipe_compute_s less
+    # pipe_compute_cpu_s) and after each wake-up, e.g. when a micro-batch it waited for arrived.
+    "pipe_runq_s": "float64",
     "pipe_wait_s": "float64",  # blocked in point-to-point waits (sends and receives)
     "pipe_idle_frac": "float64",  # 1 - compute / step: the bubble plus transfer time
     "mem_param_bytes": "int64",
@@ -155,13 +162,25 @@ class _Timer:
 
     def __init__(self) -> None:
         self.compute = 0.0
+        self.cpu = 0.0  # the compute's CPU time (time.thread_time)
         self.wait = 0.0
         self.spans: list[tuple[str, int, float, float]] = []
         self.origin = 0.0
+        self.run_delay: float | None = None  # this thread's run delay when the step began
 
     def reset(self) -> None:
-        self.compute, self.wait, self.spans = 0.0, 0.0, []
+        self.compute, self.cpu, self.wait, self.spans = 0.0, 0.0, 0.0, []
         self.origin = time.perf_counter()
+        self.run_delay = run_delay_s()
+
+
+def run_delay_s() -> float | None:
+    """Seconds this thread has waited for a core since it started (Linux); None where not known."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 _ACTIVE_TIMER: _Timer | None = None  # one stage per actor process: the schedules' waits are its
@@ -185,6 +204,65 @@ def _install_wait_timer() -> None:
 
     timed._distrain_timed = True  # type: ignore[attr-defined]
     schedules._wait_batch_p2p = timed
+
+
+_PREPOSTED: dict[type, type] = {}
+
+
+def _preposted_gpipe(base: type) -> type:
+    """torch's `ScheduleGPipe` with every receive of a step posted when the step starts.
+
+    torch's GPipe posts micro-batch i's receive only when it is about to run i. Over gloo a send is a
+    rendezvous: the data leaves only once the peer has posted its receive, so a receive posted late costs
+    one more message each way, each handled by a gloo thread that must first get a core, and a stage
+    whose sender is already done waits that long for every micro-batch (RESULTS.md, issue 32). Posted
+    at the start (every micro-batch has its own buffers), each activation and gradient moves as soon as
+    it is sent; the order of computation, sends and waits is torch's, so the result is the same.
+    """
+    if base in _PREPOSTED:
+        return _PREPOSTED[base]
+    from torch.distributed.pipelining import schedules
+
+    class PrepostedGPipe(base):  # type: ignore[valid-type, misc]
+        def _step_microbatches(
+            self,
+            arg_mbs: list[Any] | None = None,
+            kwarg_mbs: list[Any] | None = None,
+            target_mbs: list[Any] | None = None,
+            losses: list[Any] | None = None,
+            return_outputs: bool = True,
+            loss_kwargs: dict[str, Any] | None = None,
+        ) -> None:
+            arg_mbs, kwarg_mbs = self._check_inputs(arg_mbs, kwarg_mbs, target_mbs, losses)
+            first_target = target_mbs[0] if target_mbs is not None else None
+            self._initialize_stage(arg_mbs[0], kwarg_mbs[0], first_target, loss_kwargs)
+            stage, m = self._stage, self._n_microbatches
+            # Every receive of the step, posted now (the waits go through the module's timed function).
+            fwd_recvs = [schedules._sorted_batch_p2p(stage.get_fwd_recv_ops(i), desc="fwd_recv") for i in range(m)]
+            bwd_recvs = [schedules._sorted_batch_p2p(stage.get_bwd_recv_ops(i), desc="bwd_recv") for i in range(m)]
+            sends: list[Any] = []
+            for i in range(m):
+                for work in fwd_recvs[i].values():
+                    schedules._wait_batch_p2p(work)
+                output = stage.forward_one_chunk(i, arg_mbs[i], kwarg_mbs[i], save_forward_output=return_outputs)
+                sends.extend(schedules._sorted_batch_p2p(stage.get_fwd_send_ops(i), desc="fwd_send").values())
+                self._maybe_compute_loss(stage, output, target_mbs, i, loss_kwargs)
+            for work in sends:
+                schedules._wait_batch_p2p(work)
+            sends = []
+            for i in range(m):
+                for work in bwd_recvs[i].values():
+                    schedules._wait_batch_p2p(work)
+                loss = self._maybe_get_loss(stage, i)
+                stage.backward_one_chunk(i, loss=loss, last_backward=i == m - 1)
+                sends.extend(schedules._sorted_batch_p2p(stage.get_bwd_send_ops(i), desc="bwd_send").values())
+            for work in sends:
+                schedules._wait_batch_p2p(work)
+            self._update_losses(stage, losses)
+            stage.perform_reduce_grad(m if self.scale_grads else 1)
+
+    _PREPOSTED[base] = PrepostedGPipe
+    return PrepostedGPipe
 
 
 class _Captured(Exception):
@@ -390,7 +468,7 @@ class PipelineBSP(Strategy):
 
         trainer = self.trainer
         self.pp_stage = PipelineStage(trainer.model, self.stage, self.stages, trainer.device, group=self.pipe_group)
-        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
+        schedule = {"gpipe": _preposted_gpipe(ScheduleGPipe), "1f1b": Schedule1F1B}[self.config.pipeline_schedule]
         self.schedule = schedule(self.pp_stage, self.parts, loss_fn=self._loss, scale_grads=True)
         self._time_stage_calls()
 
@@ -407,9 +485,10 @@ class PipelineBSP(Strategy):
         nbytes = _nbytes
 
         def timed_forward(mb: int, args: Any, kwargs: Any, *rest: Any, **more: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             out = forward(mb, args, kwargs, *rest, **more)
             t1 = time.perf_counter()
+            timer.cpu += time.thread_time() - c0
             timer.compute += t1 - t0
             timer.spans.append(("F", mb, t0 - timer.origin, t1 - timer.origin))
             if not self.last:  # the output goes to the next stage; its gradient comes back
@@ -418,9 +497,10 @@ class PipelineBSP(Strategy):
             return out
 
         def timed_backward(mb: int, *rest: Any, **more: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             out = backward(mb, *rest, **more)
             t1 = time.perf_counter()
+            timer.cpu += time.thread_time() - c0
             timer.compute += t1 - t0
             timer.spans.append(("B", mb, t0 - timer.origin, t1 - timer.origin))
             return out
@@ -499,6 +579,7 @@ class PipelineBSP(Strategy):
         # stage's step time covers the same span: the last stage's wait for stage 0 to finish counts as
         # its idle time, as the bubble formula counts it.
         step_s = time.perf_counter() - self.timer.origin
+        delay = run_delay_s()
         trainer.last_loss = float(loss)
         self.stats = {
             "stage": self.stage,
@@ -506,6 +587,8 @@ class PipelineBSP(Strategy):
             "replica_samples": samples,
             "pipe_step_s": step_s,
             "pipe_compute_s": self.timer.compute,
+            "pipe_compute_cpu_s": self.timer.cpu,
+            "pipe_runq_s": None if (delay is None or self.timer.run_delay is None) else delay - self.timer.run_delay,
             "pipe_wait_s": self.timer.wait,
             "pipe_idle_frac": max(0.0, 1.0 - self.timer.compute / step_s) if step_s > 0 else None,
             "mem_param_bytes": trainer.nbytes,

@@ -93,11 +93,16 @@ class PSClient:
             dropped=any(r.dropped for r in replies),
         )
 
-    def push_portion_async(self, tag: int, portion: int, grads: np.ndarray | None, lr: float) -> list[Any]:
-        """Backup tasks: offer one portion's gradient to every shard; refs to each shard's verdict
-        (True: the copy that counts). `grads` may be reused at once: the slices are serialised here."""
+    def push_portion_async(
+        self, tag: int, portion: int, grads: np.ndarray | None, lr: float, count: int = 1
+    ) -> list[Any]:
+        """Backup tasks: offer one chunk's gradient (`count` portions from `portion`) to every shard; refs to
+        each shard's verdict (True: the copy that counts). `grads` may be reused at once: the slices are
+        serialised here."""
         return [
-            shard.push_portion.remote(self.worker, tag, portion, None if grads is None else grads[start:stop], lr)
+            shard.push_portion.remote(
+                self.worker, tag, portion, None if grads is None else grads[start:stop], lr, count
+            )
             for shard, (start, stop) in zip(self.shards, self.bounds, strict=True)
         ]
 
@@ -106,7 +111,15 @@ class PSClient:
 
         Returns the seconds waited and each shard's version (a shard may already be further on).
         """
-        replies: list[Reply] = ray.get([s.pull_at.remote(self.worker, version) for s in self.shards])
+        return self.install_pulled(self.pull_at_async(version), params)
+
+    def pull_at_async(self, version: int) -> list[Any]:
+        """`pull_at`'s calls, sent now (each shard answers once it has applied `version` updates)."""
+        return [s.pull_at.remote(self.worker, version) for s in self.shards]
+
+    def install_pulled(self, refs: list[Any], params: np.ndarray) -> tuple[float, list[int]]:
+        """Install θ from `pull_at_async`'s replies (waiting for them): as `pull_at` returns."""
+        replies: list[Reply] = ray.get(refs)
         self._install(replies, params)
         return max(r.wait_s for r in replies), [r.version for r in replies]
 

@@ -18,9 +18,11 @@ Rules (`ConsistencyRule`, definitions in shared/reference/algorithms.md):
   k-of-n on the first k = members - b of them. Its rate is rescaled for the round's global batch
   (`_round_rate`), and a leaver's gradient still waiting in the open round is taken out.
 - "portion-rounds" (backup tasks): round t is split into P portions, computed by whoever is free (the
-  orchestrator's scheduler hands them out and re-issues the last outstanding ones). A shard keeps
-  the first gradient of each portion of the open round, drops copies and stale rounds, and applies
-  the mean of the P portion gradients (= the global batch's mean gradient) once all have arrived.
+  orchestrator's scheduler hands them out, in chunks of portions in a row, and re-issues the last
+  outstanding ones). A shard keeps the first gradient of each chunk of the open round (a chunk's
+  gradient is the mean over its portions' samples), drops copies and stale rounds, and applies the
+  mean of the chunk gradients weighted by their portions (= the global batch's mean gradient) once
+  all P portions have arrived.
 - "bounded" (SSP, and async as SSP with no bound): each gradient is applied on arrival at rate
   η/N (the global-batch rate split over the N contributions, so N pushes move θ as one BSP step
   would), optionally divided by its staleness τ = t_apply - t_read (τ > 1). The pull that follows
@@ -146,7 +148,8 @@ class ParameterShard:
         # The ranks with a worker now (--workers MIN..MAX): the bound holds among their clocks only, so
         # nobody waits on an empty slot. None: every rank (a fixed-size run).
         self.members: list[int] | None = None
-        self.round: dict[int, np.ndarray | None] = {}  # rounds: by worker; portions: by portion
+        self.round: dict[int, np.ndarray | None] = {}  # rounds: by worker; portions: by chunk start
+        self.chunks: dict[int, int] = {}  # portion-rounds: the open round's chunks, start -> portions
         self.changed = asyncio.Condition()
         self.updates_applied = 0
         self.accept = rule.accept or num_workers
@@ -231,12 +234,21 @@ class ParameterShard:
         keys = sorted(self.round)
         lr = self._round_rate(lr, len(keys))
         given = [key for key in keys if self.round[key] is not None]  # None: a skipped (non-finite) step
+        weight = self.chunks.get  # portion-rounds: a chunk counts its portions (others, and rounds: 1)
         if given:
             np.copyto(self.grad, self.round[given[0]])
+            if weight(given[0], 1) != 1:
+                self.grad *= weight(given[0], 1)
             for key in given[1:]:
-                self.grad += self.round[key]
-            self.grad /= len(given)
+                if weight(key, 1) == 1:
+                    self.grad += self.round[key]
+                else:
+                    self.grad += weight(key, 1) * self.round[key]
+            self.grad /= sum(weight(key, 1) for key in given)
         self.round.clear()
+        if self.chunks:  # who made up the update: every portion, whatever chunk carried it
+            keys = [p for key in keys for p in range(key, key + weight(key, 1))]
+        self.chunks.clear()
         self.round_members.append(keys)
         if given:
             self._apply(lr)
@@ -244,8 +256,11 @@ class ParameterShard:
             self.version += 1
         self.changed.notify_all()
 
-    async def push_portion(self, worker: int, tag: int, portion: int, grad: np.ndarray | None, lr: float) -> bool:
-        """Backup tasks: offer portion `portion` of round `tag`; True if it is the copy that counts.
+    async def push_portion(
+        self, worker: int, tag: int, portion: int, grad: np.ndarray | None, lr: float, count: int = 1
+    ) -> bool:
+        """Backup tasks: offer the chunk of `count` portions from `portion` of round `tag` (its gradient the
+        mean over their samples); True if it is the copy that counts.
 
         Never blocks: the pusher goes on to its next portion with the θ it holds.
         """
@@ -253,10 +268,14 @@ class ParameterShard:
             if tag != self.version or portion in self.round:
                 if tag > self.version:
                     raise RuntimeError(f"shard {self.shard_id}: portion of round {tag} pushed in {self.version}")
-                self.dropped[worker] += 1  # a copy whose twin was first, or a round already applied
+                self.dropped[worker] += count  # a copy whose twin was first, or a round already applied
                 return False
+            mine = range(portion, portion + count)
+            if any(start < mine.stop and portion < start + n for start, n in self.chunks.items()):
+                raise RuntimeError(f"shard {self.shard_id}: chunk {portion}+{count} overlaps another of round {tag}")
             self.round[portion] = grad
-            if len(self.round) == self.rule.per_round:
+            self.chunks[portion] = count
+            if sum(self.chunks.values()) == self.rule.per_round:
                 self._apply_mean(lr)
             return True
 
@@ -458,4 +477,5 @@ class ParameterShard:
             self.clocks = list(snapshot["clocks"])
             self._restore_scheduler(snapshot.get("scheduler"))
             self.round.clear()
+            self.chunks.clear()
             self.changed.notify_all()

@@ -59,7 +59,7 @@ def test_the_portion_scheduler_is_built_from_the_phase_and_the_shards_counters()
     values = {"strategy": "bsp", "transport": "ps", "backup_tasks": True, "workers": 2, "portions": 8}
     config, spec = RunConfig(**values), declared(**values)[1]
     fresh = ActorSetup(config, 2, start_step=12, steps_per_epoch=5)
-    assert spec.args(fresh) == {"per_round": 8, "steps_per_epoch": 5, "start_step": 12, "first_tag": 0}
+    assert spec.args(fresh) == {"per_round": 8, "steps_per_epoch": 5, "start_step": 12, "first_tag": 0, "workers": 2}
     going_on = ActorSetup(config, 2, 12, 5, counters={"version": 9, "clocks": [9, 9]})
     assert spec.args(going_on)["first_tag"] == 9  # the round open now carries the shards' version
     assert spec.concurrency(2) == 64 and spec.concurrency(40) == 160 and spec.num_cpus == 0

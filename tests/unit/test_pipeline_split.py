@@ -155,3 +155,98 @@ def test_a_model_that_cannot_be_cut_is_refused_in_the_pipeline_flag_s_words_by_t
     with pytest.raises(ConfigError, match=r"^--pipeline-stages needs a model that is an nn\.Sequential"):
         plan_stages_for(nn.Linear(2, 2), [], config)
     assert plan_stages_for(model, [], RunConfig(pipeline_stages=2, workers=1)).stages == 2
+
+
+def test_gpipe_posts_every_receive_of_a_step_before_computing_and_keeps_torch_s_order(monkeypatch):
+    """`_preposted_gpipe`: a stage's receives (activations from the stage before, gradients from the one
+    after) are all posted when the step starts; computation, sends and waits then go in torch's GPipe
+    order (F0..F(M-1), then B0..B(M-1)), each micro-batch after the wait for its own receive."""
+    from torch.distributed.pipelining import schedules
+
+    from distrain.strategies.pipeline import _preposted_gpipe
+
+    events: list[tuple] = []
+
+    class Stage:
+        def get_fwd_recv_ops(self, i):
+            return [("fwd_recv", i)]
+
+        def get_bwd_recv_ops(self, i):
+            return [("bwd_recv", i)]
+
+        def get_fwd_send_ops(self, i):
+            return [("fwd_send", i)]
+
+        def get_bwd_send_ops(self, i):
+            return [("bwd_send", i)]
+
+        def forward_one_chunk(self, i, args, kwargs, save_forward_output=True):
+            events.append(("F", i))
+            return i
+
+        def backward_one_chunk(self, i, loss=None, last_backward=False):
+            events.append(("B", i, last_backward))
+
+        def perform_reduce_grad(self, scale):
+            events.append(("reduce", scale))
+
+    class Base:  # the parts of torch's single-stage schedule the subclass calls
+        def __init__(self, m):
+            self._stage, self._n_microbatches, self.scale_grads = Stage(), m, True
+
+        def _check_inputs(self, arg_mbs, kwarg_mbs, target_mbs, losses):
+            return arg_mbs, kwarg_mbs
+
+        def _initialize_stage(self, *args):
+            events.append(("init",))
+
+        def _maybe_compute_loss(self, stage, output, target_mbs, i, loss_kwargs):
+            pass
+
+        def _maybe_get_loss(self, stage, i):
+            return None
+
+        def _update_losses(self, stage, losses):
+            pass
+
+    def posted(ops, desc=None):
+        events.append(("post", *ops[0]))
+        return {0: [ops[0]]}
+
+    monkeypatch.setattr(schedules, "_sorted_batch_p2p", posted)
+    monkeypatch.setattr(schedules, "_wait_batch_p2p", lambda work: events.append(("wait", *work[0])))
+    m = 3
+    _preposted_gpipe(Base)(m)._step_microbatches(arg_mbs=[()] * m, kwarg_mbs=[{}] * m)
+
+    first_compute = events.index(("F", 0))
+    assert events[0] == ("init",)
+    assert events[1:first_compute] == [
+        *[("post", "fwd_recv", i) for i in range(m)],
+        *[("post", "bwd_recv", i) for i in range(m)],
+        ("wait", "fwd_recv", 0),
+    ]
+    computed = [e for e in events if e[0] in ("F", "B")]
+    assert computed == [*[("F", i) for i in range(m)], *[("B", i, i == m - 1) for i in range(m)]]
+    for kind, recv in (("F", "fwd_recv"), ("B", "bwd_recv")):
+        for i in range(m):
+            at = next(k for k, e in enumerate(events) if e[:2] == (kind, i))
+            assert events[at - 1] == ("wait", recv, i)  # its own receive, waited just before
+            assert events.index(("post", recv, i)) < first_compute
+    sends = [e for e in events if e[0] == "post" and e[1].endswith("send")]
+    assert sends == [*[("post", "fwd_send", i) for i in range(m)], *[("post", "bwd_send", i) for i in range(m)]]
+    assert events[-1] == ("reduce", m)
+
+
+def test_run_delay_is_this_thread_s_wait_for_a_core_or_none_where_linux_does_not_say(monkeypatch):
+    from distrain.strategies import pipeline
+
+    first = pipeline.run_delay_s()
+    if first is not None:  # Linux: non-decreasing seconds
+        sum(i * i for i in range(200_000))
+        assert 0.0 <= first <= pipeline.run_delay_s()
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("/proc/thread-self/schedstat")
+
+    monkeypatch.setattr("builtins.open", missing)
+    assert pipeline.run_delay_s() is None

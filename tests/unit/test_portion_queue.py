@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from distrain.strategies.portion_queue import PortionQueue
 
 
@@ -33,3 +35,64 @@ def test_a_lost_worker_gives_back_only_what_no_one_else_holds():
     assert q.worker_lost(0) == 0  # portion 0 still has worker 1's copy
     assert q.worker_lost(2) == 1  # portion 2 goes back, to the front
     assert q.next_for(0, set()) == (2, False)
+
+
+def test_chunks_join_fresh_portions_in_a_row_and_count_once_whole():
+    q = PortionQueue(5)
+    assert q.take(0, set(), count=2) == (0, 2, False)
+    assert q.left == 3
+    assert q.take(1, set(), count=9) == (2, 3, False)  # no more than is left
+    assert q.left == 0
+    assert q.take(2, set(), count=1) == (0, 2, True)  # a copy is of a whole chunk (the longest-running)
+    assert q.complete(2) and not q.complete(2)  # a chunk's twin, whichever comes second, changes nothing
+    assert q.done == {2, 3, 4} and not q.all_done
+    assert q.complete(0) and q.all_done and not q.complete(0)
+
+
+def test_a_lost_worker_s_chunk_comes_back_whole_and_is_not_joined_with_fresh_portions():
+    q = PortionQueue(6)
+    assert q.take(0, set(), count=2) == (0, 2, False)
+    assert q.take(1, set(), count=1) == (2, 1, False)
+    assert q.worker_lost(0) == 2  # portions, not chunks
+    assert q.take(2, set(), count=4) == (0, 2, False)  # handed out as it was: never overlapping a pushed twin
+    assert q.take(2, set(), count=4) == (3, 3, False)
+
+
+def test_a_copy_is_made_only_where_worth_says_so():
+    q = PortionQueue(2)
+    q.take(0, set(), count=1), q.take(1, set(), count=1)
+    asked = []
+    assert q.take(2, set(), worth=lambda holder, started, n: asked.append((holder, n)) or holder == 1) == (1, 1, True)
+    assert sorted(asked) == [(0, 1), (1, 1)]
+    assert q.take(3, set(), worth=lambda holder, started, n: False) is None
+
+
+def test_a_chunk_s_row_becomes_one_row_per_portion():
+    from distrain.strategies.backup_tasks import per_portion
+
+    rows = {
+        "step": [5, 5, 6],
+        "slice": [0, 4, 1],
+        "samples": [96, 32, 32],
+        "compute_s": [0.3, 0.1, 0.2],
+        "h2d_s": [None, None, None],
+        "bytes_sent": [600, 600, 600],
+        "dropped": [False, True, False],
+        "loss": [1.5, 2.0, 1.0],
+        "broken": [{"rounds": 1}],  # not a per-row column: left alone
+    }
+    per_portion(rows, [3, 1])  # the third row (pushed past the books, e.g. a stop) is one portion
+    assert rows["step"] == [5, 5, 5, 5, 6] and rows["slice"] == [0, 1, 2, 4, 1]
+    assert rows["samples"] == [32, 32, 32, 32, 32]
+    assert rows["compute_s"] == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.2])
+    assert rows["bytes_sent"] == [600, 0, 0, 600, 600]  # a chunk's push once
+    assert rows["dropped"] == [False, False, False, True, False] and rows["loss"] == [1.5] * 3 + [2.0, 1.0]
+    assert rows["h2d_s"] == [None] * 5 and rows["broken"] == [{"rounds": 1}]
+
+
+def test_a_segment_s_notes_to_the_driver_are_not_cut_even_when_one_row_long():
+    from distrain.strategies.backup_tasks import per_portion
+
+    rows = {"step": [3], "slice": [2], "samples": [64], "broken": [{"rounds": 0}]}
+    per_portion(rows, [2])
+    assert rows == {"step": [3, 3], "slice": [2, 3], "samples": [32, 32], "broken": [{"rounds": 0}]}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from distrain.orchestrator.stragglers import StragglerDetector
-from distrain.strategies.portion_scheduler import PortionScheduler
+from distrain.strategies.portion_scheduler import PROBE_ROUNDS, Pace, PortionScheduler
 from distrain.strategies.ps_shard import ConsistencyRule, OptimizerSpec, ParameterShard
 
 SGD = OptimizerSpec("sgd", 0.0, 0.0)
@@ -175,3 +175,93 @@ def test_detector_leaves_a_uniformly_noisy_group_alone():
     for _ in range(40):
         d.add(range(4), (0.01 * rng.uniform(0.7, 1.4, 4)).tolist())
     assert not d.update(step=40) and d.flagged == {}
+
+
+def known(sched: PortionScheduler, paces: dict[int, float]) -> None:
+    """Paces as if measured over enough chunks (seconds per portion)."""
+    for worker, pace in paces.items():
+        sched.pace.per_portion[worker] = pace
+        sched.pace.seen[worker] = Pace.MIN_CHUNKS
+
+
+def test_scheduler_chunks_a_round_into_each_worker_s_share():
+    async def scenario():
+        sched = PortionScheduler(per_round=8, steps_per_epoch=10, start_step=0, workers=4)
+        shares = [await take(sched, w) for w in (0, 1, 2, 3)]
+        # Without a straggler, plain BSP's work: the round is four chunks, one each.
+        assert [(a.portion, a.count, a.copy) for a in shares] == [
+            (0, 2, False),
+            (2, 2, False),
+            (4, 2, False),
+            (6, 2, False),
+        ]
+        assert sched.stats()["chunks_issued"] == 4 and sched.portions_issued == 8
+        return sched
+
+    async def with_one_slow():
+        sched = PortionScheduler(per_round=8, steps_per_epoch=10, start_step=0, workers=4)
+        known(sched, {0: 0.01, 1: 0.08, 2: 0.01, 3: 0.01})  # worker 1: 8x the others a portion
+        sched.shared[1] = 0  # measured by a copy this round already (no probe due)
+        first = [await take(sched, w, upto=(0, 9)) for w in (0, 2)]
+        waits = asyncio.create_task(take(sched, 1, upto=(0, 9)))
+        last = await take(sched, 3, upto=(0, 9))
+        await asyncio.sleep(0.01)
+        assert not waits.done()  # measured slow: no share, its work would only be copied
+        assert [(a.portion, a.count) for a in (*first, last)] == [(0, 3), (3, 3), (6, 2)]
+        waits.cancel()
+        return sched
+
+    asyncio.run(scenario())
+    asyncio.run(with_one_slow())
+
+
+def test_a_worker_measured_slow_gets_a_copy_to_measure_it_by_every_probe_rounds():
+    sched = PortionScheduler(per_round=4, steps_per_epoch=100, start_step=0, workers=2)
+    known(sched, {0: 0.01, 1: 0.1})
+    sched.shared[1] = 0
+    for r in range(1, PROBE_ROUNDS + 1):
+        sched.round = r
+        sched._open_round()
+        assert sched._take(1) is None, r  # no share: the fast worker takes the round whole
+        assert sched._take(0) == (0, 4, False)
+        got = sched._take(1)
+        assert (got is not None) == (r == PROBE_ROUNDS), r
+    assert got == (0, 4, True)  # the probe: a copy of the chunk running elsewhere, off the critical path
+    assert sched._take(1) is None  # once per PROBE_ROUNDS
+
+
+def test_a_copy_is_refused_only_where_the_holder_is_expected_to_finish_first():
+    pace = Pace()
+    for _ in range(Pace.MIN_CHUNKS):
+        pace.add(0, 0.02, 2)  # 10 ms a portion
+        pace.add(1, 0.02, 2)
+        pace.add(2, 0.4, 2)  # 200 ms a portion
+    assert pace.slow() == {2}
+    now = 100.0
+    # A fast holder 5 ms into its 2-portion chunk ends at 115 ms; a copy now would end at 120 ms: refused.
+    assert not pace.pays(0, 1, now - 0.005, 2, now)
+    # The slow holder is expected at +395 ms: a copy pays.
+    assert pace.pays(0, 2, now - 0.005, 2, now)
+    # A holder overdue (planned end 30 ms ago) is expected as late again: a copy pays.
+    assert pace.pays(0, 1, now - 0.05, 2, now)
+    assert pace.pays(0, 3, now, 2, now)  # a pace not measured yet: MapReduce's rule (copy)
+    one = Pace()
+    one.add(0, 0.02, 1)
+    one.add(1, 1.0, 1)
+    assert one.slow() == set() and one.per_portion == {}  # one chunk each: not known yet
+
+
+def test_a_chunk_counts_its_portions_in_the_round_mean_and_chunks_never_overlap():
+    async def scenario():
+        s = ParameterShard(0, 2, ConsistencyRule.backup_tasks(4), SGD, g(0.0))
+        kept = [await s.push_portion(0, 0, 0, g(2.0), 1.0, 3)]  # portions 0-2: their mean gradient is 2
+        with pytest.raises(RuntimeError, match="overlaps"):
+            await s.push_portion(1, 0, 2, g(5.0), 1.0, 2)
+        kept.append(await s.push_portion(1, 0, 0, g(7.0), 1.0, 3))  # the chunk's copy: dropped, 3 portions
+        kept.append(await s.push_portion(1, 0, 3, g(6.0), 1.0))  # the last portion closes the round
+        return s, kept
+
+    s, kept = asyncio.run(scenario())
+    assert kept == [True, False, True]
+    np.testing.assert_allclose(s.theta, [-3.0])  # (3 x 2 + 6) / 4 applied once
+    assert s.round_members == [[0, 1, 2, 3]] and s.dropped == [0, 3]
