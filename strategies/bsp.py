@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 # One flag, two strategies (an option name means one thing across strategies): both hand out portions.
 BACKUP_TASKS_HELP = (
-    "bsp over ps: split each round into --portions, re-issue the last outstanding ones to idle workers; "
+    "bsp over ps: split each round into --portions, handed out in chunks by each worker's measured pace (a "
+    "worker measured slow gets none) and copied to idle workers when a copy would finish first; "
     "sandblaster: copy a pass's outstanding portions to idle workers."
 )
 
