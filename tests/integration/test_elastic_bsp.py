@@ -195,8 +195,9 @@ def _checked(out: dict, run_dir, workers: str) -> tuple[dict, pd.DataFrame]:
     events = m["events"]
     joins = [e for e in events if e["change"] == "join" and e["cause"] == "placed"]
     leaves = [e for e in events if e["change"] == "leave"]
-    assert len(joins) == 3 - low and len(leaves) == 3 - low
-    assert sorted(e["rank"] for e in joins) == sorted(e["rank"] for e in leaves) == list(range(low, 3))
-    assert all(e["cause"] in ("node lost", "worker lost") for e in leaves)
+    # (the events in the message: extra joins and leaves under load were reported without them)
+    assert len(joins) == 3 - low and len(leaves) == 3 - low, events
+    assert sorted(e["rank"] for e in joins) == sorted(e["rank"] for e in leaves) == list(range(low, 3)), events
+    assert all(e["cause"] in ("node lost", "worker lost") for e in leaves), events
     rows = pd.read_parquet(run_dir / "metrics.parquet").query("kind == 'step'")
     return out, rows
