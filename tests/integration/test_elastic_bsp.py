@@ -195,9 +195,12 @@ def _checked(out: dict, run_dir, workers: str) -> tuple[dict, pd.DataFrame]:
     events = m["events"]
     joins = [e for e in events if e["change"] == "join" and e["cause"] == "placed"]
     leaves = [e for e in events if e["change"] == "leave"]
-    # (the events in the message: extra joins and leaves under load were reported without them)
-    assert len(joins) == 3 - low and len(leaves) == 3 - low, events
-    assert sorted(e["rank"] for e in joins) == sorted(e["rank"] for e in leaves) == list(range(low, 3)), events
-    assert all(e["cause"] in ("node lost", "worker lost") for e in leaves), events
+    # The events in the message, whole (extra joins and leaves under load were reported without them):
+    # change, rank, cause, step, run seconds; then the churn's log (the node's removal, wall time).
+    seen = "; ".join(f"{e['change']} {e['rank']} {e['cause']} @{e['step']} {e['wall_time']:.1f}s" for e in events)
+    seen += f" | log {out['log']} | run started {s.get('started_at', '?')}"
+    assert len(joins) == 3 - low and len(leaves) == 3 - low, seen
+    assert sorted(e["rank"] for e in joins) == sorted(e["rank"] for e in leaves) == list(range(low, 3)), seen
+    assert all(e["cause"] in ("node lost", "worker lost") for e in leaves), seen
     rows = pd.read_parquet(run_dir / "metrics.parquet").query("kind == 'step'")
     return out, rows
