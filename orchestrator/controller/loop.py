@@ -150,6 +150,14 @@ class PhaseLoop:
         self.a.group.strike(self.chaos, self.a.steps_done)
         self.dispatch.lift_hold(self.chaos.next_step())
 
+    def heard_from(self, ready: list[Any]) -> None:
+        """Ranks whose calls have finished answered, though the loop reads one result a turn: a driver slowed
+        by load or by a callback must not call a worker silent whose answer waits in line (under load that
+        replaced live workers as hung, and an elastic run saw them leave and re-join)."""
+        now = time.monotonic()
+        for handle in ready:
+            self.heard[self.dispatch.pending[handle][1]] = now
+
     def silent_worker(self) -> RunLost | None:
         """A worker with calls queued that has not answered for --hang-timeout-s (a replacement being
         started gets --collective-timeout-s; a lock-step block's member --hang-timeout-s plus
@@ -195,6 +203,7 @@ class PhaseLoop:
                     break  # nothing to hand out: stalled (a bug, raised below)
                 continue
             ready = a.group.wait(list(pending), min(1.0, a.config.hang_timeout_s))
+            self.heard_from(ready)
             silent = self.silent_worker()
             if silent is not None:
                 self.lose(silent)
