@@ -378,6 +378,9 @@ class RayWorkerGroup:
             ray.get(worker.setup.remote("", [], [], dict(self.driver), phase), timeout=timeout)
         except ray.exceptions.RayActorError:  # it died being built (its node went)
             return False
+        except ray.exceptions.GetTimeoutError:  # too slow to set up (a loaded node): a failed build, not a crash
+            ray.kill(worker, no_restart=True)
+            return False
         self.workers[rank] = worker
         return True
 
