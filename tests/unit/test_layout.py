@@ -48,13 +48,38 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
         (dict(fsdp=2, transport="ps", compress="topk:0.1"), r"^--fsdp 2 over --transport ps does not compose with --c"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
-        (dict(fsdp=2, precision="bf16"), r"^--fsdp 2 does not compose with --precision bf16 yet"),
+        (dict(fsdp=2, transport="ps", precision="bf16"), r"^--fsdp 2 over --transport ps does not compose with --pre"),
+        (dict(fsdp=2, workers="1..2", precision="fp16"), r"^--fsdp 2 with --workers MIN..MAX does not compose with --"),
+        (dict(tensor_parallel=2, model="mlp", precision="fp16", compress="int8"), r"^--precision fp16 cannot be comb"),
+        (dict(fsdp=2, comm_delay_ms=5), r"^--fsdp 2 does not compose with --comm-delay-ms/--comm-bandwidth yet"),
     ],
 )
 def test_what_sharding_refuses_in_one_line(given, message):
     with pytest.raises(ConfigError, match=message) as caught:
         RunConfig(**given).validate()
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_precision_composes_with_cut_replicas_over_the_collective(strategy, precision):
+    """--precision across cut replicas (issue 28): FSDP's mixed precision policy, autocast under tensor
+    parallelism alone, fp16's loss scale; bf16 with --compress too (fp16's stays refused: the test above)."""
+    for layout in (dict(fsdp=2), dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2)):
+        RunConfig(strategy=strategy, workers=2, model="mlp", precision=precision, **layout).validate()
+    RunConfig(strategy=strategy, workers=2, fsdp=2, precision="bf16", compress="int8").validate()
+
+
+def test_fsdp_mixed_precision_policy_computes_low_and_reduces_float32():
+    import torch
+
+    from distrain.trainers.sharded_trainer import mixed_precision_policy
+
+    for precision, low in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        policy = mixed_precision_policy(precision)
+        assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (low, torch.float32, torch.float32)
+    fp32 = mixed_precision_policy("fp32")
+    assert (fp32.param_dtype, fp32.reduce_dtype, fp32.output_dtype) == (None, None, None)
 
 
 @pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
@@ -95,6 +120,9 @@ def test_fsdp_traffic_per_worker_and_step():
     assert fsdp_bytes_per_step(4000, 1, 4, False) == 2 * 3000
     assert fsdp_bytes_per_step(4000, 2, 2, True) == 3 * 2000 + 2000
     assert fsdp_bytes_per_step(4000, 1, 1, True) == 0
+    # --precision bf16/fp16: the parameters gathered in 2 bytes, the gradient reduced in 4
+    assert fsdp_bytes_per_step(4000, 1, 4, True, gather_bytes=2000) == (2 * 2000 + 4000) * 3 // 4
+    assert fsdp_bytes_per_step(4000, 2, 2, False, gather_bytes=2000) == (2000 + 4000) // 2 + 2000
 
 
 def test_fully_shard_units_are_the_layers_holding_parameters():
