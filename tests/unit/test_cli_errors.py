@@ -395,10 +395,6 @@ BAD_INPUTS = [
     (["--strategy", "sandblaster", "--lr-decay", "cosine"], ["--strategy sandblaster ignores --lr-decay"]),
     (["--strategy", "sandblaster", "--precision", "bf16"], ["--strategy sandblaster ignores --precision"]),
     (["--pipeline-stages", "2", "--precision", "bf16"], ["--precision bf16 does not compose with --pipeline-stages"]),
-    # --precision across cut replicas (issue 28): what stays refused
-    (["--fsdp", "2", "--precision", "fp16", "--compress", "int8"], ["--precision fp16 cannot be combined with --comp"]),
-    (["--fsdp", "2", "--transport", "ps", "--precision", "bf16"], ["--fsdp 2 over --transport ps", "--precision bf16"]),
-    (["--fsdp", "2", "--workers", "1..2", "--precision", "bf16"], ["--workers MIN..MAX does not compose with --prec"]),
     (["--pipeline-stages", "2", "--gpus-per-worker", "0.5"], ["--pipeline-stages with --gpus-per-worker 0.5", "gloo"]),
     # a worker's memory budget: 4 equal blocks of 4160 parameters, x 4 copies (θ, gradient, buffer, momentum)
     (["--worker-memory", "lots"], ["--worker-memory takes a size such as 3GiB", "'lots'"]),
