@@ -253,7 +253,6 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
         ("--backup-tasks", bool(options and options.backup_tasks)),
         ("--compress", config.compress is not None),
         ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
-        ("--precision " + config.precision, config.precision != "fp32"),
     ):
         if used:
             raise ConfigError(f"{given} over --transport ps does not compose with {flag} yet; drop one of them")

@@ -133,6 +133,38 @@ def test_fp16_overflows_skip_the_same_steps_on_every_worker_of_every_replica(tmp
         assert (sums.loc[22, [0, 1]].to_numpy() != sums.loc[22, [2, 3]].to_numpy()).all()  # between rounds apart
 
 
+def test_bf16_bsp_over_the_ps_equals_bf16_hsdp(tmp_path, hsdp_runs):
+    """bsp over --transport ps at R = 2 x D = 2 (strategies/sharded_ps.py) equals one process in fp32, as HSDP
+    does; in bf16 (FSDP's policy inside each replica, float32 chunks pushed, the shards' mean of the R
+    replicas' chunks where HSDP all-reduces them) it equals the bf16 HSDP run (measured: bit for bit)."""
+    run = fit(tmp_path, "ps16", model="mlp", precision="bf16", transport="ps", epochs=3, eval_every=3, **HSDP, **SGD)
+    assert run.status == "completed"
+    assert (final_params(run.run_dir) - final_params(hsdp_runs["bf16"].run_dir)).abs().max().item() <= 1e-5
+    gap = (final_params(run.run_dir) - final_params(hsdp_runs["fp32"].run_dir)).abs().max().item()
+    assert 1e-5 < gap <= BF16_PARAM_TOL, gap
+    assert run.metrics["test_accuracy"] >= 0.9, run.metrics
+    assert steps_of(run.run_dir).groupby("worker")["mem_param_bytes"].max().sum() == 2 * MLP_PARAMS * 4
+
+
+def test_fp16_async_over_the_ps_skips_an_overflow_on_every_worker_of_the_replica(tmp_path):
+    """async over the PS: a replica's D workers decide an overflow together (an inf in one's chunks skips
+    both pushes); each replica keeps its own scale, as plain workers under the PS do."""
+    result = fit(
+        tmp_path, "async", task=LoudDigits, precision="fp16", strategy="async", transport="ps", epochs=3,
+        max_steps=24, eval_every=0, **HSDP | {"lr": 5e-6, "momentum": 0.9},
+    )  # fmt: skip
+    assert result.status == "completed", result.summary
+    rows = steps_of(result.run_dir)
+    skipped = rows[rows["nonfinite"].fillna(False).astype(bool)]
+    by_worker = {w: sorted(skipped[skipped["worker"] == w]["step"]) for w in range(4)}
+    assert by_worker[0] == by_worker[1] and by_worker[2] == by_worker[3], by_worker  # (r, 0) and (r, 1) agree
+    assert all(len(steps) >= 3 for steps in by_worker.values()), by_worker
+    assert skipped["overflow"].eq(True).all() and not rows["loss"].isna().any()
+    final = load_checkpoint(Path(result.run_dir) / "checkpoints" / "final.pt")
+    assert final["scaler"]["scale"] == 2.0**16 / 2 ** final["scaler"]["overflows"]
+    assert final["scaler"]["overflows"] == len(by_worker[0])  # worker 0's scale
+
+
 TP = dict(model="mlp", workers=1, lr_scaling="none", seed=3, epochs=1, max_steps=10, eval_every=0, **SGD)
 
 

@@ -48,7 +48,6 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
         (dict(fsdp=2, transport="ps", compress="topk:0.1"), r"^--fsdp 2 over --transport ps does not compose with --c"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
-        (dict(fsdp=2, transport="ps", precision="bf16"), r"^--fsdp 2 over --transport ps does not compose with --pre"),
         (dict(fsdp=2, workers="1..2", precision="fp16"), r"^--fsdp 2 with --workers MIN..MAX does not compose with --"),
         (dict(tensor_parallel=2, model="mlp", precision="fp16", compress="int8"), r"^--precision fp16 cannot be comb"),
         (dict(fsdp=2, comm_delay_ms=5), r"^--fsdp 2 does not compose with --comm-delay-ms/--comm-bandwidth yet"),
@@ -68,6 +67,8 @@ def test_precision_composes_with_cut_replicas_over_the_collective(strategy, prec
     for layout in (dict(fsdp=2), dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2)):
         RunConfig(strategy=strategy, workers=2, model="mlp", precision=precision, **layout).validate()
     RunConfig(strategy=strategy, workers=2, fsdp=2, precision="bf16", compress="int8").validate()
+    ps = "async" if strategy == "local-sgd" else "ssp" if strategy == "diloco" else "bsp"  # and over the PS
+    RunConfig(strategy=ps, transport="ps", workers=2, fsdp=2, model="mlp", precision=precision).validate()
 
 
 def test_fsdp_mixed_precision_policy_computes_low_and_reduces_float32():

@@ -69,16 +69,11 @@ REFUSED = [
         ["--model", "mlp", "--fsdp", "2", "--workers", "1..2", "--compress", "topk:0.1"],
         ["--workers 1..2 does not compose with --compress"],
     ),
-    # --precision across cut replicas runs over the collective transport (tests/integration/
-    # test_layout_precision.py); fp16 with --compress (as without sharding), over the PS and under a range
-    # it is still refused
+    # --precision across cut replicas runs over either transport (tests/integration/test_layout_precision.py);
+    # fp16 with --compress (as without sharding) and under a range it is still refused
     (
         ["--model", "mlp", "--fsdp", "2", "--precision", "fp16", "--compress", "int8"],
         ["--precision fp16 cannot be combined with --compress", "use --precision bf16"],
-    ),
-    (
-        ["--model", "mlp", "--strategy", "async", "--transport", "ps", "--fsdp", "2", "--precision", "bf16"],
-        ["--fsdp 2 over --transport ps does not compose with --precision bf16 yet"],
     ),
     (
         ["--model", "mlp", "--fsdp", "2", "--workers", "1..2", "--precision", "fp16"],
