@@ -211,3 +211,25 @@ def test_diloco_across_cut_replicas_is_its_own_implementation_without_fragments(
     assert DiLoCo.implementation(config) is ShardedDiLoCo
     with pytest.raises(ConfigError, match=r"^--fragments \(Streaming DiLoCo\) is not built across cut replicas"):
         RunConfig(strategy="diloco", workers=2, tensor_parallel=2, sync_every=4, fragments=2).validate()
+
+
+def test_a_sharded_fp16_trainer_keeps_the_loss_scale_in_its_state_and_takes_it_back():
+    """fp16 across cut replicas uses LocalTrainer's LossScaler: in the state a checkpoint keeps (rank 0's,
+    the same on every worker), restored beside a sharded reference or a whole state; none in fp32/bf16."""
+    from distrain.trainers.sharded_trainer import ShardedTrainer
+    from distrain.trainers.task import ClassificationTask
+
+    def trainer(precision):
+        task = ClassificationTask(model="mlp")
+        return ShardedTrainer(task.build_model(), task, "sgd", 0.1, 0.9, None, precision=precision)
+
+    assert trainer("bf16").scaler is None and trainer("bf16").scaler_state() == {}
+    fp16 = trainer("fp16")
+    assert fp16.scaler_state() == {"scaler": fp16.scaler.state_dict()} and fp16.scaler.scale == 2.0**16
+    saved = dict(fp16.scaler.state_dict(), scale=2.0**12, overflows=4)
+    fp16.load_state_dict({"sharded": {"path": "/nowhere", "step": 8}, "scaler": saved})
+    assert fp16.scaler.state_dict() == saved and fp16._pending_dir is not None  # the shards read once cut
+    whole = trainer("fp16")
+    state = {"model": whole.model.state_dict(), "optimizer": {"vectors": {}, "scalars": {}}, "scaler": saved}
+    whole.load_state_dict(state)
+    assert whole.scaler.state_dict() == saved
