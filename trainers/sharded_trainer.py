@@ -132,7 +132,13 @@ class ShardedTrainer:
         dp = mesh["replicate", "shard"] if across_replicas else mesh["shard"]
         if dp.size() > 1:
             policy = mixed_precision_policy(self.precision)
+            # Batch norm under --precision: its own unit, run in float32 (`norm_policy`), first (innermost).
+            norms = running_stat_norms(self.model) if self.precision != "fp32" else []
+            for norm in norms:
+                fully_shard(norm, mesh=dp, reshard_after_forward=reshard_after_forward, mp_policy=norm_policy(policy))
             for unit in fsdp_units(self.model):
+                if unit in norms:  # (a root child that is one: cut already)
+                    continue
                 fully_shard(unit, mesh=dp, reshard_after_forward=reshard_after_forward, mp_policy=policy)
             fully_shard(self.model, mesh=dp, reshard_after_forward=reshard_after_forward, mp_policy=policy)
             self.autocast_forward = False  # FSDP's policy casts the layers; autocast on top would recast ops
@@ -378,6 +384,25 @@ def mixed_precision_policy(precision: str) -> Any:
         return MixedPrecisionPolicy()
     low = DTYPES[precision]
     return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, output_dtype=torch.float32)
+
+
+def running_stat_norms(model: nn.Module) -> list[nn.Module]:
+    """The batch-norm layers that keep running statistics (float32 buffers, which FSDP's policy does not
+    cast): under the policy's bf16/fp16 parameters torch's batch_norm refuses them ("expected scalar type
+    BFloat16 but found Float"), so each becomes a unit of its own with `norm_policy`."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+
+
+def norm_policy(policy: Any) -> Any:
+    """A batch-norm unit's policy: its parameters and input in float32, as its running statistics are, its
+    output back in the run's low dtype for the layers after it (their unit's parameters are), float32
+    reduction."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    low = policy.param_dtype
+    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=low)
 
 
 def forget_earlier_meshes() -> None:

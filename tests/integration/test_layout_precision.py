@@ -47,7 +47,7 @@ def hsdp_runs(tmp_path_factory):
 # relative, so the parameters drift from the float32 run's by a fraction of the updates. Measured here:
 # after 30 SGD steps (momentum 0.9, lr 0.05) at R = 2 x D = 2, 3.1e-3 at most in the parameters, 1.2e-3
 # in a step's mean loss, the same test accuracy (0.936); after 10 steps at T = 2 and at D = 2 x T = 2,
-# 1.0e-3 and 4.7e-4. The bounds leave ~1.6x and ~4x room over those (the runs are deterministic: fixed
+# 1.0e-3 and 4.7e-4; the batch-norm mlp at D = 2 after 10 steps, 3.5e-3. The bounds leave >= 1.4x and ~4x room over those (the runs are deterministic: fixed
 # seed, gloo's fixed reduction order). A run computing in float32 would be < 1e-5 apart (fp32 HSDP equals
 # one process within 1e-5: test_layout_runs.py), hence the lower bound: bf16 really ran.
 BF16_PARAM_TOL = 5e-3
@@ -163,6 +163,32 @@ def test_fp16_async_over_the_ps_skips_an_overflow_on_every_worker_of_the_replica
     final = load_checkpoint(Path(result.run_dir) / "checkpoints" / "final.pt")
     assert final["scaler"]["scale"] == 2.0**16 / 2 ** final["scaler"]["overflows"]
     assert final["scaler"]["overflows"] == len(by_worker[0])  # worker 0's scale
+
+
+class NormDigits(ClassificationTask):
+    """The digits through Linear, BatchNorm1d (running statistics: float32 buffers), ReLU, Linear."""
+
+    def __init__(self):
+        super().__init__(model="mlp")
+
+    def build_model(self):
+        from torch import nn
+
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def test_bf16_fsdp_runs_batch_norm_in_float32_units(tmp_path):
+    """FSDP's bf16 policy leaves buffers float32, and torch's batch_norm refuses bf16 parameters with float32
+    running statistics: each such layer is a float32 unit of its own (sharded_trainer.norm_policy)."""
+    kw = dict(task=NormDigits, workers=1, fsdp=2, batch_size=32, epochs=1, max_steps=10, eval_every=1, seed=3, **SGD)
+    ref, run = fit(tmp_path, "fp32", **kw), fit(tmp_path, "bf16", precision="bf16", **kw)
+    assert ref.status == run.status == "completed", run.summary
+    gap = (final_params(run.run_dir) - final_params(ref.run_dir)).abs().max().item()
+    assert 1e-5 < gap <= BF16_PARAM_TOL, gap
+    path = Path(run.run_dir) / "checkpoints" / "final.pt"
+    state = whole_checkpoint(load_checkpoint(path), path)["model"]
+    assert state["2.running_mean"].dtype == torch.float32 and state["2.running_var"].abs().sum() > 0
+    assert abs(run.metrics["test_loss"] - ref.metrics["test_loss"]) <= BF16_LOSS_TOL * 10, (run.metrics, ref.metrics)
 
 
 TP = dict(model="mlp", workers=1, lr_scaling="none", seed=3, epochs=1, max_steps=10, eval_every=0, **SGD)
