@@ -15,7 +15,8 @@ workers, so every gradient is the mean over their T x B samples.
 --precision bf16|fp16 (trainers/precision.py's rule: compute in the low dtype, keep parameters, gradients,
 optimizer state and everything reduced in float32): where FSDP cuts the model, its own
 `MixedPrecisionPolicy` (`mixed_precision_policy`) gathers each layer's parameters in the low dtype and
-runs the layer in it, and reduces the gradients in float32 into the float32 shards the optimizer steps;
+runs the layer in it, and reduces the gradients in float32 into the float32 shards the optimizer steps
+(batch norm with running statistics: a float32 unit of its own, `norm_policy`);
 where it does not (tensor parallelism alone, a replica of one data-parallel worker), the forward runs
 under `torch.autocast`, as a plain worker's does, DTensors included. fp16 scales the loss with
 LocalTrainer's `LossScaler`; the strategy unscales and takes the skip decision on the reduced gradient,

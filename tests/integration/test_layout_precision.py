@@ -47,9 +47,10 @@ def hsdp_runs(tmp_path_factory):
 # relative, so the parameters drift from the float32 run's by a fraction of the updates. Measured here:
 # after 30 SGD steps (momentum 0.9, lr 0.05) at R = 2 x D = 2, 3.1e-3 at most in the parameters, 1.2e-3
 # in a step's mean loss, the same test accuracy (0.936); after 10 steps at T = 2 and at D = 2 x T = 2,
-# 1.0e-3 and 4.7e-4; the batch-norm mlp at D = 2 after 10 steps, 3.5e-3. The bounds leave >= 1.4x and ~4x room over those (the runs are deterministic: fixed
-# seed, gloo's fixed reduction order). A run computing in float32 would be < 1e-5 apart (fp32 HSDP equals
-# one process within 1e-5: test_layout_runs.py), hence the lower bound: bf16 really ran.
+# 1.0e-3 and 4.7e-4; the batch-norm mlp at D = 2 after 10 steps, 3.5e-3. The bounds leave >= 1.4x and
+# ~4x room over those (the runs are deterministic: fixed seed, gloo's fixed reduction order). A run
+# computing in float32 would be < 1e-5 apart (fp32 HSDP equals one process within 1e-5:
+# test_layout_runs.py), hence the lower bound: bf16 really ran.
 BF16_PARAM_TOL = 5e-3
 BF16_LOSS_TOL = 5e-3
 
