@@ -366,13 +366,22 @@ def cut_samples_seen(steps: pd.DataFrame, config: RunConfig) -> list[tuple[int, 
 CUT = dict(workers=2, fsdp=2, batch_size=16)  # R = 2 replicas of D = 2 FSDP workers: B = 64
 
 
-def test_weighted_cut_replicas_equal_one_process_and_see_every_sample_once(tmp_path, one_process):
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(CUT, id="fsdp"),
+        # the cnn's hybrid plan: each of a replica's T = 2 workers takes its own half of the replica's share
+        pytest.param(dict(workers=2, tensor_parallel=2, batch_size=16), id="tp-hybrid"),
+    ],
+)
+def test_weighted_cut_replicas_equal_one_process_and_see_every_sample_once(tmp_path, one_process, layout):
     """--worker-weights 3,1 across R = 2 replicas of D = 2 FSDP workers (BSP over the collective): replica
     0 takes 48 samples a step (24 per rank), replica 1 16 (8 per rank); FSDP averages inside each replica
     and every worker weights its part of the gradient by b_r x R / B before the all-reduce across the
     replicas, so after 30 momentum-SGD steps (across an epoch's end) the model equals one process at 64;
-    rebuilt from the rows, every step's parts tile its 64 samples, each sample of the epoch once."""
-    config = cfg(tmp_path, "cut", worker_weights="3,1", **CUT)
+    rebuilt from the rows, every step's parts tile its 64 samples, each sample of the epoch once. The
+    same for R = 2 replicas of the cnn's T = 2 hybrid (each worker on its own samples)."""
+    config = cfg(tmp_path, "cut", worker_weights="3,1", **layout)
     run = run_training(config)
     assert run.summary["steps_completed"] == STEPS and run.summary["worker_shares"] == [48, 16]
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
