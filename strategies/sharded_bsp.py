@@ -106,6 +106,9 @@ class ShardedBSP(Strategy):
         if self.channel_grads:
             self.fsdp_across_replicas = False
         self.replica_samples: int | None = None  # the replica's share of the step (`weigh_share`)
+        # Unequal shares: a replica's workers leave each step together (`step`), so that compute times are
+        # the replica's own (what --balance speed and straggler detection read).
+        self.replica_barrier = self.channel_grads and shares
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -205,6 +208,12 @@ class ShardedBSP(Strategy):
         # through the channel (its codec; each replica's weight).
         coded = self.average_gradient(trainer) if self.channel_grads else None
         t0 = time.perf_counter()
+        if self.replica_barrier and self.config.on_nonfinite != "skip":  # (skip's all-reduce below is one)
+            # Each worker's average pairs it with one worker of each other replica: without this, a worker
+            # whose pair was fast would begin its next forward while a mate still waits for a slow replica,
+            # and that wait would count as its compute (FSDP's all-gather waits for the mate), making every
+            # replica look as slow as the slowest. Waiting here counts as communication instead.
+            dist.barrier(group=self.update_group)
         # --clip-grad-norm: the norm of the update's whole gradient (reduced over the replicas under HSDP or
         # the codec, the replica's own under local steps), each element counted once; every worker of
         # `update_group` scales its pieces alike (all replicas hold the same averaged gradient).

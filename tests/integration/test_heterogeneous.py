@@ -433,3 +433,21 @@ def test_local_sgd_and_diloco_across_cut_replicas_weigh_by_samples_as_plain_repl
     assert cut.summary["worker_shares"] == plain.summary["worker_shares"] == [48, 16]
     assert (final_params(cut.run_dir) - final_params(plain.run_dir)).abs().max().item() <= 1e-5
     assert step_rows(cut).groupby("replica")["replica_samples"].unique().map(list).to_dict() == {0: [48], 1: [16]}
+
+
+def test_a_slow_cut_replica_is_measured_and_given_less(tmp_path, one_process):
+    """--balance speed across R = 2 replicas of D = 2 FSDP workers, actor 2 (replica 1's first worker)
+    computing 6x slower: a replica's workers leave each step together, so the compute times the balancer
+    reads are each replica's own (without that, replica 0's second worker waited for the slow replica
+    inside its next forward and both replicas measured alike: no move). The balancer moves replica 1's
+    share below half inside the first epoch, in units of D = 2, and the run still equals one process at
+    64 and sees each sample of the epoch once."""
+    config = cfg(tmp_path, "cut-slow", balance="speed", straggler=["2:x6"], **CUT)
+    run = run_training(config)
+    moves = run.summary["balance"]["moves"]
+    assert moves and moves[0]["step"] < 22 and moves[0]["shares"][1] < 32, moves
+    assert all(b % 2 == 0 for m in moves for b in m["shares"]) and run.summary["worker_shares"] == moves[-1]["shares"]
+    steps = step_rows(run)
+    first = [s for s in cut_samples_seen(steps, config) if s[0] == 0]
+    assert len(first) == len(set(first)) == 22 * 64
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
