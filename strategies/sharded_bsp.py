@@ -99,9 +99,7 @@ class ShardedBSP(Strategy):
         # --compress, or unequal replica shares: the gradient's average across the replicas goes through the
         # channel (its codec; the replica's weight), so FSDP stays inside each replica and `step` averages
         # each worker's part over the "replicate" group.
-        from distrain.config.shares_section import unequal_shares
-
-        shares = unequal_shares(config) and self.replicas > 1
+        shares = config.unequal_shares and self.replicas > 1
         self.channel_grads = self.codes_gradients and (codec_of(config) is not None or shares)
         if self.channel_grads:
             self.fsdp_across_replicas = False
