@@ -51,13 +51,14 @@ def share_unit(config: RunConfig) -> int:
     micro-batch's shape, so a replica's micro-batches must all be one size, b_r / P each, and the
     schedule's mean over them is the mean over the replica's b_r samples). A cut replica's (--fsdp D,
     --tensor-parallel T): its data-parallel ranks, D (D x T under a hybrid plan), each taking b_r / D of
-    the replica's block, so FSDP's mean over them is the mean over its b_r samples. 1 otherwise."""
+    the replica's block, so FSDP's mean over them is the mean over its b_r samples; times
+    --accumulate-steps k, so that each rank's part cuts into its k micro-batches. 1 otherwise."""
     if config.pipelined:
         from distrain.strategies.pipeline import PipelineShape
 
         return PipelineShape.of(config).micro
     if config.sharded:
-        return layout_section.data_ranks_per_replica(config)
+        return layout_section.data_ranks_per_replica(config) * config.accumulate_steps
     return 1
 
 

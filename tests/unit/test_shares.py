@@ -113,9 +113,10 @@ def test_the_planner_predicts_a_step_under_worker_speeds_and_recommends_proporti
 
 
 def test_cut_replicas_take_one_share_each_in_multiples_of_their_data_parallel_ranks():
-    """--fsdp D: one weight per replica, each share a multiple of D (its D ranks split it equally); a
-    hybrid plan's D x T workers each take their own samples (unit D x T); tensor-parallel workers that
-    share a slice add nothing to the unit."""
+    """--fsdp D: one weight per replica, each share a multiple of D (its D ranks split it equally; x k
+    under --accumulate-steps k, so each rank's part cuts into its micro-batches); a hybrid plan's D x T
+    workers each take their own samples (unit D x T); tensor-parallel workers that share a slice add
+    nothing to the unit."""
     from distrain.config.shares_section import share_unit
 
     cut = dict(model="mlp", workers=2, fsdp=2, batch_size=16)
@@ -123,6 +124,8 @@ def test_cut_replicas_take_one_share_each_in_multiples_of_their_data_parallel_ra
     assert share_unit(RunConfig(**cut)) == 2
     assert RunConfig(**cut, worker_weights="2,1").worker_shares == (42, 22)  # 21/11 units of 2, not 43/21
     assert RunConfig(**cut, worker_weights="1000,1").worker_shares == (62, 2)  # one unit at least
+    accumulated = RunConfig(**cut, worker_weights="1000,1", accumulate_steps=2)  # B = 128, each rank's part in 2
+    assert share_unit(accumulated) == 4 and accumulated.worker_shares == (124, 4)
     tp = RunConfig(model="mlp", workers=2, tensor_parallel=2, batch_size=32, worker_weights="2,1")
     assert share_unit(tp) == 1 and tp.worker_shares == (43, 21)
     hybrid = RunConfig(model="cnn", workers=2, fsdp=2, tensor_parallel=2, batch_size=8, worker_weights="2,1")
