@@ -142,12 +142,6 @@ class DiLoCoOptions(StrategyOptions):
             raise ConfigError(f"--outer-momentum applies to --outer-optimizer sgd, not {self.outer_optimizer}; drop it")
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
-        if run.sharded and (self.fragments > 1 or self.overlap_steps > 0):
-            flag = "--fragments" if self.fragments > 1 else "--overlap-steps"
-            raise ConfigError(
-                f"{flag} (Streaming DiLoCo) is not built across cut replicas (--fsdp, --tensor-parallel) yet; "
-                f"drop {flag}"
-            )
         if run.elastic and (self.fragments > 1 or self.overlap_steps > 0):
             # Fragments synchronise inside a block; a change of members could only wait for all to land.
             flag = "--fragments" if self.fragments > 1 else "--overlap-steps"
@@ -167,8 +161,113 @@ class DiLoCoOptions(StrategyOptions):
         return make_optimizer(self.outer_optimizer, params, self.outer_lr)
 
 
+class FragmentRounds:
+    """Streaming DiLoCo's rounds, the same for a plain replica (DiLoCo) and a cut one (ShardedDiLoCo,
+    strategies/sharded_diloco.py): the fragments and their staggered schedule (fragment p at the inner
+    steps t with t mod H = p·H/P), each fragment's all-reduce launched in the background and completed
+    `--overlap-steps` τ later, its outer step and the mix θ_i ← α·θ_i + (1 − α)·θ_g, and the close of a
+    period. One fragment, τ = 0, α = 0 is DiLoCo's one outer step every H inner steps.
+
+    What a replica's θ is made of is the class's own: `pseudo_gradient` (this worker's values of θ_g − θ_i
+    over the fragment, flat), `agreed_finite` (whether every worker may step on the mean), `outer_step`
+    and `mix`. A plain replica holds the fragment whole; a cut replica's worker holds its part (FSDP
+    shard, tensor-parallel slice) of each of the fragment's tensors and averages it with the workers
+    holding that part in the other replicas (the stream's group)."""
+
+    # Given by the strategy class it is mixed into (annotations only: nothing here shadows them).
+    options: DiLoCoOptions
+    channel: Any
+    ctx: StrategyContext
+    finite: Any  # Strategy.finite: the run's --on-nonfinite decision
+
+    def start_rounds(self) -> None:
+        self.fragments: list[Fragment] = []  # θ_g fragment by fragment (one fragment: DiLoCo itself)
+        self.t = 0  # inner steps since the period began (fragment p syncs when t % H == its offset)
+        self.outer_steps = 0  # fragment outer steps completed (one fragment: DiLoCo's outer steps)
+        self.tallies: list[ShareTally] = []  # heterogeneous shares: samples per fragment since its last sync
+
+    def after_inner_step(self, trainer: Any, stats: CommStats) -> CommStats:
+        """The schedule after an inner step: fragments due arrive, fragments at their offset are launched."""
+        self.t += 1
+        h, overlap = self.options.sync_every, self.options.overlap_steps
+        for f in self.fragments:
+            f.since += 1
+            if f.work is not None and self.t >= f.due:  # launched `overlap` steps ago: mix it in now
+                self._arrive(f, trainer, stats, self.options.mix_alpha)
+            if self.t % h == f.offset:
+                self._launch(f, trainer, stats, due=self.t + overlap)
+                if overlap == 0:
+                    self._arrive(f, trainer, stats, self.options.mix_alpha)
+        stats.period = h  # the step rows' period (column tau) and averaging_round: H and outer steps so far
+        stats.averaging_round = self.outer_steps
+        return stats
+
+    def close_period(self, trainer: Any) -> CommStats | None:
+        """Close the period: fragments in flight arrive, every fragment changed since its last sync
+        takes its outer step now, and every replica takes θ_g whole (α does not apply: the replicas
+        must be one model for what reads them next). None: nothing to close."""
+        stats, closed = CommStats(), False
+        for f in self.fragments:
+            if f.work is not None:
+                self._arrive(f, trainer, stats, 0.0)
+                closed = True
+            if f.since > 0:
+                self._launch(f, trainer, stats, due=self.t)
+                self._arrive(f, trainer, stats, 0.0)
+                closed = True
+        self.t = 0
+        if not closed:
+            return None
+        stats.averaging_round = self.outer_steps
+        return stats
+
+    def _launch(self, f: Fragment, trainer: Any, stats: CommStats, due: int) -> None:
+        """Start the all-reduce of this fragment's pseudo-gradient θ_g − θ_i (in the background; under
+        --compress the codec runs now, blocking, and the mean still waits until `due`)."""
+        f.delta = self.pseudo_gradient(f, trainer)
+        if self.tallies:
+            weight = self.tallies[self.fragments.index(f)].take(self.ctx.world_size)
+            if weight != 1.0:
+                f.delta.mul_(weight)
+        f.work = self.channel.all_reduce_async(f.stream, f.delta)
+        stats.add(f.work.traffic)
+        f.due, f.since = due, 0
+
+    def _arrive(self, f: Fragment, trainer: Any, stats: CommStats, alpha: float) -> None:
+        """Wait for the fragment's mean pseudo-gradient, step its outer optimizer, mix θ_g into the replica:
+        θ_i ← α·θ_i + (1 − α)·θ_g (α = 0: the replica takes θ_g)."""
+        assert f.work is not None and f.delta is not None
+        stats.seconds += f.work.wait()
+        delta = f.delta
+        # Skipped, the round is discarded: the replica's fragment goes back to θ_g (its inner optimizer
+        # state stays as it is).
+        if self.finite(self.agreed_finite(delta), "averaged pseudo-gradient"):
+            self.outer_step(f, delta)
+        else:
+            stats.nonfinite = True
+        self.mix(f, trainer, alpha)
+        f.work, f.delta = None, None
+        self.outer_steps += 1
+
+    def pseudo_gradient(self, f: Fragment, trainer: Any) -> torch.Tensor:
+        """This worker's values of θ_g − θ_i over fragment `f`, flat (a new tensor: it goes on the wire)."""
+        raise NotImplementedError
+
+    def agreed_finite(self, delta: torch.Tensor) -> bool:
+        """Whether the mean pseudo-gradient is finite, the same answer on every worker of the run."""
+        raise NotImplementedError
+
+    def outer_step(self, f: Fragment, delta: torch.Tensor) -> None:
+        """Step `f`'s outer optimizer on the mean pseudo-gradient `delta` (flat, as `pseudo_gradient`)."""
+        raise NotImplementedError
+
+    def mix(self, f: Fragment, trainer: Any, alpha: float) -> None:
+        """θ_i ← α·θ_i + (1 − α)·θ_g over the fragment, in this worker's parameters."""
+        raise NotImplementedError
+
+
 @STRATEGIES.register("diloco", "DiLoCo: H inner steps, then an outer optimizer step on the averaged pseudo-gradient")
-class DiLoCo(Strategy):
+class DiLoCo(FragmentRounds, Strategy):
     name = "diloco"
     streams_data = True  # over the collective, one replica a worker (orchestrator/streaming.py)
     transports = ("collective",)
@@ -206,10 +305,7 @@ class DiLoCo(Strategy):
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        self.fragments: list[Fragment] = []  # θ_g fragment by fragment (one fragment: DiLoCo itself)
-        self.t = 0  # inner steps since the period began (fragment p syncs when t % H == its offset)
-        self.outer_steps = 0  # fragment outer steps completed (one fragment: DiLoCo's outer steps)
-        self.tallies: list[ShareTally] = []  # heterogeneous shares: samples per fragment since its last sync
+        self.start_rounds()
 
     @classmethod
     def check_model(cls, config: RunConfig, tensor_sizes: list[int]) -> None:
@@ -224,62 +320,30 @@ class DiLoCo(Strategy):
         self.channel.join()
         self.channel.broadcast(trainer.params_flat, src=0)  # replicas start from one θ_g
         o: DiLoCoOptions = self.options
-        spans = fragment_spans([p.numel() for p in trainer.params], o.fragments)
+        sizes = [p.numel() for p in trainer.params]
         self.fragments = [
-            Fragment.create(lo, hi, (i * o.sync_every) // o.fragments, trainer.params_flat, o)
-            for i, (lo, hi) in enumerate(spans)
+            Fragment.create(lo, hi, offset, tensors, trainer.params_flat, o)
+            for lo, hi, offset, tensors in fragment_plan(sizes, o.fragments, o.sync_every)
         ]
         self.tallies = [ShareTally() for _ in self.fragments]
         # Each fragment's pseudo-gradient is a stream of its own (under --compress: its own error feedback
         # and PowerSGD warm start, which needs the fragment's tensor shapes).
-        starts = [0]
-        for p in trainer.params:
-            starts.append(starts[-1] + p.numel())
-        for i, f in enumerate(self.fragments):
-            f.stream = "pseudo_grads" if len(self.fragments) == 1 else f"pseudo_grads.{i}"
-            shapes = [p.shape for p, start in zip(trainer.params, starts, strict=False) if f.lo <= start < f.hi]
-            self.channel.open(f.stream, shapes=shapes)
+        for p, f in enumerate(self.fragments):
+            f.stream = fragment_stream(p, len(self.fragments))
+            self.channel.open(f.stream, shapes=[trainer.params[i].shape for i in f.tensors])
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         # An inner step is the replica's own: decided on its own loss and gradient (skipped: no update).
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
         if ok:
             trainer.apply_update(lr)
-        self.t += 1
-        stats = CommStats()
-        h, overlap = self.options.sync_every, self.options.overlap_steps
-        for f in self.fragments:
-            f.since += 1
-            if f.work is not None and self.t >= f.due:  # launched `overlap` steps ago: mix it in now
-                self._arrive(f, trainer, stats, self.options.mix_alpha)
-            if self.t % h == f.offset:
-                self._launch(f, trainer, stats, due=self.t + overlap)
-                if overlap == 0:
-                    self._arrive(f, trainer, stats, self.options.mix_alpha)
-        stats.period = h  # the step rows' period (column tau) and averaging_round: H and outer steps so far
-        stats.averaging_round = self.outer_steps
+        stats = self.after_inner_step(trainer, CommStats())
         if not ok:
             stats.nonfinite = True
         return stats
 
     def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
-        """Close the period: fragments in flight arrive, every fragment changed since its last sync
-        takes its outer step now, and every replica takes θ_g whole (α does not apply: the replicas
-        must be one model for what reads them next)."""
-        stats, closed = CommStats(), False
-        for f in self.fragments:
-            if f.work is not None:
-                self._arrive(f, trainer, stats, 0.0)
-                closed = True
-            if f.since > 0:
-                self._launch(f, trainer, stats, due=self.t)
-                self._arrive(f, trainer, stats, 0.0)
-                closed = True
-        self.t = 0
-        if not closed:
-            return None
-        stats.averaging_round = self.outer_steps
-        return stats
+        return self.close_period(trainer)
 
     def weigh_share(self, samples: int, step_samples: int) -> None:
         """Unequal shares: H inner steps at each replica's own batch; each fragment's pseudo-gradient is
@@ -288,39 +352,24 @@ class DiLoCo(Strategy):
         for tally in self.tallies:
             tally.add(samples, step_samples)
 
-    def _launch(self, f: Fragment, trainer: LocalTrainer, stats: CommStats, due: int) -> None:
-        """Start the all-reduce of this fragment's pseudo-gradient θ_g − θ_i (in the background; under
-        --compress the codec runs now, blocking, and the mean still waits until `due`)."""
-        f.delta = f.param.data - trainer.params_flat[f.lo : f.hi]
-        if self.tallies:
-            weight = self.tallies[self.fragments.index(f)].take(self.ctx.world_size)
-            if weight != 1.0:
-                f.delta.mul_(weight)
-        f.work = self.channel.all_reduce_async(f.stream, f.delta)
-        stats.add(f.work.traffic)
-        f.due, f.since = due, 0
+    # What a plain replica's θ is: one flat buffer; a fragment is its span [lo, hi).
+    def pseudo_gradient(self, f: Fragment, trainer: LocalTrainer) -> torch.Tensor:
+        return f.param.data - trainer.params_flat[f.lo : f.hi]
 
-    def _arrive(self, f: Fragment, trainer: LocalTrainer, stats: CommStats, alpha: float) -> None:
-        """Wait for the fragment's mean pseudo-gradient, step its outer optimizer, mix θ_g into the replica:
-        θ_i ← α·θ_i + (1 − α)·θ_g (α = 0: the replica takes θ_g)."""
-        assert f.work is not None and f.delta is not None
-        stats.seconds += f.work.wait()
-        delta = f.delta
-        # Every replica holds the same mean, so all agree. Skipped, the round is discarded: the replica's
-        # fragment goes back to θ_g (its inner optimizer state stays as it is).
-        if self.finite(all_finite(delta), "averaged pseudo-gradient"):
-            f.param.grad = delta
-            f.outer.step()
-            f.param.grad = None
-        else:
-            stats.nonfinite = True
+    def agreed_finite(self, delta: torch.Tensor) -> bool:
+        return all_finite(delta)  # every replica holds the same mean, so all agree
+
+    def outer_step(self, f: Fragment, delta: torch.Tensor) -> None:
+        f.param.grad = delta
+        f.outer.step()
+        f.param.grad = None
+
+    def mix(self, f: Fragment, trainer: LocalTrainer, alpha: float) -> None:
         local = trainer.params_flat[f.lo : f.hi]
         if alpha == 0:
             local.copy_(f.param.data)
         else:
             local.mul_(alpha).add_(f.param.data, alpha=1 - alpha)
-        f.work, f.delta = None, None
-        self.outer_steps += 1
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -345,13 +394,17 @@ class DiLoCo(Strategy):
 
 @dataclass
 class Fragment:
-    """One fragment of θ: a contiguous span [lo, hi) of whole tensors of the flat buffer, its global copy
-    θ_g (a parameter of its own) with its outer optimizer, and its all-reduce while in flight."""
+    """One fragment of θ: the whole tensors `tensors` (indices in parameter order), whose values are the
+    span [lo, hi) of the whole model's flat buffer (the same cut on every worker, by the full tensors'
+    sizes), θ_g for them with the fragment's outer optimizer, and its all-reduce while in flight. A plain
+    replica's θ_g is one flat parameter (`param`); a cut replica's worker keeps its parts of the
+    fragment's tensors, one parameter each (strategies/sharded_diloco.py)."""
 
     lo: int
     hi: int
     offset: int  # the fragment syncs at the inner steps t > 0 with t % H == offset
-    param: torch.nn.Parameter
+    tensors: range
+    params: list[torch.nn.Parameter]  # θ_g
     outer: torch.optim.Optimizer
     since: int = 0  # inner steps since its last sync was launched
     work: Pending | None = None  # the all-reduce in flight
@@ -359,12 +412,40 @@ class Fragment:
     due: int = 0  # the inner step at which it is mixed in
     stream: str = "pseudo_grads"  # the channel's stream for its pseudo-gradient
 
+    @property
+    def param(self) -> torch.nn.Parameter:
+        """A plain replica's θ_g over the fragment: one flat parameter."""
+        (param,) = self.params
+        return param
+
     @classmethod
-    def create(cls, lo: int, hi: int, offset: int, params_flat: torch.Tensor, options: DiLoCoOptions) -> Fragment:
+    def create(
+        cls, lo: int, hi: int, offset: int, tensors: range, params_flat: torch.Tensor, options: DiLoCoOptions
+    ) -> Fragment:
+        """A plain replica's fragment: θ_g a flat copy of params_flat[lo:hi]."""
         import torch
 
         param = torch.nn.Parameter(params_flat[lo:hi].detach().clone())
-        return cls(lo, hi, offset, param, options.make_outer_optimizer(param))
+        return cls(lo, hi, offset, tensors, [param], options.make_outer_optimizer(param))
+
+
+def fragment_plan(sizes: list[int], fragments: int, sync_every: int) -> list[tuple[int, int, int, range]]:
+    """Each fragment's span [lo, hi) of the flat model, its offset p·H/P in the period and its tensors'
+    indices, for tensors of `sizes` (the whole tensors', in parameter order: the same on every worker,
+    cut or not); its stream is `fragment_stream(p, fragments)`."""
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    plan = []
+    for p, (lo, hi) in enumerate(fragment_spans(sizes, fragments)):
+        tensors = range(starts.index(lo), starts.index(hi))
+        plan.append((lo, hi, (p * sync_every) // fragments, tensors))
+    return plan
+
+
+def fragment_stream(p: int, fragments: int) -> str:
+    """The channel's stream of fragment p's pseudo-gradient (one fragment: DiLoCo's "pseudo_grads")."""
+    return "pseudo_grads" if fragments == 1 else f"pseudo_grads.{p}"
 
 
 def fragment_spans(sizes: list[int], fragments: int) -> list[tuple[int, int]]:
@@ -421,7 +502,9 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
     def setup(self, trainer: LocalTrainer) -> None:
         """No group yet (`reform`); θ_g is the starting model, one fragment (streaming is refused)."""
         self.trainer = trainer
-        self.fragments = [Fragment.create(0, trainer.numel, 0, trainer.params_flat, self.options)]
+        self.fragments = [
+            Fragment.create(0, trainer.numel, 0, range(len(trainer.params)), trainer.params_flat, self.options)
+        ]
         self.sitting = False
         self.reformed(trainer)
 

@@ -20,14 +20,16 @@ its own parts back (`load_extra_state`).
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.adacomm import outer_steps_figure
 from distrain.strategies.base import CommStats, StrategyContext
+from distrain.strategies.diloco import DiLoCoOptions, Fragment, FragmentRounds, fragment_plan, fragment_stream
 from distrain.strategies.sharded_bsp import ShardedBSP, local_shapes
 
 if TYPE_CHECKING:
+    import torch
+
     from distrain.config import RunConfig
     from distrain.trainers.sharded_trainer import ShardedTrainer
 
@@ -35,15 +37,14 @@ if TYPE_CHECKING:
 OUTER = "outer"  # the outer optimizer's entries in a sharded checkpoint (trainers/sharded_checkpoint.py)
 
 
-class ShardedDiLoCo(ShardedBSP):
+class ShardedDiLoCo(FragmentRounds, ShardedBSP):
     name = "diloco"
     fsdp_across_replicas = False  # the inner steps are each replica's own
     codes_gradients = False
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)  # self.options: DiLoCo's (this class's name)
-        self.t = 0  # inner steps since the last outer step
-        self.outer_steps = 0
+        self.start_rounds()  # fragments, t, outer steps: DiLoCo's books (strategies/diloco.py)
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -55,75 +56,88 @@ class ShardedDiLoCo(ShardedBSP):
         mesh = self.join_mesh(trainer)
         self.across = mesh["replicate"].get_group()  # the workers holding this worker's part elsewhere
         self.trainer = trainer
-        # θ_g: this worker's part of every parameter (DTensors, as the parameters), with its outer optimizer.
+        # θ_g: this worker's part of every parameter (DTensors, as the parameters). The fragments are cut by
+        # the whole tensors' sizes (a DTensor's numel is its whole tensor's), so they are the same on every
+        # worker and those of a plain replica; each has its own outer optimizer over its tensors' parts.
         self.globals = [torch.nn.Parameter(p.detach().clone()) for p in trainer.params]
-        self.outer = self.options.make_outer_optimizer(self.globals)
-        # The pseudo-gradient of this worker's part (under --compress through the codec: PowerSGD on each part).
-        self.channel.open("pseudo_grads", shapes=local_shapes(trainer.params), group=self.across)
+        o: DiLoCoOptions = self.options
+        for lo, hi, offset, tensors in fragment_plan([p.numel() for p in trainer.params], o.fragments, o.sync_every):
+            parts = self.globals[tensors.start : tensors.stop]
+            self.fragments.append(Fragment(lo, hi, offset, tensors, parts, o.make_outer_optimizer(parts)))
+        # Each fragment's pseudo-gradient is a stream of its own over the "replicate" group (under --compress
+        # through the codec: this worker's error feedback, PowerSGD on each part as a matrix).
+        for p, f in enumerate(self.fragments):
+            f.stream = fragment_stream(p, len(self.fragments))
+            self.channel.open(f.stream, shapes=local_shapes(f.params), group=self.across)
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         stats = super().step(trainer, lr)  # the inner step: the replica's own FSDP step
-        self.t += 1
-        if self.t % self.options.sync_every == 0:
-            stats = self._outer_step(stats)
-        stats.period = self.options.sync_every
-        stats.averaging_round = self.outer_steps
-        return stats
+        return self.after_inner_step(trainer, stats)
 
     def at_epoch_end(self, trainer: ShardedTrainer) -> CommStats | None:  # type: ignore[override]
-        """Close the period: an outer step if inner steps were taken since the last."""
-        stats = self._outer_step(CommStats()) if self.t > 0 else CommStats()
-        stats.averaging_round = self.outer_steps
-        return stats
+        return self.close_period(trainer)
 
-    def _outer_step(self, stats: CommStats) -> CommStats:
-        """Average this part's pseudo-gradient θ_g − θ_i across the replicas, step the outer optimizer on
-        it, and start the replica from the new θ_g."""
+    # What a cut replica's θ is: each worker's parts of the fragment's tensors, averaged over the R workers
+    # holding the same parts (the stream's group, the mesh's "replicate" dimension).
+    def pseudo_gradient(self, f: Fragment, trainer: ShardedTrainer) -> torch.Tensor:
         import torch
-        import torch.distributed as dist
 
         from distrain.trainers.sharded_trainer import local_part
 
-        t0 = time.perf_counter()
-        pairs = zip(self.globals, self.trainer.params, strict=True)
-        deltas = [local_part(g.detach()) - local_part(p.detach()) for g, p in pairs]
-        flat = torch.cat([d.reshape(-1) for d in deltas])
-        traffic = self.channel.all_reduce("pseudo_grads", flat)
-        total = flat.sum().reshape(1).double()
-        dist.all_reduce(total)  # every worker decides alike
-        if self.finite(bool(total.isfinite()), "averaged pseudo-gradient"):
-            offset = 0
-            for g in self.globals:
-                part = local_part(g)
-                g.grad = _like(g, flat[offset : offset + part.numel()].view_as(part))
-                offset += part.numel()
-            self.outer.step()
-            for g in self.globals:
-                g.grad = None
-        else:
-            stats.nonfinite = True
+        pairs = zip(f.params, trainer.params[f.tensors.start : f.tensors.stop], strict=True)
+        return torch.cat([(local_part(g.detach()) - local_part(p.detach())).reshape(-1) for g, p in pairs])
+
+    def agreed_finite(self, delta: torch.Tensor) -> bool:
+        """Every worker holds another part: the sum over all of them decides for all."""
+        import torch.distributed as dist
+
+        total = delta.sum().reshape(1).double()
+        dist.all_reduce(total)
+        return bool(total.isfinite())
+
+    def outer_step(self, f: Fragment, delta: torch.Tensor) -> None:
+        from distrain.trainers.sharded_trainer import local_part
+
+        offset = 0
+        for g in f.params:
+            part = local_part(g)
+            g.grad = _like(g, delta[offset : offset + part.numel()].view_as(part))
+            offset += part.numel()
+        f.outer.step()
+        for g in f.params:
+            g.grad = None
+
+    def mix(self, f: Fragment, trainer: ShardedTrainer, alpha: float) -> None:
+        import torch
+
+        from distrain.trainers.sharded_trainer import local_part
+
         with torch.no_grad():
-            for g, p in zip(self.globals, self.trainer.params, strict=True):
-                local_part(p).copy_(local_part(g))
-        self.t = 0
-        self.outer_steps += 1
-        stats.add(traffic)
-        stats.seconds += time.perf_counter() - t0 - traffic.seconds
-        return stats
+            for g, p in zip(f.params, trainer.params[f.tensors.start : f.tensors.stop], strict=True):
+                local = local_part(p)
+                if alpha == 0:
+                    local.copy_(local_part(g))
+                else:
+                    local.mul_(alpha).add_(local_part(g), alpha=1 - alpha)
 
     # ------------------------------------------------------------------ state
     def checkpoint_entries(self, trainer: ShardedTrainer) -> dict[str, Any]:
-        """The outer optimizer's state, each worker its part (θ_g is the model at a period's end)."""
+        """The outer optimizers' state, each worker its part (θ_g is the model at a period's end): the
+        fragments' entries together are one optimizer's over every parameter."""
         from distrain.trainers.sharded_checkpoint import optimizer_entries
 
-        return optimizer_entries(self.outer, self.globals, trainer.names, OUTER)
+        entries: dict[str, Any] = {}
+        for f in self.fragments:
+            entries |= optimizer_entries(f.outer, f.params, self.names_of(f), OUTER)
+        return entries
 
     def extra_state(self) -> dict[str, Any] | None:
-        """The outer steps; the outer optimizer's state is in the checkpoint's shards, under OUTER."""
+        """The outer steps; the outer optimizers' state is in the checkpoint's shards, under OUTER."""
         return {"outer_steps": self.outer_steps, "outer_optimizer": {"sharded": OUTER}}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        """From a sharded checkpoint (each worker reads its part) or a whole one (each cuts its part)."""
+        """From a sharded checkpoint (each worker reads its part) or a whole one (each cuts its part of
+        each fragment's span of DiLoCo's flat form)."""
         from distrain.trainers.optim_state import FlatOptimizerState, import_flat_state
         from distrain.trainers.sharded_checkpoint import load_optimizer_entries
         from distrain.trainers.sharded_trainer import shard_of
@@ -132,9 +146,16 @@ class ShardedDiLoCo(ShardedBSP):
         outer = state["outer_optimizer"]
         if "sharded" in outer:
             assert self.trainer.loaded_from is not None, "a sharded strategy state comes with sharded shards"
-            load_optimizer_entries(self.outer, self.globals, self.trainer.names, self.trainer.loaded_from, OUTER)
+            for f in self.fragments:
+                load_optimizer_entries(f.outer, f.params, self.names_of(f), self.trainer.loaded_from, OUTER)
         else:
-            import_flat_state(self.outer, self.globals, FlatOptimizerState.from_dict(outer), shard_of)
+            flat = FlatOptimizerState.from_dict(outer)
+            for f in self.fragments:
+                import_flat_state(f.outer, f.params, flat.slice(f.lo, f.hi) if flat.vectors else flat, shard_of)
+
+    def names_of(self, f: Fragment) -> list[str]:
+        """The checkpoint's names of the fragment's parameters."""
+        return self.trainer.names[f.tensors.start : f.tensors.stop]
 
 
 def _like(param: Any, local: Any) -> Any:
