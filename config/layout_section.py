@@ -72,8 +72,8 @@ LAYOUT_FIELDS = frozenset(
 )
 
 
-# The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py,
-# sharded_local_sgd.py).
+# The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py, with
+# Streaming DiLoCo's fragments, sharded_local_sgd.py).
 CUT_REPLICA_STRATEGIES = ("bsp", "diloco", "local-sgd")
 # Those over the parameter server (strategies/sharded_ps.py): --fsdp D only, PS shard d holding FSDP chunk d.
 CUT_REPLICA_PS_STRATEGIES = ("async", "ssp", "bsp")
@@ -172,7 +172,8 @@ def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:
 def check_layout(config: RunConfig) -> None:
     """--fsdp D >= 1 and --tensor-parallel T >= 1; a replica cut over workers runs under BSP, DiLoCo or
     local SGD over the collective transport so far (FSDP's own reduce-scatter inside a replica; across
-    replicas an all-reduce of the shards every step, HSDP, or of each part at a period's end; under
+    replicas an all-reduce of the shards every step, HSDP, or of each part at a period's end, under
+    Streaming DiLoCo of each fragment's parts at the fragment's own steps; under
     --compress the channel's codec carries that all-reduce), alone but for --fsdp with --pipeline-stages
     (BSP only: the strategy section refuses pipelines under the others, and --compress with them);
     or, --fsdp D alone, under async, SSP or BSP over the PS (`check_ps_layout`: D PS shards, shard d

@@ -34,6 +34,10 @@ fragment changed since its last sync, with α = 0. One fragment, τ = 0, α = 0 
 same code path; outer_steps counts fragment outer steps. Each fragment's all-reduce is one transfer
 on the emulated link (`--comm-bandwidth`), so its overlap with the inner steps is modelled.
 
+Across cut replicas (`--fsdp`, `--tensor-parallel`: strategies/sharded_diloco.py) the same rounds
+(`FragmentRounds`) run part by part: each worker synchronises its part of a fragment's tensors with the
+workers holding that part in the other replicas.
+
 `--compress CODEC` compresses the pseudo-gradients, each fragment a stream of its own (error feedback,
 PowerSGD's warm start). A compressed all-reduce is blocking: it runs when the fragment is launched, and
 with --overlap-steps its mean still waits τ inner steps before it is mixed in (the same values as

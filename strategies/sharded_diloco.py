@@ -10,12 +10,22 @@ workers that hold the same part in the other replicas (the mesh's "replicate" gr
 optimizer steps it. So a round moves 1/(D x T) of the model per worker, and no worker ever holds the
 whole model or its whole pseudo-gradient. Under --compress the part's pseudo-gradient goes through the
 channel's codec over that group (the "pseudo_grads" stream: error feedback per worker, PowerSGD on each
-part as a matrix). Streaming DiLoCo (--fragments, --overlap-steps) and elastic membership are not built
-across cut replicas (DiLoCoOptions.check refuses them).
+part as a matrix). Elastic membership is not built across cut replicas (config/layout_section.py refuses it).
+
+Streaming DiLoCo (--fragments P, --overlap-steps τ, --mix-alpha α) is plain DiLoCo's code
+(`FragmentRounds`, strategies/diloco.py: the schedule t mod H = p·H/P, the background all-reduce
+completed τ steps later, the mix, the close of a period); this class says only what a cut replica's θ
+is. A fragment is a set of whole tensors, cut by the whole tensors' sizes (`fragment_plan`; a DTensor's
+numel is its whole tensor's), so fragments are the same on every worker and on plain replicas, and each
+worker holds its part of each of the fragment's tensors: its θ_g parts with the fragment's outer
+optimizer over them, and the fragment's stream ("pseudo_grads.p"; "pseudo_grads" for one fragment) over
+the "replicate" group. Whether a fragment's mean is finite is decided run-wide, so all of it steps or
+none. One fragment, τ = 0, α = 0 is DiLoCo across cut replicas as it was.
 
 Checkpoints: a period ends at every checkpoint, so θ_g is the model there; each worker writes its part of
-the outer optimizer's state beside its model shards (`checkpoint_entries`), and a run at any layout reads
-its own parts back (`load_extra_state`).
+every fragment's outer optimizer state beside its model shards (`checkpoint_entries`, under the names one
+optimizer over every parameter would use), and a run at any layout reads its own parts back
+(`load_extra_state`).
 """
 
 from __future__ import annotations
@@ -127,7 +137,9 @@ class ShardedDiLoCo(FragmentRounds, ShardedBSP):
         from distrain.trainers.sharded_checkpoint import optimizer_entries
 
         entries: dict[str, Any] = {}
-        for f in self.fragments:
+        # A per-optimizer number (Adam's step) is written once, fragment 0's, as plain DiLoCo's flat form
+        # keeps it (FlatOptimizerState.concat): the fragments' counts can differ by one at a checkpoint.
+        for f in reversed(self.fragments):
             entries |= optimizer_entries(f.outer, f.params, self.names_of(f), OUTER)
         return entries
 
