@@ -13,7 +13,7 @@ channel's codec over that group (the "pseudo_grads" stream: error feedback per w
 part as a matrix). Elastic membership is not built across cut replicas (config/layout_section.py refuses it).
 
 Streaming DiLoCo (--fragments P, --overlap-steps τ, --mix-alpha α) is plain DiLoCo's code
-(`FragmentRounds`, strategies/diloco.py: the schedule t mod H = p·H/P, the background all-reduce
+(`FragmentRounds`, strategies/fragments.py: the schedule t mod H = p·H/P, the background all-reduce
 completed τ steps later, the mix, the close of a period); this class says only what a cut replica's θ
 is. A fragment is a set of whole tensors, cut by the whole tensors' sizes (`fragment_plan`; a DTensor's
 numel is its whole tensor's), so fragments are the same on every worker and on plain replicas, and each
@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.adacomm import outer_steps_figure
 from distrain.strategies.base import CommStats, StrategyContext
-from distrain.strategies.diloco import DiLoCoOptions, Fragment, FragmentRounds, fragment_plan, fragment_stream
+from distrain.strategies.fragments import Fragment, FragmentRounds, fragment_plan, fragment_stream
 from distrain.strategies.sharded_bsp import ShardedBSP, local_shapes
 
 if TYPE_CHECKING:
     import torch
 
     from distrain.config import RunConfig
+    from distrain.strategies.diloco import DiLoCoOptions
     from distrain.trainers.sharded_trainer import ShardedTrainer
 
 

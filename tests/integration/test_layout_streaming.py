@@ -3,7 +3,7 @@
 A fragment is a set of whole tensors, cut by the whole tensors' sizes, so it is the same on every worker;
 each worker of a cut replica holds its part (FSDP shard, tensor-parallel slice) of each of the fragment's
 tensors and synchronises it with the workers holding that part in the other replicas (the mesh's
-"replicate" group), on plain Streaming DiLoCo's schedule (strategies/diloco.py `FragmentRounds`). So
+"replicate" group), on plain Streaming DiLoCo's schedule (strategies/fragments.py `FragmentRounds`). So
 R = 2 replicas of D = 2 FSDP workers at B = 16, or of T = 2 tensor-parallel workers sharing B = 32, equal
 two plain replicas at B = 32 with P = 2 fragments, τ = 1 and α = 0.5: the same staggered launches, the
 same overlap, the same mix, each fragment's outer Nesterov momentum part by part. A lossless codec on each
