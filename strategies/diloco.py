@@ -281,7 +281,8 @@ class DiLoCo(FragmentRounds, Strategy):
         from distrain.trainers.optim_state import FlatOptimizerState, export_flat_state
 
         parts = [export_flat_state(f.outer, [f.param]) for f in self.fragments]
-        return {"outer_steps": self.outer_steps, "outer_optimizer": FlatOptimizerState.concat(parts).to_dict()}
+        state = {"outer_steps": self.outer_steps, "outer_optimizer": FlatOptimizerState.concat(parts).to_dict()}
+        return state | self.fragment_scalars()
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         from distrain.trainers.optim_state import FlatOptimizerState, import_flat_state
@@ -290,6 +291,7 @@ class DiLoCo(FragmentRounds, Strategy):
         flat = FlatOptimizerState.from_dict(state["outer_optimizer"])
         for f in self.fragments:
             import_flat_state(f.outer, [f.param], flat.slice(f.lo, f.hi) if flat.vectors else flat)
+        self.restore_fragment_scalars(state)
 
 
 # DiLoCo under `--workers MIN..MAX` (issue 18).

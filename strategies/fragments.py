@@ -110,6 +110,21 @@ class FragmentRounds:
         f.work, f.delta = None, None
         self.outer_steps += 1
 
+    def fragment_scalars(self) -> dict[str, Any]:
+        """For a checkpoint: each fragment's outer optimizer's own numbers (Adam's step), which the flat form
+        keeps once (fragment 0's) though fragments step at different inner steps; nothing for one fragment."""
+        if len(self.fragments) < 2:
+            return {}
+        return {"fragment_scalars": [f.scalars() for f in self.fragments]}
+
+    def restore_fragment_scalars(self, state: dict[str, Any]) -> None:
+        """After the outer optimizers' state is loaded: each fragment's own numbers back (a checkpoint
+        written before they were kept, or by another --fragments, has none: fragment 0's stay)."""
+        scalars = state.get("fragment_scalars")
+        if scalars is not None and len(scalars) == len(self.fragments):
+            for f, own in zip(self.fragments, scalars, strict=True):
+                f.set_scalars(own)
+
     def pseudo_gradient(self, f: Fragment, trainer: Any) -> torch.Tensor:
         """This worker's values of θ_g − θ_i over fragment `f`, flat (a new tensor: it goes on the wire)."""
         raise NotImplementedError
@@ -152,6 +167,32 @@ class Fragment:
         """A plain replica's θ_g over the fragment: one flat parameter."""
         (param,) = self.params
         return param
+
+    def scalars(self) -> dict[str, float]:
+        """Its outer optimizer's per-optimizer numbers (Adam's step; none for SGD), the same for each of its
+        parameters, which step together."""
+        import torch
+
+        from distrain.trainers.optim_state import SCALAR_STATE
+
+        p = self.params[0]
+        state = self.outer.state.get(p, {})
+        return {
+            key: float(value)
+            for key, value in state.items()
+            if value is not None and (key in SCALAR_STATE or not (torch.is_tensor(value) and value.shape == p.shape))
+        }
+
+    def set_scalars(self, scalars: dict[str, float]) -> None:
+        """Put `scalars` into its outer optimizer's state, where torch keeps them, for each parameter with state."""
+        import torch
+
+        from distrain.trainers.optim_state import scalar_placement
+
+        for p in self.params:
+            state = self.outer.state.get(p)
+            if state:
+                state.update({k: torch.tensor(v, **scalar_placement(self.outer, p)) for k, v in scalars.items()})
 
     @classmethod
     def create(

@@ -139,14 +139,15 @@ class ShardedDiLoCo(FragmentRounds, ShardedBSP):
 
         entries: dict[str, Any] = {}
         # A per-optimizer number (Adam's step) is written once, fragment 0's, as plain DiLoCo's flat form
-        # keeps it (FlatOptimizerState.concat): the fragments' counts can differ by one at a checkpoint.
+        # keeps it (FlatOptimizerState.concat); each fragment's own goes in `extra_state`.
         for f in reversed(self.fragments):
             entries |= optimizer_entries(f.outer, f.params, self.names_of(f), OUTER)
         return entries
 
     def extra_state(self) -> dict[str, Any] | None:
-        """The outer steps; the outer optimizers' state is in the checkpoint's shards, under OUTER."""
-        return {"outer_steps": self.outer_steps, "outer_optimizer": {"sharded": OUTER}}
+        """The outer steps and each fragment's own numbers (Adam's step); the outer optimizers' state is in the
+        checkpoint's shards, under OUTER."""
+        return {"outer_steps": self.outer_steps, "outer_optimizer": {"sharded": OUTER}} | self.fragment_scalars()
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         """From a sharded checkpoint (each worker reads its part) or a whole one (each cuts its part of
@@ -165,6 +166,7 @@ class ShardedDiLoCo(FragmentRounds, ShardedBSP):
             flat = FlatOptimizerState.from_dict(outer)
             for f in self.fragments:
                 import_flat_state(f.outer, f.params, flat.slice(f.lo, f.hi) if flat.vectors else flat, shard_of)
+        self.restore_fragment_scalars(state)
 
     def names_of(self, f: Fragment) -> list[str]:
         """The checkpoint's names of the fragment's parameters."""

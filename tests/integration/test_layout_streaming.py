@@ -94,21 +94,27 @@ def test_a_lossless_codec_on_each_fragments_stream_across_sharded_replicas_chang
     assert ((on_wire["bytes_sent"] - INSIDE) == 2 * (on_wire["bytes_uncompressed"] - INSIDE)).all()
 
 
-def test_a_resumed_sharded_streaming_run_ends_where_the_straight_run_ends(tmp_path):
+@pytest.mark.parametrize("outer", [{}, dict(outer_optimizer="adam", outer_lr=0.01)], ids=["nesterov", "adam"])
+def test_a_resumed_sharded_streaming_run_ends_where_the_straight_run_ends(tmp_path, outer):
     """A step checkpoint at 8 closes the period (every fragment in flight arrives, every fragment changed
     since its sync steps), so θ_g is the model there; each worker writes its part of each fragment's outer
-    momentum beside its shards and reads it back on --resume. (Inner SGD without momentum: a checkpoint
-    holds one replica's inner optimizer state, as under plain DiLoCo.)"""
-    kw = dict(workers=2, fsdp=2, batch_size=16, momentum=0.0, checkpoint_steps=8)
+    state beside its shards and reads it back on --resume: the Nesterov momentum, or Adam's moments and
+    each fragment's own step count (fragment 0 has stepped at t = 4, 8, fragment 1 at 2, 6 and the close).
+    (Inner SGD without momentum: a checkpoint holds one replica's inner optimizer state, as under plain
+    DiLoCo.)"""
+    kw = dict(workers=2, fsdp=2, batch_size=16, momentum=0.0, checkpoint_steps=8) | outer
     straight = run_training(cfg(tmp_path, "straight", **kw))
     stopped = run_training(cfg(tmp_path, "stopped", **(kw | dict(max_steps=8))))
     resumed = run_training(resume_config(stopped.run_dir, {"max_steps": 12}), resume=True)
     assert resumed.summary["outer_steps"] == straight.summary["outer_steps"]
     assert (final_params(resumed.run_dir) - final_params(straight.run_dir)).abs().max().item() <= TOL
-    # What the stopped run left: both fragments' outer Nesterov momentum, read whole (DiLoCo's flat form,
-    # which a plain replica loads too), over every parameter value, in each fragment's span.
+    # The resumed run's final checkpoint (in the stopped run's directory), read whole: both fragments' outer
+    # state in DiLoCo's flat form (which a plain replica loads too), over every parameter value, in each
+    # fragment's span; under Adam each fragment's own step count beside it.
     path = Path(stopped.run_dir) / "checkpoints" / "final.pt"
     state = whole_checkpoint(load_checkpoint(path), path)["strategy_state"]["state"]
-    momentum = state["outer_optimizer"]["vectors"]["momentum_buffer"]
+    vector = state["outer_optimizer"]["vectors"]["exp_avg" if outer else "momentum_buffer"]
     first = 2 * PART[0]  # fragment 0's values, whole
-    assert momentum.numel() == N and momentum[:first].abs().max() > 0 and momentum[first:].abs().max() > 0
+    assert vector.numel() == N and vector[:first].abs().max() > 0 and vector[first:].abs().max() > 0
+    # Fragment 0 at t = 4, 8, 12, fragment 1 at 2, 6, the close at 8, 10 and the close at 12.
+    assert state["fragment_scalars"] == ([{"step": 3.0}, {"step": 5.0}] if outer else [{}, {}])
