@@ -242,8 +242,9 @@ class Optimization:
     )
     precision: str = setting(
         "fp32",
-        "Forward pass dtype: fp32, bf16 or fp16 (torch.autocast; parameters, gradients, optimizer state and "
-        "traffic stay float32; fp16 adds a dynamic loss scale, checkpointed). "
+        "Forward pass dtype: fp32, bf16 or fp16 (torch.autocast; under --fsdp FSDP's mixed precision, which "
+        "gathers parameters in that dtype; parameters, gradients, optimizer state and gradient traffic stay "
+        "float32; fp16 adds a dynamic loss scale, checkpointed). "
         f"Not {CODEC_FLAG} bf16, which changes only what travels.",
         "optimizer",
     )

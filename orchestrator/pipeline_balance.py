@@ -40,20 +40,20 @@ class PipelineShareBalancer(ShareBalancer):
         """Every stage's rows, each at its replica's share (in units)."""
         self.add(rows["worker"], rows["compute_s"], [n // self.unit for n in rows["replica_samples"]])
 
-    def at_current(self, worker: int) -> list[float]:
-        """Actor `worker`'s last compute times at its replica's current share."""
-        share = self.current[worker // self.stages]
-        return [t for b, t in self.rows[worker] if b == share][-self.window :]
+    def share_of(self, worker: int) -> int:
+        """Actor `worker`'s rows are measured at its replica's current share."""
+        return self.current[worker // self.stages]
 
-    def models(self) -> list[StepModel] | None:
-        """Each replica's step model, its slowest stage's; None until every actor has `min_rows` rows at its
-        replica's current share."""
-        if any(len(self.at_current(a)) < self.min_rows for a in range(len(self.rows))):
+    def models(self, rows: Sequence[Sequence[tuple[int, float]]] | None = None) -> list[StepModel] | None:
+        """Each replica's step model, its slowest stage's, from `rows` (per actor; by default all kept); None
+        until every actor has `min_rows` rows at its replica's current share."""
+        rows = self.rows if rows is None else rows
+        if any(len(self.at_current(a, rows)) < self.min_rows for a in range(len(rows))):
             return None
         S = self.stages
         out = []
         for r, share in enumerate(self.current):
-            fitted = [fit_step_model(self.rows[r * S + s], share, self.window) for s in range(S)]
+            fitted = [fit_step_model(rows[r * S + s], share, self.window) for s in range(S)]
             out.append(max(fitted, key=lambda m: m.time(share)))
         return out
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from distrain.strategies.channel import Channel, Traffic
     from distrain.strategies.ps_shard import ConsistencyRule
     from distrain.trainers.local_trainer import LocalTrainer
+    from distrain.trainers.precision import LossScaler
 
 
 class StrategyOptions:
@@ -329,7 +330,13 @@ class Strategy(ABC):
         1 (no scale helps: divergence, handled by --on-nonfinite)."""
         trainer.unscale_grads_()
         ok = all_finite(trainer.grads_flat) and (not check_loss or math.isfinite(trainer.last_loss))
-        scaler = trainer.scaler
+        return self.gradient_decision(trainer.scaler, ok, what)
+
+    def gradient_decision(self, scaler: LossScaler | None, ok: bool, what: str) -> bool:
+        """`usable_gradient`'s decision once finiteness is known (`ok`): under fp16 (`scaler`) a non-finite
+        gradient is an overflow (skipped, the scale halved) until the scale is exhausted; otherwise
+        --on-nonfinite decides. A strategy whose workers hold pieces of the gradient (sharded replicas)
+        agrees `ok` over them first, so every worker updates its scale alike."""
         if scaler is not None:
             scaler.update(overflow=not ok)
             if not ok and not scaler.exhausted:

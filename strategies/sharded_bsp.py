@@ -17,6 +17,10 @@ channel's calls, so a row's bytes are the model's (per rank and step: all-gather
 --reshard-after-forward, again in backward, (D-1)/D x the parameter bytes each; reduce-scatter (D-1)/D;
 across replicas 2(R-1)/R x the shard's bytes) and its comm seconds are the run-wide finiteness check's.
 
+Under --precision bf16|fp16 FSDP gathers the parameters in that dtype and reduces the gradients in
+float32 (trainers/sharded_trainer.py `mixed_precision_policy`); fp16's overflow check is one all-reduce of
+the gradient pieces' sum over every worker of the run, so all skip the same steps (`step`).
+
 Under --compress no codec could act inside HSDP's all-reduce, so FSDP spans each replica's "shard"
 dimension only (`coded_grads`) and, after backward, every worker averages its part of the replica's mean
 gradient with the R - 1 workers holding that part in the other replicas, through the channel's "grads"
@@ -58,12 +62,17 @@ SHARDED_COLUMNS = {
 }
 
 
-def fsdp_bytes_per_step(param_bytes: int, replicas: int, shards: int, reshard_after_forward: bool) -> int:
+def fsdp_bytes_per_step(
+    param_bytes: int, replicas: int, shards: int, reshard_after_forward: bool, gather_bytes: int | None = None
+) -> int:
     """Bytes one worker sends (and receives) per step under HSDP: all-gathers and a reduce-scatter of
     (D-1)/D x the parameter bytes each (two all-gathers when parameters are freed after the forward),
-    then a ring all-reduce of its 1/D shard across the R replicas."""
+    then a ring all-reduce of its 1/D shard across the R replicas. `gather_bytes`: the parameters in the
+    dtype they are gathered in (--precision bf16/fp16: half of `param_bytes`; the gradient is reduced
+    float32)."""
     gathers = 2 if reshard_after_forward else 1
-    inside = (gathers + 1) * (shards - 1) * param_bytes // shards
+    gathered = param_bytes if gather_bytes is None else gather_bytes
+    inside = (gathers * gathered + param_bytes) * (shards - 1) // shards
     across = 2 * (replicas - 1) * (param_bytes // shards) // replicas
     return inside + across
 
@@ -159,7 +168,8 @@ class ShardedBSP(Strategy):
 
         self.saver = AsyncSaver()
         fsdp_replicas = self.replicas if self.fsdp_across_replicas else 1
-        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, fsdp_replicas, self.shards, reshard)
+        gathered = trainer.tp_numel * (2 if self.config.precision != "fp32" else 4)  # FSDP's param_dtype
+        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, fsdp_replicas, self.shards, reshard, gathered)
         if trainer.hybrid is not None:  # its whole parameters' gradients, ring all-reduced over the T workers
             self.traffic += 2 * (self.tp - 1) * trainer.hybrid.numel(trainer.model) * 4 // self.tp
         return mesh
@@ -167,6 +177,7 @@ class ShardedBSP(Strategy):
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         import torch.distributed as dist
 
+        trainer.unscale_grads_()  # --precision fp16: the reduced gradient, divided by the loss scale
         # --compress: FSDP averaged the gradient inside the replica; across the replicas, through the codec.
         coded = self.average_gradient(trainer) if self.coded_grads else None
         t0 = time.perf_counter()
@@ -175,7 +186,13 @@ class ShardedBSP(Strategy):
         # `update_group` scales its pieces alike (all replicas hold the same averaged gradient).
         trainer.clip_gradient_(self.update_group)
         total = trainer.local_grad_sum()
-        if self.config.on_nonfinite == "skip":
+        if trainer.scaler is not None:
+            # fp16: an overflow leaves inf in some workers' pieces only. The sum over every worker of the
+            # run decides for all, so all skip the same steps and halve their scales alike: a replica's
+            # shards stay one model, and (even where replicas step alone between rounds, local SGD and
+            # DiLoCo) every replica keeps the one scale a checkpoint records and each loss is scaled by.
+            dist.all_reduce(total)
+        elif self.config.on_nonfinite == "skip":
             # Every worker holds a different shard: the sum over all of them decides for all (a NaN or inf
             # anywhere makes it so), so the R x D workers (those of `step_group`) skip together.
             dist.all_reduce(total, group=self.step_group)
@@ -183,7 +200,7 @@ class ShardedBSP(Strategy):
         # the first worker whose shard is not finite stops the run, which ends diverged with nothing
         # saved after its last good checkpoint, whatever the others applied meanwhile.
         seconds = time.perf_counter() - t0
-        applied = self.finite(bool(total.isfinite()), "reduced gradient")
+        applied = self.gradient_decision(trainer.scaler, bool(total.isfinite()), "reduced gradient")
         if applied:
             trainer.apply_update(lr)
         extra = self.layout_columns(trainer)

@@ -48,13 +48,39 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
         (dict(fsdp=2, transport="ps", compress="topk:0.1"), r"^--fsdp 2 over --transport ps does not compose with --c"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
-        (dict(fsdp=2, precision="bf16"), r"^--fsdp 2 does not compose with --precision bf16 yet"),
+        (dict(fsdp=2, workers="1..2", precision="fp16"), r"^--fsdp 2 with --workers MIN..MAX does not compose with --"),
+        (dict(tensor_parallel=2, model="mlp", precision="fp16", compress="int8"), r"^--precision fp16 cannot be comb"),
+        (dict(fsdp=2, comm_delay_ms=5), r"^--fsdp 2 does not compose with --comm-delay-ms/--comm-bandwidth yet"),
     ],
 )
 def test_what_sharding_refuses_in_one_line(given, message):
     with pytest.raises(ConfigError, match=message) as caught:
         RunConfig(**given).validate()
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_precision_composes_with_cut_replicas_over_the_collective(strategy, precision):
+    """--precision across cut replicas (issue 28): FSDP's mixed precision policy, autocast under tensor
+    parallelism alone, fp16's loss scale; bf16 with --compress too (fp16's stays refused: the test above)."""
+    for layout in (dict(fsdp=2), dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2)):
+        RunConfig(strategy=strategy, workers=2, model="mlp", precision=precision, **layout).validate()
+    RunConfig(strategy=strategy, workers=2, fsdp=2, precision="bf16", compress="int8").validate()
+    ps = "async" if strategy == "local-sgd" else "ssp" if strategy == "diloco" else "bsp"  # and over the PS
+    RunConfig(strategy=ps, transport="ps", workers=2, fsdp=2, model="mlp", precision=precision).validate()
+
+
+def test_fsdp_mixed_precision_policy_computes_low_and_reduces_float32():
+    import torch
+
+    from distrain.trainers.sharded_trainer import mixed_precision_policy
+
+    for precision, low in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        policy = mixed_precision_policy(precision)
+        assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (low, torch.float32, torch.float32)
+    fp32 = mixed_precision_policy("fp32")
+    assert (fp32.param_dtype, fp32.reduce_dtype, fp32.output_dtype) == (None, None, None)
 
 
 @pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
@@ -95,6 +121,9 @@ def test_fsdp_traffic_per_worker_and_step():
     assert fsdp_bytes_per_step(4000, 1, 4, False) == 2 * 3000
     assert fsdp_bytes_per_step(4000, 2, 2, True) == 3 * 2000 + 2000
     assert fsdp_bytes_per_step(4000, 1, 1, True) == 0
+    # --precision bf16/fp16: the parameters gathered in 2 bytes, the gradient reduced in 4
+    assert fsdp_bytes_per_step(4000, 1, 4, True, gather_bytes=2000) == (2 * 2000 + 4000) * 3 // 4
+    assert fsdp_bytes_per_step(4000, 2, 2, False, gather_bytes=2000) == (2000 + 4000) // 2 + 2000
 
 
 def test_fully_shard_units_are_the_layers_holding_parameters():
@@ -191,3 +220,25 @@ def test_diloco_across_cut_replicas_is_its_own_implementation_streaming_included
     # Not under a range: elastic DiLoCo across cut replicas is not built (and fragments never take a range).
     with pytest.raises(ConfigError, match=r"^--fsdp 2 with --workers MIN\.\.MAX runs under --strategy bsp only"):
         RunConfig(strategy="diloco", workers="1..3", fsdp=2, sync_every=4, fragments=2).validate()
+
+
+def test_a_sharded_fp16_trainer_keeps_the_loss_scale_in_its_state_and_takes_it_back():
+    """fp16 across cut replicas uses LocalTrainer's LossScaler: in the state a checkpoint keeps (rank 0's,
+    the same on every worker), restored beside a sharded reference or a whole state; none in fp32/bf16."""
+    from distrain.trainers.sharded_trainer import ShardedTrainer
+    from distrain.trainers.task import ClassificationTask
+
+    def trainer(precision):
+        task = ClassificationTask(model="mlp")
+        return ShardedTrainer(task.build_model(), task, "sgd", 0.1, 0.9, None, precision=precision)
+
+    assert trainer("bf16").scaler is None and trainer("bf16").scaler_state() == {}
+    fp16 = trainer("fp16")
+    assert fp16.scaler_state() == {"scaler": fp16.scaler.state_dict()} and fp16.scaler.scale == 2.0**16
+    saved = dict(fp16.scaler.state_dict(), scale=2.0**12, overflows=4)
+    fp16.load_state_dict({"sharded": {"path": "/nowhere", "step": 8}, "scaler": saved})
+    assert fp16.scaler.state_dict() == saved and fp16._pending_dir is not None  # the shards read once cut
+    whole = trainer("fp16")
+    state = {"model": whole.model.state_dict(), "optimizer": {"vectors": {}, "scalars": {}}, "scaler": saved}
+    whole.load_state_dict(state)
+    assert whole.scaler.state_dict() == saved
