@@ -3,7 +3,7 @@
 
 A replica's batch is cut into P = --microbatches x --accumulate-steps micro-batches of one size (torch's
 schedules receive into buffers sized by the first), so its share is b_r = P x u_r
-(config/shares_section.py `pipeline_shares`): the base balancer works in units of P samples (B / P of
+(config/shares_section.py `replica_shares`): the base balancer works in units of P samples (B / P of
 them per step) and what goes out is multiplied back. When a replica's share moves, its micro-batches
 change size and its S stages rebuild their torch stage and schedule at that step
 (strategies/pipeline.py `compute_gradients`).
@@ -13,6 +13,12 @@ Each of the S x R actors' rows is kept on its own (its compute time at the repli
 holds the others up: they wait for it in the schedule or at the stage all-reduce), so a replica's model
 is that of the stage whose time at the current share is largest. Pure: tested on plain numbers
 (tests/unit/test_pipeline_balance.py).
+
+Cut replicas (--fsdp D, --tensor-parallel T) are balanced by the same class: `stages` is then the D x T
+workers of a replica (ranks r x D x T ..), `unit` its D data-parallel ranks, and a replica is as slow
+as its slowest worker (FSDP's collectives inside it wait for that one; the average across replicas runs
+after the compute, strategies/sharded_bsp.py). The controller makes it for any replica of several
+workers (orchestrator/controller/attempt.py).
 """
 
 from __future__ import annotations

@@ -266,6 +266,12 @@ class Strategy(ABC):
         """Equal parts a step's samples are cut into; a work unit's slice picks one."""
         return self.ctx.world_size
 
+    @property
+    def share_cut(self) -> int:
+        """Under unequal shares, the consecutive slices one share is cut equally into: 1 (a share per
+        slice); a cut replica's data-parallel ranks split its one share (strategies/sharded_bsp.py)."""
+        return 1
+
     def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
         """The (epoch, step, slice) units this worker actually computes, in order, out of a segment's.
 

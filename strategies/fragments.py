@@ -40,6 +40,7 @@ class FragmentRounds:
     channel: Any
     ctx: StrategyContext
     finite: Any  # Strategy.finite: the run's --on-nonfinite decision
+    slices_per_step: int  # the equal parts of a step's samples (a plain replica's: one a worker)
 
     def start_rounds(self) -> None:
         self.fragments: list[Fragment] = []  # θ_g fragment by fragment (one fragment: DiLoCo itself)
@@ -87,7 +88,7 @@ class FragmentRounds:
         --compress the codec runs now, blocking, and the mean still waits until `due`)."""
         f.delta = self.pseudo_gradient(f, trainer)
         if self.tallies:
-            weight = self.tallies[self.fragments.index(f)].take(self.ctx.world_size)
+            weight = self.tallies[self.fragments.index(f)].take(self.slices_per_step)
             if weight != 1.0:
                 f.delta.mul_(weight)
         f.work = self.channel.all_reduce_async(f.stream, f.delta)

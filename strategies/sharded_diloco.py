@@ -10,7 +10,11 @@ workers that hold the same part in the other replicas (the mesh's "replicate" gr
 optimizer steps it. So a round moves 1/(D x T) of the model per worker, and no worker ever holds the
 whole model or its whole pseudo-gradient. Under --compress the part's pseudo-gradient goes through the
 channel's codec over that group (the "pseudo_grads" stream: error feedback per worker, PowerSGD on each
-part as a matrix). Elastic membership is not built across cut replicas (config/layout_section.py refuses it).
+part as a matrix). Unequal replica shares (--worker-weights, --balance speed): each replica's inner steps
+take its own b_r samples (cut equally among its D ranks), and each fragment's part of the pseudo-gradient
+is weighted by the samples its replica trained on since that fragment's last sync (`ShareTally`, one per
+fragment, as plain DiLoCo weighs fragments), so the outer gradient is the samples-weighted mean. Elastic
+membership is not built across cut replicas (config/layout_section.py refuses it).
 
 Streaming DiLoCo (--fragments P, --overlap-steps τ, --mix-alpha α) is plain DiLoCo's code
 (`FragmentRounds`, strategies/fragments.py: the schedule t mod H = p·H/P, the background all-reduce
@@ -36,6 +40,7 @@ from distrain.strategies.adacomm import outer_steps_figure
 from distrain.strategies.base import CommStats, StrategyContext
 from distrain.strategies.fragments import Fragment, FragmentRounds, fragment_plan, fragment_stream
 from distrain.strategies.sharded_bsp import ShardedBSP, local_shapes
+from distrain.trainers.shares import ShareTally
 
 if TYPE_CHECKING:
     import torch
@@ -75,6 +80,7 @@ class ShardedDiLoCo(FragmentRounds, ShardedBSP):
         for lo, hi, offset, tensors in fragment_plan([p.numel() for p in trainer.params], o.fragments, o.sync_every):
             parts = self.globals[tensors.start : tensors.stop]
             self.fragments.append(Fragment(lo, hi, offset, tensors, parts, o.make_outer_optimizer(parts)))
+        self.tallies = [ShareTally() for _ in self.fragments]  # unequal shares: 1 with equal ones
         # Each fragment's pseudo-gradient is a stream of its own over the "replicate" group (under --compress
         # through the codec: this worker's error feedback, PowerSGD on each part as a matrix).
         for p, f in enumerate(self.fragments):
@@ -84,6 +90,13 @@ class ShardedDiLoCo(FragmentRounds, ShardedBSP):
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         stats = super().step(trainer, lr)  # the inner step: the replica's own FSDP step
         return self.after_inner_step(trainer, stats)
+
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """Unequal replica shares: each fragment's part of the pseudo-gradient is weighted by the samples this
+        worker took since that fragment's last sync (`ShareTally`: its replica's mean b_r x R / B over them)."""
+        self.replica_samples = samples * self.share_cut
+        for tally in self.tallies:
+            tally.add(samples, step_samples)
 
     def at_epoch_end(self, trainer: ShardedTrainer) -> CommStats | None:  # type: ignore[override]
         return self.close_period(trainer)

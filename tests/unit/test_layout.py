@@ -94,9 +94,25 @@ def test_compress_composes_with_cut_replicas_over_the_collective(strategy, codec
         impl = strategy_class(strategy).implementation(config)
         assert issubclass(impl, ShardedBSP) and impl.codes_gradients == (strategy == "bsp")
     bsp = ShardedBSP(RunConfig(workers=2, fsdp=2, compress=codec), StrategyContext(rank=0, world_size=4, device="cpu"))
-    assert bsp.coded_grads and not bsp.fsdp_across_replicas
+    assert bsp.channel_grads and not bsp.fsdp_across_replicas
     plain = ShardedBSP(RunConfig(workers=2, fsdp=2), StrategyContext(rank=0, world_size=4, device="cpu"))
-    assert not plain.coded_grads and plain.fsdp_across_replicas  # HSDP as before
+    assert not plain.channel_grads and plain.fsdp_across_replicas  # HSDP as before
+
+
+def test_unequal_replica_shares_average_across_replicas_through_the_channel():
+    """--worker-weights across cut replicas: FSDP stays inside each replica and the weighted average
+    across them runs after backward (HSDP's all-reduce takes no weight per replica, and inside backward
+    it would make every replica's compute time the slowest one's); a replica's share is cut among its
+    D ranks (hybrid: D x T), and each worker records its replica's share and weighs its part by b_r x R / B."""
+    ctx = StrategyContext(rank=3, world_size=4, device="cpu")
+    bsp = ShardedBSP(RunConfig(model="mlp", workers=2, fsdp=2, batch_size=16, worker_weights="3,1"), ctx)
+    assert bsp.channel_grads and not bsp.fsdp_across_replicas and bsp.share_cut == 2 and bsp.replica == 1
+    bsp.weigh_share(8, 64)  # replica 1's rank 1 of 2: 8 of its 16
+    assert bsp.replica_samples == 16 and bsp.channel.gradient_weight == 0.5  # 16 x 2 / 64
+    hybrid = RunConfig(model="cnn", workers=2, fsdp=2, tensor_parallel=2, batch_size=8, balance="speed")
+    assert ShardedBSP(hybrid, StrategyContext(rank=0, world_size=8, device="cpu")).share_cut == 4
+    local = strategy_class("local-sgd").implementation(RunConfig(strategy="local-sgd", workers=2, fsdp=2))
+    assert not local(RunConfig(strategy="local-sgd", workers=2, fsdp=2, worker_weights="3,1"), ctx).channel_grads
 
 
 @pytest.mark.parametrize("strategy", ["async", "ssp", "bsp"])
