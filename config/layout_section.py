@@ -72,8 +72,8 @@ LAYOUT_FIELDS = frozenset(
 )
 
 
-# The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py,
-# sharded_local_sgd.py).
+# The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py, with
+# Streaming DiLoCo's fragments, sharded_local_sgd.py).
 CUT_REPLICA_STRATEGIES = ("bsp", "diloco", "local-sgd")
 # Those over the parameter server (strategies/sharded_ps.py): --fsdp D only, PS shard d holding FSDP chunk d.
 CUT_REPLICA_PS_STRATEGIES = ("async", "ssp", "bsp")
@@ -173,10 +173,11 @@ def check_layout(config: RunConfig) -> None:
     """--fsdp D >= 1 and --tensor-parallel T >= 1; a replica cut over workers runs under BSP, DiLoCo or
     local SGD over the collective transport, --precision and --compress included, so far (FSDP's own
     reduce-scatter inside a replica; across replicas an all-reduce of the shards every step, HSDP, or of
-    each part at a period's end; under --compress the channel's codec carries that all-reduce), alone
-    but for --fsdp with --pipeline-stages (BSP only: the strategy section refuses pipelines under the
-    others, and --compress with them); or, --fsdp D alone, under async, SSP or BSP over the PS
-    (`check_ps_layout`: D PS shards, shard d holding FSDP chunk d)."""
+    each part at a period's end, under Streaming DiLoCo of each fragment's parts at the fragment's own
+    steps; under --compress the channel's codec carries that all-reduce), alone but for --fsdp with
+    --pipeline-stages (BSP only: the strategy section refuses pipelines under the others, and --compress
+    with them); or, --fsdp D alone, under async, SSP or BSP over the PS (`check_ps_layout`: D PS shards,
+    shard d holding FSDP chunk d)."""
     d, t = shards_per_replica(config), tp_degree(config)
     for flag, value in (("--fsdp", d), ("--tensor-parallel", t)):
         if value < 1:

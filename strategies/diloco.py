@@ -34,6 +34,11 @@ fragment changed since its last sync, with α = 0. One fragment, τ = 0, α = 0 
 same code path; outer_steps counts fragment outer steps. Each fragment's all-reduce is one transfer
 on the emulated link (`--comm-bandwidth`), so its overlap with the inner steps is modelled.
 
+The fragments and their rounds are strategies/fragments.py's (`Fragment`, `FragmentRounds`), shared
+with DiLoCo across cut replicas (`--fsdp`, `--tensor-parallel`: strategies/sharded_diloco.py), where each
+worker synchronises its part of a fragment's tensors with the workers holding that part in the other
+replicas.
+
 `--compress CODEC` compresses the pseudo-gradients, each fragment a stream of its own (error feedback,
 PowerSGD's warm start). A compressed all-reduce is blocking: it runs when the fragment is launched, and
 with --overlap-steps its mean still waits τ inner steps before it is mixed in (the same values as
@@ -59,6 +64,7 @@ from distrain.strategies.base import (
     all_finite,
 )
 from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
+from distrain.strategies.fragments import Fragment, FragmentRounds, fragment_plan, fragment_stream
 from distrain.strategies.strategy_names import STRATEGIES
 from distrain.trainers.shares import ShareTally, block_weight
 
@@ -66,7 +72,6 @@ if TYPE_CHECKING:
     import torch
 
     from distrain.config import RunConfig
-    from distrain.strategies.channel import Pending
     from distrain.trainers.local_trainer import LocalTrainer
 
 DEFAULT_SYNC_EVERY = 8
@@ -142,12 +147,6 @@ class DiLoCoOptions(StrategyOptions):
             raise ConfigError(f"--outer-momentum applies to --outer-optimizer sgd, not {self.outer_optimizer}; drop it")
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
-        if run.sharded and (self.fragments > 1 or self.overlap_steps > 0):
-            flag = "--fragments" if self.fragments > 1 else "--overlap-steps"
-            raise ConfigError(
-                f"{flag} (Streaming DiLoCo) is not built across cut replicas (--fsdp, --tensor-parallel) yet; "
-                f"drop {flag}"
-            )
         if run.elastic and (self.fragments > 1 or self.overlap_steps > 0):
             # Fragments synchronise inside a block; a change of members could only wait for all to land.
             flag = "--fragments" if self.fragments > 1 else "--overlap-steps"
@@ -168,7 +167,7 @@ class DiLoCoOptions(StrategyOptions):
 
 
 @STRATEGIES.register("diloco", "DiLoCo: H inner steps, then an outer optimizer step on the averaged pseudo-gradient")
-class DiLoCo(Strategy):
+class DiLoCo(FragmentRounds, Strategy):
     name = "diloco"
     streams_data = True  # over the collective, one replica a worker (orchestrator/streaming.py)
     transports = ("collective",)
@@ -206,10 +205,7 @@ class DiLoCo(Strategy):
 
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)
-        self.fragments: list[Fragment] = []  # θ_g fragment by fragment (one fragment: DiLoCo itself)
-        self.t = 0  # inner steps since the period began (fragment p syncs when t % H == its offset)
-        self.outer_steps = 0  # fragment outer steps completed (one fragment: DiLoCo's outer steps)
-        self.tallies: list[ShareTally] = []  # heterogeneous shares: samples per fragment since its last sync
+        self.start_rounds()
 
     @classmethod
     def check_model(cls, config: RunConfig, tensor_sizes: list[int]) -> None:
@@ -224,62 +220,30 @@ class DiLoCo(Strategy):
         self.channel.join()
         self.channel.broadcast(trainer.params_flat, src=0)  # replicas start from one θ_g
         o: DiLoCoOptions = self.options
-        spans = fragment_spans([p.numel() for p in trainer.params], o.fragments)
+        sizes = [p.numel() for p in trainer.params]
         self.fragments = [
-            Fragment.create(lo, hi, (i * o.sync_every) // o.fragments, trainer.params_flat, o)
-            for i, (lo, hi) in enumerate(spans)
+            Fragment.create(lo, hi, offset, tensors, trainer.params_flat, o)
+            for lo, hi, offset, tensors in fragment_plan(sizes, o.fragments, o.sync_every)
         ]
         self.tallies = [ShareTally() for _ in self.fragments]
         # Each fragment's pseudo-gradient is a stream of its own (under --compress: its own error feedback
         # and PowerSGD warm start, which needs the fragment's tensor shapes).
-        starts = [0]
-        for p in trainer.params:
-            starts.append(starts[-1] + p.numel())
-        for i, f in enumerate(self.fragments):
-            f.stream = "pseudo_grads" if len(self.fragments) == 1 else f"pseudo_grads.{i}"
-            shapes = [p.shape for p, start in zip(trainer.params, starts, strict=False) if f.lo <= start < f.hi]
-            self.channel.open(f.stream, shapes=shapes)
+        for p, f in enumerate(self.fragments):
+            f.stream = fragment_stream(p, len(self.fragments))
+            self.channel.open(f.stream, shapes=[trainer.params[i].shape for i in f.tensors])
 
     def step(self, trainer: LocalTrainer, lr: float) -> CommStats:
         # An inner step is the replica's own: decided on its own loss and gradient (skipped: no update).
         ok = self.usable_gradient(trainer, "loss or gradient", check_loss=True)
         if ok:
             trainer.apply_update(lr)
-        self.t += 1
-        stats = CommStats()
-        h, overlap = self.options.sync_every, self.options.overlap_steps
-        for f in self.fragments:
-            f.since += 1
-            if f.work is not None and self.t >= f.due:  # launched `overlap` steps ago: mix it in now
-                self._arrive(f, trainer, stats, self.options.mix_alpha)
-            if self.t % h == f.offset:
-                self._launch(f, trainer, stats, due=self.t + overlap)
-                if overlap == 0:
-                    self._arrive(f, trainer, stats, self.options.mix_alpha)
-        stats.period = h  # the step rows' period (column tau) and averaging_round: H and outer steps so far
-        stats.averaging_round = self.outer_steps
+        stats = self.after_inner_step(trainer, CommStats())
         if not ok:
             stats.nonfinite = True
         return stats
 
     def at_epoch_end(self, trainer: LocalTrainer) -> CommStats | None:
-        """Close the period: fragments in flight arrive, every fragment changed since its last sync
-        takes its outer step now, and every replica takes θ_g whole (α does not apply: the replicas
-        must be one model for what reads them next)."""
-        stats, closed = CommStats(), False
-        for f in self.fragments:
-            if f.work is not None:
-                self._arrive(f, trainer, stats, 0.0)
-                closed = True
-            if f.since > 0:
-                self._launch(f, trainer, stats, due=self.t)
-                self._arrive(f, trainer, stats, 0.0)
-                closed = True
-        self.t = 0
-        if not closed:
-            return None
-        stats.averaging_round = self.outer_steps
-        return stats
+        return self.close_period(trainer)
 
     def weigh_share(self, samples: int, step_samples: int) -> None:
         """Unequal shares: H inner steps at each replica's own batch; each fragment's pseudo-gradient is
@@ -288,39 +252,24 @@ class DiLoCo(Strategy):
         for tally in self.tallies:
             tally.add(samples, step_samples)
 
-    def _launch(self, f: Fragment, trainer: LocalTrainer, stats: CommStats, due: int) -> None:
-        """Start the all-reduce of this fragment's pseudo-gradient θ_g − θ_i (in the background; under
-        --compress the codec runs now, blocking, and the mean still waits until `due`)."""
-        f.delta = f.param.data - trainer.params_flat[f.lo : f.hi]
-        if self.tallies:
-            weight = self.tallies[self.fragments.index(f)].take(self.ctx.world_size)
-            if weight != 1.0:
-                f.delta.mul_(weight)
-        f.work = self.channel.all_reduce_async(f.stream, f.delta)
-        stats.add(f.work.traffic)
-        f.due, f.since = due, 0
+    # What a plain replica's θ is: one flat buffer; a fragment is its span [lo, hi).
+    def pseudo_gradient(self, f: Fragment, trainer: LocalTrainer) -> torch.Tensor:
+        return f.param.data - trainer.params_flat[f.lo : f.hi]
 
-    def _arrive(self, f: Fragment, trainer: LocalTrainer, stats: CommStats, alpha: float) -> None:
-        """Wait for the fragment's mean pseudo-gradient, step its outer optimizer, mix θ_g into the replica:
-        θ_i ← α·θ_i + (1 − α)·θ_g (α = 0: the replica takes θ_g)."""
-        assert f.work is not None and f.delta is not None
-        stats.seconds += f.work.wait()
-        delta = f.delta
-        # Every replica holds the same mean, so all agree. Skipped, the round is discarded: the replica's
-        # fragment goes back to θ_g (its inner optimizer state stays as it is).
-        if self.finite(all_finite(delta), "averaged pseudo-gradient"):
-            f.param.grad = delta
-            f.outer.step()
-            f.param.grad = None
-        else:
-            stats.nonfinite = True
+    def agreed_finite(self, delta: torch.Tensor) -> bool:
+        return all_finite(delta)  # every replica holds the same mean, so all agree
+
+    def outer_step(self, f: Fragment, delta: torch.Tensor) -> None:
+        f.param.grad = delta
+        f.outer.step()
+        f.param.grad = None
+
+    def mix(self, f: Fragment, trainer: LocalTrainer, alpha: float) -> None:
         local = trainer.params_flat[f.lo : f.hi]
         if alpha == 0:
             local.copy_(f.param.data)
         else:
             local.mul_(alpha).add_(f.param.data, alpha=1 - alpha)
-        f.work, f.delta = None, None
-        self.outer_steps += 1
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -332,7 +281,8 @@ class DiLoCo(Strategy):
         from distrain.trainers.optim_state import FlatOptimizerState, export_flat_state
 
         parts = [export_flat_state(f.outer, [f.param]) for f in self.fragments]
-        return {"outer_steps": self.outer_steps, "outer_optimizer": FlatOptimizerState.concat(parts).to_dict()}
+        state = {"outer_steps": self.outer_steps, "outer_optimizer": FlatOptimizerState.concat(parts).to_dict()}
+        return state | self.fragment_scalars()
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         from distrain.trainers.optim_state import FlatOptimizerState, import_flat_state
@@ -341,48 +291,7 @@ class DiLoCo(Strategy):
         flat = FlatOptimizerState.from_dict(state["outer_optimizer"])
         for f in self.fragments:
             import_flat_state(f.outer, [f.param], flat.slice(f.lo, f.hi) if flat.vectors else flat)
-
-
-@dataclass
-class Fragment:
-    """One fragment of θ: a contiguous span [lo, hi) of whole tensors of the flat buffer, its global copy
-    θ_g (a parameter of its own) with its outer optimizer, and its all-reduce while in flight."""
-
-    lo: int
-    hi: int
-    offset: int  # the fragment syncs at the inner steps t > 0 with t % H == offset
-    param: torch.nn.Parameter
-    outer: torch.optim.Optimizer
-    since: int = 0  # inner steps since its last sync was launched
-    work: Pending | None = None  # the all-reduce in flight
-    delta: torch.Tensor | None = None
-    due: int = 0  # the inner step at which it is mixed in
-    stream: str = "pseudo_grads"  # the channel's stream for its pseudo-gradient
-
-    @classmethod
-    def create(cls, lo: int, hi: int, offset: int, params_flat: torch.Tensor, options: DiLoCoOptions) -> Fragment:
-        import torch
-
-        param = torch.nn.Parameter(params_flat[lo:hi].detach().clone())
-        return cls(lo, hi, offset, param, options.make_outer_optimizer(param))
-
-
-def fragment_spans(sizes: list[int], fragments: int) -> list[tuple[int, int]]:
-    """Cut tensors of `sizes` (in flat-buffer order) into `fragments` contiguous groups of whole tensors,
-    of about equal numbers of values: a group ends at the first tensor that takes it to its share."""
-    if not 1 <= fragments <= len(sizes):
-        raise ValueError(f"{fragments} fragments of {len(sizes)} tensors")
-    total, spans, lo, acc = sum(sizes), [], 0, 0
-    for i, n in enumerate(sizes):
-        acc += n
-        left_tensors, left_groups = len(sizes) - i - 1, fragments - len(spans) - 1
-        if left_groups == 0:
-            continue
-        if acc >= total * (len(spans) + 1) / fragments or left_tensors == left_groups:
-            spans.append((lo, acc))
-            lo = acc
-    spans.append((lo, total))
-    return spans
+        self.restore_fragment_scalars(state)
 
 
 # DiLoCo under `--workers MIN..MAX` (issue 18).
@@ -421,7 +330,9 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
     def setup(self, trainer: LocalTrainer) -> None:
         """No group yet (`reform`); θ_g is the starting model, one fragment (streaming is refused)."""
         self.trainer = trainer
-        self.fragments = [Fragment.create(0, trainer.numel, 0, trainer.params_flat, self.options)]
+        self.fragments = [
+            Fragment.create(0, trainer.numel, 0, range(len(trainer.params)), trainer.params_flat, self.options)
+        ]
         self.sitting = False
         self.reformed(trainer)
 

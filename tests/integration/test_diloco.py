@@ -145,7 +145,7 @@ def test_a_worker_lost_mid_round_discards_the_round_and_ends_equal_to_the_uninte
 
 # ---------------------------------------------------------------- Streaming DiLoCo
 def test_fragment_spans_cut_whole_tensors_into_balanced_groups():
-    from distrain.strategies.diloco import fragment_spans
+    from distrain.strategies.fragments import fragment_spans
 
     assert fragment_spans([10, 10, 10, 10], 2) == [(0, 20), (20, 40)]
     assert fragment_spans([100, 1, 1, 1], 3) == [(0, 100), (100, 101), (101, 103)]  # each group gets a tensor

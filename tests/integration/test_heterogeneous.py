@@ -420,6 +420,10 @@ def test_balanced_cut_replicas_move_their_shares_mid_epoch_and_equal_one_process
     [
         pytest.param(dict(strategy="local-sgd", tau=3), id="local-sgd"),
         pytest.param(dict(strategy="diloco", sync_every=3), id="diloco"),  # outer Nesterov, its defaults
+        # Streaming DiLoCo: each fragment weighted by the samples since its own last sync
+        pytest.param(
+            dict(strategy="diloco", sync_every=4, fragments=2, overlap_steps=1, mix_alpha=0.5), id="streaming-diloco"
+        ),
     ],
 )
 def test_local_sgd_and_diloco_across_cut_replicas_weigh_by_samples_as_plain_replicas_do(tmp_path, strategy):

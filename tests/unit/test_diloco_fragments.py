@@ -66,3 +66,31 @@ def test_an_arriving_fragment_is_mixed_in_with_alpha(teardown):
     expected = 0.25 * local + 0.75 * f.param.detach()
     assert torch.allclose(trainer.params_flat, expected, atol=1e-7)
     assert not torch.allclose(trainer.params_flat, f.param.detach())  # α > 0: the replica keeps some of its own
+
+
+def test_each_fragments_outer_step_count_comes_back_from_a_checkpoint(teardown):
+    """Fragments step at different inner steps (H = 4, P = 2: fragment 1 at t = 2, 6, fragment 0 at 4, then
+    both at the close after t = 7), so an outer Adam's step count is a fragment's own: the flat form keeps one number,
+    the checkpoint keeps each fragment's beside it, and a resumed replica takes the next step as the
+    uninterrupted one does."""
+    options = dict(sync_every=4, fragments=2, outer_optimizer="adam", outer_lr=0.01)
+    straight, t1 = replica(**options)
+    teardown.append(straight)
+    inner_steps(straight, t1, 7)
+    straight.at_epoch_end(t1)  # a closed period (a checkpoint): fragment 0 stepped twice, fragment 1 three times
+    steps = [f.scalars()["step"] for f in straight.fragments]
+    assert steps == [2.0, 3.0]
+    saved = straight.extra_state()
+    assert saved["outer_optimizer"]["scalars"] == {"step": 2.0}  # the flat form's one number: fragment 0's
+    theta = t1.params_flat.clone()
+    inner_steps(straight, t1, 4)
+    straight.teardown()  # (one process group at a time)
+    resumed, t2 = replica(**options)
+    teardown.append(resumed)
+    t2.params_flat.copy_(theta)
+    for f in resumed.fragments:
+        f.param.data.copy_(theta[f.lo : f.hi])  # θ_g is the model at a closed period
+    resumed.load_extra_state(saved)
+    assert [f.scalars()["step"] for f in resumed.fragments] == steps
+    inner_steps(resumed, t2, 4)
+    assert torch.equal(t1.params_flat, t2.params_flat)

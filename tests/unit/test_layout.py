@@ -218,15 +218,24 @@ def test_the_builtin_models_without_a_plan_are_refused_before_anything_starts():
     assert check_runnable(RunConfig(model="mlp", tensor_parallel=2)) == 85002
 
 
-def test_diloco_across_cut_replicas_is_its_own_implementation_without_fragments():
+def test_diloco_across_cut_replicas_is_its_own_implementation_streaming_included():
     from distrain.strategies.diloco import DiLoCo
     from distrain.strategies.sharded_diloco import ShardedDiLoCo
 
     config = RunConfig(strategy="diloco", workers=2, fsdp=2)
     config.validate()
     assert DiLoCo.implementation(config) is ShardedDiLoCo
-    with pytest.raises(ConfigError, match=r"^--fragments \(Streaming DiLoCo\) is not built across cut replicas"):
-        RunConfig(strategy="diloco", workers=2, tensor_parallel=2, sync_every=4, fragments=2).validate()
+    # Streaming DiLoCo across cut replicas: fragments of whole tensors, each worker syncing its parts of them.
+    streaming = RunConfig(
+        model="mlp", strategy="diloco", workers=2, tensor_parallel=2, sync_every=4, fragments=2, overlap_steps=1,
+        mix_alpha=0.5,
+    )  # fmt: skip
+    streaming.validate()
+    assert DiLoCo.implementation(streaming) is ShardedDiLoCo
+    assert check_runnable(streaming) == 85002
+    # Not under a range: elastic DiLoCo across cut replicas is not built (and fragments never take a range).
+    with pytest.raises(ConfigError, match=r"^--fsdp 2 with --workers MIN\.\.MAX runs under --strategy bsp only"):
+        RunConfig(strategy="diloco", workers="1..3", fsdp=2, sync_every=4, fragments=2).validate()
 
 
 def test_a_sharded_fp16_trainer_keeps_the_loss_scale_in_its_state_and_takes_it_back():

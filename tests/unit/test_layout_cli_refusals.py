@@ -69,6 +69,20 @@ REFUSED = [
         ["--model", "mlp", "--fsdp", "2", "--workers", "1..2", "--compress", "topk:0.1"],
         ["--workers 1..2 does not compose with --compress"],
     ),
+    # Streaming DiLoCo runs across cut replicas (tests/integration/test_layout_streaming.py); under a range,
+    # and with more fragments than the model's whole tensors, it is refused as over plain replicas
+    (
+        ["--model", "mlp", "--strategy", "diloco", "--fsdp", "2", "--workers", "1..3", "--fragments", "2"],
+        ["--fsdp 2 with --workers MIN..MAX runs under --strategy bsp only"],
+    ),
+    (
+        ["--model", "mlp", "--strategy", "diloco", "--tensor-parallel", "2", "--workers", "1..2", "--fragments", "2"],
+        ["--tensor-parallel 2 with --workers MIN..MAX runs under --strategy bsp only"],
+    ),
+    (
+        ["--model", "mlp", "--strategy", "diloco", "--fsdp", "2", "--workers", "2", "--fragments", "7"],
+        ["--fragments 7 exceeds the model's 6 parameter tensors"],
+    ),
     # --precision across cut replicas runs over either transport (tests/integration/test_layout_precision.py);
     # fp16 with --compress (as without sharding) and under a range it is still refused
     (
