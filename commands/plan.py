@@ -21,8 +21,10 @@ from distrain.config.strategy_section import TRAFFIC_FIELDS
 from distrain.errors import DistrainError
 from distrain.fields import SECTIONS
 
-# plan's own, or moot (--worker-group: plan's --worker-speeds says what unequal workers would gain)
-PLAN_FLAGS = {"config", "resume", "workers", "worker_groups", "strategy", "transport", "schedule", "run_dir"}
+# plan's own, or moot (--worker-group, --worker-weights, --balance: plan's --worker-speeds says what unequal
+# workers would gain; its tiny runs are one worker each)
+PLAN_FLAGS = {"config", "resume", "workers", "worker_groups", "worker_weights", "balance", "strategy", "transport",
+              "schedule", "run_dir"}  # fmt: skip
 PLAN_TRAFFIC_FLAGS = TRAFFIC_FIELDS  # what every strategy's traffic goes through (the channel's)
 
 HELP = PLAN_HELP
@@ -116,7 +118,8 @@ def plan(
         )
     if calibration_repeats < 1:
         raise DistrainError(f"--calibration-repeats must be at least 1, got {calibration_repeats}")
-    overrides = dict(flags, workers=1, strategy="bsp", transport="", schedule="")
+    # (a YAML's shares too: the tiny runs are one worker each, and --worker-speeds plans unequal ones)
+    overrides = dict(flags, workers=1, strategy="bsp", transport="", schedule="", worker_weights="", balance="none")
     overrides["task_args"] = parse_task_args(task_arg) if task_arg else None
     overrides["optimizer_args"] = parse_optimizer_args(optimizer_arg) if optimizer_arg else None
     cfg = RunConfig.resolve(str(config) if config else None, overrides)

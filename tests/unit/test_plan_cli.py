@@ -92,6 +92,23 @@ def test_plan_from_a_saved_calibration_writes_table_png_and_recommendation(tmp_p
 
 
 @pytest.mark.usefixtures("no_ray")
+def test_a_run_configs_shares_do_not_stop_its_plan(tmp_path):
+    """A YAML made for a run of unequal workers (--worker-weights 3,1 over 2 workers) plans as any other:
+    plan calibrates one worker, and its --worker-speeds says what unequal workers would gain (before: "2
+    weights for 1 workers")."""
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"calibration": _calibration().to_dict()}))
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text('model: mlp\nworkers: 2\nworker_weights: "3,1"\nbalance: speed\n')
+    args = ["plan", "--config", str(yaml), "--calibration", str(saved), "--worker-speeds", "3,1"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    assert "--worker-weights 3,1" in result.output and (tmp_path / "p" / "plan.json").exists()
+    refused = runner.invoke(app, ["plan", "--worker-weights", "3,1", "--out", str(tmp_path / "q")])
+    assert refused.exit_code == 2 and "No such option: --worker-weights" in refused.output  # --worker-speeds
+
+
+@pytest.mark.usefixtures("no_ray")
 def test_plan_takes_the_runs_compress_and_emulated_link(tmp_path):
     saved = tmp_path / "saved.json"
     saved.write_text(json.dumps({"calibration": _calibration().to_dict()}))  # mlp on digits, 85,002 parameters
