@@ -155,9 +155,12 @@ def grid_text(layout: dict[str, Any]) -> str:
 def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:
     """The run's R x D x S grid from its flat recorded values, for summary.json: replicas (--workers: N,
     or an elastic run's "MIN..MAX"), shards per replica, pipeline stages, and the worker actors in all
-    (`slots` replicas: N, or the range's MAX)."""
+    (`slots` replicas: N, or the range's MAX, plus bsp's --backup-workers at a fixed size: under a range
+    the backups are among the MAX)."""
     shards, stages = int(recorded.get("fsdp") or 1), int(recorded.get("pipeline_stages") or 1)
     tp = int(recorded.get("tensor_parallel") or 1)
+    if recorded.get("strategy") == "bsp" and ".." not in str(recorded["workers"]):
+        slots += int(recorded.get("backup_workers") or 0)
     return {
         "replicas": recorded["workers"],
         "fsdp": shards,
@@ -236,7 +239,10 @@ def check_elastic_layout(config: RunConfig, t: int, given: str) -> None:
 
 def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     """async, ssp, bsp over --transport ps across cut replicas (strategies/sharded_ps.py): --fsdp D alone,
-    with exactly D PS shards (shard d holds FSDP chunk d of every tensor: what worker d holds)."""
+    with exactly D PS shards (shard d holds FSDP chunk d of every tensor: what worker d holds); bsp with
+    --backup-workers K (N + K replicas, each round the first N whose D chunks all arrived, agreed by the D
+    shards). Refused: --backup-tasks (its portions are handed to workers, each push whole: a replica's D
+    chunks of a portion would need the same agreement) and --compress (not built over the shards' chunks)."""
     if t > 1:
         raise ConfigError(f"--tensor-parallel {t} does not compose with --transport ps yet; use --transport collective")
     if config.ps_shards != d:
@@ -245,11 +251,14 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
             f"there are exactly {d}; drop --ps-shards or give {d}"
         )
     options = config.options_of("bsp") if config.strategy == "bsp" else None
+    if options and options.backup_tasks:
+        raise ConfigError(
+            f"{given} over --transport ps does not compose with --backup-tasks yet (its portions go to single "
+            "workers, and a cut replica's D workers compute one together); use --backup-workers, or drop one of them"
+        )
     for flag, used in (
         ("--pipeline-stages", config.pipelined),
         ("--workers MIN..MAX", config.elastic),
-        ("--backup-workers", bool(options and options.backup_workers)),
-        ("--backup-tasks", bool(options and options.backup_tasks)),
         ("--compress", config.compress is not None),
         ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
         ("--precision " + config.precision, config.precision != "fp32"),

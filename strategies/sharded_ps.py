@@ -14,15 +14,27 @@ each replica's gradient at lr / R on arrival, BSP's rounds close on R gradients 
 State: the shards hold θ and the optimizer state; the workers' own optimizers are never stepped. A
 checkpoint is the shards' snapshot, put back in the whole model's order (`export_state`), so it is a
 whole checkpoint that loads at any layout; the driver builds the shards from a whole θ and optimizer
-state (strategies/driver_actor.py `ps_shards`) in the shards' order. Not yet: backup workers or backup
-tasks (config/layout_section.py refuses them), worker replacement in place (a replica's D workers share
-one FSDP group: a lost worker restarts the attempt).
+state (strategies/driver_actor.py `ps_shards`) in the shards' order.
+
+Backup workers (bsp --backup-workers K, k-of-n, Chen et al. 2016): N + K replicas push, each round applies
+the first N replicas' gradients. A replica's D pieces reach the D shards at different times, so the
+shards do not decide apart (shard 0 could take replicas {0, 1} and shard 1 {0, 2}: a model whose chunks
+had different updates): a replica counts once all D of its pieces have arrived, and one referee on PS
+shard 0 decides each round's N for every shard (strategies/ps_shard.py `RoundReferee`). A replica whose
+gradient was dropped skips the rounds that closed without it, with their data, as a plain backup worker
+does; its D workers first agree on the round to go on at (the most advanced shard's version, an
+all-reduce over the replica's group) and pull θ chunk d at it, so the replica's chunks are of one version
+(`_agree_round`). Not yet: backup tasks (a portion's chunks of D workers would need the same agreement,
+and the portion scheduler hands portions to workers, not replicas), --compress (the codec's residuals
+are per pushing worker), worker replacement in place (a replica's D workers share one FSDP group: a lost
+worker restarts the attempt); config/layout_section.py refuses them.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats
@@ -66,7 +78,10 @@ class ShardedPS(ShardedBSP):
     def __init__(self, config: RunConfig, ctx: Any) -> None:
         super().__init__(config, ctx)
         self.clock = 0
-        self.rounds = self.ps_rule(config).mode == "rounds"
+        rule = self.ps_rule(config)
+        self.rounds = rule.mode == "rounds"
+        self.k_of_n = self.rounds and rule.accept is not None  # backup workers: a round may close without us
+        self.skip = 0  # units of rounds that closed without this replica (k-of-n)
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
@@ -102,6 +117,8 @@ class ShardedPS(ShardedBSP):
         self.theta = torch.empty(n, dtype=torch.float32)  # θ chunk d on the host, as the shard serves it
         self.ps_bytes = n * self.theta.element_size()
         self.clock = self.client.pull(self.theta.numpy())
+        if self.k_of_n:  # the round the shards are at (a replica dropped before a restore point may be ahead)
+            self._agree_round(self.client.read_versions[0])
         self._install()
 
     def _install(self) -> None:
@@ -140,8 +157,13 @@ class ShardedPS(ShardedBSP):
             ok = float(flag) == 0.0
         ok = self.finite(ok, "loss or gradient")
         result = self.client.push_pull(self.clock, grads.numpy() if ok else None, lr, self.theta.numpy())
+        if self.k_of_n:  # rounds that closed without this replica are skipped, with their data
+            before = self.clock
+            self._agree_round(result.version)
+            self.skip += self.clock - (before + 1)
+        else:
+            self.clock = result.version if self.rounds else self.clock + 1
         self._install()
-        self.clock = result.version if self.rounds else self.clock + 1
         moved = self.traffic + self.ps_bytes
         extra = self.layout_columns(trainer)
         return CommStats(
@@ -154,9 +176,34 @@ class ShardedPS(ShardedBSP):
             lag=result.lag,
             clock=result.clock,
             min_clock=result.min_clock,
+            dropped=result.dropped if self.rounds else None,
             nonfinite=None if ok else True,
             extra=extra,
         )
+
+    def _agree_round(self, version: int) -> None:
+        """k-of-n: the replica's D workers go on at one round, the most advanced of their shards' versions
+        (each worker's shard answered at its own moment, so one may already be a round further), and
+        pull θ chunk d at it; the clock is that round. A shard may have moved on again by then: the
+        gradient computed on that θ then comes late at every shard (its round is decided) and is dropped,
+        so no counted gradient is ever computed on chunks of different versions."""
+        import torch
+        import torch.distributed as dist
+
+        agreed = torch.tensor([version], dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.replica_group)
+        target = int(agreed)
+        if version < target:
+            self.client.pull_at(target, self.theta.numpy())
+        self.clock = target
+
+    def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+        """The units of rounds that closed without this replica (k-of-n) are skipped, by its D workers alike."""
+        for unit in super().plan(units):
+            if self.skip > 0:
+                self.skip -= 1
+                continue
+            yield unit
 
     def prepare_eval(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         self.client.pull(self.theta.numpy())
@@ -207,5 +254,8 @@ class ShardedBSPOverPS(ShardedPS):
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
-        """Rounds of the R replicas' chunks (backup workers and --workers MIN..MAX are refused with --fsdp)."""
+        """Rounds of the R replicas' chunks; with --backup-workers K, of the first R of R + K replicas whose
+        every chunk has arrived, agreed by all D shards (--workers MIN..MAX is refused with --fsdp)."""
+        if config.options_of("bsp").backup_workers:
+            return ConsistencyRule.bsp(accept=config.workers, parts=config.replica_grid[0])
         return ConsistencyRule.bsp()

@@ -34,6 +34,16 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
     assert config.to_nested()["layout"] == {"fsdp": 4, "tensor_parallel": 1, "reshard_after_forward": True}
 
 
+def test_the_layout_counts_backup_replicas_among_the_worker_actors():
+    """bsp --backup-workers K at a fixed size starts N + K replicas (each of D workers across cut replicas);
+    under a range the backups are among the MAX."""
+    config = RunConfig(strategy="bsp", transport="ps", workers=2, fsdp=2, backup_workers=1, model="mlp")
+    layout = layout_of(config.to_dict(), config.worker_slots)
+    assert layout["replicas"] == 2 and layout["worker_actors"] == 6 == config.num_worker_actors
+    plain = RunConfig(strategy="bsp", transport="ps", workers="2..3", backup_workers=1)
+    assert layout_of(plain.to_dict(), plain.worker_slots)["worker_actors"] == 3 == plain.num_worker_actors
+
+
 @pytest.mark.parametrize(
     "given, message",
     [
