@@ -241,8 +241,9 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     """async, ssp, bsp over --transport ps across cut replicas (strategies/sharded_ps.py): --fsdp D alone,
     with exactly D PS shards (shard d holds FSDP chunk d of every tensor: what worker d holds); bsp with
     --backup-workers K (N + K replicas, each round the first N whose D chunks all arrived, agreed by the D
-    shards). Refused: --backup-tasks (its portions are handed to workers, each push whole: a replica's D
-    chunks of a portion would need the same agreement) and --compress (not built over the shards' chunks)."""
+    shards); --compress (each worker's chunk through the codec with its own residual). Refused:
+    --backup-tasks (its portions are handed to workers, each push whole: a replica's D chunks of a portion
+    would need the same agreement)."""
     if t > 1:
         raise ConfigError(f"--tensor-parallel {t} does not compose with --transport ps yet; use --transport collective")
     if config.ps_shards != d:
@@ -259,7 +260,6 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     for flag, used in (
         ("--pipeline-stages", config.pipelined),
         ("--workers MIN..MAX", config.elastic),
-        ("--compress", config.compress is not None),
         ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
         ("--precision " + config.precision, config.precision != "fp32"),
     ):

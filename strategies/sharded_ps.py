@@ -25,9 +25,14 @@ gradient was dropped skips the rounds that closed without it, with their data, a
 does; its D workers first agree on the round to go on at (the most advanced shard's version, an
 all-reduce over the replica's group) and pull θ chunk d at it, so the replica's chunks are of one version
 (`_agree_round`). Not yet: backup tasks (a portion's chunks of D workers would need the same agreement,
-and the portion scheduler hands portions to workers, not replicas), --compress (the codec's residuals
-are per pushing worker), worker replacement in place (a replica's D workers share one FSDP group: a lost
-worker restarts the attempt); config/layout_section.py refuses them.
+and the portion scheduler hands portions to workers, not replicas; config/layout_section.py refuses
+them), worker replacement in place (a replica's D workers share one FSDP group: a lost worker restarts
+the attempt).
+
+--compress: a worker's push goes through the channel (`Channel.push_pull` with this worker's one-shard
+client), so its chunk is encoded with its own error-feedback residual, kept on the worker, and decoded by
+the shard; pulls stay float32, and PowerSGD is refused (a shard holds a flat chunk). The residual is in
+the channel's state, shipped per rank into checkpoints as for every strategy.
 """
 
 from __future__ import annotations
@@ -37,11 +42,14 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from distrain.compression.spec import FLAG
+from distrain.errors import ConfigError
 from distrain.strategies.base import CommStats
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.sharded_bsp import ShardedBSP
 
 if TYPE_CHECKING:
+    from distrain.compression import CodecSpec
     from distrain.config import RunConfig
     from distrain.trainers.sharded_trainer import ShardedTrainer
 
@@ -87,6 +95,16 @@ class ShardedPS(ShardedBSP):
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
         """The unsharded strategy's rule (strategies/ps.py, bsp.py), over R clients."""
         raise NotImplementedError
+
+    @classmethod
+    def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
+        """As over the PS without sharding (strategies/ps.py): a shard holds a flat chunk, no matrices."""
+        super().check_codec(config, codec)
+        if codec.needs_shapes:
+            raise ConfigError(
+                f"{FLAG} {codec} needs whole matrices, but a parameter-server shard holds a flat chunk of "
+                "the parameters; use fp16, bf16, int8 or topk:FRACTION there, or --transport collective"
+            )
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         import torch
@@ -156,7 +174,10 @@ class ShardedPS(ShardedBSP):
             dist.all_reduce(flag, group=self.replica_group)
             ok = float(flag) == 0.0
         ok = self.finite(ok, "loss or gradient")
-        result = self.client.push_pull(self.clock, grads.numpy() if ok else None, lr, self.theta.numpy())
+        # Through the channel: under --compress this worker's chunk goes through the codec with its own
+        # residual (one bound: the chunk), and the shard decodes it (ps_shard.decoded).
+        pushed = grads if ok else None
+        result, traffic = self.channel.push_pull("grads", self.clock, pushed, lr, self.theta.numpy(), self.client)
         if self.k_of_n:  # rounds that closed without this replica are skipped, with their data
             before = self.clock
             self._agree_round(result.version)
@@ -164,12 +185,11 @@ class ShardedPS(ShardedBSP):
         else:
             self.clock = result.version if self.rounds else self.clock + 1
         self._install()
-        moved = self.traffic + self.ps_bytes
         extra = self.layout_columns(trainer)
         return CommStats(
-            seconds=time.perf_counter() - t0,
-            bytes_sent=moved,
-            bytes_received=moved,
+            seconds=time.perf_counter() - t0 - traffic.seconds,  # (the push-pull's are added below)
+            bytes_sent=self.traffic,  # FSDP's inside the replica, then the push and pull (`traffic`)
+            bytes_received=self.traffic,
             wait_s=result.wait_s,
             read_version=result.read_version,
             applied_version=result.applied_version,
@@ -179,7 +199,7 @@ class ShardedPS(ShardedBSP):
             dropped=result.dropped if self.rounds else None,
             nonfinite=None if ok else True,
             extra=extra,
-        )
+        ).add(traffic)
 
     def _agree_round(self, version: int) -> None:
         """k-of-n: the replica's D workers go on at one round, the most advanced of their shards' versions

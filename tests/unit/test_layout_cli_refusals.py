@@ -109,20 +109,21 @@ REFUSED = [
             "--backup-workers",
             "1",
             "--compress",
-            "int8",
+            "powersgd:2",
         ],
-        ["--fsdp 2 over --transport ps does not compose with --compress yet"],
+        ["--compress powersgd:2 needs whole matrices", "holds a flat chunk", "or --transport collective"],
     ),
     (
         ["--model", "mlp", "--strategy", "ssp", "--transport", "ps", "--tensor-parallel", "2"],
         ["--tensor-parallel 2 does not compose with --transport ps yet"],
     ),
     (["--model", "mlp", "--strategy", "sandblaster", "--fsdp", "2"], ["async, ssp or bsp over --transport ps"]),
-    # --compress across cut replicas runs over the collective transport (tests/integration/test_layout_compress.py);
-    # over the PS, with pipeline stages and under a range it is still refused
+    # --compress across cut replicas runs over the collective transport (tests/integration/test_layout_compress.py)
+    # and the PS (test_sharded_ps_runs.py), not PowerSGD there (a shard's chunk is flat); with pipeline stages and
+    # under a range it is still refused
     (
-        ["--model", "mlp", "--strategy", "async", "--transport", "ps", "--fsdp", "2", "--compress", "int8"],
-        ["--fsdp 2 over --transport ps does not compose with --compress yet"],
+        ["--model", "mlp", "--strategy", "async", "--transport", "ps", "--fsdp", "2", "--compress", "powersgd:1"],
+        ["--compress powersgd:1 needs whole matrices"],
     ),
     (
         ["--model", "mlp", "--fsdp", "2", "--pipeline-stages", "2", "--compress", "int8"],
