@@ -142,3 +142,13 @@ def test_the_referee_answers_a_late_piece_with_the_decided_round_and_forgets_old
 def test_a_shard_other_than_0_needs_the_referee_handle():
     with pytest.raises(ValueError, match="need shard 0's handle"):
         ParameterShard(1, 3, ConsistencyRule.bsp(accept=2, parts=2), SGD, np.zeros(2, np.float32))
+
+
+def test_the_closing_table_names_replicas_and_the_shards_agreement_for_cut_replicas():
+    from distrain.commands.run_summary import _straggler_rows
+
+    cut = dict(_straggler_rows({"dropped_gradients": {"0": 0, "1": 5}, "rounds_shards_disagree": 0}))
+    assert cut["gradients dropped as late/duplicate, by replica"] == "5 (0:0 1:5)"
+    assert cut["rounds the PS shards disagreed on"] == "0"
+    plain = dict(_straggler_rows({"dropped_gradients": {"0": 1, "1": 2}}))
+    assert plain == {"gradients dropped as late/duplicate": "3 (0:1 1:2)"}
