@@ -417,8 +417,8 @@ class Channel:
         (a skipped step's too, as the float32 gradient it stood for), the pull as received. `client`:
         shards of the worker's own (a cut replica's worker talks to its PS shard alone, over its local
         chunk: strategies/sharded_ps.py); default the run's."""
+        bounds = self.ctx.ps_bounds if client is None else client.bounds
         client = client or self.ps
-        bounds = client.bounds
         stream = self.open(name)
         nbytes = params.nbytes
         codec = self.codec_of(name)
