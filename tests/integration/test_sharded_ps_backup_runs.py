@@ -9,7 +9,9 @@ round the first N replicas whose D chunks have all arrived, one decision for all
 - exact: with the straggler's replica always late, the run equals plain k-of-n over the PS with the
   same samples counted (N x D plain workers on time, the K x D others late): the counted replicas'
   samples, whatever arrives where. Shards deciding apart would sometimes take the late replica's
-  on-time chunk at shard 0 and the other replica's at shard 1, and the final θ would differ.
+  on-time chunk at shard 0 and the other replica's at shard 1, and the final θ would differ;
+- without a straggler two equal replicas race at both shards every round, and every round still has one
+  answer at both. (With the shards deciding apart, both tests failed on `rounds_shards_disagree`.)
 """
 
 from __future__ import annotations
@@ -78,3 +80,25 @@ def test_a_replica_late_at_one_shard_is_dropped_at_every_shard_and_the_run_is_pl
     ours = rows[rows["replica"] == 0].groupby("step")["loss"].mean()
     theirs = reference[reference["worker"] <= 1].groupby("step")["loss"].mean()
     assert len(ours) == 12 and (ours - theirs).abs().max() <= 1e-5
+
+
+def test_without_a_straggler_equal_replicas_race_and_every_round_has_one_answer(tmp_path):
+    """N = 1 of 2 equal replicas x D = 2, no straggler: both replicas' chunks race at both shards each round,
+    in orders of their own (the case where shards deciding apart split the model most often). Every round
+    applies one replica at both shards, a replica's two rows agree on counted or dropped, the late one
+    skips the rounds that closed without it, and every unit of the run is counted at most once."""
+    run = run_training(cfg(tmp_path, "race", workers=1, fsdp=2, backup_workers=1, max_steps=12, segment_steps=6))
+    summary = run.summary
+    assert summary["status"] == "completed" and summary["rounds_applied"] == 12
+    assert summary["gradients_per_update"] == {"1": 12} and summary["rounds_shards_disagree"] == 0
+    rows = steps_of(run.run_dir)
+    per_replica = rows.groupby(["replica", "step"])
+    assert (per_replica.size() == 2).all()
+    assert (per_replica["dropped"].nunique() == 1).all() and (per_replica["read_version"].nunique() == 1).all()
+    applied = rows[~rows["dropped"].astype(bool)]
+    # one replica's two chunks per round, and each of the 12 rounds applied a unit of its own step
+    assert (applied.groupby("applied_version")["replica"].agg(["nunique", "size"]).values == [1, 2]).all()
+    assert sorted(applied["applied_version"].unique()) == list(range(12))
+    assert (applied["step"] == applied["applied_version"]).all()
+    dropped = rows[rows["dropped"].astype(bool)]
+    assert sum(summary["dropped_gradients"].values()) == len(dropped) // 2
