@@ -242,8 +242,8 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     with exactly D PS shards (shard d holds FSDP chunk d of every tensor: what worker d holds); bsp with
     --backup-workers K (N + K replicas, each round the first N whose D chunks all arrived, agreed by the D
     shards); --compress (each worker's chunk through the codec with its own residual). Refused:
-    --backup-tasks (its portions are handed to workers, each push whole: a replica's D chunks of a portion
-    would need the same agreement)."""
+    --backup-tasks (its portions are handed to single workers; a replica's D workers would have to take
+    each portion together)."""
     if t > 1:
         raise ConfigError(f"--tensor-parallel {t} does not compose with --transport ps yet; use --transport collective")
     if config.ps_shards != d:

@@ -24,9 +24,9 @@ shard 0 decides each round's N for every shard (strategies/ps_shard.py `RoundRef
 gradient was dropped skips the rounds that closed without it, with their data, as a plain backup worker
 does; its D workers first agree on the round to go on at (the most advanced shard's version, an
 all-reduce over the replica's group) and pull θ chunk d at it, so the replica's chunks are of one version
-(`_agree_round`). Not yet: backup tasks (a portion's chunks of D workers would need the same agreement,
-and the portion scheduler hands portions to workers, not replicas; config/layout_section.py refuses
-them), worker replacement in place (a replica's D workers share one FSDP group: a lost worker restarts
+(`_agree_round`). Not yet: backup tasks (the portion scheduler hands portions to single workers, and a
+replica's D workers would have to take each together; config/layout_section.py refuses them), worker
+replacement in place (a replica's D workers share one FSDP group: a lost worker restarts
 the attempt).
 
 --compress: a worker's push goes through the channel (`Channel.push_pull` with this worker's one-shard
