@@ -136,7 +136,12 @@ def global_batch_of(recorded: dict[str, Any], slots: int) -> int:
 def grid_text(layout: dict[str, Any]) -> str:
     """How the display and the summary table name the workers of a `layout_of` grid: "2 workers", or a
     grouped replica's, "2 replicas x 2 shards" (--fsdp), "1 replica x 4 stages" (--pipeline-stages). A
-    summary written before the grid was recorded has only its replicas: N workers."""
+    summary written before the grid was recorded has only its replicas: N workers. bsp's backup workers
+    (counted in `worker_actors` beyond the replicas) follow the replicas: "2 workers (+1 backup)"."""
+    backups = ""
+    if isinstance(layout["replicas"], int) and layout.get("worker_actors") and layout.get("workers_per_replica"):
+        extra = layout["worker_actors"] // layout["workers_per_replica"] - layout["replicas"]
+        backups = f" (+{extra} backup{'s' if extra > 1 else ''})" if extra > 0 else ""
     parts = [
         f"{n} {what}"
         for n, what in (
@@ -147,9 +152,9 @@ def grid_text(layout: dict[str, Any]) -> str:
         if n > 1
     ]
     if not parts:
-        return "1 worker" if layout["replicas"] == 1 else f"{layout['replicas']} workers"
+        return ("1 worker" if layout["replicas"] == 1 else f"{layout['replicas']} workers") + backups
     replicas = "1 replica" if layout["replicas"] == 1 else f"{layout['replicas']} replicas"
-    return " x ".join([replicas, *parts])
+    return " x ".join([replicas + backups, *parts])
 
 
 def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:

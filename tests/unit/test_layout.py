@@ -40,8 +40,12 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
     config = RunConfig(strategy="bsp", transport="ps", workers=2, fsdp=2, backup_workers=1, model="mlp")
     layout = layout_of(config.to_dict(), config.worker_slots)
     assert layout["replicas"] == 2 and layout["worker_actors"] == 6 == config.num_worker_actors
-    plain = RunConfig(strategy="bsp", transport="ps", workers="2..3", backup_workers=1)
-    assert layout_of(plain.to_dict(), plain.worker_slots)["worker_actors"] == 3 == plain.num_worker_actors
+    assert grid_text(layout) == "2 replicas (+1 backup) x 2 shards"
+    plain = RunConfig(strategy="bsp", transport="ps", workers=2, backup_workers=2)
+    assert grid_text(layout_of(plain.to_dict(), plain.worker_slots)) == "2 workers (+2 backups)"
+    ranged = RunConfig(strategy="bsp", transport="ps", workers="2..3", backup_workers=1)
+    assert layout_of(ranged.to_dict(), ranged.worker_slots)["worker_actors"] == 3 == ranged.num_worker_actors
+    assert grid_text(layout_of(ranged.to_dict(), ranged.worker_slots)) == "2..3 workers"
 
 
 @pytest.mark.parametrize(
