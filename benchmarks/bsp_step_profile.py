@@ -226,31 +226,14 @@ def run_ddp(a: argparse.Namespace, tmp: Path, sampler: Sampler) -> dict[str, Any
 
 def run_distrain(a: argparse.Namespace, tmp: Path, sampler: Sampler) -> dict[str, Any]:
     import pandas as pd
+    from bsp_throughput import distrain_config  # (benchmarks/ is on the path: this script's own folder)
 
-    from distrain.config import RunConfig
     from distrain.orchestrator.run import run_training
-    from distrain.trainers.datasets import load_dataset
 
-    spe = load_dataset(a.dataset).train_size // a.global_batch
-    config = RunConfig(
-        strategy="bsp",
-        workers=a.workers,
-        cpus_per_worker=1.0,
-        model=a.model,
-        dataset=a.dataset,
-        batch_size=a.global_batch // a.workers,
-        lr=0.05,
-        lr_scaling="none",
-        optimizer="sgd",
-        momentum=0.9,
-        epochs=math.ceil(a.steps / spe),
-        max_steps=a.steps,
-        seed=0,
-        run_dir=str(tmp / "distrain"),
-        transport="collective",
-        eval_every=0,
+    config = distrain_config(
+        a.workers, a.model, a.dataset, a.global_batch, a.steps, tmp / "distrain", lr=0.05, momentum=0.9, seed=0,
         prefetch=not a.no_prefetch,
-    )
+    )  # fmt: skip
     spies: list[subprocess.Popen] = []
     if a.py_spy:
 

@@ -230,7 +230,6 @@ class Bench:
     def run_distrain(self, rnd: int) -> Measurement:
         import pandas as pd
 
-        from distrain.config import RunConfig
         from distrain.orchestrator.run import run_training
         from distrain.trainers.datasets import load_dataset
 
@@ -238,23 +237,8 @@ class Bench:
         train_size = load_dataset(a.dataset).train_size
         steps_per_epoch = train_size // a.global_batch
         run_dir = self.tmp / f"distrain-r{rnd}"
-        config = RunConfig(
-            strategy="bsp",
-            workers=a.workers,
-            cpus_per_worker=1.0,
-            model=a.model,
-            dataset=a.dataset,
-            batch_size=a.global_batch // a.workers,
-            lr=a.lr,
-            lr_scaling="none",
-            optimizer="sgd",
-            momentum=a.momentum,
-            epochs=math.ceil(a.steps / steps_per_epoch),
-            max_steps=a.steps,
-            seed=a.seed,
-            run_dir=str(run_dir),
-            transport="collective",  # all-reduce BSP, the transport compared here
-            eval_every=0,  # evaluate only after the last step, as the other contenders' loops (never) do
+        config = distrain_config(
+            a.workers, a.model, a.dataset, a.global_batch, a.steps, run_dir, lr=a.lr, momentum=a.momentum, seed=a.seed
         )
         m = Measurement("distrain", rnd)
         t_launch = time.time()
@@ -299,6 +283,38 @@ class Bench:
         # Step rows carry wall_time relative to the run's start, which summary.json records.
         m.ttfs_s = result.summary["started_at"] + ends[0] - t_launch
         return m
+
+
+def distrain_config(
+    workers: int, model: str, dataset: str, global_batch: int, steps: int, run_dir: Path, *, lr: float,
+    momentum: float, seed: int, **extra: Any,
+):  # fmt: skip
+    """The distrain contender's run: all-reduce BSP at the global batch, plain momentum SGD, no evaluation
+    before the last step (as the other contenders' loops, which never evaluate). bsp_step_profile.py
+    profiles this same run."""
+    from distrain.config import RunConfig
+    from distrain.trainers.datasets import load_dataset
+
+    steps_per_epoch = load_dataset(dataset).train_size // global_batch
+    return RunConfig(
+        strategy="bsp",
+        workers=workers,
+        cpus_per_worker=1.0,
+        model=model,
+        dataset=dataset,
+        batch_size=global_batch // workers,
+        lr=lr,
+        lr_scaling="none",
+        optimizer="sgd",
+        momentum=momentum,
+        epochs=math.ceil(steps / steps_per_epoch),
+        max_steps=steps,
+        seed=seed,
+        run_dir=str(run_dir),
+        transport="collective",  # all-reduce BSP, the transport compared here
+        eval_every=0,
+        **extra,
+    )
 
 
 def _ray_train_loop(config: dict[str, Any]) -> None:

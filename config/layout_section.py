@@ -179,12 +179,12 @@ def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:
 @config_check(stage="across")
 def check_layout(config: RunConfig) -> None:
     """--fsdp D >= 1 and --tensor-parallel T >= 1; a replica cut over workers runs under BSP, DiLoCo or
-    local SGD over the collective transport so far (FSDP's own reduce-scatter inside a replica; across
-    replicas an all-reduce of the shards every step, HSDP, or of each part at a period's end; under
-    --compress the channel's codec carries that all-reduce), alone but for --fsdp with --pipeline-stages
-    (BSP only: the strategy section refuses pipelines under the others, and --compress with them);
-    or, --fsdp D alone, under async, SSP or BSP over the PS (`check_ps_layout`: D PS shards, shard d
-    holding FSDP chunk d)."""
+    local SGD over the collective transport, --precision and --compress included, so far (FSDP's own
+    reduce-scatter inside a replica; across replicas an all-reduce of the shards every step, HSDP, or of
+    each part at a period's end; under --compress the channel's codec carries that all-reduce), alone
+    but for --fsdp with --pipeline-stages (BSP only: the strategy section refuses pipelines under the
+    others, and --compress with them); or, --fsdp D alone, under async, SSP or BSP over the PS
+    (`check_ps_layout`: D PS shards, shard d holding FSDP chunk d)."""
     d, t = shards_per_replica(config), tp_degree(config)
     for flag, value in (("--fsdp", d), ("--tensor-parallel", t)):
         if value < 1:
@@ -212,13 +212,11 @@ def check_layout(config: RunConfig) -> None:
         check_elastic_layout(config, t, given)
     # (--compress composes: the average across replicas goes through the channel's codec, part by part,
     # while FSDP's reduce-scatter inside a replica stays float32: strategies/sharded_bsp.py.)
-    for flag, used in (
-        ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
-        # FSDP's own reduce-scatter moves the gradient, outside the loss scale and the channel.
-        ("--precision " + config.precision, config.precision != "fp32"),
-    ):
-        if used:
-            raise ConfigError(f"{given} does not compose with {flag} yet; drop one of them")
+    # (--precision composes: FSDP's MixedPrecisionPolicy, autocast under tensor parallelism alone, fp16's
+    # loss scale with one skip decision over the run: trainers/sharded_trainer.py, strategies/sharded_bsp.py.
+    # fp16 with --compress stays refused for every run: strategy_section.py.)
+    if config.comm_delay_ms or config.comm_bandwidth:
+        raise ConfigError(f"{given} does not compose with --comm-delay-ms/--comm-bandwidth yet; drop one of them")
 
 
 def check_elastic_layout(config: RunConfig, t: int, given: str) -> None:
@@ -237,6 +235,9 @@ def check_elastic_layout(config: RunConfig, t: int, given: str) -> None:
     for flag, used in (
         ("--pipeline-stages", config.pipelined),
         ("--balance speed/--worker-weights", bool(config.balance == "speed" or config.worker_weights)),
+        # A re-form builds a fresh trainer and moves model and optimizer pieces, not fp16's scale; and its
+        # own step (strategies/elastic_sharded_bsp.py) takes no skip decision for an overflow.
+        ("--precision " + config.precision, config.precision != "fp32"),
     ):
         if used:
             raise ConfigError(f"{given} with --workers MIN..MAX does not compose with {flag} yet; drop one of them")
@@ -266,7 +267,6 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
         ("--pipeline-stages", config.pipelined),
         ("--workers MIN..MAX", config.elastic),
         ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
-        ("--precision " + config.precision, config.precision != "fp32"),
     ):
         if used:
             raise ConfigError(f"{given} over --transport ps does not compose with {flag} yet; drop one of them")

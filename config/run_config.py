@@ -228,9 +228,15 @@ class RunConfig:
 
     @property
     def worker_shares(self) -> tuple[int, ...] | None:
-        """Each worker's samples per step under --worker-weights or --worker-group, in rank order (None:
-        equal slices)."""
+        """Each worker's samples per step under --worker-weights or --worker-group, in rank order (a
+        replica's, for a pipeline's or a cut replica's workers; None: equal slices)."""
         return shares_section.worker_shares(self)
+
+    @property
+    def unequal_shares(self) -> bool:
+        """Whether workers may take unequal shares of a step (--worker-weights, --worker-group, --balance
+        speed): for the strategies, which do not import the config's sections."""
+        return shares_section.unequal_shares(self)
 
     @property
     def stragglers(self) -> dict[int, Slowdown]:

@@ -242,8 +242,9 @@ class Optimization:
     )
     precision: str = setting(
         "fp32",
-        "Forward pass dtype: fp32, bf16 or fp16 (torch.autocast; parameters, gradients, optimizer state and "
-        "traffic stay float32; fp16 adds a dynamic loss scale, checkpointed). "
+        "Forward pass dtype: fp32, bf16 or fp16 (torch.autocast; under --fsdp FSDP's mixed precision, which "
+        "gathers parameters in that dtype; parameters, gradients, optimizer state and gradient traffic stay "
+        "float32; fp16 adds a dynamic loss scale, checkpointed). "
         f"Not {CODEC_FLAG} bf16, which changes only what travels.",
         "optimizer",
     )
@@ -322,7 +323,8 @@ class Stragglers:
         "(--workers x --batch-size) is cut in proportion, each worker's gradient weighted by its share, so the "
         "update is still the whole batch's (bsp over either transport; local-sgd and diloco weigh their "
         "averages by the samples each replica took; under --pipeline-stages one weight per replica, cut in whole "
-        "sets of micro-batches; docs/heterogeneous.md).",
+        "sets of micro-batches; under --fsdp/--tensor-parallel one weight per replica, in multiples of its "
+        "data-parallel ranks, over the collective transport; docs/heterogeneous.md).",
         "stragglers",
         "equal",
         metavar="W1,W2,...",
@@ -332,7 +334,8 @@ class Stragglers:
         "none, or speed: the driver sets each worker's share of the step's batch in proportion to its measured "
         "speed (seconds per sample), moving them at segment starts only when the predicted step time falls by "
         "more than 10 %; the global batch stays --workers x --batch-size (bsp, local-sgd, diloco, and under "
-        "--pipeline-stages per replica in whole sets of micro-batches; starts from --worker-weights if given). "
+        "--pipeline-stages per replica in whole sets of micro-batches, under --fsdp/--tensor-parallel per replica "
+        "in multiples of its data-parallel ranks; starts from --worker-weights if given). "
         "Under --workers MIN..MAX (over the collective): every step is MAX x "
         "--batch-size cut among the members; a joiner starts at the mean share, a leaver's is shared out.",
         "stragglers",

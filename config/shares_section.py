@@ -3,11 +3,13 @@ docs/heterogeneous.md): what the weights make of the global batch, and the runs 
 shares yet, refused in one line.
 
 Unequal shares keep the update the whole batch's only where a step's gradients are combined by one mean
-that can be weighted (BSP over either transport; a pipeline's per-stage all-reduce over its replicas).
-The others are refused rather than run wrong: k-of-n rounds and backup tasks (a round's mean is over
-whichever gradients arrive first), sharded replicas (a replica's batch is cut again inside it), and
-strategies without one mean per step. A pipeline's replicas take weights, one per replica, and --balance
-speed, in whole sets of micro-batches (`pipeline_shares`; orchestrator/pipeline_balance.py). Under a
+that can be weighted (BSP over either transport; a pipeline's per-stage all-reduce over its replicas;
+the all-reduce of cut replicas' gradient parts over the mesh's "replicate" group). The others are refused
+rather than run wrong: k-of-n rounds and backup tasks (a round's mean is over whichever gradients arrive
+first) and strategies without one mean per step. A replica of several workers (a pipeline's S stages,
+a cut replica's D x T workers) takes one weight and one share per replica, in whole units (`share_unit`):
+a pipeline's in sets of its micro-batches, a cut replica's in multiples of its D data-parallel ranks,
+which split it equally (`replica_shares`; the balancer: orchestrator/pipeline_balance.py). Under a
 range (--workers MIN..MAX) only --balance speed over the collective transport takes shares (BSP, local
 SGD, DiLoCo: each round a whole step cut among the members, `check_elastic_shares`)."""
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distrain.config import groups_section
+from distrain.config import groups_section, layout_section
 from distrain.config.checks import config_check
 from distrain.config.parsing import parse_worker_weights
 from distrain.config.sections import BALANCE_MODES
@@ -40,21 +42,31 @@ def worker_shares(config: RunConfig) -> tuple[int, ...] | None:
     weights = parse_worker_weights(config.worker_weights, config.worker_slots)
     if not weights:
         return None
+    return replica_shares(config, weights)
+
+
+def share_unit(config: RunConfig) -> int:
+    """The samples a replica's share is a whole number of. A pipeline's: its P micro-batches (P = M x
+    --accumulate-steps; torch's schedules allocate each stage's receive buffers from the first
+    micro-batch's shape, so a replica's micro-batches must all be one size, b_r / P each, and the
+    schedule's mean over them is the mean over the replica's b_r samples). A cut replica's (--fsdp D,
+    --tensor-parallel T): its data-parallel ranks, D (D x T under a hybrid plan), each taking b_r / D of
+    the replica's block, so FSDP's mean over them is the mean over its b_r samples; times
+    --accumulate-steps k, so that each rank's part cuts into its k micro-batches. 1 otherwise."""
     if config.pipelined:
-        return pipeline_shares(config, weights)
-    return split_batch(config.global_batch_size, weights)
+        from distrain.strategies.pipeline import PipelineShape
+
+        return PipelineShape.of(config).micro
+    if config.sharded:
+        return layout_section.data_ranks_per_replica(config) * config.accumulate_steps
+    return 1
 
 
-def pipeline_shares(config: RunConfig, weights: tuple[float, ...]) -> tuple[int, ...]:
-    """A pipeline's replica shares: the global batch cut in whole sets of its P micro-batches (P = M x
-    --accumulate-steps), b_r = P x u_r with u = split_batch(B / P, weights). torch's schedules allocate
-    each stage's receive buffers from the first micro-batch's shape, so a replica's micro-batches must all
-    be one size (--microbatches already divides --batch-size); with b_r a multiple of P they are, b_r / P
-    each, and the schedule's mean over its P micro-batches is the mean over the replica's b_r samples."""
-    from distrain.strategies.pipeline import PipelineShape
-
-    parts = PipelineShape.of(config).micro
-    return tuple(parts * u for u in split_batch(config.global_batch_size // parts, weights))
+def replica_shares(config: RunConfig, weights: tuple[float, ...]) -> tuple[int, ...]:
+    """Each replica's samples per step: the global batch cut in whole units (`share_unit`) by largest
+    remainder, b_r = unit x u_r with u = split_batch(B / unit, weights) (each replica one unit at least)."""
+    unit = share_unit(config)
+    return tuple(unit * u for u in split_batch(config.global_batch_size // unit, weights))
 
 
 def unequal_shares(config: RunConfig) -> bool:
@@ -77,18 +89,17 @@ def check_worker_shares(config: RunConfig) -> None:
         else "--balance speed"
     )
     check_elastic_shares(config, given)  # (--worker-group never has a range: its counts fix --workers)
-    if config.pipelined and groups_section.rank_shares(config):
-        raise ConfigError(
-            f"{groups_section.FLAG} does not compose with --pipeline-stages yet; a pipeline's replicas take "
-            "--worker-weights or --balance speed"
-        )
-    for flag, used in (
-        ("--schedule", bool(config.schedule)),
-        ("--fsdp/--tensor-parallel", config.sharded),
-    ):
-        if used:
-            raise ConfigError(f"{given} does not compose with {flag} yet; drop one of them")
-    if config.pipelined and str(config.worker_weights).strip():
+    for layout, flag in ((config.pipelined, "--pipeline-stages"), (config.sharded, "--fsdp/--tensor-parallel")):
+        if layout and groups_section.rank_shares(config):
+            raise ConfigError(
+                f"{groups_section.FLAG} does not compose with {flag} yet; a replica of several workers takes "
+                "--worker-weights or --balance speed"
+            )
+    if bool(config.schedule):
+        raise ConfigError(f"{given} does not compose with --schedule yet; drop one of them")
+    if config.sharded:
+        check_sharded_shares(config, given)
+    if (config.pipelined or config.sharded) and str(config.worker_weights).strip():
         check_replica_weights(config)
     parse_worker_weights(config.worker_weights, config.worker_slots)  # numbers, positive, one per worker
     if config.strategy not in SHARED_STRATEGIES:
@@ -130,13 +141,35 @@ def check_elastic_shares(config: RunConfig, given: str) -> None:
     # weighted by the samples it took in the block (strategies/local_sgd.py `block_weight`).
 
 
+def check_sharded_shares(config: RunConfig, given: str) -> None:
+    """Shares across cut replicas (--fsdp D, --tensor-parallel T): BSP, local SGD and DiLoCo over the
+    collective transport, whose averages across replicas run over the mesh's "replicate" group where a
+    replica's weight can go in (strategies/sharded_bsp.py). Refused: cut replicas over the parameter
+    server (a replica's D workers push their chunks to D shards, whose rounds are counted per push, not
+    per sample) and cut pipelines (S > 1 with D or T > 1: not built). A range is refused by the layout
+    check (config/layout_section.py `check_elastic_layout`)."""
+    if config.transport != "collective":
+        raise ConfigError(
+            f"{given} across cut replicas (--fsdp/--tensor-parallel) runs over the collective transport only so "
+            "far: the parameter server's shards count a round's pushes, not its samples; use --transport collective"
+        )
+    if config.pipelined:
+        raise ConfigError(
+            f"{given} does not compose with --pipeline-stages and --fsdp/--tensor-parallel together yet; drop one "
+            "of them"
+        )
+
+
 def check_replica_weights(config: RunConfig) -> None:
-    """A pipeline's weights are one per replica (--workers R), not one per stage actor (R x S): said in
-    those words, since R x S weights is the natural mistake. (Each replica always gets at least one
-    sample per micro-batch: B / P = R x --batch-size / --microbatches >= R.)"""
+    """The weights of a run whose replicas are several workers (a pipeline's S stages, a cut replica's
+    D x T workers) are one per replica (--workers R), not one per worker actor: said in those words,
+    since one per actor is the natural mistake. (Each replica always gets at least one unit: B / unit =
+    R x --batch-size / --microbatches >= R for a pipeline, R x --batch-size for a cut replica.)"""
     count = len(str(config.worker_weights).split(","))
     if count != config.worker_slots:
+        kind = "pipeline replicas" if config.pipelined else "cut replicas"
+        actors = "stage actors" if config.pipelined else "workers"
         raise ConfigError(
-            f"{FLAG} {config.worker_weights!r} gives {count} weights for {config.worker_slots} pipeline replicas "
-            f"(--workers {config.worker_slots}, {config.replica_size} stage actors each); give one per replica"
+            f"{FLAG} {config.worker_weights!r} gives {count} weights for {config.worker_slots} {kind} "
+            f"(--workers {config.worker_slots}, {config.replica_size} {actors} each); give one per replica"
         )

@@ -46,6 +46,7 @@ class ElasticShareBalancer(ShareBalancer):
         self.rows = [self.windows[m] for m in members]
         self.current = tuple(shares[m] for m in members)
         self.decided = {}  # decisions made for the old membership (a lost block's steps are dealt again)
+        self.pending = None  # a move proposed for the old membership is not one for the new
         if before:  # (the first membership is the start, not a move)
             joined = [m for m in members if m not in before]
             self.moves.append({"step": step, "shares": list(self.per_slot(self.current)), "joined": joined})

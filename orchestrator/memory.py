@@ -202,6 +202,17 @@ def _meta_model(config: RunConfig) -> tuple[Any, Any]:
         return None, MODELS.get(config.model)(_dataset_info(config.dataset))
 
 
+def tp_plan(config: RunConfig, task: Any) -> dict[str, Any]:
+    """The run's tensor-parallel plan at its --tensor-parallel T: the user's task's, or the built-in
+    model's ({} where there is none, or at T = 1)."""
+    from distrain.trainers.tensor_parallel import BUILTIN_PLANS
+
+    tp = tp_degree(config)
+    if tp == 1:
+        return {}
+    return (task.tensor_parallel_plan(tp) if task is not None else BUILTIN_PLANS.get(config.model)) or {}
+
+
 @dataclass(frozen=True)
 class CutSizes:
     """The parameter values a cut replica's worker memory depends on (--tensor-parallel, --fsdp), from one
@@ -215,15 +226,12 @@ class CutSizes:
     @classmethod
     def of(cls, config: RunConfig) -> CutSizes:
         from distrain.trainers.sharded_trainer import fsdp_units
-        from distrain.trainers.tensor_parallel import BUILTIN_PLANS, local_params
+        from distrain.trainers.tensor_parallel import local_params
 
         task, model = _meta_model(config)
         total = sum(p.numel() for p in model.parameters() if p.requires_grad)
         tp = tp_degree(config)
-        held = total
-        if tp > 1:
-            plan = task.tensor_parallel_plan(tp) if task is not None else BUILTIN_PLANS.get(config.model)
-            held = local_params(model, plan or {}, tp)
+        held = local_params(model, tp_plan(config, task), tp) if tp > 1 else total
         units = [sum(p.numel() for p in unit.parameters()) for unit in fsdp_units(model)]
         own = sum(p.numel() for p in model.parameters(recurse=False))  # the root's own, gathered with it
         return cls(total, held, max([own, *units]))

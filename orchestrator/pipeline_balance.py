@@ -3,7 +3,7 @@
 
 A replica's batch is cut into P = --microbatches x --accumulate-steps micro-batches of one size (torch's
 schedules receive into buffers sized by the first), so its share is b_r = P x u_r
-(config/shares_section.py `pipeline_shares`): the base balancer works in units of P samples (B / P of
+(config/shares_section.py `replica_shares`): the base balancer works in units of P samples (B / P of
 them per step) and what goes out is multiplied back. When a replica's share moves, its micro-batches
 change size and its S stages rebuild their torch stage and schedule at that step
 (strategies/pipeline.py `compute_gradients`).
@@ -13,6 +13,12 @@ Each of the S x R actors' rows is kept on its own (its compute time at the repli
 holds the others up: they wait for it in the schedule or at the stage all-reduce), so a replica's model
 is that of the stage whose time at the current share is largest. Pure: tested on plain numbers
 (tests/unit/test_pipeline_balance.py).
+
+Cut replicas (--fsdp D, --tensor-parallel T) are balanced by the same class: `stages` is then the D x T
+workers of a replica (ranks r x D x T ..), `unit` its D data-parallel ranks, and a replica is as slow
+as its slowest worker (FSDP's collectives inside it wait for that one; the average across replicas runs
+after the compute, strategies/sharded_bsp.py). The controller makes it for any replica of several
+workers (orchestrator/controller/attempt.py).
 """
 
 from __future__ import annotations
@@ -40,20 +46,20 @@ class PipelineShareBalancer(ShareBalancer):
         """Every stage's rows, each at its replica's share (in units)."""
         self.add(rows["worker"], rows["compute_s"], [n // self.unit for n in rows["replica_samples"]])
 
-    def at_current(self, worker: int) -> list[float]:
-        """Actor `worker`'s last compute times at its replica's current share."""
-        share = self.current[worker // self.stages]
-        return [t for b, t in self.rows[worker] if b == share][-self.window :]
+    def share_of(self, worker: int) -> int:
+        """Actor `worker`'s rows are measured at its replica's current share."""
+        return self.current[worker // self.stages]
 
-    def models(self) -> list[StepModel] | None:
-        """Each replica's step model, its slowest stage's; None until every actor has `min_rows` rows at its
-        replica's current share."""
-        if any(len(self.at_current(a)) < self.min_rows for a in range(len(self.rows))):
+    def models(self, rows: Sequence[Sequence[tuple[int, float]]] | None = None) -> list[StepModel] | None:
+        """Each replica's step model, its slowest stage's, from `rows` (per actor; by default all kept); None
+        until every actor has `min_rows` rows at its replica's current share."""
+        rows = self.rows if rows is None else rows
+        if any(len(self.at_current(a, rows)) < self.min_rows for a in range(len(rows))):
             return None
         S = self.stages
         out = []
         for r, share in enumerate(self.current):
-            fitted = [fit_step_model(self.rows[r * S + s], share, self.window) for s in range(S)]
+            fitted = [fit_step_model(rows[r * S + s], share, self.window) for s in range(S)]
             out.append(max(fitted, key=lambda m: m.time(share)))
         return out
 

@@ -123,7 +123,8 @@ class TrainWorker:
         if data is not None:
             self.stream = StreamReader(data, self.task.collate_columns, self.sharder.steps_per_epoch)
         # Heterogeneous workers (--worker-weights, --balance speed): each worker's samples per step, in rank
-        # order (None: equal slices); `weighs`: the strategy is told each step's share (even an equal one).
+        # order (a replica's, for a pipeline's or a cut replica's workers; None: equal slices); `weighs`: the
+        # strategy is told each step's share (even an equal one).
         self.shares = config.worker_shares
         self.weighs = unequal_shares(config)
         # The run's end, and where checkpoints are taken: as the driver's dispatcher queues them (one rule).
@@ -252,7 +253,8 @@ class TrainWorker:
         gets one row.
         """
         if shares is not None:
-            if len(shares) != self.strategy.slices_per_step or sum(shares) != self.sharder.global_batch:
+            cut = self.strategy.share_cut  # (a cut replica's share is one per replica)
+            if len(shares) * cut != self.strategy.slices_per_step or sum(shares) != self.sharder.global_batch:
                 raise ValueError(f"shares {shares} do not cut a step of {self.sharder.global_batch} samples")
             self.shares = tuple(shares)
         rows: dict[str, list[Any]] = {c: [] for c in self.columns}
@@ -399,7 +401,10 @@ class TrainWorker:
             rows["channel_state"] = [{"step": end, "state": state}]
 
     def _indices(self, epoch: int, step: int, slice_: int) -> np.ndarray:
-        return self.sharder.worker_indices(epoch, step, slice_, self.strategy.slices_per_step, self.shares)
+        strategy = self.strategy
+        return self.sharder.worker_indices(
+            epoch, step, slice_, strategy.slices_per_step, self.shares, strategy.share_cut if self.shares else 1
+        )
 
     def evaluate(
         self, shard: int, num_shards: int, splits: tuple[str, ...] = ("val",)

@@ -34,7 +34,6 @@ def model_figures(config: RunConfig) -> dict[str, Any]:
     parallel plan at its T (none at T = 1)."""
 
     from distrain.trainers.sharded_trainer import fsdp_units
-    from distrain.trainers.tensor_parallel import BUILTIN_PLANS
 
     task, model = memory._meta_model(config)
     units = len(fsdp_units(model)) + (1 if any(True for _ in model.parameters(recurse=False)) else 0)
@@ -43,7 +42,7 @@ def model_figures(config: RunConfig) -> dict[str, Any]:
     tp = tp_degree(config)
     if tp == 1:
         return figures
-    plan = (task.tensor_parallel_plan(tp) if task is not None else BUILTIN_PLANS.get(config.model)) or {}
+    plan = memory.tp_plan(config, task)
     modules = dict(model.named_modules())
     planned = {name: style for name, style in plan.items() if name in modules}
     if task is not None:  # no sample to run: the planned layers' share of the parameters
@@ -93,15 +92,42 @@ def _traced(model: Any, planned: dict[str, Any], dataset: str) -> dict[str, Any]
 
 
 def layout_of(config: RunConfig) -> Layout:
-    """The run's layout (its --fsdp, --tensor-parallel, --reshard-after-forward) with the model's figures
-    and the memory estimate's per-worker bytes at it."""
+    """The run's layout (its --fsdp, --tensor-parallel, --reshard-after-forward) with the model's figures,
+    the memory estimate's per-worker bytes at it, and under --compress the codec's transfers of a worker's
+    part across the replicas (`codec_parts`)."""
     cut = memory.CutSizes.of(config)
     est = memory.estimate(config.replace(workers=1), cut.total, cut)
     d, t = config.replica_grid[:2]
     return Layout(
         fsdp=d, tensor_parallel=t, reshard_after_forward=config.reshard_after_forward, held_params=cut.held,
-        memory_per_worker=est.per_worker, training_state=est.training_state, **model_figures(config),
+        memory_per_worker=est.per_worker, training_state=est.training_state, codec_parts=codec_parts(config),
+        **model_figures(config),
     )  # fmt: skip
+
+
+def part_shapes(config: RunConfig) -> list[tuple[int, ...]]:
+    """The shapes of a cut replica's worker 0's parts of the model's tensors: its tensor-parallel part
+    under the task's plan, then FSDP's first dim-0 chunk of that (ceil(rows / D) rows: the largest, as
+    torch.chunk cuts), as strategies/sharded_bsp.py `local_shapes` reads them off the real shards."""
+    from distrain.trainers.tensor_parallel import local_part_shapes
+
+    task, model = memory._meta_model(config)
+    d, t = config.replica_grid[:2]
+    return [(-(-s[0] // d), *s[1:]) if s else s for s in local_part_shapes(model, memory.tp_plan(config, task), t)]
+
+
+def codec_parts(config: RunConfig) -> tuple[tuple[str, int], ...]:
+    """Under --compress, the transfers [(collective, payload bytes)] of one compressed average of a
+    worker's part across the replicas, read from the codec's own encoding of tensors of its part's shapes
+    (compressed_collective.wire_parts, as for plain workers); () without a codec."""
+    from distrain.compression.spec import codec_of
+
+    spec = codec_of(config)
+    if spec is None:
+        return ()
+    from distrain.strategies.compressed_collective import wire_parts
+
+    return tuple(wire_parts(spec, part_shapes(config)))
 
 
 def planned_layouts(config: RunConfig) -> tuple[list[Layout], str]:

@@ -10,7 +10,10 @@ no torch. Per worker and step:
   parallelism's all-reduces of activations, 2(T-1)/T x their bytes: each rowwise layer's output in the
   forward, each colwise layer's input gradient in the backward (none where its input needs no gradient).
   DiLoCo's replicas run FSDP inside themselves only and all-reduce their part's pseudo-gradient across
-  the R replicas once a round;
+  the R replicas once a round. Under --compress FSDP stays inside each replica under BSP too, and the
+  average across the replicas (BSP's gradient part every step, after backward and never hidden;
+  DiLoCo's pseudo-gradient part a round) is the codec's transfers of the part's shapes
+  (`Layout.codec_parts`), as strategies/sharded_bsp.py and sharded_diloco.py send and count them;
 - compute: FSDP does not split it (each rank computes its own B samples, the step's R x D x B global
   batch is D times a plain run's); tensor parallelism splits the planned layers' share of it T ways
   (their FLOPs over the model's, `Layout.split_share`);
@@ -47,6 +50,8 @@ from distrain.planning.planner import (
     ring_bytes_per_worker,
     ring_rounds,
     settings_for,
+    wire_bytes,
+    wire_time,
 )
 from distrain.strategies.sharded_bsp import fsdp_bytes_per_step
 
@@ -68,6 +73,9 @@ class Layout:
     split_share: float = 0.0  # the planned layers' share of a step's compute
     memory_per_worker: int = 0  # orchestrator/memory.estimate's per_worker at this layout
     training_state: int = 0  # its parameter copies and activations (what --worker-memory bounds)
+    # --compress: one compressed average of the worker's part across the replicas, [(collective, payload
+    # bytes)] (layout_figures.codec_parts); () uncompressed: HSDP's float32 all-reduce
+    codec_parts: tuple = ()
 
     @property
     def workers_per_replica(self) -> int:
@@ -129,7 +137,9 @@ def predict_layout(
     compute = _compute(cal, hw, busy, busy) * (1 - layout.split_share + layout.split_share / t)
     overhead = cal.step_overhead_s * stretch if here else cal.step_overhead_s
     diloco = strategy == "diloco"
-    fsdp_replicas = 1 if diloco else replicas  # DiLoCo's replicas step alone between rounds
+    parts = list(layout.codec_parts)  # --compress: the part's coded average across the replicas
+    # DiLoCo's replicas step alone between rounds; under a codec BSP's FSDP stays inside each replica too
+    fsdp_replicas = 1 if diloco or parts else replicas
     tp_time = layout.tp_all_reduces * ring_rounds(t) * alpha + tp_bytes_per_worker(layout, cal.batch_size) / beta
     fsdp_bytes = fsdp_bytes_per_step(layout.param_bytes, fsdp_replicas, layout.fsdp, layout.reshard_after_forward)
     fsdp_time = (_inner_rounds(layout, fsdp_replicas) - layout.tp_all_reduces * ring_rounds(t)) * alpha
@@ -144,6 +154,9 @@ def predict_layout(
     synced = (layout.workers_per_replica if diloco else busy) if busy > 1 else 1
     straggle = compute * (expected_order_stat(cal.spread, synced, synced) - 1.0) if synced > 1 else 0.0
     comm, wait, sent = fsdp_comm + tp_comm, straggle * scale, fsdp_bytes + tp_bytes_per_worker(layout, cal.batch_size)
+    if parts and not diloco:  # BSP: each part's coded average over the R replicas after backward, not hidden
+        comm += wire_time(parts, replicas, alpha, beta) * (stretch * scale if here else 1.0)
+        sent += wire_bytes(parts, replicas)
     memory = layout.memory_per_worker
     setting = ""
     s = settings or {}
@@ -151,11 +164,11 @@ def predict_layout(
         period = _value("diloco", s, "period")
         rounds = cal.rounds_per_step(period, replicas * layout.fsdp)
         part = layout.param_bytes // layout.fsdp
-        round_s = (ring_rounds(replicas) * alpha + ring_bytes_per_worker(part, replicas) / beta) if replicas > 1 else 0
-        comm += round_s * (stretch * scale if here else 1.0) * rounds
+        pseudo = parts or [("ring", part)]  # this part's pseudo-gradient, coded or float32
+        comm += wire_time(pseudo, replicas, alpha, beta) * (stretch * scale if here else 1.0) * rounds
         if replicas > 1:
             wait += compute * (expected_order_stat(cal.spread, busy, busy) - 1.0) * scale * rounds
-        sent += ring_bytes_per_worker(part, replicas) * rounds
+        sent += wire_bytes(pseudo, replicas) * rounds
         memory += 2 * part  # θ_g and the outer momentum, of this worker's part
         setting = _setting_text("diloco", s)
     return Prediction(

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from distrain.strategies.channel import Channel, Traffic
     from distrain.strategies.ps_shard import ConsistencyRule
     from distrain.trainers.local_trainer import LocalTrainer
+    from distrain.trainers.precision import LossScaler
 
 
 class StrategyOptions:
@@ -265,6 +266,12 @@ class Strategy(ABC):
         """Equal parts a step's samples are cut into; a work unit's slice picks one."""
         return self.ctx.world_size
 
+    @property
+    def share_cut(self) -> int:
+        """Under unequal shares, the consecutive slices one share is cut equally into: 1 (a share per
+        slice); a cut replica's data-parallel ranks split its one share (strategies/sharded_bsp.py)."""
+        return 1
+
     def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
         """The (epoch, step, slice) units this worker actually computes, in order, out of a segment's.
 
@@ -329,7 +336,13 @@ class Strategy(ABC):
         1 (no scale helps: divergence, handled by --on-nonfinite)."""
         trainer.unscale_grads_()
         ok = all_finite(trainer.grads_flat) and (not check_loss or math.isfinite(trainer.last_loss))
-        scaler = trainer.scaler
+        return self.gradient_decision(trainer.scaler, ok, what)
+
+    def gradient_decision(self, scaler: LossScaler | None, ok: bool, what: str) -> bool:
+        """`usable_gradient`'s decision once finiteness is known (`ok`): under fp16 (`scaler`) a non-finite
+        gradient is an overflow (skipped, the scale halved) until the scale is exhausted; otherwise
+        --on-nonfinite decides. A strategy whose workers hold pieces of the gradient (sharded replicas)
+        agrees `ok` over them first, so every worker updates its scale alike."""
         if scaler is not None:
             scaler.update(overflow=not ok)
             if not ok and not scaler.exhausted:

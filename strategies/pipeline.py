@@ -14,7 +14,7 @@ name actors that way: ranks 0..S-1 are replica 0's stages). Each actor holds one
 
 Unequal replica shares (--worker-weights, one weight per replica; docs/heterogeneous.md): replica r takes
 b_r samples of the step's B (its contiguous block, whole sets of its micro-batches, so they stay equal:
-config/shares_section.py `pipeline_shares`); its stages' gradients are the mean over its b_r samples, and
+config/shares_section.py `replica_shares`); its stages' gradients are the mean over its b_r samples, and
 each stage multiplies its gradient by b_r x R / B before the all-reduce (`weigh_share`), so the mean over
 the R copies is the whole batch's mean gradient, the update of one process at B.
 

@@ -70,29 +70,26 @@ class Pace:
     MIN_CHUNKS = 2  # a pace is known from its second chunk on (the first may hold one-off costs)
 
     def __init__(self) -> None:
-        self.per_portion: dict[int, float] = {}  # known paces
-        self.first: dict[int, float] = {}  # workers with one chunk measured: its seconds per portion
-        self.seen: dict[int, int] = {}
+        self.chunks: dict[int, tuple[int, float]] = {}  # worker -> (chunks measured, seconds per portion)
 
     def add(self, worker: int, seconds: float, count: int) -> None:
         sample = seconds / max(1, count)
-        self.seen[worker] = self.seen.get(worker, 0) + 1
-        before = self.per_portion.get(worker, self.first.get(worker))
-        pace = sample if before is None else 0.5 * before + 0.5 * sample
-        if self.seen[worker] >= self.MIN_CHUNKS:
-            self.per_portion[worker] = pace
-        else:
-            self.first[worker] = pace
+        measured, before = self.chunks.get(worker, (0, sample))
+        self.chunks[worker] = (measured + 1, 0.5 * before + 0.5 * sample)
+
+    @property
+    def per_portion(self) -> dict[int, float]:
+        """The known paces: those of workers with MIN_CHUNKS chunks measured."""
+        return {w: pace for w, (measured, pace) in self.chunks.items() if measured >= self.MIN_CHUNKS}
 
     def forget(self, worker: int) -> None:
-        for book in (self.per_portion, self.first, self.seen):
-            book.pop(worker, None)
+        self.chunks.pop(worker, None)
 
     def slow(self) -> set[int]:
         """Workers over SLOW_RATIO x the others' median pace and SLOW_EXCESS_S a portion more."""
-        out = set()
-        for worker, pace in self.per_portion.items():
-            others = [p for w, p in self.per_portion.items() if w != worker]
+        out, known = set(), self.per_portion
+        for worker, pace in known.items():
+            others = [p for w, p in known.items() if w != worker]
             if not others:
                 continue
             median = statistics.median(others)
@@ -105,7 +102,8 @@ class Pace:
         it first. The holder is expected at `started` + its pace; once past that, as late again as it is
         overdue (so a holder late by more than the copy takes is copied). A pace not measured yet: yes
         (MapReduce's rule)."""
-        mine, theirs = self.per_portion.get(copier), self.per_portion.get(holder)
+        known = self.per_portion
+        mine, theirs = known.get(copier), known.get(holder)
         if mine is None or theirs is None:
             return True
         planned = started + count * theirs

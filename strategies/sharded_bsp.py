@@ -17,12 +17,28 @@ channel's calls, so a row's bytes are the model's (per rank and step: all-gather
 --reshard-after-forward, again in backward, (D-1)/D x the parameter bytes each; reduce-scatter (D-1)/D;
 across replicas 2(R-1)/R x the shard's bytes) and its comm seconds are the run-wide finiteness check's.
 
+Under --precision bf16|fp16 FSDP gathers the parameters in that dtype and reduces the gradients in
+float32 (trainers/sharded_trainer.py `mixed_precision_policy`); fp16's overflow check is one all-reduce of
+the gradient pieces' sum over every worker of the run, so all skip the same steps (`step`).
+
 Under --compress no codec could act inside HSDP's all-reduce, so FSDP spans each replica's "shard"
-dimension only (`coded_grads`) and, after backward, every worker averages its part of the replica's mean
+dimension only (`channel_grads`) and, after backward, every worker averages its part of the replica's mean
 gradient with the R - 1 workers holding that part in the other replicas, through the channel's "grads"
 stream over the mesh's "replicate" group (`average_gradient`: the codec, this worker's error feedback,
 PowerSGD on each part as a matrix). The row then counts FSDP's traffic inside the replica plus what the
 codec sent (`bytes_uncompressed`: the float32 all-reduce of the part instead).
+
+Unequal replica shares (--worker-weights, one weight per replica; --balance speed; docs/heterogeneous.md)
+take the same path: replica r takes b_r samples of the step's B, a multiple of its D data-parallel ranks
+(config/shares_section.py `share_unit`), each rank b_r / D of the replica's block (`share_cut`), so FSDP's
+mean inside the replica is the mean over its b_r samples; every worker then multiplies its part by
+b_r x R / B before the all-reduce over "replicate" (`weigh_share`), and the mean over the R replicas is
+the whole batch's mean gradient: the update of one process at B. HSDP's own all-reduce cannot take a
+weight per replica in its reduction, and, running inside backward, it would make every replica's compute
+time the slowest one's, hiding from --balance speed which replica is slow: after backward, a replica's
+compute time is its own (its slowest worker's, whom FSDP's collectives inside it wait for) and the
+average across replicas is counted as communication. Rows record the replica's share
+(`replica_samples`), which the balancer reads per worker (orchestrator/pipeline_balance.py).
 
 Checkpoints: at each step a checkpoint is due after, every worker begins writing its own shards through
 torch.distributed.checkpoint in a background thread (`checkpoint_shards`, trainers/sharded_checkpoint.py)
@@ -51,6 +67,9 @@ SHARDED_COLUMNS = {
     "replica": "int32",
     "shard": "int32",  # the worker's FSDP rank within its replica (0..D-1)
     "tp": "int32",  # its tensor-parallel rank (0..T-1)
+    # The replica's samples this step, on each of its workers' rows, under unequal shares (null otherwise):
+    # what --balance speed reads each worker's time against (`samples` is this worker's part, or 0).
+    "replica_samples": "int32",
     "mem_param_bytes": "int64",  # parameter bytes this worker holds: its shards
     "mem_grad_bytes": "int64",
     "mem_optim_bytes": "int64",
@@ -58,12 +77,17 @@ SHARDED_COLUMNS = {
 }
 
 
-def fsdp_bytes_per_step(param_bytes: int, replicas: int, shards: int, reshard_after_forward: bool) -> int:
+def fsdp_bytes_per_step(
+    param_bytes: int, replicas: int, shards: int, reshard_after_forward: bool, gather_bytes: int | None = None
+) -> int:
     """Bytes one worker sends (and receives) per step under HSDP: all-gathers and a reduce-scatter of
     (D-1)/D x the parameter bytes each (two all-gathers when parameters are freed after the forward),
-    then a ring all-reduce of its 1/D shard across the R replicas."""
+    then a ring all-reduce of its 1/D shard across the R replicas. `gather_bytes`: the parameters in the
+    dtype they are gathered in (--precision bf16/fp16: half of `param_bytes`; the gradient is reduced
+    float32)."""
     gathers = 2 if reshard_after_forward else 1
-    inside = (gathers + 1) * (shards - 1) * param_bytes // shards
+    gathered = param_bytes if gather_bytes is None else gather_bytes
+    inside = (gathers * gathered + param_bytes) * (shards - 1) // shards
     across = 2 * (replicas - 1) * (param_bytes // shards) // replicas
     return inside + across
 
@@ -81,11 +105,17 @@ class ShardedBSP(Strategy):
         self.replica, self.shard = divmod(self.dp_rank, self.shards)
         self.own_samples = tp_sample_ranks(config.model, config.task, self.tp) > 1  # a hybrid plan
         self.saved: dict[str, Any] | None = None  # the last checkpoint begun: its directory and step
-        # --compress: the gradient's average across the replicas goes through the channel's codec, so FSDP
-        # stays inside each replica and `step` averages each worker's part over the "replicate" group.
-        self.coded_grads = self.codes_gradients and codec_of(config) is not None
-        if self.coded_grads:
+        # --compress, or unequal replica shares: the gradient's average across the replicas goes through the
+        # channel (its codec; the replica's weight), so FSDP stays inside each replica and `step` averages
+        # each worker's part over the "replicate" group.
+        shares = config.unequal_shares and self.replicas > 1
+        self.channel_grads = self.codes_gradients and (codec_of(config) is not None or shares)
+        if self.channel_grads:
             self.fsdp_across_replicas = False
+        self.replica_samples: int | None = None  # the replica's share of the step (`weigh_share`)
+        # Unequal shares: a replica's workers leave each step together (`step`), so that compute times are
+        # the replica's own (what --balance speed and straggler detection read).
+        self.replica_barrier = self.channel_grads and shares
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -119,12 +149,26 @@ class ShardedBSP(Strategy):
         """A data-parallel rank's T workers share its batch: the first counts it (each its own: all)."""
         return self.own_samples or self.tp_rank == 0
 
+    @property
+    def share_cut(self) -> int:
+        """A replica's share is cut equally among its data-parallel ranks (its D, or D x T under a hybrid
+        plan): slice s of a step takes part s % cut of replica s // cut's block."""
+        return self.slices_per_step // self.replicas
+
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """Unequal replica shares: this worker reads `samples` = b_r / D of the step's B, so its replica
+        took b_r (the row's `replica_samples`), and its part of the replica's mean gradient is weighted
+        by b_r x R / B before the average across the replicas (`average_gradient`): the default weight
+        b_i x N / B over the R x D slices, the same number."""
+        self.replica_samples = samples * self.share_cut
+        super().weigh_share(samples, step_samples)
+
     # FSDP spans every replica's data-parallel workers (HSDP); a subclass whose replicas step alone
     # between synchronisations (ShardedDiLoCo) keeps it inside the replica, and so does BSP under
-    # --compress (`coded_grads`: the channel averages the parts across the replicas instead).
+    # --compress or unequal shares (`channel_grads`: the channel averages the parts across the replicas).
     fsdp_across_replicas = True
-    # Whether, under --compress, `step` averages the gradient across the replicas through the channel's
-    # codec (BSP); False for a subclass whose replicas step alone (local SGD, DiLoCo: their rounds go
+    # Whether, under --compress or unequal shares, `step` averages the gradient across the replicas through
+    # the channel (BSP); False for a subclass whose replicas step alone (local SGD, DiLoCo: their rounds go
     # through it), push to the shards (the PS strategies) or re-form (elastic: --compress is refused there).
     codes_gradients = True
     # The workers whose gradient sums decide together whether a step is skipped: all of them (None: the
@@ -153,13 +197,14 @@ class ShardedBSP(Strategy):
             )
         reshard = self.config.reshard_after_forward
         trainer.shard(mesh, reshard, across_replicas=self.fsdp_across_replicas, own_samples=self.own_samples)
-        if self.coded_grads:  # each worker's part of the gradient, averaged with the R workers holding it
+        if self.channel_grads:  # each worker's part of the gradient, averaged with the R workers holding it
             self.channel.open("grads", shapes=local_shapes(trainer.params), group=mesh["replicate"].get_group())
         from distrain.trainers.sharded_checkpoint import AsyncSaver
 
         self.saver = AsyncSaver()
         fsdp_replicas = self.replicas if self.fsdp_across_replicas else 1
-        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, fsdp_replicas, self.shards, reshard)
+        gathered = trainer.tp_numel * (2 if self.config.precision != "fp32" else 4)  # FSDP's param_dtype
+        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, fsdp_replicas, self.shards, reshard, gathered)
         if trainer.hybrid is not None:  # its whole parameters' gradients, ring all-reduced over the T workers
             self.traffic += 2 * (self.tp - 1) * trainer.hybrid.numel(trainer.model) * 4 // self.tp
         return mesh
@@ -167,15 +212,29 @@ class ShardedBSP(Strategy):
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         import torch.distributed as dist
 
-        # --compress: FSDP averaged the gradient inside the replica; across the replicas, through the codec.
-        coded = self.average_gradient(trainer) if self.coded_grads else None
+        trainer.unscale_grads_()  # --precision fp16: the reduced gradient, divided by the loss scale
+        # --compress or unequal shares: FSDP averaged the gradient inside the replica; across the replicas,
+        # through the channel (its codec; each replica's weight).
+        coded = self.average_gradient(trainer) if self.channel_grads else None
         t0 = time.perf_counter()
+        if self.replica_barrier and self.config.on_nonfinite != "skip":  # (skip's all-reduce below is one)
+            # Each worker's average pairs it with one worker of each other replica: without this, a worker
+            # whose pair was fast would begin its next forward while a mate still waits for a slow replica,
+            # and that wait would count as its compute (FSDP's all-gather waits for the mate), making every
+            # replica look as slow as the slowest. Waiting here counts as communication instead.
+            dist.barrier(group=self.update_group)
         # --clip-grad-norm: the norm of the update's whole gradient (reduced over the replicas under HSDP or
         # the codec, the replica's own under local steps), each element counted once; every worker of
         # `update_group` scales its pieces alike (all replicas hold the same averaged gradient).
         trainer.clip_gradient_(self.update_group)
         total = trainer.local_grad_sum()
-        if self.config.on_nonfinite == "skip":
+        if trainer.scaler is not None:
+            # fp16: an overflow leaves inf in some workers' pieces only. The sum over every worker of the
+            # run decides for all, so all skip the same steps and halve their scales alike: a replica's
+            # shards stay one model, and (even where replicas step alone between rounds, local SGD and
+            # DiLoCo) every replica keeps the one scale a checkpoint records and each loss is scaled by.
+            dist.all_reduce(total)
+        elif self.config.on_nonfinite == "skip":
             # Every worker holds a different shard: the sum over all of them decides for all (a NaN or inf
             # anywhere makes it so), so the R x D workers (those of `step_group`) skip together.
             dist.all_reduce(total, group=self.step_group)
@@ -183,7 +242,7 @@ class ShardedBSP(Strategy):
         # the first worker whose shard is not finite stops the run, which ends diverged with nothing
         # saved after its last good checkpoint, whatever the others applied meanwhile.
         seconds = time.perf_counter() - t0
-        applied = self.finite(bool(total.isfinite()), "reduced gradient")
+        applied = self.gradient_decision(trainer.scaler, bool(total.isfinite()), "reduced gradient")
         if applied:
             trainer.apply_update(lr)
         extra = self.layout_columns(trainer)
@@ -199,7 +258,8 @@ class ShardedBSP(Strategy):
     def average_gradient(self, trainer: ShardedTrainer) -> Traffic:
         """This worker's part of the gradient (FSDP's mean over its replica's D workers) averaged with the
         parts the other replicas' workers at its place in the grid hold, through the channel's codec with
-        this worker's error feedback: the mean over all R x D batches, as HSDP's all-reduce makes it."""
+        this worker's error feedback: the mean over all R x D batches, as HSDP's all-reduce makes it.
+        Under unequal shares each part is weighted by its replica's b_r x R / B first (`weigh_share`)."""
         import torch
 
         from distrain.trainers.sharded_trainer import local_part
@@ -211,6 +271,8 @@ class ShardedBSP(Strategy):
                 for g, p in zip(parts, trainer.params, strict=True)
             ]
         )
+        if self.channel.gradient_weight != 1.0:  # its replica's share of the step
+            flat.mul_(self.channel.gradient_weight)
         traffic = self.channel.all_reduce("grads", flat)
         offset = 0
         with torch.no_grad():
@@ -234,7 +296,7 @@ class ShardedBSP(Strategy):
         totals = trainer.evaluate(batches)
         return totals if self.shard == 0 and self.tp_rank == 0 else {}
 
-    def layout_columns(self, trainer: ShardedTrainer) -> dict[str, int]:
+    def layout_columns(self, trainer: ShardedTrainer) -> dict[str, int | None]:
         """This worker's place in the grid and the bytes it holds: its step row's layout columns."""
         from distrain.trainers.optim_state import state_bytes
 
@@ -242,6 +304,7 @@ class ShardedBSP(Strategy):
             "replica": self.replica,
             "shard": self.shard,
             "tp": self.tp_rank,
+            "replica_samples": self.replica_samples,
             "mem_param_bytes": trainer.nbytes,
             "mem_grad_bytes": trainer.grad_bytes(),
             "mem_optim_bytes": state_bytes(trainer.optimizer),

@@ -10,8 +10,12 @@ workers that hold the same part in the other replicas (the mesh's "replicate" gr
 optimizer steps it. So a round moves 1/(D x T) of the model per worker, and no worker ever holds the
 whole model or its whole pseudo-gradient. Under --compress the part's pseudo-gradient goes through the
 channel's codec over that group (the "pseudo_grads" stream: error feedback per worker, PowerSGD on each
-part as a matrix). Streaming DiLoCo (--fragments, --overlap-steps) and elastic membership are not built
-across cut replicas (DiLoCoOptions.check refuses them).
+part as a matrix). Unequal replica shares (--worker-weights, --balance speed): each replica's inner steps
+take its own b_r samples (cut equally among its D ranks), and each part's pseudo-gradient is weighted by
+the samples its replica trained on since the last outer step (`ShareTally`, as plain DiLoCo weighs
+fragments), so the outer gradient is the samples-weighted mean. Streaming DiLoCo (--fragments,
+--overlap-steps) and elastic membership are not built across cut replicas (DiLoCoOptions.check refuses
+them).
 
 Checkpoints: a period ends at every checkpoint, so θ_g is the model there; each worker writes its part of
 the outer optimizer's state beside its model shards (`checkpoint_entries`), and a run at any layout reads
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from distrain.strategies.adacomm import outer_steps_figure
 from distrain.strategies.base import CommStats, StrategyContext
 from distrain.strategies.sharded_bsp import ShardedBSP, local_shapes
+from distrain.trainers.shares import ShareTally
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
@@ -44,6 +49,7 @@ class ShardedDiLoCo(ShardedBSP):
         super().__init__(config, ctx)  # self.options: DiLoCo's (this class's name)
         self.t = 0  # inner steps since the last outer step
         self.outer_steps = 0
+        self.tally = ShareTally()  # unequal shares: the samples this worker took since the last outer step
 
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
@@ -70,6 +76,12 @@ class ShardedDiLoCo(ShardedBSP):
         stats.averaging_round = self.outer_steps
         return stats
 
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """Unequal replica shares: the pseudo-gradient of this worker's part is weighted by the samples it
+        took since the last outer step (`ShareTally`: its replica's mean b_r x R / B over the period)."""
+        self.replica_samples = samples * self.share_cut
+        self.tally.add(samples, step_samples)
+
     def at_epoch_end(self, trainer: ShardedTrainer) -> CommStats | None:  # type: ignore[override]
         """Close the period: an outer step if inner steps were taken since the last."""
         stats = self._outer_step(CommStats()) if self.t > 0 else CommStats()
@@ -88,6 +100,9 @@ class ShardedDiLoCo(ShardedBSP):
         pairs = zip(self.globals, self.trainer.params, strict=True)
         deltas = [local_part(g.detach()) - local_part(p.detach()) for g, p in pairs]
         flat = torch.cat([d.reshape(-1) for d in deltas])
+        weight = self.tally.take(self.slices_per_step)  # 1 with equal shares
+        if weight != 1.0:
+            flat.mul_(weight)
         traffic = self.channel.all_reduce("pseudo_grads", flat)
         total = flat.sum().reshape(1).double()
         dist.all_reduce(total)  # every worker decides alike

@@ -16,7 +16,11 @@ average. Periods are cut at epoch ends and step checkpoints as plain local SGD c
 checkpoint's shards (ShardedBSP's `checkpoint_shards`) hold the averaged state, equal on every replica.
 Under --compress the part of θ's change goes through the channel's codec over the "replicate" group (the
 "params" stream, error feedback per worker, PowerSGD on each part as a matrix) and the optimizer's state
-follows float32, as plain local SGD sends them. The emulated link and --workers MIN..MAX are not built
+follows float32, as plain local SGD sends them. Unequal replica shares (--worker-weights, --balance speed):
+each replica takes its local steps at its own b_r (cut equally among its D ranks, as under BSP), and a
+round weighs each part of θ's change and of the optimizer state by the samples its replica trained on in
+the period (`ShareTally`, as plain local SGD does), so the mean over the R replicas is Σ m_r x_r / Σ m_r
+and τ = 1 is BSP at the global batch, momentum included. The emulated link and --workers MIN..MAX are not built
 across cut replicas (config/layout_section.py refuses them).
 """
 
@@ -29,6 +33,7 @@ from distrain.strategies.base import CommStats, StrategyContext, all_finite
 from distrain.strategies.channel import Traffic
 from distrain.strategies.local_periods import LocalPeriods
 from distrain.strategies.sharded_bsp import ShardedBSP, local_shapes
+from distrain.trainers.shares import ShareTally
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +51,7 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
         super().__init__(config, ctx)  # self.options: local SGD's (this class's name)
         self.init_periods(config, self.options, ctx.total_steps)
         self.anchor: torch.Tensor | None = None  # this worker's part of θ after the last round, flat
+        self.tally = ShareTally()  # unequal shares: the samples this worker took since the last round
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         mesh = self.join_mesh(trainer)
@@ -64,6 +70,13 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
         stats.add(Traffic(local.seconds, local.bytes_sent, local.bytes_received))
         stats.extra.update(local.extra)
         return stats
+
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """Unequal replica shares: the round weighs this worker's parts by the samples it took in the
+        period, b_r / D a step (`ShareTally`: x R x D / the period's samples, i.e. its replica's mean
+        b_r x R / B), which the mean over the R replicas turns into the samples-weighted average."""
+        self.replica_samples = samples * self.share_cut
+        self.tally.add(samples, step_samples)
 
     def at_epoch_end(self, trainer: ShardedTrainer) -> CommStats | None:  # type: ignore[override]
         """Close the period: a round if local steps were taken since the last."""
@@ -85,6 +98,9 @@ class ShardedLocalSGD(LocalPeriods, ShardedBSP):
         n = self.anchor.numel()
         vectors = state_vectors(trainer)
         buffer = torch.cat([_flat(trainer.params) - self.anchor, *(_flat(parts) for parts in vectors.values())])
+        weight = self.tally.take(self.slices_per_step)  # 1 with equal shares
+        if weight != 1.0:  # θ's change and the optimizer state (the statistics travel apart)
+            buffer.mul_(weight)
         # As plain local SGD: θ's change through the codec (--compress), the optimizer state float32 after it.
         traffic = self.channel.all_reduce("params", buffer, exact_tail=buffer.numel() - n)
         broken = 0.0 if all_finite(buffer) else 1.0

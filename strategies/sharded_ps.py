@@ -14,7 +14,10 @@ each replica's gradient at lr / R on arrival, BSP's rounds close on R gradients 
 State: the shards hold θ and the optimizer state; the workers' own optimizers are never stepped. A
 checkpoint is the shards' snapshot, put back in the whole model's order (`export_state`), so it is a
 whole checkpoint that loads at any layout; the driver builds the shards from a whole θ and optimizer
-state (strategies/driver_actor.py `ps_shards`) in the shards' order.
+state (strategies/driver_actor.py `ps_shards`) in the shards' order. --precision: FSDP's mixed precision
+inside the replica (trainers/sharded_trainer.py), the pushed chunks and the shards float32; under fp16
+a replica's D workers agree on an overflow (`step`), each replica keeping its own scale, and a
+checkpoint holds worker 0's.
 
 Backup workers (bsp --backup-workers K, k-of-n, Chen et al. 2016): N + K replicas push, each round applies
 the first N replicas' gradients. A replica's D pieces reach the D shards at different times, so the
@@ -166,14 +169,19 @@ class ShardedPS(ShardedBSP):
         import torch.distributed as dist
 
         t0 = time.perf_counter()
+        trainer.unscale_grads_()  # --precision fp16: the replica's gradient, divided by the loss scale
         trainer.clip_gradient_(self.update_group)  # --clip-grad-norm: the replica's gradient, each push
         grads = self._local_gradient(trainer)
         ok = bool(grads.sum().isfinite()) and math.isfinite(trainer.last_loss)
-        if self.config.on_nonfinite == "skip":  # the replica's D workers skip together (one update)
+        if self.config.on_nonfinite == "skip" or trainer.scaler is not None:
+            # The replica's D workers skip together (one update); under fp16 an overflow's inf may sit in
+            # some of its chunks only, and its workers halve their scales alike. Replicas decide apart, as
+            # plain workers under the PS do (each its own scale): a run-wide vote would be a barrier the
+            # asynchronous strategies exist to avoid.
             flag = torch.tensor([0.0 if ok else 1.0])
             dist.all_reduce(flag, group=self.replica_group)
             ok = float(flag) == 0.0
-        ok = self.finite(ok, "loss or gradient")
+        ok = self.gradient_decision(trainer.scaler, ok, "loss or gradient")
         # Through the channel: under --compress this worker's chunk goes through the codec with its own
         # residual (one bound: the chunk), and the shard decodes it (ps_shard.decoded).
         pushed = grads if ok else None

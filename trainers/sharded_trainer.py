@@ -12,6 +12,16 @@ Under a hybrid tensor-parallel plan (the cnn's: each of the T workers on its own
 classifier split) `HybridGradients` scales the loss and sums the convolutions' gradients over the T
 workers, so every gradient is the mean over their T x B samples.
 
+--precision bf16|fp16 (trainers/precision.py's rule: compute in the low dtype, keep parameters, gradients,
+optimizer state and everything reduced in float32): where FSDP cuts the model, its own
+`MixedPrecisionPolicy` (`mixed_precision_policy`) gathers each layer's parameters in the low dtype and
+runs the layer in it, and reduces the gradients in float32 into the float32 shards the optimizer steps
+(batch norm with running statistics: a float32 unit of its own, `norm_policy`);
+where it does not (tensor parallelism alone, a replica of one data-parallel worker), the forward runs
+under `torch.autocast`, as a plain worker's does, DTensors included. fp16 scales the loss with
+LocalTrainer's `LossScaler`; the strategy unscales and takes the skip decision on the reduced gradient,
+one decision for every worker of the run (strategies/sharded_bsp.py `step`).
+
 Checkpoints: each worker writes its own shards through torch.distributed.checkpoint
 (`checkpoint_entries`, trainers/sharded_checkpoint.py) and reads its own pieces back at any D or T
 (`load_state_dict` with a {"sharded": directory} reference); a whole (layout-free) state, such as an
@@ -34,6 +44,7 @@ from distrain.trainers.optim_state import (
     make_optimizer,
 )
 from distrain.trainers.own_optimizer import build_own
+from distrain.trainers.precision import DTYPES, LossScaler, autocast
 from distrain.trainers.task import Task, to_device
 
 
@@ -53,8 +64,6 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
 class ShardedTrainer:
     """`LocalTrainer`'s part for a sharded replica (the worker and `ShardedBSP` use these members)."""
 
-    scaler = None  # fp32 only (config/layout_section.py refuses --precision with --fsdp)
-
     def __init__(
         self,
         model: nn.Module,
@@ -71,6 +80,12 @@ class ShardedTrainer:
     ) -> None:
         self.device = torch.device(device)
         self.precision = precision
+        # fp16's loss scale: the same `LossScaler` as a plain worker's; every worker of the run updates it
+        # on the same decision (`Strategy.gradient_decision`), so all hold the same scale.
+        self.scaler = LossScaler() if precision == "fp16" else None
+        self._grads_scaled = False
+        # Whether the forward runs under torch.autocast (`shard` turns it off where FSDP's policy casts).
+        self.autocast_forward = precision != "fp32"
         self.accumulate_steps = accumulate_steps  # --accumulate-steps: micro-batches per update
         self.clip_grad_norm = clip_grad_norm  # --clip-grad-norm: 0 is off
         self.model = model.to(self.device)
@@ -117,9 +132,17 @@ class ShardedTrainer:
         self.tp_numel = sum(local_part(p).numel() for p in self.model.parameters() if p.requires_grad)
         dp = mesh["replicate", "shard"] if across_replicas else mesh["shard"]
         if dp.size() > 1:
+            policy = mixed_precision_policy(self.precision)
+            # Batch norm under --precision: its own unit, run in float32 (`norm_policy`), first (innermost).
+            norms = running_stat_norms(self.model) if self.precision != "fp32" else []
+            for norm in norms:
+                fully_shard(norm, mesh=dp, reshard_after_forward=reshard_after_forward, mp_policy=norm_policy(policy))
             for unit in fsdp_units(self.model):
-                fully_shard(unit, mesh=dp, reshard_after_forward=reshard_after_forward)
-            fully_shard(self.model, mesh=dp, reshard_after_forward=reshard_after_forward)
+                if unit in norms:  # (a root child that is one: cut already)
+                    continue
+                fully_shard(unit, mesh=dp, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+            fully_shard(self.model, mesh=dp, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+            self.autocast_forward = False  # FSDP's policy casts the layers; autocast on top would recast ops
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]  # the checkpoints' keys for the optimizer state
         self.params = [p for _, p in named]
@@ -173,14 +196,17 @@ class ShardedTrainer:
         for i, part in enumerate(parts):
             if len(parts) > 1 and hasattr(self.model, "set_requires_gradient_sync"):
                 self.model.set_requires_gradient_sync(i + 1 == len(parts))
-            loss, logs = split_loss(self.task, self.task.loss(self.model, part))
+            with autocast(self.precision if self.autocast_forward else "fp32", self.device):
+                loss, logs = split_loss(self.task, self.task.loss(self.model, part))
             weight = self.task.batch_size(part) / total if len(parts) > 1 else 1.0
-            scaled = loss.float() if weight * loss_weight == 1.0 else loss.float() * (weight * loss_weight)
+            factor = weight * loss_weight * (self.scaler.scale if self.scaler is not None else 1.0)  # fp16: scaled
+            scaled = loss.float() if factor == 1.0 else loss.float() * factor
             (scaled if self.hybrid is None else self.hybrid.scale(scaled)).backward()
             loss_sum += float(loss.detach()) * weight
             logs_sum = add_logs(logs_sum, logged_values(self.task, logs), weight)
         if self.hybrid is not None:
             self.hybrid.sum_whole(self.model)
+        self._grads_scaled = self.scaler is not None
         self.last_loss = loss_sum
         self.last_logs = logs_sum
         return self.last_loss
@@ -201,10 +227,19 @@ class ShardedTrainer:
         return local_sum(p.grad for p in self.params if p.grad is not None)
 
     def unscale_grads_(self) -> None:
-        """No loss scale under fp32 (`Strategy.usable_gradient`'s contract)."""
+        """fp16: divide this worker's gradient pieces by the loss scale, once per backward (a no-op
+        otherwise). The strategy calls it on the reduced gradient, before it clips or checks it."""
+        if self._grads_scaled:
+            assert self.scaler is not None
+            inverse = 1.0 / self.scaler.scale
+            for p in self.params:
+                if p.grad is not None:
+                    local_part(p.grad).mul_(inverse)
+            self._grads_scaled = False
 
     def apply_update(self, lr: float) -> None:
         assert self.optimizer is not None
+        self.unscale_grads_()  # (a strategy that never unscaled still steps with the true gradient)
         if self.own_optimizer:  # the task's own optimizer keeps its own rates (trainers/own_optimizer.py)
             self.applied_lr = float(self.optimizer.param_groups[0]["lr"])  # the step row's lr column
         else:
@@ -219,7 +254,8 @@ class ShardedTrainer:
 
     # ------------------------------------------------------------------ state
     def scaler_state(self) -> dict[str, Any]:
-        return {}
+        """{"scaler": ...} under fp16 (the same on every worker: the driver keeps rank 0's), else nothing."""
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
 
     def checkpoint_entries(self) -> dict[str, torch.Tensor]:
         """This worker's pieces of the model and optimizer state, as DCP entries (no copy, no collective)."""
@@ -240,6 +276,8 @@ class ShardedTrainer:
         """A sharded checkpoint ({"sharded": {"path": directory}}: each worker reads its own pieces, once
         the model is cut) or a whole (layout-free) state: before `shard` into the model as it is, after
         it into each shard."""
+        if self.scaler is not None and state.get("scaler"):  # fp16's loss scale, beside either form
+            self.scaler.load_state_dict(state["scaler"])
         # A task's own scheduler's position: in the shards' reference, or beside a whole state.
         scheduler = state["sharded"].get("scheduler") if "sharded" in state else state.get("scheduler")
         if self.optimizer is None:
@@ -330,6 +368,42 @@ class HybridGradients:
         """Values this worker sums over the T workers per step: its parts of the whole parameters."""
         params = dict(model.named_parameters())
         return sum(local_part(params[name]).numel() for name in self.whole)
+
+
+def mixed_precision_policy(precision: str) -> Any:
+    """FSDP2's mixed precision for --precision: parameters gathered and layers run in bf16 or fp16, the
+    root's output cast back to float32 (the task's loss is computed in float32, as autocast computes a
+    plain worker's cross-entropy), gradients reduced in float32. The reduction stays float32 because it
+    sums the gradients of R x D workers: bf16 keeps 8 significant bits, so every partial sum would be
+    rounded to about 3 decimal digits (small gradients added to large ones vanish), and fp16's sum of
+    finite values could overflow; and everything reduced or sent stays float32 under --precision, as on
+    a plain worker. The sharded parameters, their
+    gradients and the optimizer's state stay float32 (FSDP keeps the shards in the parameters' dtype)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "fp32":
+        return MixedPrecisionPolicy()
+    low = DTYPES[precision]
+    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, output_dtype=torch.float32)
+
+
+def running_stat_norms(model: nn.Module) -> list[nn.Module]:
+    """The batch-norm layers that keep running statistics (float32 buffers, which FSDP's policy does not
+    cast): under the policy's bf16/fp16 parameters torch's batch_norm refuses them ("expected scalar type
+    BFloat16 but found Float"), so each becomes a unit of its own with `norm_policy`."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+
+
+def norm_policy(policy: Any) -> Any:
+    """A batch-norm unit's policy: its parameters and input in float32, as its running statistics are, its
+    output back in the run's low dtype for the layers after it (their unit's parameters are), float32
+    reduction."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    low = policy.param_dtype
+    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=low)
 
 
 def forget_earlier_meshes() -> None:

@@ -20,6 +20,7 @@ gradients those of one process.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import nn
@@ -88,15 +89,31 @@ def check_plan(model: nn.Module, plan: dict[str, Any] | None, tp: int, who: str)
 
 
 def local_params(model: nn.Module, plan: dict[str, Any], tp: int) -> int:
-    """Parameter values one of `tp` workers holds under `plan`: a colwise Linear's weight and bias cut
-    `tp` ways, a rowwise one's weight (its bias stays whole), another torch style's module counted as
-    cut; every module the plan does not name, whole."""
+    """Parameter values one of `tp` workers holds under `plan` (`local_part_shapes`)."""
+    return sum(math.prod(shape) for shape in local_part_shapes(model, plan, tp))
+
+
+def local_part_shapes(model: nn.Module, plan: dict[str, Any], tp: int) -> list[tuple[int, ...]]:
+    """The shapes of one of `tp` workers' parts of the model's trainable parameters under `plan`, in
+    order: a colwise Linear's weight and bias cut `tp` ways along their rows (dim 0), a rowwise one's
+    weight along its columns (its bias stays whole), another torch style's module counted as cut along
+    dim 0; every module the plan does not name, whole."""
     modules = dict(model.named_modules())
-    cut: dict[int, bool] = {}  # id(parameter) -> cut tp ways
+    cut: dict[int, int] = {}  # id(parameter) -> the dimension cut tp ways
     for name, style in plan.items():
         for pname, p in modules[name].named_parameters(recurse=False):
-            cut[id(p)] = not (style_name(style) == "rowwise" and pname == "bias")
-    return sum(p.numel() // tp if cut.get(id(p)) else p.numel() for p in model.parameters() if p.requires_grad)
+            if style_name(style) != "rowwise":
+                cut[id(p)] = 0
+            elif pname != "bias":
+                cut[id(p)] = 1
+    shapes = []
+    for p in model.parameters():
+        if p.requires_grad:
+            shape = list(p.shape)
+            if id(p) in cut and len(shape) > cut[id(p)]:
+                shape[cut[id(p)]] //= tp
+            shapes.append(tuple(shape))
+    return shapes
 
 
 def torch_plan(plan: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from distrain.config import RunConfig
-from distrain.config.shares_section import unequal_shares
+from distrain.config.shares_section import share_unit, unequal_shares
 from distrain.errors import ConfigError, RunFailed
 from distrain.orchestrator import auto_choice, channel_checkpoint, interrupts, outcome, startup
 from distrain.orchestrator.balance import ShareBalancer
@@ -44,7 +44,6 @@ from distrain.orchestrator.summary import summarize
 from distrain.orchestrator.tasks import build_task, run_target
 from distrain.orchestrator.throughput import SteadyState
 from distrain.strategies.channel import run_codec
-from distrain.strategies.pipeline import PipelineShape
 from distrain.strategies.strategy_lookup import strategy_class
 from distrain.trainers.optim_state import FlatOptimizerState
 from distrain.trainers.sharded_checkpoint import is_complete
@@ -100,11 +99,13 @@ class Attempt:
         self.balancer: ShareBalancer | None = None
         if config.balance == "speed" and config.elastic:  # over the members, told at each re-form
             self.balancer = ElasticShareBalancer(config.worker_slots, config.global_batch_size)
-        elif config.balance == "speed" and config.pipelined:  # replica shares in whole sets of micro-batches
+        elif config.balance == "speed" and config.replica_size > 1:
+            # A replica of several workers (a pipeline's stages, a cut replica's D x T): its share in whole
+            # units (sets of micro-batches; multiples of D), its model its slowest worker's.
             self.balancer = PipelineShareBalancer(
                 config.worker_slots,
-                config.pipeline_stages,
-                PipelineShape.of(config).micro,
+                config.replica_size,
+                share_unit(config),
                 config.global_batch_size,
                 config.worker_shares,
             )
@@ -342,7 +343,7 @@ class Attempt:
         if unequal_shares(self.config):  # a worker with a larger share is not slow: judged per equal share
             equal = self.config.global_batch_size / self.config.worker_slots
             taken = rows["samples"]
-            if self.config.pipelined:  # every stage of a replica runs its share (only the last counts it)
+            if self.config.replica_size > 1:  # every worker of a replica runs its share (one counts it)
                 taken = rows["replica_samples"]
             compute = [c * equal / n if n else c for c, n in zip(compute, taken, strict=True)]
         if self.balancer is not None:

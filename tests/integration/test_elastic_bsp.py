@@ -27,16 +27,14 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys, time, traceback
     import ray
-    from ray.cluster_utils import Cluster
+    from tests.integration.simulated_cluster import start
     from distrain.config import RunConfig
     from distrain.orchestrator.callbacks import Callback
     from distrain.orchestrator.membership import MembershipChanged
     from distrain.orchestrator.run import run_training
 
     head_cpus, runs = int(sys.argv[2]), json.loads(sys.argv[3])  # {name: [workers, backups, mode]}
-    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "_system_config": fast})
-    ray.init(address=cluster.address)
+    cluster = start(head_cpus)
     log, nodes = [], {}
 
 

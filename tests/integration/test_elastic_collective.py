@@ -28,17 +28,14 @@ pytestmark = pytest.mark.integration
 SCRIPT = textwrap.dedent(
     """
     import json, sys, time, traceback
-    import psutil
     import ray
-    from ray.cluster_utils import Cluster
+    from tests.integration.simulated_cluster import crash, start
     from ray.core.generated import autoscaler_pb2
     from distrain.config import RunConfig
     from distrain.orchestrator.callbacks import Callback
     from distrain.orchestrator.run import run_training
 
-    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": fast})
-    ray.init(address=cluster.address)
+    cluster = start(1)
     head = ray.get_runtime_context().get_node_id()
     gcs = ray._raylet.GcsClient(address=cluster.address)
     PREEMPTION = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
@@ -81,18 +78,10 @@ SCRIPT = textwrap.dedent(
                 # Without warning, between blocks (this callback runs there): the driver does not know yet and
                 # deals the next block to all three; the survivor's first all-reduce fails on the closed peers.
                 # (Later in a block would be as valid, but a block may be a single round at an epoch's end.)
-                crash(nodes["b"])
+                crash(cluster, nodes["b"])
                 log.append(("removed b", time.time()))
                 self.phase = "done"
 
-
-    def crash(node):
-        # A node crash: its processes die at once (remove_node alone lets workers finish their rounds while
-        # the raylet goes), then the node is gone.
-        raylets = [info.process.pid for info in node.all_processes.get("raylet", [])]
-        for child in [c for pid in raylets for c in psutil.Process(pid).children(recursive=True)]:
-            child.kill()
-        cluster.remove_node(node, allow_graceful=False)
 
 
     def churned_run(strategy, run_dir):
@@ -110,7 +99,7 @@ SCRIPT = textwrap.dedent(
 
     results = {}
     for strategy in sys.argv[2:]:
-        log, nodes = [], {}  # this run's (Churn and crash read the module's names)
+        log, nodes = [], {}  # this run's (Churn reads the module's names)
         try:
             results[strategy] = churned_run(strategy, f"{sys.argv[1]}/{strategy}")
         except Exception:  # the other strategies still run: each test reports its own

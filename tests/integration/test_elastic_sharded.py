@@ -22,16 +22,13 @@ pytestmark = pytest.mark.integration
 SCRIPT = textwrap.dedent(
     """
     import json, sys, time, traceback
-    import psutil
     import ray
-    from ray.cluster_utils import Cluster
+    from tests.integration.simulated_cluster import crash, start
     from distrain.config import RunConfig
     from distrain.orchestrator.callbacks import Callback
     from distrain.orchestrator.run import run_training
 
-    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "_system_config": fast})
-    ray.init(address=cluster.address)
+    cluster = start(4)
     log, nodes = [], {}
 
 
@@ -47,16 +44,10 @@ SCRIPT = textwrap.dedent(
             elif self.phase == "grown" and not {4, 5} <= self.seen:
                 time.sleep(2.0)  # alone the replicas run through the run faster than a node's workers start
             elif self.phase == "grown":
-                crash(nodes["a"])  # without warning, between blocks: the next block's collectives fail
+                crash(cluster, nodes["a"])  # without warning, between blocks: the next block's collectives fail
                 log.append(("crashed a", time.time()))
                 self.phase = "done"
 
-
-    def crash(node):
-        raylets = [info.process.pid for info in node.all_processes.get("raylet", [])]
-        for child in [c for pid in raylets for c in psutil.Process(pid).children(recursive=True)]:
-            child.kill()
-        cluster.remove_node(node, allow_graceful=False)
 
 
     churn = Churn()

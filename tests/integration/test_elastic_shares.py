@@ -32,16 +32,13 @@ ARGS = dict(strategy="bsp", model="mlp", workers="2..3", batch_size=16, epochs=5
 SCRIPT = textwrap.dedent(
     """
     import json, sys, time
-    import psutil
     import ray
-    from ray.cluster_utils import Cluster
+    from tests.integration.simulated_cluster import crash, start
     from distrain.config import RunConfig
     from distrain.orchestrator.callbacks import Callback
     from distrain.orchestrator.run import run_training
 
-    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "_system_config": fast})
-    ray.init(address=cluster.address)
+    cluster = start(2)
     log, nodes = [], {}
 
 
@@ -58,7 +55,7 @@ SCRIPT = textwrap.dedent(
                 log.append(("added a", time.time()))
                 self.phase = "grown"
             elif self.phase == "grown" and 2 in workers:
-                crash(nodes["a"])  # between blocks: the next one's all-reduce fails on the closed peer
+                crash(cluster, nodes["a"])  # between blocks: the next one's all-reduce fails on the closed peer
                 log.append(("crashed a", time.time()))
                 self.phase = "crashed"
             elif self.phase == "crashed":
@@ -70,12 +67,6 @@ SCRIPT = textwrap.dedent(
                 # keep the run going until the joiner is in, and until the group has shrunk again
                 time.sleep(0.7)
 
-
-    def crash(node):
-        raylets = [info.process.pid for info in node.all_processes.get("raylet", [])]
-        for child in [c for pid in raylets for c in psutil.Process(pid).children(recursive=True)]:
-            child.kill()
-        cluster.remove_node(node, allow_graceful=False)
 
 
     churn = Churn()

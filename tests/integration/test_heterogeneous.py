@@ -340,3 +340,114 @@ def test_balanced_shares_under_a_range_restart_from_a_checkpoint_and_still_equal
     # (the new attempt's members may be placed in other slots of the four: the shares are per slot)
     assert s["steps_completed"] == STEPS and [b for b in s["worker_shares"] if b] == [40, 24]
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+
+
+def cut_samples_seen(steps: pd.DataFrame, config: RunConfig) -> list[tuple[int, int]]:
+    """Every (epoch, sample) cut replicas (R = 2 of D = 2) trained on, rebuilt from their rows: each
+    worker's row records its replica's share (`replica_samples`, the same on the replica's D rows) and
+    its own part (`samples`, b_r / D); the replicas' shares sum to the global batch, and the workers'
+    parts, in rank order, tile exactly the step's samples of the epoch."""
+    train = task_splits(build_task(config), config.val_fraction).train
+    sharder = EpochSharder(len(train), config.global_batch_size, config.seed)
+    seen = []
+    for (step, epoch), rows in steps.groupby(["step", "epoch"]):
+        rows = rows.sort_values("worker")
+        assert rows["worker"].tolist() == [0, 1, 2, 3] and rows["replica"].tolist() == [0, 0, 1, 1]
+        shares = tuple(int(b) for b in rows.groupby("replica")["replica_samples"].agg(lambda b: b.unique().item()))
+        assert sum(shares) == config.global_batch_size and (rows["samples"] * 2 == rows["replica_samples"]).all()
+        within = step - epoch * sharder.steps_per_epoch
+        parts = [sharder.worker_indices(epoch, within, s, 4, shares, cut=2) for s in range(4)]
+        assert [len(p) for p in parts] == rows["samples"].tolist()
+        assert np.array_equal(np.concatenate(parts), sharder.global_batch_indices(epoch, within))
+        seen += [(epoch, int(i)) for p in parts for i in p]
+    return seen
+
+
+CUT = dict(workers=2, fsdp=2, batch_size=16)  # R = 2 replicas of D = 2 FSDP workers: B = 64
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(CUT, id="fsdp"),
+        # the cnn's hybrid plan: each of a replica's T = 2 workers takes its own half of the replica's share
+        pytest.param(dict(workers=2, tensor_parallel=2, batch_size=16), id="tp-hybrid"),
+    ],
+)
+def test_weighted_cut_replicas_equal_one_process_and_see_every_sample_once(tmp_path, one_process, layout):
+    """--worker-weights 3,1 across R = 2 replicas of D = 2 FSDP workers (BSP over the collective): replica
+    0 takes 48 samples a step (24 per rank), replica 1 16 (8 per rank); FSDP averages inside each replica
+    and every worker weights its part of the gradient by b_r x R / B before the all-reduce across the
+    replicas, so after 30 momentum-SGD steps (across an epoch's end) the model equals one process at 64;
+    rebuilt from the rows, every step's parts tile its 64 samples, each sample of the epoch once. The
+    same for R = 2 replicas of the cnn's T = 2 hybrid (each worker on its own samples)."""
+    config = cfg(tmp_path, "cut", worker_weights="3,1", **layout)
+    run = run_training(config)
+    assert run.summary["steps_completed"] == STEPS and run.summary["worker_shares"] == [48, 16]
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+    steps = step_rows(run)
+    assert steps.groupby("worker")["samples"].unique().map(list).to_dict() == {0: [24], 1: [24], 2: [8], 3: [8]}
+    first = [s for s in cut_samples_seen(steps, config) if s[0] == 0]
+    assert len(first) == len(set(first)) == 22 * 64
+
+
+def test_balanced_cut_replicas_move_their_shares_mid_epoch_and_equal_one_process(tmp_path, one_process, monkeypatch):
+    """--balance speed across R = 2 replicas of D = 2 FSDP workers: the driver's per-replica balancer (in
+    this process; shares in units of D = 2 samples) is made to move the shares at segment starts inside
+    the first epoch, 32/32 -> 48/16 (step 4) -> 20/44 (step 12) -> 40/24 (step 16), as measured speeds
+    would. After 30 momentum-SGD steps the model equals one process at 64; every worker's row records
+    its replica's share, and rebuilt from them every step's parts tile its 64 samples, each sample once."""
+    from distrain.orchestrator.pipeline_balance import PipelineShareBalancer
+
+    plan = {0: (16, 16), 1: (24, 8), 2: (24, 8), 3: (10, 22)}  # the k-th decision, units of 2 samples; then 20/12
+    monkeypatch.setattr(PipelineShareBalancer, "proposal", lambda self: plan.get(len(self.decided), (20, 12)))
+    config = cfg(tmp_path, "cut-balanced", balance="speed", **CUT)
+    run = run_training(config)
+    assert run.summary["steps_completed"] == STEPS and run.summary["worker_shares"] == [40, 24]
+    assert [m["step"] for m in run.summary["balance"]["moves"]] == [4, 12, 16]
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+    steps = step_rows(run)
+    by_step = steps.pivot_table(index="step", columns="replica", values="replica_samples")
+    expected = {0: (32, 32), 4: (48, 16), 12: (20, 44), 16: (40, 24)}
+    for step, row in by_step.iterrows():
+        assert (row[0], row[1]) == expected[max(k for k in expected if k <= step)], (step, row)
+    first = [s for s in cut_samples_seen(steps, config) if s[0] == 0]
+    assert len(first) == len(set(first)) == 22 * 64
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        pytest.param(dict(strategy="local-sgd", tau=3), id="local-sgd"),
+        pytest.param(dict(strategy="diloco", sync_every=3), id="diloco"),  # outer Nesterov, its defaults
+    ],
+)
+def test_local_sgd_and_diloco_across_cut_replicas_weigh_by_samples_as_plain_replicas_do(tmp_path, strategy):
+    """--worker-weights 3,1 across R = 2 replicas of D = 2 FSDP workers equals the same weights over two
+    plain replicas at twice the batch (b = 48 and 16 either way: the same samples per replica): each
+    round's parts of θ's change and momentum (local SGD), each outer step's parts of the pseudo-gradient
+    (DiLoCo), are weighted by the samples the replica took, as the plain replicas' whole ones are."""
+    short = dict(max_steps=9, worker_weights="3,1", **strategy)
+    plain = run_training(cfg(tmp_path, "plain", workers=2, batch_size=32, **short))
+    cut = run_training(cfg(tmp_path, "cut", **CUT, **short))
+    assert cut.summary["worker_shares"] == plain.summary["worker_shares"] == [48, 16]
+    assert (final_params(cut.run_dir) - final_params(plain.run_dir)).abs().max().item() <= 1e-5
+    assert step_rows(cut).groupby("replica")["replica_samples"].unique().map(list).to_dict() == {0: [48], 1: [16]}
+
+
+def test_a_slow_cut_replica_is_measured_and_given_less(tmp_path, one_process):
+    """--balance speed across R = 2 replicas of D = 2 FSDP workers, actor 2 (replica 1's first worker)
+    computing 6x slower: a replica's workers leave each step together, so the compute times the balancer
+    reads are each replica's own (without that, replica 0's second worker waited for the slow replica
+    inside its next forward and both replicas measured alike: no move). The balancer moves replica 1's
+    share below half inside the first epoch, in units of D = 2, and the run still equals one process at
+    64 and sees each sample of the epoch once."""
+    config = cfg(tmp_path, "cut-slow", balance="speed", straggler=["2:x6"], **CUT)
+    run = run_training(config)
+    moves = run.summary["balance"]["moves"]
+    assert moves and moves[0]["step"] < 22 and moves[0]["shares"][1] < 32, moves
+    assert all(b % 2 == 0 for m in moves for b in m["shares"]) and run.summary["worker_shares"] == moves[-1]["shares"]
+    steps = step_rows(run)
+    first = [s for s in cut_samples_seen(steps, config) if s[0] == 0]
+    assert len(first) == len(set(first)) == 22 * 64
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5

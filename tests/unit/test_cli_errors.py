@@ -253,7 +253,17 @@ BAD_INPUTS = [
     (["--worker-weights", "3,1", "--transport", "ps", "--backup-tasks"], ["does not compose with --backup-tasks"]),
     (["--worker-weights", "3,1", "--workers", "2..3"], ["does not compose with --workers MIN..MAX"]),
     (["--worker-weights", "3,1,1,1", "--pipeline-stages", "2"], ["gives 4 weights for 2 pipeline replicas"]),
-    (["--worker-weights", "3,1", "--fsdp", "2"], ["does not compose with --fsdp/--tensor-parallel"]),
+    # cut replicas (--fsdp/--tensor-parallel) take one weight per replica, over the collective transport
+    (["--worker-weights", "3,1,1,1", "--fsdp", "2"], ["gives 4 weights for 2 cut replicas", "one per replica"]),
+    (
+        ["--worker-weights", "3,1", "--fsdp", "2", "--transport", "ps", "--ps-shards", "2"],
+        ["across cut replicas", "collective transport only"],
+    ),
+    (
+        ["--balance", "speed", "--fsdp", "2", "--pipeline-stages", "2", "--model", "mlp"],
+        ["does not compose with --pipeline-stages and --fsdp/--tensor-parallel together"],
+    ),
+    (["--balance", "speed", "--fsdp", "2", "--workers", "2..3"], ["--fsdp 2 with --workers MIN..MAX", "--balance"]),
     (["--balance", "fastest"], ["unknown --balance 'fastest'", "none, speed"]),
     # resource groups (issue 31): --worker-group NAME:COUNT:BATCH[:RESOURCE=AMOUNT,...]
     (["--worker-group", "fast:1:48:fast"], ["--worker-group 'fast:1:48:fast'", "'fast' must be RESOURCE=AMOUNT"]),

@@ -62,13 +62,39 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(fsdp=2, transport="ps", compress="powersgd:2"), r"^--compress powersgd:2 needs whole matrices, but a p"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
-        (dict(fsdp=2, precision="bf16"), r"^--fsdp 2 does not compose with --precision bf16 yet"),
+        (dict(fsdp=2, workers="1..2", precision="fp16"), r"^--fsdp 2 with --workers MIN..MAX does not compose with --"),
+        (dict(tensor_parallel=2, model="mlp", precision="fp16", compress="int8"), r"^--precision fp16 cannot be comb"),
+        (dict(fsdp=2, comm_delay_ms=5), r"^--fsdp 2 does not compose with --comm-delay-ms/--comm-bandwidth yet"),
     ],
 )
 def test_what_sharding_refuses_in_one_line(given, message):
     with pytest.raises(ConfigError, match=message) as caught:
         RunConfig(**given).validate()
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_precision_composes_with_cut_replicas_over_the_collective(strategy, precision):
+    """--precision across cut replicas (issue 28): FSDP's mixed precision policy, autocast under tensor
+    parallelism alone, fp16's loss scale; bf16 with --compress too (fp16's stays refused: the test above)."""
+    for layout in (dict(fsdp=2), dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2)):
+        RunConfig(strategy=strategy, workers=2, model="mlp", precision=precision, **layout).validate()
+    RunConfig(strategy=strategy, workers=2, fsdp=2, precision="bf16", compress="int8").validate()
+    ps = "async" if strategy == "local-sgd" else "ssp" if strategy == "diloco" else "bsp"  # and over the PS
+    RunConfig(strategy=ps, transport="ps", workers=2, fsdp=2, model="mlp", precision=precision).validate()
+
+
+def test_fsdp_mixed_precision_policy_computes_low_and_reduces_float32():
+    import torch
+
+    from distrain.trainers.sharded_trainer import mixed_precision_policy
+
+    for precision, low in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        policy = mixed_precision_policy(precision)
+        assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (low, torch.float32, torch.float32)
+    fp32 = mixed_precision_policy("fp32")
+    assert (fp32.param_dtype, fp32.reduce_dtype, fp32.output_dtype) == (None, None, None)
 
 
 @pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
@@ -82,9 +108,25 @@ def test_compress_composes_with_cut_replicas_over_the_collective(strategy, codec
         impl = strategy_class(strategy).implementation(config)
         assert issubclass(impl, ShardedBSP) and impl.codes_gradients == (strategy == "bsp")
     bsp = ShardedBSP(RunConfig(workers=2, fsdp=2, compress=codec), StrategyContext(rank=0, world_size=4, device="cpu"))
-    assert bsp.coded_grads and not bsp.fsdp_across_replicas
+    assert bsp.channel_grads and not bsp.fsdp_across_replicas
     plain = ShardedBSP(RunConfig(workers=2, fsdp=2), StrategyContext(rank=0, world_size=4, device="cpu"))
-    assert not plain.coded_grads and plain.fsdp_across_replicas  # HSDP as before
+    assert not plain.channel_grads and plain.fsdp_across_replicas  # HSDP as before
+
+
+def test_unequal_replica_shares_average_across_replicas_through_the_channel():
+    """--worker-weights across cut replicas: FSDP stays inside each replica and the weighted average
+    across them runs after backward (HSDP's all-reduce takes no weight per replica, and inside backward
+    it would make every replica's compute time the slowest one's); a replica's share is cut among its
+    D ranks (hybrid: D x T), and each worker records its replica's share and weighs its part by b_r x R / B."""
+    ctx = StrategyContext(rank=3, world_size=4, device="cpu")
+    bsp = ShardedBSP(RunConfig(model="mlp", workers=2, fsdp=2, batch_size=16, worker_weights="3,1"), ctx)
+    assert bsp.channel_grads and not bsp.fsdp_across_replicas and bsp.share_cut == 2 and bsp.replica == 1
+    bsp.weigh_share(8, 64)  # replica 1's rank 1 of 2: 8 of its 16
+    assert bsp.replica_samples == 16 and bsp.channel.gradient_weight == 0.5  # 16 x 2 / 64
+    hybrid = RunConfig(model="cnn", workers=2, fsdp=2, tensor_parallel=2, batch_size=8, balance="speed")
+    assert ShardedBSP(hybrid, StrategyContext(rank=0, world_size=8, device="cpu")).share_cut == 4
+    local = strategy_class("local-sgd").implementation(RunConfig(strategy="local-sgd", workers=2, fsdp=2))
+    assert not local(RunConfig(strategy="local-sgd", workers=2, fsdp=2, worker_weights="3,1"), ctx).channel_grads
 
 
 @pytest.mark.parametrize("strategy", ["async", "ssp", "bsp"])
@@ -129,6 +171,9 @@ def test_fsdp_traffic_per_worker_and_step():
     assert fsdp_bytes_per_step(4000, 1, 4, False) == 2 * 3000
     assert fsdp_bytes_per_step(4000, 2, 2, True) == 3 * 2000 + 2000
     assert fsdp_bytes_per_step(4000, 1, 1, True) == 0
+    # --precision bf16/fp16: the parameters gathered in 2 bytes, the gradient reduced in 4
+    assert fsdp_bytes_per_step(4000, 1, 4, True, gather_bytes=2000) == (2 * 2000 + 4000) * 3 // 4
+    assert fsdp_bytes_per_step(4000, 2, 2, False, gather_bytes=2000) == (2000 + 4000) // 2 + 2000
 
 
 def test_fully_shard_units_are_the_layers_holding_parameters():
@@ -216,3 +261,25 @@ def test_diloco_across_cut_replicas_is_its_own_implementation_without_fragments(
     assert DiLoCo.implementation(config) is ShardedDiLoCo
     with pytest.raises(ConfigError, match=r"^--fragments \(Streaming DiLoCo\) is not built across cut replicas"):
         RunConfig(strategy="diloco", workers=2, tensor_parallel=2, sync_every=4, fragments=2).validate()
+
+
+def test_a_sharded_fp16_trainer_keeps_the_loss_scale_in_its_state_and_takes_it_back():
+    """fp16 across cut replicas uses LocalTrainer's LossScaler: in the state a checkpoint keeps (rank 0's,
+    the same on every worker), restored beside a sharded reference or a whole state; none in fp32/bf16."""
+    from distrain.trainers.sharded_trainer import ShardedTrainer
+    from distrain.trainers.task import ClassificationTask
+
+    def trainer(precision):
+        task = ClassificationTask(model="mlp")
+        return ShardedTrainer(task.build_model(), task, "sgd", 0.1, 0.9, None, precision=precision)
+
+    assert trainer("bf16").scaler is None and trainer("bf16").scaler_state() == {}
+    fp16 = trainer("fp16")
+    assert fp16.scaler_state() == {"scaler": fp16.scaler.state_dict()} and fp16.scaler.scale == 2.0**16
+    saved = dict(fp16.scaler.state_dict(), scale=2.0**12, overflows=4)
+    fp16.load_state_dict({"sharded": {"path": "/nowhere", "step": 8}, "scaler": saved})
+    assert fp16.scaler.state_dict() == saved and fp16._pending_dir is not None  # the shards read once cut
+    whole = trainer("fp16")
+    state = {"model": whole.model.state_dict(), "optimizer": {"vectors": {}, "scalars": {}}, "scaler": saved}
+    whole.load_state_dict(state)
+    assert whole.scaler.state_dict() == saved

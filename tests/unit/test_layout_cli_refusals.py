@@ -133,6 +133,16 @@ REFUSED = [
         ["--model", "mlp", "--fsdp", "2", "--workers", "1..2", "--compress", "topk:0.1"],
         ["--workers 1..2 does not compose with --compress"],
     ),
+    # --precision across cut replicas runs over either transport (tests/integration/test_layout_precision.py);
+    # fp16 with --compress (as without sharding) and under a range it is still refused
+    (
+        ["--model", "mlp", "--fsdp", "2", "--precision", "fp16", "--compress", "int8"],
+        ["--precision fp16 cannot be combined with --compress", "use --precision bf16"],
+    ),
+    (
+        ["--model", "mlp", "--fsdp", "2", "--workers", "1..2", "--precision", "fp16"],
+        ["--fsdp 2 with --workers MIN..MAX does not compose with --precision fp16 yet"],
+    ),
 ]
 
 

@@ -20,6 +20,7 @@ from distrain.planning.layout_figures import layout_of, model_figures, planned_l
 from distrain.planning.layout_model import Layout, layout_scale_of, predict_layout, recommend_among, recommend_layout
 from distrain.planning.planner import Calibration, Hardware
 from tests.unit.test_cli_errors import no_ray  # noqa: F401 - the fixture: fail if Ray would start
+from tests.unit.test_plan_traffic import loopback  # noqa: F401 - the fixture: collectives without a group
 
 WIDE = str(Path(__file__).parents[1] / "pipeline_task.py") + ":WideMLP"
 P = 120_000  # parameter values: divisible by every D below
@@ -234,3 +235,51 @@ def test_plan_refuses_a_layout_the_run_would_refuse(flags, says, tmp_path):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and says in lines[0], result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("codec", ["fp16", "int8", "topk:0.05", "powersgd:4"])
+@pytest.mark.usefixtures("loopback")
+def test_a_compressed_cut_replica_plans_the_bytes_its_workers_count(codec):
+    """--fsdp 2 --workers 2 --compress CODEC: FSDP's traffic inside the replica (no HSDP all-reduce) plus
+    the codec's average of the worker's part across the replicas, what CompressedAllReduce counts for the
+    part's shapes (the run's rows carry the same: test_layout_compress.py); DiLoCo that once a round."""
+    import torch
+
+    from distrain.compression import parse_codec
+    from distrain.planning.layout_figures import part_shapes
+    from distrain.strategies.compressed_collective import CompressedAllReduce
+    from distrain.strategies.sharded_bsp import fsdp_bytes_per_step
+
+    cfg = RunConfig(model="mlp", workers=2, fsdp=2, batch_size=16, compress=codec)
+    part = [torch.Size(s) for s in part_shapes(cfg)]
+    assert part == [(128, 64), (128,), (128, 256), (128,), (5, 256), (5,)]  # the mlp's rows halved
+    n = sum(s.numel() for s in part)
+    counted = CompressedAllReduce(parse_codec(codec), 2, n, part).all_reduce_mean_(torch.randn(n))
+    layout = layout_of(cfg)
+    inside = fsdp_bytes_per_step(layout.param_bytes, 1, 2, True)
+    bsp = predict_layout(_cal(), "bsp", 2, layout, LINK)
+    assert bsp.bytes_per_worker == inside + counted
+    plain = predict_layout(_cal(), "bsp", 2, Layout(fsdp=2, held_params=layout.held_params), LINK)
+    assert plain.bytes_per_worker == fsdp_bytes_per_step(layout.param_bytes, 2, 2, True)  # HSDP, float32
+    assert bsp.bytes_per_worker < plain.bytes_per_worker
+    cal = _cal()
+    diloco = predict_layout(cal, "diloco", 2, layout, LINK, {"sync_every": 10})
+    rounds = cal.rounds_per_step(10, 4)
+    assert diloco.bytes_per_worker == pytest.approx(inside + counted * rounds)
+
+
+@pytest.mark.usefixtures("no_ray")
+def test_plan_shows_a_compressed_cut_replica_below_its_float32_bytes(tmp_path):
+    """`distrain plan --fsdp 2 --compress int8` from a kept calibration: the layout's rows are predicted
+    with the codec's bytes of each worker's part (before: HSDP's float32 all-reduce whatever the codec)."""
+    sent = {}
+    for codec in ("", "int8"):
+        out = tmp_path / f"plan{codec}"
+        args = ["plan", "--workers", "2", "--calibration", str(_saved(tmp_path)), "--model", "mlp", "--fsdp", "2"]
+        result = CliRunner().invoke(app, [*args, *(["--compress", codec] if codec else []), "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        frame = pd.read_parquet(out / "predictions.parquet")
+        sent[codec] = frame[(frame.fsdp == 2) & (frame.strategy == "bsp")].iloc[0]["bytes_per_worker"]
+    layout = layout_of(RunConfig(model="mlp", fsdp=2, workers=2, compress="int8"))
+    assert sent["int8"] == pytest.approx(predict_layout(_cal(), "bsp", 2, layout).bytes_per_worker)
+    assert sent["int8"] < sent[""]

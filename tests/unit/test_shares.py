@@ -110,3 +110,60 @@ def test_the_planner_predicts_a_step_under_worker_speeds_and_recommends_proporti
     for bad in ("1,0", "1,x", "", "1,-2"):
         with pytest.raises(ConfigError, match="--worker-speeds"):
             parse_worker_speeds(bad)
+
+
+def test_cut_replicas_take_one_share_each_in_multiples_of_their_data_parallel_ranks():
+    """--fsdp D: one weight per replica, each share a multiple of D (its D ranks split it equally; x k
+    under --accumulate-steps k, so each rank's part cuts into its micro-batches); a hybrid plan's D x T
+    workers each take their own samples (unit D x T); tensor-parallel workers that share a slice add
+    nothing to the unit."""
+    from distrain.config.shares_section import share_unit
+
+    cut = dict(model="mlp", workers=2, fsdp=2, batch_size=16)
+    assert RunConfig(**cut, worker_weights="3,1").worker_shares == (48, 16)
+    assert share_unit(RunConfig(**cut)) == 2
+    assert RunConfig(**cut, worker_weights="2,1").worker_shares == (42, 22)  # 21/11 units of 2, not 43/21
+    assert RunConfig(**cut, worker_weights="1000,1").worker_shares == (62, 2)  # one unit at least
+    accumulated = RunConfig(**cut, worker_weights="1000,1", accumulate_steps=2)  # B = 128, each rank's part in 2
+    assert share_unit(accumulated) == 4 and accumulated.worker_shares == (124, 4)
+    tp = RunConfig(model="mlp", workers=2, tensor_parallel=2, batch_size=32, worker_weights="2,1")
+    assert share_unit(tp) == 1 and tp.worker_shares == (43, 21)
+    hybrid = RunConfig(model="cnn", workers=2, fsdp=2, tensor_parallel=2, batch_size=8, worker_weights="2,1")
+    assert share_unit(hybrid) == 4 and hybrid.worker_shares == (44, 20)
+    for config in (RunConfig(**cut, worker_weights="3,1"), RunConfig(**cut, balance="speed"), tp, hybrid):
+        config.validate()
+
+
+def test_a_cut_replicas_block_is_split_equally_among_its_ranks_and_an_epoch_is_seen_once():
+    """The data plan with a cut: 2 replicas' shares (48, 16) of 64, each block cut into D = 2 equal parts
+    in rank order, so rank (r, d) takes part d of replica r's block; the 4 parts tile each step."""
+    sharder = EpochSharder(num_samples=200, global_batch=64, seed=4)
+    seen = []
+    for step in range(sharder.steps_per_epoch):
+        parts = [sharder.worker_indices(0, step, s, 4, (48, 16), cut=2) for s in range(4)]
+        assert [len(p) for p in parts] == [24, 24, 8, 8]
+        assert np.array_equal(np.concatenate(parts), sharder.global_batch_indices(0, step))
+        assert np.array_equal(np.concatenate(parts[:2]), sharder.worker_indices(0, step, 0, 2, (48, 16)))
+        seen.extend(np.concatenate(parts))
+    assert len(seen) == len(set(seen)) == sharder.steps_per_epoch * 64
+    with pytest.raises(ValueError, match="does not split into 2 equal parts"):
+        sharder.worker_indices(0, 0, 0, 4, (47, 17), cut=2)
+    with pytest.raises(ValueError, match="do not cut"):
+        sharder.worker_indices(0, 0, 0, 4, (48, 16))  # one share per replica needs the cut
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (dict(worker_weights="3,1,1,1"), r"^--worker-weights '3,1,1,1' gives 4 weights for 2 cut replicas \(--work"),
+        (dict(worker_weights="3,1", transport="ps", ps_shards=2), r"across cut replicas .* collective transport only"),
+        (dict(balance="speed", strategy="async", transport="ps", ps_shards=2), r"collective transport only"),
+        (dict(balance="speed", pipeline_stages=2), r"with --pipeline-stages and --fsdp/--tensor-parallel together"),
+        (dict(balance="speed", workers="2..3"), r"^--fsdp 2 with --workers MIN..MAX does not compose with --balance"),
+    ],
+)
+def test_what_cut_replicas_refuse_with_unequal_shares_in_one_line(given, message):
+    base = dict(model="mlp", workers=2, fsdp=2, batch_size=16)
+    with pytest.raises(ConfigError, match=message) as caught:
+        RunConfig(**(base | given)).validate()
+    assert "\n" not in str(caught.value)

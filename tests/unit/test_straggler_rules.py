@@ -180,8 +180,7 @@ def test_detector_leaves_a_uniformly_noisy_group_alone():
 def known(sched: PortionScheduler, paces: dict[int, float]) -> None:
     """Paces as if measured over enough chunks (seconds per portion)."""
     for worker, pace in paces.items():
-        sched.pace.per_portion[worker] = pace
-        sched.pace.seen[worker] = Pace.MIN_CHUNKS
+        sched.pace.chunks[worker] = (Pace.MIN_CHUNKS, pace)
 
 
 def test_scheduler_chunks_a_round_into_each_worker_s_share():
@@ -265,3 +264,16 @@ def test_a_chunk_counts_its_portions_in_the_round_mean_and_chunks_never_overlap(
     assert kept == [True, False, True]
     np.testing.assert_allclose(s.theta, [-3.0])  # (3 x 2 + 6) / 4 applied once
     assert s.round_members == [[0, 1, 2, 3]] and s.dropped == [0, 3]
+
+
+def test_a_pace_is_known_from_a_workers_second_chunk_and_weighs_the_newest_half():
+    pace = Pace()
+    pace.add(0, 0.4, 2)  # 0.2 s a portion: a first chunk (it may hold one-off costs) is not a pace yet
+    assert pace.per_portion == {}
+    pace.add(0, 0.2, 2)  # 0.1 s a portion
+    assert pace.per_portion == {0: pytest.approx(0.15)}
+    pace.add(0, 0.1, 1)
+    assert pace.per_portion == {0: pytest.approx(0.125)}
+    pace.forget(0)  # a worker that left: measured afresh if it comes back
+    pace.add(0, 0.1, 1)
+    assert pace.per_portion == {}
