@@ -185,7 +185,12 @@ def _straggler_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     if summary.get("dropped_gradients") is not None:
         dropped = summary["dropped_gradients"]
         per_worker = " ".join(f"{w}:{n}" for w, n in dropped.items())
-        rows.append(("gradients dropped as late/duplicate", f"{sum(dropped.values())} ({per_worker})"))
+        # Across cut replicas (--fsdp) the shards' clients are replicas, and the shards decide together.
+        agreed = summary.get("rounds_shards_disagree")
+        whom = "" if agreed is None else ", by replica"
+        rows.append((f"gradients dropped as late/duplicate{whom}", f"{sum(dropped.values())} ({per_worker})"))
+        if agreed is not None:
+            rows.append(("rounds the PS shards disagreed on", str(agreed)))
     if summary.get("backup_copies_issued") is not None:
         rows.append(
             (

@@ -136,7 +136,12 @@ def global_batch_of(recorded: dict[str, Any], slots: int) -> int:
 def grid_text(layout: dict[str, Any]) -> str:
     """How the display and the summary table name the workers of a `layout_of` grid: "2 workers", or a
     grouped replica's, "2 replicas x 2 shards" (--fsdp), "1 replica x 4 stages" (--pipeline-stages). A
-    summary written before the grid was recorded has only its replicas: N workers."""
+    summary written before the grid was recorded has only its replicas: N workers. bsp's backup workers
+    (counted in `worker_actors` beyond the replicas) follow the replicas: "2 workers (+1 backup)"."""
+    backups = ""
+    if isinstance(layout["replicas"], int) and layout.get("worker_actors") and layout.get("workers_per_replica"):
+        extra = layout["worker_actors"] // layout["workers_per_replica"] - layout["replicas"]
+        backups = f" (+{extra} backup{'s' if extra > 1 else ''})" if extra > 0 else ""
     parts = [
         f"{n} {what}"
         for n, what in (
@@ -147,17 +152,20 @@ def grid_text(layout: dict[str, Any]) -> str:
         if n > 1
     ]
     if not parts:
-        return "1 worker" if layout["replicas"] == 1 else f"{layout['replicas']} workers"
+        return ("1 worker" if layout["replicas"] == 1 else f"{layout['replicas']} workers") + backups
     replicas = "1 replica" if layout["replicas"] == 1 else f"{layout['replicas']} replicas"
-    return " x ".join([replicas, *parts])
+    return " x ".join([replicas + backups, *parts])
 
 
 def layout_of(recorded: dict[str, Any], slots: int) -> dict[str, Any]:
     """The run's R x D x S grid from its flat recorded values, for summary.json: replicas (--workers: N,
     or an elastic run's "MIN..MAX"), shards per replica, pipeline stages, and the worker actors in all
-    (`slots` replicas: N, or the range's MAX)."""
+    (`slots` replicas: N, or the range's MAX, plus bsp's --backup-workers at a fixed size: under a range
+    the backups are among the MAX)."""
     shards, stages = int(recorded.get("fsdp") or 1), int(recorded.get("pipeline_stages") or 1)
     tp = int(recorded.get("tensor_parallel") or 1)
+    if recorded.get("strategy") == "bsp" and ".." not in str(recorded["workers"]):
+        slots += int(recorded.get("backup_workers") or 0)
     return {
         "replicas": recorded["workers"],
         "fsdp": shards,
@@ -238,7 +246,11 @@ def check_elastic_layout(config: RunConfig, t: int, given: str) -> None:
 
 def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     """async, ssp, bsp over --transport ps across cut replicas (strategies/sharded_ps.py): --fsdp D alone,
-    with exactly D PS shards (shard d holds FSDP chunk d of every tensor: what worker d holds)."""
+    with exactly D PS shards (shard d holds FSDP chunk d of every tensor: what worker d holds); bsp with
+    --backup-workers K (N + K replicas, each round the first N whose D chunks all arrived, agreed by the D
+    shards); --compress (each worker's chunk through the codec with its own residual). Refused:
+    --backup-tasks (its portions are handed to single workers; a replica's D workers would have to take
+    each portion together)."""
     if t > 1:
         raise ConfigError(f"--tensor-parallel {t} does not compose with --transport ps yet; use --transport collective")
     if config.ps_shards != d:
@@ -247,12 +259,14 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
             f"there are exactly {d}; drop --ps-shards or give {d}"
         )
     options = config.options_of("bsp") if config.strategy == "bsp" else None
+    if options and options.backup_tasks:
+        raise ConfigError(
+            f"{given} over --transport ps does not compose with --backup-tasks yet (its portions go to single "
+            "workers, and a cut replica's D workers compute one together); use --backup-workers, or drop one of them"
+        )
     for flag, used in (
         ("--pipeline-stages", config.pipelined),
         ("--workers MIN..MAX", config.elastic),
-        ("--backup-workers", bool(options and options.backup_workers)),
-        ("--backup-tasks", bool(options and options.backup_tasks)),
-        ("--compress", config.compress is not None),
         ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
     ):
         if used:

@@ -359,7 +359,8 @@ def workers_text(config: RunConfig) -> tuple[str, list[str]]:
     d, t, s = config.replica_grid
     grid = f"R x D x T x S = {workers // replica} x {d} x {t} x {s} = {workers} workers"
     cut = [f for f, n in (("--fsdp", d), ("--tensor-parallel", t), ("--pipeline-stages", s)) if n > 1]
-    return grid, ["--workers", *cut]
+    backups = ["--backup-workers"] if workers > config.worker_slots * replica else []  # R counts them too
+    return grid, ["--workers", *backups, *cut]
 
 
 def _or(flags: list[str]) -> str:

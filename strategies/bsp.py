@@ -177,11 +177,16 @@ class BSP(Strategy):
         if (options.backup_workers or options.backup_tasks or config.elastic) and "ps_shards" in actors:
             stats = actors["ps_shards"].stats()
             # Shards decide independently; shard 0's count is each worker's (they see the same pushes).
+            # Across cut replicas (--fsdp D) a client is a replica, and the shards decide together
+            # (ps_shard.RoundReferee): `rounds_shards_disagree` counts the rounds whose members differ
+            # between shards (0 by construction; the record that says so).
             figures["dropped_gradients"] = {str(w): n for w, n in enumerate(stats[0]["dropped"])}
             members = stats[0]["round_members"]
             figures["rounds_applied"] = len(members)
             sizes = Counter(len(m) for m in members)
             figures["gradients_per_update"] = {str(k): v for k, v in sorted(sizes.items())}
+            if config.sharded and options.backup_workers:
+                figures["rounds_shards_disagree"] = rounds_disagreeing([s["round_members"] for s in stats])
         if "portion_scheduler" in actors:
             import ray
 
@@ -211,6 +216,13 @@ class BSP(Strategy):
             self.grads.remove()
             self.grads = None
         super().teardown()
+
+
+def rounds_disagreeing(per_shard: list[list[list[int]]]) -> int:
+    """Rounds whose members differ between shards (each shard's `round_members`; a round one shard
+    applied and another did not counts too)."""
+    rounds = max((len(r) for r in per_shard), default=0)
+    return sum(1 for i in range(rounds) if len({tuple(r[i]) if i < len(r) else None for r in per_shard}) > 1)
 
 
 class BSPOverPS(PSStrategy):

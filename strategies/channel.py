@@ -404,12 +404,21 @@ class Channel:
         return self.ps.pull(params)
 
     def push_pull(
-        self, name: str, clock: int, grads: torch.Tensor | None, lr: float, params: np.ndarray
+        self,
+        name: str,
+        clock: int,
+        grads: torch.Tensor | None,
+        lr: float,
+        params: np.ndarray,
+        client: PSClient | None = None,
     ) -> tuple[PushPullResult, Traffic]:
         """Push `grads` on stream `name` (None: a skipped step, the clock only) to every shard, each slice
         through the codec with its own residual, then install θ in `params`. Counted: the push as sent
-        (a skipped step's too, as the float32 gradient it stood for), the pull as received."""
-        bounds = self.ctx.ps_bounds
+        (a skipped step's too, as the float32 gradient it stood for), the pull as received. `client`:
+        shards of the worker's own (a cut replica's worker talks to its PS shard alone, over its local
+        chunk: strategies/sharded_ps.py); default the run's."""
+        bounds = self.ctx.ps_bounds if client is None else client.bounds
+        client = client or self.ps
         stream = self.open(name)
         nbytes = params.nbytes
         codec = self.codec_of(name)
@@ -419,7 +428,7 @@ class Channel:
         payload: Any = None if grads is None else grads.numpy()
         if grads is not None and codec is not None:
             if not stream.shard_feedback:
-                self._shard_feedback(stream, codec)
+                self._shard_feedback(stream, codec, bounds)
             payload = [
                 (str(codec), ef.encode(grads[start:stop]))
                 for ef, (start, stop) in zip(stream.shard_feedback, bounds, strict=True)
@@ -427,14 +436,14 @@ class Channel:
             sent, raw = sum(e.nbytes for _, e in payload), nbytes
         else:
             sent = nbytes
-        result = self.ps.push_pull(clock, payload, lr, params)
+        result = client.push_pull(clock, payload, lr, params)
         return result, Traffic(result.seconds, sent, nbytes, raw)
 
-    def _shard_feedback(self, stream: Stream, codec: CodecSpec) -> None:
+    def _shard_feedback(self, stream: Stream, codec: CodecSpec, bounds: list[tuple[int, int]]) -> None:
         from distrain.compression.base import ErrorFeedback
 
         built = codec.build()
-        stream.shard_feedback = [ErrorFeedback(built, stop - start) for start, stop in self.ctx.ps_bounds]
+        stream.shard_feedback = [ErrorFeedback(built, stop - start) for start, stop in bounds]
         saved = self._saved.pop(stream.name, None)
         if saved is not None and "shards" in saved:
             for ef, residual in zip(stream.shard_feedback, saved["shards"], strict=True):

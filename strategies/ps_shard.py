@@ -11,7 +11,11 @@ Rules (`ConsistencyRule`, definitions in shared/reference/algorithms.md):
   N gradients tagged t (mean over those N, summed in rank order), and a gradient tagged with a
   closed round is dropped and counted; its pusher gets the current θ at once and skips ahead.
   Shards decide independently (as TensorFlow's SyncReplicasOptimizer's accumulators do): a worker
-  late at one shard may be on time at another.
+  late at one shard may be on time at another. Not so across cut replicas (--fsdp D, rule.parts = D):
+  a client (a replica) pushes piece d of its gradient to shard d alone, so shards deciding apart would
+  apply different replicas' gradients to different chunks of one model. There one `RoundReferee` (held by
+  shard 0, asked by every shard) decides each round once: a replica counts when all D of its pieces have
+  arrived, the first N such close the round, and every shard applies those N and drops the others.
   Under --workers MIN..MAX (`set_round_members`) a round closes on the pushes of the ranks that are
   members *of that round*: the driver's current members, each from the round it entered at (a joiner,
   or a member fed again after it had no work, enters at a round boundary the driver names); under
@@ -111,6 +115,54 @@ class Reply:
     dropped: bool = False  # the gradient was late (k-of-n) and not applied
 
 
+class RoundReferee:
+    """Decides k-of-n rounds for every shard when each client's gradient comes in `parts` pieces, piece d
+    to shard d (cut replicas: strategies/sharded_ps.py). A shard reports each piece it took for the open
+    round (`agree`) and gets back the round's clients: a client is complete once all its pieces are
+    reported, and the first `accept` complete clients, in the order they completed, are the round's, the
+    same answer to every shard. A client in the answer has had its piece reported by every shard before
+    the decision, so every shard holds the gradients it is told to apply.
+
+    Only the newest decision is ever asked about again: a shard asks about round t while its version is t,
+    and round t + 1 can be decided only once every shard has taken a piece of it (so has applied round t).
+    """
+
+    KEEP = 4  # decided rounds kept (only the newest is needed; a few more cost nothing)
+
+    def __init__(self, accept: int, parts: int) -> None:
+        self.accept, self.parts = accept, parts
+        self.pieces: dict[int, dict[int, set[int]]] = {}  # open rounds: client -> the pieces reported
+        self.complete: dict[int, list[int]] = {}  # open rounds: clients complete, in the order they completed
+        self.decided: dict[int, list[int]] = {}  # round -> its clients (sorted)
+        self.changed = asyncio.Condition()
+
+    async def agree(self, round_: int, client: int, part: int) -> list[int]:
+        """Piece `part` of `client`'s gradient for `round_` is at its shard; the round's clients once decided."""
+        async with self.changed:
+            if round_ not in self.decided:
+                pieces = self.pieces.setdefault(round_, {}).setdefault(client, set())
+                pieces.add(part)
+                if len(pieces) == self.parts:
+                    done = self.complete.setdefault(round_, [])
+                    done.append(client)
+                    if len(done) == self.accept:
+                        self.decided[round_] = sorted(done)
+                        self.pieces.pop(round_, None)
+                        self.complete.pop(round_, None)
+                        for old in [r for r in self.decided if r <= round_ - self.KEEP]:
+                            del self.decided[old]
+                        self.changed.notify_all()
+                await self.changed.wait_for(lambda: round_ in self.decided)
+            return self.decided[round_]
+
+    async def clear(self) -> None:
+        """Forget every round (the shards were restored: their rounds start again)."""
+        async with self.changed:
+            self.pieces.clear()
+            self.complete.clear()
+            self.decided.clear()
+
+
 class ParameterShard:
     def __init__(
         self,
@@ -120,7 +172,10 @@ class ParameterShard:
         optimizer: OptimizerSpec,
         theta: np.ndarray,
         optimizer_state: dict[str, Any] | None = None,
+        referee: Any = None,
     ) -> None:
+        """`referee` (rules with `parts` > 1 only): shard 0's actor handle, which decides the rounds for
+        every shard (`RoundReferee`); shard 0 itself holds the referee and takes None."""
         torch.set_num_threads(1)
         self.shard_id = shard_id
         self.num_workers = num_workers
@@ -160,10 +215,18 @@ class ParameterShard:
         self.elastic_rounds = rule.mode == "rounds" and rule.slots > 0
         self.enters: dict[int, int] = {}
         self.round_lr = 0.0
+        # k-of-n across cut replicas: one decision per round for every shard (`RoundReferee`).
+        self.agreed = rule.mode == "rounds" and rule.accept is not None and rule.parts > 1
+        self.referee = RoundReferee(rule.accept, rule.parts) if self.agreed and shard_id == 0 else None
+        self.referee_handle = referee
+        if self.agreed and shard_id != 0 and referee is None:
+            raise ValueError(f"shard {shard_id}: rounds agreed across {rule.parts} shards need shard 0's handle")
 
     # ------------------------------------------------------------------ the one hot path
     async def push_pull(self, worker: int, clock: int, grad: Any, lr: float, read_version: int) -> Reply:
         grad = decoded(grad)
+        if self.agreed:
+            return await self._push_agreed(worker, clock, grad, lr)
         async with self.changed:
             dropped = False
             if self.rule.mode == "rounds":
@@ -204,6 +267,51 @@ class ParameterShard:
             wait_s = time.perf_counter() - t0
         self.clocks[worker] = max(self.clocks[worker], self.version)
         return clock, 0, wait_s
+
+    async def _push_agreed(self, worker: int, clock: int, grad: np.ndarray | None, lr: float) -> Reply:
+        """k-of-n across cut replicas: take this piece of `worker`'s gradient into the open round, ask the
+        referee which clients the round counts (waiting, without the lock, until it is decided), apply
+        theirs if no push here has yet, and answer as `_push_round` does (dropped: not among them)."""
+        async with self.changed:
+            if clock < self.version:  # the round was applied here without this client: dropped
+                self.dropped[worker] += 1
+                self.clocks[worker] = self.version
+                return self._reply(worker, -1, self.version - clock, 0.0, True)
+            if clock > self.version:
+                raise RuntimeError(f"shard {self.shard_id}: worker {worker} pushed for round {clock} in {self.version}")
+            self.round[worker] = grad
+            self.clocks[worker] = clock + 1
+        t0 = time.perf_counter()
+        members = await self.agree_remote(clock, worker)
+        wait_s = time.perf_counter() - t0
+        async with self.changed:
+            if self.version == clock:  # the first of this round's pushes here to hear: apply the members'
+                missing = [m for m in members if m not in self.round]
+                if missing:
+                    raise RuntimeError(
+                        f"shard {self.shard_id}: round {clock} counts {missing}, whose pieces are not here"
+                    )
+                self.round = {m: self.round[m] for m in members}
+                self._apply_mean(lr)
+            self.clocks[worker] = max(self.clocks[worker], self.version)
+            if worker not in members:
+                self.dropped[worker] += 1
+                return self._reply(worker, -1, self.version - clock, wait_s, True)
+            return self._reply(worker, clock, 0, wait_s, False)
+
+    async def agree_remote(self, round_: int, client: int) -> list[int]:
+        """The referee's answer for this shard's piece: its own on shard 0, else shard 0's (an actor call)."""
+        if self.referee is not None:
+            return await self.referee.agree(round_, client, self.shard_id)
+        return await self.referee_handle.agree.remote(round_, client, self.shard_id)
+
+    async def agree(self, round_: int, client: int, part: int) -> list[int]:
+        """Shard 0: another shard's piece reported to the referee (`RoundReferee.agree`)."""
+        assert self.referee is not None, f"shard {self.shard_id} holds no referee"
+        return await self.referee.agree(round_, client, part)
+
+    def _reply(self, worker: int, applied: int, lag: int, wait_s: float, dropped: bool) -> Reply:
+        return Reply(self.theta.copy(), self.version, applied, lag, wait_s, self.clocks[worker], self._floor(), dropped)
 
     def _round_full(self) -> bool:
         """Whether the open round has the gradients that close it: N (k of N + b under k-of-n), or,
@@ -453,6 +561,7 @@ class ParameterShard:
         optimizer: OptimizerSpec,
         theta: np.ndarray,
         optimizer_state: dict[str, Any] | None = None,
+        referee: Any = None,
     ) -> None:
         """A warm shard taken for a new run: built as a fresh actor would be, by the constructor (the
         class's own: a subclass's state too). torch's global RNG goes back to its state at process start
@@ -464,7 +573,8 @@ class ParameterShard:
             del sys.modules[name]
         _codec.cache_clear()
         torch.set_rng_state(_START_RNG)
-        self.__init__(shard_id, num_workers, rule, optimizer, theta, optimizer_state)  # type: ignore[misc]
+        given = {"referee": referee} if referee is not None else {}  # (a subclass's constructor may not take one)
+        self.__init__(shard_id, num_workers, rule, optimizer, theta, optimizer_state, **given)  # type: ignore[misc]
 
     def alive(self) -> bool:
         return True
@@ -479,3 +589,5 @@ class ParameterShard:
             self.round.clear()
             self.chunks.clear()
             self.changed.notify_all()
+        if self.referee is not None:
+            await self.referee.clear()

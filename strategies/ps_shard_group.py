@@ -71,15 +71,17 @@ class ShardGroup:
                 theta[start:stop],
                 optimizer_state.slice(start, stop).to_dict() if optimizer_state else None,
             )
+            # k-of-n across cut replicas: shard 0 decides every shard's rounds (ps_shard.RoundReferee).
+            given = {"referee": self.shards[0]} if rule.parts > 1 and k > 0 else {}
             shard = self.pool.take(nodes[k], self.pool_kind) if self.pool is not None else None
             if shard is not None:
-                self.rebuilding.append(shard.rebuild.remote(*args))
+                self.rebuilding.append(shard.rebuild.remote(*args, **given))
             else:
                 if nodes is None:  # as before: its own CPUs, in its slot
                     where = {"num_cpus": config.cpus_per_shard, "scheduling_strategy": scheduling[k]}
                 else:  # its bundle holds its CPUs; the actor can outlive the bundle's group
                     where = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[k], soft=False)}
-                shard = ray.remote(cls).options(max_concurrency=concurrency, **where).remote(*args)
+                shard = ray.remote(cls).options(max_concurrency=concurrency, **where).remote(*args, **given)
             self.shards.append(shard)
 
     def node_ids(self) -> list[str]:  # (a retired shard answers this too)

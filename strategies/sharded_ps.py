@@ -17,22 +17,42 @@ whole checkpoint that loads at any layout; the driver builds the shards from a w
 state (strategies/driver_actor.py `ps_shards`) in the shards' order. --precision: FSDP's mixed precision
 inside the replica (trainers/sharded_trainer.py), the pushed chunks and the shards float32; under fp16
 a replica's D workers agree on an overflow (`step`), each replica keeping its own scale, and a
-checkpoint holds worker 0's. Not yet: backup workers or backup
-tasks (config/layout_section.py refuses them), worker replacement in place (a replica's D workers share
-one FSDP group: a lost worker restarts the attempt).
+checkpoint holds worker 0's.
+
+Backup workers (bsp --backup-workers K, k-of-n, Chen et al. 2016): N + K replicas push, each round applies
+the first N replicas' gradients. A replica's D pieces reach the D shards at different times, so the
+shards do not decide apart (shard 0 could take replicas {0, 1} and shard 1 {0, 2}: a model whose chunks
+had different updates): a replica counts once all D of its pieces have arrived, and one referee on PS
+shard 0 decides each round's N for every shard (strategies/ps_shard.py `RoundReferee`). A replica whose
+gradient was dropped skips the rounds that closed without it, with their data, as a plain backup worker
+does; its D workers first agree on the round to go on at (the most advanced shard's version, an
+all-reduce over the replica's group) and pull θ chunk d at it, so the replica's chunks are of one version
+(`_agree_round`). Not yet: backup tasks (the portion scheduler hands portions to single workers, and a
+replica's D workers would have to take each together; config/layout_section.py refuses them), worker
+replacement in place (a replica's D workers share one FSDP group: a lost worker restarts
+the attempt).
+
+--compress: a worker's push goes through the channel (`Channel.push_pull` with this worker's one-shard
+client), so its chunk is encoded with its own error-feedback residual, kept on the worker, and decoded by
+the shard; pulls stay float32, and PowerSGD is refused (a shard holds a flat chunk). The residual is in
+the channel's state, shipped per rank into checkpoints as for every strategy.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from distrain.compression.spec import FLAG
+from distrain.errors import ConfigError
 from distrain.strategies.base import CommStats
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.sharded_bsp import ShardedBSP
 
 if TYPE_CHECKING:
+    from distrain.compression import CodecSpec
     from distrain.config import RunConfig
     from distrain.trainers.sharded_trainer import ShardedTrainer
 
@@ -69,12 +89,25 @@ class ShardedPS(ShardedBSP):
     def __init__(self, config: RunConfig, ctx: Any) -> None:
         super().__init__(config, ctx)
         self.clock = 0
-        self.rounds = self.ps_rule(config).mode == "rounds"
+        rule = self.ps_rule(config)
+        self.rounds = rule.mode == "rounds"
+        self.k_of_n = self.rounds and rule.accept is not None  # backup workers: a round may close without us
+        self.skip = 0  # units of rounds that closed without this replica (k-of-n)
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
         """The unsharded strategy's rule (strategies/ps.py, bsp.py), over R clients."""
         raise NotImplementedError
+
+    @classmethod
+    def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
+        """As over the PS without sharding (strategies/ps.py): a shard holds a flat chunk, no matrices."""
+        super().check_codec(config, codec)
+        if codec.needs_shapes:
+            raise ConfigError(
+                f"{FLAG} {codec} needs whole matrices, but a parameter-server shard holds a flat chunk of "
+                "the parameters; use fp16, bf16, int8 or topk:FRACTION there, or --transport collective"
+            )
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         import torch
@@ -105,6 +138,8 @@ class ShardedPS(ShardedBSP):
         self.theta = torch.empty(n, dtype=torch.float32)  # θ chunk d on the host, as the shard serves it
         self.ps_bytes = n * self.theta.element_size()
         self.clock = self.client.pull(self.theta.numpy())
+        if self.k_of_n:  # the round the shards are at (a replica dropped before a restore point may be ahead)
+            self._agree_round(self.client.read_versions[0])
         self._install()
 
     def _install(self) -> None:
@@ -147,24 +182,56 @@ class ShardedPS(ShardedBSP):
             dist.all_reduce(flag, group=self.replica_group)
             ok = float(flag) == 0.0
         ok = self.gradient_decision(trainer.scaler, ok, "loss or gradient")
-        result = self.client.push_pull(self.clock, grads.numpy() if ok else None, lr, self.theta.numpy())
+        # Through the channel: under --compress this worker's chunk goes through the codec with its own
+        # residual (one bound: the chunk), and the shard decodes it (ps_shard.decoded).
+        pushed = grads if ok else None
+        result, traffic = self.channel.push_pull("grads", self.clock, pushed, lr, self.theta.numpy(), self.client)
+        if self.k_of_n:  # rounds that closed without this replica are skipped, with their data
+            before = self.clock
+            self._agree_round(result.version)
+            self.skip += self.clock - (before + 1)
+        else:
+            self.clock = result.version if self.rounds else self.clock + 1
         self._install()
-        self.clock = result.version if self.rounds else self.clock + 1
-        moved = self.traffic + self.ps_bytes
         extra = self.layout_columns(trainer)
         return CommStats(
-            seconds=time.perf_counter() - t0,
-            bytes_sent=moved,
-            bytes_received=moved,
+            seconds=time.perf_counter() - t0 - traffic.seconds,  # (the push-pull's are added below)
+            bytes_sent=self.traffic,  # FSDP's inside the replica, then the push and pull (`traffic`)
+            bytes_received=self.traffic,
             wait_s=result.wait_s,
             read_version=result.read_version,
             applied_version=result.applied_version,
             lag=result.lag,
             clock=result.clock,
             min_clock=result.min_clock,
+            dropped=result.dropped if self.rounds else None,
             nonfinite=None if ok else True,
             extra=extra,
-        )
+        ).add(traffic)
+
+    def _agree_round(self, version: int) -> None:
+        """k-of-n: the replica's D workers go on at one round, the most advanced of their shards' versions
+        (each worker's shard answered at its own moment, so one may already be a round further), and
+        pull θ chunk d at it; the clock is that round. A shard may have moved on again by then: the
+        gradient computed on that θ then comes late at every shard (its round is decided) and is dropped,
+        so no counted gradient is ever computed on chunks of different versions."""
+        import torch
+        import torch.distributed as dist
+
+        agreed = torch.tensor([version], dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.replica_group)
+        target = int(agreed)
+        if version < target:
+            self.client.pull_at(target, self.theta.numpy())
+        self.clock = target
+
+    def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
+        """The units of rounds that closed without this replica (k-of-n) are skipped, by its D workers alike."""
+        for unit in super().plan(units):
+            if self.skip > 0:
+                self.skip -= 1
+                continue
+            yield unit
 
     def prepare_eval(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         self.client.pull(self.theta.numpy())
@@ -215,5 +282,8 @@ class ShardedBSPOverPS(ShardedPS):
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
-        """Rounds of the R replicas' chunks (backup workers and --workers MIN..MAX are refused with --fsdp)."""
+        """Rounds of the R replicas' chunks; with --backup-workers K, of the first R of R + K replicas whose
+        every chunk has arrived, agreed by all D shards (--workers MIN..MAX is refused with --fsdp)."""
+        if config.options_of("bsp").backup_workers:
+            return ConsistencyRule.bsp(accept=config.workers, parts=config.replica_grid[0])
         return ConsistencyRule.bsp()

@@ -6,7 +6,8 @@ PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk
   steps, within 1e-5): the issue's acceptance point;
 - BSP over the PS with R = 2 replicas x D = 2 equals one process at the global batch R x D x B;
 - the checkpoints are whole (the shards' θ and momentum put back in the model's order) and a run goes on
-  from one: --resume at the same layout, and in one plain process, ends where one process does.
+  from one: --resume at the same layout, and in one plain process, ends where one process does;
+- --compress: each worker's chunk through the codec to its shard (lossless top-k equals one process).
 """
 
 from __future__ import annotations
@@ -121,3 +122,21 @@ def test_ssp_with_two_sharded_replicas_keeps_its_bound(tmp_path, one_process):
     assert ((rows["clock"] - rows["min_clock"]) <= 1).all() and (rows["staleness"] >= 0).all()
     losses = rows.groupby("step")["loss"].mean()
     assert losses.iloc[-3:].mean() < 0.5 * losses.iloc[:3].mean()
+
+
+def test_compressed_pushes_across_a_sharded_replica_go_through_the_codec_and_lossless_equals_one_process(
+    tmp_path, one_process
+):
+    """--strategy async --transport ps --workers 1 --fsdp 2 --compress topk:1: each worker's gradient chunk
+    goes through the codec (its own residual) to its PS shard, which decodes it; top-k of every value is
+    lossless, so the run ends at one process's parameters at batch 64 within 1e-5, and the rows count what
+    the codec sent (values and their indices) against the float32 chunk it stood for."""
+    run = run_training(
+        cfg(tmp_path, "coded", strategy="async", transport="ps", workers=1, fsdp=2, batch_size=32, compress="topk:1")
+    )
+    assert run.summary["status"] == "completed"
+    assert (final_params(run.run_dir) - one_process[0]).abs().max().item() <= TOL
+    rows = steps_of(run.run_dir)
+    # The pull is float32 (FSDP's bytes inside the replica, then the chunk): what the push stood for too.
+    assert rows["bytes_uncompressed"].notna().all() and (rows["bytes_uncompressed"] == rows["bytes_received"]).all()
+    assert (rows["bytes_sent"] > rows["bytes_uncompressed"]).all()  # top-k of all: the values and indices

@@ -34,6 +34,20 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
     assert config.to_nested()["layout"] == {"fsdp": 4, "tensor_parallel": 1, "reshard_after_forward": True}
 
 
+def test_the_layout_counts_backup_replicas_among_the_worker_actors():
+    """bsp --backup-workers K at a fixed size starts N + K replicas (each of D workers across cut replicas);
+    under a range the backups are among the MAX."""
+    config = RunConfig(strategy="bsp", transport="ps", workers=2, fsdp=2, backup_workers=1, model="mlp")
+    layout = layout_of(config.to_dict(), config.worker_slots)
+    assert layout["replicas"] == 2 and layout["worker_actors"] == 6 == config.num_worker_actors
+    assert grid_text(layout) == "2 replicas (+1 backup) x 2 shards"
+    plain = RunConfig(strategy="bsp", transport="ps", workers=2, backup_workers=2)
+    assert grid_text(layout_of(plain.to_dict(), plain.worker_slots)) == "2 workers (+2 backups)"
+    ranged = RunConfig(strategy="bsp", transport="ps", workers="2..3", backup_workers=1)
+    assert layout_of(ranged.to_dict(), ranged.worker_slots)["worker_actors"] == 3 == ranged.num_worker_actors
+    assert grid_text(layout_of(ranged.to_dict(), ranged.worker_slots)) == "2..3 workers"
+
+
 @pytest.mark.parametrize(
     "given, message",
     [
@@ -45,7 +59,7 @@ def test_a_sharded_replica_is_d_workers_and_d_batches():
         (dict(fsdp=2, workers="1..2", strategy="diloco"), r"^--fsdp 2 with --workers MIN..MAX runs under --strat"),
         (dict(fsdp=2, workers="1..2", tensor_parallel=2), r"^--tensor-parallel 2 does not compose with --workers"),
         (dict(fsdp=2, workers="2..3", worker_weights="1,1,2"), r"^--fsdp 2 with --workers MIN..MAX does not comp"),
-        (dict(fsdp=2, transport="ps", compress="topk:0.1"), r"^--fsdp 2 over --transport ps does not compose with --c"),
+        (dict(fsdp=2, transport="ps", compress="powersgd:2"), r"^--compress powersgd:2 needs whole matrices, but a p"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
         (dict(fsdp=2, workers="1..2", precision="fp16"), r"^--fsdp 2 with --workers MIN..MAX does not compose with --"),
@@ -129,6 +143,26 @@ def test_the_ps_strategies_run_across_cut_replicas(strategy):
     assert issubclass(impl, ShardedPS) and impl.name == strategy
     assert config.ps_shards == 2 and ps_clients(config) == 3 and config.num_worker_actors == 6
     assert impl.ps_rule(config).mode == ("rounds" if strategy == "bsp" else "bounded")
+
+
+def test_backup_workers_and_compress_run_with_the_ps_across_cut_replicas():
+    """bsp --backup-workers K over --transport ps with --fsdp D: N + K replicas are the shards' clients, and
+    a round takes N of them, each in D parts (one per shard: the shards agree on the N); --compress
+    composes with every PS strategy there (each worker's chunk through the codec)."""
+    from distrain.strategies.partition import ps_clients
+    from distrain.strategies.sharded_ps import ShardedBSPOverPS
+    from distrain.strategies.strategy_lookup import strategy_class
+
+    config = RunConfig(strategy="bsp", transport="ps", workers=3, fsdp=2, backup_workers=1, model="mlp")
+    config.validate()
+    assert strategy_class("bsp").implementation(config) is ShardedBSPOverPS
+    rule = ShardedBSPOverPS.ps_rule(config)
+    assert (rule.mode, rule.accept, rule.parts) == ("rounds", 3, 2)
+    assert ps_clients(config) == 4 and config.num_worker_actors == 8 and config.global_batch_size == 3 * 2 * 32
+    plain = ShardedBSPOverPS.ps_rule(config.replace(backup_workers=0))
+    assert (plain.accept, plain.parts) == (None, 1)  # every replica, no referee
+    for strategy in ("async", "ssp", "bsp"):
+        RunConfig(strategy=strategy, transport="ps", workers=2, fsdp=2, compress="int8", model="mlp").validate()
 
 
 def test_fsdp_traffic_per_worker_and_step():

@@ -46,20 +46,84 @@ REFUSED = [
         ["--model", "mlp", "--strategy", "bsp", "--transport", "ps", "--fsdp", "2", "--ps-shards", "1"],
         ["--ps-shards 1 with --fsdp 2"],
     ),
+    # backup workers across cut replicas run (tests/integration/test_sharded_ps_backup_runs.py); their bad
+    # input is refused as without sharding, the straggler's rank counted over the (N + K) x D workers
     (
-        ["--model", "mlp", "--strategy", "bsp", "--transport", "ps", "--fsdp", "2", "--backup-workers", "1"],
-        ["--fsdp 2 over --transport ps does not compose with --backup-workers yet"],
+        ["--model", "mlp", "--strategy", "bsp", "--transport", "ps", "--fsdp", "2", "--backup-tasks"],
+        ["--fsdp 2 over --transport ps does not compose with --backup-tasks yet", "use --backup-workers"],
+    ),
+    (
+        ["--model", "mlp", "--strategy", "bsp", "--transport", "ps", "--fsdp", "2", "--backup-workers", "-1"],
+        ["--backup-workers must be >= 0, got -1"],
+    ),
+    (
+        ["--model", "mlp", "--strategy", "bsp", "--fsdp", "2", "--backup-workers", "1"],
+        ["--backup-workers needs synchronous rounds on the parameter server", "--transport ps"],
+    ),
+    (
+        [
+            "--model",
+            "mlp",
+            "--strategy",
+            "bsp",
+            "--transport",
+            "ps",
+            "--fsdp",
+            "2",
+            "--workers",
+            "2",
+            "--backup-workers",
+            "1",
+            "--straggler",
+            "6:x3",
+        ],
+        ["--straggler '6:x3'", "0 <= RANK < 6"],
+    ),
+    (
+        [
+            "--model",
+            "mlp",
+            "--strategy",
+            "bsp",
+            "--transport",
+            "ps",
+            "--fsdp",
+            "2",
+            "--workers",
+            "2..3",
+            "--backup-workers",
+            "1",
+        ],
+        ["--fsdp 2 over --transport ps does not compose with --workers MIN..MAX yet"],
+    ),
+    (
+        [
+            "--model",
+            "mlp",
+            "--strategy",
+            "bsp",
+            "--transport",
+            "ps",
+            "--fsdp",
+            "2",
+            "--backup-workers",
+            "1",
+            "--compress",
+            "powersgd:2",
+        ],
+        ["--compress powersgd:2 needs whole matrices", "holds a flat chunk", "or --transport collective"],
     ),
     (
         ["--model", "mlp", "--strategy", "ssp", "--transport", "ps", "--tensor-parallel", "2"],
         ["--tensor-parallel 2 does not compose with --transport ps yet"],
     ),
     (["--model", "mlp", "--strategy", "sandblaster", "--fsdp", "2"], ["async, ssp or bsp over --transport ps"]),
-    # --compress across cut replicas runs over the collective transport (tests/integration/test_layout_compress.py);
-    # over the PS, with pipeline stages and under a range it is still refused
+    # --compress across cut replicas runs over the collective transport (tests/integration/test_layout_compress.py)
+    # and the PS (test_sharded_ps_runs.py), not PowerSGD there (a shard's chunk is flat); with pipeline stages and
+    # under a range it is still refused
     (
-        ["--model", "mlp", "--strategy", "async", "--transport", "ps", "--fsdp", "2", "--compress", "int8"],
-        ["--fsdp 2 over --transport ps does not compose with --compress yet"],
+        ["--model", "mlp", "--strategy", "async", "--transport", "ps", "--fsdp", "2", "--compress", "powersgd:1"],
+        ["--compress powersgd:1 needs whole matrices"],
     ),
     (
         ["--model", "mlp", "--fsdp", "2", "--pipeline-stages", "2", "--compress", "int8"],
@@ -168,6 +232,11 @@ def small_cluster(monkeypatch):
             ["needs 6 CPUs (R x D x T x S = 1 x 1 x 1 x 3 = 3 workers x 2)", "lower --workers or --pipeline-stages"],
         ),
         (["--workers", "5"], ["needs 5 CPUs (5 workers x 1)", "lower --workers or the CPUs per actor"]),
+        (
+            ["--workers", "1", "--fsdp", "2", "--strategy", "bsp", "--transport", "ps", "--backup-workers", "1",
+             "--model", "mlp"],
+            ["R x D x T x S = 2 x 2 x 1 x 1 = 4 workers", "lower --workers, --backup-workers or --fsdp"],
+        ),
     ],
 )  # fmt: skip
 def test_more_workers_than_an_address_cluster_holds_names_the_grid(cwd, small_cluster, args, fragments):
