@@ -333,7 +333,8 @@ class Stragglers:
         "none",
         "none, or speed: the driver sets each worker's share of the step's batch in proportion to its measured "
         "speed (seconds per sample), moving them at segment starts only when the predicted step time falls by "
-        "more than 10 %; the global batch stays --workers x --batch-size (bsp, local-sgd, diloco, and under "
+        "more than 10 % (by less than 1.5x: only once a window of new rows says so again); the global batch "
+        "stays --workers x --batch-size (bsp, local-sgd, diloco, and under "
         "--pipeline-stages per replica in whole sets of micro-batches, under --fsdp/--tensor-parallel per replica "
         "in multiples of its data-parallel ranks; starts from --worker-weights if given). "
         "Under --workers MIN..MAX (over the collective): every step is MAX x "
