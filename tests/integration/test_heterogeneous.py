@@ -35,20 +35,36 @@ def samples_seen(run, config: RunConfig) -> list[tuple[int, int]]:
     """Every (epoch, sample) the run's workers trained on, rebuilt from the shares each step row recorded:
     each step's shares sum to the global batch, some worker's share changed during the run, and the
     workers' blocks at a step tile exactly that step's samples of the epoch."""
-    train = task_splits(build_task(config), config.val_fraction).train  # what the workers train on
-    total, n = config.global_batch_size, config.worker_slots
-    sharder = EpochSharder(len(train), total, config.seed)
     steps = step_rows(run)
     shares = steps.pivot(index="step", columns="worker", values="samples")
-    assert (shares.sum(axis=1) == total).all() and shares.nunique().max() > 1
+    assert (shares.sum(axis=1) == config.global_batch_size).all() and shares.nunique().max() > 1
+    cuts = [
+        (step, epoch, tuple(int(b) for b in shares.loc[step]))
+        for step, epoch in steps[["step", "epoch"]].drop_duplicates().itertuples(index=False)
+    ]
+    return blocks_seen(config, cuts)
+
+
+def blocks_seen(config: RunConfig, cuts: list[tuple[int, int, tuple[int, ...]]]) -> list[tuple[int, int]]:
+    """Every (epoch, sample) of the steps in `cuts` [(step, epoch, each worker's or replica's share)]: at
+    each step the blocks cut by those shares, in order, tile exactly that step's samples of the epoch."""
+    train = task_splits(build_task(config), config.val_fraction).train  # what the workers train on
+    sharder = EpochSharder(len(train), config.global_batch_size, config.seed)
     seen = []
-    for step, epoch in steps[["step", "epoch"]].drop_duplicates().itertuples(index=False):
-        cut = tuple(int(b) for b in shares.loc[step])
+    for step, epoch, cut in cuts:
         within = step - epoch * sharder.steps_per_epoch
-        blocks = np.concatenate([sharder.worker_indices(epoch, within, r, n, cut) for r in range(n)])
+        blocks = np.concatenate([sharder.worker_indices(epoch, within, r, len(cut), cut) for r in range(len(cut))])
         assert np.array_equal(blocks, sharder.global_batch_indices(epoch, within))
         seen += [(epoch, int(i)) for i in blocks]
     return seen
+
+
+def replica_cuts(last: pd.DataFrame) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Each step's replica shares, in replica order, as a pipeline's last stages recorded them."""
+    return [
+        (step, epoch, tuple(int(b) for b in rows.sort_values("replica")["samples"]))
+        for (step, epoch), rows in last.groupby(["step", "epoch"])
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -87,15 +103,7 @@ def test_weighted_pipeline_replicas_equal_one_process_and_see_every_sample_once(
     last = steps[steps["stage"] == 1]  # the stage that counts its replica's samples (the others record 0)
     assert last.groupby("replica")["samples"].unique().map(list).to_dict() == {0: [48], 1: [16]}
     assert (steps[steps["stage"] == 0]["samples"] == 0).all()
-    train = task_splits(build_task(config), config.val_fraction).train
-    sharder = EpochSharder(len(train), config.global_batch_size, config.seed)
-    seen = []
-    for (step, epoch), rows in last.groupby(["step", "epoch"]):
-        cut = tuple(int(b) for b in rows.sort_values("replica")["samples"])
-        within = step - epoch * sharder.steps_per_epoch
-        blocks = np.concatenate([sharder.worker_indices(epoch, within, r, 2, cut) for r in range(2)])
-        assert np.array_equal(blocks, sharder.global_batch_indices(epoch, within))
-        seen += [(epoch, int(i)) for i in blocks]
+    seen = blocks_seen(config, replica_cuts(last))
     first = [s for s in seen if s[0] == 0]
     assert len(first) == len(set(first)) == 22 * 64
 
@@ -126,15 +134,7 @@ def test_balanced_pipeline_replicas_rebuild_their_schedules_and_equal_one_proces
     for step, row in by_step.iterrows():
         start = max(k for k in expected if k <= step)
         assert (row[1], row[3]) == expected[start], (step, row)
-    train = task_splits(build_task(config), config.val_fraction).train
-    sharder = EpochSharder(len(train), config.global_batch_size, config.seed)
-    seen = []
-    for (step, epoch), rows in last.groupby(["step", "epoch"]):
-        cut = tuple(int(b) for b in rows.sort_values("replica")["samples"])
-        within = step - epoch * sharder.steps_per_epoch
-        blocks = np.concatenate([sharder.worker_indices(epoch, within, r, 2, cut) for r in range(2)])
-        assert np.array_equal(blocks, sharder.global_batch_indices(epoch, within))
-        seen += [(epoch, int(i)) for i in blocks]
+    seen = blocks_seen(config, replica_cuts(last))
     first = [s for s in seen if s[0] == 0]
     assert len(first) == len(set(first)) == 22 * 64
 
@@ -295,17 +295,13 @@ def test_a_straggler_under_a_range_is_slowed_once_a_member_and_balanced(tmp_path
     assert (steps.groupby("step")["samples"].sum() == 64).all()
     assert min(steps.query("worker == 1")["samples"]) < 32, run.summary["balance"]
     assert run.summary["worker_shares"][1] < 32
-    train = task_splits(build_task(config), config.val_fraction).train
-    sharder = EpochSharder(len(train), config.global_batch_size, config.seed)
-    seen = []
+    cuts = []
     for (step, epoch), rows in steps.groupby(["step", "epoch"]):
-        cut = [0, 0]
+        cut = [0, 0]  # per slot: 0 where a slot had no member at that step
         for worker, samples in zip(rows["worker"], rows["samples"], strict=True):
             cut[int(worker)] = int(samples)
-        within = step - epoch * sharder.steps_per_epoch
-        blocks = np.concatenate([sharder.worker_indices(epoch, within, r, 2, tuple(cut)) for r in range(2)])
-        assert np.array_equal(blocks, sharder.global_batch_indices(epoch, within))
-        seen += [(epoch, int(i)) for i in blocks]
+        cuts.append((step, epoch, tuple(cut)))
+    seen = blocks_seen(config, cuts)
     first = [s for s in seen if s[0] == 0]
     assert len(first) == len(set(first)) == 22 * 64
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
