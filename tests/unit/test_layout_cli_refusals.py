@@ -21,6 +21,7 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 CHAR_LM = f"{EXAMPLES / 'char_lm.py'}:CharLM"
 DIABETES = f"{EXAMPLES / 'diabetes_regression.py'}:Diabetes"
 
+BSP_PS_CUT = ["--model", "mlp", "--strategy", "bsp", "--transport", "ps", "--fsdp", "2"]
 # (arguments, fragments the one line must contain)
 REFUSED = [
     # T that does not divide a split layer's width (the mlp's first Linear: 256 outputs, column-wise)
@@ -61,56 +62,15 @@ REFUSED = [
         ["--backup-workers needs synchronous rounds on the parameter server", "--transport ps"],
     ),
     (
-        [
-            "--model",
-            "mlp",
-            "--strategy",
-            "bsp",
-            "--transport",
-            "ps",
-            "--fsdp",
-            "2",
-            "--workers",
-            "2",
-            "--backup-workers",
-            "1",
-            "--straggler",
-            "6:x3",
-        ],
+        [*BSP_PS_CUT, "--workers", "2", "--backup-workers", "1", "--straggler", "6:x3"],
         ["--straggler '6:x3'", "0 <= RANK < 6"],
     ),
     (
-        [
-            "--model",
-            "mlp",
-            "--strategy",
-            "bsp",
-            "--transport",
-            "ps",
-            "--fsdp",
-            "2",
-            "--workers",
-            "2..3",
-            "--backup-workers",
-            "1",
-        ],
+        [*BSP_PS_CUT, "--workers", "2..3", "--backup-workers", "1"],
         ["--fsdp 2 over --transport ps does not compose with --workers MIN..MAX yet"],
     ),
     (
-        [
-            "--model",
-            "mlp",
-            "--strategy",
-            "bsp",
-            "--transport",
-            "ps",
-            "--fsdp",
-            "2",
-            "--backup-workers",
-            "1",
-            "--compress",
-            "powersgd:2",
-        ],
+        [*BSP_PS_CUT, "--backup-workers", "1", "--compress", "powersgd:2"],
         ["--compress powersgd:2 needs whole matrices", "holds a flat chunk", "or --transport collective"],
     ),
     (
