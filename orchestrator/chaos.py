@@ -4,8 +4,9 @@
 at the step of the next waiting event (`WorkPlan.hold`: no unit at or past it is handed out), so the
 step count stops exactly there; `ChaosMonkey.strike` then injects the event and the hold moves on to
 the next one. Each event fires once per run (a recovery that goes back to before its step does not
-fire it again). Kills are real: `ray.kill` ends the actor's process, exactly as a crash would, and
-the run must notice on its own.
+fire it again). Kills are real: `ray.kill` ends the actor's process, exactly as a crash would (the
+strike returns once it is dead, so nothing handed out after it runs there), and the run must notice
+on its own.
 
 An event that cannot fire is refused before anything starts where that is known up front (a step
 past the run's last, a `kill-node` on a one-node cluster: `refuse_unreachable`, `refuse_on_cluster`);
@@ -16,6 +17,7 @@ stopped before it) it is recorded as not fired, with the reason. Every event is 
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import ray
@@ -70,8 +72,19 @@ class Faults(Protocol):
 
 
 class RayFaults:
-    def kill(self, actor: Any) -> None:
-        ray.kill(actor, no_restart=True)  # ends the actor's process, exactly as a crash would
+    def kill(self, actor: Any, wait_s: float = 30.0) -> None:
+        """End the actor's process, exactly as a crash would, and return once it is dead: `ray.kill` is
+        asynchronous, and a call the driver sends right after the strike (the held step's block) could
+        otherwise still run on it. (Seen: a killed collective member completed the next step's all-reduce
+        with the others and died before its rows came back, so a unit had no row.)"""
+        ray.kill(actor, no_restart=True)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return  # dead (or past waiting for: the run finds it as it would find a crash)
+            time.sleep(0.02)
 
     def hang(self, actor: Any) -> None:
         actor.hang.remote()
