@@ -43,7 +43,9 @@ def summarize(
     target figures without a target); a key that applies may be null where null means something
     (a target not reached, a figure not measurable yet, a test figure that was not finite)."""
     steps = df[df["kind"] == "step"]
-    evals = df[df["kind"] == "eval"].sort_values("wall_time")
+    # In training order: two evaluations can finish out of order (that of step 24 recorded after step 32's),
+    # and "final" is the last step's.
+    evals = df[df["kind"] == "eval"].sort_values(["step", "wall_time"], kind="stable", na_position="first")
     builtin = not config.get("task")
     always = {"val_loss", "test_loss"} | ({"val_accuracy", "test_accuracy"} if builtin else set())
     metric_columns = [
@@ -88,7 +90,7 @@ def summarize(
         summary["target"] = str(target)
         if builtin:
             summary["target_accuracy"] = config["target_accuracy"]
-        summary["time_to_target_s"] = num(reached["wall_time"].iloc[0]) if not reached.empty else None  # None: missed
+        summary["time_to_target_s"] = num(reached["wall_time"].min()) if not reached.empty else None  # None: missed
     summary |= {
         "started_at": started_at,  # unix time the metrics' wall_time counts from
         "wall_time_s": wall_time_s,

@@ -256,3 +256,22 @@ def test_a_last_evaluation_without_the_test_set_gets_it_after_training(tmp_path)
     assert (s["final_val_loss"], s["final_test_loss"]) == (8.0, 80.0)  # the model after the last step
     table = pq.read_table(Path(cfg.run_dir) / "metrics.parquet").to_pandas()
     assert table[table["kind"] == "eval"]["test_loss"].isna().tolist() == [True, False]  # on the last row
+
+
+def test_the_final_evaluation_is_the_last_steps_even_when_an_earlier_one_is_recorded_after_it():
+    """Two evaluations can finish out of order (a CI run recorded step 24's after step 32's): the summary's
+    final figures are step 32's, and the target counts as reached when the first evaluation meeting it
+    was recorded."""
+    rows = pd.DataFrame(
+        {
+            "run_id": "r", "kind": ["step", "eval", "eval"], "worker": [0, None, None], "step": [31, 32, 24],
+            "epoch": [3, 3, 2], "loss": [0.1, None, None], "samples": [8, None, None],
+            "wall_time": [1.0, 2.0, 2.5], "compute_s": 0.1, "comm_s": 0.0, "bytes_sent": 0,
+            "eval_s": [None, 0.1, 0.1], "val_loss": [None, 0.03, 0.05], "val_accuracy": [None, 0.97, 0.96],
+            "test_loss": [None, 0.028, 0.054], "test_accuracy": [None, 0.97, 0.96],
+        }
+    )  # fmt: skip
+    config = RunConfig(target_accuracy=0.95).to_dict()
+    s = summarize(rows, config, 0.0, 5.0, "completed", 4, RunConfig(target_accuracy=0.95).target_spec)
+    assert (s["final_test_loss"], s["final_val_loss"]) == (0.028, 0.03)
+    assert s["time_to_target_s"] == 2.0
