@@ -45,10 +45,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from distrain.compression.spec import FLAG
-from distrain.errors import ConfigError
 from distrain.strategies.base import CommStats
-from distrain.strategies.consistency import ConsistencyRule
+from distrain.strategies.consistency import ConsistencyRule, refuse_matrix_codec
 from distrain.strategies.sharded_bsp import ShardedBSP
 
 if TYPE_CHECKING:
@@ -103,11 +101,7 @@ class ShardedPS(ShardedBSP):
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
         """As over the PS without sharding (strategies/ps.py): a shard holds a flat chunk, no matrices."""
         super().check_codec(config, codec)
-        if codec.needs_shapes:
-            raise ConfigError(
-                f"{FLAG} {codec} needs whole matrices, but a parameter-server shard holds a flat chunk of "
-                "the parameters; use fp16, bf16, int8 or topk:FRACTION there, or --transport collective"
-            )
+        refuse_matrix_codec(codec, holds="a flat chunk of the parameters")
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         import torch
