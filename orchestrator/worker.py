@@ -18,6 +18,7 @@ import numpy as np
 import ray
 import torch
 
+from distrain.actor_process import freeze_loaded_libraries
 from distrain.config import RunConfig
 from distrain.config.groups_section import worker_cpus
 from distrain.config.shares_section import unequal_shares
@@ -53,6 +54,7 @@ class TrainWorker:
     """Hosted as a Ray actor by the orchestrator (`ray.remote(TrainWorker)`)."""
 
     def __init__(self, config: RunConfig, rank: int, run_start: float, data: Shard | None = None) -> None:
+        freeze_loaded_libraries()  # `retire`'s garbage collection then scans only the runs' objects
         torch.set_num_threads(max(1, int(worker_cpus(config, rank))))
         seed_globals(config.seed, rank)  # dropout, augmentation: the same --seed draws the same (per rank)
         if config.deterministic:
