@@ -516,6 +516,13 @@ class TrainWorker:
         """The whole shapes of the model's trainable parameters, in order (the PS shards' layout under --fsdp)."""
         return [tuple(p.shape) for p in self.trainer.model.parameters() if p.requires_grad]
 
+    def param_cut_dims(self, tp: int) -> list[int | None]:
+        """For each trainable parameter, in order, the dimension the task's plan splits it along across `tp`
+        workers, None where every worker holds it whole (the PS shards' layout under --tensor-parallel)."""
+        from distrain.trainers.tensor_parallel import cut_dims
+
+        return cut_dims(self.trainer.model, self.trainer.task.tensor_parallel_plan(tp) or {})
+
     def hang(self) -> None:
         """Fault injection (--chaos hang-worker): stop answering, as a deadlocked process would."""
         time.sleep(10**6)

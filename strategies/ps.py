@@ -186,7 +186,7 @@ class OnArrival(PSStrategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
-        if config.sharded and cls.name in ("async", "ssp"):  # --fsdp D: worker (r, d) pushes to PS shard d
+        if config.sharded and cls.name in ("async", "ssp"):  # --fsdp D, --tensor-parallel T: to PS shard d, t
             from distrain.strategies.sharded_ps import ShardedAsync, ShardedSSP
 
             return ShardedAsync if cls.name == "async" else ShardedSSP
