@@ -250,7 +250,8 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     --backup-workers K (N + K replicas, each round the first N whose D chunks all arrived, agreed by the D
     shards); --compress (each worker's chunk through the codec with its own residual). Refused:
     --backup-tasks (its portions are handed to single workers; a replica's D workers would have to take
-    each portion together)."""
+    each portion together). Under --workers MIN..MAX whole replicas join and leave (docs/elastic.md); there
+    --backup-workers and --compress are refused."""
     if t > 1:
         raise ConfigError(f"--tensor-parallel {t} does not compose with --transport ps yet; use --transport collective")
     if config.ps_shards != d:
@@ -266,8 +267,20 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
         )
     for flag, used in (
         ("--pipeline-stages", config.pipelined),
-        ("--workers MIN..MAX", config.elastic),
         ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
     ):
         if used:
             raise ConfigError(f"{given} over --transport ps does not compose with {flag} yet; drop one of them")
+    if config.elastic:  # whole replicas join and leave (strategies/sharded_ps.py)
+        for flag, used in (
+            # k-of-n's referee decides each round among a fixed N + K replicas
+            ("--backup-workers", bool(options and options.backup_workers)),
+            # a leaver's error-feedback residuals would be lost with it, and a joiner's start empty
+            ("--compress", config.compress is not None),
+            ("--balance speed/--worker-weights", bool(config.balance == "speed" or config.worker_weights)),
+        ):
+            if used:
+                raise ConfigError(
+                    f"{given} over --transport ps with --workers MIN..MAX does not compose with {flag} yet; "
+                    "drop one of them"
+                )
