@@ -212,9 +212,10 @@ class ElasticScaling:
             a.group.discard([handle for handle, _ in lost_calls], min(10.0, config.collective_timeout_s))
             if redo:
                 self.dispatch.work.requeue(redo)
-            # Its clock goes back to that of its last segment whose rows came in, as for a plain worker.
+            # Its clock goes back to that of its last segment whose rows came in, as for a plain worker (the
+            # D workers' rows come in together, booked on the last to answer: the freshest of theirs).
             if a.group.has_shards() and a.confirmed_clock:
-                a.group.rebase_clock(first, min(a.confirmed_clock[r] for r in range(first, first + self.per)))
+                a.group.rebase_clock(first, max(a.confirmed_clock[r] for r in range(first, first + self.per)))
             self.in_rounds.discard(first)
             self.sync_members()  # whoever waited on its clock goes on
             self.membership.samples_redone += len(redo) * config.unit_samples * self.per
