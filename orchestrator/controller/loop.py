@@ -134,6 +134,8 @@ class PhaseLoop:
         if decision.action == LEAVE:
             assert self.scaling is not None
             self.scaling.leave(lost)  # not a failure: the run stays at MIN or more
+            # Whoever waited on the leaver (SSP's bound, a BSP round) goes on now: time its silence from here.
+            self.heard[:] = [time.monotonic()] * len(self.heard)
             return
         if decision.remedy != REPLACE:
             raise lost
