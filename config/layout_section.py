@@ -287,7 +287,9 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     piece through the codec with its own residual); --comm-delay-ms/--comm-bandwidth (each worker's
     push-pull to its shard on its own link, as a plain worker's). Refused: --fsdp with --tensor-parallel (not built),
     a hybrid plan (its T workers take their own samples), --backup-tasks (its portions are handed to
-    single workers; a replica's workers would have to take each portion together)."""
+    single workers; a replica's workers would have to take each portion together). Under --workers
+    MIN..MAX whole replicas of --fsdp D join and leave (docs/elastic.md); there --tensor-parallel,
+    --backup-workers and --compress are refused."""
     if d > 1 and t > 1:
         raise ConfigError(
             f"{given} over --transport ps is not built yet (the PS shards hold one FSDP chunk or one tensor-parallel "
@@ -311,9 +313,23 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
             f"{given} over --transport ps does not compose with --backup-tasks yet (its portions go to single "
             "workers, and a cut replica's D workers compute one together); use --backup-workers, or drop one of them"
         )
-    for flag, used in (
-        ("--pipeline-stages", config.pipelined),
-        ("--workers MIN..MAX", config.elastic),
-    ):
-        if used:
-            raise ConfigError(f"{given} over --transport ps does not compose with {flag} yet; drop one of them")
+    if config.pipelined:
+        raise ConfigError(f"{given} over --transport ps does not compose with --pipeline-stages yet; drop one of them")
+    if config.elastic and t > 1:  # a replica's group and pieces are its D FSDP workers' (sharded_ps.py `setup`)
+        raise ConfigError(
+            f"--tensor-parallel {t} over --transport ps does not compose with --workers MIN..MAX yet (whole "
+            "replicas join and leave under --fsdp D only); drop one of them"
+        )
+    if config.elastic:  # whole replicas join and leave (strategies/sharded_ps.py)
+        for flag, used in (
+            # k-of-n's referee decides each round among a fixed N + K replicas
+            ("--backup-workers", bool(options and options.backup_workers)),
+            # a leaver's error-feedback residuals would be lost with it, and a joiner's start empty
+            ("--compress", config.compress is not None),
+            ("--balance speed/--worker-weights", bool(config.balance == "speed" or config.worker_weights)),
+        ):
+            if used:
+                raise ConfigError(
+                    f"{given} over --transport ps with --workers MIN..MAX does not compose with {flag} yet; "
+                    "drop one of them"
+                )

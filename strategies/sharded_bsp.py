@@ -184,16 +184,18 @@ class ShardedBSP(Strategy):
         activation all-reduces are not counted here)."""
         import torch.distributed as dist
 
-        self.channel.join()
-        mesh = self.channel.device_mesh((self.replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
+        if not self.channel.joined:  # (an elastic replica on the PS joined its own group: sharded_ps.py)
+            self.channel.join()
+        replicas = self.channel.world_size // (self.shards * self.tp)  # the group's: the run's, or one replica
+        mesh = self.channel.device_mesh((replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
         # The workers holding the gradient one update applies (--clip-grad-norm's norm is theirs): every
         # worker of the run (None) when FSDP spans the replicas, else the replica's own D x T, whose steps
         # are its own (every worker creates every replica's group).
         self.update_group = None
-        if not self.fsdp_across_replicas and self.replicas > 1:
+        if not self.fsdp_across_replicas and replicas > 1:
             size = self.shards * self.tp
             self.update_group, _ = dist.new_subgroups_by_enumeration(
-                [list(range(r * size, (r + 1) * size)) for r in range(self.replicas)]
+                [list(range(r * size, (r + 1) * size)) for r in range(replicas)]
             )
         reshard = self.config.reshard_after_forward
         trainer.shard(mesh, reshard, across_replicas=self.fsdp_across_replicas, own_samples=self.own_samples)

@@ -40,8 +40,20 @@ does; its D workers first agree on the round to go on at (the most advanced shar
 all-reduce over the replica's group) and pull θ chunk d at it, so the replica's chunks are of one version
 (`_agree_round`). Not yet: backup tasks (the portion scheduler hands portions to single workers, and a
 replica's D workers would have to take each together; config/layout_section.py refuses them), worker
-replacement in place (a replica's D workers share one FSDP group: a lost worker restarts
-the attempt).
+replacement in place at a fixed size (a replica's D workers share one FSDP group: a lost worker restarts
+the attempt; under a range its replica leaves instead, below).
+
+Elastic (`--workers MIN..MAX`; docs/elastic.md, "Sharded replicas over the PS"): MIN and MAX count
+replicas, one placement group of D workers each, and the shards count one client per replica slot (the
+driver's worker ranks mapped to it: orchestrator/controller/ray_group.py). A replica's D workers join their
+own group (worker d is group rank d, at worker 0's rendezvous), so replicas come and go without touching
+the others; a joiner's worker d takes θ chunk d from shard d at set-up (the optimizer state is on the
+shards: nothing to copy from a live worker). The driver deals replica units (orchestrator/
+replica_dispatcher.py): worker d trains slice s x D + d of the step's MAX x D, as dealt (`plan`). A lost
+worker takes its replica out (orchestrator/controller/scaling.py). Under BSP (the elastic rule over MAX
+replica slots: rounds close on the member replicas, the rate scaled for their count) a replica enters
+the rounds where the driver puts it, its D workers agreeing on the round and pulling θ there
+(`_enter_rounds`); async and SSP go on as at a fixed size, SSP's bound among the members' clocks.
 
 --compress: a worker's push goes through the channel (`Channel.push_pull` with this worker's one-shard
 client), so its chunk is encoded with its own error-feedback residual, kept on the worker, and decoded by
@@ -105,6 +117,7 @@ class ShardedPS(ShardedBSP):
     transports = ("ps",)
     fsdp_across_replicas = False  # across replicas the shards combine the gradients
     codes_gradients = False
+    elastic = True  # --workers MIN..MAX: whole replicas join and leave (the module docstring, "Elastic")
 
     def __init__(self, config: RunConfig, ctx: Any) -> None:
         super().__init__(config, ctx)
@@ -133,6 +146,8 @@ class ShardedPS(ShardedBSP):
         from distrain.trainers.shard_layout import ShardLayout, chunk_rows
         from distrain.trainers.sharded_trainer import local_part
 
+        if self.config.elastic:  # its own replica's group of D, at its worker 0's rendezvous (no run-wide one)
+            self.channel.join(self.shard, self.shards, self.ctx.rendezvous)
         mesh = self.join_mesh(trainer)
         # This replica's workers (its D, or its T: --fsdp with --tensor-parallel over the PS is refused) and
         # the piece of every tensor this worker pushes and pulls: PS shard d, or t.
@@ -282,12 +297,39 @@ class ShardedPS(ShardedBSP):
         self.clock = target
 
     def plan(self, units: list[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
-        """The units of rounds that closed without this replica (k-of-n) are skipped, by its D workers alike."""
+        """The units of rounds that closed without this replica (k-of-n) are skipped, by its D workers alike.
+        Elastic: the units as dealt (the driver gives worker d slice s x D + d of a replica unit s), and
+        under BSP the replica enters the rounds where the driver put it (`_enter_rounds`)."""
+        if self.config.elastic:
+            if self.rounds and units:
+                self._enter_rounds()
+            yield from units
+            return
         for unit in super().plan(units):
             if self.skip > 0:
                 self.skip -= 1
                 continue
             yield unit
+
+    def _enter_rounds(self) -> None:
+        """Elastic BSP, at a segment's start: the round this replica pushes for next, as plain elastic BSP
+        over the PS finds it (strategies/bsp.py `BSPOverPS.plan`): the round the driver entered it at
+        (its clock on the shards), or that of the θ it holds if newer (an evaluation pulled it). Its D
+        workers take the furthest of their answers (each asked its own shard, at its own moment) and pull
+        θ chunk d at it, so the replica's gradient is computed on chunks of one version."""
+        import ray
+        import torch
+        import torch.distributed as dist
+
+        entry = ray.get(self.client.shards[0].clock_of.remote(self.replica), timeout=self.client.timeout_s)
+        mine = max(entry, self.clock, self.client.read_versions[0])
+        agreed = torch.tensor([mine], dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.replica_group)
+        target = int(agreed)
+        if target != self.client.read_versions[0]:
+            self.client.pull_at(target, self.theta.numpy())
+            self._install()
+        self.clock = target
 
     def prepare_eval(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         self.client.pull(self.theta.numpy())
@@ -339,7 +381,10 @@ class ShardedBSPOverPS(ShardedPS):
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
         """Rounds of the R replicas' chunks; with --backup-workers K, of the first R of R + K replicas whose
-        every chunk has arrived, agreed by all D shards (--workers MIN..MAX is refused with --fsdp)."""
+        every chunk has arrived, agreed by all D shards; under --workers MIN..MAX, of the member replicas'
+        (plain elastic BSP's rule over MAX replica slots; --backup-workers is refused there)."""
+        if config.elastic:
+            return ConsistencyRule.elastic_bsp(0, config.lr_scaling, config.worker_slots)
         if config.options_of("bsp").backup_workers:
             shards, tp, _ = config.replica_grid  # a replica pushes D pieces, or T
             return ConsistencyRule.bsp(accept=config.workers, parts=shards * tp)

@@ -99,9 +99,10 @@ class WorkerGroup(Protocol):
     def kill(self, rank: int) -> None:
         """End worker `rank` (dead, hung or leaving); its slot is empty after."""
 
-    def set_up(self, rank: int, phase: RunConfig) -> Any:
+    def set_up(self, rank: int, phase: RunConfig, rendezvous: str = "") -> Any:
         """Set a worker started during a phase (a replacement, a joiner) up against the live shards;
-        the handle of that call, which the loop waits on with the others."""
+        the handle of that call, which the loop waits on with the others. `rendezvous`: the address of
+        its replica's FSDP group (a range across cut replicas over the PS), else none."""
 
     def host_alive(self, rank: int | None) -> bool:
         """Whether `rank`'s placement is on a live node (a replacement can start there)."""

@@ -33,6 +33,7 @@ from distrain.orchestrator.membership import JOIN
 from distrain.orchestrator.phases import PhaseSpan
 from distrain.orchestrator.recovery import RunLost
 from distrain.orchestrator.replacement import replace_worker, replacement_ready
+from distrain.orchestrator.replica_dispatcher import ReplicaDispatcher
 from distrain.orchestrator.rounds import RoundPlan, StepRoundPlan
 from distrain.orchestrator.work import WorkPlan
 from distrain.strategies.channel import run_codec
@@ -75,11 +76,15 @@ class PhaseLoop:
             self.dispatch: Dispatcher = BlockDispatcher(self.work, self._submit, rounds, **books)
             self.scaling = CollectiveScaling(attempt, self)
             self.hang_limit += config.collective_timeout_s  # the others wait on a hung one that long first
+        elif attempt.membership is not None and config.replica_size > 1:  # cut replicas over the PS
+            # A unit is a replica's (its D workers take one slice each): the plan is over the MAX replicas.
+            self.work = WorkPlan(total, spe, config.worker_slots, config.segment_steps, True, start_step, every)
+            self.dispatch = ReplicaDispatcher(self.work, self._submit, config.replica_size, **books)
         else:
             self.work = WorkPlan(total, spe, n, config.segment_steps, shared, start_step, every)
             self.dispatch = Dispatcher(self.work, self._submit, **books)
-            if attempt.membership is not None:
-                self.scaling = ElasticScaling(attempt, self.dispatch)
+        if not blocks and attempt.membership is not None:
+            self.scaling = ElasticScaling(attempt, self.dispatch)
         self.work.hold = self.chaos.next_step()  # work stops at the next --chaos step until the fault is injected
         attempt.pending = self.dispatch.pending  # a failed attempt's are read and dropped (recovery.discard)
         self.eval_needs = 1 if attempt.membership is not None else n  # parts of an evaluation
@@ -129,6 +134,8 @@ class PhaseLoop:
         if decision.action == LEAVE:
             assert self.scaling is not None
             self.scaling.leave(lost)  # not a failure: the run stays at MIN or more
+            # Whoever waited on the leaver (SSP's bound, a BSP round) goes on now: time its silence from here.
+            self.heard[:] = [time.monotonic()] * len(self.heard)
             return
         if decision.remedy != REPLACE:
             raise lost

@@ -233,11 +233,17 @@ class RayWorkerGroup:
         )
         self._start_driver_actors(specs, setup)
         first = self.workers[self.members()[0]]  # an elastic run's slot 0 may have no worker
-        # A cut replica's workers form an FSDP group, on the PS transport too (strategies/sharded_ps.py).
+        # A cut replica's workers form an FSDP group, on the PS transport too (strategies/sharded_ps.py);
+        # under a range, each replica its own, at its worker 0's address (replicas come and go).
         grouped = self.shards is None or phase.sharded
-        rendezvous = get(first.rendezvous_address.remote()) if grouped else ""
+        rendezvous = get(first.rendezvous_address.remote()) if grouped and not self._replica_clients else ""
         ranks = self.members()
-        refs = [self._setup_call(r, rendezvous, phase) for r in ranks]
+        if self._replica_clients:
+            per = self.config.replica_size
+            own = {r: self.rendezvous_address(r) for r in ranks if r % per == 0}
+            refs = [self._setup_call(r, own[r - r % per], phase) for r in ranks]
+        else:
+            refs = [self._setup_call(r, rendezvous, phase) for r in ranks]
         for ref, rank in zip(refs, ranks, strict=True):
             self.result(ref, rank, timeout)
         if self.shards is None:
@@ -360,9 +366,21 @@ class RayWorkerGroup:
         ray.kill(self.workers[rank], no_restart=True)  # a hung worker must not push again
         self.workers[rank] = None
 
-    def set_up(self, rank: int, phase: RunConfig) -> Any:
+    def set_up(self, rank: int, phase: RunConfig, rendezvous: str = "") -> Any:
         assert self.shards is not None
-        return self._setup_call(rank, "", phase)
+        return self._setup_call(rank, rendezvous, phase)
+
+    @property
+    def _replica_clients(self) -> bool:
+        """A range across cut replicas over the PS (strategies/sharded_ps.py): the shards count a client per
+        replica, so the driver's worker ranks are told them as replicas (`_client`)."""
+        return self.config.elastic and self.config.sharded and self.config.transport == "ps"
+
+    def _client(self, rank: int) -> int:
+        return rank // self.config.replica_size if self._replica_clients else rank
+
+    def _clients(self, ranks: list[int]) -> list[int]:
+        return sorted({self._client(r) for r in ranks})
 
     def host_alive(self, rank: int | None) -> bool:
         return bundle_alive(self.placement, rank)
@@ -424,15 +442,17 @@ class RayWorkerGroup:
 
     def rebase_clock(self, rank: int, clock: int) -> None:
         assert self.shards is not None
-        self._shard_call([s.rebase_clock.remote(rank, clock) for s in self.shards.shards])
+        self._shard_call([s.rebase_clock.remote(self._client(rank), clock) for s in self.shards.shards])
 
     def set_members(self, members: list[int]) -> None:
         assert self.shards is not None
-        self._shard_call([s.set_members.remote(members) for s in self.shards.shards])
+        clients = self._clients(members)
+        self._shard_call([s.set_members.remote(clients) for s in self.shards.shards])
 
     def set_round_members(self, members: list[int], entering: list[int], start: int) -> bool:
         assert self.shards is not None
-        return all(self._shard_call([s.set_round_members.remote(members, entering, start) for s in self.shards.shards]))
+        clients, coming = self._clients(members), self._clients(entering)
+        return all(self._shard_call([s.set_round_members.remote(clients, coming, start) for s in self.shards.shards]))
 
     def _listening(self, notice: str) -> list[Any]:
         """The phase's driver-side actors that take `notice` (their spec's `notices`)."""

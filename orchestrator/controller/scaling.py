@@ -7,6 +7,13 @@ failure policy is to know (`situation`); a LEAVE decision is carried out here (`
 Under the parameter-server transport the shards must know who is in: the bound of SSP holds among
 members, and BSP rounds over the PS (`rounds`) close on the pushes of the members with work
 (`in_rounds`), so a member the plan has nothing for leaves the rounds until it is fed again.
+
+Across cut replicas (`--fsdp D`, strategies/sharded_ps.py) a member is a replica of D workers (ranks
+r x D .. r x D + D - 1, one placement group, orchestrator/membership.py): they are started, set up
+(their own FSDP group, at worker 0's rendezvous) and fed together (orchestrator/replica_dispatcher.py),
+the shards count the replica as one client (the group maps ranks to it), and a lost worker takes its
+whole replica out: its siblings are stopped (their FSDP collectives would wait for it), the segments
+not wholly back are handed out again, and the run goes on without a restart.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from distrain.orchestrator.dispatcher import Dispatcher
 from distrain.orchestrator.failure_policy import LEAVE, Situation
 from distrain.orchestrator.membership import JOIN, Membership, leave_cause
 from distrain.orchestrator.recovery import RunLost
+from distrain.orchestrator.replica_dispatcher import ReplicaDispatcher
 
 if TYPE_CHECKING:
     from distrain.orchestrator.controller.attempt import Attempt
@@ -32,11 +40,18 @@ class ElasticScaling:
         self.membership: Membership = attempt.membership
         self.dispatch = dispatch
         self.in_rounds: set[int] = set()  # BSP over the PS: members the rounds wait for (`_sync_rounds`)
+        # Workers a member holds: 1, or across cut replicas D (their worker 0's rank stands for them here).
+        self.per = attempt.config.replica_size
+        self.replicas: ReplicaDispatcher | None = dispatch if isinstance(dispatch, ReplicaDispatcher) else None
 
     def begin(self) -> None:
         self.dispatch.elastic, self.dispatch.members = True, self.a.members()
-        self.in_rounds = set(self.a.members())
-        self.sync_members(entering=self.a.members())
+        self.in_rounds = set(self._firsts(self.a.members()))
+        self.sync_members(entering=sorted(self.in_rounds))
+
+    def _firsts(self, ranks: list[int]) -> list[int]:
+        """The members' worker-0 ranks (each rank itself without cut replicas)."""
+        return [r for r in ranks if r % self.per == 0]
 
     def poll(self, stopping: bool = False) -> list[int]:
         """Between results: a draining node's checkpoint, joiners (returned), idle members out of the
@@ -51,7 +66,8 @@ class ElasticScaling:
     def situation(self, lost: RunLost) -> Situation:
         """What the failure policy needs to know of the membership to decide on `lost`."""
         members = self.a.members()
-        return Situation(elastic_min=self.a.config.workers, members=len(members), member=lost.target in members)
+        count = len(members) // self.per  # MIN counts replicas
+        return Situation(elastic_min=self.a.config.workers, members=count, member=lost.target in members)
 
     # ------------------------------------------------------------------ joins
     def _join(self) -> list[int]:
@@ -59,6 +75,9 @@ class ElasticScaling:
         (θ, its clock: nothing from disk), then fed (its calls queue behind the setup)."""
         a = self.a
         joined = self.membership.joinable(a.members())
+        if self.per > 1:
+            self._join_replicas(joined)
+            return joined
         for rank in joined:
             with a.machine.during(Stage.RESIZING):
                 a.group.start([rank])
@@ -70,8 +89,29 @@ class ElasticScaling:
                 self.dispatch.feed(rank)
         return joined
 
+    def _join_replicas(self, joined: list[int]) -> None:
+        """Cut replicas: each placed slot's D workers start together, the shards count the replica in, and
+        its workers are set up (their FSDP group at worker 0's rendezvous; θ chunk d from shard d) and fed."""
+        a = self.a
+        for first in self._firsts(joined):
+            ranks = list(range(first, first + self.per))
+            with a.machine.during(Stage.RESIZING):
+                a.group.start(ranks)
+                events = [
+                    self.membership.record(JOIN, r, "placed", len(a.members()), a.steps_done, a.now(), a.emit)
+                    for r in ranks
+                ]
+                self.in_rounds.add(first)
+                self.sync_members(entering=[first])
+                rendezvous = a.group.rendezvous_address(first)
+                for r, event in zip(ranks, events, strict=True):
+                    self.dispatch.track(a.group.set_up(r, a.phase_config or a.config, rendezvous), ("setup", r, event))
+                self.dispatch.members = a.members()
+                self.dispatch.feed(first)
+
     def fed(self, rank: int) -> None:
         """A segment goes to `rank`: BSP over the PS, it enters the rounds at the next boundary."""
+        rank -= rank % self.per  # a replica enters as one
         if self.a.transport.ps_mode == "rounds" and rank not in self.in_rounds:
             self.in_rounds.add(rank)
             self.sync_members(entering=[rank])
@@ -110,7 +150,8 @@ class ElasticScaling:
         with others, a --chaos hold, the end) leaves the rounds until it is fed again (`fed`)."""
         if self.a.transport.ps_mode != "rounds":
             return
-        idle = {r for r in self.in_rounds if self.dispatch.in_flight(r) == 0}
+        busy = self.replicas.replica_in_flight if self.replicas is not None else self.dispatch.in_flight
+        idle = {r for r in self.in_rounds if busy(r) == 0}
         if idle:
             self.in_rounds -= idle
             self.sync_members()
@@ -122,6 +163,9 @@ class ElasticScaling:
         a, dispatch, config = self.a, self.dispatch, self.a.config
         rank = lost.target
         assert rank is not None
+        if self.replicas is not None:
+            self._leave_replica(lost, cause)
+            return
         with a.machine.during(Stage.RESIZING):
             a.group.kill(rank)  # a hung worker must not push again
             lost_calls = dispatch.take(rank)
@@ -150,6 +194,46 @@ class ElasticScaling:
             dispatch.members = a.members()
             dispatch.feed_all()  # the others take its units now
 
+    def _leave_replica(self, lost: RunLost, cause: str | None) -> None:
+        """Cut replicas: worker `lost.target` takes its replica out. Its siblings are stopped too (their
+        FSDP collectives would wait for it), the replica's segments not wholly back go to the others
+        (their held-back rows are dropped: each unit keeps one row), the shards stop counting it, and its
+        slot asks for room again."""
+        a, config = self.a, self.a.config
+        assert self.replicas is not None and lost.target is not None
+        rank, first = lost.target, lost.target - lost.target % self.per
+        if rank not in a.members():  # gone already, with a sibling lost before it
+            return
+        ranks = [rank] + [r for r in range(first, first + self.per) if r != rank and r in a.members()]
+        with a.machine.during(Stage.RESIZING):
+            for r in ranks:
+                a.group.kill(r)  # a hung worker must not push again; its siblings would wait on it
+            lost_calls, redo = self.replicas.take_replica(first)
+            a.group.discard([handle for handle, _ in lost_calls], min(10.0, config.collective_timeout_s))
+            if redo:
+                self.dispatch.work.requeue(redo)
+            # Its clock goes back to that of its last segment whose rows came in, as for a plain worker (the
+            # D workers' rows come in together, booked on the last to answer: the freshest of theirs).
+            if a.group.has_shards() and a.confirmed_clock:
+                a.group.rebase_clock(first, max(a.confirmed_clock[r] for r in range(first, first + self.per)))
+            self.in_rounds.discard(first)
+            self.sync_members()  # whoever waited on its clock goes on
+            self.membership.samples_redone += len(redo) * config.unit_samples * self.per
+            self.membership.renew(first)
+            why = cause or leave_cause(lost)
+            for r in ranks:
+                members = len(a.members())
+                reason = why if r == rank else f"replica of {rank} left ({why})"
+                units = len(redo) if r == rank else 0
+                event = self.membership.record(books.LEAVE, r, reason, members, a.steps_done, a.now(), a.emit, units)
+                if r == rank:
+                    event["detail"] = lost.detail
+            self.dispatch.members = a.members()
+            for _, (kind, _, payload) in lost_calls:  # evaluations and checkpoints: on another replica
+                if kind in ("eval", "state"):  # (made once, on its worker 0: ray_group `_on_replica`)
+                    self.dispatch.call(kind, self.dispatch.evaluator(), payload)
+            self.dispatch.feed_all()  # the others take its units now
+
     def _preempted(self) -> None:
         """A node is draining (preemption). Checkpoint now: the state is asked of a member off that node,
         behind its queued segment, and the loop goes on meanwhile (under SSP that segment may wait for
@@ -172,6 +256,8 @@ class ElasticScaling:
                 continue
             drain["done"] = True
             for rank in drain["ranks"]:
+                if rank not in self.a.members():  # left with a replica mate on the node
+                    continue
                 lost = RunLost("node", rank, f"node {drain['node'][:8]} is draining")
                 if self.a.decide(lost, situation=self.situation(lost)).action == LEAVE:
                     self.leave(lost, cause="node draining")

@@ -144,6 +144,51 @@ def test_compressed_pushes_across_a_sharded_replica_go_through_the_codec_and_los
     assert (rows["bytes_sent"] > rows["bytes_uncompressed"]).all()  # top-k of all: the values and indices
 
 
+def test_bsp_over_the_ps_under_a_range_that_never_changes_equals_one_process(tmp_path, one_process):
+    """--workers 1..2 --fsdp 2 --transport ps --batch-size 32 with room for one replica only (3 CPUs a
+    worker: replica 1 stays pending, the membership never changes): the replica's D workers form their own
+    FSDP group, the driver deals it replica units (worker d: slice s x D + d of the step's MAX x D), and the
+    shards' rounds close on the member replica's chunks at the rate for 1 of MAX = 2 (--lr-scaling none: the
+    same). A round is half a step, the next 64 samples: 10 steps are one process's 20 at batch 64 within 1e-5."""
+    run = run_training(
+        cfg(
+            tmp_path, "range", strategy="bsp", transport="ps", workers="1..2", fsdp=2, batch_size=32, max_steps=10,
+            cpus_per_worker=3.0,
+        )
+    )  # fmt: skip
+    s = run.summary
+    assert s["status"] == "completed" and s["failures"] == 0
+    assert (s["membership"]["joins"], s["membership"]["leaves"], s["membership"]["final_members"]) == (0, 0, 2)
+    assert (final_params(run.run_dir) - one_process[0]).abs().max().item() <= TOL
+    rows = steps_of(run.run_dir)
+    units = rows.groupby(["epoch", "step", "slice"]).size()
+    assert len(units) == 10 * 4 and (units == 1).all() and rows.groupby("worker")["clock"].max().tolist() == [20, 20]
+
+
+@pytest.mark.parametrize("strategy", ["bsp", "async"])
+def test_a_replica_killed_under_a_range_leaves_whole_and_the_run_goes_on_with_every_slice_once(tmp_path, strategy):
+    """--workers 2..3 --fsdp 2 --transport ps --chaos kill-worker@4:3: rank 3 is worker 1 of replica 1; its
+    sibling (rank 2, whose FSDP collectives would wait for it) is stopped with it, the replica leaves whole
+    (a shrink to MIN, not a failure: no restart), the units of its segments not wholly back go to the other
+    replicas, and every (epoch, step, slice) of the 6 a step has exactly one row."""
+    run = run_training(
+        cfg(
+            tmp_path, strategy, strategy=strategy, transport="ps", workers="2..3", fsdp=2, batch_size=16,
+            max_steps=8, segment_steps=2, chaos=["kill-worker@4:3"], hang_timeout_s=20.0, collective_timeout_s=60.0,
+        )
+    )  # fmt: skip
+    s = run.summary
+    assert s["status"] == "completed" and s["failures"] == 0 and [c["fired_step"] for c in s["chaos"]] == [4]
+    changes = [(e["change"], e["rank"], e["cause"]) for e in s["membership"]["events"]]
+    assert all(cause != "restart" for _, _, cause in changes)
+    left = [(rank, cause) for change, rank, cause in changes if change == "leave"]
+    assert left == [(3, "worker lost"), (2, "replica of 3 left (worker lost)")]
+    rows = steps_of(run.run_dir)
+    units = rows.groupby(["epoch", "step", "slice"]).size()
+    assert len(units) == 8 * 6 and (units == 1).all()
+    assert rows.groupby("worker")[["replica", "shard"]].first().values.tolist()[:2] == [[0, 0], [0, 1]]
+
+
 # The mlp under its plan: "1" colwise (weight and bias split by rows), "3" rowwise (weight split by columns,
 # its bias whole), "5" not in the plan (whole): what one TP rank of T = 2 holds.
 TP_HALF = (64 * 256 + 256) // 2 + 256 * 256 // 2 + 256 + 256 * 10 + 10

@@ -180,7 +180,7 @@ class DummyGroup:
             self.evaluations.append((payload, splits))
         return handle
 
-    def set_up(self, rank: int, phase: RunConfig) -> int:
+    def set_up(self, rank: int, phase: RunConfig, rendezvous: str = "") -> int:
         handle = next(self.ids)
         self.calls[handle] = Call("setup", rank, None, self.workers[rank])
         self.log.append(("setup", rank))

@@ -63,6 +63,8 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
         (dict(fsdp=2, workers="1..2", precision="fp16"), r"^--fsdp 2 with --workers MIN..MAX does not compose with --"),
+        (dict(tensor_parallel=2, transport="ps", model="mlp", workers="1..2"), r"^--tensor-parallel 2 over --tr"),
+        (dict(fsdp=2, transport="ps", strategy="ssp", workers="1..2", compress="int8"), r"^--fsdp 2 over --tra"),
         (dict(tensor_parallel=2, model="mlp", precision="fp16", compress="int8"), r"^--precision fp16 cannot be comb"),
         (dict(fsdp=2, comm_delay_ms=5), r"^--fsdp 2 with --strategy bsp does not compose with --comm-delay-ms/--c"),
         (dict(tensor_parallel=2, comm_bandwidth="1gbit"), r"^--tensor-parallel 2 with --strategy bsp does not comp"),

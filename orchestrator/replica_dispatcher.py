@@ -1,0 +1,94 @@
+"""The dispatcher of an elastic run across cut replicas over the parameter server (`--fsdp D --transport
+ps --workers MIN..MAX`; strategies/sharded_ps.py): the units are shared, as in plain elastic runs over
+the PS, but a unit is a replica's: the plan (orchestrator/work.py, shared) is kept over the MAX replica
+slots, and a replica's segment goes to its D workers together, worker d taking slice s x D + d of
+replica unit s (a step stays MAX x D slices, each a B-sample unit, whoever is there).
+
+Worker ranks are replica-major (worker d of replica r is rank r x D + d); the dispatcher feeds a
+replica through its worker 0 (`feed`), and a segment's D results are held back until all are in
+(`collect`): then their rows are recorded together and the replica's units count once. A replica whose
+worker is lost leaves whole (orchestrator/controller/scaling.py): the segments of its workers that were
+not all back (`take_replica`) are handed out again, so every (epoch, step, slice) keeps exactly one row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distrain.orchestrator.dispatcher import Dispatcher, Submit
+from distrain.orchestrator.work import Unit, WorkPlan
+
+
+class ReplicaDispatcher(Dispatcher):
+    def __init__(self, work: WorkPlan, submit: Submit, per: int, **books: Any) -> None:
+        super().__init__(work, submit, **books)
+        self.per = per  # D: the workers of a replica
+        self.members = [s * per + d for s in range(work.workers) for d in range(per)]
+        self.open_epoch = [None] * len(self.members)  # (static plans' books, indexed by worker rank)
+        # A replica segment's results so far: (worker 0's rank, its replica units) -> {rank: result}
+        self.parts: dict[tuple[int, tuple[Unit, ...]], dict[int, dict[str, Any]]] = {}
+
+    def first(self, rank: int) -> int:
+        return rank - rank % self.per
+
+    def replica_units(self, units: list[Unit]) -> tuple[Unit, ...]:
+        return tuple((e, s, sl // self.per) for e, s, sl in units)
+
+    def call(self, kind: str, rank: int, payload: Any) -> None:
+        """A replica's segment goes to each of its D workers, worker d's slices s x D + d; other calls
+        as they are (an evaluation or checkpoint on a replica reaches its D workers in the group)."""
+        if kind != "segment":
+            super().call(kind, rank, payload)
+            return
+        first = self.first(rank)
+        for d in range(self.per):
+            units = [(e, s, sl * self.per + d) for e, s, sl in payload]
+            self.pending[self.submit(kind, first + d, units)] = (kind, first + d, units)
+
+    def feed(self, rank: int) -> None:
+        super().feed(self.first(rank))
+
+    def feed_all(self) -> None:
+        for rank in self.members:
+            if rank % self.per == 0:
+                self.feed(rank)
+
+    def collect(self, rank: int, units: list[Unit], result: dict[str, Any]) -> bool:
+        """Held back until the replica's D results for these units are in; the last one then carries
+        every worker's rows (in worker order) and the loop records them."""
+        key = (self.first(rank), self.replica_units(units))
+        parts = self.parts.setdefault(key, {})
+        parts[rank] = result
+        if len(parts) < self.per:
+            return True
+        del self.parts[key]
+        merged = {k: list(v) if isinstance(v, list) else v for k, v in parts[key[0]].items()}
+        for r in sorted(parts)[1:]:
+            for k, v in parts[r].items():
+                if isinstance(v, list) and isinstance(merged.get(k), list):
+                    merged[k].extend(v)
+        result.clear()
+        result.update(merged)
+        return False
+
+    def completed(self, rank: int, units: list[Unit]) -> None:
+        """The replica's segment is whole: its replica units count once."""
+        super().completed(self.first(rank), list(self.replica_units(units)))
+
+    def take_replica(self, rank: int) -> tuple[list[tuple[Any, Any]], list[Unit]]:
+        """Every call queued on `rank`'s replica (a worker of it lost), and the replica units to hand out
+        again: those of its segments not wholly back (their held-back results are dropped unrecorded)."""
+        first = self.first(rank)
+        calls = [c for r in range(first, first + self.per) for c in self.take(r)]
+        redo: list[Unit] = []
+        for _, (kind, _, payload) in calls:
+            if kind == "segment":
+                redo.extend(u for u in self.replica_units(payload) if u not in redo)
+        for key in [k for k in self.parts if k[0] == first]:
+            del self.parts[key]
+            redo.extend(u for u in key[1] if u not in redo)
+        return calls, sorted(redo)
+
+    def replica_in_flight(self, rank: int) -> int:
+        first = self.first(rank)
+        return sum(self.in_flight(r) for r in range(first, first + self.per))

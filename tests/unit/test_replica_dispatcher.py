@@ -1,0 +1,73 @@
+"""The dispatcher of a range across cut replicas over the PS (orchestrator/replica_dispatcher.py), with a
+fake submit (no Ray): a replica's segment reaches its D workers (worker d: slice s x D + d), its rows
+count once all D are back, and a replica lost mid-segment hands its units out again without a row of
+them having been recorded, so every (epoch, step, slice) ends with exactly one row."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from distrain.orchestrator.replica_dispatcher import ReplicaDispatcher
+from distrain.orchestrator.work import WorkPlan
+
+D, MAX, STEPS, SPE = 2, 3, 4, 4
+
+
+def dispatcher() -> tuple[ReplicaDispatcher, list]:
+    calls: list = []
+
+    def submit(kind, rank, payload):
+        calls.append((kind, rank, payload))
+        return len(calls) - 1
+
+    plan = WorkPlan(STEPS, SPE, MAX, segment_steps=2, shared=True)
+    dispatch = ReplicaDispatcher(plan, submit, D)
+    dispatch.elastic = True
+    return dispatch, calls
+
+
+def answer(dispatch: ReplicaDispatcher, handle, rows: Counter) -> None:
+    """The loop's part for one result: held back until the replica's D are in, then recorded and fed."""
+    kind, rank, units = dispatch.done(handle)
+    if kind != "segment":  # the last epoch's evaluation
+        return
+    result = {"slice": [u[2] for u in units], "step": [u[1] for u in units], "loss": [0.0] * len(units)}
+    if dispatch.collect(rank, units, result):
+        return
+    rows.update(zip(result["step"], result["slice"], strict=True))
+    dispatch.completed(rank, units)
+    dispatch.feed(rank)
+
+
+def test_a_replica_segment_goes_to_its_workers_and_counts_once_all_are_back():
+    dispatch, calls = dispatcher()
+    dispatch.feed_all()
+    segments = [(r, u) for k, r, u in calls if k == "segment"]
+    assert [r for r, _ in segments] == [0, 1, 2, 3, 4, 5]  # every replica's D workers, fed through worker 0
+    assert segments[0][1] == [(0, 0, 0), (0, 0, 2)] and segments[1][1] == [(0, 0, 1), (0, 0, 3)]
+    assert segments[5][1] == [(0, 1, 3), (0, 1, 5)]  # replica 2, worker 1: slices 2 x 2 + 1 of 6
+    rows: Counter = Counter()
+    answer(dispatch, 0, rows)  # replica 0's worker 0 alone: nothing recorded, nothing counted
+    assert not rows and dispatch.work.units_done[0] == 0 and dispatch.in_flight(0) == 0
+    answer(dispatch, 1, rows)
+    assert sorted(rows) == [(0, 0), (0, 1), (0, 2), (0, 3)] and dispatch.work.units_done[0] == 2
+    assert [u for k, r, u in calls[6:] if r == 0] == [[(0, 2, 0), (0, 2, 2)]]  # fed the next units
+
+
+def test_a_replica_lost_mid_segment_hands_its_units_out_again_and_each_slice_keeps_one_row():
+    dispatch, calls = dispatcher()
+    dispatch.feed_all()
+    rows: Counter = Counter()
+    answer(dispatch, 2, rows)  # replica 1's worker 0 is back; its worker 1 is then lost
+    lost_calls, redo = dispatch.take_replica(3)
+    assert redo == [(0, 0, 2), (0, 1, 0)] and {r for _, (_, r, _) in lost_calls} == {3}
+    assert not dispatch.parts  # the held-back result is dropped, unrecorded
+    dispatch.work.requeue(redo)
+    dispatch.members = [0, 1, 4, 5]
+    while dispatch.pending:
+        answer(dispatch, next(iter(dispatch.pending)), rows)
+    assert dispatch.work.finished
+    assert set(rows) == {(step, s) for step in range(STEPS) for s in range(MAX * D)}
+    assert set(rows.values()) == {1}
+    assert all(r not in (2, 3) for k, r, _ in calls[6:])
+    assert [(k, r) for k, r, _ in calls if k == "eval"] == [("eval", 0)]  # once, on the first replica
