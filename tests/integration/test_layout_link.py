@@ -46,6 +46,7 @@ def test_the_link_delays_exactly_the_rounds_across_cut_replicas_and_changes_noth
     fast = steps_of(runs["fast"].run_dir)
     assert fast["bytes_sent"].tolist() == rows["bytes_sent"].tolist()
     # Every round waited out the link's latency; the inner steps did not pay it (were they charged, each
-    # would last at least DELAY: the median is robust to a loaded machine's occasional stall).
+    # would wait at least DELAY; measured ~0.5 ms: the median is robust to a loaded machine's stalls).
+    # (FSDP's collectives run inside compute_s, on torch's group, never on the channel's link.)
     assert (rounds["comm_s"] >= waited).all(), rounds["comm_s"].min()
-    assert inner["comm_s"].median() < DELAY and inner["compute_s"].median() < DELAY, inner[["comm_s", "compute_s"]]
+    assert inner["comm_s"].median() < DELAY, inner["comm_s"].describe()
