@@ -60,7 +60,14 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
 
     @property
     def slices_per_step(self) -> int:
-        return self.config.worker_slots * self.shards  # MAX x D, whoever is there
+        """MAX x D, whoever is there (a data-parallel rank's T workers share its slice); under a hybrid
+        plan (the cnn's: each tensor-parallel worker on its own samples) MAX x D x T."""
+        return self.config.worker_slots * self.shards * (self.tp if self.own_samples else 1)
+
+    @property
+    def workers_per_unit(self) -> int:
+        """The workers that take one unit together: a data-parallel rank's T (1 under a hybrid plan)."""
+        return 1 if self.own_samples else self.tp
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         """No group yet: the driver forms one among the members (`reform`) before the first round."""
@@ -69,12 +76,16 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
         """After the re-form's copy (nothing of the strategy's own depends on the state)."""
 
     def cut(self, trainer: ShardedTrainer, size: int) -> Any:
-        """After `reform`: the (R', D) mesh of this group's `size` workers, and `trainer` cut over it."""
-        self.live_replicas = size // self.shards
-        self.mesh = self.channel.device_mesh((self.live_replicas, self.shards, 1), ("replicate", "shard", "tp"))
+        """After `reform`: the (R', D, T) mesh of this group's `size` workers, and `trainer` cut over it
+        (the task's plan over "tp", then FSDP over the R' x D data-parallel workers)."""
+        self.live_replicas = size // (self.shards * self.tp)
+        self.mesh = self.channel.device_mesh((self.live_replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
         reshard = self.config.reshard_after_forward
-        trainer.shard(self.mesh, reshard, across_replicas=True)
-        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, self.live_replicas, self.shards, reshard)
+        trainer.shard(self.mesh, reshard, across_replicas=True, own_samples=self.own_samples)
+        gathered = trainer.tp_numel * (2 if self.config.precision != "fp32" else 4)  # FSDP's param_dtype
+        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, self.live_replicas, self.shards, reshard, gathered)
+        if trainer.hybrid is not None:  # its whole parameters' gradients, ring all-reduced over the T workers
+            self.traffic += 2 * (self.tp - 1) * trainer.hybrid.numel(trainer.model) * 4 // self.tp
         return self.mesh
 
     def compute_gradients(self, trainer: ShardedTrainer, batch: Any) -> float:  # type: ignore[override]
@@ -100,6 +111,7 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
         from distrain.trainers.sharded_trainer import local_part
 
         assert self.channel.joined, "reform() must run before step()"
+        trainer.unscale_grads_()  # --precision fp16: the reduced gradient, divided by the loss scale
         t0 = time.perf_counter()
         size = self.channel.world_size
         total = float(trainer.local_grad_sum())
@@ -109,23 +121,31 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
             dist.all_reduce(buffer)
         except (RuntimeError, OSError) as e:
             raise GroupBroken(str(e)) from e
-        units = int(round(float(buffer[0])))
+        # Σw counts workers with a unit; a unit is a data-parallel rank's, taken by its T workers together
+        # (each of them under a hybrid plan).
+        weights = int(round(float(buffer[0])))
+        units = weights // self.workers_per_unit
         members = {"members": size}
         if units == 0:  # nobody had a unit (never dealt so): nothing to apply
             return CommStats(seconds=time.perf_counter() - t0, extra=self.layout_columns(trainer) | members)
-        if units != size:  # FSDP's mean is over every worker; the placeholders' zeros are no samples
+        if weights != size:
+            # FSDP's mean is over every data-parallel worker (a hybrid's HybridGradients over the T workers'
+            # too); the placeholders' zeros are no samples. Both kinds of mean are over size / per-unit
+            # parts, of which units are real: x size / Σw.
             for p in trainer.params:
                 if p.grad is not None:
-                    local_part(p.grad).mul_(size / units)
+                    local_part(p.grad).mul_(size / weights)
         c = self.config
         factor = lr_factor(units, self.slices_per_step, c.batch_size, c.base_batch_size, c.lr_scaling)
-        rate = float(buffer[1]) / units * factor
+        rate = float(buffer[1]) / weights * factor
         try:
             trainer.clip_gradient_(None)
         except (RuntimeError, OSError) as e:
             raise GroupBroken(str(e)) from e
         seconds = time.perf_counter() - t0
-        applied = self.finite(bool(torch.isfinite(buffer[2])), "reduced gradient")
+        # One run-wide answer (the all-reduced sum): under fp16 an overflow is skipped by every member alike
+        # and every member's scale moves alike (a re-form carries it: TrainWorker._reform_cut).
+        applied = self.gradient_decision(trainer.scaler, bool(torch.isfinite(buffer[2])), "reduced gradient")
         if applied:
             trainer.apply_update(rate)
         return CommStats(

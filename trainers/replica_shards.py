@@ -34,7 +34,10 @@ def local_state(trainer: ShardedTrainer) -> dict[str, Any]:
             key: local_part(v).detach().cpu().clone() if torch.is_tensor(v) else v
             for key, v in trainer.optimizer.state.get(p, {}).items()
         }
-    return {"model": model, "optim": optim}
+    state = {"model": model, "optim": optim}
+    if trainer.scaler is not None:  # fp16's loss scale: every worker of the run holds the same
+        state["scaler"] = trainer.scaler.state_dict()
+    return state
 
 
 def load_local(trainer: ShardedTrainer, state: dict[str, Any]) -> None:
@@ -45,6 +48,8 @@ def load_local(trainer: ShardedTrainer, state: dict[str, Any]) -> None:
     from distrain.trainers.optim_state import scalar_placement
 
     assert trainer.optimizer is not None, "a cut trainer"
+    if trainer.scaler is not None and state.get("scaler"):
+        trainer.scaler.load_state_dict(state["scaler"])
     with torch.no_grad():
         own = trainer.model.state_dict()
         for key, value in state["model"].items():

@@ -1,0 +1,110 @@
+"""Elastic BSP across tensor-parallel replicas (issue 28): `--tensor-parallel 2 --workers 2..3` on the shared
+local Ray. A range whose membership never changes equals the fixed run of its members (the mlp, whose two
+tensor-parallel workers take one unit together, and the cnn's hybrid, each on its own unit); under fp16 a
+replica killed mid-run leaves whole and joins again from a live replica's pieces and loss scale, overflows
+skipped by every member alike and every (epoch, step, slice) trained exactly once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from distrain.config import RunConfig
+from distrain.orchestrator.callbacks import Callback
+from distrain.orchestrator.checkpoint import load_checkpoint
+from distrain.orchestrator.run import run_training
+from tests.helpers import LoudDigits, final_params
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+SMALL = dict(
+    strategy="bsp", tensor_parallel=2, batch_size=16, lr_scaling="none", seed=3, epochs=1, segment_steps=2,
+    eval_every=0, optimizer="sgd", momentum=0.9, lr=0.05,
+)  # fmt: skip
+
+
+def steps_of(run_dir) -> pd.DataFrame:
+    return pd.read_parquet(Path(run_dir) / "metrics.parquet").query("kind == 'step'")
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_a_range_that_never_changes_equals_the_fixed_run_of_its_members(tmp_path, model):
+    """2 CPUs a worker on the fixture's 8: MIN = 2 replicas of T = 2 are placed, the third never is. The
+    range's step is MAX x 1 (mlp) or MAX x T (cnn) slices, dealt 2 (4) a round in order, so its first 12
+    (24) units are the fixed run's first 6 steps, sample for sample, at the same rate (--lr-scaling none)."""
+    elastic = run_training(
+        RunConfig(model=model, workers="2..3", cpus_per_worker=2.0, max_steps=4, run_dir=str(tmp_path / "e"), **SMALL)
+    ).summary
+    fixed = run_training(RunConfig(model=model, workers=2, max_steps=6, run_dir=str(tmp_path / "f"), **SMALL)).summary
+    assert elastic["status"] == fixed["status"] == "completed"
+    m = elastic["membership"]
+    assert [len(r["members"]) for r in m["reforms"]] == [4] and m["final_members"] == 4, m
+    rows = steps_of(tmp_path / "e")
+    assert set(rows["members"]) == {4} and len(rows) == 4 * 6  # 6 rounds, a row per worker
+    gap = (final_params(tmp_path / "e") - final_params(tmp_path / "f")).abs().max().item()
+    assert gap < 1e-5, gap
+
+
+class _PaceUntilTheReplicaRejoins(Callback):
+    """Blocks run faster than a replica is built: until replica 2 (ranks 4, 5) has trained before the kill
+    (at step 4) and again after it, slow the driver between blocks, so the kill finds it a member and its
+    replacement joins before the run ends."""
+
+    def __init__(self) -> None:
+        self.latest, self.before, self.after = 0, False, False
+
+    def on_rows(self, rows):
+        self.latest = max([self.latest, *rows["step"]])
+        mine = [step for worker, step in zip(rows["worker"], rows["step"], strict=True) if worker == 4]
+        self.before = self.before or any(step < 4 for step in mine)
+        self.after = self.after or any(step >= 4 for step in mine)
+        if not self.before or (self.latest >= 4 and not self.after):
+            time.sleep(0.5)
+
+
+def test_fp16_tensor_parallel_replica_killed_leaves_whole_and_rejoins_with_the_live_scale(tmp_path):
+    cfg = RunConfig(
+        model="mlp", task=LoudDigits, workers="2..3", precision="fp16", max_steps=10, chaos=["kill-worker@4:5"],
+        hang_timeout_s=60.0, collective_timeout_s=60.0, run_dir=str(tmp_path / "r"), **SMALL | {"lr": 5e-6},
+    )  # fmt: skip
+    s = run_training(cfg, callbacks=[_PaceUntilTheReplicaRejoins()]).summary
+    assert s["status"] == "completed" and s["failures"] == 0, s.get("failure_events")
+    m = s["membership"]
+    changes = [(e["change"], e["rank"]) for e in m["events"] if e["cause"] != "start"]
+    # Worker 5 killed: its replica leaves whole (5, then its mate 4), and the slot's new group joins whole.
+    assert changes[:2] == [("leave", 5), ("leave", 4)] and {("join", 4), ("join", 5)} <= set(changes[2:]), changes
+    reforms = m["reforms"]
+    for reform in reforms:  # worker (d, t) = rank % 2 holds the same piece on every replica after each re-form,
+        for place in (0, 1):  # and every member the source's loss scale
+            assert len({reform["after"][str(r)] for r in reform["members"] if r % 2 == place}) == 1, reform
+        live = reform["scale"][str(reform["source"])][0]
+        assert {after for _, after in reform["scale"].values()} == {live}, reform
+    grow = next(r for r in reforms if r["cause"] == "resize" and 4 in r["members"] and 4 not in r["survivors"])
+    for joiner in (4, 5):  # the joiners took a live replica's pieces and scale (not their own fresh start)
+        live = {grow["before"][str(r)] for r in grow["survivors"] if r % 2 == joiner % 2}
+        assert live == {grow["after"][str(joiner)]} and grow["before"][str(joiner)] not in live, grow
+        fresh, taken = grow["scale"][str(joiner)]
+        assert fresh == 2.0**16 and taken < fresh, grow
+    rows = steps_of(tmp_path / "r")
+    # The loud loss overflows the starting scale: every member skipped the same first rounds (a unit a
+    # round each), and the scale was halved once for each.
+    skipped = rows[rows["nonfinite"].fillna(False).astype(bool)]
+    assert skipped["overflow"].eq(True).all()
+    per_worker = skipped.groupby("worker").size()
+    overflows = int(per_worker[0])
+    assert overflows >= 3 and (per_worker[[0, 1, 2, 3]] == overflows).all(), per_worker
+    first = rows[rows["worker"] == 0].sort_values(["epoch", "step"])["nonfinite"].fillna(False).astype(bool)
+    assert first.tolist()[: overflows + 1] == [True] * overflows + [False]  # the first rounds, then none
+    final = load_checkpoint(Path(tmp_path / "r") / "checkpoints" / "final.pt")
+    assert final["scaler"]["scale"] == 2.0**16 / 2**overflows, final["scaler"]
+    # Every (epoch, step, slice) of MAX = 3 slices a step exactly once: a row of its tp = 0 worker each (the
+    # mate's row is the same unit), or listed without a row in the leave of the killed replica's tp = 0 worker.
+    leaves = [e for e in m["events"] if e["change"] == "leave" and e["rank"] % 2 == 0]
+    lead = rows[rows["tp"] == 0]
+    units = list(zip(lead["epoch"], lead["step"], lead["slice"], strict=True))
+    units += [tuple(u) for e in leaves for u in e["units_without_row"]]
+    assert len(units) == len(set(units)) == 10 * 3
+    mates = rows.groupby(["epoch", "step", "slice"])["tp"].apply(sorted)
+    assert (mates.map(tuple) == (0, 1)).all()  # both tensor-parallel workers of a unit took it together
