@@ -1,29 +1,37 @@
-"""BSP across cut replicas under `--workers MIN..MAX` (`--fsdp D`, over the collective transport; issue 28):
-whole replicas of D workers join and leave a live run, HSDP across whichever replicas are there.
+"""BSP across cut replicas under `--workers MIN..MAX` (`--fsdp D`, `--tensor-parallel T`, over the
+collective transport; issue 28): whole replicas of D x T workers join and leave a live run, HSDP across
+whichever replicas are there, tensor parallelism inside each.
 
-Slots are replicas: replica r's D workers are actor ranks r x D .. r x D + D - 1 (orchestrator/membership.py
-places one group of D bundles per replica), and a worker lost takes its whole replica out
-(orchestrator/controller/collective_scaling.py). The books are elastic BSP's (orchestrator/rounds.py) over
-MAX x D slices a step: every worker takes one unit per round, so a round of R' replicas is R' x D units.
+Slots are replicas: replica r's D x T workers are actor ranks r x DT .. r x DT + DT - 1, rank =
+(replica x D + d) x T + t (orchestrator/membership.py places one group of D x T bundles per replica),
+and a worker lost takes its whole replica out (orchestrator/controller/collective_scaling.py). The
+books are elastic BSP's (orchestrator/rounds.py) over MAX x D slices a step: a data-parallel rank's T
+workers take one unit together each round (`RoundPlan.share` = T: the deal hands a rank's T workers the
+same units), so a round of R' replicas is R' x D units; under a hybrid plan (the cnn's: each
+tensor-parallel worker on its own samples) a step is MAX x D x T slices and every worker takes its own.
 
 A re-form (`TrainWorker.reform` with `rebuilds_replica`): every member joins the new group, makes the
-(R', D) mesh ("replicate", "shard") and a fresh trainer cut over it (FSDP2 cannot be moved to another
-mesh), then puts its own pieces back (trainers/replica_shards.py `load_local`: D does not change, so
-worker d's pieces keep their layout) and takes those of the source replica's worker d by a broadcast
-over the mesh's "replicate" group: a joiner's worker d gets live worker d's model and optimizer
-pieces, a plain copy of local tensors; a survivor that got a round further is brought back to the
-source's round. Nothing is read from disk.
+(R', D, T) mesh ("replicate", "shard", "tp") and a fresh trainer cut over it (FSDP2 cannot be moved to
+another mesh: the task's plan over "tp", then FSDP over the R' x D data-parallel workers), then puts its
+own pieces back (trainers/replica_shards.py `load_local`: D and T do not change, so worker (d, t)'s
+pieces keep their layout) and takes those of the source replica's worker (d, t) by a broadcast over the
+mesh's "replicate" group: a joiner's worker (d, t) gets live worker (d, t)'s model and optimizer pieces,
+a plain copy of local tensors, and fp16's loss scale; a survivor that got a round further is brought
+back to the source's round. Nothing is read from disk.
 
-A round: FSDP reduces each gradient to the mean over the R' x D workers inside backward (a worker
-sitting a round out with a placeholder unit runs its backward on a batch at weight 0, since FSDP's
-collectives need every worker); one all-reduce of [w, w x lr, the gradient pieces' sum] then makes it
-the mean over the units really there (x R'D / Σw), the rate elastic BSP's (`lr_factor` for Σw of
-MAX x D slices), and finiteness one run-wide answer. A failed collective (a peer gone) raises
-`GroupBroken` before anything is applied.
+A round: FSDP reduces each gradient to the mean over the R' x D data-parallel workers inside backward (a
+worker sitting a round out with a placeholder unit runs its backward on a batch at weight 0, since
+FSDP's collectives need every worker; a rank's T workers sit out together, each of a hybrid's alone);
+one all-reduce of [w, w x lr, the gradient pieces' sum] then makes it the mean over the units really
+there (x R'DT / Σw: Σw counts T workers a unit, or one under a hybrid, whose HybridGradients means over
+the T workers too), the rate elastic BSP's (`lr_factor` for the units of MAX x D slices), and
+finiteness one run-wide answer: under --precision fp16 an overflow is skipped by every member and every
+member halves its scale alike (`gradient_decision`), as the fixed-size path does. A failed collective
+(a peer gone) raises `GroupBroken` before anything is applied.
 
-Checkpoints and evaluations come from one replica: its D workers evaluate the whole test set together
-(worker d = 0 returns the scores) and gather the whole state (`whole_state`), so the driver writes the
-layout-free checkpoint every reader takes; no worker writes checkpoint shards.
+Checkpoints and evaluations come from one replica: its D x T workers evaluate the whole test set
+together (worker (0, 0) returns the scores) and gather the whole state (`whole_state`), so the driver
+writes the layout-free checkpoint every reader takes; no worker writes checkpoint shards.
 """
 
 from __future__ import annotations

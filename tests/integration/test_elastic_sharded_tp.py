@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import distrain
 from distrain.config import RunConfig
 from distrain.orchestrator.callbacks import Callback
 from distrain.orchestrator.checkpoint import load_checkpoint
@@ -65,11 +66,11 @@ class _PaceUntilTheReplicaRejoins(Callback):
 
 
 def test_fp16_tensor_parallel_replica_killed_leaves_whole_and_rejoins_with_the_live_scale(tmp_path):
-    cfg = RunConfig(
-        model="mlp", task=LoudDigits, workers="2..3", precision="fp16", max_steps=10, chaos=["kill-worker@4:5"],
-        hang_timeout_s=60.0, collective_timeout_s=60.0, run_dir=str(tmp_path / "r"), **SMALL | {"lr": 5e-6},
-    )  # fmt: skip
-    s = run_training(cfg, callbacks=[_PaceUntilTheReplicaRejoins()]).summary
+    s = distrain.fit(
+        LoudDigits, workers="2..3", precision="fp16", max_steps=10, chaos=["kill-worker@4:5"], hang_timeout_s=60.0,
+        collective_timeout_s=60.0, run_dir=str(tmp_path / "r"), progress=False,
+        callbacks=[_PaceUntilTheReplicaRejoins()], **SMALL | {"lr": 5e-6},
+    ).summary  # fmt: skip
     assert s["status"] == "completed" and s["failures"] == 0, s.get("failure_events")
     m = s["membership"]
     changes = [(e["change"], e["rank"]) for e in m["events"] if e["cause"] != "start"]
