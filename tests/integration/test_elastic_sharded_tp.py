@@ -49,9 +49,9 @@ def test_a_range_that_never_changes_equals_the_fixed_run_of_its_members(tmp_path
 
 
 class _PaceUntilTheReplicaRejoins(Callback):
-    """Blocks run faster than a replica is built: until replica 2 (ranks 4, 5) has trained before the kill
-    (at step 4) and again after it, slow the driver between blocks, so the kill finds it a member and its
-    replacement joins before the run ends."""
+    """Blocks run faster than a replica is built (one not placed at the start joins later): until replica 2
+    (ranks 4, 5) has trained before the kill (at step 6) and again after it, slow the driver between blocks,
+    so the kill finds it a member and its replacement joins before the run ends."""
 
     def __init__(self) -> None:
         self.latest, self.before, self.after = 0, False, False
@@ -59,19 +59,20 @@ class _PaceUntilTheReplicaRejoins(Callback):
     def on_rows(self, rows):
         self.latest = max([self.latest, *rows["step"]])
         mine = [step for worker, step in zip(rows["worker"], rows["step"], strict=True) if worker == 4]
-        self.before = self.before or any(step < 4 for step in mine)
-        self.after = self.after or any(step >= 4 for step in mine)
-        if not self.before or (self.latest >= 4 and not self.after):
-            time.sleep(0.5)
+        self.before = self.before or any(step < 6 for step in mine)
+        self.after = self.after or any(step >= 6 for step in mine)
+        if not self.before or (self.latest >= 6 and not self.after):
+            time.sleep(2.0)
 
 
 def test_fp16_tensor_parallel_replica_killed_leaves_whole_and_rejoins_with_the_live_scale(tmp_path):
     s = distrain.fit(
-        LoudDigits, workers="2..3", precision="fp16", max_steps=10, chaos=["kill-worker@4:5"], hang_timeout_s=60.0,
+        LoudDigits, workers="2..3", precision="fp16", max_steps=10, chaos=["kill-worker@6:5"],
         collective_timeout_s=60.0, run_dir=str(tmp_path / "r"), progress=False,
-        callbacks=[_PaceUntilTheReplicaRejoins()], **SMALL | {"lr": 5e-6},
+        callbacks=[_PaceUntilTheReplicaRejoins()], **SMALL | {"lr": 5e-6, "segment_steps": 1},
     ).summary  # fmt: skip
     assert s["status"] == "completed" and s["failures"] == 0, s.get("failure_events")
+    assert [c["fired_step"] for c in s["chaos"]] == [6], s["chaos"]
     m = s["membership"]
     changes = [(e["change"], e["rank"]) for e in m["events"] if e["cause"] != "start"]
     # Worker 5 killed: its replica leaves whole (5, then its mate 4), and the slot's new group joins whole.
