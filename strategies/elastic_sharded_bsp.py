@@ -109,16 +109,8 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
     def _backward(self, trainer: ShardedTrainer, batch: Any, weight: float) -> float:
         try:
             return trainer.compute_gradients(batch, loss_weight=weight)
-        except (RuntimeError, OSError) as e:  # FSDP's all-gather or reduce-scatter, a TP all-reduce: a peer gone
-            raise self._broken(e) from e
-
-    def _broken(self, error: BaseException) -> GroupBroken:
-        """A collective failed: leave the group at once (its sockets closed), so that members waiting on this
-        worker in another collective fail now, as on a dead process, rather than after
-        --collective-timeout-s (a worker killed alone leaves its replica mates alive, and the other
-        replicas' workers at a mate's place wait on the mate). The re-form joins a new group."""
-        self.channel.leave(quiet=True)
-        return GroupBroken(str(error))
+        except (RuntimeError, OSError) as e:  # FSDP's all-gather or reduce-scatter: a peer gone
+            raise GroupBroken(str(e)) from e
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         import torch
@@ -136,7 +128,7 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
         try:
             dist.all_reduce(buffer)
         except (RuntimeError, OSError) as e:
-            raise self._broken(e) from e
+            raise GroupBroken(str(e)) from e
         # Σw counts workers with a unit; a unit is a data-parallel rank's, taken by its T workers together
         # (each of them under a hybrid plan).
         weights = int(round(float(buffer[0])))
@@ -157,7 +149,7 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
         try:
             trainer.clip_gradient_(None)
         except (RuntimeError, OSError) as e:
-            raise self._broken(e) from e
+            raise GroupBroken(str(e)) from e
         seconds = time.perf_counter() - t0
         # One run-wide answer (the all-reduced sum): under fp16 an overflow is skipped by every member alike
         # and every member's scale moves alike (a re-form carries it: TrainWorker._reform_cut).
