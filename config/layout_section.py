@@ -75,7 +75,8 @@ LAYOUT_FIELDS = frozenset(
 # The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py, with
 # Streaming DiLoCo's fragments, sharded_local_sgd.py).
 CUT_REPLICA_STRATEGIES = ("bsp", "diloco", "local-sgd")
-# Those over the parameter server (strategies/sharded_ps.py): --fsdp D only, PS shard d holding FSDP chunk d.
+# Those over the parameter server (strategies/sharded_ps.py): --fsdp D (PS shard d holding FSDP chunk d) or
+# --tensor-parallel T (PS shard t holding TP rank t's part), not both.
 CUT_REPLICA_PS_STRATEGIES = ("async", "ssp", "bsp")
 # How messages name the global batch a run's layout makes.
 GLOBAL_BATCH = "--workers x --fsdp x --batch-size, x --tensor-parallel for the cnn's hybrid"
@@ -220,6 +221,12 @@ def check_layout(config: RunConfig) -> None:
         raise ConfigError(f"{given} does not compose with --comm-delay-ms/--comm-bandwidth yet; drop one of them")
 
 
+def ps_shards_needed(d: int, t: int) -> int:
+    """The PS shards across cut replicas: one per worker of a replica, D x T (--fsdp D, or
+    --tensor-parallel T; both together are refused over the PS), the default --ps-shards there."""
+    return d * t
+
+
 def check_elastic_layout(config: RunConfig, given: str) -> None:
     """--workers MIN..MAX across cut replicas (strategies/elastic_sharded_bsp.py): whole replicas of D x T
     workers (--fsdp D, --tensor-parallel T, the cnn's hybrid plan included) join and leave, under BSP over
@@ -239,18 +246,30 @@ def check_elastic_layout(config: RunConfig, given: str) -> None:
 
 
 def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
-    """async, ssp, bsp over --transport ps across cut replicas (strategies/sharded_ps.py): --fsdp D alone,
-    with exactly D PS shards (shard d holds FSDP chunk d of every tensor: what worker d holds); bsp with
-    --backup-workers K (N + K replicas, each round the first N whose D chunks all arrived, agreed by the D
-    shards); --compress (each worker's chunk through the codec with its own residual). Refused:
-    --backup-tasks (its portions are handed to single workers; a replica's D workers would have to take
-    each portion together)."""
-    if t > 1:
-        raise ConfigError(f"--tensor-parallel {t} does not compose with --transport ps yet; use --transport collective")
-    if config.ps_shards != d:
+    """async, ssp, bsp over --transport ps across cut replicas (strategies/sharded_ps.py): --fsdp D or
+    --tensor-parallel T, not both, with exactly one PS shard per worker of a replica (`ps_shards_needed`:
+    shard d holds FSDP chunk d of every tensor, what worker d holds; or shard t holds TP rank t's part of
+    every tensor the plan splits and chunk t of every other); bsp with --backup-workers K (N + K replicas,
+    each round the first N whose pieces all arrived, agreed by the shards); --compress (each worker's
+    piece through the codec with its own residual). Refused: --fsdp with --tensor-parallel (not built),
+    a hybrid plan (its T workers take their own samples), --backup-tasks (its portions are handed to
+    single workers; a replica's workers would have to take each portion together)."""
+    if d > 1 and t > 1:
         raise ConfigError(
-            f"--ps-shards {config.ps_shards} with --fsdp {d}: PS shard d holds FSDP chunk d of every tensor, so "
-            f"there are exactly {d}; drop --ps-shards or give {d}"
+            f"{given} over --transport ps is not built yet (the PS shards hold one FSDP chunk or one tensor-parallel "
+            "part of every tensor, not both); drop one of them or use --transport collective"
+        )
+    if t > 1 and tp_sample_ranks(config.model, config.task, t) > 1:
+        raise ConfigError(
+            f"--tensor-parallel {t} with the {config.model} model's hybrid plan (each tensor-parallel worker on its "
+            "own samples) does not compose with --transport ps yet; use --transport collective"
+        )
+    needed = ps_shards_needed(d, t)
+    if config.ps_shards != needed:
+        flag, what = ("--fsdp", "FSDP chunk d") if d > 1 else ("--tensor-parallel", "tensor-parallel part t")
+        raise ConfigError(
+            f"--ps-shards {config.ps_shards} with {flag} {needed}: PS shard d holds {what} of every tensor, so "
+            f"there are exactly {needed}; drop --ps-shards or give {needed}"
         )
     options = config.options_of("bsp") if config.strategy == "bsp" else None
     if options and options.backup_tasks:

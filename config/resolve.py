@@ -60,8 +60,9 @@ def resolve_sections(values: dict[str, Any]) -> dict[str, Any]:
             "strategy's default transport; drop --transport"
         )
     if v["transport"] == "ps" or any(s.transports[0] == "ps" for s in phases):
-        if v["ps_shards"] is None:  # --fsdp D: PS shard d holds FSDP chunk d (strategies/sharded_ps.py)
-            v["ps_shards"] = v["fsdp"] if isinstance(v["fsdp"], int) and v["fsdp"] > 1 else 1
+        if v["ps_shards"] is None:  # --fsdp D, --tensor-parallel T: one PS shard per worker of a replica
+            d, t = (v[k] if isinstance(v[k], int) and v[k] > 1 else 1 for k in ("fsdp", "tensor_parallel"))
+            v["ps_shards"] = d * t  # (strategies/sharded_ps.py; config/layout_section.py `ps_shards_needed`)
         if v["ps_shards"] < 1:
             raise ConfigError(f"--ps-shards must be >= 1, got {v['ps_shards']}")
     elif v["ps_shards"] is not None:

@@ -36,7 +36,10 @@ class StrategySection:
         "per strategy",
     )
     ps_shards: int | None = setting(
-        None, "Parameter-server shards K; default 1 (async, ssp, bsp --transport ps).", "strategy"
+        None,
+        "Parameter-server shards K; default 1 (async, ssp, bsp --transport ps); across cut replicas exactly one "
+        "per worker of a replica (--fsdp D or --tensor-parallel T), the default there.",
+        "strategy",
     )
     schedule: str = setting(
         "", "Strategies in sequence, switching at epoch marks: name[:epochs],... e.g. bsp:2,local-sgd.", "strategy"

@@ -25,6 +25,11 @@ holding the most: its share of the parameter copies (the cuts `trainers/pipeline
 and the activations of its own layers for the micro-batches it has in flight: GPipe keeps all M
 (the whole batch B), 1F1B at most min(M, S - s) on stage s (B x min(M, S)/M on stage 0).
 
+Under --precision bf16/fp16 the master parameters, their gradients and the optimizer state stay float32;
+activations are counted at 2 bytes a value (the forward runs in half precision), and so is the half-
+precision copy of the weights the forward computes with (autocast's casts, kept for the backward; under
+--fsdp D, FSDP's MixedPrecisionPolicy gathers each unit in that dtype instead of float32).
+
 A worker's stated budget (--worker-memory, say a GPU's memory) is checked against its training
 state alone (parameter copies and activations; the process and the data set are the host's), so a
 model too big for one worker is refused at S = 1 with the number of stages that fits it.
@@ -57,6 +62,13 @@ FLOAT_BYTES = 4
 BASE_COPIES = 3  # parameters, gradients, a communication buffer
 OPTIMIZER_COPIES = {"sgd": 1, "adagrad": 1, "adam": 2}  # sgd: momentum buffer (none at momentum 0)
 ACTIVATION_FACTOR = 2  # forward outputs kept for backward, plus their gradients while backward runs
+HALF_BYTES = 2  # a bf16/fp16 value
+
+
+def value_bytes(config: RunConfig) -> int:
+    """Bytes of a value the forward computes (an activation, a weight cast for it): 2 under --precision
+    bf16/fp16, 4 in float32."""
+    return HALF_BYTES if config.precision != "fp32" else FLOAT_BYTES
 # Tests (and a user who knows better) set this to the bytes available, e.g. "20GiB", instead of the
 # machine's MemAvailable or the cluster's memory resource.
 AVAILABLE_ENV = "DISTRAIN_AVAILABLE_MEMORY"
@@ -247,13 +259,16 @@ def estimate(config: RunConfig, num_params: int, cut: CutSizes | None = None) ->
     # A user's task: its activations and data are not known before its workers build it, so only the
     # process and the parameter copies are counted (a lower bound).
     builtin = not config.task
+    value = value_bytes(config)
+    # --precision bf16/fp16: the weights the forward computes with, in half precision (float32: the masters)
+    half_copy = 1 if value < FLOAT_BYTES else 0
     pipeline = PipelineShape.of(config)
     if config.pipelined:  # the stage holding the most: its parameter copies (1/D each under --fsdp D) and
         # in-flight activations
         shards = shards_per_replica(config)
         held = [
-            (-(-params // shards) * FLOAT_BYTES * copies,
-             int(ACTIVATION_FACTOR * config.unit_samples * pipeline.in_flight(s) * values) * FLOAT_BYTES)
+            (-(-params // shards) * FLOAT_BYTES * copies + params * value * half_copy,
+             int(ACTIVATION_FACTOR * config.unit_samples * pipeline.in_flight(s) * values) * value)
             for s, (params, values) in enumerate(stage_shares(config))
         ]  # fmt: skip
         model_bytes, activation_bytes = max(held, key=sum)
@@ -265,10 +280,13 @@ def estimate(config: RunConfig, num_params: int, cut: CutSizes | None = None) ->
             cut = cut or CutSizes.of(config)
             shards = shards_per_replica(config)
             model_bytes = -(-cut.held // shards) * FLOAT_BYTES * copies
-            model_bytes += cut.largest_unit * FLOAT_BYTES if shards > 1 else 0
+            if shards > 1:  # the unit FSDP gathers, in the dtype it computes in
+                model_bytes += cut.largest_unit * value
+            else:  # tensor parallelism alone: autocast's half copy of the worker's part
+                model_bytes += cut.held * value * half_copy
         else:
-            model_bytes = num_params * FLOAT_BYTES * copies
-        activation_bytes = ACTIVATION_FACTOR * config.batch_size * per_sample * FLOAT_BYTES
+            model_bytes = num_params * (FLOAT_BYTES * copies + value * half_copy)
+        activation_bytes = ACTIVATION_FACTOR * config.batch_size * per_sample * value
     shards = num_shards(config)
     # A shard holds θ, a gradient sum and the optimizer state for its slice.
     shard_copies = 2 + optimizer_copies(config.optimizer, config.momentum)

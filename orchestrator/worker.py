@@ -18,6 +18,7 @@ import numpy as np
 import ray
 import torch
 
+from distrain.actor_process import freeze_loaded_libraries
 from distrain.config import RunConfig
 from distrain.config.groups_section import worker_cpus
 from distrain.config.shares_section import unequal_shares
@@ -53,6 +54,7 @@ class TrainWorker:
     """Hosted as a Ray actor by the orchestrator (`ray.remote(TrainWorker)`)."""
 
     def __init__(self, config: RunConfig, rank: int, run_start: float, data: Shard | None = None) -> None:
+        freeze_loaded_libraries()  # `retire`'s garbage collection then scans only the runs' objects
         torch.set_num_threads(max(1, int(worker_cpus(config, rank))))
         seed_globals(config.seed, rank)  # dropout, augmentation: the same --seed draws the same (per rank)
         if config.deterministic:
@@ -523,6 +525,13 @@ class TrainWorker:
     def param_shapes(self) -> list[tuple[int, ...]]:
         """The whole shapes of the model's trainable parameters, in order (the PS shards' layout under --fsdp)."""
         return [tuple(p.shape) for p in self.trainer.model.parameters() if p.requires_grad]
+
+    def param_cut_dims(self, tp: int) -> list[int | None]:
+        """For each trainable parameter, in order, the dimension the task's plan splits it along across `tp`
+        workers, None where every worker holds it whole (the PS shards' layout under --tensor-parallel)."""
+        from distrain.trainers.tensor_parallel import cut_dims
+
+        return cut_dims(self.trainer.model, self.trainer.task.tensor_parallel_plan(tp) or {})
 
     def hang(self) -> None:
         """Fault injection (--chaos hang-worker): stop answering, as a deadlocked process would."""

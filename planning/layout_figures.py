@@ -101,6 +101,7 @@ def layout_of(config: RunConfig) -> Layout:
     return Layout(
         fsdp=d, tensor_parallel=t, reshard_after_forward=config.reshard_after_forward, held_params=cut.held,
         memory_per_worker=est.per_worker, training_state=est.training_state, codec_parts=codec_parts(config),
+        value_bytes=memory.value_bytes(config),
         **model_figures(config),
     )  # fmt: skip
 

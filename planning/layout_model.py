@@ -5,10 +5,13 @@ Pure arithmetic on a `Calibration` and a `Layout` (what `layout_figures.py` read
 no torch. Per worker and step:
 
 - traffic: FSDP's all-gathers (two with --reshard-after-forward, else one) and reduce-scatter, (D-1)/D x
-  the parameter bytes each, and across replicas a ring all-reduce of the 1/D shard, 2(R-1)/R x P/D
-  (HSDP, BSP only: `sharded_bsp.fsdp_bytes_per_step`, the figure the run's rows carry); plus tensor
-  parallelism's all-reduces of activations, 2(T-1)/T x their bytes: each rowwise layer's output in the
-  forward, each colwise layer's input gradient in the backward (none where its input needs no gradient).
+  the parameter bytes each (the all-gathers in the dtype the layers compute in: half under --precision
+  bf16/fp16, as FSDP's MixedPrecisionPolicy gathers them; the reduce-scatter float32), and across
+  replicas a ring all-reduce of the 1/D shard, 2(R-1)/R x P/D (HSDP, BSP only:
+  `sharded_bsp.fsdp_bytes_per_step`, the figure the run's rows carry); plus tensor parallelism's
+  all-reduces of activations (half-precision ones under bf16/fp16), 2(T-1)/T x their bytes: each
+  rowwise layer's output in the forward, each colwise layer's input gradient in the backward (none where
+  its input needs no gradient).
   DiLoCo's replicas run FSDP inside themselves only and all-reduce their part's pseudo-gradient across
   the R replicas once a round. Under --compress FSDP stays inside each replica under BSP too, and the
   average across the replicas (BSP's gradient part every step, after backward and never hidden;
@@ -76,6 +79,7 @@ class Layout:
     # --compress: one compressed average of the worker's part across the replicas, [(collective, payload
     # bytes)] (layout_figures.codec_parts); () uncompressed: HSDP's float32 all-reduce
     codec_parts: tuple = ()
+    value_bytes: int = FLOAT_BYTES  # --precision bf16/fp16: 2, the dtype FSDP gathers and TP's activations are in
 
     @property
     def workers_per_replica(self) -> int:
@@ -93,17 +97,25 @@ class Layout:
     def param_bytes(self) -> int:
         return self.held_params * FLOAT_BYTES
 
+    @property
+    def gather_bytes(self) -> int:
+        """The held parameters in the dtype FSDP gathers them in (its MixedPrecisionPolicy's param_dtype)."""
+        return self.held_params * self.value_bytes
+
+    def fsdp_bytes(self, replicas: int) -> int:
+        """FSDP's (HSDP's, over `replicas`) bytes per worker and step, as the run counts them."""
+        return fsdp_bytes_per_step(self.param_bytes, replicas, self.fsdp, self.reshard_after_forward, self.gather_bytes)
+
 
 def tp_bytes_per_worker(layout: Layout, batch_size: int) -> float:
     """Tensor parallelism's activation all-reduces per worker and step: 2(T-1)/T x their bytes."""
-    return ring_bytes_per_worker(layout.tp_activation_values * batch_size * FLOAT_BYTES, layout.tensor_parallel)
+    return ring_bytes_per_worker(layout.tp_activation_values * batch_size * layout.value_bytes, layout.tensor_parallel)
 
 
 def inner_bytes_per_worker(layout: Layout, replicas: int, batch_size: int) -> float:
     """Bytes one worker sends per step inside its step's collectives: FSDP over `replicas` (HSDP: R; a
     replica alone: 1) and tensor parallelism's activations."""
-    d, reshard = layout.fsdp, layout.reshard_after_forward
-    return fsdp_bytes_per_step(layout.param_bytes, replicas, d, reshard) + tp_bytes_per_worker(layout, batch_size)
+    return layout.fsdp_bytes(replicas) + tp_bytes_per_worker(layout, batch_size)
 
 
 def _inner_rounds(layout: Layout, replicas: int) -> int:
@@ -141,7 +153,7 @@ def predict_layout(
     # DiLoCo's replicas step alone between rounds; under a codec BSP's FSDP stays inside each replica too
     fsdp_replicas = 1 if diloco or parts else replicas
     tp_time = layout.tp_all_reduces * ring_rounds(t) * alpha + tp_bytes_per_worker(layout, cal.batch_size) / beta
-    fsdp_bytes = fsdp_bytes_per_step(layout.param_bytes, fsdp_replicas, layout.fsdp, layout.reshard_after_forward)
+    fsdp_bytes = layout.fsdp_bytes(fsdp_replicas)
     fsdp_time = (_inner_rounds(layout, fsdp_replicas) - layout.tp_all_reduces * ring_rounds(t)) * alpha
     fsdp_time += fsdp_bytes / beta
     if here:  # contention stretches them, the measured layout_scale corrects the model

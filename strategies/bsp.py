@@ -134,7 +134,7 @@ class BSP(Strategy):
             from distrain.strategies.pipeline import PipelineBSP
 
             return PipelineBSP
-        if config.sharded and config.transport == "ps":  # worker (r, d) pushes its FSDP chunks to PS shard d
+        if config.sharded and config.transport == "ps":  # worker (r, d) pushes its FSDP chunks to PS shard d (or t)
             from distrain.strategies.sharded_ps import ShardedBSPOverPS
 
             return ShardedBSPOverPS

@@ -4,9 +4,24 @@ which must not import torch just to say which rule they want)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from distrain.compression.spec import FLAG
+from distrain.errors import ConfigError
 from distrain.strategies.declarations import ColumnPlot, StepColumns
+
+if TYPE_CHECKING:
+    from distrain.compression.spec import CodecSpec
+
+
+def refuse_matrix_codec(codec: CodecSpec, holds: str = "a flat slice of the parameters") -> None:
+    """A codec that needs whole matrices (PowerSGD) cannot code what a PS shard holds: a flat slice of the
+    parameters (strategies/ps.py), or of each worker's FSDP chunk (strategies/sharded_ps.py)."""
+    if codec.needs_shapes:
+        raise ConfigError(
+            f"{FLAG} {codec} needs whole matrices, but a parameter-server shard holds "
+            f"{holds}; use fp16, bf16, int8 or topk:FRACTION there, or --transport collective"
+        )
 
 
 @dataclass(frozen=True)

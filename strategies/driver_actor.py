@@ -50,6 +50,9 @@ class ActorSetup:
     # The shapes of the model's trainable parameters, in order (a call to a worker): under --fsdp D the
     # shards hold θ in FSDP's chunk order (trainers/shard_layout.py).
     param_shapes: Callable[[], list[tuple[int, ...]]] = lambda: _unset("param_shapes")
+    # For each of them, the dimension the task's tensor-parallel plan splits it along across T workers (None:
+    # held whole), a call to a worker: under --tensor-parallel T the shards hold TP rank t's parts.
+    param_cut_dims: Callable[[int], list[int | None]] = lambda tp: _unset("param_cut_dims")
     # Builds the run's task from its config (the orchestrator's `build_task`, handed down so this layer
     # need not import it): PS shards build a task's own optimizer (`Task.configure_optimizers`) with it.
     task_builder: Callable[[RunConfig], Any] | None = None
@@ -148,7 +151,8 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
     shard slots, starting from the first member's θ and the phase's optimizer state; a run going on from a
     checkpoint in the phase it was taken in gives them back their versions and clocks. Under --fsdp D the
     D shards hold θ and the optimizer state permuted so that shard d holds FSDP chunk d of every tensor
-    (strategies/sharded_ps.py), and count one client per replica."""
+    (strategies/sharded_ps.py), and count one client per replica; under --tensor-parallel T the T shards
+    hold TP rank t's part of every tensor the plan splits and chunk t of every other (`ps_layout`)."""
 
     def build(setup: ActorSetup) -> tuple[Any, list[Any]]:
         from distrain.strategies.ps_shard_group import ShardGroup
@@ -156,9 +160,7 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
         where = setup.shard_slots(setup.phase.ps_shards or 1)
         theta, optimizer, bounds = setup.theta(), setup.optimizer, None
         if setup.phase.sharded:
-            from distrain.trainers.shard_layout import ShardLayout
-
-            layout = ShardLayout(setup.param_shapes(), setup.phase.replica_grid[0])
+            layout = ps_layout(setup.phase, setup.param_shapes(), setup.param_cut_dims)
             theta, bounds = layout.to_shards(theta), layout.bounds
             if optimizer is not None:
                 vectors = {k: layout.to_shards(v) for k, v in optimizer.vectors.items()}
@@ -183,3 +185,16 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
         return [s.set_counters.remote(counters["version"], clocks, *scheduler) for s in group.shards]
 
     return DriverActor(PS_SHARDS, build=build, ready=ready)
+
+
+def ps_layout(config: RunConfig, shapes: list[tuple[int, ...]], cut_dims: Callable[[int], list[int | None]]) -> Any:
+    """The PS shards' order of θ across cut replicas (trainers/shard_layout.py): under --fsdp D, D pieces of
+    every tensor along dim 0 (FSDP's chunks); under --tensor-parallel T, T pieces of every tensor, a split
+    one along the dimension the plan splits (`cut_dims`: what TP rank t holds), a whole one along dim 0
+    (strategies/sharded_ps.py: TP rank t pushes that chunk of its gradient and all T share the pulls)."""
+    from distrain.trainers.shard_layout import ShardLayout
+
+    shards, tp, _ = config.replica_grid
+    if tp == 1:
+        return ShardLayout(shapes, shards)
+    return ShardLayout(shapes, tp, [0 if dim is None else dim for dim in cut_dims(tp)])

@@ -10,11 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from distrain.compression.spec import FLAG
 from distrain.errors import ConfigError
 from distrain.fields import setting
 from distrain.strategies.base import CommStats, PlanningSetting, Strategy, StrategyContext, StrategyOptions
-from distrain.strategies.consistency import ConsistencyRule
+from distrain.strategies.consistency import ConsistencyRule, refuse_matrix_codec
 from distrain.strategies.strategy_names import STRATEGIES
 
 if TYPE_CHECKING:
@@ -94,11 +93,7 @@ class PSStrategy(Strategy):
     @classmethod
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
         super().check_codec(config, codec)
-        if codec.needs_shapes:
-            raise ConfigError(
-                f"{FLAG} {codec} needs whole matrices, but a parameter-server shard holds a flat slice of "
-                "the parameters; use fp16, bf16, int8 or topk:FRACTION there, or --transport collective"
-            )
+        refuse_matrix_codec(codec)
 
     @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
@@ -191,7 +186,7 @@ class OnArrival(PSStrategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
-        if config.sharded and cls.name in ("async", "ssp"):  # --fsdp D: worker (r, d) pushes to PS shard d
+        if config.sharded and cls.name in ("async", "ssp"):  # --fsdp D, --tensor-parallel T: to PS shard d, t
             from distrain.strategies.sharded_ps import ShardedAsync, ShardedSSP
 
             return ShardedAsync if cls.name == "async" else ShardedSSP

@@ -59,6 +59,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from distrain.actor_process import freeze_loaded_libraries
 from distrain.strategies.consistency import ConsistencyRule  # noqa: F401 - the shards' rules, re-exported
 from distrain.trainers.optim_state import (
     FlatOptimizerState,
@@ -176,6 +177,7 @@ class ParameterShard:
     ) -> None:
         """`referee` (rules with `parts` > 1 only): shard 0's actor handle, which decides the rounds for
         every shard (`RoundReferee`); shard 0 itself holds the referee and takes None."""
+        freeze_loaded_libraries()  # `retire`'s garbage collection then scans only the runs' objects
         torch.set_num_threads(1)
         self.shard_id = shard_id
         self.num_workers = num_workers

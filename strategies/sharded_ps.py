@@ -11,6 +11,17 @@ shard d alone and pulls θ chunk d back into its local parameter shards. Each sh
 counts the R replicas (their rank-d workers, client id r), not the R x D workers: async and SSP apply
 each replica's gradient at lr / R on arrival, BSP's rounds close on R gradients and apply their mean.
 
+--tensor-parallel T (instead of --fsdp D; both together are refused): the PS has exactly T shards and
+shard t holds TP rank t's part of every tensor the plan splits (its DTensor local shard: a colwise
+Linear's rows, a rowwise one's columns) and chunk t of dim 0 (torch.chunk's cut) of every tensor the plan
+leaves whole (a rowwise layer's bias, the layers not in the plan), in tensor order (trainers/shard_layout.py
+with a cut dimension per tensor; the driver asks a worker for the plan's dimensions, `param_cut_dims`).
+The T workers of a replica compute one gradient on one batch, the whole tensors' gradients alike on each,
+so TP rank t pushes its split parts and its rows of the whole tensors: every value of the replica's
+gradient reaches the shards exactly once. It pulls θ piece t back into its split parts, and the whole
+tensors are put together over the replica's T workers (each its rows, zeros elsewhere, summed: exact),
+so all T hold them alike. The hybrid plan (the cnn's: TP ranks on their own samples) is refused.
+
 State: the shards hold θ and the optimizer state; the workers' own optimizers are never stepped. A
 checkpoint is the shards' snapshot, put back in the whole model's order (`export_state`), so it is a
 whole checkpoint that loads at any layout; the driver builds the shards from a whole θ and optimizer
@@ -45,10 +56,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from distrain.compression.spec import FLAG
-from distrain.errors import ConfigError
 from distrain.strategies.base import CommStats
-from distrain.strategies.consistency import ConsistencyRule
+from distrain.strategies.consistency import ConsistencyRule, refuse_matrix_codec
 from distrain.strategies.sharded_bsp import ShardedBSP
 
 if TYPE_CHECKING:
@@ -79,6 +88,17 @@ def whole_state_dict(trainer: ShardedTrainer, theta: Any) -> dict[str, Any]:
     return state
 
 
+def tp_split_dim(p: Any) -> int | None:
+    """The dimension a tensor-parallel plan split parameter `p` along (its DTensor's Shard placement),
+    None for one every worker holds whole (a plain tensor, or a DTensor replicated)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(p, DTensor):
+        return None
+    dims = [placement.dim for placement in p.placements if isinstance(placement, Shard)]
+    return dims[0] if dims else None
+
+
 class ShardedPS(ShardedBSP):
     """Worker (r, d) of a cut replica on the parameter server (the module docstring)."""
 
@@ -103,65 +123,101 @@ class ShardedPS(ShardedBSP):
     def check_codec(cls, config: RunConfig, codec: CodecSpec) -> None:
         """As over the PS without sharding (strategies/ps.py): a shard holds a flat chunk, no matrices."""
         super().check_codec(config, codec)
-        if codec.needs_shapes:
-            raise ConfigError(
-                f"{FLAG} {codec} needs whole matrices, but a parameter-server shard holds a flat chunk of "
-                "the parameters; use fp16, bf16, int8 or topk:FRACTION there, or --transport collective"
-            )
+        refuse_matrix_codec(codec, holds="a flat chunk of the parameters")
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         import torch
 
         from distrain.strategies.channel import PS_WAIT_FACTOR, PS_WAIT_MARGIN_S
         from distrain.strategies.ps_client import PSClient
-        from distrain.trainers.shard_layout import ShardLayout
+        from distrain.trainers.shard_layout import ShardLayout, chunk_rows
         from distrain.trainers.sharded_trainer import local_part
 
         mesh = self.join_mesh(trainer)
-        self.replica_group = mesh["shard"].get_group()  # this replica's D workers
+        # This replica's workers (its D, or its T: --fsdp with --tensor-parallel over the PS is refused) and
+        # the piece of every tensor this worker pushes and pulls: PS shard d, or t.
+        self.replica_group = mesh["tp" if self.tp > 1 else "shard"].get_group()
+        self.piece = self.tp_rank if self.tp > 1 else self.shard
         self.trainer = trainer
-        self.layout = ShardLayout([tuple(p.shape) for p in trainer.params], self.shards)
         self.locals = [local_part(p) for p in trainer.params]
-        sizes = [t.numel() for t in self.locals]
-        if sizes != self.layout.chunk_sizes(self.shard):  # FSDP cut otherwise than the shards assume
+        # Under --tensor-parallel: the dimension each tensor is split along across the T workers (a DTensor's
+        # Shard on the "tp" mesh), and for a tensor the plan leaves whole the rows [lo, hi) of dim 0 that
+        # this worker pushes and pulls (None: a split tensor, its local part is the piece).
+        dims, self.rows = None, [None] * len(self.locals)
+        if self.tp > 1:
+            dims = [tp_split_dim(p) for p in trainer.params]
+            self.rows = [
+                None if dim is not None else chunk_rows(part.shape[0] if part.dim() else 1, self.tp, self.piece)
+                for dim, part in zip(dims, self.locals, strict=True)
+            ]
+            dims = [0 if dim is None else dim for dim in dims]
+        pieces = self.tp if self.tp > 1 else self.shards
+        self.layout = ShardLayout([tuple(p.shape) for p in trainer.params], pieces, dims)
+        sizes = [t.numel() for t in self._pieces(self.locals)]
+        if sizes != self.layout.chunk_sizes(self.piece):  # FSDP or the plan cut otherwise than the shards assume
             raise RuntimeError(
-                f"worker {self.ctx.rank}: FSDP's local chunks hold {sizes} values, the PS shard "
-                f"{self.shard} layout {self.layout.chunk_sizes(self.shard)}"
+                f"worker {self.ctx.rank}: its local pieces hold {sizes} values, the PS shard "
+                f"{self.piece} layout {self.layout.chunk_sizes(self.piece)}"
             )
         n = sum(sizes)
-        lo, hi = self.ctx.ps_bounds[self.shard]
+        lo, hi = self.ctx.ps_bounds[self.piece]
         if hi - lo != n:
-            raise RuntimeError(f"PS shard {self.shard} holds {hi - lo} values, worker {self.ctx.rank} {n}")
+            raise RuntimeError(f"PS shard {self.piece} holds {hi - lo} values, worker {self.ctx.rank} {n}")
         timeout = self.config.hang_timeout_s * PS_WAIT_FACTOR + PS_WAIT_MARGIN_S
-        shard = self.ctx.ps_shards[self.shard]
+        shard = self.ctx.ps_shards[self.piece]
         self.client = PSClient([shard], [(0, n)], self.replica, timeout, self.channel.link)
-        self.theta = torch.empty(n, dtype=torch.float32)  # θ chunk d on the host, as the shard serves it
+        self.theta = torch.empty(n, dtype=torch.float32)  # θ piece d (or t) on the host, as the shard serves it
         self.ps_bytes = n * self.theta.element_size()
         self.clock = self.client.pull(self.theta.numpy())
         if self.k_of_n:  # the round the shards are at (a replica dropped before a restore point may be ahead)
             self._agree_round(self.client.read_versions[0])
         self._install()
 
+    def _pieces(self, tensors: list[Any]) -> list[Any]:
+        """This worker's pieces of `tensors` (its local parts, or gradients alike): a split tensor's local
+        part whole, a tensor the plan leaves whole (tensor parallelism) cut to this worker's rows of dim 0."""
+        pieces = []
+        for t, rows in zip(tensors, self.rows, strict=True):
+            if rows is not None:
+                t = (t if t.dim() else t.view(1))[rows[0] : rows[1]]
+            pieces.append(t)
+        return pieces
+
     def _install(self) -> None:
-        """θ chunk d, as pulled into `self.theta`, into this worker's local parameter shards."""
+        """θ piece d (or t), as pulled into `self.theta`, into this worker's local parameter parts. Under
+        --tensor-parallel a tensor held whole gets this worker's rows from its shard and the other rows
+        from the T - 1 others (their rows, zeros elsewhere, summed over the replica's T workers: exact, one
+        nonzero per value), so the T workers hold it alike, whatever moment each pulled at."""
         import torch
+        import torch.distributed as dist
 
         offset = 0
+        whole = [part for part, rows in zip(self.locals, self.rows, strict=True) if rows is not None]
         with torch.no_grad():
-            for part in self.locals:
-                part.copy_(self.theta[offset : offset + part.numel()].view_as(part))
-                offset += part.numel()
+            for part in whole:
+                part.zero_()
+            for piece in self._pieces(self.locals):
+                piece.copy_(self.theta[offset : offset + piece.numel()].view_as(piece))
+                offset += piece.numel()
+            if whole:
+                flat = torch.cat([part.reshape(-1) for part in whole])
+                dist.all_reduce(flat, group=self.replica_group)
+                for part, values in zip(whole, flat.split([part.numel() for part in whole]), strict=True):
+                    part.copy_(values.view_as(part))
 
     def _local_gradient(self, trainer: ShardedTrainer) -> Any:
-        """This worker's gradient chunks (the replica's mean over its D x B samples), flat, on the host."""
+        """This worker's gradient pieces (the replica's mean over its D x B samples, or its T workers' one
+        batch), flat, on the host: under --tensor-parallel a tensor held whole (its gradient the same on
+        the T workers) is pushed once per replica, each worker its own rows."""
         import torch
 
         from distrain.trainers.sharded_trainer import local_part
 
-        parts = []
-        for p, part in zip(trainer.params, self.locals, strict=True):
-            g = torch.zeros_like(part) if p.grad is None else local_part(p.grad)
-            parts.append(g.detach().reshape(-1))
+        grads = [
+            torch.zeros_like(part) if p.grad is None else local_part(p.grad)
+            for p, part in zip(trainer.params, self.locals, strict=True)
+        ]
+        parts = [g.detach().reshape(-1) for g in self._pieces(grads)]
         return torch.cat(parts).float().cpu() if parts else torch.zeros(0)
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
@@ -285,5 +341,6 @@ class ShardedBSPOverPS(ShardedPS):
         """Rounds of the R replicas' chunks; with --backup-workers K, of the first R of R + K replicas whose
         every chunk has arrived, agreed by all D shards (--workers MIN..MAX is refused with --fsdp)."""
         if config.options_of("bsp").backup_workers:
-            return ConsistencyRule.bsp(accept=config.workers, parts=config.replica_grid[0])
+            shards, tp, _ = config.replica_grid  # a replica pushes D pieces, or T
+            return ConsistencyRule.bsp(accept=config.workers, parts=shards * tp)
         return ConsistencyRule.bsp()

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from distrain.orchestrator.checkpoint import load_checkpoint, whole_checkpoint
 from distrain.trainers.task import ClassificationTask
+
+
+def steps_of(run_dir, sort_by: tuple[str, ...] | None = ("step", "worker")) -> pd.DataFrame:
+    """A run's step rows from its metrics.parquet, in `sort_by` order (None: as recorded)."""
+    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
+    steps = df[df["kind"] == "step"]
+    return steps.sort_values(list(sort_by)) if sort_by else steps
 
 
 def final_params(run_dir: Path) -> torch.Tensor:

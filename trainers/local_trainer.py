@@ -100,7 +100,12 @@ class LocalTrainer:
             self._in_train_mode = True
         self.grads_flat.zero_()
         batch = to_device(batch, self.device)
-        parts = [batch] if self.accumulate_steps == 1 else self.task.micro_batches(batch, self.accumulate_steps)
+        # A batch of n < k samples (a worker's small share under --worker-weights/--balance speed) is n
+        # micro-batches of one: weighted by their samples, the gradient is the same, and it fits.
+        k = self.accumulate_steps
+        if k > 1:
+            k = min(k, self.task.batch_size(batch))
+        parts = [batch] if k == 1 else self.task.micro_batches(batch, k)
         total = sum(self.task.batch_size(part) for part in parts) if len(parts) > 1 else 1
         loss_sum, logs_sum = 0.0, None
         for i, part in enumerate(parts):

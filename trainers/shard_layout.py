@@ -4,6 +4,10 @@ holds, FSDP2's `Shard(0)`: torch.chunk's cut, ceil(rows / D) rows each, the last
 empty), concatenated. That is exactly worker d's local flat vector, so a worker pushes its gradient
 chunks and pulls its θ chunks as they lie, and never holds the whole model.
 
+Under `--tensor-parallel T` (no --fsdp) the same layout with one cut dimension per tensor: PS shard t
+holds TP rank t's part of every tensor the plan splits (along the dimension it splits: a colwise
+Linear's rows, a rowwise one's columns) and chunk t of dim 0 of every tensor the plan leaves whole.
+
 The shards' flat vector is a permutation π of the whole flat θ (tensors in order, each row-major):
 shards = whole[π], whole[π] = shards. Checkpoints and the final model un-permute it, so they stay whole
 and load at any layout. Pure arithmetic over shapes: numpy only, no torch, no config.
@@ -25,34 +29,45 @@ def chunk_rows(rows: int, shards: int, d: int) -> tuple[int, int]:
 
 
 class ShardLayout:
-    """Where each FSDP chunk of each parameter tensor lies in the whole flat θ and in the shards' order."""
+    """Where each chunk of each parameter tensor lies in the whole flat θ and in the shards' order.
 
-    def __init__(self, shapes: Sequence[Sequence[int]], shards: int) -> None:
+    `dims`: the dimension each tensor is cut along (None: dim 0 for all, FSDP's). Under
+    `--tensor-parallel T` (strategies/sharded_ps.py) a split tensor is cut along the dimension its plan
+    splits (a colwise Linear's rows, a rowwise one's columns: what TP rank t holds) and a tensor the plan
+    leaves whole along dim 0, torch.chunk's cut as for FSDP."""
+
+    def __init__(self, shapes: Sequence[Sequence[int]], shards: int, dims: Sequence[int] | None = None) -> None:
         if shards < 1:
             raise ValueError(f"shards must be >= 1, got {shards}")
         self.shapes = [tuple(int(n) for n in s) for s in shapes]
         self.shards = shards
-        # ranges[d]: the (start, stop) ranges of the whole flat θ that shard d holds, in tensor order.
-        self.ranges: list[list[tuple[int, int]]] = [[] for _ in range(shards)]
+        self.dims = [0] * len(self.shapes) if dims is None else [int(k) for k in dims]
+        if len(self.dims) != len(self.shapes):
+            raise ValueError(f"{len(self.dims)} cut dimensions for {len(self.shapes)} tensors")
+        # pieces[d]: the indices of the whole flat θ that shard d holds, per tensor in order (each piece
+        # row-major within the chunk, as the worker's local tensor flattens).
+        self.pieces: list[list[np.ndarray]] = [[] for _ in range(shards)]
         offset = 0
-        for shape in self.shapes:
+        for shape, dim in zip(self.shapes, self.dims, strict=True):
             numel = math.prod(shape)
-            rows = shape[0] if shape else 1  # a 0-d tensor: one row, on shard 0
-            per_row = numel // rows if rows else 0
+            whole = np.arange(offset, offset + numel, dtype=np.int64).reshape(shape if shape else (1,))
+            if dim >= whole.ndim:
+                raise ValueError(f"a tensor of shape {shape} has no dimension {dim} to cut")
+            size = whole.shape[dim]  # a 0-d tensor: one row, on shard 0
             for d in range(shards):
-                lo, hi = chunk_rows(rows, shards, d)
-                self.ranges[d].append((offset + lo * per_row, offset + hi * per_row))
+                lo, hi = chunk_rows(size, shards, d)
+                self.pieces[d].append(np.take(whole, np.arange(lo, hi), axis=dim).reshape(-1))
             offset += numel
         self.numel = offset
-        self.sizes = [sum(b - a for a, b in r) for r in self.ranges]
+        self.sizes = [sum(len(p) for p in pieces) for pieces in self.pieces]
         starts = np.cumsum([0, *self.sizes])
         self.bounds = [(int(starts[d]), int(starts[d + 1])) for d in range(shards)]
-        parts = [np.arange(a, b, dtype=np.int64) for r in self.ranges for a, b in r]
+        parts = [p for pieces in self.pieces for p in pieces]
         self.perm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)  # π
 
     def chunk_sizes(self, d: int) -> list[int]:
         """The sizes of shard d's chunk of each tensor, in order (its local parts' numel)."""
-        return [b - a for a, b in self.ranges[d]]
+        return [len(p) for p in self.pieces[d]]
 
     def to_shards(self, whole: Any) -> Any:
         """The whole flat θ (numpy array or torch tensor) in the shards' order: concat_d concat_t chunk_d(t)."""

@@ -97,7 +97,21 @@ def local_part_shapes(model: nn.Module, plan: dict[str, Any], tp: int) -> list[t
     """The shapes of one of `tp` workers' parts of the model's trainable parameters under `plan`, in
     order: a colwise Linear's weight and bias cut `tp` ways along their rows (dim 0), a rowwise one's
     weight along its columns (its bias stays whole), another torch style's module counted as cut along
-    dim 0; every module the plan does not name, whole."""
+    dim 0; every module the plan does not name, whole (`cut_dims`)."""
+    shapes = []
+    for p, dim in zip((p for p in model.parameters() if p.requires_grad), cut_dims(model, plan), strict=True):
+        shape = list(p.shape)
+        if dim is not None and len(shape) > dim:
+            shape[dim] //= tp
+        shapes.append(tuple(shape))
+    return shapes
+
+
+def cut_dims(model: nn.Module, plan: dict[str, Any]) -> list[int | None]:
+    """For each of the model's trainable parameters, in order, the dimension `plan` splits it along
+    across the T workers (a colwise Linear's weight and bias: 0; a rowwise one's weight: 1; another
+    torch style's parameters: counted as 0), or None for one every worker holds whole (a rowwise
+    Linear's bias, every module the plan does not name)."""
     modules = dict(model.named_modules())
     cut: dict[int, int] = {}  # id(parameter) -> the dimension cut tp ways
     for name, style in plan.items():
@@ -106,14 +120,7 @@ def local_part_shapes(model: nn.Module, plan: dict[str, Any], tp: int) -> list[t
                 cut[id(p)] = 0
             elif pname != "bias":
                 cut[id(p)] = 1
-    shapes = []
-    for p in model.parameters():
-        if p.requires_grad:
-            shape = list(p.shape)
-            if id(p) in cut and len(shape) > cut[id(p)]:
-                shape[cut[id(p)]] //= tp
-            shapes.append(tuple(shape))
-    return shapes
+    return [cut.get(id(p)) for p in model.parameters() if p.requires_grad]
 
 
 def torch_plan(plan: dict[str, Any]) -> dict[str, Any]:

@@ -223,6 +223,9 @@ class RayWorkerGroup:
             started=self.driver,
             params=lambda: self._first_params(timeout),
             param_shapes=lambda: self.result(self.workers[self.members()[0]].param_shapes.remote(), 0, timeout),
+            param_cut_dims=lambda tp: self.result(
+                self.workers[self.members()[0]].param_cut_dims.remote(tp), 0, timeout
+            ),
             # A warm run's shards ask for no CPU: each goes in a bundle that holds its CPUs (cluster.Placement).
             shard_slots=lambda count: self.placement.shards(workers, count, phase.cpus_per_shard if warm else 0.0),
             task_builder=build_task,

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    return df[df["kind"] == "step"]
 
 
 def test_k_of_n_applies_exactly_n_current_gradients_per_round_and_reaches_target(tmp_path):
@@ -27,7 +22,7 @@ def test_k_of_n_applies_exactly_n_current_gradients_per_round_and_reaches_target
     )  # fmt: skip
     result = run_training(cfg)
     summary = json.loads((result.run_dir / "summary.json").read_text())
-    rows = steps_of(result.run_dir)
+    rows = steps_of(result.run_dir, sort_by=None)
     total_steps = summary["steps_completed"]
 
     # The shards' own record: every applied update averaged exactly N gradients, one per round.
@@ -71,7 +66,7 @@ def test_backup_tasks_round_gradient_is_the_global_batch_mean_with_no_portion_co
     )
     assert (final_params(backup.run_dir) - final_params(single.run_dir)).abs().max().item() <= 1e-5
 
-    rows = steps_of(backup.run_dir)
+    rows = steps_of(backup.run_dir, sort_by=None)
     summary = json.loads((backup.run_dir / "summary.json").read_text())
     applied = rows[~rows["dropped"].astype(bool)]
     # Each round used each of its 4 portions exactly once...

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
 import pytest
 import torch
 
 from distrain.config import RunConfig
 from distrain.orchestrator.checkpoint import load_checkpoint
 from distrain.orchestrator.run import run_training
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -29,10 +28,6 @@ def cfg(tmp_path, name: str, **kw) -> RunConfig:
     )  # fmt: skip
     return RunConfig(**(base | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["worker", "step"])
 
 
 def shapes_of(run_dir) -> list[torch.Size]:
@@ -54,11 +49,11 @@ def test_a_codec_that_loses_nothing_gives_the_uncompressed_run(tmp_path, name, k
     diff = (final_params(coded.run_dir) - final_params(plain.run_dir)).abs()
     assert diff.max().item() <= 1e-4 and diff.mean().item() <= 1e-6, (diff.max(), diff.mean())
     # ... while the wire carried values and their indices: twice the bytes, and it says so.
-    rows = steps_of(coded.run_dir)
+    rows = steps_of(coded.run_dir, sort_by=("worker", "step"))
     sent = rows[rows["bytes_sent"] > 0]
     assert len(sent) > 0 and sent["bytes_uncompressed"].notna().all()
     assert coded.summary["compress"] == "topk:1" and coded.summary["codec_ratio"] < 1
-    assert steps_of(plain.run_dir)["bytes_uncompressed"].isna().all()
+    assert steps_of(plain.run_dir, sort_by=("worker", "step"))["bytes_uncompressed"].isna().all()
     assert "codec_ratio" not in plain.summary  # no codec: the key does not apply (issue 26)
 
 
@@ -97,7 +92,7 @@ def test_every_codec_with_bsp_trains_digits_and_counts_its_bytes(tmp_path, codec
     assert run.summary["final_test_accuracy"] >= 0.95, run.summary
     shapes = shapes_of(run.run_dir)
     n = sum(s.numel() for s in shapes)
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=("worker", "step"))
     assert (rows["bytes_uncompressed"] == 4 * n).all()  # float32 ring all-reduce, P = 2
     assert (rows["bytes_sent"] == codec_bytes(codec, shapes)).all(), (rows["bytes_sent"].iloc[0], codec)
     assert run.summary["codec_ratio"] == pytest.approx(4 * n / codec_bytes(codec, shapes))
@@ -114,7 +109,7 @@ def test_diloco_with_int8_pseudo_gradients_reaches_the_usual_accuracy(tmp_path):
     run = run_training(config)
     assert run.summary["final_test_accuracy"] >= 0.95, run.summary
     shapes = shapes_of(run.run_dir)
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=("worker", "step"))
     synced = rows[rows["bytes_sent"] > 0]
     assert len(synced) == 2 * run.summary["outer_steps"]  # one compressed all-reduce per outer step and worker
     assert (synced["bytes_sent"] == codec_bytes("int8", shapes)).all()
@@ -127,7 +122,7 @@ def test_local_sgd_compresses_theta_s_change_but_not_the_optimizer_state(tmp_pat
     run = run_training(cfg(tmp_path, "local-int8", strategy="local-sgd", tau=4, momentum=0.9, compress="int8"))
     shapes = shapes_of(run.run_dir)
     n = sum(s.numel() for s in shapes)
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=("worker", "step"))
     rounds = rows[rows["bytes_sent"] > 0]
     assert len(rounds) == 2 * run.summary["averaging_rounds"]
     assert (rounds["bytes_sent"] == codec_bytes("int8", shapes) + 4 * (n + 3)).all()
@@ -140,7 +135,7 @@ def test_parameter_server_pushes_are_compressed_per_shard_and_pulls_are_not(tmp_
     )
     assert run.summary["final_test_accuracy"] >= 0.9, run.summary
     n = sum(s.numel() for s in shapes_of(run.run_dir))
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=("worker", "step"))
     config = RunConfig.resolve(str(run.run_dir / "config.yaml"), {})
     assert config.ps_shards == 2
     assert (rows["bytes_received"] == 4 * n).all() and (rows["bytes_uncompressed"] == 4 * n).all()

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
 import pytest
 import torch
 
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 PLAIN_OUTER = dict(outer_lr=1.0, outer_momentum=0.0)  # θ_g becomes the plain mean of the replicas
@@ -23,10 +22,6 @@ def cfg(tmp_path, name: str, **kw) -> RunConfig:
     )  # fmt: skip
     return RunConfig(**(base | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["worker", "step"])
 
 
 def test_h1_with_plain_inner_and_outer_sgd_equals_bsp(tmp_path):
@@ -52,7 +47,7 @@ def test_plain_outer_sgd_is_parameter_averaging_and_nesterov_changes_it(tmp_path
     assert diff.max().item() <= 2e-5 and diff.mean().item() <= 5e-7
 
     assert (final_params(paper.run_dir) - final_params(plain.run_dir)).abs().mean().item() > 1e-3
-    rows = steps_of(paper.run_dir)
+    rows = steps_of(paper.run_dir, sort_by=("worker", "step"))
     # An outer step every 4 inner steps, and one more to close each epoch (and the run).
     per_epoch = rows[rows["worker"] == 0].groupby("epoch").size()
     outer = sum(math.ceil(k / 4) for k in per_epoch)
@@ -79,7 +74,7 @@ def ckpt6(tmp_path_factory):
 
 def test_outer_steps_close_periods_at_step_checkpoints(ckpt6):
     run = ckpt6
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=("worker", "step"))
     synced = sorted(set(rows.loc[rows["bytes_sent"] > 0, "step"]))
     assert synced == [3, 5, 9, 11]  # every 4 inner steps, and before the checkpoints after steps 5 and 11
 
@@ -112,7 +107,7 @@ def test_schedules_hand_over_to_and_from_diloco(tmp_path):
     """What a switch carries: θ and the optimizer state (which becomes every replica's inner state under
     DiLoCo); the outer optimizer starts afresh in a DiLoCo phase and its rounds close at the switch."""
     into = run_training(cfg(tmp_path, "into", schedule="bsp:1,diloco", sync_every=4, max_steps=0))
-    rows = steps_of(into.run_dir)
+    rows = steps_of(into.run_dir, sort_by=("worker", "step"))
     spe = into.summary["phases"][0]["end_step"]
     assert rows.loc[rows["step"] < spe, "averaging_round"].isna().all()  # BSP rows: no outer steps
     diloco = rows[rows["step"] >= spe]
@@ -123,7 +118,7 @@ def test_schedules_hand_over_to_and_from_diloco(tmp_path):
     out = run_training(cfg(tmp_path, "out", schedule="diloco:1,bsp", sync_every=4, max_steps=0))
     switch = torch.load(out.run_dir / "checkpoints" / "switch-0001.pt", weights_only=False)
     assert switch["strategy_state"]["strategy"] == "diloco"  # kept in the file, not applied to BSP
-    rows = steps_of(out.run_dir)
+    rows = steps_of(out.run_dir, sort_by=("worker", "step"))
     last = rows[rows["step"] == out.summary["phases"][0]["end_step"] - 1]
     assert (last["bytes_sent"] > 0).all()  # the period closed at the switch: BSP starts from θ_g
     assert out.summary["status"] == "completed"
@@ -159,7 +154,7 @@ def test_fragments_sync_in_turn_and_overlap_with_inner_steps(tmp_path):
     one inner step after it left and is mixed in at α = 0.5; the run still trains."""
     kw = dict(strategy="diloco", sync_every=4, max_steps=0, epochs=2)
     stream = run_training(cfg(tmp_path, "stream", fragments=2, overlap_steps=1, mix_alpha=0.5, **kw))
-    rows = steps_of(stream.run_dir)
+    rows = steps_of(stream.run_dir, sort_by=("worker", "step"))
     first = rows[(rows["worker"] == 0) & (rows["epoch"] == 0)].sort_values("step")
     spe = len(first)
     sent = first["bytes_sent"].tolist()

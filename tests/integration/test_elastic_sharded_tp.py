@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 import distrain
@@ -17,17 +16,13 @@ from distrain.config import RunConfig
 from distrain.orchestrator.callbacks import Callback
 from distrain.orchestrator.checkpoint import load_checkpoint
 from distrain.orchestrator.run import run_training
-from tests.helpers import LoudDigits, final_params
+from tests.helpers import LoudDigits, final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 SMALL = dict(
     strategy="bsp", tensor_parallel=2, batch_size=16, lr_scaling="none", seed=3, epochs=1, segment_steps=2,
     eval_every=0, optimizer="sgd", momentum=0.9, lr=0.05,
 )  # fmt: skip
-
-
-def steps_of(run_dir) -> pd.DataFrame:
-    return pd.read_parquet(Path(run_dir) / "metrics.parquet").query("kind == 'step'")
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])

@@ -13,7 +13,6 @@ import random
 import textwrap
 import time
 
-import pandas as pd
 import pytest
 import ray
 
@@ -21,20 +20,16 @@ from distrain.config import RunConfig, parse_chaos
 from distrain.errors import DistrainError
 from distrain.orchestrator.checkpoint import latest_checkpoint, load_checkpoint
 from distrain.orchestrator.run import run_training
-from tests.helpers import assert_compact_checkpoint, final_params
+from tests.helpers import assert_compact_checkpoint, final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 SMALL = dict(model="mlp", epochs=2, max_steps=30, workers=2, segment_steps=4, checkpoint_steps=6, seed=3)
 
 
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    return df[df["kind"] == "step"]
-
 
 def assert_every_row_once(run_dir, steps: int, workers: int) -> None:
-    rows = steps_of(run_dir)
+    rows = steps_of(run_dir, sort_by=None)
     per_unit = rows.groupby(["step", "worker"]).size()
     assert (per_unit == 1).all() and len(per_unit) == steps * workers, per_unit[per_unit != 1]
 
@@ -78,7 +73,7 @@ def test_bsp_over_ps_worker_replaced_then_shard_killed_ends_equal_to_the_uninter
     assert restarted["action"] == "restarted" and restarted["kind"] in ("shard", "worker")
     assert restarted["restored_step"] in (18, 24) and restarted["at_step"] >= 20
     assert final_params(run.run_dir).equal(uninterrupted["ps"])
-    rows = steps_of(run.run_dir).sort_values("step")
+    rows = steps_of(run.run_dir, sort_by=None).sort_values("step")
     per_unit = rows.groupby(["step", "worker"]).size()
     assert (per_unit == 1).all()  # rows of rounds the dead worker finished unseen are missing, never doubled
     assert len(per_unit) >= 60 - run.summary["rows_lost"]
@@ -106,7 +101,7 @@ def test_async_and_ssp_replace_a_killed_and_a_hung_worker_and_reach_accuracy(tmp
     # Async ordering varies with load. After 4 epochs the curve was still steep (val 0.47, 0.81, 0.88, 0.94) and
     # SSP ended anywhere from 0.84 (a CI run at load ~3) to 0.95; after 6, four runs at load ~25 ended at 0.96-0.98.
     assert s["final_test_accuracy"] >= 0.88, s["final_test_accuracy"]
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=None)
     per_unit = rows.groupby(["step", "slice"]).size()
     assert (per_unit == 1).all() and len(per_unit) == s["steps_completed"] * 2  # lost units redone once
     if strategy == "ssp":  # the repaired clocks kept the bound: nobody ran more than s clocks ahead
@@ -223,7 +218,7 @@ def test_three_phase_chaos_accounts_for_all_work_and_leaks_nothing(tmp_path):
     assert run.summary["failures"] == 3 and run.summary["replacements"] == 2  # workers replaced, the shard restarted
     assert all(e["at_step"] >= 8 for e in run.summary["failure_events"])  # warm-up and quiet phase untouched
     assert_every_row_once(run.run_dir, total, 2)
-    rows = steps_of(run.run_dir).sort_values(["worker", "step"])
+    rows = steps_of(run.run_dir, sort_by=None).sort_values(["worker", "step"])
     for _, r in rows.groupby("worker"):
         assert r["applied_version"].is_monotonic_increasing and r["clock"].is_monotonic_increasing
     deadline = time.monotonic() + 10  # ray.kill is asynchronous: give the last kills a moment
@@ -268,7 +263,7 @@ def test_driver_sigkilled_mid_run_then_resume_ends_equal_to_the_uninterrupted_ru
     # did not finish, written with each checkpoint; `distrain report` reads it and marks it.
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "unfinished" and summary["steps_completed"] >= 6
-    assert steps_of(run_dir)["step"].max() >= 5
+    assert steps_of(run_dir, sort_by=None)["step"].max() >= 5
     report = CliRunner().invoke(app, ["report", str(run_dir), "--out", str(tmp_path / "report")])
     assert report.exit_code == 0, report.output
     assert "killed (unfinished)" in report.output and "(unfinished)" in (tmp_path / "report" / "report.md").read_text()

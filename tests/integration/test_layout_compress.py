@@ -12,9 +12,6 @@ taken straight through."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pandas as pd
 import pytest
 import torch
 
@@ -23,7 +20,7 @@ from distrain.orchestrator.checkpoint import load_checkpoint
 from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
 from distrain.strategies.sharded_bsp import fsdp_bytes_per_step
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 from tests.integration.test_compress_runs import codec_bytes, notices_into
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -43,10 +40,6 @@ INSIDE = fsdp_bytes_per_step(4 * N, 1, 2, True)  # FSDP's traffic inside a repli
 def cfg(tmp_path, name: str, **kw) -> RunConfig:
     return RunConfig(**(BASE | {"run_dir": str(tmp_path / name)} | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["step", "worker"])
 
 
 def test_bsp_under_a_lossless_codec_across_sharded_replicas_equals_one_process(tmp_path):

@@ -5,15 +5,12 @@ steps of momentum SGD, test metrics included; DiLoCo across hybrid replicas equa
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
 from distrain.strategies.sharded_bsp import fsdp_bytes_per_step
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 BASE = dict(
@@ -23,10 +20,6 @@ BASE = dict(
 TOL = 1e-5
 CONVS = 1 * 32 * 9 + 32 + 32 * 64 * 9 + 64  # the cnn's convolutions' parameters on the 8x8 digits
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["step", "worker"])
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,12 @@ ran a sharded run before (Channel.device_mesh's cache clearing)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
 from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 BASE = dict(
@@ -30,10 +27,6 @@ CUT = dict(workers=2, fsdp=2, batch_size=16)  # two replicas of two FSDP workers
 def cfg(tmp_path, name: str, **kw) -> RunConfig:
     return RunConfig(**(BASE | {"run_dir": str(tmp_path / name)} | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["step", "worker"])
 
 
 def test_local_sgd_over_sharded_replicas_equals_plain_replicas_at_twice_the_batch(tmp_path):

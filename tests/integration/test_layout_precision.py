@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -15,17 +14,13 @@ import distrain
 from distrain.orchestrator.checkpoint import load_checkpoint, whole_checkpoint
 from distrain.strategies.sharded_bsp import fsdp_bytes_per_step
 from distrain.trainers.task import ClassificationTask
-from tests.helpers import LoudDigits, final_params
+from tests.helpers import LoudDigits, final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 MLP_PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
 HSDP = dict(workers=2, fsdp=2, batch_size=32, lr_scaling="none", seed=3, segment_steps=10)
 SGD = dict(optimizer="sgd", momentum=0.9, lr=0.05)
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["step", "worker"])
 
 
 def fit(tmp_path, name: str, **options) -> distrain.FitResult:

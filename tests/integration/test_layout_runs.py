@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -19,7 +18,7 @@ from distrain.orchestrator.checkpoint import load_checkpoint
 from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
 from distrain.orchestrator.trained_model import load_model
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 HERE = Path(__file__).resolve().parents[1]  # tests/
@@ -34,10 +33,6 @@ MLP_PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
 def cfg(tmp_path, name: str, optimizer: str = "sgd", **kw) -> RunConfig:
     return RunConfig(**(BASE | OPTIMIZERS[optimizer] | {"run_dir": str(tmp_path / name)} | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["step", "worker"])
 
 
 @pytest.fixture(scope="module")

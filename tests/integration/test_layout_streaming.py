@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -23,7 +22,7 @@ from distrain.orchestrator.checkpoint import load_checkpoint, whole_checkpoint
 from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
 from distrain.strategies.sharded_bsp import fsdp_bytes_per_step
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 BASE = dict(
@@ -44,10 +43,6 @@ INSIDE = fsdp_bytes_per_step(4 * N, 1, 2, True)  # FSDP's traffic inside a repli
 def cfg(tmp_path, name: str, **kw) -> RunConfig:
     return RunConfig(**(BASE | STREAMING | {"run_dir": str(tmp_path / name)} | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["step", "worker"])
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
 from distrain.strategies.adacomm import AdaComm, TauInterval
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -22,10 +21,6 @@ def cfg(tmp_path, name: str, **kw) -> RunConfig:
     )  # fmt: skip  (val_fraction 0: the whole training set, as the figures below were measured on)
     return RunConfig(**(base | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["worker", "step"])
 
 
 def test_tau_one_with_plain_sgd_equals_bsp_and_larger_tau_averages_every_tau_steps(tmp_path):
@@ -39,7 +34,7 @@ def test_tau_one_with_plain_sgd_equals_bsp_and_larger_tau_averages_every_tau_ste
 
     four = run_training(cfg(tmp_path, "tau4", strategy="local-sgd", tau=4))
     assert (final_params(four.run_dir) - bsp).abs().mean().item() > 1e-4  # local steps do change the result
-    rows = steps_of(four.run_dir)
+    rows = steps_of(four.run_dir, sort_by=("worker", "step"))
     # Rounds every 4 local steps, and one more to close each epoch (and the run): ceil(steps / 4) per epoch.
     per_epoch = rows[rows["worker"] == 0].groupby("epoch").size()
     assert four.summary["averaging_rounds"] == sum(math.ceil(k / 4) for k in per_epoch)
@@ -54,7 +49,7 @@ def test_adaptive_tau_is_agreed_by_all_workers_and_follows_the_rule(tmp_path):
     run = run_training(
         cfg(tmp_path, "ada", strategy="local-sgd", adaptive_tau=True, tau=8, tau_interval="12", max_steps=0, lr=0.2)
     )
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=("worker", "step"))
     per_step = rows.groupby("step").agg(taus=("tau", "nunique"), rounds=("averaging_round", "nunique"))
     assert (per_step["taus"] == 1).all() and (per_step["rounds"] == 1).all()  # every worker, every step
     changes = run.summary["tau_changes"]
@@ -96,7 +91,7 @@ def test_every_communication_round_lasts_at_least_the_comm_delay(tmp_path):
         ("ssp", dict(strategy="ssp", staleness=1)),
     ]:
         run = run_training(cfg(tmp_path, name, max_steps=6, comm_delay_ms=delay * 1000, **kw))
-        rows = steps_of(run.run_dir)
+        rows = steps_of(run.run_dir, sort_by=("worker", "step"))
         rounds = rows[rows["bytes_sent"] > 0]
         assert len(rounds) == (4 if name == "local" else 12), name
         # BSP launches its buckets during backward, so the delay runs partly inside compute_s (a loaded
@@ -118,7 +113,7 @@ def test_comm_bandwidth_makes_every_transfer_last_latency_plus_bytes_over_rate(t
         run = run_training(
             cfg(tmp_path, f"bw-{name}", max_steps=6, comm_delay_ms=latency * 1000, comm_bandwidth="80mbit", **kw)
         )
-        rows = steps_of(run.run_dir)
+        rows = steps_of(run.run_dir, sort_by=("worker", "step"))
         rounds = rows[rows["bytes_sent"] > 0]
         assert len(rounds) == (4 if name == "local" else 12), name
         if name == "ssp":  # the push and the pull of θ: one request and its reply
@@ -143,9 +138,9 @@ def test_a_resumed_adacomm_run_goes_on_with_its_tau_and_rounds(tmp_path):
     saved = torch.load(tmp_path / "ada" / "checkpoints" / "final.pt", weights_only=False)["strategy_state"]
     assert saved["strategy"] == "local-sgd" and saved["state"]["adacomm"]["loss0"] is not None
     assert saved["state"]["tau"] != 2  # AdaComm moved off tau_0, so a restart at tau_0 would show
-    before = steps_of(tmp_path / "ada")
+    before = steps_of(tmp_path / "ada", sort_by=("worker", "step"))
     run_training(resume_config(tmp_path / "ada", {"epochs": 3}), resume=True)
-    rows = steps_of(tmp_path / "ada")
+    rows = steps_of(tmp_path / "ada", sort_by=("worker", "step"))
     resumed = rows[rows["step"] >= before["step"].max() + 1].sort_values("step")
     assert int(resumed["tau"].iloc[0]) == saved["state"]["tau"]  # the τ in force, not --tau
     assert resumed["averaging_round"].min() > before["averaging_round"].max()  # rounds go on counting

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 import torch
 
@@ -13,7 +12,7 @@ from distrain.trainers.datasets import load_dataset
 from distrain.trainers.schedule import LRSchedule
 from distrain.trainers.sharding import EpochSharder
 from distrain.trainers.splits import train_part_size
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -25,10 +24,6 @@ def cfg(tmp_path, name: str, **kw) -> RunConfig:
     )  # fmt: skip
     return RunConfig(**(base | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    return df[df["kind"] == "step"]
 
 
 def optimizer_state(run_dir) -> dict:
@@ -48,14 +43,14 @@ def test_adamw_with_cosine_decay_on_the_parameter_server_equals_allreduce(tmp_pa
     for key in sa["vectors"]:
         assert (sa["vectors"][key] - sb["vectors"][key]).abs().max().item() <= 1e-6
     # every step ran at the schedule's rate: warmup, then a cosine down towards --lr-min
-    rows = steps_of(allreduce.run_dir).groupby("step")["lr"].first()
+    rows = steps_of(allreduce.run_dir, sort_by=None).groupby("step")["lr"].first()
     trained = train_part_size(load_dataset("digits").train_size, RunConfig().val_fraction)  # less validation
     spe = EpochSharder(trained, 32, 4).steps_per_epoch
     sched = LRSchedule.create(0.0025, 32, 16, "linear", 0.1, spe, decay="cosine", total_steps=20, min_lr=0.001)
     assert sched.warmup_steps > 0 and sched.peak_lr == pytest.approx(0.005)
     assert rows.tolist() == pytest.approx([sched.lr_at(k) for k in range(20)])
     assert rows.iloc[0] == pytest.approx(0.0025) and rows.max() == pytest.approx(0.005) and rows.iloc[-1] < 0.0015
-    assert (steps_of(ps.run_dir).groupby("step")["lr"].first().to_numpy() == rows.to_numpy()).all()
+    assert (steps_of(ps.run_dir, sort_by=None).groupby("step")["lr"].first().to_numpy() == rows.to_numpy()).all()
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "asgd"])
@@ -65,7 +60,7 @@ def test_local_sgd_averages_every_state_vector_of_the_optimizer(tmp_path, optimi
     expected = {"adamw": {"exp_avg", "exp_avg_sq"}, "asgd": {"ax"}}[optimizer]
     assert set(state["vectors"]) == expected
     assert all(v.abs().sum() > 0 for v in state["vectors"].values())
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=None)
     assert rows["averaging_round"].max() == 5 and rows["loss"].notna().all()
     assert not torch.isnan(final_params(run.run_dir)).any()
 

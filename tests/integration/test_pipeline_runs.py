@@ -17,7 +17,7 @@ from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
 from distrain.reporting.plots import PlotRun, plot_pipeline_timeline
 from distrain.strategies.pipeline import bubble_fraction
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 HERE = Path(__file__).resolve().parents[1]  # tests/
@@ -32,10 +32,6 @@ TOL = 1e-5
 def cfg(tmp_path, name: str, **kw) -> RunConfig:
     return RunConfig(**(BASE | {"run_dir": str(tmp_path / name)} | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["worker", "step"])
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +48,7 @@ def test_two_stages_four_microbatches_equal_one_process(tmp_path, one_process, s
     )
     assert run.summary["status"] == "completed"
     assert (final_params(run.run_dir) - one_process[32]).abs().max().item() <= TOL
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=("worker", "step"))
     assert sorted(set(rows["worker"])) == [0, 1] and list(rows.groupby("worker")["stage"].first()) == [0, 1]
     assert (rows.groupby("step").size() == 2).all()  # one row per stage and step
     # Both stages report the replica's loss; only the last stage counts its samples.
@@ -78,7 +74,7 @@ def test_two_stages_four_microbatches_equal_one_process(tmp_path, one_process, s
 def test_two_stages_times_two_replicas_equal_one_process_on_the_global_batch(tmp_path, one_process):
     run = run_training(cfg(tmp_path, "s2r2", workers=2, batch_size=32, pipeline_stages=2, microbatches=4))
     assert (final_params(run.run_dir) - one_process[64]).abs().max().item() <= TOL
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=("worker", "step"))
     # rank = replica x S + stage; a replica's stages read the same slice of the global batch.
     assert rows.groupby("worker")[["replica", "stage"]].first().values.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
     assert (rows["slice"] == rows["replica"]).all()
@@ -136,7 +132,7 @@ def test_a_model_over_one_workers_budget_trains_at_four_stages_and_resumes_exact
     one = run_training(RunConfig(**wide, epochs=2, run_dir=str(tmp_path / "one")))
     assert (final_params(resumed.run_dir) - final_params(one.run_dir)).abs().max().item() <= TOL
     assert (final_params(resumed.run_dir) - after_one).abs().max().item() > 1e-3  # it went on
-    rows = steps_of(resumed.run_dir)
+    rows = steps_of(resumed.run_dir, sort_by=("worker", "step"))
     assert sorted(set(rows["step"])) == [0, 1, 2, 3] and (rows.groupby("step").size() == 4).all()
     assert (rows["mem_param_bytes"] == 4160 * 4).all()  # each stage holds one block: a quarter
     # What each stage measurably held (θ, gradient, momentum, peak saved activations) is within the budget.
@@ -164,8 +160,8 @@ def test_bubble_and_per_stage_memory_on_a_compute_heavy_model(tmp_path):
     the formula. Memory: each stage holds half the
     parameters, gradients and Adam's two moments; 1F1B keeps at most S micro-batches' activations on
     stage 0 where GPipe keeps all M."""
-    gpipe = steps_of(run_training(wide(tmp_path, "gpipe", "gpipe")).run_dir)
-    one_f = steps_of(run_training(wide(tmp_path, "1f1b", "1f1b")).run_dir)
+    gpipe = steps_of(run_training(wide(tmp_path, "gpipe", "gpipe")).run_dir, sort_by=("worker", "step"))
+    one_f = steps_of(run_training(wide(tmp_path, "1f1b", "1f1b")).run_dir, sort_by=("worker", "step"))
     expected = bubble_fraction(2, 4)
     stage_bytes = 2 * (1024 * 1024 + 1024) * 4
     for rows in (gpipe, one_f):

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
-from tests.helpers import assert_compact_checkpoint, final_params
+from tests.helpers import assert_compact_checkpoint, final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -19,10 +18,6 @@ def cfg(tmp_path, name: str, **kw) -> RunConfig:
     )  # fmt: skip
     return RunConfig(**(base | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    return df[df["kind"] == "step"]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +35,7 @@ def test_ssp_zero_and_bsp_over_ps_equal_bsp_allreduce(tmp_path, allreduce):
     ssp0 = run_training(cfg(tmp_path, "ssp0", strategy="ssp", staleness=0, ps_shards=3))
     assert (final_params(bsp_ps.run_dir) - allreduce["sgd"]).abs().max().item() <= 1e-5
     assert (final_params(ssp0.run_dir) - allreduce["sgd"]).abs().max().item() <= 1e-5
-    rows = steps_of(ssp0.run_dir)
+    rows = steps_of(ssp0.run_dir, sort_by=None)
     assert (rows["staleness"] <= 1).all()  # N=2 pushes per clock: the second is one version late
     assert len(rows) == 30 * 2
 
@@ -62,7 +57,7 @@ def test_ssp_staleness_bound_holds_at_every_pull_and_is_reached(tmp_path):
         cfg(tmp_path, "ssp", strategy="ssp", staleness=s, workers=3, batch_size=8, max_steps=40,
             straggler=["0:0.02"], ps_shards=2)
     )  # fmt: skip
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=None)
     lead = rows["clock"] - rows["min_clock"]
     assert len(rows) == 3 * 40
     assert (lead <= s).all(), lead.max()
@@ -80,7 +75,7 @@ def test_async_with_a_straggler_reaches_accuracy_and_sees_staleness(tmp_path):
     summary = run.summary
     assert summary["final_test_accuracy"] >= 0.93
     assert summary["staleness_max"] > 0 and summary["staleness_p95"] > 0
-    rows = steps_of(run.run_dir)
+    rows = steps_of(run.run_dir, sort_by=None)
     per_worker = rows.groupby("worker").size()
     assert per_worker[1] < per_worker.drop(1).min()  # the straggler took fewer units: nobody waited for it
     units = rows.groupby(["step", "slice"]).size()

@@ -19,21 +19,17 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 LAMBDA = 0.01
 
 
-def steps_of(run_dir: Path) -> pd.DataFrame:
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    return df[df["kind"] == "step"]
-
 
 def per_iteration(run_dir: Path) -> pd.DataFrame:
     """Every worker's row of an iteration carries the same figures: one row per step."""
-    return steps_of(run_dir).sort_values("step").groupby("step").first()
+    return steps_of(run_dir, sort_by=None).sort_values("step").groupby("step").first()
 
 
 def training_set() -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,14 +16,11 @@ round the first N replicas whose D chunks have all arrived, one decision for all
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 BASE = dict(
@@ -35,10 +32,6 @@ BASE = dict(
 def cfg(tmp_path, name: str, **kw) -> RunConfig:
     return RunConfig(**(BASE | {"run_dir": str(tmp_path / name)} | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["step", "worker"])
 
 
 def test_a_replica_late_at_one_shard_is_dropped_at_every_shard_and_the_run_is_plain_k_of_n(tmp_path):

@@ -7,14 +7,20 @@ PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk
 - BSP over the PS with R = 2 replicas x D = 2 equals one process at the global batch R x D x B;
 - the checkpoints are whole (the shards' θ and momentum put back in the model's order) and a run goes on
   from one: --resume at the same layout, and in one plain process, ends where one process does;
-- --compress: each worker's chunk through the codec to its shard (lossless top-k equals one process).
+- --compress: each worker's chunk through the codec to its shard (lossless top-k equals one process);
+- --tensor-parallel T instead of --fsdp (below): TP rank t pushes its part of every tensor the plan splits,
+  and its rows of every tensor held whole (the mlp's last Linear, the rowwise layer's bias), to PS shard t
+  alone, and the T ranks share the pulled whole tensors. async with one replica of T = 2 equals one process
+  at the same batch, and its 10-step checkpoint is whole and resumes to one process's end; BSP over the PS
+  at R = 2 x T = 2 equals one process at the global batch; ssp --staleness 1 at R = 2 x T = 2 keeps its
+  bound and at R = 1 equals one process. A whole tensor pushed by every TP rank (twice per replica) or by
+  none breaks each equality.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -23,7 +29,7 @@ from distrain.orchestrator.checkpoint import load_checkpoint
 from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
 from distrain.orchestrator.trained_model import load_model
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 BASE = dict(
@@ -37,10 +43,6 @@ MLP_PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
 def cfg(tmp_path, name: str, **kw) -> RunConfig:
     return RunConfig(**(BASE | {"run_dir": str(tmp_path / name)} | kw))
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["step", "worker"])
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +142,85 @@ def test_compressed_pushes_across_a_sharded_replica_go_through_the_codec_and_los
     # The pull is float32 (FSDP's bytes inside the replica, then the chunk): what the push stood for too.
     assert rows["bytes_uncompressed"].notna().all() and (rows["bytes_uncompressed"] == rows["bytes_received"]).all()
     assert (rows["bytes_sent"] > rows["bytes_uncompressed"]).all()  # top-k of all: the values and indices
+
+
+# The mlp under its plan: "1" colwise (weight and bias split by rows), "3" rowwise (weight split by columns,
+# its bias whole), "5" not in the plan (whole): what one TP rank of T = 2 holds.
+TP_HALF = (64 * 256 + 256) // 2 + 256 * 256 // 2 + 256 + 256 * 10 + 10
+
+
+def test_async_with_one_tensor_parallel_replica_equals_one_process_and_its_checkpoint_resumes(tmp_path, one_process):
+    """--strategy async --transport ps --workers 1 --tensor-parallel 2 --batch-size 64, 10 steps then
+    --resume to 20: two PS shards (the default --ps-shards is T); the 10-step checkpoint holds the whole
+    model and momentum in the model's order, equal to one process's after step 10 within 1e-5, and
+    `load_model` builds the model from it; the resumed run ends at one process's parameters."""
+    first = run_training(
+        cfg(tmp_path, "a", strategy="async", transport="ps", workers=1, tensor_parallel=2, batch_size=64, max_steps=10)
+    )
+    assert first.summary["status"] == "completed"
+    payload = load_checkpoint(Path(first.run_dir) / "checkpoints" / "final.pt")
+    assert "sharded" not in payload and payload["ps"] == {"version": 10, "clocks": [10]}
+    reference = load_checkpoint(one_process[2] / "checkpoints" / "step-00000010.pt")
+    assert list(payload["model"]) == list(reference["model"])
+    for key, value in reference["model"].items():
+        assert payload["model"][key].shape == value.shape, key
+        assert (payload["model"][key] - value).abs().max().item() <= TOL, key
+    momentum = payload["optimizer"]["vectors"]["momentum_buffer"]
+    assert momentum.numel() == MLP_PARAMS
+    assert (momentum - reference["optimizer"]["vectors"]["momentum_buffer"]).abs().max().item() <= TOL
+    model = load_model(first.run_dir)
+    loaded = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    assert (loaded - final_params(first.run_dir)).abs().max().item() == 0
+    rows = steps_of(first.run_dir)
+    assert rows.groupby("worker")["tp"].first().tolist() == [0, 1] and (rows["replica"] == 0).all()
+    assert (rows["staleness"] == 0).all()  # one replica: each push applied on the θ it was computed on
+    assert rows.groupby("worker")["mem_param_bytes"].max().tolist() == [TP_HALF * 4] * 2
+    same = run_training(resume_config(first.run_dir, {"max_steps": 20}), resume=True)
+    assert same.summary["status"] == "completed"
+    assert (final_params(same.run_dir) - one_process[0]).abs().max().item() <= TOL
+    after = steps_of(same.run_dir)
+    after = after[after["step"] >= 10]
+    assert len(after) == 20 and after.groupby("worker")["clock"].max().tolist() == [20, 20]
+    losses = after.groupby("step")["loss"]
+    assert (losses.max() - losses.min()).max() <= TOL  # the T workers computed one loss on one batch
+    expected = one_process[1].set_index("step")["loss"]
+    assert abs(losses.mean() - expected[losses.mean().index]).max() <= TOL
+
+
+def test_bsp_over_the_ps_with_two_tensor_parallel_replicas_equals_one_process(tmp_path, one_process):
+    """--strategy bsp --transport ps --workers 2 --tensor-parallel 2 --batch-size 32: each PS shard's
+    rounds close on the R = 2 replicas' parts and apply their mean: one process at batch 64."""
+    run = run_training(
+        cfg(tmp_path, "bsp", strategy="bsp", transport="ps", workers=2, tensor_parallel=2, batch_size=32)
+    )
+    assert run.summary["status"] == "completed" and run.summary["layout"]["worker_actors"] == 4
+    assert (final_params(run.run_dir) - one_process[0]).abs().max().item() <= TOL
+    rows = steps_of(run.run_dir)
+    assert rows.groupby("worker")[["replica", "tp"]].first().values.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert rows.groupby("worker")["clock"].max().tolist() == [20] * 4  # 20 rounds, each of R = 2 pushes
+
+
+def test_ssp_across_tensor_parallel_replicas_keeps_its_bound_and_one_replica_equals_one_process(
+    tmp_path, one_process
+):
+    """--strategy ssp --staleness 1 --transport ps --tensor-parallel 2: with --workers 2, 12 steps, each PS
+    shard bounds the R = 2 replicas' clocks, so at every pull a worker is at most 1 ahead of the slowest
+    replica, and the run trains; with --workers 1, 10 steps (one client: it never waits, each push at
+    lr), θ equals one process's after step 10 within 1e-5."""
+    run = run_training(
+        cfg(tmp_path, "ssp", strategy="ssp", staleness=1, transport="ps", workers=2, tensor_parallel=2,
+            batch_size=16, max_steps=12)
+    )  # fmt: skip
+    assert run.summary["status"] == "completed"
+    rows = steps_of(run.run_dir)
+    assert len(rows) == 48 and rows.groupby("worker")["clock"].max().tolist() == [12] * 4
+    assert ((rows["clock"] - rows["min_clock"]) <= 1).all() and (rows["staleness"] >= 0).all()
+    losses = rows.groupby("step")["loss"].mean()
+    assert losses.iloc[-3:].mean() < 0.9 * losses.iloc[:3].mean()
+    one = run_training(
+        cfg(tmp_path, "ssp1", strategy="ssp", staleness=1, transport="ps", workers=1, tensor_parallel=2,
+            batch_size=64, max_steps=10)
+    )  # fmt: skip
+    reference = load_checkpoint(one_process[2] / "checkpoints" / "step-00000010.pt")["model"]
+    whole = torch.cat([t.reshape(-1).double() for t in reference.values()])
+    assert (final_params(one.run_dir) - whole).abs().max().item() <= TOL

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 from torch.utils.data import TensorDataset
@@ -25,7 +24,7 @@ import distrain
 from distrain.cli import app
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
-from tests.helpers import final_params
+from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 BASE = dict(lr_scaling="none", lr=0.1, momentum=0.9, epochs=1, max_steps=6, seed=3, segment_steps=6, eval_every=0)
@@ -54,10 +53,6 @@ class AdamStepTask(distrain.Task):
         optimizer = torch.optim.Adam(params, lr=0.02)
         return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
 
-
-def steps_of(run_dir) -> pd.DataFrame:
-    df = pd.read_parquet(Path(run_dir) / "metrics.parquet")
-    return df[df["kind"] == "step"].sort_values(["step", "worker"])
 
 
 def test_accumulation_and_clipping_keep_bsp_equal_to_one_worker_at_the_global_batch(tmp_path):

@@ -24,7 +24,7 @@ LAYERS = [
     ("strategies", {"strategies"}),
     ("compression", {"compression"}),
     ("trainers", {"trainers"}),
-    ("foundation", {"errors", "name_registry", "plugins", "fields"}),
+    ("foundation", {"errors", "name_registry", "plugins", "fields", "actor_process"}),
 ]
 RANK = {top: rank for rank, (_, tops) in enumerate(LAYERS) for top in tops}
 

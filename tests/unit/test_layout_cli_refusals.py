@@ -74,8 +74,12 @@ REFUSED = [
         ["--compress powersgd:2 needs whole matrices", "holds a flat chunk", "or --transport collective"],
     ),
     (
-        ["--model", "mlp", "--strategy", "ssp", "--transport", "ps", "--tensor-parallel", "2"],
-        ["--tensor-parallel 2 does not compose with --transport ps yet"],
+        ["--model", "mlp", "--strategy", "ssp", "--transport", "ps", "--tensor-parallel", "2", "--ps-shards", "1"],
+        ["--ps-shards 1 with --tensor-parallel 2", "exactly 2"],
+    ),
+    (
+        ["--model", "mlp", "--strategy", "ssp", "--transport", "ps", "--tensor-parallel", "2", "--fsdp", "2"],
+        ["--fsdp 2 --tensor-parallel 2 over --transport ps is not built yet"],
     ),
     (["--model", "mlp", "--strategy", "sandblaster", "--fsdp", "2"], ["async, ssp or bsp over --transport ps"]),
     # --compress across cut replicas runs over the collective transport (tests/integration/test_layout_compress.py)

@@ -31,6 +31,21 @@ def test_model_part_counts_parameters_gradients_buffer_and_optimizer_state():
     assert sgd.total == memory.SHARED_BYTES + 2 * sgd.per_worker
 
 
+
+def test_half_precision_halves_the_activations_and_adds_a_half_copy_of_the_weights():
+    """--precision bf16/fp16: float32 masters, gradients and optimizer state; the forward's values (the
+    activations and the weights cast for it) at 2 bytes."""
+    n = 1_000_000
+    fp32, bf16 = memory.estimate(RunConfig(), n), memory.estimate(RunConfig(precision="bf16"), n)
+    assert bf16.model == n * (4 * 4 + 2)
+    assert bf16.activations * 2 == fp32.activations
+    assert memory.estimate(RunConfig(precision="fp16"), n) == bf16
+    # --fsdp 2: a worker's half of the float32 copies, and the largest unit gathered in bf16, not float32
+    cut = memory.CutSizes(total=n, held=n, largest_unit=n // 4)
+    sharded = RunConfig(fsdp=2, precision="bf16")
+    assert memory.estimate(sharded, n, cut).model == n // 2 * 4 * 4 + n // 4 * 2
+    assert memory.estimate(sharded.replace(precision="fp32"), n, cut).model == n // 2 * 4 * 4 + n // 4 * 4
+
 def test_shards_and_backup_workers_are_counted():
     n = 1_000_000
     ps = memory.estimate(RunConfig(strategy="ssp", ps_shards=4, workers=3, backup_workers=0), n)

@@ -237,6 +237,24 @@ def test_plan_refuses_a_layout_the_run_would_refuse(flags, says, tmp_path):
     assert not out.exists()
 
 
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_gathers_half_the_bytes_as_the_run_counts_them(precision):
+    """--precision bf16/fp16 --fsdp D: FSDP gathers the parameters in half precision and reduce-scatters
+    float32 gradients, the bytes strategies/sharded_bsp.py records (gathered = its tp_numel x 2)."""
+    from distrain.strategies.sharded_bsp import fsdp_bytes_per_step
+
+    fp32 = layout_of(RunConfig(model="mlp", workers=2, fsdp=2))
+    half = layout_of(RunConfig(model="mlp", workers=2, fsdp=2, precision=precision))
+    p = fp32.held_params
+    assert half.held_params == p and half.value_bytes == 2
+    sent = predict_layout(_cal(), "bsp", 2, half, LINK).bytes_per_worker
+    assert sent == fsdp_bytes_per_step(p * 4, 2, 2, True, p * 2)
+    # two half-size gathers and a float32 reduce-scatter, (D-1)/D each, plus HSDP's float32 all-reduce
+    assert sent == pytest.approx((2 * p * 2 + p * 4) / 2 + 2 * (1 / 2) * p * 4 / 2, abs=4)
+    assert sent < predict_layout(_cal(), "bsp", 2, fp32, LINK).bytes_per_worker
+    assert half.memory_per_worker < fp32.memory_per_worker
+
 @pytest.mark.parametrize("codec", ["fp16", "int8", "topk:0.05", "powersgd:4"])
 @pytest.mark.usefixtures("loopback")
 def test_a_compressed_cut_replica_plans_the_bytes_its_workers_count(codec):

@@ -85,3 +85,30 @@ def test_ps_shards_default_to_d_under_fsdp():
     config = RunConfig(model="mlp", strategy="ssp", transport="ps", workers=2, fsdp=3)
     assert config.ps_shards == 3 and config.num_worker_actors == 6
     assert RunConfig(model="mlp", strategy="async", transport="ps", workers=2).ps_shards == 1
+
+
+def test_a_tensor_parallel_layout_cuts_each_tensor_along_its_plans_dimension():
+    """--tensor-parallel T over the PS: shard t holds TP rank t's part of every split tensor (a colwise
+    weight's rows, a rowwise weight's columns: torch.chunk along that dimension, row-major) and chunk t of
+    dim 0 of every tensor held whole (the rowwise bias, a layer not in the plan); the mlp's plan says which."""
+    import torch
+    from torch import nn
+
+    from distrain.trainers.tensor_parallel import BUILTIN_PLANS, cut_dims
+
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3))
+    dims = cut_dims(mlp, BUILTIN_PLANS["mlp"])
+    assert dims == [0, 0, 1, None, None, None]
+    shapes = [tuple(p.shape) for p in mlp.parameters()]
+    layout = ShardLayout(shapes, 2, [0 if d is None else d for d in dims])
+    tensors = [torch.arange(float(p.numel())).view(p.shape) + 100 * i for i, p in enumerate(mlp.parameters())]
+    whole = torch.cat([t.reshape(-1) for t in tensors])
+    shards = layout.to_shards(whole)
+    for t in range(2):
+        lo, hi = layout.bounds[t]
+        expected = [x.chunk(2, dim=0 if d is None else d)[t].reshape(-1) for x, d in zip(tensors, dims, strict=True)]
+        assert torch.equal(shards[lo:hi], torch.cat(expected))
+        assert layout.chunk_sizes(t) == [len(e) for e in expected]
+    assert torch.equal(layout.from_shards(shards), whole)
+    # The last layer's bias (3 rows) splits 2 + 1; a 0-d tensor lies on shard 0.
+    assert ShardLayout([(3,), ()], 2).chunk_sizes(1) == [1, 0]

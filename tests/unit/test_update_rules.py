@@ -106,6 +106,15 @@ def test_uneven_micro_batches_are_weighted_by_their_samples():
     assert torch.allclose(one.grads_flat, three.grads_flat, atol=1e-7)
 
 
+
+def test_a_share_smaller_than_k_is_cut_into_one_sample_micro_batches():
+    """Under --worker-weights/--balance speed a worker's share may fall below --accumulate-steps k (the
+    balancer gives each worker one sample at least): it trains on what it has (it used to raise)."""
+    one, four = trainer(), trainer(k=4)
+    loss1, loss4 = one.compute_gradients(batch(2)), four.compute_gradients(batch(2))
+    assert torch.allclose(one.grads_flat, four.grads_flat, atol=1e-7) and one.grads_flat.abs().max() > 1e-3
+    assert loss4 == pytest.approx(loss1, rel=1e-6)
+
 def test_the_gradient_hooks_fire_once_per_update_after_the_last_micro_batch():
     """BSP's overlapped all-reduce launches a bucket from post-accumulate-grad hooks: they must see the
     whole accumulated gradient, once."""
