@@ -212,7 +212,7 @@ def check_layout(config: RunConfig) -> None:
             "worker on its own samples) does not compose with --pipeline-stages; drop one of them"
         )
     if config.elastic:
-        check_elastic_layout(config, t, given)
+        check_elastic_layout(config, given)
     # (--compress composes: the average across replicas goes through the channel's codec, part by part,
     # while FSDP's reduce-scatter inside a replica stays float32: strategies/sharded_bsp.py.)
     # (--precision composes: FSDP's MixedPrecisionPolicy, autocast under tensor parallelism alone, fp16's
@@ -254,25 +254,19 @@ def ps_shards_needed(d: int, t: int) -> int:
     return d * t
 
 
-def check_elastic_layout(config: RunConfig, t: int, given: str) -> None:
-    """--workers MIN..MAX across cut replicas (strategies/elastic_sharded_bsp.py): whole replicas of D
-    FSDP workers join and leave, under BSP over the collective transport only, with --fsdp alone."""
+def check_elastic_layout(config: RunConfig, given: str) -> None:
+    """--workers MIN..MAX across cut replicas (strategies/elastic_sharded_bsp.py): whole replicas of D x T
+    workers (--fsdp D, --tensor-parallel T, the cnn's hybrid plan included) join and leave, under BSP over
+    the collective transport only; --precision bf16|fp16 composes (fp16's loss scale goes with the state at
+    a re-form, and an overflow is skipped by every member alike)."""
     if config.strategy != "bsp":
         raise ConfigError(
             f"{given} with --workers MIN..MAX runs under --strategy bsp only so far (elastic {config.strategy} "
             "across cut replicas is not built yet); drop the range or use --strategy bsp"
         )
-    if t > 1:
-        raise ConfigError(
-            f"--tensor-parallel {t} does not compose with --workers MIN..MAX yet (elastic cut replicas take --fsdp "
-            "alone); drop one of them"
-        )
     for flag, used in (
         ("--pipeline-stages", config.pipelined),
         ("--balance speed/--worker-weights", bool(config.balance == "speed" or config.worker_weights)),
-        # A re-form builds a fresh trainer and moves model and optimizer pieces, not fp16's scale; and its
-        # own step (strategies/elastic_sharded_bsp.py) takes no skip decision for an overflow.
-        ("--precision " + config.precision, config.precision != "fp32"),
     ):
         if used:
             raise ConfigError(f"{given} with --workers MIN..MAX does not compose with {flag} yet; drop one of them")

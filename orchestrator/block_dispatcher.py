@@ -89,15 +89,19 @@ class BlockDispatcher(Dispatcher):
         for rank, result in results.items():
             result.pop("broken", None)
             rows[rank] = {k: v[:kept] for k, v in result.items()}  # a round only some survivors completed is undone
-        finished: list[int] = []
+        applied_all: list[Unit] = []
         redo: list[Unit] = []
         without_row: dict[int, list[Unit]] = {}
         for rank, units in block.items():
             applied, abandoned = real_units(units[:kept]), real_units(units[kept:])
-            finished += plan.complete(applied)
+            applied_all += applied
             redo += abandoned
             if rank in self.lost:
                 without_row[rank] = applied
+        # Each unit once: members that took a unit together (a data-parallel rank's tensor-parallel
+        # workers: RoundPlan.share) all list it.
+        finished = plan.complete(list(dict.fromkeys(applied_all)))
+        redo = list(dict.fromkeys(redo))
         if redo:
             plan.requeue(redo)
         source = min((r for r in results if done[r] == kept), default=None)

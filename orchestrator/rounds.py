@@ -20,8 +20,19 @@ PLACEHOLDER = -1  # the slice of a unit that is no unit: the member sits the rou
 
 
 class RoundPlan(WorkPlan):
-    def __init__(self, total_steps: int, steps_per_epoch: int, slots: int, start_step: int = 0, cut_every: int = 0):
+    def __init__(
+        self,
+        total_steps: int,
+        steps_per_epoch: int,
+        slots: int,
+        start_step: int = 0,
+        cut_every: int = 0,
+        share: int = 1,
+    ):
         super().__init__(total_steps, steps_per_epoch, slots, 1, True, start_step, cut_every)
+        # Consecutive members that take one unit together: a cut replica's data-parallel rank's T
+        # tensor-parallel workers (strategies/elastic_sharded_bsp.py); members come and go `share` at a time.
+        self.share = share
 
     @property
     def aligned(self) -> bool:
@@ -32,7 +43,11 @@ class RoundPlan(WorkPlan):
         """The next block: `rounds` rounds (fewer where the units run out first) for `members`, each a
         list of one unit per round, placeholders included. Empty when there is nothing to deal.
         `to_step_boundary`: the block ends at the end of a step (a checkpoint is to be taken there)."""
-        n = len(members)
+        k = self.share
+        if len(members) % k:
+            raise ValueError(f"members {members} are not whole groups of {k}")
+        leads = members[::k]  # each takes the units; the k - 1 after it take the same
+        n = len(leads)
         if self.returned:  # a lost block's units first, all of one epoch (blocks never cross one)
             epoch = self.returned[0][0]
             take = [u for u in self.returned if u[0] == epoch][: rounds * n]
@@ -52,13 +67,15 @@ class RoundPlan(WorkPlan):
             self.shared_cursor = max(first, stop)
         if not take:
             return {}
-        block: dict[int, list[Unit]] = {rank: [] for rank in members}
+        block: dict[int, list[Unit]] = {rank: [] for rank in leads}
         for r in range(-(-len(take) // n)):
             units = take[r * n : (r + 1) * n]
-            for i, rank in enumerate(members):
+            for i, rank in enumerate(leads):
                 # A placeholder sits at the round's first unit's step (its rate is not used: weight 0).
                 block[rank].append(units[i] if i < len(units) else (units[0][0], units[0][1], PLACEHOLDER))
-        return block
+        if k == 1:
+            return block
+        return {rank: list(block[members[i - i % k]]) for i, rank in enumerate(members)}
 
 
 def real_units(units: list[Unit]) -> list[Unit]:

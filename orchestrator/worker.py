@@ -465,6 +465,7 @@ class TrainWorker:
             return self._reform_cut(rendezvous, group_rank, group_size, src)
         t0 = time.perf_counter()
         before = param_digest(self.trainer.params_flat)
+        scale = self.trainer.scaler.scale if self.trainer.scaler is not None else None
         self.strategy.reform(group_rank, group_size, rendezvous)
         box = [self.state() if group_rank == src else None]
         if group_size > 1:
@@ -476,19 +477,25 @@ class TrainWorker:
                 self.strategy.load_extra_state(saved["state"])
         self.strategy.reformed(self.trainer)
         after = param_digest(self.trainer.params_flat)
-        return {"before": before, "after": after, "seconds": time.perf_counter() - t0}
+        result = {"before": before, "after": after, "seconds": time.perf_counter() - t0}
+        if self.trainer.scaler is not None:  # fp16's loss scale, with the state (before: own; after: the source's)
+            result["scale"] = [scale, self.trainer.scaler.scale]
+        return result
 
     def _reform_cut(self, rendezvous: str, group_rank: int, group_size: int, src: int) -> dict[str, Any]:
         """`reform` for a cut replica's worker (strategies/elastic_sharded_bsp.py): join the new group, cut
-        a fresh trainer over the new mesh, put this worker's own pieces back, then take worker d's of the
-        source replica (a broadcast over the mesh's "replicate" group: a joiner gets a live replica's
-        pieces, a survivor a round further goes back to the source's). Digests are of the local pieces."""
+        a fresh trainer over the new (R', D, T) mesh, put this worker's own pieces back (and fp16's loss
+        scale), then take those of the source replica's worker at its place (d, t) (a broadcast over the
+        mesh's "replicate" group: a joiner gets a live replica's pieces and scale, a survivor a round
+        further goes back to the source's). Digests are of the local pieces; `scale`: fp16's loss scale
+        before and after."""
         import torch.distributed as dist
 
         from distrain.trainers import replica_shards
 
         t0 = time.perf_counter()
         before = replica_shards.digest(self.trainer)
+        scale = self.trainer.scaler.scale if self.trainer.scaler is not None else None
         kept = replica_shards.local_state(self.trainer) if self.trainer.optimizer is not None else None
         self.strategy.reform(group_rank, group_size, rendezvous)
         if kept is not None:  # cut over the old group's mesh: a fresh trainer for the new one
@@ -496,15 +503,18 @@ class TrainWorker:
         mesh = self.strategy.cut(self.trainer, group_size)
         if kept is not None:
             replica_shards.load_local(self.trainer, kept)
-        shards = self.strategy.shards
-        source, mine, shard = src // shards, group_rank // shards, group_rank % shards
+        per = self.strategy.shards * self.strategy.tp  # a replica's workers: rank = (replica x D + d) x T + t
+        source, mine, place = src // per, group_rank // per, group_rank % per
         box = [replica_shards.local_state(self.trainer) if mine == source else None]
-        if group_size > shards:
-            dist.broadcast_object_list(box, src=source * shards + shard, group=mesh["replicate"].get_group())
+        if group_size > per:
+            dist.broadcast_object_list(box, src=source * per + place, group=mesh["replicate"].get_group())
         if mine != source:
             replica_shards.load_local(self.trainer, box[0])
         after = replica_shards.digest(self.trainer)
-        return {"before": before, "after": after, "seconds": time.perf_counter() - t0}
+        result = {"before": before, "after": after, "seconds": time.perf_counter() - t0}
+        if self.trainer.scaler is not None:
+            result["scale"] = [scale, self.trainer.scaler.scale]
+        return result
 
     def flat_params(self) -> np.ndarray:
         """The whole flat θ (a cut replica's worker: before its strategy's setup has cut the model)."""

@@ -1,29 +1,37 @@
-"""BSP across cut replicas under `--workers MIN..MAX` (`--fsdp D`, over the collective transport; issue 28):
-whole replicas of D workers join and leave a live run, HSDP across whichever replicas are there.
+"""BSP across cut replicas under `--workers MIN..MAX` (`--fsdp D`, `--tensor-parallel T`, over the
+collective transport; issue 28): whole replicas of D x T workers join and leave a live run, HSDP across
+whichever replicas are there, tensor parallelism inside each.
 
-Slots are replicas: replica r's D workers are actor ranks r x D .. r x D + D - 1 (orchestrator/membership.py
-places one group of D bundles per replica), and a worker lost takes its whole replica out
-(orchestrator/controller/collective_scaling.py). The books are elastic BSP's (orchestrator/rounds.py) over
-MAX x D slices a step: every worker takes one unit per round, so a round of R' replicas is R' x D units.
+Slots are replicas: replica r's D x T workers are actor ranks r x DT .. r x DT + DT - 1, rank =
+(replica x D + d) x T + t (orchestrator/membership.py places one group of D x T bundles per replica),
+and a worker lost takes its whole replica out (orchestrator/controller/collective_scaling.py). The
+books are elastic BSP's (orchestrator/rounds.py) over MAX x D slices a step: a data-parallel rank's T
+workers take one unit together each round (`RoundPlan.share` = T: the deal hands a rank's T workers the
+same units), so a round of R' replicas is R' x D units; under a hybrid plan (the cnn's: each
+tensor-parallel worker on its own samples) a step is MAX x D x T slices and every worker takes its own.
 
 A re-form (`TrainWorker.reform` with `rebuilds_replica`): every member joins the new group, makes the
-(R', D) mesh ("replicate", "shard") and a fresh trainer cut over it (FSDP2 cannot be moved to another
-mesh), then puts its own pieces back (trainers/replica_shards.py `load_local`: D does not change, so
-worker d's pieces keep their layout) and takes those of the source replica's worker d by a broadcast
-over the mesh's "replicate" group: a joiner's worker d gets live worker d's model and optimizer
-pieces, a plain copy of local tensors; a survivor that got a round further is brought back to the
-source's round. Nothing is read from disk.
+(R', D, T) mesh ("replicate", "shard", "tp") and a fresh trainer cut over it (FSDP2 cannot be moved to
+another mesh: the task's plan over "tp", then FSDP over the R' x D data-parallel workers), then puts its
+own pieces back (trainers/replica_shards.py `load_local`: D and T do not change, so worker (d, t)'s
+pieces keep their layout) and takes those of the source replica's worker (d, t) by a broadcast over the
+mesh's "replicate" group: a joiner's worker (d, t) gets live worker (d, t)'s model and optimizer pieces,
+a plain copy of local tensors, and fp16's loss scale; a survivor that got a round further is brought
+back to the source's round. Nothing is read from disk.
 
-A round: FSDP reduces each gradient to the mean over the R' x D workers inside backward (a worker
-sitting a round out with a placeholder unit runs its backward on a batch at weight 0, since FSDP's
-collectives need every worker); one all-reduce of [w, w x lr, the gradient pieces' sum] then makes it
-the mean over the units really there (x R'D / Σw), the rate elastic BSP's (`lr_factor` for Σw of
-MAX x D slices), and finiteness one run-wide answer. A failed collective (a peer gone) raises
-`GroupBroken` before anything is applied.
+A round: FSDP reduces each gradient to the mean over the R' x D data-parallel workers inside backward (a
+worker sitting a round out with a placeholder unit runs its backward on a batch at weight 0, since
+FSDP's collectives need every worker; a rank's T workers sit out together, each of a hybrid's alone);
+one all-reduce of [w, w x lr, the gradient pieces' sum] then makes it the mean over the units really
+there (x R'DT / Σw: Σw counts T workers a unit, or one under a hybrid, whose HybridGradients means over
+the T workers too), the rate elastic BSP's (`lr_factor` for the units of MAX x D slices), and
+finiteness one run-wide answer: under --precision fp16 an overflow is skipped by every member and every
+member halves its scale alike (`gradient_decision`), as the fixed-size path does. A failed collective
+(a peer gone) raises `GroupBroken` before anything is applied.
 
-Checkpoints and evaluations come from one replica: its D workers evaluate the whole test set together
-(worker d = 0 returns the scores) and gather the whole state (`whole_state`), so the driver writes the
-layout-free checkpoint every reader takes; no worker writes checkpoint shards.
+Checkpoints and evaluations come from one replica: its D x T workers evaluate the whole test set
+together (worker (0, 0) returns the scores) and gather the whole state (`whole_state`), so the driver
+writes the layout-free checkpoint every reader takes; no worker writes checkpoint shards.
 """
 
 from __future__ import annotations
@@ -60,7 +68,14 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
 
     @property
     def slices_per_step(self) -> int:
-        return self.config.worker_slots * self.shards  # MAX x D, whoever is there
+        """MAX x D, whoever is there (a data-parallel rank's T workers share its slice); under a hybrid
+        plan (the cnn's: each tensor-parallel worker on its own samples) MAX x D x T."""
+        return self.config.worker_slots * self.shards * (self.tp if self.own_samples else 1)
+
+    @property
+    def workers_per_unit(self) -> int:
+        """The workers that take one unit together: a data-parallel rank's T (1 under a hybrid plan)."""
+        return 1 if self.own_samples else self.tp
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
         """No group yet: the driver forms one among the members (`reform`) before the first round."""
@@ -69,12 +84,16 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
         """After the re-form's copy (nothing of the strategy's own depends on the state)."""
 
     def cut(self, trainer: ShardedTrainer, size: int) -> Any:
-        """After `reform`: the (R', D) mesh of this group's `size` workers, and `trainer` cut over it."""
-        self.live_replicas = size // self.shards
-        self.mesh = self.channel.device_mesh((self.live_replicas, self.shards, 1), ("replicate", "shard", "tp"))
+        """After `reform`: the (R', D, T) mesh of this group's `size` workers, and `trainer` cut over it
+        (the task's plan over "tp", then FSDP over the R' x D data-parallel workers)."""
+        self.live_replicas = size // (self.shards * self.tp)
+        self.mesh = self.channel.device_mesh((self.live_replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
         reshard = self.config.reshard_after_forward
-        trainer.shard(self.mesh, reshard, across_replicas=True)
-        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, self.live_replicas, self.shards, reshard)
+        trainer.shard(self.mesh, reshard, across_replicas=True, own_samples=self.own_samples)
+        gathered = trainer.tp_numel * (2 if self.config.precision != "fp32" else 4)  # FSDP's param_dtype
+        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, self.live_replicas, self.shards, reshard, gathered)
+        if trainer.hybrid is not None:  # its whole parameters' gradients, ring all-reduced over the T workers
+            self.traffic += 2 * (self.tp - 1) * trainer.hybrid.numel(trainer.model) * 4 // self.tp
         return self.mesh
 
     def compute_gradients(self, trainer: ShardedTrainer, batch: Any) -> float:  # type: ignore[override]
@@ -100,6 +119,7 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
         from distrain.trainers.sharded_trainer import local_part
 
         assert self.channel.joined, "reform() must run before step()"
+        trainer.unscale_grads_()  # --precision fp16: the reduced gradient, divided by the loss scale
         t0 = time.perf_counter()
         size = self.channel.world_size
         total = float(trainer.local_grad_sum())
@@ -109,23 +129,31 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
             dist.all_reduce(buffer)
         except (RuntimeError, OSError) as e:
             raise GroupBroken(str(e)) from e
-        units = int(round(float(buffer[0])))
+        # Σw counts workers with a unit; a unit is a data-parallel rank's, taken by its T workers together
+        # (each of them under a hybrid plan).
+        weights = int(round(float(buffer[0])))
+        units = weights // self.workers_per_unit
         members = {"members": size}
         if units == 0:  # nobody had a unit (never dealt so): nothing to apply
             return CommStats(seconds=time.perf_counter() - t0, extra=self.layout_columns(trainer) | members)
-        if units != size:  # FSDP's mean is over every worker; the placeholders' zeros are no samples
+        if weights != size:
+            # FSDP's mean is over every data-parallel worker (a hybrid's HybridGradients over the T workers'
+            # too); the placeholders' zeros are no samples. Both kinds of mean are over size / per-unit
+            # parts, of which units are real: x size / Σw.
             for p in trainer.params:
                 if p.grad is not None:
-                    local_part(p.grad).mul_(size / units)
+                    local_part(p.grad).mul_(size / weights)
         c = self.config
         factor = lr_factor(units, self.slices_per_step, c.batch_size, c.base_batch_size, c.lr_scaling)
-        rate = float(buffer[1]) / units * factor
+        rate = float(buffer[1]) / weights * factor
         try:
             trainer.clip_gradient_(None)
         except (RuntimeError, OSError) as e:
             raise GroupBroken(str(e)) from e
         seconds = time.perf_counter() - t0
-        applied = self.finite(bool(torch.isfinite(buffer[2])), "reduced gradient")
+        # One run-wide answer (the all-reduced sum): under fp16 an overflow is skipped by every member alike
+        # and every member's scale moves alike (a re-form carries it: TrainWorker._reform_cut).
+        applied = self.gradient_decision(trainer.scaler, bool(torch.isfinite(buffer[2])), "reduced gradient")
         if applied:
             trainer.apply_update(rate)
         return CommStats(

@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 
 from distrain.orchestrator.checkpoint import load_checkpoint, whole_checkpoint
+from distrain.trainers.task import ClassificationTask
 
 
 def steps_of(run_dir, sort_by: tuple[str, ...] | None = ("step", "worker")) -> pd.DataFrame:
@@ -64,3 +65,21 @@ def run_two_rank_script(tmp_path: Path, name: str, script: str) -> None:
     path.write_text(script)
     proc = subprocess.run([sys.executable, str(path), str(port)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+class LoudDigits(ClassificationTask):
+    """The bundled digits mlp with a loss 1e4 times larger: fp16's starting scale 2**16 overflows its
+    backward for several steps. Each step logs the sum of this worker's parameter pieces before it
+    (`train_param_sum`): a replica's worker d and the other replica's worker d hold the same piece."""
+
+    def __init__(self):
+        super().__init__(model="mlp")
+
+    def criterion(self, output, batch):
+        return super().criterion(output, batch) * 1e4
+
+    def loss(self, model, batch):
+        from distrain.trainers.sharded_trainer import local_part
+
+        held = float(sum(local_part(p.detach()).double().sum() for p in model.parameters()))
+        return super().loss(model, batch), {"param_sum": held}

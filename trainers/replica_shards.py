@@ -1,13 +1,14 @@
 """A cut replica's state as this worker holds it, for an elastic run across cut replicas
 (strategies/elastic_sharded_bsp.py): taken out of one trainer and put into another cut the same way.
 
-Under `--fsdp D` worker d of every replica holds the same pieces: FSDP chunk d (dim 0) of each
-parameter and of its optimizer state. A re-formed device mesh changes only how many replicas there
-are, not D, so a worker's pieces keep their layout: after a re-form each worker's fresh trainer takes
-its own pieces back (`load_local`), and a joiner's worker d takes live worker d's, a plain copy of
-local tensors with no resharding arithmetic. `whole_state` is the opposite: the replica's D workers
-gather the whole model and optimizer state (a collective inside the replica), for the driver's
-checkpoints in the layout-free form every reader takes.
+Under `--fsdp D --tensor-parallel T` worker (d, t) of every replica holds the same pieces: the
+tensor-parallel split t of each planned parameter, FSDP chunk d (dim 0) of that, and its optimizer state
+cut alike. A re-formed device mesh changes only how many replicas there are, not D or T, so a worker's
+pieces keep their layout: after a re-form each worker's fresh trainer takes its own pieces back
+(`load_local`), and a joiner's worker (d, t) takes live worker (d, t)'s, a plain copy of local tensors
+with no resharding arithmetic; fp16's loss scale goes with them. `whole_state` is the opposite: the
+replica's D x T workers gather the whole model and optimizer state (a collective inside the replica),
+for the driver's checkpoints in the layout-free form every reader takes.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ def local_state(trainer: ShardedTrainer) -> dict[str, Any]:
             key: local_part(v).detach().cpu().clone() if torch.is_tensor(v) else v
             for key, v in trainer.optimizer.state.get(p, {}).items()
         }
-    return {"model": model, "optim": optim}
+    state = {"model": model, "optim": optim}
+    if trainer.scaler is not None:  # fp16's loss scale: every worker of the run holds the same
+        state["scaler"] = trainer.scaler.state_dict()
+    return state
 
 
 def load_local(trainer: ShardedTrainer, state: dict[str, Any]) -> None:
@@ -45,6 +49,8 @@ def load_local(trainer: ShardedTrainer, state: dict[str, Any]) -> None:
     from distrain.trainers.optim_state import scalar_placement
 
     assert trainer.optimizer is not None, "a cut trainer"
+    if trainer.scaler is not None and state.get("scaler"):
+        trainer.scaler.load_state_dict(state["scaler"])
     with torch.no_grad():
         own = trainer.model.state_dict()
         for key, value in state["model"].items():

@@ -312,6 +312,8 @@ class CollectiveScaling:
             "survivors": survivors,
             "seconds": seconds,
         }
+        if any("scale" in results[r] for r in members):  # --precision fp16: each member's loss scale, before and after
+            reform["scale"] = {str(r): results[r].get("scale") for r in members}
         self.membership.reforms.append(reform)
         if self.changes and "change" in self.changes[-1]:
             self.changes[-1]["setup_s"] = seconds  # the summary's reform_s adds these up

@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from distrain.config.layout_section import data_ranks_per_replica
 from distrain.orchestrator.best_checkpoint import checkpoint_period
 from distrain.orchestrator.block_dispatcher import BlockDispatcher
 from distrain.orchestrator.controller.collective_scaling import CollectiveScaling, needs_blocks
@@ -66,11 +67,15 @@ class PhaseLoop:
         blocks = needs_blocks(attempt)
         attempt.shared_plan = shared and not blocks  # a block's members all stop at its checkpoints' steps
         if blocks:  # lock-step blocks, the group re-formed between them
+            # A step is MAX x the data-parallel ranks a replica has (D, or D x T under a hybrid plan; one
+            # for a plain replica), whose T tensor-parallel workers take each of their units together.
+            data_ranks = data_ranks_per_replica(config)
+            per_unit = config.replica_size // data_ranks
             # --balance speed: a round is a whole step cut by the members' shares (elastic_balance.py)
             self.work: WorkPlan = (
                 StepRoundPlan(total, spe, start_step, every)
                 if attempt.balancer is not None
-                else RoundPlan(total, spe, config.worker_slots * config.replica_size, start_step, every)
+                else RoundPlan(total, spe, config.worker_slots * data_ranks, start_step, every, per_unit)
             )
             rounds = attempt.impl.block_rounds(config)  # BSP: --segment-steps; local SGD: τ (ends in its average)
             self.dispatch: Dispatcher = BlockDispatcher(self.work, self._submit, rounds, **books)

@@ -14,7 +14,7 @@ import distrain
 from distrain.orchestrator.checkpoint import load_checkpoint, whole_checkpoint
 from distrain.strategies.sharded_bsp import fsdp_bytes_per_step
 from distrain.trainers.task import ClassificationTask
-from tests.helpers import final_params, steps_of
+from tests.helpers import LoudDigits, final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 MLP_PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
@@ -72,24 +72,6 @@ def test_bf16_hsdp_tracks_float32_keeps_float32_parameters_and_trains(hsdp_runs)
     whole = MLP_PARAMS * 4
     assert (rows["bytes_sent"] == fsdp_bytes_per_step(whole, 2, 2, True, gather_bytes=whole // 2)).all()
     assert (steps_of(fp32.run_dir)["bytes_sent"] == fsdp_bytes_per_step(whole, 2, 2, True)).all()
-
-
-class LoudDigits(ClassificationTask):
-    """The bundled digits mlp with a loss 1e4 times larger: fp16's starting scale 2**16 overflows its
-    backward for several steps. Each step logs the sum of this worker's parameter pieces before it
-    (`train_param_sum`): a replica's worker d and the other replica's worker d hold the same piece."""
-
-    def __init__(self):
-        super().__init__(model="mlp")
-
-    def criterion(self, output, batch):
-        return super().criterion(output, batch) * 1e4
-
-    def loss(self, model, batch):
-        from distrain.trainers.sharded_trainer import local_part
-
-        held = float(sum(local_part(p.detach()).double().sum() for p in model.parameters()))
-        return super().loss(model, batch), {"param_sum": held}
 
 
 @pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])

@@ -152,3 +152,19 @@ def test_the_chaos_hold_is_reached_only_at_a_boundary_after_the_policys_turn():
     assert d.reached_hold()
     d.lift_hold(None)
     assert not d.reached_hold() and len(d.pending) == 2  # the next block went out
+
+
+def test_units_taken_by_tensor_parallel_mates_are_completed_and_redone_once():
+    """RoundPlan(share=2): ranks (0, 1) and (2, 3) each take one unit a round together; a broken block's
+    books count each unit once although both mates list it."""
+    calls = Calls()
+    d = BlockDispatcher(RoundPlan(8, 4, 3, share=2), calls, 2)
+    d.members, d.turn_taken = [0, 1, 2, 3], True
+    d.feed_all()
+    block = {rank: units for _, rank, units in calls.made}
+    assert block[0] == block[1] == [(0, 0, 0), (0, 0, 2)] and block[2] == block[3] == [(0, 0, 1), (0, 1, 0)]
+    for handle, (_, rank, units) in list(d.pending.items()):
+        d.done(handle)
+        d.collect(rank, units, rows(units, broken_after=1))  # every member completed round 1 only
+    end = d.close()
+    assert end.redo == [(0, 0, 2), (0, 1, 0)] and d.work.units_done[0] == 2 and d.work.returned == end.redo

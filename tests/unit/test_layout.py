@@ -57,12 +57,11 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(fsdp=2, transport="ps", backup_tasks=True), r"^--fsdp 2 over --transport ps does not compose with --b"),
         (dict(model="cnn", tensor_parallel=2, pipeline_stages=2), r"^--tensor-parallel 2 with the cnn model's hybrid"),
         (dict(fsdp=2, workers="1..2", strategy="diloco"), r"^--fsdp 2 with --workers MIN..MAX runs under --strat"),
-        (dict(fsdp=2, workers="1..2", tensor_parallel=2), r"^--tensor-parallel 2 does not compose with --workers"),
+        (dict(tensor_parallel=2, workers="1..2", strategy="local-sgd"), r"^--tensor-parallel 2 with --workers MIN..MA"),
         (dict(fsdp=2, workers="2..3", worker_weights="1,1,2"), r"^--fsdp 2 with --workers MIN..MAX does not comp"),
         (dict(fsdp=2, transport="ps", compress="powersgd:2"), r"^--compress powersgd:2 needs whole matrices, but a p"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
-        (dict(fsdp=2, workers="1..2", precision="fp16"), r"^--fsdp 2 with --workers MIN..MAX does not compose with --"),
         (dict(tensor_parallel=2, transport="ps", model="mlp", workers="1..2"), r"^--tensor-parallel 2 over --tr"),
         (dict(fsdp=2, transport="ps", strategy="ssp", workers="1..2", compress="int8"), r"^--fsdp 2 over --tra"),
         (dict(tensor_parallel=2, model="mlp", precision="fp16", compress="int8"), r"^--precision fp16 cannot be comb"),
@@ -104,6 +103,23 @@ def test_precision_composes_with_cut_replicas_over_the_collective(strategy, prec
     RunConfig(strategy=strategy, workers=2, fsdp=2, precision="bf16", compress="int8").validate()
     ps = "async" if strategy == "local-sgd" else "ssp" if strategy == "diloco" else "bsp"  # and over the PS
     RunConfig(strategy=ps, transport="ps", workers=2, fsdp=2, model="mlp", precision=precision).validate()
+
+
+def test_a_range_takes_tensor_parallel_replicas_and_precision_under_bsp():
+    """--workers MIN..MAX across cut replicas (strategies/elastic_sharded_bsp.py): --tensor-parallel T alone
+    or with --fsdp D, the cnn's hybrid plan, --precision bf16|fp16; a replica of D x T joins and leaves whole,
+    the step is MAX x D slices (x T under the hybrid)."""
+    from distrain.config.layout_section import data_ranks_per_replica
+
+    for layout, slices in ((dict(tensor_parallel=2), 3), (dict(fsdp=2, tensor_parallel=2), 6)):
+        for precision in ("fp32", "bf16", "fp16"):
+            config = RunConfig(workers="2..3", model="mlp", precision=precision, batch_size=16, **layout)
+            config.validate()
+            assert config.worker_slots * data_ranks_per_replica(config) == slices
+            assert config.global_batch_size == slices * 16
+    hybrid = RunConfig(workers="2..3", model="cnn", tensor_parallel=2, batch_size=16)
+    hybrid.validate()
+    assert hybrid.num_worker_actors == 6 and hybrid.worker_slots * data_ranks_per_replica(hybrid) == 6
 
 
 def test_fsdp_mixed_precision_policy_computes_low_and_reduces_float32():

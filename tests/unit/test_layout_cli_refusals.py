@@ -118,14 +118,10 @@ REFUSED = [
         ["--fragments 7 exceeds the model's 6 parameter tensors"],
     ),
     # --precision across cut replicas runs over either transport (tests/integration/test_layout_precision.py);
-    # fp16 with --compress (as without sharding) and under a range it is still refused
+    # fp16 with --compress (as without sharding) is still refused
     (
         ["--model", "mlp", "--fsdp", "2", "--precision", "fp16", "--compress", "int8"],
         ["--precision fp16 cannot be combined with --compress", "use --precision bf16"],
-    ),
-    (
-        ["--model", "mlp", "--fsdp", "2", "--workers", "1..2", "--precision", "fp16"],
-        ["--fsdp 2 with --workers MIN..MAX does not compose with --precision fp16 yet"],
     ),
 ]
 

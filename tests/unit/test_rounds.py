@@ -76,3 +76,22 @@ def test_an_abandoned_round_is_dealt_again_first_and_cuts_stop_blocks():
 def test_the_rate_follows_the_rounds_global_batch(rule, units, expected):
     # MAX = 3 slots of B = 16: the schedule's rate is set for 48 samples; a round of `units` x 16 scales it.
     assert lr_factor(units, 3, 16, 64, rule) == pytest.approx(expected)
+
+
+def test_tensor_parallel_mates_take_each_unit_together_and_every_unit_is_dealt_once():
+    """--tensor-parallel 2 under a range (strategies/elastic_sharded_bsp.py): ranks 2i and 2i + 1 are one
+    data-parallel rank, dealt the same units (placeholders included); MAX x 1 slices a step among the pairs."""
+    plan = RoundPlan(total_steps=6, steps_per_epoch=3, slots=3, share=2)
+    blocks, memberships = [], [[0, 1, 2, 3], [0, 1, 2, 3, 4, 5], [0, 1, 4, 5]]
+    while not plan.finished:
+        members = memberships[min(len(blocks), 2)]
+        block = plan.deal(members, rounds=2)
+        for lead in members[::2]:
+            assert block[lead] == block[lead + 1]
+        plan.complete([u for lead in members[::2] for u in real_units(block[lead])])
+        blocks.append(block)
+    dealt = [u for b in blocks for lead, units in b.items() if lead % 2 == 0 for u in real_units(units)]
+    assert len(dealt) == len(set(dealt)) == 6 * 3
+    assert blocks[0][0] == [(0, 0, 0), (0, 0, 2)] and blocks[0][2] == [(0, 0, 1), (0, 1, 0)]
+    with pytest.raises(ValueError, match="not whole groups of 2"):
+        plan.deal([0, 1, 2], rounds=1)

@@ -1,0 +1,113 @@
+"""Elastic BSP across tensor-parallel replicas (issue 28): `--tensor-parallel 2 --workers 2..3` on the shared
+local Ray. A range whose membership never changes equals the fixed run of its members (the mlp, whose two
+tensor-parallel workers take one unit together, and the cnn's hybrid, each on its own unit); under fp16 a
+replica killed mid-run (both its workers) leaves whole and joins again from a live replica's pieces and
+loss scale, overflows skipped by every member alike and every (epoch, step, slice) trained exactly once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import distrain
+from distrain.config import RunConfig
+from distrain.orchestrator.callbacks import Callback
+from distrain.orchestrator.checkpoint import load_checkpoint
+from distrain.orchestrator.run import run_training
+from tests.helpers import LoudDigits, final_params, steps_of
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+SMALL = dict(
+    strategy="bsp", tensor_parallel=2, batch_size=16, lr_scaling="none", seed=3, epochs=1, segment_steps=2,
+    eval_every=0, optimizer="sgd", momentum=0.9, lr=0.05,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_a_range_that_never_changes_equals_the_fixed_run_of_its_members(tmp_path, model):
+    """2 CPUs a worker on the fixture's 8: MIN = 2 replicas of T = 2 are placed, the third never is. The
+    range's step is MAX x 1 (mlp) or MAX x T (cnn) slices, dealt 2 (4) a round in order, so its first 12
+    (24) units are the fixed run's first 6 steps, sample for sample, at the same rate (--lr-scaling none)."""
+    elastic = run_training(
+        RunConfig(model=model, workers="2..3", cpus_per_worker=2.0, max_steps=4, run_dir=str(tmp_path / "e"), **SMALL)
+    ).summary
+    fixed = run_training(RunConfig(model=model, workers=2, max_steps=6, run_dir=str(tmp_path / "f"), **SMALL)).summary
+    assert elastic["status"] == fixed["status"] == "completed"
+    m = elastic["membership"]
+    assert [len(r["members"]) for r in m["reforms"]] == [4] and m["final_members"] == 4, m
+    rows = steps_of(tmp_path / "e")
+    assert set(rows["members"]) == {4} and len(rows) == 4 * 6  # 6 rounds, a row per worker
+    gap = (final_params(tmp_path / "e") - final_params(tmp_path / "f")).abs().max().item()
+    assert gap < 1e-5, gap
+
+
+class _PaceUntilTheReplicaRejoins(Callback):
+    """Blocks run faster than a replica is built (one not placed at the start joins later): until replica 2
+    (ranks 4, 5) has trained before the kill (at step 6) and again after it, slow the driver between blocks,
+    so the kill finds it a member and its replacement joins before the run ends."""
+
+    def __init__(self) -> None:
+        self.latest, self.before, self.after = 0, False, False
+
+    def on_rows(self, rows):
+        self.latest = max([self.latest, *rows["step"]])
+        mine = [step for worker, step in zip(rows["worker"], rows["step"], strict=True) if worker == 4]
+        self.before = self.before or any(step < 6 for step in mine)
+        self.after = self.after or any(step >= 6 for step in mine)
+        if not self.before or (self.latest >= 6 and not self.after):
+            time.sleep(2.0)
+
+
+def test_fp16_tensor_parallel_replica_killed_leaves_whole_and_rejoins_with_the_live_scale(tmp_path):
+    s = distrain.fit(
+        LoudDigits, workers="2..3", precision="fp16", max_steps=20, chaos=["kill-worker@6:4", "kill-worker@6:5"],
+        collective_timeout_s=60.0, run_dir=str(tmp_path / "r"), progress=False,
+        callbacks=[_PaceUntilTheReplicaRejoins()], **SMALL | {"lr": 5e-6, "segment_steps": 1},
+    ).summary  # fmt: skip
+    assert s["status"] == "completed" and s["failures"] == 0, s.get("failure_events")
+    assert [c["fired_step"] for c in s["chaos"]] == [6, 6], s["chaos"]
+    m = s["membership"]
+    changes = [(e["change"], e["rank"]) for e in m["events"] if e["cause"] != "start"]
+    # Replica 2 killed (both its workers, as a node lost would take them): it leaves whole, without a
+    # restart, and the slot's new group joins whole.
+    assert sorted(changes[:2]) == [("leave", 4), ("leave", 5)] and {("join", 4), ("join", 5)} <= set(changes[2:])
+    reforms = m["reforms"]
+    for reform in reforms:  # worker (d, t) = rank % 2 holds the same piece on every replica after each re-form,
+        for place in (0, 1):  # and every member the source's loss scale
+            assert len({reform["after"][str(r)] for r in reform["members"] if r % 2 == place}) == 1, reform
+        live = reform["scale"][str(reform["source"])][0]
+        assert {after for _, after in reform["scale"].values()} == {live}, reform
+    grow = next(r for r in reforms if r["cause"] == "resize" and 4 in r["members"] and 4 not in r["survivors"])
+    for joiner in (4, 5):  # the joiners took a live replica's pieces and scale (not their own fresh start)
+        live = {grow["before"][str(r)] for r in grow["survivors"] if r % 2 == joiner % 2}
+        assert live == {grow["after"][str(joiner)]} and grow["before"][str(joiner)] not in live, grow
+        fresh, taken = grow["scale"][str(joiner)]
+        assert fresh == 2.0**16 and taken < fresh, grow
+    rows = steps_of(tmp_path / "r")
+    # The loud loss overflows the starting scale. Before the kill a round is one step of the 3 replicas' 3
+    # units (6 rows): each step was skipped by every member or by none, the first ones all skipped.
+    skipped = rows["nonfinite"].fillna(False).astype(bool)
+    assert rows.loc[skipped, "overflow"].eq(True).all()
+    early = rows[rows["step"] < 6].assign(skipped=skipped).groupby("step")["skipped"].agg(["all", "any", "size"])
+    assert (early["size"] == 6).all() and (early["all"] == early["any"]).all(), early
+    overflows = int(early["all"].sum())
+    assert overflows >= 3 and early["all"].tolist()[:overflows] == [True] * overflows, early
+    # Over the whole run, re-forms included, worker (d, t)'s pieces before each of its steps are among live
+    # replica 0's (a member that skipped a step the others applied would hold pieces of its own from then on).
+    sums = rows.groupby("worker")["train_param_sum"].apply(set)
+    assert not skipped.all() and len(sums[0]) > 1  # the later steps trained
+    for worker in range(2, 6):
+        assert sums[worker] <= sums[worker % 2], worker
+    final = load_checkpoint(Path(tmp_path / "r") / "checkpoints" / "final.pt")
+    assert final["scaler"]["overflows"] >= overflows and final["scaler"]["scale"] <= 2.0**16 / 2**overflows
+    # Every (epoch, step, slice) of MAX = 3 slices a step exactly once: a row of its tp = 0 worker each (the
+    # mate's row is the same unit), or listed without a row in the leave of the killed replica's tp = 0 worker.
+    leaves = [e for e in m["events"] if e["change"] == "leave" and e["rank"] % 2 == 0]
+    lead = rows[rows["tp"] == 0]
+    units = list(zip(lead["epoch"], lead["step"], lead["slice"], strict=True))
+    units += [tuple(u) for e in leaves for u in e["units_without_row"]]
+    assert len(units) == len(set(units)) == 20 * 3
+    mates = rows.groupby(["epoch", "step", "slice"])["tp"].apply(sorted)
+    assert (mates.map(tuple) == (0, 1)).all()  # both tensor-parallel workers of a unit took it together
