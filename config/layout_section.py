@@ -220,13 +220,19 @@ def check_layout(config: RunConfig) -> None:
         raise ConfigError(f"{given} does not compose with --comm-delay-ms/--comm-bandwidth yet; drop one of them")
 
 
+ELASTIC_CUT_STRATEGIES = ("bsp", "local-sgd", "diloco")  # over the collective (strategies/elastic_cut.py)
+
+
 def check_elastic_layout(config: RunConfig, t: int, given: str) -> None:
-    """--workers MIN..MAX across cut replicas (strategies/elastic_sharded_bsp.py): whole replicas of D
-    FSDP workers join and leave, under BSP over the collective transport only, with --fsdp alone."""
-    if config.strategy != "bsp":
+    """--workers MIN..MAX across cut replicas (strategies/elastic_cut.py): whole replicas of D FSDP workers
+    join and leave, under bsp, local-sgd or diloco over the collective transport, with --fsdp alone.
+    (Refused elsewhere, as for plain workers: --adaptive-tau and Streaming DiLoCo with a range, in their
+    strategies' option checks; --compress with a range, strategy_section.py.)"""
+    if config.strategy not in ELASTIC_CUT_STRATEGIES:
         raise ConfigError(
-            f"{given} with --workers MIN..MAX runs under --strategy bsp only so far (elastic {config.strategy} "
-            "across cut replicas is not built yet); drop the range or use --strategy bsp"
+            f"{given} with --workers MIN..MAX runs under --strategy {', '.join(ELASTIC_CUT_STRATEGIES[:-1])} or "
+            f"{ELASTIC_CUT_STRATEGIES[-1]} only so far (elastic {config.strategy} across cut replicas is not "
+            "built yet); drop the range or use one of those"
         )
     if t > 1:
         raise ConfigError(
@@ -237,7 +243,7 @@ def check_elastic_layout(config: RunConfig, t: int, given: str) -> None:
         ("--pipeline-stages", config.pipelined),
         ("--balance speed/--worker-weights", bool(config.balance == "speed" or config.worker_weights)),
         # A re-form builds a fresh trainer and moves model and optimizer pieces, not fp16's scale; and its
-        # own step (strategies/elastic_sharded_bsp.py) takes no skip decision for an overflow.
+        # own steps (strategies/elastic_cut.py) take no skip decision for an overflow.
         ("--precision " + config.precision, config.precision != "fp32"),
     ):
         if used:

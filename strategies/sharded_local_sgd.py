@@ -20,8 +20,8 @@ follows float32, as plain local SGD sends them. Unequal replica shares (--worker
 each replica takes its local steps at its own b_r (cut equally among its D ranks, as under BSP), and a
 round weighs each part of θ's change and of the optimizer state by the samples its replica trained on in
 the period (`ShareTally`, as plain local SGD does), so the mean over the R replicas is Σ m_r x_r / Σ m_r
-and τ = 1 is BSP at the global batch, momentum included. The emulated link and --workers MIN..MAX are not built
-across cut replicas (config/layout_section.py refuses them).
+and τ = 1 is BSP at the global batch, momentum included. The emulated link is not built across cut replicas
+(config/layout_section.py refuses it); --workers MIN..MAX: strategies/elastic_cut.py (`ElasticShardedLocalSGD`).
 """
 
 from __future__ import annotations
