@@ -223,17 +223,23 @@ class ElasticCutBlocks(ElasticCut):
 
     def settle(self, rows: dict[str, list[Any]]) -> None:
         """The block's round (`round`); a segment already broken (FSDP's collectives lost a peer), or a round
-        that fails, undoes the block and raises GroupBroken."""
+        that fails, undoes the block and raises GroupBroken. Either way this worker leaves the broken group
+        at once: a peer still waiting in the round for it (a live replica mate of the lost worker) fails then
+        rather than at the group's timeout, and the block is redone after the re-form anyway."""
         if "broken" in rows:
-            self.undo_block()
+            self.abandon()
             raise GroupBroken(rows["broken"][0]["error"])
         try:
             traffic, rounds = self.round()
         except COLLECTIVE_ERRORS as e:
-            self.undo_block()
+            self.abandon()
             raise GroupBroken(str(e)) from e
         self.begin_block()
         book_round(rows, traffic, rounds)
+
+    def abandon(self) -> None:
+        self.undo_block()
+        self.channel.leave(quiet=True)
 
     def round(self) -> tuple[Any, int]:
         """The block's averaging (outer) round; returns its traffic and the rounds so far. Raises what a
