@@ -222,18 +222,24 @@ class ElasticCutBlocks(ElasticCut):
         return None  # blocks never cross an epoch or a step checkpoint: `settle` closes each
 
     def settle(self, rows: dict[str, list[Any]]) -> None:
-        """The block's round (`round`); a segment already broken (FSDP's collectives lost a peer), or a round
-        that fails, undoes the block and raises GroupBroken. Either way this worker leaves the broken group
-        at once: a peer still waiting in the round for it (a live replica mate of the lost worker) fails then
-        rather than at the group's timeout, and the block is redone after the re-form anyway."""
-        if "broken" in rows:
-            self.abandon()
-            raise GroupBroken(rows["broken"][0]["error"])
+        """The block's round: this worker's values (`round_values`) summed over the replicas (`weighted_sum`),
+        then applied (`apply_round`). A segment already broken (FSDP's collectives lost a peer) still takes
+        part in the round's collectives at weight 0, so a live peer waiting in them is not held until a
+        timeout (the run-wide finiteness all-reduce fails on the lost worker for everyone), then undoes the
+        block; a round that fails undoes it too. Either way it leaves the broken group and raises
+        GroupBroken: the block is redone after the re-form."""
+        broken = rows["broken"][0]["error"] if "broken" in rows else None
+        if broken is not None:
+            self.undo_block()  # took = 0: weight 0 in the round
         try:
-            traffic, rounds = self.round()
+            sums, members, traffic = self.weighted_sum(*self.round_values())
         except COLLECTIVE_ERRORS as e:
             self.abandon()
             raise GroupBroken(str(e)) from e
+        if broken is not None:
+            self.abandon()
+            raise GroupBroken(broken)
+        rounds = self.apply_round(sums, members)
         self.begin_block()
         book_round(rows, traffic, rounds)
 
@@ -241,9 +247,12 @@ class ElasticCutBlocks(ElasticCut):
         self.undo_block()
         self.channel.leave(quiet=True)
 
-    def round(self) -> tuple[Any, int]:
-        """The block's averaging (outer) round; returns its traffic and the rounds so far. Raises what a
-        failed collective raises before anything is changed."""
+    def round_values(self) -> tuple[str, list[Any]]:
+        """The round's stream and this worker's values (its parts, flat)."""
+        raise NotImplementedError
+
+    def apply_round(self, sums: Any, members: float) -> int:
+        """Apply the round's weighted sums over `members` (None: not finite, skipped); returns the rounds so far."""
         raise NotImplementedError
 
     def weighted_sum(self, stream: str, values: list[Any]) -> tuple[Any, float, Any]:
@@ -297,25 +306,25 @@ class ElasticShardedLocalSGD(ElasticCutBlocks, ShardedLocalSGD):
         stats.period, stats.averaging_round = self.tau, self.rounds
         return stats
 
-    def round(self) -> tuple[Any, int]:
+    def round_values(self) -> tuple[str, list[Any]]:
+        self.vectors = state_vectors(self.trainer)
+        return "params", [_flat(self.trainer.params) - self.anchor, *(_flat(p) for p in self.vectors.values())]
+
+    def apply_round(self, sums: Any, members: float) -> int:
         import torch
 
-        trainer = self.trainer
         n = self.anchor.numel()
-        vectors = state_vectors(trainer)
-        values = [_flat(trainer.params) - self.anchor, *(_flat(parts) for parts in vectors.values())]
-        sums, members, traffic = self.weighted_sum("params", values)
         if sums is not None and members > 0:
             sums.div_(members)
             self.anchor.add_(sums[:n])
         with torch.no_grad():
-            _unflatten(self.anchor, [_local(p) for p in trainer.params])
+            _unflatten(self.anchor, [_local(p) for p in self.trainer.params])
             if sums is not None and members > 0:
-                for i, parts in enumerate(vectors.values()):
+                for i, parts in enumerate(self.vectors.values()):
                     _unflatten(sums[(i + 1) * n : (i + 2) * n], parts)
         self.rounds += 1
         self.pending = 0
-        return traffic, self.rounds
+        return self.rounds
 
 
 class ElasticShardedDiLoCo(ElasticCutBlocks, ShardedDiLoCo):
@@ -384,15 +393,18 @@ class ElasticShardedDiLoCo(ElasticCutBlocks, ShardedDiLoCo):
         stats.period, stats.averaging_round = self.options.sync_every, self.outer_steps
         return stats
 
-    def round(self) -> tuple[Any, int]:
+    def round_values(self) -> tuple[str, list[Any]]:
         (f,) = self.fragments
-        sums, members, traffic = self.weighted_sum(f.stream, [self.pseudo_gradient(f, self.trainer)])
+        return f.stream, [self.pseudo_gradient(f, self.trainer)]
+
+    def apply_round(self, sums: Any, members: float) -> int:
+        (f,) = self.fragments
         if members > 0:
             if sums is not None:
                 self.outer_step(f, sums.div_(members))
             self.outer_steps += 1
         self.mix(f, self.trainer, 0.0)  # every member continues from θ_g
-        return traffic, self.outer_steps
+        return self.outer_steps
 
 
 def _local(p: Any) -> Any:
