@@ -254,15 +254,25 @@ def ps_shards_needed(d: int, t: int) -> int:
     return d * t
 
 
+# Under --workers MIN..MAX over the collective (strategies/elastic_cut.py): BSP (elastic_sharded_bsp.py) with
+# --fsdp D and/or --tensor-parallel T and --precision; local SGD and DiLoCo (their blocks) with --fsdp alone.
+ELASTIC_CUT_STRATEGIES = ("bsp", "local-sgd", "diloco")
+
+
 def check_elastic_layout(config: RunConfig, given: str) -> None:
-    """--workers MIN..MAX across cut replicas (strategies/elastic_sharded_bsp.py): whole replicas of D x T
-    workers (--fsdp D, --tensor-parallel T, the cnn's hybrid plan included) join and leave, under BSP over
-    the collective transport only; --precision bf16|fp16 composes (fp16's loss scale goes with the state at
-    a re-form, and an overflow is skipped by every member alike)."""
-    if config.strategy != "bsp":
+    """--workers MIN..MAX across cut replicas (strategies/elastic_cut.py): whole replicas join and leave,
+    under bsp, local-sgd or diloco over the collective transport. BSP (strategies/elastic_sharded_bsp.py)
+    takes replicas of D x T workers (--fsdp D, --tensor-parallel T, the cnn's hybrid plan included) and
+    --precision bf16|fp16 (fp16's loss scale goes with the state at a re-form, and an overflow is skipped
+    by every member alike); local SGD and DiLoCo take --fsdp D alone in fp32 (their local steps and rounds
+    carry no tensor-parallel layout and no loss scale). (Refused elsewhere, as for plain workers:
+    --adaptive-tau and Streaming DiLoCo with a range, in their strategies' option checks; --compress with a
+    range, strategy_section.py.)"""
+    if config.strategy not in ELASTIC_CUT_STRATEGIES:
         raise ConfigError(
-            f"{given} with --workers MIN..MAX runs under --strategy bsp only so far (elastic {config.strategy} "
-            "across cut replicas is not built yet); drop the range or use --strategy bsp"
+            f"{given} with --workers MIN..MAX runs under --strategy {', '.join(ELASTIC_CUT_STRATEGIES[:-1])} or "
+            f"{ELASTIC_CUT_STRATEGIES[-1]} only so far (elastic {config.strategy} across cut replicas is not "
+            "built yet); drop the range or use one of those"
         )
     for flag, used in (
         ("--pipeline-stages", config.pipelined),
@@ -270,6 +280,22 @@ def check_elastic_layout(config: RunConfig, given: str) -> None:
     ):
         if used:
             raise ConfigError(f"{given} with --workers MIN..MAX does not compose with {flag} yet; drop one of them")
+    if config.strategy == "bsp":
+        return
+    # Local SGD's and DiLoCo's blocks (strategies/elastic_cut.py `ElasticCutBlocks`): a replica's own local
+    # steps take no loss scale or overflow decision, and their rounds move FSDP chunks only.
+    t = tp_degree(config)
+    for flag, used in (
+        (f"--tensor-parallel {t}", t > 1),
+        ("--precision " + config.precision, config.precision != "fp32"),
+        ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
+    ):
+        if used:
+            raise ConfigError(
+                f"{flag} does not compose with --workers MIN..MAX yet for --strategy {config.strategy} (elastic "
+                "local SGD and DiLoCo across cut replicas take --fsdp alone, in fp32, with no emulated link); drop "
+                "one of them"
+            )
 
 
 def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:

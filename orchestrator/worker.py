@@ -483,12 +483,12 @@ class TrainWorker:
         return result
 
     def _reform_cut(self, rendezvous: str, group_rank: int, group_size: int, src: int) -> dict[str, Any]:
-        """`reform` for a cut replica's worker (strategies/elastic_sharded_bsp.py): join the new group, cut
-        a fresh trainer over the new (R', D, T) mesh, put this worker's own pieces back (and fp16's loss
-        scale), then take those of the source replica's worker at its place (d, t) (a broadcast over the
-        mesh's "replicate" group: a joiner gets a live replica's pieces and scale, a survivor a round
-        further goes back to the source's). Digests are of the local pieces; `scale`: fp16's loss scale
-        before and after."""
+        """`reform` for a cut replica's worker (strategies/elastic_cut.py): join the new group, cut a fresh
+        trainer over the new (R', D, T) mesh, put this worker's own pieces back (and fp16's loss scale),
+        then take those of the source replica's worker at its place (d, t) (a broadcast over the mesh's
+        "replicate" group: a joiner gets a live replica's pieces and scale, a survivor a round further goes
+        back to the source's), the strategy's own pieces with them (DiLoCo's outer optimizer state). Digests
+        are of the local pieces; `scale`: fp16's loss scale before and after."""
         import torch.distributed as dist
 
         from distrain.trainers import replica_shards
@@ -496,25 +496,38 @@ class TrainWorker:
         t0 = time.perf_counter()
         before = replica_shards.digest(self.trainer)
         scale = self.trainer.scaler.scale if self.trainer.scaler is not None else None
-        kept = replica_shards.local_state(self.trainer) if self.trainer.optimizer is not None else None
+        kept = self._cut_pieces() if self.trainer.optimizer is not None else None
         self.strategy.reform(group_rank, group_size, rendezvous)
         if kept is not None:  # cut over the old group's mesh: a fresh trainer for the new one
             self.trainer = self._make_trainer(seeded(self.task.build_model, self.config.seed))
         mesh = self.strategy.cut(self.trainer, group_size)
         if kept is not None:
-            replica_shards.load_local(self.trainer, kept)
+            self._put_cut_pieces(kept)
         per = self.strategy.shards * self.strategy.tp  # a replica's workers: rank = (replica x D + d) x T + t
         source, mine, place = src // per, group_rank // per, group_rank % per
-        box = [replica_shards.local_state(self.trainer) if mine == source else None]
+        box = [self._cut_pieces() if mine == source else None]
         if group_size > per:
             dist.broadcast_object_list(box, src=source * per + place, group=mesh["replicate"].get_group())
         if mine != source:
-            replica_shards.load_local(self.trainer, box[0])
+            self._put_cut_pieces(box[0])
+        self.strategy.reformed(self.trainer)
         after = replica_shards.digest(self.trainer)
         result = {"before": before, "after": after, "seconds": time.perf_counter() - t0}
         if self.trainer.scaler is not None:
             result["scale"] = [scale, self.trainer.scaler.scale]
         return result
+
+    def _cut_pieces(self) -> dict[str, Any]:
+        """This worker's pieces of the replica (trainers/replica_shards.py) and of its strategy's own state."""
+        from distrain.trainers import replica_shards
+
+        return replica_shards.local_state(self.trainer) | {"strategy": self.strategy.local_extra()}
+
+    def _put_cut_pieces(self, pieces: dict[str, Any]) -> None:
+        from distrain.trainers import replica_shards
+
+        replica_shards.load_local(self.trainer, pieces)
+        self.strategy.load_local_extra(pieces["strategy"])
 
     def flat_params(self) -> np.ndarray:
         """The whole flat θ (a cut replica's worker: before its strategy's setup has cut the model)."""

@@ -63,7 +63,7 @@ from distrain.strategies.base import (
     StrategyOptions,
     all_finite,
 )
-from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
+from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, book_round, lr_factor
 from distrain.strategies.fragments import Fragment, FragmentRounds, fragment_plan, fragment_stream
 from distrain.strategies.strategy_names import STRATEGIES
 from distrain.trainers.shares import ShareTally, block_weight
@@ -195,6 +195,10 @@ class DiLoCo(FragmentRounds, Strategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.sharded and config.elastic:  # --workers MIN..MAX: whole replicas join and leave at outer steps
+            from distrain.strategies.elastic_cut import ElasticShardedDiLoCo
+
+            return ElasticShardedDiLoCo
         if config.sharded:  # replicas cut over workers (--fsdp, --tensor-parallel): outer steps part by part
             from distrain.strategies.sharded_diloco import ShardedDiLoCo
 
@@ -399,11 +403,7 @@ class ElasticDiLoCo(ReformedGroup, DiLoCo):
         local.copy_(f.param.data)
         self.block_start_optimizer = trainer.flat_optimizer_state()
         self.took, self.tallies = 0, [ShareTally()]
-        if rows.get("comm_s"):  # the round's time and bytes go on the block's last row
-            rows["comm_s"][-1] += traffic.seconds
-            rows["bytes_sent"][-1] += traffic.sent
-            rows["bytes_received"][-1] += traffic.received
-            rows["averaging_round"][-1] = self.outer_steps
+        book_round(rows, traffic, self.outer_steps)  # the round's time and bytes go on the block's last row
 
     def _undo_block(self) -> None:
         """Back to θ_g and the block's starting inner optimizer state: nothing of the block stands."""

@@ -23,7 +23,7 @@ before anything is applied: the round is abandoned and redone after the re-form.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from distrain.trainers.schedule import scaled_lr
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from distrain.config import RunConfig
     from distrain.strategies.base import StrategyContext
-    from distrain.strategies.channel import Channel
+    from distrain.strategies.channel import Channel, Traffic
 
 
 class GroupBroken(Exception):
@@ -48,6 +48,16 @@ def lr_factor(units: int, slots: int, batch_size: int, base_batch: int, rule: st
 def param_digest(params: torch.Tensor) -> str:
     """A short fingerprint of the parameters: equal digests, equal bytes (the re-form's check)."""
     return hashlib.sha1(params.detach().cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def book_round(rows: dict[str, list[Any]], traffic: Traffic, rounds: int) -> None:
+    """A block's averaging (outer) round, on the block's last row: its seconds and bytes, and the rounds so
+    far (elastic local SGD and DiLoCo, over plain or cut replicas)."""
+    if rows.get("comm_s"):
+        rows["comm_s"][-1] += traffic.seconds
+        rows["bytes_sent"][-1] += traffic.sent
+        rows["bytes_received"][-1] += traffic.received
+        rows["averaging_round"][-1] = rounds
 
 
 class ReformedGroup:

@@ -10,14 +10,16 @@ workers take one unit together each round (`RoundPlan.share` = T: the deal hands
 same units), so a round of R' replicas is R' x D units; under a hybrid plan (the cnn's: each
 tensor-parallel worker on its own samples) a step is MAX x D x T slices and every worker takes its own.
 
-A re-form (`TrainWorker.reform` with `rebuilds_replica`): every member joins the new group, makes the
-(R', D, T) mesh ("replicate", "shard", "tp") and a fresh trainer cut over it (FSDP2 cannot be moved to
-another mesh: the task's plan over "tp", then FSDP over the R' x D data-parallel workers), then puts its
-own pieces back (trainers/replica_shards.py `load_local`: D and T do not change, so worker (d, t)'s
-pieces keep their layout) and takes those of the source replica's worker (d, t) by a broadcast over the
-mesh's "replicate" group: a joiner's worker (d, t) gets live worker (d, t)'s model and optimizer pieces,
-a plain copy of local tensors, and fp16's loss scale; a survivor that got a round further is brought
-back to the source's round. Nothing is read from disk.
+The re-form, the placeholder's pass, and evaluations and checkpoints from one replica are
+strategies/elastic_cut.py's (`ElasticCut`), shared with elastic local SGD and DiLoCo across cut
+replicas: every member joins the new group, makes the (R', D, T) mesh ("replicate", "shard", "tp") and a
+fresh trainer cut over it (FSDP2 cannot be moved to another mesh: the task's plan over "tp", then FSDP
+over the R' x D data-parallel workers), puts its own pieces back (trainers/replica_shards.py
+`load_local`: D and T do not change, so worker (d, t)'s pieces keep their layout) and takes those of the
+source replica's worker (d, t) by a broadcast over the mesh's "replicate" group: a joiner's worker (d, t)
+gets live worker (d, t)'s model and optimizer pieces, a plain copy of local tensors, and fp16's loss
+scale; a survivor that got a round further is brought back to the source's round. Nothing is read from
+disk.
 
 A round: FSDP reduces each gradient to the mean over the R' x D data-parallel workers inside backward (a
 worker sitting a round out with a placeholder unit runs its backward on a batch at weight 0, since
@@ -37,30 +39,21 @@ writes the layout-free checkpoint every reader takes; no worker writes checkpoin
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from distrain.strategies.base import CommStats, Strategy, StrategyContext
-from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
-from distrain.strategies.sharded_bsp import SHARDED_COLUMNS, ShardedBSP, fsdp_bytes_per_step
+from distrain.strategies.base import CommStats
+from distrain.strategies.elastic_cut import ElasticCut
+from distrain.strategies.elastic_group import GroupBroken, lr_factor
+from distrain.strategies.sharded_bsp import ShardedBSP
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
     from distrain.trainers.sharded_trainer import ShardedTrainer
 
 
-class ElasticShardedBSP(ReformedGroup, ShardedBSP):
-    elastic = True
-    metric_columns = SHARDED_COLUMNS | {"members": "int32"}  # members: the group's workers in the row's round
-    rebuilds_replica = True  # a re-form makes a fresh trainer cut over the new mesh (TrainWorker.reform)
-    sits_out_on_a_batch = True  # a placeholder round still runs FSDP's collectives (TrainWorker.run_segment)
-    plan = Strategy.plan  # the units as dealt: slice = one of MAX x D (and the worker prefetches the next)
-    codes_gradients = False  # its own way (`step`): FSDP across the live replicas; --compress is refused
-
-    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
-        super().__init__(config, ctx)
-        self.weight = 0.0  # this worker's share of the round: 1 for a unit, 0 sitting one out
-        self.mesh: Any = None
-        self.live_replicas = 0
+class ElasticShardedBSP(ElasticCut, ShardedBSP):
+    """HSDP across the live replicas (the module docstring); the group, the cut, the placeholder's pass and
+    the replica's state are `ElasticCut`'s, shared with elastic local SGD and DiLoCo across cut replicas."""
 
     @classmethod
     def block_rounds(cls, config: RunConfig) -> int:
@@ -76,41 +69,6 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
     def workers_per_unit(self) -> int:
         """The workers that take one unit together: a data-parallel rank's T (1 under a hybrid plan)."""
         return 1 if self.own_samples else self.tp
-
-    def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
-        """No group yet: the driver forms one among the members (`reform`) before the first round."""
-
-    def reformed(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
-        """After the re-form's copy (nothing of the strategy's own depends on the state)."""
-
-    def cut(self, trainer: ShardedTrainer, size: int) -> Any:
-        """After `reform`: the (R', D, T) mesh of this group's `size` workers, and `trainer` cut over it
-        (the task's plan over "tp", then FSDP over the R' x D data-parallel workers)."""
-        self.live_replicas = size // (self.shards * self.tp)
-        self.mesh = self.channel.device_mesh((self.live_replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
-        reshard = self.config.reshard_after_forward
-        trainer.shard(self.mesh, reshard, across_replicas=True, own_samples=self.own_samples)
-        gathered = trainer.tp_numel * (2 if self.config.precision != "fp32" else 4)  # FSDP's param_dtype
-        self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, self.live_replicas, self.shards, reshard, gathered)
-        if trainer.hybrid is not None:  # its whole parameters' gradients, ring all-reduced over the T workers
-            self.traffic += 2 * (self.tp - 1) * trainer.hybrid.numel(trainer.model) * 4 // self.tp
-        return self.mesh
-
-    def compute_gradients(self, trainer: ShardedTrainer, batch: Any) -> float:  # type: ignore[override]
-        self.weight = 1.0
-        return self._backward(trainer, batch, 1.0)
-
-    def sit_out_on(self, trainer: ShardedTrainer, batch: Any) -> None:
-        """No unit for this worker in this round: FSDP's collectives still need its forward and backward,
-        run on `batch` at weight 0 (a zero gradient)."""
-        self.weight = 0.0
-        self._backward(trainer, batch, 0.0)
-
-    def _backward(self, trainer: ShardedTrainer, batch: Any, weight: float) -> float:
-        try:
-            return trainer.compute_gradients(batch, loss_weight=weight)
-        except (RuntimeError, OSError) as e:  # FSDP's all-gather or reduce-scatter: a peer gone
-            raise GroupBroken(str(e)) from e
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         import torch
@@ -164,19 +122,3 @@ class ElasticShardedBSP(ReformedGroup, ShardedBSP):
             lr=rate,
             extra=self.layout_columns(trainer) | members,
         )
-
-    # ------------------------------------------------------------------ evaluation and state: one replica
-    def eval_share(self, shard: int, num_shards: int) -> tuple[int, int]:
-        """The share the driver asks for (an elastic run's: the whole test set, on one replica's D workers)."""
-        return shard, num_shards
-
-    def checkpoint_shards(self, trainer: ShardedTrainer, step: int, directory: Any) -> None:  # type: ignore[override]
-        """No shards written: the driver writes the whole state one replica gathers (`export_state`)."""
-        return None
-
-    def export_state(self, trainer: ShardedTrainer) -> dict[str, Any]:  # type: ignore[override]
-        """The replica's whole state, gathered by its D workers together; worker d = 0's is the answer."""
-        from distrain.trainers.replica_shards import whole_state
-
-        state = whole_state(trainer)
-        return state if self.shard == 0 else {}

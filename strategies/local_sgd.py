@@ -48,7 +48,7 @@ from distrain.strategies.base import (
     StrategyOptions,
     all_finite,
 )
-from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, lr_factor
+from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, book_round, lr_factor
 from distrain.strategies.local_periods import LocalPeriods
 from distrain.strategies.strategy_names import STRATEGIES
 from distrain.trainers.shares import ShareTally, block_weight
@@ -140,6 +140,10 @@ class LocalSGD(LocalPeriods, Strategy):
 
     @classmethod
     def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.sharded and config.elastic:  # --workers MIN..MAX: whole replicas join and leave at averages
+            from distrain.strategies.elastic_cut import ElasticShardedLocalSGD
+
+            return ElasticShardedLocalSGD
         if config.sharded:  # replicas cut over workers (--fsdp, --tensor-parallel): rounds part by part
             from distrain.strategies.sharded_local_sgd import ShardedLocalSGD
 
@@ -319,6 +323,4 @@ class ElasticLocalSGD(ReformedGroup, LocalSGD):
         self.rounds += 1
         self.pending, self.took = 0, 0
         self.tally = ShareTally()
-        if rows.get("comm_s"):  # the round's time and bytes go on the block's last row
-            rows["comm_s"][-1] += traffic.seconds
-            rows["averaging_round"][-1] = self.rounds
+        book_round(rows, traffic, self.rounds)  # the round's time and bytes go on the block's last row

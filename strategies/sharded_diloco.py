@@ -13,8 +13,8 @@ channel's codec over that group (the "pseudo_grads" stream: error feedback per w
 part as a matrix). Unequal replica shares (--worker-weights, --balance speed): each replica's inner steps
 take its own b_r samples (cut equally among its D ranks), and each fragment's part of the pseudo-gradient
 is weighted by the samples its replica trained on since that fragment's last sync (`ShareTally`, one per
-fragment, as plain DiLoCo weighs fragments), so the outer gradient is the samples-weighted mean. Elastic
-membership is not built across cut replicas (config/layout_section.py refuses it).
+fragment, as plain DiLoCo weighs fragments), so the outer gradient is the samples-weighted mean. Under
+--workers MIN..MAX: strategies/elastic_cut.py (`ElasticShardedDiLoCo`).
 
 Streaming DiLoCo (--fragments P, --overlap-steps τ, --mix-alpha α) is plain DiLoCo's code
 (`FragmentRounds`, strategies/fragments.py: the schedule t mod H = p·H/P, the background all-reduce
@@ -67,25 +67,30 @@ class ShardedDiLoCo(FragmentRounds, ShardedBSP):
         return super().summary_figures(steps) | outer_steps_figure(steps)
 
     def setup(self, trainer: ShardedTrainer) -> None:  # type: ignore[override]
-        import torch
-
         mesh = self.join_mesh(trainer)
         self.across = mesh["replicate"].get_group()  # the workers holding this worker's part elsewhere
-        self.trainer = trainer
-        # θ_g: this worker's part of every parameter (DTensors, as the parameters). The fragments are cut by
-        # the whole tensors' sizes (a DTensor's numel is its whole tensor's), so they are the same on every
-        # worker and those of a plain replica; each has its own outer optimizer over its tensors' parts.
-        self.globals = [torch.nn.Parameter(p.detach().clone()) for p in trainer.params]
-        o: DiLoCoOptions = self.options
-        for lo, hi, offset, tensors in fragment_plan([p.numel() for p in trainer.params], o.fragments, o.sync_every):
-            parts = self.globals[tensors.start : tensors.stop]
-            self.fragments.append(Fragment(lo, hi, offset, tensors, parts, o.make_outer_optimizer(parts)))
-        self.tallies = [ShareTally() for _ in self.fragments]  # unequal shares: 1 with equal ones
+        self.make_fragments(trainer)
         # Each fragment's pseudo-gradient is a stream of its own over the "replicate" group (under --compress
         # through the codec: this worker's error feedback, PowerSGD on each part as a matrix).
         for p, f in enumerate(self.fragments):
             f.stream = fragment_stream(p, len(self.fragments))
             self.channel.open(f.stream, shapes=local_shapes(f.params), group=self.across)
+
+    def make_fragments(self, trainer: ShardedTrainer) -> None:
+        """θ_g: this worker's part of every parameter (DTensors, as the parameters), fragment by fragment.
+        The fragments are cut by the whole tensors' sizes (a DTensor's numel is its whole tensor's), so they
+        are the same on every worker and those of a plain replica; each has its own outer optimizer over its
+        tensors' parts. (Elastic: made afresh over each re-formed mesh, strategies/elastic_cut.py.)"""
+        import torch
+
+        self.trainer = trainer
+        self.globals = [torch.nn.Parameter(p.detach().clone()) for p in trainer.params]
+        o: DiLoCoOptions = self.options
+        self.fragments = []
+        for lo, hi, offset, tensors in fragment_plan([p.numel() for p in trainer.params], o.fragments, o.sync_every):
+            parts = self.globals[tensors.start : tensors.stop]
+            self.fragments.append(Fragment(lo, hi, offset, tensors, parts, o.make_outer_optimizer(parts)))
+        self.tallies = [ShareTally() for _ in self.fragments]  # unequal shares: 1 with equal ones
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         stats = super().step(trainer, lr)  # the inner step: the replica's own FSDP step

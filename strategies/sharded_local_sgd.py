@@ -22,8 +22,8 @@ round weighs each part of θ's change and of the optimizer state by the samples 
 the period (`ShareTally`, as plain local SGD does), so the mean over the R replicas is Σ m_r x_r / Σ m_r
 and τ = 1 is BSP at the global batch, momentum included. The emulated link (--comm-delay-ms, --comm-bandwidth)
 is the one between replicas: a round's "params" all-reduce over the "replicate" group pays it (the channel's,
-one link per worker), the local steps' FSDP traffic inside the replica does not. --workers MIN..MAX is not
-built across cut replicas (config/layout_section.py refuses it).
+one link per worker), the local steps' FSDP traffic inside the replica does not.
+--workers MIN..MAX: strategies/elastic_cut.py (`ElasticShardedLocalSGD`).
 """
 
 from __future__ import annotations

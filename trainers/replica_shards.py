@@ -1,5 +1,5 @@
 """A cut replica's state as this worker holds it, for an elastic run across cut replicas
-(strategies/elastic_sharded_bsp.py): taken out of one trainer and put into another cut the same way.
+(strategies/elastic_cut.py): taken out of one trainer and put into another cut the same way.
 
 Under `--fsdp D --tensor-parallel T` worker (d, t) of every replica holds the same pieces: the
 tensor-parallel split t of each planned parameter, FSDP chunk d (dim 0) of that, and its optimizer state
@@ -29,25 +29,27 @@ def local_state(trainer: ShardedTrainer) -> dict[str, Any]:
     name), its optimizer state (tensors cut as the parameter is, scalars as they are)."""
     assert trainer.optimizer is not None, "a cut trainer"
     model = {k: local_part(v).detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
-    optim: dict[str, dict[str, Any]] = {}
-    for p, name in zip(trainer.params, trainer.names, strict=True):
-        optim[name] = {
-            key: local_part(v).detach().cpu().clone() if torch.is_tensor(v) else v
-            for key, v in trainer.optimizer.state.get(p, {}).items()
-        }
-    state = {"model": model, "optim": optim}
+    state = {"model": model, "optim": optimizer_pieces(trainer.optimizer, trainer.params, trainer.names)}
     if trainer.scaler is not None:  # fp16's loss scale: every worker of the run holds the same
         state["scaler"] = trainer.scaler.state_dict()
     return state
 
 
+def optimizer_pieces(optimizer: torch.optim.Optimizer, params: list[Any], names: list[str]) -> dict[str, Any]:
+    """`optimizer`'s state over this worker's `params` (DTensors) by name, on the CPU: the inner optimizer's,
+    or another over parts cut the same way (DiLoCo's outer optimizer over θ_g, strategies/elastic_cut.py)."""
+    optim: dict[str, dict[str, Any]] = {}
+    for p, name in zip(params, names, strict=True):
+        optim[name] = {
+            key: local_part(v).detach().cpu().clone() if torch.is_tensor(v) else v
+            for key, v in optimizer.state.get(p, {}).items()
+        }
+    return optim
+
+
 def load_local(trainer: ShardedTrainer, state: dict[str, Any]) -> None:
     """Put `local_state`'s pieces into `trainer`, cut as the one they came from was (same D): each
     parameter's local tensor copied; the optimizer state made DTensors again on this trainer's mesh."""
-    from torch.distributed.tensor import DTensor
-
-    from distrain.trainers.optim_state import scalar_placement
-
     assert trainer.optimizer is not None, "a cut trainer"
     if trainer.scaler is not None and state.get("scaler"):
         trainer.scaler.load_state_dict(state["scaler"])
@@ -58,9 +60,20 @@ def load_local(trainer: ShardedTrainer, state: dict[str, Any]) -> None:
             if target.shape != value.shape:
                 raise ValueError(f"{key}: a piece of {tuple(value.shape)} for this worker's {tuple(target.shape)}")
             target.copy_(value)
-    trainer.optimizer.state.clear()
-    for p, name in zip(trainer.params, trainer.names, strict=True):
-        saved = state["optim"].get(name) or {}
+    load_optimizer_pieces(trainer.optimizer, trainer.params, trainer.names, state["optim"])
+
+
+def load_optimizer_pieces(
+    optimizer: torch.optim.Optimizer, params: list[Any], names: list[str], pieces: dict[str, Any]
+) -> None:
+    """`optimizer_pieces`' state put into `optimizer` over `params`, cut as those it came from were."""
+    from torch.distributed.tensor import DTensor
+
+    from distrain.trainers.optim_state import scalar_placement
+
+    optimizer.state.clear()
+    for p, name in zip(params, names, strict=True):
+        saved = pieces.get(name) or {}
         entry: dict[str, Any] = {}
         for key, value in saved.items():
             if torch.is_tensor(value) and isinstance(p, DTensor) and value.shape == local_part(p).shape:
@@ -70,13 +83,13 @@ def load_local(trainer: ShardedTrainer, state: dict[str, Any]) -> None:
                     local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
                 )
             elif torch.is_tensor(value) and value.dim() == 0:  # Adam's step: where torch keeps it
-                entry[key] = torch.tensor(float(value), **scalar_placement(trainer.optimizer, p))
+                entry[key] = torch.tensor(float(value), **scalar_placement(optimizer, p))
             elif torch.is_tensor(value):
                 entry[key] = value.to(device=local_part(p).device)
             else:
                 entry[key] = value
         if entry:
-            trainer.optimizer.state[p] = entry
+            optimizer.state[p] = entry
 
 
 def digest(trainer: ShardedTrainer) -> str:

@@ -183,7 +183,7 @@ class ShardedTrainer:
         """Forward and backward of the task's loss on this worker's batch; FSDP leaves each shard's
         gradient averaged over the replica's D workers (and, across replicas, over all of them).
         `loss_weight` 0: a worker with no unit in an elastic round still runs FSDP's collectives, adding
-        a zero gradient (strategies/elastic_sharded_bsp.py)."""
+        a zero gradient (strategies/elastic_cut.py)."""
         assert self.optimizer is not None, "shard() comes first"
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)

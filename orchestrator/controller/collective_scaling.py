@@ -89,7 +89,7 @@ class CollectiveScaling:
         self.drains: list[dict[str, Any]] = []  # draining nodes waiting for a step boundary
         self.left: set[int] = set()  # members of the block just ended that left with it (`_end_block`)
         # Workers a membership slot holds: 1, or under --fsdp D a replica's D (ranks slot x D + d), which
-        # leave and join together (strategies/elastic_sharded_bsp.py); MIN and MAX count replicas.
+        # leave and join together (strategies/elastic_cut.py); MIN and MAX count replicas.
         self.per = attempt.config.replica_size
 
     def begin(self) -> None:

@@ -303,7 +303,7 @@ class RayWorkerGroup:
         return rank - rank % per
 
     def _on_replica(self, rank: int, call: Any) -> Any:
-        """`call(worker)` on `rank`, or, elastic across cut replicas (strategies/elastic_sharded_bsp.py), on
+        """`call(worker)` on `rank`, or, elastic across cut replicas (strategies/elastic_cut.py), on
         each of its replica's D workers (an evaluation or a gathered state is a collective inside the
         replica): worker d = 0's answer is the replica's. The others' calls are kept, read later
         (`_settle_side_calls`), so a failure among them is dropped quietly rather than reported by Ray."""

@@ -56,8 +56,15 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(fsdp=2, strategy="async", ps_shards=4), r"^--ps-shards 4 with --fsdp 2: PS shard d holds FSDP chunk d"),
         (dict(fsdp=2, transport="ps", backup_tasks=True), r"^--fsdp 2 over --transport ps does not compose with --b"),
         (dict(model="cnn", tensor_parallel=2, pipeline_stages=2), r"^--tensor-parallel 2 with the cnn model's hybrid"),
-        (dict(fsdp=2, workers="1..2", strategy="diloco"), r"^--fsdp 2 with --workers MIN..MAX runs under --strat"),
-        (dict(tensor_parallel=2, workers="1..2", strategy="local-sgd"), r"^--tensor-parallel 2 with --workers MIN..MA"),
+        (dict(fsdp=2, workers="1..2", strategy="sandblaster"), r"^--fsdp 2 runs with --strategy bsp, diloco or loc"),
+        (dict(fsdp=2, workers="1..2", strategy="diloco", fragments=2), r"^--fragments \(Streaming DiLoCo\) does not c"),
+        (dict(fsdp=2, workers="1..2", strategy="local-sgd", adaptive_tau=True), r"^--adaptive-tau does not compose"),
+        # elastic local SGD and DiLoCo across cut replicas: --fsdp alone, fp32 (BSP takes T and --precision)
+        (dict(tensor_parallel=2, workers="1..2", strategy="local-sgd"), r"^--tensor-parallel 2 does not compose with"),
+        (dict(fsdp=2, workers="1..2", strategy="diloco", tensor_parallel=2), r"^--tensor-parallel 2 does not compose"),
+        (dict(fsdp=2, workers="1..2", strategy="diloco", precision="bf16"), r"^--precision bf16 does not compose with"),
+        (dict(fsdp=2, workers="1..2", strategy="local-sgd", precision="fp16"), r"^--precision fp16 does not compose"),
+        (dict(fsdp=2, workers="1..2", strategy="diloco", comm_delay_ms=5), r"^--comm-delay-ms/--comm-bandwidth does"),
         (dict(fsdp=2, workers="2..3", worker_weights="1,1,2"), r"^--fsdp 2 with --workers MIN..MAX does not comp"),
         (dict(fsdp=2, transport="ps", compress="powersgd:2"), r"^--compress powersgd:2 needs whole matrices, but a p"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
@@ -313,8 +320,16 @@ def test_diloco_across_cut_replicas_is_its_own_implementation_streaming_included
     streaming.validate()
     assert DiLoCo.implementation(streaming) is ShardedDiLoCo
     assert check_runnable(streaming) == 85002
-    # Not under a range: elastic DiLoCo across cut replicas is not built (and fragments never take a range).
-    with pytest.raises(ConfigError, match=r"^--fsdp 2 with --workers MIN\.\.MAX runs under --strategy bsp only"):
+    # Under a range: its own elastic implementation (strategies/elastic_cut.py), one fragment only (Streaming
+    # DiLoCo never takes a range).
+    from distrain.strategies.elastic_cut import ElasticShardedDiLoCo, ElasticShardedLocalSGD
+    from distrain.strategies.local_sgd import LocalSGD
+
+    for strategy, impl in (("diloco", ElasticShardedDiLoCo), ("local-sgd", ElasticShardedLocalSGD)):
+        ranged = RunConfig(strategy=strategy, workers="1..3", fsdp=2)
+        ranged.validate()
+        assert (DiLoCo if strategy == "diloco" else LocalSGD).implementation(ranged) is impl
+    with pytest.raises(ConfigError, match=r"^--fragments \(Streaming DiLoCo\) does not compose with --workers MIN"):
         RunConfig(strategy="diloco", workers="1..3", fsdp=2, sync_every=4, fragments=2).validate()
 
 

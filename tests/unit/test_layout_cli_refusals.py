@@ -103,15 +103,21 @@ REFUSED = [
         ["--model", "mlp", "--fsdp", "2", "--workers", "1..2", "--compress", "topk:0.1"],
         ["--workers 1..2 does not compose with --compress"],
     ),
+    # local SGD and DiLoCo run under a range across cut replicas (tests/integration/test_elastic_cut_averaging.py);
+    # AdaComm under a range is refused as over plain replicas
+    (
+        ["--model", "mlp", "--strategy", "local-sgd", "--fsdp", "2", "--workers", "1..2", "--adaptive-tau"],
+        ["--adaptive-tau does not compose with --workers MIN..MAX"],
+    ),
     # Streaming DiLoCo runs across cut replicas (tests/integration/test_layout_streaming.py); under a range,
     # and with more fragments than the model's whole tensors, it is refused as over plain replicas
     (
         ["--model", "mlp", "--strategy", "diloco", "--fsdp", "2", "--workers", "1..3", "--fragments", "2"],
-        ["--fsdp 2 with --workers MIN..MAX runs under --strategy bsp only"],
+        ["--fragments (Streaming DiLoCo) does not compose with --workers MIN..MAX"],
     ),
     (
         ["--model", "mlp", "--strategy", "diloco", "--tensor-parallel", "2", "--workers", "1..2", "--fragments", "2"],
-        ["--tensor-parallel 2 with --workers MIN..MAX runs under --strategy bsp only"],
+        ["--tensor-parallel 2 does not compose with --workers MIN..MAX yet"],
     ),
     (
         ["--model", "mlp", "--strategy", "diloco", "--fsdp", "2", "--workers", "2", "--fragments", "7"],
