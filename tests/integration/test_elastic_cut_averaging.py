@@ -1,13 +1,13 @@
 """Elastic local SGD and DiLoCo across cut replicas (`--fsdp 2 --workers 2..3`, strategies/elastic_cut.py;
-issue 28), on the shared local Ray (8 CPUs). Each property once, for one of the two strategies (CI time); the
-block logic (`ElasticCutBlocks`: local steps, undo, the round's weighted sum) is the same code under both,
-and what differs (DiLoCo's outer step over the members, its state a joiner takes) is tested without Ray in
-tests/unit/test_elastic_cut_blocks.py.
+issue 28), on the shared local Ray (8 CPUs). The kill runs once, under DiLoCo (CI time: most of it is the
+replica's workers built twice); the block logic it exercises (`ElasticCutBlocks`: local steps, undo and redo,
+the round's weighted sum, the re-form's copy) is the same code under local SGD, whose own piece a joiner takes
+(its books) is tested without Ray in tests/unit/test_elastic_cut_blocks.py, with DiLoCo's round and outer state.
 
-- Local SGD: a range whose membership never changes (--cpus-per-worker 2: room for MIN = 2 replicas of 2
-  workers, the third replica's group stays pending) equals plain elastic replicas at twice the batch under
-  the same range (--cpus-per-worker 4): the same rounds of R' x D units out of MAX x D a step, the same rate,
-  the same blocks and averages (epoch ends and a partial last round, where a whole replica sits out, included).
+- A range whose membership never changes (--cpus-per-worker 2: room for MIN = 2 replicas of 2 workers, the
+  third replica's group stays pending) equals plain elastic replicas at twice the batch under the same range
+  (--cpus-per-worker 4): the same rounds of R' x D units out of MAX x D a step, the same rate, the same blocks
+  and averages (epoch ends and a partial last round, where a whole replica sits out, included).
 - DiLoCo: --chaos kill-worker of one worker of the third replica: its replica leaves whole (a shrink, not a
   failure), the survivors undo the block and redo it, and its slot's group is placed again: a replica joins
   and takes worker d's pieces (parameters, inner and DiLoCo's outer optimizer state) from a live replica's
@@ -40,8 +40,8 @@ def step_rows(run_dir) -> pd.DataFrame:
     return rows[rows["kind"] == "step"]
 
 
-def test_local_sgd_over_a_range_that_never_changes_equals_plain_replicas_at_twice_the_batch(tmp_path):
-    strategy = "local-sgd"
+@pytest.mark.parametrize("strategy", ["local-sgd", "diloco"])  # a few seconds each once Ray's workers are warm
+def test_a_range_that_never_changes_equals_plain_replicas_at_twice_the_batch(tmp_path, strategy):
     common = dict(workers="2..3", hang_timeout_s=300.0, collective_timeout_s=60.0)
     cut = run_training(cfg(tmp_path, "cut", strategy, fsdp=2, batch_size=8, cpus_per_worker=2, **common))
     plain = run_training(cfg(tmp_path, "plain", strategy, batch_size=16, cpus_per_worker=4, **common))

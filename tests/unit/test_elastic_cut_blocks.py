@@ -1,6 +1,6 @@
-"""Elastic DiLoCo and local SGD across cut replicas (strategies/elastic_cut.py) without Ray: what
-tests/integration/test_elastic_cut_averaging.py runs once per property for one of the two strategies, the
-other's own parts here. DiLoCo's round (`apply_round`) is the outer step on the mean over the replicas
+"""Elastic DiLoCo and local SGD across cut replicas (strategies/elastic_cut.py) without Ray, beside
+tests/integration/test_elastic_cut_averaging.py (whose kill runs under DiLoCo only: local SGD's own piece of
+a re-form, its books, is here). DiLoCo's round (`apply_round`) is the outer step on the mean over the replicas
 that stepped, or none when none did; the pieces a joiner takes (`local_extra`) carry the outer optimizer's
 state and outer steps, so a joiner's next round is the live worker's; local SGD's carry its books. Plain
 tensors stand in for a worker's DTensor parts (`local_part` of a plain tensor is itself)."""
