@@ -109,6 +109,11 @@ REFUSED = [
         ["--model", "mlp", "--strategy", "local-sgd", "--fsdp", "2", "--workers", "1..2", "--adaptive-tau"],
         ["--adaptive-tau does not compose with --workers MIN..MAX"],
     ),
+    # ... in fp32 with --fsdp alone (elastic BSP takes --precision and --tensor-parallel)
+    (
+        ["--model", "mlp", "--strategy", "diloco", "--fsdp", "2", "--workers", "1..2", "--precision", "fp16"],
+        ["--precision fp16 does not compose with --workers MIN..MAX yet for --strategy diloco"],
+    ),
     # Streaming DiLoCo runs across cut replicas (tests/integration/test_layout_streaming.py); under a range,
     # and with more fragments than the model's whole tensors, it is refused as over plain replicas
     (
