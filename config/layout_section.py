@@ -183,7 +183,8 @@ def check_layout(config: RunConfig) -> None:
     local SGD over the collective transport, --precision and --compress included, so far (FSDP's own
     reduce-scatter inside a replica; across replicas an all-reduce of the shards every step, HSDP, or of
     each part at a period's end, under Streaming DiLoCo of each fragment's parts at the fragment's own
-    steps; under --compress the channel's codec carries that all-reduce), alone but for --fsdp with
+    steps; under --compress the channel's codec carries that all-reduce; --comm-delay-ms/--comm-bandwidth
+    delay what crosses the replicas through the channel, `check_layout_link`), alone but for --fsdp with
     --pipeline-stages (BSP only: the strategy section refuses pipelines under the others, and --compress
     with them); or, --fsdp D alone, under async, SSP or BSP over the PS (`check_ps_layout`: D PS shards,
     shard d holding FSDP chunk d)."""
@@ -217,8 +218,34 @@ def check_layout(config: RunConfig) -> None:
     # (--precision composes: FSDP's MixedPrecisionPolicy, autocast under tensor parallelism alone, fp16's
     # loss scale with one skip decision over the run: trainers/sharded_trainer.py, strategies/sharded_bsp.py.
     # fp16 with --compress stays refused for every run: strategy_section.py.)
-    if config.comm_delay_ms or config.comm_bandwidth:
-        raise ConfigError(f"{given} does not compose with --comm-delay-ms/--comm-bandwidth yet; drop one of them")
+    check_layout_link(config, given)
+
+
+def link_carries_replica_traffic(config: RunConfig) -> bool:
+    """Whether the traffic across a collective run's cut replicas goes through the channel, whose emulated
+    link (--comm-delay-ms, --comm-bandwidth, strategies/network.py) it pays: DiLoCo's pseudo-gradients and
+    local SGD's rounds always; BSP's gradient under --compress or unequal replica shares
+    (strategies/sharded_bsp.py `channel_grads`). Plain BSP's all-reduce across the replicas is HSDP's, run
+    inside FSDP's backward, which no channel call makes."""
+    from distrain.compression.spec import codec_of
+
+    if config.strategy != "bsp":
+        return True
+    return codec_of(config) is not None or (config.unequal_shares and config.worker_slots > 1)
+
+
+def check_layout_link(config: RunConfig, given: str) -> None:
+    """--comm-delay-ms/--comm-bandwidth across cut replicas: the link is the one between replicas. It delays
+    what crosses them through the channel (each worker's transfer of its part, on its own link, as plain
+    workers' transfers are), while FSDP's and tensor parallelism's collectives inside a replica (NVLink,
+    one node) stay undelayed; refused where the crossing traffic does not go through the channel."""
+    if (config.comm_delay_ms or config.comm_bandwidth) and not link_carries_replica_traffic(config):
+        raise ConfigError(
+            f"{given} with --strategy bsp does not compose with --comm-delay-ms/--comm-bandwidth: its average "
+            "across replicas is HSDP's all-reduce inside FSDP, which the emulated link cannot delay; add "
+            "--compress (the average then goes through the channel and its link) or use --strategy diloco or "
+            "local-sgd"
+        )
 
 
 def ps_shards_needed(d: int, t: int) -> int:
@@ -251,7 +278,8 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     shard d holds FSDP chunk d of every tensor, what worker d holds; or shard t holds TP rank t's part of
     every tensor the plan splits and chunk t of every other); bsp with --backup-workers K (N + K replicas,
     each round the first N whose pieces all arrived, agreed by the shards); --compress (each worker's
-    piece through the codec with its own residual). Refused: --fsdp with --tensor-parallel (not built),
+    piece through the codec with its own residual); --comm-delay-ms/--comm-bandwidth (each worker's
+    push-pull to its shard on its own link, as a plain worker's). Refused: --fsdp with --tensor-parallel (not built),
     a hybrid plan (its T workers take their own samples), --backup-tasks (its portions are handed to
     single workers; a replica's workers would have to take each portion together). Under --workers
     MIN..MAX whole replicas of --fsdp D join and leave (docs/elastic.md); there --tensor-parallel,
@@ -279,12 +307,8 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
             f"{given} over --transport ps does not compose with --backup-tasks yet (its portions go to single "
             "workers, and a cut replica's D workers compute one together); use --backup-workers, or drop one of them"
         )
-    for flag, used in (
-        ("--pipeline-stages", config.pipelined),
-        ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
-    ):
-        if used:
-            raise ConfigError(f"{given} over --transport ps does not compose with {flag} yet; drop one of them")
+    if config.pipelined:
+        raise ConfigError(f"{given} over --transport ps does not compose with --pipeline-stages yet; drop one of them")
     if config.elastic and t > 1:  # a replica's group and pieces are its D FSDP workers' (sharded_ps.py `setup`)
         raise ConfigError(
             f"--tensor-parallel {t} over --transport ps does not compose with --workers MIN..MAX yet (whole "

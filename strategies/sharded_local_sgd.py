@@ -20,8 +20,10 @@ follows float32, as plain local SGD sends them. Unequal replica shares (--worker
 each replica takes its local steps at its own b_r (cut equally among its D ranks, as under BSP), and a
 round weighs each part of θ's change and of the optimizer state by the samples its replica trained on in
 the period (`ShareTally`, as plain local SGD does), so the mean over the R replicas is Σ m_r x_r / Σ m_r
-and τ = 1 is BSP at the global batch, momentum included. The emulated link and --workers MIN..MAX are not built
-across cut replicas (config/layout_section.py refuses them).
+and τ = 1 is BSP at the global batch, momentum included. The emulated link (--comm-delay-ms, --comm-bandwidth)
+is the one between replicas: a round's "params" all-reduce over the "replicate" group pays it (the channel's,
+one link per worker), the local steps' FSDP traffic inside the replica does not. --workers MIN..MAX is not
+built across cut replicas (config/layout_section.py refuses it).
 """
 
 from __future__ import annotations

@@ -357,6 +357,11 @@ BAD_INPUTS = [
     # issue 26: an emulated delay per transfer that reaches the hang timeout was run, then reported as a hang
     (["--comm-delay-ms", "60000", "--hang-timeout-s", "20"], ["--comm-delay-ms 60000 (60 s per transfer) reaches"]),
     (["--comm-delay-ms", "20000", "--hang-timeout-s", "20"], ["--hang-timeout-s 20", "raise --hang-timeout-s"]),
+    # issue 28: across cut replicas the link delays what crosses them through the channel; HSDP's all-reduce does not
+    (
+        ["--fsdp", "2", "--comm-delay-ms", "50"],
+        ["--fsdp 2 with --strategy bsp does not compose with --comm-delay-ms", "HSDP", "--compress", "diloco"],
+    ),
     # issue 26: --tensorboard that cannot be written was found after Ray started, leaving a failed run directory
     (["--tensorboard", "{in}/full_run/metrics.parquet"], ["--tensorboard", "exists and is not a directory"]),
     (["--tensorboard", "{in}/full_run/metrics.parquet/tb"], ["--tensorboard", "lies under", "a file"]),

@@ -65,13 +65,32 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(tensor_parallel=2, transport="ps", model="mlp", workers="1..2"), r"^--tensor-parallel 2 over --tr"),
         (dict(fsdp=2, transport="ps", strategy="ssp", workers="1..2", compress="int8"), r"^--fsdp 2 over --tra"),
         (dict(tensor_parallel=2, model="mlp", precision="fp16", compress="int8"), r"^--precision fp16 cannot be comb"),
-        (dict(fsdp=2, comm_delay_ms=5), r"^--fsdp 2 does not compose with --comm-delay-ms/--comm-bandwidth yet"),
+        (dict(fsdp=2, comm_delay_ms=5), r"^--fsdp 2 with --strategy bsp does not compose with --comm-delay-ms/--c"),
+        (dict(tensor_parallel=2, comm_bandwidth="1gbit"), r"^--tensor-parallel 2 with --strategy bsp does not comp"),
     ],
 )
 def test_what_sharding_refuses_in_one_line(given, message):
     with pytest.raises(ConfigError, match=message) as caught:
         RunConfig(**given).validate()
     assert "\n" not in str(caught.value)
+
+
+def test_the_emulated_link_composes_where_the_traffic_across_replicas_goes_through_the_channel():
+    """--comm-delay-ms/--comm-bandwidth across cut replicas (issue 28): DiLoCo's, Streaming DiLoCo's and local
+    SGD's rounds, BSP under --compress or unequal replica shares, the PS strategies' push-pulls."""
+    link = dict(comm_delay_ms=5, comm_bandwidth="1gbit", model="mlp", workers=2)
+    for layout in (dict(fsdp=2), dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2)):
+        for kw in (
+            dict(strategy="diloco"),
+            dict(strategy="diloco", fragments=2, overlap_steps=1),
+            dict(strategy="local-sgd", tau=4),
+            dict(strategy="bsp", compress="int8"),
+            dict(strategy="bsp", worker_weights="1,3"),
+        ):
+            RunConfig(**(link | layout | kw)).validate()
+    for layout in (dict(fsdp=2), dict(tensor_parallel=2)):
+        for strategy in ("async", "ssp", "bsp"):
+            RunConfig(**(link | layout), strategy=strategy, transport="ps").validate()
 
 
 @pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])

@@ -29,7 +29,6 @@ def test_local_sgd_across_cut_replicas_is_its_own_implementation():
     "given, message",
     [
         (dict(workers="1..2"), r"^--fsdp 2 with --workers MIN..MAX runs under --strategy bsp only so far"),
-        (dict(comm_delay_ms=5), r"^--fsdp 2 does not compose with --comm-delay-ms/--comm-bandwidth yet"),
         (dict(schedule="bsp:1,local-sgd"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
     ],
 )
