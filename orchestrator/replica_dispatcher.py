@@ -9,6 +9,8 @@ replica through its worker 0 (`feed`), and a segment's D results are held back u
 (`collect`): then their rows are recorded together and the replica's units count once. A replica whose
 worker is lost leaves whole (orchestrator/controller/scaling.py): the segments of its workers that were
 not all back (`take_replica`) are handed out again, so every (epoch, step, slice) keeps exactly one row.
+A segment that comes back broken (its worker's FSDP collective failed: a mate gone) is one of those: its
+rows are dropped (`abandon`) and the replica leaves as for the lost mate.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class ReplicaDispatcher(Dispatcher):
         self.open_epoch = [None] * len(self.members)  # (static plans' books, indexed by worker rank)
         # A replica segment's results so far: (worker 0's rank, its replica units) -> {rank: result}
         self.parts: dict[tuple[int, tuple[Unit, ...]], dict[int, dict[str, Any]]] = {}
+        # A replica's segments returned broken (a worker's FSDP collective failed: a mate gone), by its
+        # worker 0's rank: their replica units, handed out again when the replica leaves (`take_replica`).
+        self.abandoned: dict[int, list[Unit]] = {}
 
     def first(self, rank: int) -> int:
         return rank - rank % self.per
@@ -75,12 +80,18 @@ class ReplicaDispatcher(Dispatcher):
         """The replica's segment is whole: its replica units count once."""
         super().completed(self.first(rank), list(self.replica_units(units)))
 
+    def abandon(self, rank: int, units: list[Unit]) -> None:
+        """`rank`'s segment of `units` came back broken: its rows are dropped, its replica units go out
+        again with the replica's others when the replica leaves."""
+        redo = self.abandoned.setdefault(self.first(rank), [])
+        redo.extend(u for u in self.replica_units(units) if u not in redo)
+
     def take_replica(self, rank: int) -> tuple[list[tuple[Any, Any]], list[Unit]]:
         """Every call queued on `rank`'s replica (a worker of it lost), and the replica units to hand out
         again: those of its segments not wholly back (their held-back results are dropped unrecorded)."""
         first = self.first(rank)
         calls = [c for r in range(first, first + self.per) for c in self.take(r)]
-        redo: list[Unit] = []
+        redo: list[Unit] = self.abandoned.pop(first, [])
         for _, (kind, _, payload) in calls:
             if kind == "segment":
                 redo.extend(u for u in self.replica_units(payload) if u not in redo)

@@ -11,6 +11,7 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -265,7 +266,8 @@ class TrainWorker:
         # next unit's batch be read while this one trains.
         ahead = list(units) if type(self.strategy).plan is Strategy.plan else []
         rounds = 0  # steps completed (elastic BSP: rounds, a placeholder's included)
-        for i, (epoch, step, slice_) in enumerate(self.strategy.plan(units)):
+        broken: list[str] = []  # the plan's own collectives failed (a cut replica entering BSP rounds)
+        for i, (epoch, step, slice_) in enumerate(self._planned(units, broken)):
             global_step = epoch * self.sharder.steps_per_epoch + step
             lr = self.schedule.lr_at(global_step)
             t0 = time.perf_counter()
@@ -376,6 +378,8 @@ class TrainWorker:
                     rows.setdefault(f"{LOGGED_PREFIX}{name}", [None] * n).append(value)
             if diverged is not None:
                 break
+        if broken and "broken" not in rows:
+            rows["broken"] = [{"rounds": rounds, "error": broken[0]}]
         for key in rows:  # a name missing from the later rows: null there
             if key.startswith(LOGGED_PREFIX):
                 rows[key].extend([None] * (len(rows["step"]) - len(rows[key])))
@@ -388,6 +392,14 @@ class TrainWorker:
         elif "broken" not in rows and units:
             self._attach_channel_state(rows, units[-1])
         return rows
+
+    def _planned(self, units: list[tuple[int, int, int]], broken: list[str]) -> Iterator[tuple[int, int, int]]:
+        """The strategy's plan of `units`; a `GroupBroken` raised by the plan itself (its collectives) ends
+        it, the error put in `broken`."""
+        try:
+            yield from self.strategy.plan(units)
+        except GroupBroken as e:
+            broken.append(str(e))
 
     def _attach_channel_state(self, rows: dict[str, list[Any]], last: tuple[int, int, int]) -> None:
         """A segment that ends where a checkpoint is taken (a step or epoch checkpoint, or the run's end)

@@ -262,19 +262,22 @@ class Channel:
     def subgroup(self, ranks: list[int]) -> Any:
         """A process group of some of the workers (every worker must make every subgroup, in one order:
         torch.distributed requires it), e.g. a pipeline stage's replicas; pass it as `subgroup=`."""
+        from datetime import timedelta
+
         import torch.distributed as dist
 
         self._group()
-        return dist.new_group(ranks)
+        return dist.new_group(ranks, timeout=timedelta(seconds=self.config.collective_timeout_s))
 
     def device_mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
         """torch's DeviceMesh over every worker of the run (rank order, row-major over `shape`), for the
-        parallelism torch runs itself on the run's group (FSDP2: strategies/sharded_bsp.py)."""
-        from torch.distributed.device_mesh import init_device_mesh
+        parallelism torch runs itself on the run's group (FSDP2: strategies/sharded_bsp.py). Its groups
+        have the run's --collective-timeout-s, as the run's group does (`timed_device_mesh`)."""
+        from distrain.strategies.collective import timed_device_mesh
 
         self._group()
         device = "cuda" if self.ctx.device.startswith("cuda") else "cpu"
-        return init_device_mesh(device, shape, mesh_dim_names=names)
+        return timed_device_mesh(device, shape, names, self.config.collective_timeout_s)
 
     def all_reduce(
         self, name: str, tensor: torch.Tensor, op: str = "mean", exact_tail: int = 0, subgroup: Any = None

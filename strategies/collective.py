@@ -58,6 +58,33 @@ def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
     return 2 * (world_size - 1) * nbytes // world_size
 
 
+def group_options(backend: str, timeout_s: float) -> object:
+    """The options that give a process group made after the default one (a sub-group, a device mesh's
+    groups) the run's --collective-timeout-s: torch's `new_group` without a timeout takes the backend's
+    default (30 min under gloo, 10 under NCCL), not the default group's."""
+    timeout = timedelta(seconds=timeout_s)
+    if backend == "nccl":  # NCCL wants its own options class
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return options
+    from torch._C._distributed_c10d import Backend
+
+    return Backend.Options(backend, timeout=timeout)
+
+
+def timed_device_mesh(device: str, shape: tuple[int, ...], names: tuple[str, ...], timeout_s: float) -> object:
+    """torch's `init_device_mesh` over the default group, every group of it made with `timeout_s` (a
+    collective that waits on a peer gone fails after it, as the default group's do, rather than after
+    torch's default). A dimension spanning every rank is the default group itself (made with the
+    timeout: `CollectiveGroup`), as torch makes it without options."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    options = group_options(dist.get_backend(), timeout_s)
+    world = dist.get_world_size()
+    override = {name: options for name, n in zip(names, shape, strict=True) if n != world}
+    return init_device_mesh(device, shape, mesh_dim_names=names, backend_override=override or None)
+
+
 class CollectiveGroup:
     def __init__(
         self, rank: int, world_size: int, rendezvous: str, backend: str, timeout_s: float, link: Link | None = None

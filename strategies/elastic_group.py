@@ -39,6 +39,16 @@ class GroupBroken(Exception):
     """The round's all-reduce failed (a peer left without warning); nothing of it was applied."""
 
 
+def peer_lost(error: BaseException) -> bool:
+    """Whether a collective's error says a peer went away (gloo or NCCL on a closed connection, the
+    group's timeout): the error types torch.distributed raises, with its words (orchestrator/recovery.py
+    `PEER_LOST_MARKERS`); a model's own RuntimeError stays the user's."""
+    from distrain.orchestrator.recovery import PEER_LOST_MARKERS
+
+    text = str(error).lower()
+    return isinstance(error, RuntimeError | OSError) and any(m in text for m in PEER_LOST_MARKERS)
+
+
 def lr_factor(units: int, slots: int, batch_size: int, base_batch: int, rule: str) -> float:
     """What the schedule's rate (set for the configured global batch, `slots` x B) is multiplied by for
     a round of `units` x B samples, under --lr-scaling `rule`."""

@@ -66,10 +66,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats
 from distrain.strategies.consistency import ConsistencyRule, refuse_matrix_codec
+from distrain.strategies.elastic_group import GroupBroken, peer_lost
 from distrain.strategies.sharded_bsp import ShardedBSP
 
 if TYPE_CHECKING:
@@ -188,6 +190,24 @@ class ShardedPS(ShardedBSP):
             self._agree_round(self.client.read_versions[0])
         self._install()
 
+    @contextmanager
+    def _inside_replica(self) -> Iterator[None]:
+        """The replica's own collectives (FSDP's, the votes over its D workers). Under a range, one that
+        fails because a worker of the replica is gone (gloo on a closed connection, the group's timeout)
+        raises `GroupBroken`: the worker's segment returns what it did and the driver takes the replica
+        out as for the lost worker (orchestrator/controller/scaling.py `broken_replica`), never as the
+        user's code raising."""
+        try:
+            yield
+        except (RuntimeError, OSError) as e:
+            if self.config.elastic and peer_lost(e):
+                raise GroupBroken(str(e)) from e
+            raise
+
+    def compute_gradients(self, trainer: ShardedTrainer, batch: Any) -> float:  # type: ignore[override]
+        with self._inside_replica():  # FSDP's all-gathers and reduce-scatter inside the replica
+            return trainer.compute_gradients(batch)
+
     def _pieces(self, tensors: list[Any]) -> list[Any]:
         """This worker's pieces of `tensors` (its local parts, or gradients alike): a split tensor's local
         part whole, a tensor the plan leaves whole (tensor parallelism) cut to this worker's rows of dim 0."""
@@ -216,7 +236,8 @@ class ShardedPS(ShardedBSP):
                 offset += piece.numel()
             if whole:
                 flat = torch.cat([part.reshape(-1) for part in whole])
-                dist.all_reduce(flat, group=self.replica_group)
+                with self._inside_replica():
+                    dist.all_reduce(flat, group=self.replica_group)
                 for part, values in zip(whole, flat.split([part.numel() for part in whole]), strict=True):
                     part.copy_(values.view_as(part))
 
@@ -241,7 +262,8 @@ class ShardedPS(ShardedBSP):
 
         t0 = time.perf_counter()
         trainer.unscale_grads_()  # --precision fp16: the replica's gradient, divided by the loss scale
-        trainer.clip_gradient_(self.update_group)  # --clip-grad-norm: the replica's gradient, each push
+        with self._inside_replica():
+            trainer.clip_gradient_(self.update_group)  # --clip-grad-norm: the replica's gradient, each push
         grads = self._local_gradient(trainer)
         ok = bool(grads.sum().isfinite()) and math.isfinite(trainer.last_loss)
         if self.config.on_nonfinite == "skip" or trainer.scaler is not None:
@@ -250,7 +272,8 @@ class ShardedPS(ShardedBSP):
             # plain workers under the PS do (each its own scale): a run-wide vote would be a barrier the
             # asynchronous strategies exist to avoid.
             flag = torch.tensor([0.0 if ok else 1.0])
-            dist.all_reduce(flag, group=self.replica_group)
+            with self._inside_replica():
+                dist.all_reduce(flag, group=self.replica_group)
             ok = float(flag) == 0.0
         ok = self.gradient_decision(trainer.scaler, ok, "loss or gradient")
         # Through the channel: under --compress this worker's chunk goes through the codec with its own
@@ -290,7 +313,8 @@ class ShardedPS(ShardedBSP):
         import torch.distributed as dist
 
         agreed = torch.tensor([version], dtype=torch.int64)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.replica_group)
+        with self._inside_replica():
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.replica_group)
         target = int(agreed)
         if version < target:
             self.client.pull_at(target, self.theta.numpy())
@@ -324,7 +348,8 @@ class ShardedPS(ShardedBSP):
         entry = ray.get(self.client.shards[0].clock_of.remote(self.replica), timeout=self.client.timeout_s)
         mine = max(entry, self.clock, self.client.read_versions[0])
         agreed = torch.tensor([mine], dtype=torch.int64)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.replica_group)
+        with self._inside_replica():
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.replica_group)
         target = int(agreed)
         if target != self.client.read_versions[0]:
             self.client.pull_at(target, self.theta.numpy())

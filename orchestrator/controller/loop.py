@@ -247,6 +247,11 @@ class PhaseLoop:
         elif kind == "setup":  # a replacement worker is ready (its queued calls run next)
             replacement_ready(a, payload)
         elif kind == "segment":
+            if "broken" in result and isinstance(self.dispatch, ReplicaDispatcher):
+                # A cut replica's collective failed (a mate gone): the replica leaves as for that mate's loss.
+                lost = self.scaling.broken_replica(rank, payload, result["broken"][0]["error"])  # type: ignore[union-attr]
+                self.lose(lost, lost.target)
+                return
             if self.dispatch.collect(rank, payload, result):  # lock-step: its block's books take it when whole
                 return
             diverged = result.pop("diverged", None)

@@ -13,7 +13,10 @@ r x D .. r x D + D - 1, one placement group, orchestrator/membership.py): they a
 (their own FSDP group, at worker 0's rendezvous) and fed together (orchestrator/replica_dispatcher.py),
 the shards count the replica as one client (the group maps ranks to it), and a lost worker takes its
 whole replica out: its siblings are stopped (their FSDP collectives would wait for it), the segments
-not wholly back are handed out again, and the run goes on without a restart.
+not wholly back are handed out again, and the run goes on without a restart. A sibling whose FSDP
+collective failed first (gloo on the closed connection) returns its segment broken rather than raising
+(strategies/sharded_ps.py `_inside_replica`): the replica leaves all the same, for the mate that is gone
+(`broken_replica`), whichever of the two the driver hears of first.
 """
 
 from __future__ import annotations
@@ -193,6 +196,25 @@ class ElasticScaling:
                     dispatch.call(kind, dispatch.evaluator(), payload)
             dispatch.members = a.members()
             dispatch.feed_all()  # the others take its units now
+
+    def broken_replica(self, rank: int, units: list[tuple[int, int, int]], error: str) -> RunLost:
+        """Worker `rank` of a cut replica returned its segment of `units` broken (`GroupBroken`: one of its
+        replica's collectives failed). Its rows are dropped, their units handed out again when the replica
+        leaves, and what the loop is to take as lost is returned: the mate that is gone (its actor dead,
+        which may reach Ray only now, or silent: asked in turn), so the replica leaves as for that
+        worker's loss (`_leave_replica`, through the failure policy); with every mate answering, the
+        group's timeout passed on a live replica: it leaves as hung, on `rank`."""
+        a = self.a
+        assert self.replicas is not None
+        self.replicas.abandon(rank, units)
+        first = rank - rank % self.per
+        wait = min(10.0, a.config.collective_timeout_s)
+        for mate in range(first, first + self.per):
+            if mate != rank and mate in a.members():
+                gone = a.group.probe(mate, wait)
+                if gone is not None:
+                    return gone
+        return RunLost("hang", rank, f"its replica's group broke with every worker answering ({error})")
 
     def _leave_replica(self, lost: RunLost, cause: str | None) -> None:
         """Cut replicas: worker `lost.target` takes its replica out. Its siblings are stopped too (their

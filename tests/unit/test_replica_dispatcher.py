@@ -71,3 +71,24 @@ def test_a_replica_lost_mid_segment_hands_its_units_out_again_and_each_slice_kee
     assert set(rows.values()) == {1}
     assert all(r not in (2, 3) for k, r, _ in calls[6:])
     assert [(k, r) for k, r, _ in calls if k == "eval"] == [("eval", 0)]  # once, on the first replica
+
+
+def test_a_segment_back_broken_is_handed_out_again_with_its_replica_and_each_slice_keeps_one_row():
+    """Replica 1's worker 0 returns its first segment broken (its FSDP collective failed: worker 1 gone,
+    its call's failure not yet read): the broken rows are dropped (`abandon`), and when the replica leaves,
+    those units go out again with the rest of its segments even once its worker 1's call is taken away."""
+    dispatch, calls = dispatcher()
+    dispatch.feed_all()
+    rows: Counter = Counter()
+    kind, rank, units = dispatch.done(2)  # replica 1's worker 0: back broken, not collected
+    dispatch.abandon(rank, units)
+    dispatch.done(3)  # its worker 1's call: gone with it (read as lost elsewhere)
+    lost_calls, redo = dispatch.take_replica(3)
+    assert redo == [(0, 0, 2), (0, 1, 0)] and not lost_calls and not dispatch.abandoned
+    dispatch.work.requeue(redo)
+    dispatch.members = [0, 1, 4, 5]
+    while dispatch.pending:
+        answer(dispatch, next(iter(dispatch.pending)), rows)
+    assert dispatch.work.finished
+    assert set(rows) == {(step, s) for step in range(STEPS) for s in range(MAX * D)}
+    assert set(rows.values()) == {1}
