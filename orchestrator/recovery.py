@@ -26,9 +26,7 @@ from typing import Any
 import ray
 
 from distrain.orchestrator.failure_policy import LedgerView, Loss, describe_loss
-
-# Words in a worker's error that mean a peer of its collective group went away (gloo / NCCL / TCP store).
-PEER_LOST_MARKERS = ("gloo", "nccl", "connection", "timed out", "timeout", "closed", "broken pipe", "reset by peer")
+from distrain.strategies.elastic_group import PEER_LOST_MARKERS
 
 
 class RunLost(Exception):

@@ -288,9 +288,10 @@ class ElasticShardedLocalSGD(ElasticCutBlocks, ShardedLocalSGD):
 
     @classmethod
     def block_rounds(cls, config: RunConfig) -> int:
-        from distrain.strategies.local_sgd import ElasticLocalSGD
-
-        return ElasticLocalSGD.block_rounds(config)
+        """τ, as plain elastic local SGD's blocks (strategies/local_sgd.py `ElasticLocalSGD`)."""
+        tau = config.options_of("local-sgd").tau
+        assert tau is not None
+        return tau
 
     def reformed(self, trainer: ShardedTrainer) -> None:
         self.anchor = _flat(trainer.params).clone()  # the last average: what every member holds
@@ -345,9 +346,8 @@ class ElasticShardedDiLoCo(ElasticCutBlocks, ShardedDiLoCo):
 
     @classmethod
     def block_rounds(cls, config: RunConfig) -> int:
-        from distrain.strategies.diloco import ElasticDiLoCo
-
-        return ElasticDiLoCo.block_rounds(config)
+        """H, as plain elastic DiLoCo's blocks (strategies/diloco.py `ElasticDiLoCo`)."""
+        return config.options_of("diloco").sync_every
 
     def made(self, trainer: ShardedTrainer) -> None:
         super().made(trainer)

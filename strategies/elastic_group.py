@@ -35,16 +35,18 @@ if TYPE_CHECKING:
     from distrain.strategies.channel import Channel, Traffic
 
 
+# Words in a worker's error that mean a peer of its collective group went away (gloo / NCCL / TCP store).
+PEER_LOST_MARKERS = ("gloo", "nccl", "connection", "timed out", "timeout", "closed", "broken pipe", "reset by peer")
+
+
 class GroupBroken(Exception):
     """The round's all-reduce failed (a peer left without warning); nothing of it was applied."""
 
 
 def peer_lost(error: BaseException) -> bool:
     """Whether a collective's error says a peer went away (gloo or NCCL on a closed connection, the
-    group's timeout): the error types torch.distributed raises, with its words (orchestrator/recovery.py
-    `PEER_LOST_MARKERS`); a model's own RuntimeError stays the user's."""
-    from distrain.orchestrator.recovery import PEER_LOST_MARKERS
-
+    group's timeout): the error types torch.distributed raises, with its words (`PEER_LOST_MARKERS`, which
+    orchestrator/recovery.py reads too); a model's own RuntimeError stays the user's."""
     text = str(error).lower()
     return isinstance(error, RuntimeError | OSError) and any(m in text for m in PEER_LOST_MARKERS)
 
