@@ -76,7 +76,8 @@ def test_fp16_tensor_parallel_worker_killed_alone_takes_its_replica_out_which_re
     assert s["status"] == "completed" and s["failures"] == 0, s.get("failure_events")
     assert [c["fired_step"] for c in s["chaos"]] == [6], s["chaos"]
     m = s["membership"]
-    changes = [(e["change"], e["rank"], e["cause"]) for e in m["events"] if e["cause"] != "start"]
+    # (on a busy machine the third replica may be placed after the first two started: a join before step 1)
+    changes = [(e["change"], e["rank"], e["cause"]) for e in m["events"] if e["change"] == "leave" or e["step"] > 0]
     # Rank 5 lost alone: replica 2 leaves whole (its live mate taken out with it), without a restart and
     # with nobody declared hung, and the slot's new group joins whole.
     assert sorted(changes[:2]) == [("leave", 4, "replica of 5 left (worker lost)"), ("leave", 5, "worker lost")]
@@ -95,11 +96,13 @@ def test_fp16_tensor_parallel_worker_killed_alone_takes_its_replica_out_which_re
         assert fresh == 2.0**16 and taken < fresh, grow
     rows = steps_of(tmp_path / "r")
     # The loud loss overflows the starting scale. Before the kill a round is one step of the 3 replicas' 3
-    # units (6 rows): each step was skipped by every member or by none, the first ones all skipped.
+    # units (6 rows; 4 while a late third replica was not yet in): each step was skipped by every member or
+    # by none, the first ones all skipped.
     skipped = rows["nonfinite"].fillna(False).astype(bool)
     assert rows.loc[skipped, "overflow"].eq(True).all()
     early = rows[rows["step"] < 6].assign(skipped=skipped).groupby("step")["skipped"].agg(["all", "any", "size"])
-    assert (early["size"] == 6).all() and (early["all"] == early["any"]).all(), early
+    assert early["size"].isin([4, 6]).all() and (early["size"] == 6).any(), early
+    assert (early["all"] == early["any"]).all(), early
     overflows = int(early["all"].sum())
     assert overflows >= 3 and early["all"].tolist()[:overflows] == [True] * overflows, early
     # Over the whole run, re-forms included, worker (d, t)'s pieces before each of its steps are among live
