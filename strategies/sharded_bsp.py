@@ -203,7 +203,7 @@ class ShardedBSP(Strategy):
             self.channel.open("grads", shapes=local_shapes(trainer.params), group=mesh["replicate"].get_group())
         from distrain.trainers.sharded_checkpoint import AsyncSaver
 
-        self.saver = AsyncSaver()
+        self.saver = AsyncSaver(self.config.collective_timeout_s)
         fsdp_replicas = self.replicas if self.fsdp_across_replicas else 1
         gathered = trainer.tp_numel * (2 if self.config.precision != "fp32" else 4)  # FSDP's param_dtype
         self.traffic = fsdp_bytes_per_step(trainer.tp_numel * 4, fsdp_replicas, self.shards, reshard, gathered)

@@ -102,7 +102,7 @@ class ShardedPipelineBSP(PipelineBSP):
         # shards, every replica.
         trainer.shard(mesh, reshard)
         self.pipe_group = mesh["stage"].get_group()  # group rank = stage (torch's PipelineStage peers)
-        self.saver = AsyncSaver()
+        self.saver = AsyncSaver(self.config.collective_timeout_s)
         self.make_schedule(trainer)  # type: ignore[arg-type]
         # No flat parameter buffer to leave out: the parameters FSDP gathers and autograd saves count too.
         self.meter = ActivationMeter(-1)

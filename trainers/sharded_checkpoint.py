@@ -168,8 +168,9 @@ class AsyncSaver:
     for the last before the next), over a process group, a writer thread and staging buffers made once
     for the run (`dcp.async_save` would make a stager and a thread per save)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
+        from datetime import timedelta
 
         import torch.distributed as dist
         import torch.distributed.checkpoint  # noqa: F401  (here, not in the first save's blocking window: ~0.1 CPU-s)
@@ -177,8 +178,10 @@ class AsyncSaver:
         from distrain.trainers.checkpoint_staging import StagingBuffers
 
         # Every worker makes it at set-up, in the same order (a collective); gloo: the thread's
-        # collectives run on the CPU beside the training's.
-        self.group = dist.new_group(backend="gloo")
+        # collectives run on the CPU beside the training's. `timeout_s`: the run's --collective-timeout-s
+        # (without it, gloo's 30 minutes: a save's collective with a lost worker would hold the rest).
+        timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
+        self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.pending: Any = None
         self.staging = StagingBuffers()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distrain-checkpoint")

@@ -26,6 +26,7 @@ SCRIPT = textwrap.dedent(
     import torch.multiprocessing as mp
 
     from distrain.strategies.collective import CollectiveGroup, timed_device_mesh
+    from distrain.trainers.sharded_checkpoint import AsyncSaver
 
     WORLD, TIMEOUT_S = 4, 3.0
     NAMES = ("replicate", "shard", "tp")
@@ -37,6 +38,8 @@ SCRIPT = textwrap.dedent(
         for name in NAMES:
             backend = mesh[name].get_group()._get_backend(torch.device("cpu"))
             assert backend.options._timeout == timedelta(seconds=TIMEOUT_S), (name, backend.options._timeout)
+        saver = AsyncSaver(TIMEOUT_S)  # the sharded checkpoints' own group, made as sharded_bsp.py makes it
+        assert saver.group._get_backend(torch.device("cpu")).options._timeout == timedelta(seconds=TIMEOUT_S)
         # Ranks 0 and 1 are replica 0's "shard" group: rank 1 never joins the all-reduce (a mate lost while
         # alive to the store), so rank 0's fails after the timeout rather than torch's 30 minutes.
         if rank == 0:
