@@ -166,8 +166,16 @@ def predict_layout(
     synced = (layout.workers_per_replica if diloco else busy) if busy > 1 else 1
     straggle = compute * (expected_order_stat(cal.spread, synced, synced) - 1.0) if synced > 1 else 0.0
     comm, wait, sent = fsdp_comm + tp_comm, straggle * scale, fsdp_bytes + tp_bytes_per_worker(layout, cal.batch_size)
+    emulated = here and cal.link_emulated and replicas > 1
+
+    def across(coded: list) -> float:
+        """One average across the R replicas; on the run's emulated link (--comm-delay-ms/--comm-bandwidth:
+        it carries only the traffic between replicas, never FSDP's or TP's inside one) at least its time."""
+        wire = wire_time(coded, replicas, alpha, beta) * (stretch * scale if here else 1.0)
+        return max(wire, cal.link_s(wire_bytes(coded, replicas), len(coded))) if emulated else wire
+
     if parts and not diloco:  # BSP: each part's coded average over the R replicas after backward, not hidden
-        comm += wire_time(parts, replicas, alpha, beta) * (stretch * scale if here else 1.0)
+        comm += across(parts)
         sent += wire_bytes(parts, replicas)
     memory = layout.memory_per_worker
     setting = ""
@@ -177,7 +185,7 @@ def predict_layout(
         rounds = cal.rounds_per_step(period, replicas * layout.fsdp)
         part = layout.param_bytes // layout.fsdp
         pseudo = parts or [("ring", part)]  # this part's pseudo-gradient, coded or float32
-        comm += wire_time(pseudo, replicas, alpha, beta) * (stretch * scale if here else 1.0) * rounds
+        comm += across(pseudo) * rounds
         if replicas > 1:
             wait += compute * (expected_order_stat(cal.spread, busy, busy) - 1.0) * scale * rounds
         sent += wire_bytes(pseudo, replicas) * rounds

@@ -90,6 +90,20 @@ def test_memory_is_the_estimates_and_diloco_adds_its_parts_outer_state():
         predict_layout(_cal(), "async", 2, cut)
 
 
+def test_the_emulated_link_carries_only_what_crosses_the_replicas():
+    """--comm-delay-ms/--comm-bandwidth emulate the link between replicas (strategies/network.py): DiLoCo's
+    pseudo-gradient rounds pay it, FSDP's collectives inside each replica never do."""
+    cut, slow = Layout(fsdp=4, held_params=P), 1e5  # bytes/s: the link's time dwarfs every real transfer
+    linked = _cal(link_bandwidth=slow, link_latency_s=0.05)
+    plain, dl = (predict_layout(c, "diloco", 2, cut, None, {"sync_every": 10}) for c in (_cal(), linked))
+    rounds = _cal().rounds_per_step(10, 2 * 4)
+    across = 2 * 1 / 2 * (P * 4 // 4)  # the part's pseudo-gradient, ring over the 2 replicas
+    assert dl.comm_s - plain.comm_s == pytest.approx((0.05 + across / slow) * rounds, rel=0.02)
+    # one replica: nothing crosses, so the link costs nothing (FSDP's bytes alone would take 29 s on it)
+    alone = [predict_layout(c, "diloco", 1, cut, None, {"sync_every": 10}).comm_s for c in (_cal(), linked)]
+    assert alone[0] == alone[1]
+
+
 def test_the_model_figures_of_the_mlps_plan():
     # mlp on digits: Linear(64, 256) colwise, Linear(256, 256) rowwise, Linear(256, 10) whole
     figures = model_figures(RunConfig(model="mlp", tensor_parallel=2))
