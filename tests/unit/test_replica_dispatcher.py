@@ -39,6 +39,18 @@ def answer(dispatch: ReplicaDispatcher, handle, rows: Counter) -> None:
     dispatch.feed(rank)
 
 
+def finish_without_replica_1(dispatch: ReplicaDispatcher, redo: list, rows: Counter) -> None:
+    """Replica 1 (workers 2, 3) gone: its units go out again to the others, and the run ends with every
+    (step, slice) recorded exactly once."""
+    dispatch.work.requeue(redo)
+    dispatch.members = [0, 1, 4, 5]
+    while dispatch.pending:
+        answer(dispatch, next(iter(dispatch.pending)), rows)
+    assert dispatch.work.finished
+    assert set(rows) == {(step, s) for step in range(STEPS) for s in range(MAX * D)}
+    assert set(rows.values()) == {1}
+
+
 def test_a_replica_segment_goes_to_its_workers_and_counts_once_all_are_back():
     dispatch, calls = dispatcher()
     dispatch.feed_all()
@@ -62,13 +74,7 @@ def test_a_replica_lost_mid_segment_hands_its_units_out_again_and_each_slice_kee
     lost_calls, redo = dispatch.take_replica(3)
     assert redo == [(0, 0, 2), (0, 1, 0)] and {r for _, (_, r, _) in lost_calls} == {3}
     assert not dispatch.parts  # the held-back result is dropped, unrecorded
-    dispatch.work.requeue(redo)
-    dispatch.members = [0, 1, 4, 5]
-    while dispatch.pending:
-        answer(dispatch, next(iter(dispatch.pending)), rows)
-    assert dispatch.work.finished
-    assert set(rows) == {(step, s) for step in range(STEPS) for s in range(MAX * D)}
-    assert set(rows.values()) == {1}
+    finish_without_replica_1(dispatch, redo, rows)
     assert all(r not in (2, 3) for k, r, _ in calls[6:])
     assert [(k, r) for k, r, _ in calls if k == "eval"] == [("eval", 0)]  # once, on the first replica
 
@@ -85,10 +91,4 @@ def test_a_segment_back_broken_is_handed_out_again_with_its_replica_and_each_sli
     dispatch.done(3)  # its worker 1's call: gone with it (read as lost elsewhere)
     lost_calls, redo = dispatch.take_replica(3)
     assert redo == [(0, 0, 2), (0, 1, 0)] and not lost_calls and not dispatch.abandoned
-    dispatch.work.requeue(redo)
-    dispatch.members = [0, 1, 4, 5]
-    while dispatch.pending:
-        answer(dispatch, next(iter(dispatch.pending)), rows)
-    assert dispatch.work.finished
-    assert set(rows) == {(step, s) for step in range(STEPS) for s in range(MAX * D)}
-    assert set(rows.values()) == {1}
+    finish_without_replica_1(dispatch, redo, rows)
