@@ -14,7 +14,10 @@ PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk
   at the same batch, and its 10-step checkpoint is whole and resumes to one process's end; BSP over the PS
   at R = 2 x T = 2 equals one process at the global batch; ssp --staleness 1 at R = 2 x T = 2 keeps its
   bound and at R = 1 equals one process. A whole tensor pushed by every TP rank (twice per replica) or by
-  none breaks each equality.
+  none breaks each equality;
+- --fsdp 2 --tensor-parallel 2: worker (d, t) pushes its piece to PS shard d x T + t; async with one replica
+  equals one process at D x B after 10 steps, its checkpoint whole; the cnn's hybrid over the PS at T = 2
+  equals one process at T x B.
 """
 
 from __future__ import annotations
