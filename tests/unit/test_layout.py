@@ -278,7 +278,7 @@ def test_tensor_parallel_workers_share_a_slice():
     both = RunConfig(model="mlp", workers=2, fsdp=2, tensor_parallel=2, strategy="async", transport="ps", batch_size=8)
     both.validate()
     assert (both.ps_shards, both.num_worker_actors, both.global_batch_size) == (4, 8, 32)
-    with pytest.raises(ConfigError, match=r"^--ps-shards 2 with --fsdp 2 --tensor-parallel 2: PS shard d x T \+ t holds"):
+    with pytest.raises(ConfigError, match=r"^--ps-shards 2 with --fsdp 2 --tensor-parallel 2: PS shard d x T \+ t"):
         RunConfig(model="mlp", fsdp=2, tensor_parallel=2, strategy="bsp", transport="ps", ps_shards=2).validate()
     hybrid = RunConfig(model="cnn", workers=1, tensor_parallel=2, strategy="bsp", transport="ps", batch_size=8)
     hybrid.validate()
