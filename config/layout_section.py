@@ -75,8 +75,8 @@ LAYOUT_FIELDS = frozenset(
 # The strategies built across replicas cut over workers (strategies/sharded_bsp.py, sharded_diloco.py, with
 # Streaming DiLoCo's fragments, sharded_local_sgd.py).
 CUT_REPLICA_STRATEGIES = ("bsp", "diloco", "local-sgd")
-# Those over the parameter server (strategies/sharded_ps.py): --fsdp D (PS shard d holding FSDP chunk d) or
-# --tensor-parallel T (PS shard t holding TP rank t's part), not both.
+# Those over the parameter server (strategies/sharded_ps.py): --fsdp D (PS shard d holding FSDP chunk d),
+# --tensor-parallel T (PS shard t holding TP rank t's part) or both (PS shard d x T + t: worker (d, t)'s piece).
 CUT_REPLICA_PS_STRATEGIES = ("async", "ssp", "bsp")
 # How messages name the global batch a run's layout makes.
 GLOBAL_BATCH = "--workers x --fsdp x --batch-size, x --tensor-parallel for the cnn's hybrid"
@@ -186,8 +186,8 @@ def check_layout(config: RunConfig) -> None:
     steps; under --compress the channel's codec carries that all-reduce; --comm-delay-ms/--comm-bandwidth
     delay what crosses the replicas through the channel, `check_layout_link`), alone but for --fsdp with
     --pipeline-stages (BSP only: the strategy section refuses pipelines under the others, and --compress
-    with them); or, --fsdp D alone, under async, SSP or BSP over the PS (`check_ps_layout`: D PS shards,
-    shard d holding FSDP chunk d)."""
+    with them); or, --fsdp D and/or --tensor-parallel T, under async, SSP or BSP over the PS
+    (`check_ps_layout`: D x T PS shards, shard d x T + t holding worker (d, t)'s piece of every tensor)."""
     d, t = shards_per_replica(config), tp_degree(config)
     for flag, value in (("--fsdp", d), ("--tensor-parallel", t)):
         if value < 1:
@@ -249,8 +249,8 @@ def check_layout_link(config: RunConfig, given: str) -> None:
 
 
 def ps_shards_needed(d: int, t: int) -> int:
-    """The PS shards across cut replicas: one per worker of a replica, D x T (--fsdp D, or
-    --tensor-parallel T; both together are refused over the PS), the default --ps-shards there."""
+    """The PS shards across cut replicas: one per worker of a replica, D x T (--fsdp D, --tensor-parallel T
+    or both: shard d x T + t holds worker (d, t)'s piece), the default --ps-shards there."""
     return d * t
 
 
@@ -299,33 +299,28 @@ def check_elastic_layout(config: RunConfig, given: str) -> None:
 
 
 def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
-    """async, ssp, bsp over --transport ps across cut replicas (strategies/sharded_ps.py): --fsdp D or
-    --tensor-parallel T, not both, with exactly one PS shard per worker of a replica (`ps_shards_needed`:
-    shard d holds FSDP chunk d of every tensor, what worker d holds; or shard t holds TP rank t's part of
-    every tensor the plan splits and chunk t of every other); bsp with --backup-workers K (N + K replicas,
-    each round the first N whose pieces all arrived, agreed by the shards); --compress (each worker's
-    piece through the codec with its own residual); --comm-delay-ms/--comm-bandwidth (each worker's
-    push-pull to its shard on its own link, as a plain worker's). Refused: --fsdp with --tensor-parallel (not built),
-    a hybrid plan (its T workers take their own samples), --backup-tasks (its portions are handed to
-    single workers; a replica's workers would have to take each portion together). Under --workers
+    """async, ssp, bsp over --transport ps across cut replicas (strategies/sharded_ps.py): --fsdp D,
+    --tensor-parallel T (the cnn's hybrid plan included) or both, with exactly one PS shard per worker of a
+    replica (`ps_shards_needed`: shard d holds FSDP chunk d of every tensor, what worker d holds; or shard
+    t holds TP rank t's part of every tensor the plan splits and chunk t of every other; or, under both,
+    shard d x T + t holds worker (d, t)'s piece, FSDP chunk d of those); bsp with --backup-workers K (N + K
+    replicas, each round the first N whose pieces all arrived, agreed by the shards); --compress (each
+    worker's piece through the codec with its own residual); --comm-delay-ms/--comm-bandwidth (each
+    worker's push-pull to its shard on its own link, as a plain worker's). Refused: --backup-tasks (its
+    portions are handed to single workers; a replica's workers would have to take each portion together),
+    --pipeline-stages. Under --workers
     MIN..MAX whole replicas of --fsdp D join and leave (docs/elastic.md); there --tensor-parallel,
     --backup-workers and --compress are refused."""
-    if d > 1 and t > 1:
-        raise ConfigError(
-            f"{given} over --transport ps is not built yet (the PS shards hold one FSDP chunk or one tensor-parallel "
-            "part of every tensor, not both); drop one of them or use --transport collective"
-        )
-    if t > 1 and tp_sample_ranks(config.model, config.task, t) > 1:
-        raise ConfigError(
-            f"--tensor-parallel {t} with the {config.model} model's hybrid plan (each tensor-parallel worker on its "
-            "own samples) does not compose with --transport ps yet; use --transport collective"
-        )
     needed = ps_shards_needed(d, t)
     if config.ps_shards != needed:
-        flag, what = ("--fsdp", "FSDP chunk d") if d > 1 else ("--tensor-parallel", "tensor-parallel part t")
+        what = {
+            (True, False): "d holds FSDP chunk d",
+            (False, True): "t holds tensor-parallel part t",
+            (True, True): "d x T + t holds worker (d, t)'s piece",
+        }[d > 1, t > 1]
         raise ConfigError(
-            f"--ps-shards {config.ps_shards} with {flag} {needed}: PS shard d holds {what} of every tensor, so "
-            f"there are exactly {needed}; drop --ps-shards or give {needed}"
+            f"--ps-shards {config.ps_shards} with {given}: PS shard {what} of every tensor, so there are exactly "
+            f"{needed}; drop --ps-shards or give {needed}"
         )
     options = config.options_of("bsp") if config.strategy == "bsp" else None
     if options and options.backup_tasks:

@@ -38,7 +38,7 @@ class StrategySection:
     ps_shards: int | None = setting(
         None,
         "Parameter-server shards K; default 1 (async, ssp, bsp --transport ps); across cut replicas exactly one "
-        "per worker of a replica (--fsdp D or --tensor-parallel T), the default there.",
+        "per worker of a replica (D x T: --fsdp D, --tensor-parallel T or both), the default there.",
         "strategy",
     )
     schedule: str = setting(

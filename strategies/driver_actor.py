@@ -152,7 +152,8 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
     checkpoint in the phase it was taken in gives them back their versions and clocks. Under --fsdp D the
     D shards hold θ and the optimizer state permuted so that shard d holds FSDP chunk d of every tensor
     (strategies/sharded_ps.py), and count one client per replica; under --tensor-parallel T the T shards
-    hold TP rank t's part of every tensor the plan splits and chunk t of every other (`ps_layout`)."""
+    hold TP rank t's part of every tensor the plan splits and chunk t of every other; under both the D x T
+    shards hold worker (d, t)'s pieces (`ps_layout`)."""
 
     def build(setup: ActorSetup) -> tuple[Any, list[Any]]:
         from distrain.strategies.ps_shard_group import ShardGroup
@@ -188,13 +189,13 @@ def ps_shards(rule: ConsistencyRule) -> DriverActor:
 
 
 def ps_layout(config: RunConfig, shapes: list[tuple[int, ...]], cut_dims: Callable[[int], list[int | None]]) -> Any:
-    """The PS shards' order of θ across cut replicas (trainers/shard_layout.py): under --fsdp D, D pieces of
-    every tensor along dim 0 (FSDP's chunks); under --tensor-parallel T, T pieces of every tensor, a split
-    one along the dimension the plan splits (`cut_dims`: what TP rank t holds), a whole one along dim 0
-    (strategies/sharded_ps.py: TP rank t pushes that chunk of its gradient and all T share the pulls)."""
+    """The PS shards' order of θ across cut replicas (trainers/shard_layout.py), one shard per worker of a
+    replica: under --fsdp D, D pieces of every tensor along dim 0 (FSDP's chunks); under --tensor-parallel
+    T, T pieces of every tensor, a split one along the dimension the plan splits (`cut_dims`: what TP rank
+    t holds), a whole one along dim 0; under both, D x T pieces, worker (d, t)'s FSDP chunk d of TP rank t's
+    part (a whole tensor: rank t's rows of FSDP chunk d). strategies/sharded_ps.py: worker (d, t) pushes
+    its piece of its gradient, and the T workers of a data-parallel rank share the pulled whole tensors."""
     from distrain.trainers.shard_layout import ShardLayout
 
     shards, tp, _ = config.replica_grid
-    if tp == 1:
-        return ShardLayout(shapes, shards)
-    return ShardLayout(shapes, tp, [0 if dim is None else dim for dim in cut_dims(tp)])
+    return ShardLayout(shapes, shards, cut_dims(tp) if tp > 1 else None, tp)

@@ -11,16 +11,27 @@ shard d alone and pulls θ chunk d back into its local parameter shards. Each sh
 counts the R replicas (their rank-d workers, client id r), not the R x D workers: async and SSP apply
 each replica's gradient at lr / R on arrival, BSP's rounds close on R gradients and apply their mean.
 
---tensor-parallel T (instead of --fsdp D; both together are refused): the PS has exactly T shards and
-shard t holds TP rank t's part of every tensor the plan splits (its DTensor local shard: a colwise
-Linear's rows, a rowwise one's columns) and chunk t of dim 0 (torch.chunk's cut) of every tensor the plan
-leaves whole (a rowwise layer's bias, the layers not in the plan), in tensor order (trainers/shard_layout.py
-with a cut dimension per tensor; the driver asks a worker for the plan's dimensions, `param_cut_dims`).
-The T workers of a replica compute one gradient on one batch, the whole tensors' gradients alike on each,
-so TP rank t pushes its split parts and its rows of the whole tensors: every value of the replica's
-gradient reaches the shards exactly once. It pulls θ piece t back into its split parts, and the whole
-tensors are put together over the replica's T workers (each its rows, zeros elsewhere, summed: exact),
-so all T hold them alike. The hybrid plan (the cnn's: TP ranks on their own samples) is refused.
+--tensor-parallel T: the PS has exactly T shards and shard t holds TP rank t's part of every tensor the
+plan splits (its DTensor local shard: a colwise Linear's rows, a rowwise one's columns) and chunk t of
+dim 0 (torch.chunk's cut) of every tensor the plan leaves whole (a rowwise layer's bias, the layers not
+in the plan), in tensor order (trainers/shard_layout.py with a cut dimension per tensor; the driver asks a
+worker for the plan's dimensions, `param_cut_dims`). The T workers of a replica compute one gradient on
+one batch, the whole tensors' gradients alike on each, so TP rank t pushes its split parts and its rows
+of the whole tensors: every value of the replica's gradient reaches the shards exactly once. It pulls θ
+piece t back into its split parts, and the whole tensors are put together over the replica's T workers
+(each its rows, zeros elsewhere, summed: exact), so all T hold them alike. Under the cnn's hybrid plan
+(trainers/tensor_parallel.py: the T workers each on their own B samples, only the classifier split)
+`HybridGradients` has made every gradient the mean over the T x B samples, the whole (convolution)
+tensors' alike on the T workers, so the same pieces carry it.
+
+--fsdp D with --tensor-parallel T: the PS has D x T shards, one per worker of a replica, and worker (d, t)
+(rank d x T + t in the replica) pushes to and pulls from shard d x T + t exactly the piece it holds:
+FSDP's chunk d (dim 0) of TP rank t's part of a split tensor (FSDP2 cuts the local tensor of the plan's
+DTensor), and its rows t of FSDP's chunk d of a tensor the plan leaves whole (the T workers of
+data-parallel rank d hold that chunk alike, FSDP's reduce-scatter over the D workers of one TP rank having
+left each the replica's mean gradient over its D x B samples). The whole tensors' chunks are put together
+over the T workers of data-parallel rank d, as above; the replica's decisions (a skip, an fp16 overflow,
+k-of-n's round) are taken over its D x T workers.
 
 State: the shards hold θ and the optimizer state; the workers' own optimizers are never stepped. A
 checkpoint is the shards' snapshot, put back in the whole model's order (`export_state`), so it is a
@@ -103,14 +114,18 @@ def whole_state_dict(trainer: ShardedTrainer, theta: Any) -> dict[str, Any]:
 
 
 def tp_split_dim(p: Any) -> int | None:
-    """The dimension a tensor-parallel plan split parameter `p` along (its DTensor's Shard placement),
-    None for one every worker holds whole (a plain tensor, or a DTensor replicated)."""
+    """The dimension a tensor-parallel plan split parameter `p` along (its DTensor's Shard placement on the
+    mesh's "tp" dimension: under FSDP too, whose own placement is on "shard"), None for one the T workers
+    hold whole (a plain tensor, a DTensor on FSDP's mesh alone, or one replicated over "tp")."""
     from torch.distributed.tensor import DTensor, Shard
 
     if not isinstance(p, DTensor):
         return None
-    dims = [placement.dim for placement in p.placements if isinstance(placement, Shard)]
-    return dims[0] if dims else None
+    names = p.device_mesh.mesh_dim_names or ()
+    if "tp" not in names:
+        return None
+    placement = p.placements[names.index("tp")]
+    return placement.dim if isinstance(placement, Shard) else None
 
 
 class ShardedPS(ShardedBSP):
@@ -151,25 +166,27 @@ class ShardedPS(ShardedBSP):
         if self.config.elastic:  # its own replica's group of D, at its worker 0's rendezvous (no run-wide one)
             self.channel.join(self.shard, self.shards, self.ctx.rendezvous)
         mesh = self.join_mesh(trainer)
-        # This replica's workers (its D, or its T: --fsdp with --tensor-parallel over the PS is refused) and
-        # the piece of every tensor this worker pushes and pulls: PS shard d, or t.
-        self.replica_group = mesh["tp" if self.tp > 1 else "shard"].get_group()
-        self.piece = self.tp_rank if self.tp > 1 else self.shard
+        # This replica's D x T workers (its steps are its own: `update_group`, None where the run's group is
+        # the replica), the T workers of its data-parallel rank, who hold the tensors the plan leaves whole
+        # alike, and the piece of every tensor this worker pushes and pulls: PS shard d x T + t, its rank in
+        # the replica (trainers/shard_layout.py).
+        self.replica_group = self.update_group
+        self.tp_group = mesh["tp"].get_group() if self.tp > 1 else None
+        self.piece = self.shard * self.tp + self.tp_rank
         self.trainer = trainer
         self.locals = [local_part(p) for p in trainer.params]
         # Under --tensor-parallel: the dimension each tensor is split along across the T workers (a DTensor's
-        # Shard on the "tp" mesh), and for a tensor the plan leaves whole the rows [lo, hi) of dim 0 that
-        # this worker pushes and pulls (None: a split tensor, its local part is the piece).
+        # Shard on the "tp" mesh dimension), and for a tensor the plan leaves whole the rows [lo, hi) of dim 0
+        # of its local part (FSDP's chunk d of it, or all of it) that this worker pushes and pulls (None: a
+        # split tensor, its local part is the piece: FSDP's chunk d of TP rank t's part).
         dims, self.rows = None, [None] * len(self.locals)
         if self.tp > 1:
             dims = [tp_split_dim(p) for p in trainer.params]
             self.rows = [
-                None if dim is not None else chunk_rows(part.shape[0] if part.dim() else 1, self.tp, self.piece)
+                None if dim is not None else chunk_rows(part.shape[0] if part.dim() else 1, self.tp, self.tp_rank)
                 for dim, part in zip(dims, self.locals, strict=True)
             ]
-            dims = [0 if dim is None else dim for dim in dims]
-        pieces = self.tp if self.tp > 1 else self.shards
-        self.layout = ShardLayout([tuple(p.shape) for p in trainer.params], pieces, dims)
+        self.layout = ShardLayout([tuple(p.shape) for p in trainer.params], self.shards, dims, self.tp)
         sizes = [t.numel() for t in self._pieces(self.locals)]
         if sizes != self.layout.chunk_sizes(self.piece):  # FSDP or the plan cut otherwise than the shards assume
             raise RuntimeError(
@@ -219,10 +236,10 @@ class ShardedPS(ShardedBSP):
         return pieces
 
     def _install(self) -> None:
-        """θ piece d (or t), as pulled into `self.theta`, into this worker's local parameter parts. Under
+        """θ piece d x T + t, as pulled into `self.theta`, into this worker's local parameter parts. Under
         --tensor-parallel a tensor held whole gets this worker's rows from its shard and the other rows
-        from the T - 1 others (their rows, zeros elsewhere, summed over the replica's T workers: exact, one
-        nonzero per value), so the T workers hold it alike, whatever moment each pulled at."""
+        from the T - 1 others (their rows, zeros elsewhere, summed over the T workers of its data-parallel
+        rank: exact, one nonzero per value), so the T workers hold it alike, whatever moment each pulled at."""
         import torch
         import torch.distributed as dist
 
@@ -237,14 +254,14 @@ class ShardedPS(ShardedBSP):
             if whole:
                 flat = torch.cat([part.reshape(-1) for part in whole])
                 with self._inside_replica():
-                    dist.all_reduce(flat, group=self.replica_group)
+                    dist.all_reduce(flat, group=self.tp_group)
                 for part, values in zip(whole, flat.split([part.numel() for part in whole]), strict=True):
                     part.copy_(values.view_as(part))
 
     def _local_gradient(self, trainer: ShardedTrainer) -> Any:
-        """This worker's gradient pieces (the replica's mean over its D x B samples, or its T workers' one
-        batch), flat, on the host: under --tensor-parallel a tensor held whole (its gradient the same on
-        the T workers) is pushed once per replica, each worker its own rows."""
+        """This worker's gradient pieces (the replica's mean over its D x B samples, or T x B under a hybrid
+        plan), flat, on the host: under --tensor-parallel a tensor held whole (its gradient, or FSDP's chunk
+        d of it, the same on the T workers) is pushed once per replica, each worker its own rows."""
         import torch
 
         from distrain.trainers.sharded_trainer import local_part

@@ -14,7 +14,10 @@ PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk
   at the same batch, and its 10-step checkpoint is whole and resumes to one process's end; BSP over the PS
   at R = 2 x T = 2 equals one process at the global batch; ssp --staleness 1 at R = 2 x T = 2 keeps its
   bound and at R = 1 equals one process. A whole tensor pushed by every TP rank (twice per replica) or by
-  none breaks each equality.
+  none breaks each equality;
+- --fsdp 2 --tensor-parallel 2: worker (d, t) pushes its piece to PS shard d x T + t; async with one replica
+  equals one process at D x B after 10 steps, its checkpoint whole; the cnn's hybrid over the PS at T = 2
+  equals one process at T x B.
 """
 
 from __future__ import annotations
@@ -271,3 +274,59 @@ def test_ssp_across_tensor_parallel_replicas_keeps_its_bound_and_one_replica_equ
     reference = load_checkpoint(one_process[2] / "checkpoints" / "step-00000010.pt")["model"]
     whole = torch.cat([t.reshape(-1).double() for t in reference.values()])
     assert (final_params(one.run_dir) - whole).abs().max().item() <= TOL
+
+
+# --fsdp 2 --tensor-parallel 2 (the mlp's plan): what worker (d, t) holds, FSDP's chunk d of TP rank t's part of
+# a split tensor ("1"'s weight and bias, "3"'s weight), FSDP's chunk d of a whole one ("3"'s bias; "5": 10 rows,
+# 5 a chunk).
+DXT_QUARTER = (64 * 256 + 256) // 4 + 256 * 256 // 4 + 256 // 2 + 5 * 256 + 5
+
+
+def test_async_with_one_replica_of_fsdp_and_tensor_parallel_equals_one_process_and_its_checkpoint_is_whole(
+    tmp_path, one_process
+):
+    """--strategy async --transport ps --workers 1 --fsdp 2 --tensor-parallel 2 --batch-size 32, 10 steps: four
+    PS shards (the default --ps-shards is D x T), worker (d, t) pushing its piece, FSDP's chunk d of TP rank
+    t's part of a split tensor and its rows of FSDP's chunk d of a whole one, to shard d x T + t alone. Each
+    step's loss is one process's at batch 64, and the final checkpoint holds the whole model and momentum in
+    the model's order, equal to one process's after step 10 within 1e-5. A piece pushed twice (a whole
+    tensor's rows by both TP ranks) or to the wrong shard (a split tensor's two cuts taken in the other
+    order) breaks these equalities."""
+    run = run_training(
+        cfg(tmp_path, "dxt", strategy="async", transport="ps", workers=1, fsdp=2, tensor_parallel=2, batch_size=32,
+            max_steps=10)
+    )  # fmt: skip
+    assert run.summary["status"] == "completed" and run.summary["layout"]["worker_actors"] == 4
+    payload = load_checkpoint(Path(run.run_dir) / "checkpoints" / "final.pt")
+    assert "sharded" not in payload and payload["ps"] == {"version": 10, "clocks": [10]}
+    reference = load_checkpoint(one_process[2] / "checkpoints" / "step-00000010.pt")
+    assert list(payload["model"]) == list(reference["model"])
+    for key, value in reference["model"].items():
+        assert (payload["model"][key] - value).abs().max().item() <= TOL, key
+    momentum = payload["optimizer"]["vectors"]["momentum_buffer"]
+    assert (momentum - reference["optimizer"]["vectors"]["momentum_buffer"]).abs().max().item() <= TOL
+    rows = steps_of(run.run_dir)
+    assert rows.groupby("worker")[["shard", "tp"]].first().values.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert (rows["staleness"] == 0).all() and rows.groupby("worker")["clock"].max().tolist() == [10] * 4
+    assert rows.groupby("worker")["mem_param_bytes"].max().tolist() == [DXT_QUARTER * 4] * 4
+    losses = rows.groupby("step")["loss"].mean().to_numpy()
+    assert abs(losses - one_process[1]["loss"].to_numpy()[:10]).max() <= TOL
+
+
+def test_the_cnn_hybrid_over_the_ps_equals_one_process_at_t_times_the_batch(tmp_path):
+    """--model cnn --strategy async --transport ps --workers 1 --tensor-parallel 2 --batch-size 8, 8 steps: the
+    hybrid's two TP workers each take their own 8 samples (slice = rank), `HybridGradients` makes every
+    gradient the mean over all 16 (the convolutions' summed over the two), and each pushes its part of the
+    split classifier and its rows of the tensors held whole (the convolutions, the last Linear's bias) to
+    its PS shard: one process at batch 16 within 1e-5. A whole tensor's rows pushed by both workers breaks it."""
+    hybrid = dict(model="cnn", max_steps=8)
+    one = run_training(cfg(tmp_path, "one", workers=1, batch_size=16, **hybrid))
+    run = run_training(
+        cfg(tmp_path, "hybrid", strategy="async", transport="ps", workers=1, tensor_parallel=2, batch_size=8,
+            **hybrid)
+    )  # fmt: skip
+    assert run.summary["status"] == "completed" and run.summary["global_batch_size"] == 16
+    assert (final_params(run.run_dir) - final_params(one.run_dir)).abs().max().item() <= TOL
+    rows = steps_of(run.run_dir)
+    assert rows.groupby("worker")[["tp", "slice"]].first().values.tolist() == [[0, 0], [1, 1]]
+    assert (rows["samples"] == 8).all() and (rows["staleness"] == 0).all()

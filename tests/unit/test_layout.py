@@ -267,17 +267,22 @@ def test_tensor_parallel_workers_share_a_slice():
     assert BSP.implementation(config) is ShardedBSP and RunConfig(tensor_parallel=2).sharded
     with pytest.raises(ConfigError, match=r"^--tensor-parallel must be >= 1, got 0$"):
         RunConfig(tensor_parallel=0).validate()
-    # Over the PS (strategies/sharded_ps.py): T shards, shard t holding TP rank t's part; D x T, a hybrid plan
-    # and another shard count are refused in one line.
+    # Over the PS (strategies/sharded_ps.py): T shards, shard t holding TP rank t's part; under D x T one shard per
+    # worker of a replica (shard d x T + t: worker (d, t)'s piece); the cnn's hybrid plan (its T workers on their
+    # own samples); another shard count is refused in one line.
     ps = RunConfig(model="mlp", workers=2, tensor_parallel=2, strategy="ssp", transport="ps")
     ps.validate()
     assert ps.ps_shards == 2 and ps.num_worker_actors == 4
-    with pytest.raises(ConfigError, match=r"^--ps-shards 3 with --tensor-parallel 2: PS shard d holds tensor-parallel"):
+    with pytest.raises(ConfigError, match=r"^--ps-shards 3 with --tensor-parallel 2: PS shard t holds tensor-parallel"):
         RunConfig(model="mlp", tensor_parallel=2, strategy="ssp", transport="ps", ps_shards=3).validate()
-    with pytest.raises(ConfigError, match=r"^--fsdp 2 --tensor-parallel 2 over --transport ps is not built yet"):
-        RunConfig(model="mlp", fsdp=2, tensor_parallel=2, strategy="async", transport="ps").validate()
-    with pytest.raises(ConfigError, match=r"^--tensor-parallel 2 with the cnn model's hybrid plan .* --transport ps"):
-        RunConfig(model="cnn", tensor_parallel=2, strategy="bsp", transport="ps").validate()
+    both = RunConfig(model="mlp", workers=2, fsdp=2, tensor_parallel=2, strategy="async", transport="ps", batch_size=8)
+    both.validate()
+    assert (both.ps_shards, both.num_worker_actors, both.global_batch_size) == (4, 8, 32)
+    with pytest.raises(ConfigError, match=r"^--ps-shards 2 with --fsdp 2 --tensor-parallel 2: PS shard d x T \+ t"):
+        RunConfig(model="mlp", fsdp=2, tensor_parallel=2, strategy="bsp", transport="ps", ps_shards=2).validate()
+    hybrid = RunConfig(model="cnn", workers=1, tensor_parallel=2, strategy="bsp", transport="ps", batch_size=8)
+    hybrid.validate()
+    assert (hybrid.ps_shards, hybrid.num_worker_actors, hybrid.global_batch_size) == (2, 2, 16)
     with pytest.raises(ConfigError, match=r"^--tensor-parallel 2 runs with --strategy bsp, diloco or local-sgd over"):
         RunConfig(tensor_parallel=2, strategy="sandblaster").validate()
 

@@ -84,8 +84,8 @@ REFUSED = [
         ["--ps-shards 1 with --tensor-parallel 2", "exactly 2"],
     ),
     (
-        ["--model", "mlp", "--strategy", "ssp", "--transport", "ps", "--tensor-parallel", "2", "--fsdp", "2"],
-        ["--fsdp 2 --tensor-parallel 2 over --transport ps is not built yet"],
+        "--model mlp --strategy ssp --transport ps --tensor-parallel 2 --fsdp 2 --ps-shards 2".split(),
+        ["--ps-shards 2 with --fsdp 2 --tensor-parallel 2", "exactly 4"],
     ),
     (["--model", "mlp", "--strategy", "sandblaster", "--fsdp", "2"], ["async, ssp or bsp over --transport ps"]),
     # --compress across cut replicas runs over the collective transport (tests/integration/test_layout_compress.py)

@@ -1,5 +1,6 @@
-"""The PS order of θ under --fsdp D (trainers/shard_layout.py): PS shard d holds FSDP chunk d of every
-tensor; π and its inverse round-trip, uneven and empty chunks included."""
+"""The PS order of θ across cut replicas (trainers/shard_layout.py): under --fsdp D PS shard d holds FSDP
+chunk d of every tensor, under --tensor-parallel T shard t TP rank t's part, under both shard d x T + t
+worker (d, t)'s piece; π and its inverse round-trip, uneven and empty chunks included."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def test_a_tensor_parallel_layout_cuts_each_tensor_along_its_plans_dimension():
     dims = cut_dims(mlp, BUILTIN_PLANS["mlp"])
     assert dims == [0, 0, 1, None, None, None]
     shapes = [tuple(p.shape) for p in mlp.parameters()]
-    layout = ShardLayout(shapes, 2, [0 if d is None else d for d in dims])
+    layout = ShardLayout(shapes, 1, dims, tp=2)
     tensors = [torch.arange(float(p.numel())).view(p.shape) + 100 * i for i, p in enumerate(mlp.parameters())]
     whole = torch.cat([t.reshape(-1) for t in tensors])
     shards = layout.to_shards(whole)
@@ -112,3 +113,54 @@ def test_a_tensor_parallel_layout_cuts_each_tensor_along_its_plans_dimension():
     assert torch.equal(layout.from_shards(shards), whole)
     # The last layer's bias (3 rows) splits 2 + 1; a 0-d tensor lies on shard 0.
     assert ShardLayout([(3,), ()], 2).chunk_sizes(1) == [1, 0]
+
+
+def _torch_chunk(x, parts, dim, k):
+    chunks = x.chunk(parts, dim=dim) if x.shape[dim] else ()
+    return chunks[k] if k < len(chunks) else x.narrow(dim, 0, 0)
+
+
+@pytest.mark.parametrize("shards, tp", [(2, 2), (3, 2), (2, 3)])
+def test_under_fsdp_and_tensor_parallel_shard_d_t_is_worker_d_ts_piece(shards, tp):
+    """--fsdp D --tensor-parallel T over the PS: shard d x T + t holds what worker (d, t) of a replica holds,
+    FSDP2's chunk d (dim 0, torch.chunk's cut) of TP rank t's part of a split tensor (a colwise weight's rows,
+    a rowwise weight's columns), and rows t of FSDP's chunk d of a tensor the plan leaves whole (a rowwise
+    bias, a layer not in the plan: FSDP's chunk, then the T workers' rows of it), uneven and empty pieces
+    included; every value lies in exactly one shard, and D = 1 or T = 1 give the one-level layouts."""
+    from torch import nn
+
+    from distrain.trainers.tensor_parallel import BUILTIN_PLANS, cut_dims
+
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 3))
+    dims = cut_dims(mlp, BUILTIN_PLANS["mlp"])  # [0, 0, 1, None, None, None]
+    shapes = [tuple(p.shape) for p in mlp.parameters()]
+    layout = ShardLayout(shapes, shards, dims, tp)
+    assert layout.shards == shards * tp and len(layout.bounds) == shards * tp
+    tensors = [torch.arange(float(p.numel())).view(p.shape) + 100 * i for i, p in enumerate(mlp.parameters())]
+    whole = torch.cat([t.reshape(-1) for t in tensors])
+    permuted = layout.to_shards(whole)
+    assert sorted(layout.perm.tolist()) == list(range(layout.numel))  # each value in exactly one shard
+    for d in range(shards):
+        for t in range(tp):
+            expected = [
+                _torch_chunk(_torch_chunk(x, shards, 0, d), tp, 0, t)
+                if k is None
+                else _torch_chunk(_torch_chunk(x, tp, k, t), shards, 0, d)
+                for x, k in zip(tensors, dims, strict=True)
+            ]
+            lo, hi = layout.bounds[d * tp + t]
+            assert torch.equal(permuted[lo:hi], torch.cat([e.reshape(-1) for e in expected])), (d, t)
+            assert layout.chunk_sizes(d * tp + t) == [e.numel() for e in expected]
+    assert torch.equal(layout.from_shards(permuted), whole)
+    # One level each: T = 1 is FSDP's layout, D = 1 the tensor-parallel one.
+    assert ShardLayout(shapes, shards, dims, 1).perm.tolist() == ShardLayout(shapes, shards).perm.tolist()
+
+
+def test_two_by_two_by_hand():
+    """D = 2 x T = 2: a (4, 2) matrix split along its rows (TP rank t: rows 2t, 2t + 1; FSDP chunk d of those:
+    row 2t + d) and a (4,) vector held whole (FSDP chunk d: 2d, 2d + 1; rank t's row of it: 2d + t)."""
+    layout = ShardLayout([(4, 2), (4,)], 2, [0, None], tp=2)
+    whole = np.arange(12, dtype=np.float32)  # matrix rows [0, 1] [2, 3] [4, 5] [6, 7], vector 8..11
+    # shard 0 = (d 0, t 0), 1 = (0, 1), 2 = (1, 0), 3 = (1, 1)
+    assert layout.to_shards(whole).tolist() == [0, 1, 8, 4, 5, 9, 2, 3, 10, 6, 7, 11]
+    assert layout.bounds == [(0, 3), (3, 6), (6, 9), (9, 12)]
