@@ -254,20 +254,20 @@ def ps_shards_needed(d: int, t: int) -> int:
     return d * t
 
 
-# Under --workers MIN..MAX over the collective (strategies/elastic_cut.py): BSP (elastic_sharded_bsp.py) with
-# --fsdp D and/or --tensor-parallel T and --precision; local SGD and DiLoCo (their blocks) with --fsdp alone.
+# Under --workers MIN..MAX over the collective (strategies/elastic_cut.py): BSP (elastic_sharded_bsp.py), local
+# SGD and DiLoCo (their blocks) with --fsdp D and/or --tensor-parallel T and --precision.
 ELASTIC_CUT_STRATEGIES = ("bsp", "local-sgd", "diloco")
 
 
 def check_elastic_layout(config: RunConfig, given: str) -> None:
     """--workers MIN..MAX across cut replicas (strategies/elastic_cut.py): whole replicas join and leave,
-    under bsp, local-sgd or diloco over the collective transport. BSP (strategies/elastic_sharded_bsp.py)
-    takes replicas of D x T workers (--fsdp D, --tensor-parallel T, the cnn's hybrid plan included) and
-    --precision bf16|fp16 (fp16's loss scale goes with the state at a re-form, and an overflow is skipped
-    by every member alike); local SGD and DiLoCo take --fsdp D alone in fp32 (their local steps and rounds
-    carry no tensor-parallel layout and no loss scale). (Refused elsewhere, as for plain workers:
-    --adaptive-tau and Streaming DiLoCo with a range, in their strategies' option checks; --compress with a
-    range, strategy_section.py.)"""
+    under bsp, local-sgd or diloco over the collective transport, replicas of D x T workers (--fsdp D,
+    --tensor-parallel T: a joiner's worker (d, t) takes live worker (d, t)'s pieces) with --precision
+    bf16|fp16 (fp16's loss scale goes with the state at a re-form, and an overflow is skipped by every member
+    alike). BSP (strategies/elastic_sharded_bsp.py) also takes the cnn's hybrid plan; local SGD and DiLoCo
+    (their blocks) refuse it and the emulated link. (Refused elsewhere, as for plain workers: --adaptive-tau
+    and Streaming DiLoCo with a range, in their strategies' option checks; --compress with a range,
+    strategy_section.py.)"""
     if config.strategy not in ELASTIC_CUT_STRATEGIES:
         raise ConfigError(
             f"{given} with --workers MIN..MAX runs under --strategy {', '.join(ELASTIC_CUT_STRATEGIES[:-1])} or "
@@ -282,19 +282,19 @@ def check_elastic_layout(config: RunConfig, given: str) -> None:
             raise ConfigError(f"{given} with --workers MIN..MAX does not compose with {flag} yet; drop one of them")
     if config.strategy == "bsp":
         return
-    # Local SGD's and DiLoCo's blocks (strategies/elastic_cut.py `ElasticCutBlocks`): a replica's own local
-    # steps take no loss scale or overflow decision, and their rounds move FSDP chunks only.
+    # Local SGD's and DiLoCo's blocks (strategies/elastic_cut.py `ElasticCutBlocks`): the hybrid plan's units
+    # (one per tensor-parallel worker) and the emulated link on their rounds are not built under a range.
     t = tp_degree(config)
+    hybrid = tp_sample_ranks(config.model, config.task, t) > 1  # the cnn's: each tensor-parallel worker its samples
     for flag, used in (
-        (f"--tensor-parallel {t}", t > 1),
-        ("--precision " + config.precision, config.precision != "fp32"),
+        (f"--tensor-parallel {t} with the {config.model} model's hybrid plan", hybrid),
         ("--comm-delay-ms/--comm-bandwidth", bool(config.comm_delay_ms or config.comm_bandwidth)),
     ):
         if used:
             raise ConfigError(
                 f"{flag} does not compose with --workers MIN..MAX yet for --strategy {config.strategy} (elastic "
-                "local SGD and DiLoCo across cut replicas take --fsdp alone, in fp32, with no emulated link); drop "
-                "one of them"
+                "local SGD and DiLoCo across cut replicas take --fsdp and --tensor-parallel with a plan whose "
+                "tensor-parallel workers share their samples, with no emulated link); drop one of them"
             )
 
 

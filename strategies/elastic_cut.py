@@ -1,14 +1,16 @@
-"""Elastic membership across cut replicas (`--fsdp D --workers MIN..MAX`, over the collective transport;
-issue 28): what BSP (strategies/elastic_sharded_bsp.py, which also takes `--tensor-parallel T` and
-`--precision`), local SGD and DiLoCo (here: --fsdp D alone, fp32; config/layout_section.py
-`check_elastic_layout`) share there, and the block logic local SGD and DiLoCo share.
+"""Elastic membership across cut replicas (`--fsdp D` and/or `--tensor-parallel T`, `--workers MIN..MAX`,
+over the collective transport; issue 28): what BSP (strategies/elastic_sharded_bsp.py, which also takes the
+cnn's hybrid plan), local SGD and DiLoCo (here; config/layout_section.py `check_elastic_layout`) share
+there, --precision included, and the block logic local SGD and DiLoCo share.
 
-Slots are replicas: replica r's D (x T under BSP) workers are consecutive actor ranks, rank = (replica x D
-+ d) x T + t (orchestrator/membership.py places one group of bundles per replica), and a worker lost takes
-its whole replica out (orchestrator/controller/collective_scaling.py). The books are elastic BSP's
-(orchestrator/rounds.py) over MAX x D slices a step, one unit per data-parallel worker per round, so a
-round of R' replicas is R' x D units; a worker with no unit in a round (a placeholder) still runs its
-forward and backward at loss weight 0, since FSDP's collectives need every worker of the mesh.
+Slots are replicas: replica r's D x T workers are consecutive actor ranks, rank = (replica x D + d) x T +
+t (orchestrator/membership.py places one group of bundles per replica), and a worker lost takes its whole
+replica out (orchestrator/controller/collective_scaling.py). The books are elastic BSP's
+(orchestrator/rounds.py) over MAX x D slices a step, one unit per data-parallel rank per round (its T
+workers take it together: `RoundPlan.share`; under a hybrid plan each of them its own, MAX x D x T slices),
+so a round of R' replicas is R' x D units; a worker with no unit in a round (a placeholder) still runs its
+forward and backward at loss weight 0, since FSDP's and tensor parallelism's collectives need every worker
+of the mesh.
 
 A re-form (`TrainWorker.reform` with `rebuilds_replica`, orchestrator/worker.py): every member joins the
 new group, makes the (R', D, T) mesh ("replicate", "shard", "tp") and a fresh trainer cut over it (`cut`:
@@ -16,8 +18,8 @@ FSDP2 cannot be moved to another mesh; the strategy makes its own pieces over it
 own pieces back (trainers/replica_shards.py; D and T do not change, so worker (d, t)'s pieces keep their
 layout, fp16's loss scale with them) and takes those of the source replica's worker (d, t) by a broadcast
 over the mesh's "replicate" group, the strategy's own pieces with them (`local_extra`: DiLoCo's outer
-optimizer state, the rounds so far). Nothing is read from disk. Then `reformed`: the strategy's books
-start from that state.
+optimizer state, local SGD's books, the rounds so far). Nothing is read from disk. Then `reformed`: the
+strategy's books start from that state.
 
 Checkpoints and evaluations come from one replica: its workers evaluate the whole test set together
 (worker (0, 0) returns the scores) and gather the whole state (`whole_state`), so the driver writes the
@@ -25,17 +27,20 @@ layout-free checkpoint every reader takes; no worker writes checkpoint shards.
 
 Local SGD and DiLoCo (`ElasticCutBlocks`): as over plain replicas (strategies/local_sgd.py `ElasticLocalSGD`,
 strategies/diloco.py `ElasticDiLoCo`) the driver deals blocks of τ (H) rounds ending in the block's
-averaging (outer) round (`settle`), the only place the group re-forms. FSDP spans each replica's own D
-workers (as at a fixed size: strategies/sharded_local_sgd.py, sharded_diloco.py); a local (inner) step is
-the replica's own, on its units of the round: one all-reduce inside the replica of [units, gradient sum]
-makes FSDP's mean over its D workers the mean over its real units (a replica whose D workers all sit the
-round out takes no step) and decides finiteness for the replica, and the rate is the members' global
-batch's (`lr_factor` of R' x D units out of MAX x D, as plain elastic local SGD's N'/MAX). The round
-averages each worker's part over the R' workers holding it (the "replicate" group), weighted by whether
-its replica took a step in the block. A failed collective (FSDP's inside a replica whose mate is gone, or
-the round across replicas) raises `GroupBroken`: the block is undone on every survivor (back to the
-block's start, `block_start`: parameters and inner optimizer state; DiLoCo's θ_g and outer state are
-unchanged until the round succeeds) and its units are redone after the re-form.
+averaging (outer) round (`settle`), the only place the group re-forms. FSDP and tensor parallelism span
+each replica's own D x T workers (as at a fixed size: strategies/sharded_local_sgd.py, sharded_diloco.py);
+a local (inner) step is the replica's own, on its units of the round: one all-reduce inside the replica
+(`replica_group`) of [workers with a unit, gradient sum] makes FSDP's mean over its D workers the mean
+over its real units (a replica whose workers all sit the round out takes no step) and decides finiteness
+for the replica (under fp16 a second all-reduce over the run decides whether the gradient overflowed, for
+every member alike, so every loss scale moves alike), and the rate is the members' global batch's
+(`lr_factor` of R' x D units out of MAX x D, as plain elastic local SGD's N'/MAX). The round averages each
+worker's part over the R' workers holding the same part (d, t) in the other replicas (the "replicate"
+group, as at a fixed size), weighted by whether its replica took a step in the block. A failed collective
+(FSDP's or tensor parallelism's inside a replica whose mate is gone, or the round across replicas) raises
+`GroupBroken`: the block is undone on every survivor (back to the block's start, `block_start`:
+parameters, inner optimizer state and fp16's scale; DiLoCo's θ_g and outer state are unchanged until the
+round succeeds) and its units are redone after the re-form.
 """
 
 from __future__ import annotations
@@ -84,7 +89,14 @@ class ElasticCut(ReformedGroup):
 
     @property
     def slices_per_step(self) -> int:
-        return self.config.worker_slots * self.shards  # MAX x D, whoever is there
+        """MAX x D, whoever is there (a data-parallel rank's T workers share its slice); under a hybrid
+        plan (the cnn's: each tensor-parallel worker on its own samples) MAX x D x T."""
+        return self.config.worker_slots * self.shards * (self.tp if self.own_samples else 1)
+
+    @property
+    def workers_per_unit(self) -> int:
+        """The workers that take one unit together: a data-parallel rank's T (1 under a hybrid plan)."""
+        return 1 if self.own_samples else self.tp
 
     def setup(self, trainer: ShardedTrainer) -> None:
         """No group yet: the driver forms one among the members (`reform`) before the first round."""
@@ -97,10 +109,10 @@ class ElasticCut(ReformedGroup):
         self.mesh = self.channel.device_mesh((self.live_replicas, self.shards, self.tp), ("replicate", "shard", "tp"))
         reshard = self.config.reshard_after_forward
         trainer.shard(self.mesh, reshard, across_replicas=self.fsdp_across_replicas, own_samples=self.own_samples)
-        # The workers one update's gradient spans (None: all of them, HSDP; else the replica's own D, local
-        # steps under local SGD and DiLoCo, whose T is 1) and those holding this worker's part in the other
-        # replicas (a round's average).
-        self.update_group = None if self.fsdp_across_replicas else self.mesh["shard"].get_group()
+        # The workers one update's gradient spans (None: all of them, HSDP; else the replica's own D x T, local
+        # steps under local SGD and DiLoCo) and those holding this worker's part in the other replicas (a
+        # round's average).
+        self.update_group = None if self.fsdp_across_replicas else self.replica_group()
         self.across = self.mesh["replicate"].get_group()
         fsdp_replicas = self.live_replicas if self.fsdp_across_replicas else 1
         gathered = trainer.tp_numel * (2 if self.config.precision != "fp32" else 4)  # FSDP's param_dtype
@@ -110,6 +122,18 @@ class ElasticCut(ReformedGroup):
         self.made(trainer)
         return self.mesh
 
+    def replica_group(self) -> Any:
+        """This worker's replica's D x T workers (its local steps' group): the mesh's "shard" dimension when
+        T = 1; else a group per replica, every member making every replica's in one order (torch requires
+        it), with the run's --collective-timeout-s."""
+        import torch.distributed as dist
+
+        if self.tp == 1:
+            return self.mesh["shard"].get_group()
+        per = self.shards * self.tp  # rank = (replica x D + d) x T + t: a replica's workers are consecutive
+        groups = [self.channel.subgroup(list(range(r * per, (r + 1) * per))) for r in range(self.live_replicas)]
+        return groups[dist.get_rank() // per]
+
     def made(self, trainer: ShardedTrainer) -> None:
         """The strategy's own pieces over the new mesh (before any state is put in)."""
 
@@ -117,8 +141,8 @@ class ElasticCut(ReformedGroup):
         """After the re-form's copy: the strategy's books start from the state every member now holds."""
 
     def local_extra(self) -> dict[str, Any]:
-        """This worker's pieces of the strategy's own state that a joiner's worker d takes from live worker d
-        (on the CPU; no collective)."""
+        """This worker's pieces of the strategy's own state that a joiner's worker (d, t) takes from live
+        worker (d, t) (on the CPU; no collective)."""
         return {}
 
     def load_local_extra(self, state: dict[str, Any]) -> None:
@@ -150,11 +174,11 @@ class ElasticCut(ReformedGroup):
         return None
 
     def export_state(self, trainer: ShardedTrainer) -> dict[str, Any]:
-        """The replica's whole state, gathered by its D workers together; worker d = 0's is the answer."""
+        """The replica's whole state, gathered by its D x T workers together; worker (0, 0)'s is the answer."""
         from distrain.trainers.replica_shards import whole_state
 
         state = whole_state(trainer)
-        return state if self.shard == 0 else {}  # type: ignore[attr-defined]
+        return state if self.shard == 0 and self.tp_rank == 0 else {}  # type: ignore[attr-defined]
 
 
 class ElasticCutBlocks(ElasticCut):
@@ -195,32 +219,49 @@ class ElasticCutBlocks(ElasticCut):
         from distrain.trainers.sharded_trainer import local_part
 
         assert self.channel.joined, "reform() must run before step()"
+        trainer.unscale_grads_()  # --precision fp16: the reduced gradient, divided by the loss scale
         t0 = time.perf_counter()
         size = self.channel.world_size
         device = "cuda" if self.ctx.device.startswith("cuda") else "cpu"
         buffer = torch.tensor([self.weight, float(trainer.local_grad_sum())], dtype=torch.float64, device=device)
+        total = buffer[1:].clone()
         try:
-            dist.all_reduce(buffer, group=self.update_group)  # the replica's D workers: one decision
+            dist.all_reduce(buffer, group=self.update_group)  # the replica's D x T workers: one decision
+            if trainer.scaler is not None:
+                # fp16: whether a gradient overflowed is one answer over the run, which every member takes, its
+                # replica stepping this round or not, so every member's loss scale moves alike (the scale a
+                # checkpoint records and a re-form hands a joiner), as at a fixed size (sharded_bsp.py `step`).
+                dist.all_reduce(total)
         except COLLECTIVE_ERRORS as e:
             raise GroupBroken(str(e)) from e
-        units = int(round(float(buffer[0])))
+        ok = bool(torch.isfinite(total if trainer.scaler is not None else buffer[1]))
+        # Σw counts the replica's workers with a unit; a unit is a data-parallel rank's, taken by its T
+        # workers together (each of them under a hybrid plan).
+        weights = int(round(float(buffer[0])))
         stats = CommStats(extra=self.layout_columns(trainer) | {"members": size})  # type: ignore[attr-defined]
-        if units == 0:  # the whole replica sits this round out: no step
+        if weights == 0:  # the whole replica sits this round out: no step
+            if trainer.scaler is not None:  # (its scale moves as every member's)
+                self.gradient_decision(trainer.scaler, ok, "reduced gradient")  # type: ignore[attr-defined]
             stats.seconds = time.perf_counter() - t0
             return stats
-        if units != self.shards:  # FSDP's mean is over the D workers; the placeholders' zeros are no samples
+        per = self.shards * self.tp
+        if weights != per:
+            # FSDP's mean is over the D workers (a hybrid's HybridGradients' over the T workers' too); the
+            # placeholders' zeros are no samples: x D x T / Σw (= D / units where a unit is T workers').
             for p in trainer.params:
                 if p.grad is not None:
-                    local_part(p.grad).mul_(self.shards / units)
+                    local_part(p.grad).mul_(per / weights)
         c = self.config
-        stats.lr = lr * lr_factor(size, self.slices_per_step, c.batch_size, c.base_batch_size, c.lr_scaling)
+        units = size // self.workers_per_unit  # the round's R' x D units (x T under a hybrid plan)
+        stats.lr = lr * lr_factor(units, self.slices_per_step, c.batch_size, c.base_batch_size, c.lr_scaling)
         try:
             trainer.clip_gradient_(self.update_group)
         except COLLECTIVE_ERRORS as e:
             raise GroupBroken(str(e)) from e
         stats.seconds = time.perf_counter() - t0
         stats.bytes_sent = stats.bytes_received = self.traffic
-        if self.finite(bool(torch.isfinite(buffer[1])), "reduced gradient"):  # type: ignore[attr-defined]
+        # (fp16: an overflow is skipped by every member alike and halves every member's scale.)
+        if self.gradient_decision(trainer.scaler, ok, "reduced gradient"):  # type: ignore[attr-defined]
             trainer.apply_update(stats.lr)
             self.took += 1
         else:
@@ -341,7 +382,7 @@ class ElasticShardedDiLoCo(ElasticCutBlocks, ShardedDiLoCo):
     """DiLoCo across cut replicas under --workers MIN..MAX (the module docstring): one fragment (Streaming
     DiLoCo is refused with a range); each worker's part of θ_g − θ_i averaged over the replicas that took
     an inner step in the block, the outer optimizer stepping each worker's part of θ_g alike. A joiner's
-    worker d takes live worker d's θ_g (the parameters, at a block boundary), inner and outer optimizer
+    worker (d, t) takes live worker (d, t)'s θ_g (the parameters, at a block boundary), inner and outer optimizer
     state."""
 
     @classmethod
@@ -381,7 +422,7 @@ class ElasticShardedDiLoCo(ElasticCutBlocks, ShardedDiLoCo):
 
     def extra_state(self) -> dict[str, Any] | None:
         """For the driver's layout-free checkpoint: the outer optimizer's whole state in plain DiLoCo's flat
-        form, gathered inside the replica (its D workers call this together)."""
+        form, gathered inside the replica (its D x T workers call this together)."""
         from torch.distributed.tensor import DTensor
 
         from distrain.trainers.optim_state import export_flat_state

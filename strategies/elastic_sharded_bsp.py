@@ -59,17 +59,6 @@ class ElasticShardedBSP(ElasticCut, ShardedBSP):
     def block_rounds(cls, config: RunConfig) -> int:
         return config.segment_steps
 
-    @property
-    def slices_per_step(self) -> int:
-        """MAX x D, whoever is there (a data-parallel rank's T workers share its slice); under a hybrid
-        plan (the cnn's: each tensor-parallel worker on its own samples) MAX x D x T."""
-        return self.config.worker_slots * self.shards * (self.tp if self.own_samples else 1)
-
-    @property
-    def workers_per_unit(self) -> int:
-        """The workers that take one unit together: a data-parallel rank's T (1 under a hybrid plan)."""
-        return 1 if self.own_samples else self.tp
-
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         import torch
         import torch.distributed as dist

@@ -1,13 +1,18 @@
-"""Elastic local SGD and DiLoCo across cut replicas (`--fsdp 2 --workers 2..3`, strategies/elastic_cut.py;
-issue 28), on the shared local Ray (8 CPUs). The kill runs once, under DiLoCo (CI time: most of it is the
-replica's workers built twice); the block logic it exercises (`ElasticCutBlocks`: local steps, undo and redo,
-the round's weighted sum, the re-form's copy) is the same code under local SGD, whose own piece a joiner takes
-(its books) is tested without Ray in tests/unit/test_elastic_cut_blocks.py, with DiLoCo's round and outer state.
+"""Elastic local SGD and DiLoCo across cut replicas (`--fsdp 2` or `--tensor-parallel 2`, `--workers 2..3`,
+strategies/elastic_cut.py; issue 28), on the shared local Ray (8 CPUs). The kill runs once, under DiLoCo (CI
+time: most of it is the replica's workers built twice); the block logic it exercises (`ElasticCutBlocks`:
+local steps, undo and redo, the round's weighted sum, the re-form's copy) is the same code under local SGD,
+whose own piece a joiner takes (its books) is tested without Ray in tests/unit/test_elastic_cut_blocks.py,
+with DiLoCo's round and outer state.
 
 - A range whose membership never changes (--cpus-per-worker 2: room for MIN = 2 replicas of 2 workers, the
-  third replica's group stays pending) equals plain elastic replicas at twice the batch under the same range
-  (--cpus-per-worker 4): the same rounds of R' x D units out of MAX x D a step, the same rate, the same blocks
-  and averages (epoch ends and a partial last round, where a whole replica sits out, included).
+  third replica's group stays pending) equals plain elastic replicas at the same replica batch under the same
+  range (--cpus-per-worker 4): the same rounds of R' x D units out of MAX x D a step, the same rate, the same
+  blocks and averages (epoch ends and a partial last round, where a whole replica sits out, included). D = 2
+  (each worker at half the plain batch) for both; T = 2 (the mlp's plan, its 2 workers sharing each unit) for
+  DiLoCo, whose round averages worker t's part with worker t of the other replica.
+- DiLoCo at T = 2 under fp16, a loss that overflows the starting scale for 3 steps: the range equals the fixed
+  run of its members, the same steps skipped by every member alike.
 - DiLoCo: --chaos kill-worker of one worker of the third replica: its replica leaves whole (a shrink, not a
   failure), the survivors undo the block and redo it, and its slot's group is placed again: a replica joins
   and takes worker d's pieces (parameters, inner and DiLoCo's outer optimizer state) from a live replica's
@@ -20,10 +25,11 @@ import time
 import pandas as pd
 import pytest
 
+import distrain
 from distrain.config import RunConfig
 from distrain.orchestrator.callbacks import Callback
 from distrain.orchestrator.run import run_training
-from tests.helpers import final_params
+from tests.helpers import LoudDigits, final_params
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 TOL = 1e-5
@@ -40,19 +46,58 @@ def step_rows(run_dir) -> pd.DataFrame:
     return rows[rows["kind"] == "step"]
 
 
-@pytest.mark.parametrize("strategy", ["local-sgd", "diloco"])  # a few seconds each once Ray's workers are warm
-def test_a_range_that_never_changes_equals_plain_replicas_at_twice_the_batch(tmp_path, strategy):
+# A replica of 2 workers, 2 CPUs each: --fsdp 2 (D = 2 data-parallel ranks, each at half the plain batch) or
+# --tensor-parallel 2 (the mlp's plan: one data-parallel rank whose T = 2 workers share the plain batch).
+LAYOUTS = {"fsdp": dict(fsdp=2, batch_size=8), "tp": dict(tensor_parallel=2, batch_size=16)}
+
+
+@pytest.mark.parametrize(("strategy", "layouts"), [("local-sgd", ["fsdp"]), ("diloco", ["fsdp", "tp"])])
+def test_a_range_that_never_changes_equals_plain_replicas_at_the_same_batch(tmp_path, strategy, layouts):
     common = dict(workers="2..3", hang_timeout_s=300.0, collective_timeout_s=60.0)
-    cut = run_training(cfg(tmp_path, "cut", strategy, fsdp=2, batch_size=8, cpus_per_worker=2, **common))
     plain = run_training(cfg(tmp_path, "plain", strategy, batch_size=16, cpus_per_worker=4, **common))
-    for run in (cut, plain):
-        assert run.summary["status"] == "completed" and run.summary["membership"]["peak_members"] == 2 * (
-            2 if run is cut else 1
-        )
-    assert (final_params(cut.run_dir) - final_params(plain.run_dir)).abs().max().item() <= TOL
-    rows = step_rows(cut.run_dir)
-    units = rows.groupby(["epoch", "step", "slice"]).size()
-    assert len(units) == 8 * 6 and (units == 1).all()  # MAX x D = 6 slices a step, each once
+    assert plain.summary["status"] == "completed" and plain.summary["membership"]["peak_members"] == 2
+    for name in layouts:  # a few seconds each once Ray's workers are warm
+        layout = LAYOUTS[name]
+        cut = run_training(cfg(tmp_path, name, strategy, cpus_per_worker=2, **layout, **common))
+        assert cut.summary["status"] == "completed" and cut.summary["membership"]["peak_members"] == 4
+        gap = (final_params(cut.run_dir) - final_params(plain.run_dir)).abs().max().item()
+        assert gap <= TOL, (name, gap)
+        rows = step_rows(cut.run_dir)
+        units = rows.groupby(["epoch", "step", "slice"]).size()
+        # MAX x D slices a step, each once, by its data-parallel rank's T workers together (a row each)
+        d, t = layout.get("fsdp", 1), layout.get("tensor_parallel", 1)
+        assert len(units) == 8 * 3 * d and (units == t).all(), name
+
+
+class _LoudForThreeSteps(LoudDigits):
+    """LoudDigits' loss / 2**8: fp16's starting scale 2**16 overflows its backward for the first 3 steps (11
+    under LoudDigits' own)."""
+
+    def criterion(self, output, batch):
+        return super().criterion(output, batch) / 2**8
+
+
+def test_a_tensor_parallel_diloco_range_in_fp16_equals_the_fixed_run_of_its_members(tmp_path):
+    """--tensor-parallel 2 --precision fp16 with a loss whose backward overflows fp16's starting scale for the
+    first rounds: the range, MIN = 2 replicas placed and the third never, deals a step's MAX = 3 units 2 a
+    round in order, so its 4 steps are the fixed run's 6 sample for sample (--lr-scaling none), the same
+    overflows skipped by every member alike (the scale halved alike) and the same blocks of H = 2 rounds."""
+    small = dict(
+        strategy="diloco", sync_every=2, tensor_parallel=2, batch_size=16, lr_scaling="none", precision="fp16",
+        seed=3, epochs=1, eval_every=0, optimizer="sgd", momentum=0.9, lr=1e-3, progress=False,
+    )  # fmt: skip
+    elastic = distrain.fit(
+        _LoudForThreeSteps, workers="2..3", cpus_per_worker=2.0, max_steps=4, hang_timeout_s=300.0,
+        collective_timeout_s=60.0, run_dir=str(tmp_path / "e"), **small,
+    ).summary  # fmt: skip
+    fixed = distrain.fit(_LoudForThreeSteps, workers=2, max_steps=6, run_dir=str(tmp_path / "f"), **small).summary
+    assert elastic["status"] == fixed["status"] == "completed"
+    assert elastic["membership"]["peak_members"] == 4
+    gap = (final_params(tmp_path / "e") - final_params(tmp_path / "f")).abs().max().item()
+    assert gap <= TOL, gap
+    skipped = [step_rows(tmp_path / run)["overflow"].fillna(False).astype(bool).sum() for run in ("e", "f")]
+    # 3 rounds of 2 members x T rows, as the fixed run's 3 steps of 2 replicas x T; then 12 rows trained
+    assert skipped[0] == skipped[1] == 12, skipped
 
 
 class _PaceUntilReplicaTwoTrains(Callback):

@@ -109,10 +109,10 @@ REFUSED = [
         ["--model", "mlp", "--strategy", "local-sgd", "--fsdp", "2", "--workers", "1..2", "--adaptive-tau"],
         ["--adaptive-tau does not compose with --workers MIN..MAX"],
     ),
-    # ... in fp32 with --fsdp alone (elastic BSP takes --precision and --tensor-parallel)
+    # ... with --fsdp and --tensor-parallel and --precision, but not the cnn's hybrid plan (elastic BSP takes it)
     (
-        ["--model", "mlp", "--strategy", "diloco", "--fsdp", "2", "--workers", "1..2", "--precision", "fp16"],
-        ["--precision fp16 does not compose with --workers MIN..MAX yet for --strategy diloco"],
+        ["--model", "cnn", "--strategy", "diloco", "--tensor-parallel", "2", "--workers", "1..2"],
+        ["--tensor-parallel 2 with the cnn model's hybrid plan does not compose with --workers MIN..MAX yet"],
     ),
     # Streaming DiLoCo runs across cut replicas (tests/integration/test_layout_streaming.py); under a range,
     # and with more fragments than the model's whole tensors, it is refused as over plain replicas
@@ -122,7 +122,7 @@ REFUSED = [
     ),
     (
         ["--model", "mlp", "--strategy", "diloco", "--tensor-parallel", "2", "--workers", "1..2", "--fragments", "2"],
-        ["--tensor-parallel 2 does not compose with --workers MIN..MAX yet"],
+        ["--fragments (Streaming DiLoCo) does not compose with --workers MIN..MAX"],
     ),
     (
         ["--model", "mlp", "--strategy", "diloco", "--fsdp", "2", "--workers", "2", "--fragments", "7"],
