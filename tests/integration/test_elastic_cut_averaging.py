@@ -13,6 +13,8 @@ with DiLoCo's round and outer state.
   DiLoCo, whose round averages worker t's part with worker t of the other replica.
 - DiLoCo at T = 2 under fp16, a loss that overflows the starting scale for 3 steps: the range equals the fixed
   run of its members, the same steps skipped by every member alike.
+- DiLoCo with the cnn's hybrid plan at T = 2 (each tensor-parallel worker dealt its own unit): the range equals
+  the fixed run of its members, every (epoch, step, slice) trained once by one worker.
 - DiLoCo: --chaos kill-worker of one worker of the third replica: its replica leaves whole (a shrink, not a
   failure), the survivors undo the block and redo it, and its slot's group is placed again: a replica joins
   and takes worker d's pieces (parameters, inner and DiLoCo's outer optimizer state) from a live replica's
