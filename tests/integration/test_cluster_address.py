@@ -76,7 +76,7 @@ def ray_head():
             time.sleep(0.5)
         yield f"127.0.0.1:{port}", home / "t"
     finally:
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):  # --block sat out 20 s of SIGTERM in CI
             try:
                 os.killpg(proc.pid, sig)  # the head's own group: raylet, GCS, its workers
             except ProcessLookupError:
