@@ -22,9 +22,13 @@ from distrain.orchestrator.work import Unit, WorkPlan
 
 
 class ReplicaDispatcher(Dispatcher):
-    def __init__(self, work: WorkPlan, submit: Submit, per: int, **books: Any) -> None:
+    def __init__(self, work: WorkPlan, submit: Submit, per: int, per_unit: int = 1, **books: Any) -> None:
         super().__init__(work, submit, **books)
-        self.per = per  # D: the workers of a replica
+        self.per = per  # D x T: the workers of a replica
+        # T: the workers of a data-parallel rank, who take its slice together (1 under a hybrid plan: each
+        # tensor-parallel worker its own), so a replica unit is `ranks` slices, D (or D x T).
+        self.per_unit = per_unit
+        self.ranks = per // per_unit
         self.members = [s * per + d for s in range(work.workers) for d in range(per)]
         self.open_epoch = [None] * len(self.members)  # (static plans' books, indexed by worker rank)
         # A replica segment's results so far: (worker 0's rank, its replica units) -> {rank: result}
@@ -37,18 +41,19 @@ class ReplicaDispatcher(Dispatcher):
         return rank - rank % self.per
 
     def replica_units(self, units: list[Unit]) -> tuple[Unit, ...]:
-        return tuple((e, s, sl // self.per) for e, s, sl in units)
+        return tuple((e, s, sl // self.ranks) for e, s, sl in units)
 
     def call(self, kind: str, rank: int, payload: Any) -> None:
-        """A replica's segment goes to each of its D workers, worker d's slices s x D + d; other calls
-        as they are (an evaluation or checkpoint on a replica reaches its D workers in the group)."""
+        """A replica's segment goes to each of its D x T workers, worker (d, t)'s slices s x D + d (its
+        data-parallel rank's, shared by its T; s x D x T + d x T + t under a hybrid plan); other calls as
+        they are (an evaluation or checkpoint on a replica reaches its workers in the group)."""
         if kind != "segment":
             super().call(kind, rank, payload)
             return
         first = self.first(rank)
-        for d in range(self.per):
-            units = [(e, s, sl * self.per + d) for e, s, sl in payload]
-            self.pending[self.submit(kind, first + d, units)] = (kind, first + d, units)
+        for w in range(self.per):
+            units = [(e, s, sl * self.ranks + w // self.per_unit) for e, s, sl in payload]
+            self.pending[self.submit(kind, first + w, units)] = (kind, first + w, units)
 
     def feed(self, rank: int) -> None:
         super().feed(self.first(rank))

@@ -163,8 +163,8 @@ class ShardedPS(ShardedBSP):
         from distrain.trainers.shard_layout import ShardLayout, chunk_rows
         from distrain.trainers.sharded_trainer import local_part
 
-        if self.config.elastic:  # its own replica's group of D, at its worker 0's rendezvous (no run-wide one)
-            self.channel.join(self.shard, self.shards, self.ctx.rendezvous)
+        if self.config.elastic:  # its own replica's group of D x T, at its worker 0's rendezvous (no run-wide one)
+            self.channel.join(self.shard * self.tp + self.tp_rank, self.shards * self.tp, self.ctx.rendezvous)
         mesh = self.join_mesh(trainer)
         # This replica's D x T workers (its steps are its own: `update_group`, None where the run's group is
         # the replica), the T workers of its data-parallel rank, who hold the tensors the plan leaves whole
