@@ -1,10 +1,12 @@
 """The dispatcher of an elastic run across cut replicas over the parameter server (`--fsdp D --transport
-ps --workers MIN..MAX`; strategies/sharded_ps.py): the units are shared, as in plain elastic runs over
-the PS, but a unit is a replica's: the plan (orchestrator/work.py, shared) is kept over the MAX replica
-slots, and a replica's segment goes to its D workers together, worker d taking slice s x D + d of
-replica unit s (a step stays MAX x D slices, each a B-sample unit, whoever is there).
+ps --workers MIN..MAX`, or `--tensor-parallel T`, or both; strategies/sharded_ps.py): the units are
+shared, as in plain elastic runs over the PS, but a unit is a replica's: the plan (orchestrator/work.py,
+shared) is kept over the MAX replica slots, and a replica's segment goes to its D x T workers together,
+worker (d, t) taking slice s x D + d of replica unit s, a data-parallel rank's T workers the same slice
+(a step stays MAX x D slices, each a B-sample unit, whoever is there; under a hybrid plan, whose T
+workers each take their own samples, MAX x D x T, worker (d, t) slice s x D x T + d x T + t).
 
-Worker ranks are replica-major (worker d of replica r is rank r x D + d); the dispatcher feeds a
+Worker ranks are replica-major (worker (d, t) of replica r is rank (r x D + d) x T + t); the dispatcher feeds a
 replica through its worker 0 (`feed`), and a segment's D results are held back until all are in
 (`collect`): then their rows are recorded together and the replica's units count once. A replica whose
 worker is lost leaves whole (orchestrator/controller/scaling.py): the segments of its workers that were

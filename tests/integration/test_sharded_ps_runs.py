@@ -17,7 +17,11 @@ PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk
   none breaks each equality;
 - --fsdp 2 --tensor-parallel 2: worker (d, t) pushes its piece to PS shard d x T + t; async with one replica
   equals one process at D x B after 10 steps, its checkpoint whole; the cnn's hybrid over the PS at T = 2
-  equals one process at T x B.
+  equals one process at T x B;
+- under --workers 1..2 with room for one replica (a range that never changes), bsp over the PS equals one
+  process within 1e-5 with --fsdp 2 and with --tensor-parallel 2 (a replica's D x T workers their own
+  group, a data-parallel rank's T workers dealt its slice together), and at T = 2 under --precision bf16
+  the fixed-size run; a joiner's worker pulling the other TP rank's piece breaks it (max |Δ| 0.23).
 """
 
 from __future__ import annotations
