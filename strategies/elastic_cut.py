@@ -1,7 +1,7 @@
 """Elastic membership across cut replicas (`--fsdp D` and/or `--tensor-parallel T`, `--workers MIN..MAX`,
-over the collective transport; issue 28): what BSP (strategies/elastic_sharded_bsp.py, which also takes the
-cnn's hybrid plan), local SGD and DiLoCo (here; config/layout_section.py `check_elastic_layout`) share
-there, --precision included, and the block logic local SGD and DiLoCo share.
+over the collective transport; issue 28): what BSP (strategies/elastic_sharded_bsp.py), local SGD and
+DiLoCo (here; config/layout_section.py `check_elastic_layout`) share there, --precision and the cnn's hybrid
+plan included, and the block logic local SGD and DiLoCo share.
 
 Slots are replicas: replica r's D x T workers are consecutive actor ranks, rank = (replica x D + d) x T +
 t (orchestrator/membership.py places one group of bundles per replica), and a worker lost takes its whole

@@ -13,6 +13,8 @@ with DiLoCo's round and outer state.
   DiLoCo, whose round averages worker t's part with worker t of the other replica.
 - DiLoCo at T = 2 under fp16, a loss that overflows the starting scale for 3 steps: the range equals the fixed
   run of its members, the same steps skipped by every member alike.
+- DiLoCo with the cnn's hybrid plan at T = 2 (each tensor-parallel worker dealt its own unit): the range equals
+  the fixed run of its members, every (epoch, step, slice) trained once by one worker.
 - DiLoCo: --chaos kill-worker of one worker of the third replica: its replica leaves whole (a shrink, not a
   failure), the survivors undo the block and redo it, and its slot's group is placed again: a replica joins
   and takes worker d's pieces (parameters, inner and DiLoCo's outer optimizer state) from a live replica's
@@ -98,6 +100,28 @@ def test_a_tensor_parallel_diloco_range_in_fp16_equals_the_fixed_run_of_its_memb
     skipped = [step_rows(tmp_path / run)["overflow"].fillna(False).astype(bool).sum() for run in ("e", "f")]
     # 3 rounds of 2 members x T rows, as the fixed run's 3 steps of 2 replicas x T; then 12 rows trained
     assert skipped[0] == skipped[1] == 12, skipped
+
+
+def test_a_hybrid_diloco_range_equals_the_fixed_run_of_its_members(tmp_path):
+    """The cnn's hybrid plan at T = 2 (each tensor-parallel worker on its own unit): MIN = 2 replicas placed,
+    the third never; a step is MAX x T = 6 slices, dealt 4 a round in order (one per worker), so the range's
+    4 steps are the fixed run's 6 sample for sample (--lr-scaling none), each replica's inner step counting
+    its 2 workers' units and the round averaging worker t's part with worker t of the other replica."""
+    small = dict(
+        strategy="diloco", sync_every=2, tensor_parallel=2, batch_size=16, lr_scaling="none", seed=3, epochs=1,
+        eval_every=0, optimizer="sgd", momentum=0.9, lr=0.05, model="cnn",
+    )  # fmt: skip
+    elastic = run_training(
+        RunConfig(workers="2..3", cpus_per_worker=2.0, max_steps=4, hang_timeout_s=300.0, collective_timeout_s=60.0,
+                  run_dir=str(tmp_path / "e"), **small)
+    ).summary  # fmt: skip
+    fixed = run_training(RunConfig(workers=2, max_steps=6, run_dir=str(tmp_path / "f"), **small)).summary
+    assert elastic["status"] == fixed["status"] == "completed"
+    assert elastic["membership"]["peak_members"] == 4
+    gap = (final_params(tmp_path / "e") - final_params(tmp_path / "f")).abs().max().item()
+    assert gap <= TOL, gap
+    units = step_rows(tmp_path / "e").groupby(["epoch", "step", "slice"]).size()
+    assert len(units) == 4 * 6 and (units == 1).all()  # MAX x T slices a step, each once, by one worker
 
 
 class _PaceUntilReplicaTwoTrains(Callback):

@@ -59,9 +59,8 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(fsdp=2, workers="1..2", strategy="sandblaster"), r"^--fsdp 2 runs with --strategy bsp, diloco or loc"),
         (dict(fsdp=2, workers="1..2", strategy="diloco", fragments=2), r"^--fragments \(Streaming DiLoCo\) does not c"),
         (dict(fsdp=2, workers="1..2", strategy="local-sgd", adaptive_tau=True), r"^--adaptive-tau does not compose"),
-        # elastic local SGD and DiLoCo across cut replicas: not the cnn's hybrid plan nor the link (BSP takes the plan)
-        (dict(tensor_parallel=2, workers="1..2", strategy="local-sgd"), r"^--tensor-parallel 2 with the cnn model"),
-        (dict(fsdp=2, workers="1..2", strategy="diloco", tensor_parallel=2), r"^--tensor-parallel 2 with the cnn mod"),
+        # elastic local SGD and DiLoCo across cut replicas: not the emulated link (the cnn's hybrid plan they take)
+        (dict(tensor_parallel=2, workers="1..2", strategy="local-sgd", comm_delay_ms=5), r"^--comm-delay-ms/--comm"),
         (dict(fsdp=2, workers="1..2", strategy="diloco", comm_delay_ms=5), r"^--comm-delay-ms/--comm-bandwidth does"),
         (dict(fsdp=2, workers="2..3", worker_weights="1,1,2"), r"^--fsdp 2 with --workers MIN..MAX does not comp"),
         (dict(fsdp=2, transport="ps", compress="powersgd:2"), r"^--compress powersgd:2 needs whole matrices, but a p"),
@@ -84,10 +83,12 @@ def test_what_sharding_refuses_in_one_line(given, message):
 @pytest.mark.parametrize("strategy", ["local-sgd", "diloco"])
 def test_elastic_local_sgd_and_diloco_across_cut_replicas_take_tensor_parallelism_and_precision(strategy):
     """Under --workers MIN..MAX a replica of D x T workers (strategies/elastic_cut.py `ElasticCutBlocks`), in
-    fp32, bf16 or fp16, as elastic BSP's (the mlp's plan: its T workers share their samples)."""
-    for layout in (dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2), dict(fsdp=2)):
-        for precision in ("fp32", "bf16", "fp16"):
-            RunConfig(model="mlp", strategy=strategy, workers="1..2", precision=precision, **layout).validate()
+    fp32, bf16 or fp16, as elastic BSP's: the mlp's plan (its T workers share their samples) and the cnn's
+    hybrid (each of its T workers its own, MAX x D x T slices a step)."""
+    for model in ("mlp", "cnn"):
+        for layout in (dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2), dict(fsdp=2)):
+            for precision in ("fp32", "bf16", "fp16"):
+                RunConfig(model=model, strategy=strategy, workers="1..2", precision=precision, **layout).validate()
 
 
 def test_a_range_over_the_ps_takes_tensor_parallel_replicas_and_precision():

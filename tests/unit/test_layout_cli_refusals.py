@@ -114,10 +114,10 @@ REFUSED = [
         ["--model", "mlp", "--strategy", "local-sgd", "--fsdp", "2", "--workers", "1..2", "--adaptive-tau"],
         ["--adaptive-tau does not compose with --workers MIN..MAX"],
     ),
-    # ... with --fsdp and --tensor-parallel and --precision, but not the cnn's hybrid plan (elastic BSP takes it)
+    # ... with --fsdp and --tensor-parallel (the cnn's hybrid plan included) and --precision, but not the link
     (
-        ["--model", "cnn", "--strategy", "diloco", "--tensor-parallel", "2", "--workers", "1..2"],
-        ["--tensor-parallel 2 with the cnn model's hybrid plan does not compose with --workers MIN..MAX yet"],
+        ["--model", "cnn", "--strategy", "diloco", "--tensor-parallel", "2", "--workers", "1..2", "--comm-delay-ms=9"],
+        ["--comm-delay-ms/--comm-bandwidth does not compose with --workers MIN..MAX yet for --strategy diloco"],
     ),
     # Streaming DiLoCo runs across cut replicas (tests/integration/test_layout_streaming.py); under a range,
     # and with more fragments than the model's whole tensors, it is refused as over plain replicas

@@ -29,8 +29,7 @@ def test_local_sgd_across_cut_replicas_is_its_own_implementation():
     "given, message",
     [
         (dict(workers="1..2", adaptive_tau=True), r"^--adaptive-tau does not compose with --workers MIN..MAX"),
-        (dict(workers="1..2", tensor_parallel=2), r"^--tensor-parallel 2 does not compose with --workers MIN..MAX"),
-        (dict(workers="1..2", precision="bf16"), r"^--precision bf16 does not compose with --workers MIN..MAX"),
+        (dict(workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
         (dict(schedule="bsp:1,local-sgd"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
     ],
 )
