@@ -303,8 +303,8 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     worker's push-pull to its shard on its own link, as a plain worker's). Refused: --backup-tasks (its
     portions are handed to single workers; a replica's workers would have to take each portion together),
     --pipeline-stages. Under --workers
-    MIN..MAX whole replicas of --fsdp D join and leave (docs/elastic.md); there --tensor-parallel,
-    --backup-workers and --compress are refused."""
+    MIN..MAX whole replicas of D x T workers join and leave (docs/elastic.md; a joiner's worker (d, t) pulls
+    its piece from PS shard d x T + t); there --backup-workers, --compress and unequal shares are refused."""
     needed = ps_shards_needed(d, t)
     if config.ps_shards != needed:
         what = {
@@ -324,11 +324,6 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
         )
     if config.pipelined:
         raise ConfigError(f"{given} over --transport ps does not compose with --pipeline-stages yet; drop one of them")
-    if config.elastic and t > 1:  # a replica's group and pieces are its D FSDP workers' (sharded_ps.py `setup`)
-        raise ConfigError(
-            f"--tensor-parallel {t} over --transport ps does not compose with --workers MIN..MAX yet (whole "
-            "replicas join and leave under --fsdp D only); drop one of them"
-        )
     if config.elastic:  # whole replicas join and leave (strategies/sharded_ps.py)
         for flag, used in (
             # k-of-n's referee decides each round among a fixed N + K replicas

@@ -1,10 +1,12 @@
 """The dispatcher of an elastic run across cut replicas over the parameter server (`--fsdp D --transport
-ps --workers MIN..MAX`; strategies/sharded_ps.py): the units are shared, as in plain elastic runs over
-the PS, but a unit is a replica's: the plan (orchestrator/work.py, shared) is kept over the MAX replica
-slots, and a replica's segment goes to its D workers together, worker d taking slice s x D + d of
-replica unit s (a step stays MAX x D slices, each a B-sample unit, whoever is there).
+ps --workers MIN..MAX`, or `--tensor-parallel T`, or both; strategies/sharded_ps.py): the units are
+shared, as in plain elastic runs over the PS, but a unit is a replica's: the plan (orchestrator/work.py,
+shared) is kept over the MAX replica slots, and a replica's segment goes to its D x T workers together,
+worker (d, t) taking slice s x D + d of replica unit s, a data-parallel rank's T workers the same slice
+(a step stays MAX x D slices, each a B-sample unit, whoever is there; under a hybrid plan, whose T
+workers each take their own samples, MAX x D x T, worker (d, t) slice s x D x T + d x T + t).
 
-Worker ranks are replica-major (worker d of replica r is rank r x D + d); the dispatcher feeds a
+Worker ranks are replica-major (worker (d, t) of replica r is rank (r x D + d) x T + t); the dispatcher feeds a
 replica through its worker 0 (`feed`), and a segment's D results are held back until all are in
 (`collect`): then their rows are recorded together and the replica's units count once. A replica whose
 worker is lost leaves whole (orchestrator/controller/scaling.py): the segments of its workers that were
@@ -22,9 +24,13 @@ from distrain.orchestrator.work import Unit, WorkPlan
 
 
 class ReplicaDispatcher(Dispatcher):
-    def __init__(self, work: WorkPlan, submit: Submit, per: int, **books: Any) -> None:
+    def __init__(self, work: WorkPlan, submit: Submit, per: int, per_unit: int = 1, **books: Any) -> None:
         super().__init__(work, submit, **books)
-        self.per = per  # D: the workers of a replica
+        self.per = per  # D x T: the workers of a replica
+        # T: the workers of a data-parallel rank, who take its slice together (1 under a hybrid plan: each
+        # tensor-parallel worker its own), so a replica unit is `ranks` slices, D (or D x T).
+        self.per_unit = per_unit
+        self.ranks = per // per_unit
         self.members = [s * per + d for s in range(work.workers) for d in range(per)]
         self.open_epoch = [None] * len(self.members)  # (static plans' books, indexed by worker rank)
         # A replica segment's results so far: (worker 0's rank, its replica units) -> {rank: result}
@@ -37,18 +43,19 @@ class ReplicaDispatcher(Dispatcher):
         return rank - rank % self.per
 
     def replica_units(self, units: list[Unit]) -> tuple[Unit, ...]:
-        return tuple((e, s, sl // self.per) for e, s, sl in units)
+        return tuple((e, s, sl // self.ranks) for e, s, sl in units)
 
     def call(self, kind: str, rank: int, payload: Any) -> None:
-        """A replica's segment goes to each of its D workers, worker d's slices s x D + d; other calls
-        as they are (an evaluation or checkpoint on a replica reaches its D workers in the group)."""
+        """A replica's segment goes to each of its D x T workers, worker (d, t)'s slices s x D + d (its
+        data-parallel rank's, shared by its T; s x D x T + d x T + t under a hybrid plan); other calls as
+        they are (an evaluation or checkpoint on a replica reaches its workers in the group)."""
         if kind != "segment":
             super().call(kind, rank, payload)
             return
         first = self.first(rank)
-        for d in range(self.per):
-            units = [(e, s, sl * self.per + d) for e, s, sl in payload]
-            self.pending[self.submit(kind, first + d, units)] = (kind, first + d, units)
+        for w in range(self.per):
+            units = [(e, s, sl * self.ranks + w // self.per_unit) for e, s, sl in payload]
+            self.pending[self.submit(kind, first + w, units)] = (kind, first + w, units)
 
     def feed(self, rank: int) -> None:
         super().feed(self.first(rank))

@@ -55,12 +55,14 @@ replacement in place at a fixed size (a replica's D workers share one FSDP group
 the attempt; under a range its replica leaves instead, below).
 
 Elastic (`--workers MIN..MAX`; docs/elastic.md, "Sharded replicas over the PS"): MIN and MAX count
-replicas, one placement group of D workers each, and the shards count one client per replica slot (the
-driver's worker ranks mapped to it: orchestrator/controller/ray_group.py). A replica's D workers join their
-own group (worker d is group rank d, at worker 0's rendezvous), so replicas come and go without touching
-the others; a joiner's worker d takes θ chunk d from shard d at set-up (the optimizer state is on the
-shards: nothing to copy from a live worker). The driver deals replica units (orchestrator/
-replica_dispatcher.py): worker d trains slice s x D + d of the step's MAX x D, as dealt (`plan`). A lost
+replicas, one placement group of D x T workers each, and the shards count one client per replica slot
+(the driver's worker ranks mapped to it: orchestrator/controller/ray_group.py). A replica's D x T workers
+join their own group (worker (d, t) is group rank d x T + t, at worker 0's rendezvous: the mesh's "shard"
+and "tp" dimensions inside it), so replicas come and go without touching the others; a joiner's worker
+(d, t) takes its piece from shard d x T + t at set-up (the optimizer state is on the shards: nothing to
+copy from a live worker). The driver deals replica units (orchestrator/replica_dispatcher.py): worker
+(d, t) trains slice s x D + d of the step's MAX x D, its T alike (each its own under a hybrid plan), as
+dealt (`plan`). A lost
 worker takes its replica out (orchestrator/controller/scaling.py). Under BSP (the elastic rule over MAX
 replica slots: rounds close on the member replicas, the rate scaled for their count) a replica enters
 the rounds where the driver puts it, its D workers agreeing on the round and pulling θ there
@@ -163,8 +165,8 @@ class ShardedPS(ShardedBSP):
         from distrain.trainers.shard_layout import ShardLayout, chunk_rows
         from distrain.trainers.sharded_trainer import local_part
 
-        if self.config.elastic:  # its own replica's group of D, at its worker 0's rendezvous (no run-wide one)
-            self.channel.join(self.shard, self.shards, self.ctx.rendezvous)
+        if self.config.elastic:  # its own replica's group of D x T, at its worker 0's rendezvous (no run-wide one)
+            self.channel.join(self.shard * self.tp + self.tp_rank, self.shards * self.tp, self.ctx.rendezvous)
         mesh = self.join_mesh(trainer)
         # This replica's D x T workers (its steps are its own: `update_group`, None where the run's group is
         # the replica), the T workers of its data-parallel rank, who hold the tensors the plan leaves whole

@@ -8,9 +8,10 @@ Under the parameter-server transport the shards must know who is in: the bound o
 members, and BSP rounds over the PS (`rounds`) close on the pushes of the members with work
 (`in_rounds`), so a member the plan has nothing for leaves the rounds until it is fed again.
 
-Across cut replicas (`--fsdp D`, strategies/sharded_ps.py) a member is a replica of D workers (ranks
-r x D .. r x D + D - 1, one placement group, orchestrator/membership.py): they are started, set up
-(their own FSDP group, at worker 0's rendezvous) and fed together (orchestrator/replica_dispatcher.py),
+Across cut replicas (`--fsdp D` and/or `--tensor-parallel T`, strategies/sharded_ps.py) a member is a
+replica of D x T workers (ranks r x D x T .. (r + 1) x D x T - 1, one placement group,
+orchestrator/membership.py): they are started, set up (their own group, at worker 0's rendezvous)
+and fed together (orchestrator/replica_dispatcher.py),
 the shards count the replica as one client (the group maps ranks to it), and a lost worker takes its
 whole replica out: its siblings are stopped (their FSDP collectives would wait for it), the segments
 not wholly back are handed out again, and the run goes on without a restart. A sibling whose FSDP
@@ -93,8 +94,9 @@ class ElasticScaling:
         return joined
 
     def _join_replicas(self, joined: list[int]) -> None:
-        """Cut replicas: each placed slot's D workers start together, the shards count the replica in, and
-        its workers are set up (their FSDP group at worker 0's rendezvous; θ chunk d from shard d) and fed."""
+        """Cut replicas: each placed slot's D x T workers start together, the shards count the replica in, and
+        its workers are set up (their group at worker 0's rendezvous; worker (d, t)'s piece from shard
+        d x T + t) and fed."""
         a = self.a
         for first in self._firsts(joined):
             ranks = list(range(first, first + self.per))

@@ -17,7 +17,11 @@ PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk
   none breaks each equality;
 - --fsdp 2 --tensor-parallel 2: worker (d, t) pushes its piece to PS shard d x T + t; async with one replica
   equals one process at D x B after 10 steps, its checkpoint whole; the cnn's hybrid over the PS at T = 2
-  equals one process at T x B.
+  equals one process at T x B;
+- under --workers 1..2 with room for one replica (a range that never changes), bsp over the PS equals one
+  process within 1e-5 with --fsdp 2 and with --tensor-parallel 2 (a replica's D x T workers their own
+  group, a data-parallel rank's T workers dealt its slice together), and at T = 2 under --precision bf16
+  the fixed-size run; a joiner's worker pulling the other TP rank's piece breaks it (max |Δ| 0.23).
 """
 
 from __future__ import annotations
@@ -147,25 +151,42 @@ def test_compressed_pushes_across_a_sharded_replica_go_through_the_codec_and_los
     assert (rows["bytes_sent"] > rows["bytes_uncompressed"]).all()  # top-k of all: the values and indices
 
 
-def test_bsp_over_the_ps_under_a_range_that_never_changes_equals_one_process(tmp_path, one_process):
-    """--workers 1..2 --fsdp 2 --transport ps --batch-size 32 with room for one replica only (3 CPUs a
-    worker: replica 1 stays pending, the membership never changes): the replica's D workers form their own
-    FSDP group, the driver deals it replica units (worker d: slice s x D + d of the step's MAX x D), and the
-    shards' rounds close on the member replica's chunks at the rate for 1 of MAX = 2 (--lr-scaling none: the
-    same). A round is half a step, the next 64 samples: 10 steps are one process's 20 at batch 64 within 1e-5."""
+@pytest.mark.parametrize(
+    "layout, batch",
+    [(dict(fsdp=2), 32), (dict(tensor_parallel=2), 64), (dict(tensor_parallel=2, precision="bf16"), 64)],
+    ids=["fsdp2", "tp2", "tp2-bf16"],
+)
+def test_bsp_over_the_ps_under_a_range_that_never_changes_equals_one_process(tmp_path, one_process, layout, batch):
+    """--workers 1..2 --transport ps with --fsdp 2 --batch-size 32, or --tensor-parallel 2 --batch-size 64,
+    with room for one replica only (3 CPUs a worker: replica 1 stays pending, the membership never
+    changes): the replica's D x T workers form their own group, the driver deals it replica units (worker
+    (d, t): slice s x D + d of the step's MAX x D, a data-parallel rank's T workers sharing it), and the
+    shards' rounds close on the member replica's pieces at the rate for 1 of MAX = 2 (--lr-scaling none: the
+    same). A round is half a step, the next 64 samples: 10 steps are one process's 20 at batch 64 within
+    1e-5. Under --precision bf16 (T = 2) the same run equals a fixed-size one (--workers 1, 20 steps at
+    batch 64: the same computation in bf16) within 1e-5."""
     run = run_training(
         cfg(
-            tmp_path, "range", strategy="bsp", transport="ps", workers="1..2", fsdp=2, batch_size=32, max_steps=10,
-            cpus_per_worker=3.0,
+            tmp_path, "range", strategy="bsp", transport="ps", workers="1..2", batch_size=batch, max_steps=10,
+            cpus_per_worker=3.0, **layout,
         )
     )  # fmt: skip
     s = run.summary
     assert s["status"] == "completed" and s["failures"] == 0
     assert (s["membership"]["joins"], s["membership"]["leaves"], s["membership"]["final_members"]) == (0, 0, 2)
-    assert (final_params(run.run_dir) - one_process[0]).abs().max().item() <= TOL
+    expected = one_process[0]
+    if "precision" in layout:
+        fixed = run_training(cfg(tmp_path, "fixed", strategy="bsp", transport="ps", workers=1, batch_size=batch,
+                                 **layout))  # fmt: skip
+        assert fixed.summary["status"] == "completed"
+        expected = final_params(fixed.run_dir)
+        assert (expected - one_process[0]).abs().max().item() > TOL  # bf16 is not one fp32 process
+    assert (final_params(run.run_dir) - expected).abs().max().item() <= TOL
     rows = steps_of(run.run_dir)
+    ranks = 2 // layout.get("tensor_parallel", 1)  # D: the data-parallel ranks of a replica, each a slice
     units = rows.groupby(["epoch", "step", "slice"]).size()
-    assert len(units) == 10 * 4 and (units == 1).all() and rows.groupby("worker")["clock"].max().tolist() == [20, 20]
+    assert len(units) == 10 * 2 * ranks and (units == 2 // ranks).all()  # a rank's T workers each have its row
+    assert rows.groupby("worker")["clock"].max().tolist() == [20, 20]
 
 
 @pytest.mark.parametrize("strategy", ["bsp", "async"])

@@ -66,7 +66,8 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(fsdp=2, transport="ps", compress="powersgd:2"), r"^--compress powersgd:2 needs whole matrices, but a p"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
-        (dict(tensor_parallel=2, transport="ps", model="mlp", workers="1..2"), r"^--tensor-parallel 2 over --tr"),
+        (dict(tensor_parallel=2, transport="ps", model="mlp", workers="2..3", backup_workers=1, strategy="bsp"),
+         r"^--tensor-parallel 2 over --transport ps with --workers MIN..MAX does not compose with --backup-work"),
         (dict(fsdp=2, transport="ps", strategy="ssp", workers="1..2", compress="int8"), r"^--fsdp 2 over --tra"),
         (dict(tensor_parallel=2, model="mlp", precision="fp16", compress="int8"), r"^--precision fp16 cannot be comb"),
         (dict(fsdp=2, comm_delay_ms=5), r"^--fsdp 2 with --strategy bsp does not compose with --comm-delay-ms/--c"),
@@ -88,6 +89,19 @@ def test_elastic_local_sgd_and_diloco_across_cut_replicas_take_tensor_parallelis
         for layout in (dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2), dict(fsdp=2)):
             for precision in ("fp32", "bf16", "fp16"):
                 RunConfig(model=model, strategy=strategy, workers="1..2", precision=precision, **layout).validate()
+
+
+def test_a_range_over_the_ps_takes_tensor_parallel_replicas_and_precision():
+    """--workers MIN..MAX across cut replicas over the PS (strategies/sharded_ps.py): async, ssp and bsp take
+    --tensor-parallel T alone or with --fsdp D (a replica of D x T joins and leaves whole, one PS shard per
+    worker of it), the cnn's hybrid plan, and --precision bf16 (tests/integration/test_sharded_ps_runs.py)."""
+    for strategy in ("async", "ssp", "bsp"):
+        for layout in (dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2), dict(fsdp=2)):
+            for precision in ("fp32", "bf16"):
+                config = RunConfig(strategy=strategy, transport="ps", workers="1..2", model="mlp", **layout)
+                config.replace(precision=precision).validate()
+                assert config.num_worker_actors == 2 * config.replica_size and config.ps_shards == config.replica_size
+        RunConfig(strategy=strategy, transport="ps", workers="1..2", model="cnn", tensor_parallel=2).validate()
 
 
 def test_the_emulated_link_composes_where_the_traffic_across_replicas_goes_through_the_channel():

@@ -65,7 +65,8 @@ REFUSED = [
         [*BSP_PS_CUT, "--workers", "2", "--backup-workers", "1", "--straggler", "6:x3"],
         ["--straggler '6:x3'", "0 <= RANK < 6"],
     ),
-    # a range across cut replicas over the PS runs (tests/integration/test_sharded_ps_runs.py), not with
+    # a range across cut replicas over the PS runs (tests/integration/test_sharded_ps_runs.py: --fsdp D,
+    # --tensor-parallel T, D x T, --precision bf16), not with
     # backup workers (k-of-n's referee counts a fixed N + K) nor --compress (a leaver's residuals)
     (
         [*BSP_PS_CUT, "--workers", "2..3", "--backup-workers", "1"],
@@ -74,6 +75,10 @@ REFUSED = [
     (
         [*BSP_PS_CUT, "--workers", "1..2", "--compress", "int8"],
         ["--fsdp 2 over --transport ps with --workers MIN..MAX does not compose with --compress yet"],
+    ),
+    (  # ... with --tensor-parallel T and D x T replicas alike
+        "--model mlp --strategy async --transport ps --tensor-parallel 2 --workers 1..2 --compress int8".split(),
+        ["--tensor-parallel 2 over --transport ps with --workers MIN..MAX does not compose with --compress yet"],
     ),
     (
         [*BSP_PS_CUT, "--backup-workers", "1", "--compress", "powersgd:2"],
