@@ -264,8 +264,9 @@ def check_elastic_layout(config: RunConfig, given: str) -> None:
     under bsp, local-sgd or diloco over the collective transport, replicas of D x T workers (--fsdp D,
     --tensor-parallel T: a joiner's worker (d, t) takes live worker (d, t)'s pieces) with --precision
     bf16|fp16 (fp16's loss scale goes with the state at a re-form, and an overflow is skipped by every member
-    alike), the cnn's hybrid plan included (each tensor-parallel worker dealt its own unit); local SGD and
-    DiLoCo (their blocks) refuse the emulated link. (Refused elsewhere, as for plain workers: --adaptive-tau
+    alike), the cnn's hybrid plan included (each tensor-parallel worker dealt its own unit); local SGD's and
+    DiLoCo's rounds (their blocks) go through the channel, so the emulated link delays them, as at a fixed
+    size. (Refused elsewhere, as for plain workers: --adaptive-tau
     and Streaming DiLoCo with a range, in their strategies' option checks; --compress with a range,
     strategy_section.py.)"""
     if config.strategy not in ELASTIC_CUT_STRATEGIES:
@@ -280,16 +281,6 @@ def check_elastic_layout(config: RunConfig, given: str) -> None:
     ):
         if used:
             raise ConfigError(f"{given} with --workers MIN..MAX does not compose with {flag} yet; drop one of them")
-    if config.strategy == "bsp":
-        return
-    # Local SGD's and DiLoCo's blocks (strategies/elastic_cut.py `ElasticCutBlocks`): the emulated link on their
-    # rounds is not built under a range.
-    if config.comm_delay_ms or config.comm_bandwidth:
-        raise ConfigError(
-            f"--comm-delay-ms/--comm-bandwidth does not compose with --workers MIN..MAX yet for --strategy "
-            f"{config.strategy} (elastic local SGD and DiLoCo across cut replicas run with no emulated link); drop "
-            "one of them"
-        )
 
 
 def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:

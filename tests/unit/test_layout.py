@@ -59,9 +59,6 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(fsdp=2, workers="1..2", strategy="sandblaster"), r"^--fsdp 2 runs with --strategy bsp, diloco or loc"),
         (dict(fsdp=2, workers="1..2", strategy="diloco", fragments=2), r"^--fragments \(Streaming DiLoCo\) does not c"),
         (dict(fsdp=2, workers="1..2", strategy="local-sgd", adaptive_tau=True), r"^--adaptive-tau does not compose"),
-        # elastic local SGD and DiLoCo across cut replicas: not the emulated link (the cnn's hybrid plan they take)
-        (dict(tensor_parallel=2, workers="1..2", strategy="local-sgd", comm_delay_ms=5), r"^--comm-delay-ms/--comm"),
-        (dict(fsdp=2, workers="1..2", strategy="diloco", comm_delay_ms=5), r"^--comm-delay-ms/--comm-bandwidth does"),
         (dict(fsdp=2, workers="2..3", worker_weights="1,1,2"), r"^--fsdp 2 with --workers MIN..MAX does not comp"),
         (dict(fsdp=2, transport="ps", compress="powersgd:2"), r"^--compress powersgd:2 needs whole matrices, but a p"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
@@ -106,7 +103,8 @@ def test_a_range_over_the_ps_takes_tensor_parallel_replicas_and_precision():
 
 def test_the_emulated_link_composes_where_the_traffic_across_replicas_goes_through_the_channel():
     """--comm-delay-ms/--comm-bandwidth across cut replicas (issue 28): DiLoCo's, Streaming DiLoCo's and local
-    SGD's rounds, BSP under --compress or unequal replica shares, the PS strategies' push-pulls."""
+    SGD's rounds (under --workers MIN..MAX too), BSP under --compress or unequal replica shares, the PS
+    strategies' push-pulls."""
     link = dict(comm_delay_ms=5, comm_bandwidth="1gbit", model="mlp", workers=2)
     for layout in (dict(fsdp=2), dict(tensor_parallel=2), dict(fsdp=2, tensor_parallel=2)):
         for kw in (
@@ -120,6 +118,8 @@ def test_the_emulated_link_composes_where_the_traffic_across_replicas_goes_throu
     for layout in (dict(fsdp=2), dict(tensor_parallel=2)):
         for strategy in ("async", "ssp", "bsp"):
             RunConfig(**(link | layout), strategy=strategy, transport="ps").validate()
+        for kw in (dict(strategy="diloco"), dict(strategy="local-sgd", tau=4)):  # elastic blocks' rounds
+            RunConfig(**(link | layout | kw | {"workers": "1..2"})).validate()
 
 
 @pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])

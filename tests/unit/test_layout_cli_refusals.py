@@ -114,10 +114,11 @@ REFUSED = [
         ["--model", "mlp", "--strategy", "local-sgd", "--fsdp", "2", "--workers", "1..2", "--adaptive-tau"],
         ["--adaptive-tau does not compose with --workers MIN..MAX"],
     ),
-    # ... with --fsdp and --tensor-parallel (the cnn's hybrid plan included) and --precision, but not the link
+    # ... with --fsdp and --tensor-parallel (the cnn's hybrid plan included), --precision and the emulated link,
+    # but not unequal shares
     (
-        ["--model", "cnn", "--strategy", "diloco", "--tensor-parallel", "2", "--workers", "1..2", "--comm-delay-ms=9"],
-        ["--comm-delay-ms/--comm-bandwidth does not compose with --workers MIN..MAX yet for --strategy diloco"],
+        ["--model", "cnn", "--strategy", "diloco", "--tensor-parallel", "2", "--workers", "1..2", "--balance", "speed"],
+        ["with --workers MIN..MAX does not compose with --balance speed/--worker-weights yet"],
     ),
     # Streaming DiLoCo runs across cut replicas (tests/integration/test_layout_streaming.py); under a range,
     # and with more fragments than the model's whole tensors, it is refused as over plain replicas
