@@ -267,8 +267,8 @@ def check_elastic_layout(config: RunConfig, given: str) -> None:
     alike), the cnn's hybrid plan included (each tensor-parallel worker dealt its own unit); local SGD's and
     DiLoCo's rounds (their blocks) go through the channel, so the emulated link delays them, as at a fixed
     size. (Refused elsewhere, as for plain workers: --adaptive-tau
-    and Streaming DiLoCo with a range, in their strategies' option checks; --compress with a range,
-    strategy_section.py.)"""
+    and Streaming DiLoCo with a range, in their strategies' option checks; --compress with a range over the
+    collective, strategy_section.py.)"""
     if config.strategy not in ELASTIC_CUT_STRATEGIES:
         raise ConfigError(
             f"{given} with --workers MIN..MAX runs under --strategy {', '.join(ELASTIC_CUT_STRATEGIES[:-1])} or "
@@ -295,7 +295,8 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     portions are handed to single workers; a replica's workers would have to take each portion together),
     --pipeline-stages. Under --workers
     MIN..MAX whole replicas of D x T workers join and leave (docs/elastic.md; a joiner's worker (d, t) pulls
-    its piece from PS shard d x T + t); there --backup-workers, --compress and unequal shares are refused."""
+    its piece from PS shard d x T + t, and under --compress starts with a zero residual, a leaver's residual
+    leaving with it); there --backup-workers and unequal shares are refused."""
     needed = ps_shards_needed(d, t)
     if config.ps_shards != needed:
         what = {
@@ -319,8 +320,8 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
         for flag, used in (
             # k-of-n's referee decides each round among a fixed N + K replicas
             ("--backup-workers", bool(options and options.backup_workers)),
-            # a leaver's error-feedback residuals would be lost with it, and a joiner's start empty
-            ("--compress", config.compress is not None),
+            # (--compress composes: each worker's push has its own residual, which nothing has to agree on;
+            # a leaver's leaves with it, as its in-flight gradient does, and a joiner's starts at zero.)
             ("--balance speed/--worker-weights", bool(config.balance == "speed" or config.worker_weights)),
         ):
             if used:

@@ -202,12 +202,18 @@ def check_elastic(config: RunConfig) -> None:
         # (--straggler composes: a slowdown belongs to a rank, RANK < MAX; a rank that is not a member
         # has nothing to slow, and one that rejoins is slowed again.)
         ("--schedule", bool(config.schedule)),
-        # The collective re-form (orchestrator/controller/collective_scaling.py): a codec's per-rank error
-        # feedback is not carried across group sizes.
-        ("--compress", config.compress is not None and config.transport == "collective"),
     ):
         if used:
             raise ConfigError(f"{given} does not compose with {flag}; use a fixed --workers N or drop {flag}")
+    if config.compress is not None and config.transport == "collective":
+        # The collective re-form (orchestrator/controller/collective_scaling.py): a compressed all-reduce's
+        # codec state (residuals, PowerSGD's warm start) would have to agree across a changing group. Over
+        # the PS each worker's push keeps its own residual, which nothing has to agree on: allowed there.
+        raise ConfigError(
+            f"{given} does not compose with --compress over the collective transport (a compressed all-reduce's "
+            "codec state must agree across a group whose members change); use --strategy async|ssp|bsp with "
+            "--transport ps (each worker's push keeps its own residual), a fixed --workers N, or drop --compress"
+        )
 
 
 def stages(config: RunConfig) -> int:

@@ -71,7 +71,8 @@ the rounds where the driver puts it, its D workers agreeing on the round and pul
 --compress: a worker's push goes through the channel (`Channel.push_pull` with this worker's one-shard
 client), so its chunk is encoded with its own error-feedback residual, kept on the worker, and decoded by
 the shard; pulls stay float32, and PowerSGD is refused (a shard holds a flat chunk). The residual is in
-the channel's state, shipped per rank into checkpoints as for every strategy.
+the channel's state, shipped per rank into checkpoints as for every strategy. Under --workers MIN..MAX a
+leaver's residual leaves with it and a joiner's worker starts with a zero one: nothing agreed across replicas.
 """
 
 from __future__ import annotations

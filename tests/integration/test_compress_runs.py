@@ -29,7 +29,6 @@ def cfg(tmp_path, name: str, **kw) -> RunConfig:
     return RunConfig(**(base | kw))
 
 
-
 def shapes_of(run_dir) -> list[torch.Size]:
     return [t.shape for t in load_checkpoint(run_dir / "checkpoints" / "final.pt")["model"].values()]
 
@@ -220,3 +219,29 @@ def test_a_run_stopped_by_a_callback_resumes_from_its_final_checkpoint_with_ever
     resumed = run_training(resume_config(parts.run_dir, {}), on_event=notices_into(notices), resume=True)
     assert not [n for n in notices if "error-feedback" in n]  # restored: nothing to say
     assert torch.equal(final_params(resumed.run_dir), final_params(straight.run_dir))
+
+
+def test_a_range_over_the_ps_compresses_each_worker_s_push_with_its_own_residual(tmp_path):
+    """--strategy bsp --transport ps --workers 2..3 with room for two (3 CPUs a worker of the fixture's 8: the
+    membership never changes, and a round is 2 of a step's 3 slices): each worker's
+    push goes through the codec with its own residual, nothing agreed across workers, so a range composes with
+    --compress there. topk:1 loses nothing: the run equals the uncompressed range run; under int8 every push is
+    the codec's n values and a scale per 1024-chunk of each shard's slice, against 4n float32 bytes."""
+    kw = dict(strategy="bsp", transport="ps", ps_shards=2, workers="2..3", epochs=1, max_steps=8, cpus_per_worker=3.0)
+    plain = run_training(cfg(tmp_path, "plain", **kw))
+    runs = {
+        codec: run_training(cfg(tmp_path, codec.replace(":", "-"), compress=codec, **kw))
+        for codec in ("topk:1", "int8")
+    }
+    for run in (plain, *runs.values()):
+        s = run.summary
+        assert s["status"] == "completed" and s["failures"] == 0
+        assert (s["membership"]["joins"], s["membership"]["leaves"], s["membership"]["final_members"]) == (0, 0, 2)
+    diff = (final_params(runs["topk:1"].run_dir) - final_params(plain.run_dir)).abs()
+    assert diff.max().item() <= 1e-5, diff.max()
+    n = final_params(plain.run_dir).numel()
+    rows = steps_of(runs["int8"].run_dir, sort_by=("worker", "step"))
+    assert len(rows) == 8 * 3 and (rows["bytes_uncompressed"] == 4 * n).all()  # every slice of 8 steps once
+    assert (rows["bytes_sent"] >= n + 4 * math.ceil(n / 1024)).all()
+    assert (rows["bytes_sent"] < n + 4 * (math.ceil(n / 1024) + 2)).all()
+    assert runs["int8"].summary["codec_ratio"] == pytest.approx(4 * n / rows["bytes_sent"].iloc[0])

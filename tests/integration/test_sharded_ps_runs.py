@@ -21,7 +21,9 @@ PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk
 - under --workers 1..2 with room for one replica (a range that never changes), bsp over the PS equals one
   process within 1e-5 with --fsdp 2 and with --tensor-parallel 2 (a replica's D x T workers their own
   group, a data-parallel rank's T workers dealt its slice together), and at T = 2 under --precision bf16
-  the fixed-size run; a joiner's worker pulling the other TP rank's piece breaks it (max |Δ| 0.23).
+  the fixed-size run; a joiner's worker pulling the other TP rank's piece breaks it (max |Δ| 0.23); and
+  under --compress topk:1 (each worker's chunk with its own residual) with --fsdp 2 it equals one process
+  too (max |Δ| 4e-8; a push scaled by 0.9 under a range breaks it, max |Δ| 0.02).
 """
 
 from __future__ import annotations
@@ -187,6 +189,27 @@ def test_bsp_over_the_ps_under_a_range_that_never_changes_equals_one_process(tmp
     units = rows.groupby(["epoch", "step", "slice"]).size()
     assert len(units) == 10 * 2 * ranks and (units == 2 // ranks).all()  # a rank's T workers each have its row
     assert rows.groupby("worker")["clock"].max().tolist() == [20, 20]
+
+
+def test_compressed_pushes_across_cut_replicas_under_a_range_that_never_changes_equal_one_process(
+    tmp_path, one_process
+):
+    """--workers 1..2 --transport ps --fsdp 2 --compress topk:1 with room for one replica (as above): each
+    worker's chunk goes through the codec with its own residual (a joiner's would start at zero, a leaver's
+    go with it: nothing agreed across replicas), and top-k of every value loses nothing, so the run ends at
+    one process's parameters within 1e-5, its pushes the values and their indices."""
+    run = run_training(
+        cfg(
+            tmp_path, "coded-range", strategy="bsp", transport="ps", workers="1..2", fsdp=2, batch_size=32,
+            max_steps=10, cpus_per_worker=3.0, compress="topk:1",
+        )
+    )  # fmt: skip
+    s = run.summary
+    assert s["status"] == "completed" and s["failures"] == 0 and s["compress"] == "topk:1"
+    assert (s["membership"]["joins"], s["membership"]["leaves"], s["membership"]["final_members"]) == (0, 0, 2)
+    assert (final_params(run.run_dir) - one_process[0]).abs().max().item() <= TOL
+    rows = steps_of(run.run_dir)
+    assert rows["bytes_uncompressed"].notna().all() and (rows["bytes_sent"] > rows["bytes_uncompressed"]).all()
 
 
 @pytest.mark.parametrize("strategy", ["bsp", "async"])

@@ -183,7 +183,11 @@ BAD_INPUTS = [
         ["--transport", "ps", "--workers", "2..4", "--backup-tasks", "--portions", "4"],
         ["--portions (4) must exceed the MAX of --workers (4)"],
     ),
-    (["--workers", "2..4", "--compress", "int8"], ["--workers 2..4 does not compose with --compress"]),
+    (
+        ["--workers", "2..4", "--compress", "int8"],
+        ["--workers 2..4 does not compose with --compress over the collective transport", "--transport ps"],
+    ),
+    (["--strategy", "async", "--workers", "2..4", "--compress", "powersgd:2"], ["needs whole matrices"]),
     (
         ["--strategy", "sandblaster", "--workers", "2..4"],
         ["--strategy sandblaster cannot change its membership", "that can: async, ssp, bsp over collective/ps"],

@@ -67,18 +67,15 @@ REFUSED = [
     ),
     # a range across cut replicas over the PS runs (tests/integration/test_sharded_ps_runs.py: --fsdp D,
     # --tensor-parallel T, D x T, --precision bf16), not with
-    # backup workers (k-of-n's referee counts a fixed N + K) nor --compress (a leaver's residuals)
+    # backup workers (k-of-n's referee counts a fixed N + K); --compress composes there (each worker's push
+    # keeps its own residual: test_sharded_ps_runs.py), but not PowerSGD (a shard's chunk is flat)
     (
         [*BSP_PS_CUT, "--workers", "2..3", "--backup-workers", "1"],
         ["--fsdp 2 over --transport ps with --workers MIN..MAX does not compose with --backup-workers yet"],
     ),
     (
-        [*BSP_PS_CUT, "--workers", "1..2", "--compress", "int8"],
-        ["--fsdp 2 over --transport ps with --workers MIN..MAX does not compose with --compress yet"],
-    ),
-    (  # ... with --tensor-parallel T and D x T replicas alike
-        "--model mlp --strategy async --transport ps --tensor-parallel 2 --workers 1..2 --compress int8".split(),
-        ["--tensor-parallel 2 over --transport ps with --workers MIN..MAX does not compose with --compress yet"],
+        [*BSP_PS_CUT, "--workers", "1..2", "--compress", "powersgd:2"],
+        ["--compress powersgd:2 needs whole matrices", "holds a flat chunk"],
     ),
     (
         [*BSP_PS_CUT, "--backup-workers", "1", "--compress", "powersgd:2"],
@@ -94,8 +91,8 @@ REFUSED = [
     ),
     (["--model", "mlp", "--strategy", "sandblaster", "--fsdp", "2"], ["async, ssp or bsp over --transport ps"]),
     # --compress across cut replicas runs over the collective transport (tests/integration/test_layout_compress.py)
-    # and the PS (test_sharded_ps_runs.py), not PowerSGD there (a shard's chunk is flat); with pipeline stages and
-    # under a range it is still refused
+    # and the PS (test_sharded_ps_runs.py, under a range too), not PowerSGD there (a shard's chunk is flat); with
+    # pipeline stages, and under a range over the collective (a compressed all-reduce's codec state), it is refused
     (
         ["--model", "mlp", "--strategy", "async", "--transport", "ps", "--fsdp", "2", "--compress", "powersgd:1"],
         ["--compress powersgd:1 needs whole matrices"],
@@ -106,7 +103,7 @@ REFUSED = [
     ),
     (
         ["--model", "mlp", "--fsdp", "2", "--workers", "1..2", "--compress", "topk:0.1"],
-        ["--workers 1..2 does not compose with --compress"],
+        ["--workers 1..2 does not compose with --compress over the collective transport", "--transport ps"],
     ),
     # local SGD and DiLoCo run under a range across cut replicas (tests/integration/test_elastic_cut_averaging.py);
     # AdaComm under a range is refused as over plain replicas
@@ -236,3 +233,23 @@ def test_a_grid_that_fits_the_cluster_passes_the_resource_check(small_cluster):
 
     cluster.check_resources(RunConfig(workers=1, fsdp=2, tensor_parallel=2, model="mlp"))  # 4 workers, 4 CPUs
     assert cluster.workers_text(RunConfig(workers=3)) == ("3 workers", ["--workers"])
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(strategy="async", transport="ps", workers="1..2", compress="int8"),
+        dict(strategy="ssp", transport="ps", workers="1..2", compress="topk:0.1"),
+        dict(model="mlp", strategy="bsp", transport="ps", fsdp=2, workers="1..2", compress="int8"),
+        dict(model="mlp", strategy="async", transport="ps", tensor_parallel=2, workers="1..2", compress="bf16"),
+    ],
+    ids=["async", "ssp", "bsp-fsdp2", "async-tp2"],
+)
+def test_compress_under_a_range_over_the_ps_passes_the_checks(kw):
+    """Over the PS each worker's push keeps its own error-feedback residual: a leaver's goes with it, a joiner
+    starts at zero, nothing has to agree across workers; so a range composes with --compress there, plain
+    workers and cut replicas alike (tests/integration/test_compress_runs.py, test_sharded_ps_runs.py)."""
+    from distrain.config import RunConfig
+    from distrain.config.checks import run_checks
+
+    run_checks(RunConfig(**kw))
