@@ -65,7 +65,7 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
         (dict(tensor_parallel=2, transport="ps", model="mlp", workers="2..3", backup_workers=1, strategy="bsp"),
          r"^--tensor-parallel 2 over --transport ps with --workers MIN..MAX does not compose with --backup-work"),
-        (dict(fsdp=2, transport="ps", strategy="ssp", workers="1..2", compress="int8"), r"^--fsdp 2 over --tra"),
+        (dict(fsdp=2, transport="ps", strategy="bsp", workers="2..3", backup_workers=1), r"^--fsdp 2 over --tra"),
         (dict(tensor_parallel=2, model="mlp", precision="fp16", compress="int8"), r"^--precision fp16 cannot be comb"),
         (dict(fsdp=2, comm_delay_ms=5), r"^--fsdp 2 with --strategy bsp does not compose with --comm-delay-ms/--c"),
         (dict(tensor_parallel=2, comm_bandwidth="1gbit"), r"^--tensor-parallel 2 with --strategy bsp does not comp"),
