@@ -9,7 +9,8 @@ run that completed, each stripped of its replica (`TrainWorker.retire`), and the
 node takes them (`TrainWorker.rebuild` builds the new replica as a fresh actor would). A parameter-server
 run's shards are kept the same way (`ParameterShard.retire` / `rebuild`, which runs the constructor
 again: θ, optimizer, counters, rule, clocks, a task's own scheduler; strategies/ps_shard_group.py).
-Sandblaster's shards (they hold its L-BFGS state) are not kept: they start fresh every run.
+Sandblaster's shards (`SandblasterShard`) are kept likewise, pooled apart from the others (`kind`):
+their constructor, run again, starts the accumulators and the L-BFGS history empty.
 
 What makes a kept process safe to reuse:
 - Only a completed run's workers are kept, and only those that retired cleanly: a failed, killed or

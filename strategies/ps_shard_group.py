@@ -28,9 +28,11 @@ class ShardGroup:
 
     `pool`: the warm pool (orchestrator/warm_pool.py, handed down: this layer does not import the
     orchestrator) when the run's shards may be kept warm, else None. Where every shard has a bundle
-    holding its CPUs and the rule is not Sandblaster's, shard k is an idle shard from the pool on its
-    bundle's node, rebuilt (`ParameterShard.rebuild`), or a fresh zero-CPU actor pinned to that node;
-    `rebuilding` holds the rebuild calls (the spec's `ready` waits on them before anything else)."""
+    holding its CPUs, shard k is an idle shard of its class (a `SandblasterShard` under Sandblaster's rule,
+    a `ParameterShard` otherwise) from the pool on its bundle's node, rebuilt (`ParameterShard.rebuild`:
+    the class's own constructor, so a Sandblaster shard's accumulators and L-BFGS history start empty), or
+    a fresh zero-CPU actor pinned to that node; `rebuilding` holds the rebuild calls (the spec's `ready`
+    waits on them before anything else)."""
 
     def __init__(
         self,
@@ -57,8 +59,9 @@ class ShardGroup:
         # Sandblaster's shards also hold its accumulators and L-BFGS history (strategies/sandblaster_shard.py).
         cls = SandblasterShard if rule.mode == "sandblaster" else ParameterShard
         concurrency = max(64, 4 * config.num_worker_actors)
-        self.pool_kind = f"ps_shard/{concurrency}"  # a warm shard serves only as many callers as it was made for
-        nodes = bundle_nodes(scheduling) if pool is not None and cls is ParameterShard else None
+        # A warm shard serves only as many callers as it was made for, and only as the class it was made as.
+        self.pool_kind = f"{'sandblaster_shard' if cls is SandblasterShard else 'ps_shard'}/{concurrency}"
+        nodes = bundle_nodes(scheduling) if pool is not None else None
         self.pool = pool if nodes is not None else None
         self.rebuilding: list[Any] = []
         self.shards = []

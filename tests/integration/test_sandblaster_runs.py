@@ -24,6 +24,7 @@ from tests.helpers import final_params, steps_of
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 LAMBDA = 0.01
+WARM_SHARDS = "sandblaster_shard/64"  # the warm pool's kind of a small run's shards (max_concurrency 64)
 
 
 
@@ -178,12 +179,21 @@ def test_a_worker_killed_in_the_middle_of_a_pass_has_its_portions_handed_out_aga
 
 def test_resume_continues_exactly_with_the_lbfgs_history(tmp_path):
     """A run resumed from its iteration-3 checkpoint ends where the straight run ends: the checkpoint
-    carries the shards' history pairs, the pending step and gradient, and the float64 θ."""
+    carries the shards' history pairs, the pending step and gradient, and the float64 θ.
+
+    The first part runs on the straight run's shard processes, kept warm (orchestrator/warm_pool.py) and
+    rebuilt: it starts with no history, as fresh shards do, so its iterations are the straight run's."""
+    from distrain.orchestrator import warm_pool
     from distrain.orchestrator.resume import resume_config
 
     kw = dict(strategy="sandblaster", model="linear", workers=2, ps_shards=2, weight_decay=LAMBDA, history=3)
     straight = run_training(RunConfig(epochs=6, run_dir=str(tmp_path / "straight"), **kw))
-    run_training(RunConfig(epochs=3, run_dir=str(tmp_path / "parts"), **kw))
+    taken = warm_pool.taken(WARM_SHARDS)
+    parts = run_training(RunConfig(epochs=3, run_dir=str(tmp_path / "parts"), **kw))
+    assert warm_pool.taken(WARM_SHARDS) == taken + 2  # both shards were the straight run's processes
+    first, whole = per_iteration(parts.run_dir), per_iteration(straight.run_dir)
+    np.testing.assert_allclose(first["loss"].to_numpy(), whole["loss"].to_numpy()[:3], rtol=1e-7)
+    np.testing.assert_allclose(first["step_length"].to_numpy(), whole["step_length"].to_numpy()[:3])
     resumed = run_training(resume_config(tmp_path / "parts", {"epochs": 6}), resume=True)
     assert (final_params(resumed.run_dir) - final_params(straight.run_dir)).abs().max().item() <= 1e-6
     a, b = per_iteration(straight.run_dir), per_iteration(resumed.run_dir)

@@ -121,12 +121,14 @@ def test_cli_chaos_kill_recovers_then_resume_goes_on(task_path, tmp_path):
 
 
 def test_cli_tune_ranks_trials_by_the_task_s_own_target_metric(task_path, tmp_path):
-    """No --target: ASHA and the objective use the task's default one, on its own metric (lowest first)."""
+    """No --target: ASHA and the objective use the task's default one, on its own metric (lowest first).
+    Both trials at once: one after the other, the second trial's actor (a fresh process importing torch)
+    started only once the first had ended (grace period = epochs: ASHA stops neither)."""
     sweep = tmp_path / "sweep"
     output = cli(
         "tune", "--task", task_path, "--task-arg", "n=128", "--lr", "0.001,0.2", "--epochs", "2",
         "--workers", "1", "--batch-sizes", "16", "--scheduler", "asha", "--grace-period", "2",
-        "--objective", "final_metric", "--max-concurrent-trials", "1", "--sweep-dir", str(sweep),
+        "--objective", "final_metric", "--max-concurrent-trials", "2", "--sweep-dir", str(sweep),
     )  # fmt: skip
     assert "MaeRegression" in output and "best first by final_metric" in output
     header = output[output.index("best first by") : output.index("─")]  # its words stacked to fit 80 columns

@@ -1,7 +1,8 @@
 """A wheel built from this checkout carries every package and the shipped examples, and distrain runs from
 it: the wheel is installed with `pip install --no-deps --target DIR` and run with `PYTHONPATH=DIR` (a fresh
 virtual environment would download its ~6 GB of dependencies on every CI run; this one lends them).
-One short run (the mlp, one epoch) on a local Ray of its own, whose workers import the wheel's copy too."""
+One short run (the mlp, one epoch, one worker) on a local Ray of its own, whose worker imports the wheel's
+copy too."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def test_the_wheel_installs_with_its_examples_and_trains(tmp_path):
     for rel in shipped:
         assert (tmp_path / "mine" / rel).read_bytes() == (src / rel).read_bytes(), rel
 
-    run = python("-m", "distrain.cli", "run", "--model", "mlp", "--epochs", "1", "--run-dir", "run",
+    run = python("-m", "distrain.cli", "run", "--model", "mlp", "--epochs", "1", "--workers", "1", "--run-dir", "run",
                  env_path=site, cwd=tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     summary = (tmp_path / "run" / "summary.json").read_text()

@@ -4,7 +4,8 @@ puts each group's worker on its kind of node, each takes its group's batch, ever
 seen once, and the run is the `--worker-weights 3,1` run (the same shares: the same update).
 
 The cluster runs in a subprocess: a test process can hold only one Ray connection, and the other tests
-share the session's single-node Ray.
+share the session's single-node Ray. The `--worker-weights` reference needs no particular node: it runs
+here, on the session's Ray, while the subprocess starts its cluster.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
+from distrain.orchestrator.run import run_training
 from distrain.orchestrator.tasks import build_task
 from distrain.trainers.sharding import EpochSharder
 from distrain.trainers.splits import task_splits
@@ -41,7 +43,8 @@ SCRIPT = textwrap.dedent(
     from distrain.orchestrator.run import run_training
 
     base, groups = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"fast": 1}})
+    head = {"num_cpus": 2, "resources": {"fast": 1}, "include_dashboard": False}  # (no dashboard: not used)
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     cluster.add_node(num_cpus=2, resources={"slow": 1})
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
@@ -49,7 +52,6 @@ SCRIPT = textwrap.dedent(
     r = run_training(RunConfig(worker_groups=groups, run_dir="groups", **base))
     out = {"kinds": kinds, "nodes": [i["node_id"] for i in sorted(r.worker_info, key=lambda i: i["rank"])]}
     out["summary"] = {k: r.summary[k] for k in ("status", "global_batch_size", "worker_shares", "steps_completed")}
-    run_training(RunConfig(workers=2, batch_size=32, worker_weights="3,1", run_dir="weights", **base))
     ray.shutdown()
     cluster.shutdown()
     print("RESULT " + json.dumps(out))
@@ -57,13 +59,22 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_groups_go_to_their_kind_of_node_take_their_batches_and_equal_static_shares(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, json.dumps(BASE), json.dumps(GROUPS)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+def test_groups_go_to_their_kind_of_node_take_their_batches_and_equal_static_shares(tmp_path, ray_cluster):
+    stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with stdout.open("w") as out, stderr.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, json.dumps(BASE), json.dumps(GROUPS)], stdout=out, stderr=err, cwd=tmp_path
+        )
+        try:  # the reference meanwhile, here
+            weights = dict(workers=2, batch_size=32, worker_weights="3,1", run_dir=str(tmp_path / "weights"))
+            run_training(RunConfig(**weights, **BASE))
+        finally:
+            try:
+                proc.wait(timeout=600)
+            finally:
+                proc.kill()  # (ended already, unless it ran out of time)
+    assert proc.returncode == 0, stderr.read_text()[-3000:]
+    line = next(line for line in stdout.read_text().splitlines() if line.startswith("RESULT "))
     out = json.loads(line.removeprefix("RESULT "))
     # Placement: rank 0 (group fast) on the node with "fast", rank 1 (group slow) on the one with "slow",
     # although --placement pack would otherwise put both on one node.
