@@ -110,7 +110,7 @@ class PaceUntilRejoined(Callback):
         if not self.block and self.blocks:
             if not self.before:
                 time.sleep(self.before_s)
-            elif self.latest >= self.at and not self.after:
+            elif self.latest >= self.at - 1 and not self.after:  # rows to step at - 1: the kill has fired
                 time.sleep(self.pause_s)
         self.block.add(worker)
         self.latest = max([self.latest, *rows["step"]])

@@ -22,13 +22,16 @@ with DiLoCo's round and outer state.
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import pytest
 
 import distrain
 from distrain.config import RunConfig
+from distrain.orchestrator.callbacks import Callback
 from distrain.orchestrator.run import run_training
-from tests.helpers import LoudDigits, PaceUntilRejoined, final_params
+from tests.helpers import LoudDigits, final_params
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 TOL = 1e-5
@@ -121,15 +124,28 @@ def test_a_hybrid_diloco_range_equals_the_fixed_run_of_its_members(tmp_path):
     assert len(units) == 4 * 6 and (units == 1).all()  # MAX x T slices a step, each once, by one worker
 
 
+class _PaceUntilReplicaTwoTrains(Callback):
+    """Blocks run faster than a replica's workers are built: until replica 2 (ranks 4, 5) has trained
+    before the kill (at step 4) and again after it (it rejoined), slow the driver between blocks."""
+
+    def __init__(self) -> None:
+        self.latest, self.before, self.after = 0, False, False
+
+    def on_rows(self, rows):
+        self.latest = max([self.latest, *rows["step"]])
+        mine = [step for worker, step in zip(rows["worker"], rows["step"], strict=True) if worker in (4, 5)]
+        self.before = self.before or any(step < 4 for step in mine)
+        self.after = self.after or any(step >= 4 for step in mine)
+        if not self.before or (self.latest >= 4 and not self.after):
+            time.sleep(1.0)  # a loaded box builds a replica's workers slowly
+
+
 def test_a_killed_diloco_replica_leaves_and_rejoins_from_live_pieces_with_every_unit_once(tmp_path):
     strategy = "diloco"
     run = run_training(
         cfg(tmp_path, "r", strategy, fsdp=2, workers="2..3", batch_size=8, chaos=["kill-worker@4:5"],
             hang_timeout_s=300.0, collective_timeout_s=60.0),
-        # blocks run faster than a replica's workers are built (a loaded box builds them slowly): until replica 2
-        # (ranks 4, 5) trained before the kill and is back after it, the driver waits
-        # 6 s (4 s after the kill) between blocks
-        callbacks=[PaceUntilRejoined([4, 5], at=4, pause_s=4.0, before_s=6.0)],
+        callbacks=[_PaceUntilReplicaTwoTrains()],
     )  # fmt: skip
     s = run.summary
     assert s["status"] == "completed" and s["failures"] == 0, s["failure_events"]
