@@ -27,8 +27,12 @@ run: $(BIN)/.installed
 # runs 2 and 3 integration tests failed beside the other worker's runs (timing under load), so not yet.
 # The docs site's strict build and the wheel's install-and-run are tests too (tests/unit/test_docs_site.py,
 # tests/integration/test_wheel.py).
+# compileall first: where PYTHONDONTWRITEBYTECODE is set (this machine, perhaps CI's), every Ray worker and CLI
+# process the tests start would otherwise compile distrain's sources again on import.
+PACKAGE_SOURCES := $(wildcard *.py) $(filter-out $(VENV)/ site/ build/ dist/ runs/ sweep/,$(wildcard */))
 test: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
+	$(BIN)/python -m compileall -q $(PACKAGE_SOURCES)
 	$(BIN)/python -m pytest
 
 lint: $(BIN)/.installed-dev

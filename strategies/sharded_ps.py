@@ -169,11 +169,10 @@ class ShardedPS(ShardedBSP):
         if self.config.elastic:  # its own replica's group of D x T, at its worker 0's rendezvous (no run-wide one)
             self.channel.join(self.shard * self.tp + self.tp_rank, self.shards * self.tp, self.ctx.rendezvous)
         mesh = self.join_mesh(trainer)
-        # This replica's D x T workers (its steps are its own: `update_group`, None where the run's group is
-        # the replica), the T workers of its data-parallel rank, who hold the tensors the plan leaves whole
-        # alike, and the piece of every tensor this worker pushes and pulls: PS shard d x T + t, its rank in
+        # This replica's D x T workers take its joint decisions over `update_group` (None where the run's group
+        # is the replica); the T workers of its data-parallel rank hold the tensors the plan leaves whole
+        # alike; this worker pushes and pulls the piece of every tensor at PS shard d x T + t, its rank in
         # the replica (trainers/shard_layout.py).
-        self.replica_group = self.update_group
         self.tp_group = mesh["tp"].get_group() if self.tp > 1 else None
         self.piece = self.shard * self.tp + self.tp_rank
         self.trainer = trainer
@@ -293,7 +292,7 @@ class ShardedPS(ShardedBSP):
             # asynchronous strategies exist to avoid.
             flag = torch.tensor([0.0 if ok else 1.0])
             with self._inside_replica():
-                dist.all_reduce(flag, group=self.replica_group)
+                dist.all_reduce(flag, group=self.update_group)
             ok = float(flag) == 0.0
         ok = self.gradient_decision(trainer.scaler, ok, "loss or gradient")
         # Through the channel: under --compress this worker's chunk goes through the codec with its own
@@ -334,7 +333,7 @@ class ShardedPS(ShardedBSP):
 
         agreed = torch.tensor([version], dtype=torch.int64)
         with self._inside_replica():
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.replica_group)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.update_group)
         target = int(agreed)
         if version < target:
             self.client.pull_at(target, self.theta.numpy())
@@ -369,7 +368,7 @@ class ShardedPS(ShardedBSP):
         mine = max(entry, self.clock, self.client.read_versions[0])
         agreed = torch.tensor([mine], dtype=torch.int64)
         with self._inside_replica():
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.replica_group)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.update_group)
         target = int(agreed)
         if target != self.client.read_versions[0]:
             self.client.pull_at(target, self.theta.numpy())

@@ -47,18 +47,18 @@ def _chunk(index: np.ndarray, dim: int, parts: int, k: int) -> np.ndarray:
 class ShardLayout:
     """Where each piece of each parameter tensor lies in the whole flat θ and in the shards' order.
 
-    `shards`: D, FSDP's chunks of dim 0. `tp`: T, and `dims` the dimension the tensor-parallel plan
+    `fsdp`: D, FSDP's chunks of dim 0. `tp`: T, and `dims` the dimension the tensor-parallel plan
     splits each tensor along (None: a tensor the T workers hold whole). The layout has D x T pieces,
-    piece d x T + t being worker (d, t)'s (the module docstring)."""
+    piece d x T + t being worker (d, t)'s (the module docstring): `self.shards`, one per PS shard."""
 
     def __init__(
-        self, shapes: Sequence[Sequence[int]], shards: int, dims: Sequence[int | None] | None = None, tp: int = 1
+        self, shapes: Sequence[Sequence[int]], fsdp: int, dims: Sequence[int | None] | None = None, tp: int = 1
     ) -> None:
-        if shards < 1 or tp < 1:
-            raise ValueError(f"shards and tp must be >= 1, got {shards} and {tp}")
+        if fsdp < 1 or tp < 1:
+            raise ValueError(f"fsdp and tp must be >= 1, got {fsdp} and {tp}")
         self.shapes = [tuple(int(n) for n in s) for s in shapes]
-        self.fsdp, self.tp = shards, tp
-        self.shards = shards * tp  # PS shards: one per worker of a replica
+        self.fsdp, self.tp = fsdp, tp
+        self.shards = fsdp * tp  # PS shards: one per worker of a replica
         self.dims = [None] * len(self.shapes) if dims is None else [None if k is None else int(k) for k in dims]
         if len(self.dims) != len(self.shapes):
             raise ValueError(f"{len(self.dims)} cut dimensions for {len(self.shapes)} tensors")
@@ -71,12 +71,12 @@ class ShardLayout:
             whole = np.arange(offset, offset + numel, dtype=np.int64).reshape(shape if shape else (1,))
             if dim is not None and dim >= whole.ndim:
                 raise ValueError(f"a tensor of shape {shape} has no dimension {dim} to cut")
-            for d in range(shards):
+            for d in range(fsdp):
                 for t in range(tp):
                     if dim is None:  # FSDP's chunk d (a 0-d tensor: one row, on shard 0), then rank t's rows of it
-                        piece = _chunk(_chunk(whole, 0, shards, d), 0, tp, t)
+                        piece = _chunk(_chunk(whole, 0, fsdp, d), 0, tp, t)
                     else:  # TP rank t's part, then FSDP's chunk d of it
-                        piece = _chunk(_chunk(whole, dim, tp, t), 0, shards, d)
+                        piece = _chunk(_chunk(whole, dim, tp, t), 0, fsdp, d)
                     self.pieces[d * tp + t].append(piece.reshape(-1))
             offset += numel
         self.numel = offset

@@ -26,18 +26,39 @@ def test_address_probe_lets_a_real_gcs_through(ray_cluster):
 
 
 @pytest.mark.integration
-def test_address_that_accepts_and_says_nothing_is_one_line_in_seconds(tmp_path):
+def test_address_that_accepts_and_says_nothing_is_one_line_in_seconds(tmp_path, monkeypatch, capfd):
     """A port that takes TCP connections but is not Ray: ray.init took 32 s and printed 20 warning lines
-    before its error. A real `distrain` process: one line, from the probe, before Ray is asked."""
-    import subprocess
+    before its error. The console entry point (`cli.main`, in this process: a fresh one only added its
+    cold start): one line, from the probe, before Ray is asked; any output, Ray's C++ included, is read
+    at the file descriptors."""
     import sys
 
+    import ray
+
+    from distrain import cli
+    from distrain.orchestrator import ray_start
+
+    def refuse(*a, **k):
+        raise AssertionError("Ray must not be started or joined for an address where Ray does not answer")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh process
+    begin = ray_start.begin
+
+    def begin_none(*a, **k):  # nor begun early, on the CLI's thread (not for --address)
+        begin(*a, **k)
+        assert not ray_start.pending(), "a local Ray was begun for a run with --address"
+
+    monkeypatch.setattr(ray_start, "begin", begin_none)
+    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)  # main() sets it for a pipe: put back after the test
+    monkeypatch.chdir(tmp_path)
     with tcp_server(silent) as where:
-        cmd = [sys.executable, "-m", "distrain.cli", "run", "--address", where, "--model", "linear", "--epochs", "1"]
-        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    line = proc.stderr.strip()
+        monkeypatch.setattr(sys, "argv", ["distrain", "run", "--address", where, "--model", "linear", "--epochs", "1"])
+        code = cli.main()
+    out, err = capfd.readouterr()
+    assert code == 2, out + err
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    line = err.strip()
     assert line.startswith(EXPECTED_REFUSAL.format(where=where)) and "(it said nothing for 3s)" in line, line
     assert list(tmp_path.iterdir()) == []
 

@@ -76,7 +76,9 @@ def ray_head():
             time.sleep(0.5)
         yield f"127.0.0.1:{port}", home / "t"
     finally:
-        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):  # --block sat out 20 s of SIGTERM in CI
+        # --block sat out 20 s of SIGTERM in CI, and every run here waited out the whole grace: a moment for
+        # the processes' own handlers, then SIGKILL (the raylet's workers and agents end with it).
+        for sig, wait in ((signal.SIGTERM, 1), (signal.SIGKILL, 10)):
             try:
                 os.killpg(proc.pid, sig)  # the head's own group: raylet, GCS, its workers
             except ProcessLookupError:

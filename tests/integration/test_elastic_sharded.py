@@ -33,21 +33,28 @@ SCRIPT = textwrap.dedent(
 
 
     class Churn(Callback):
+        # on_rows comes once per worker a block: its first call decides, on what the blocks before it showed
+        # (sleeping on every call paid the pause once per worker, and again in the block the joiners were in)
+
         def __init__(self):
-            self.phase, self.seen = "grow", set()
+            self.phase, self.seen, self.block = "grow", set(), set()
 
         def on_rows(self, rows):
-            self.seen |= set(rows["worker"])
+            worker = rows["worker"][0]
+            if worker in self.block:  # a worker's rows again: a new block
+                self.block = set()
+            first = not self.block
+            self.block.add(worker)
             if self.phase == "grow":
                 nodes["a"] = cluster.add_node(num_cpus=2)
                 self.phase = "grown"
-            elif self.phase == "grown" and not {4, 5} <= self.seen:
-                time.sleep(2.0)  # alone the replicas run through the run faster than a node's workers start
-            elif self.phase == "grown":
+            elif first and self.phase == "grown" and not {4, 5} <= self.seen:
+                time.sleep(3.0)  # alone the replicas run through the run faster than a node's workers start
+            elif first and self.phase == "grown":
                 crash(cluster, nodes["a"])  # without warning, between blocks: the next block's collectives fail
                 log.append(("crashed a", time.time()))
                 self.phase = "done"
-
+            self.seen |= set(rows["worker"])
 
 
     churn = Churn()

@@ -8,17 +8,15 @@ unit together, overflows skipped by every member alike and every (epoch, step, s
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 import distrain
 from distrain.config import RunConfig
-from distrain.orchestrator.callbacks import Callback
 from distrain.orchestrator.checkpoint import load_checkpoint
 from distrain.orchestrator.run import run_training
-from tests.helpers import LoudDigits, final_params, steps_of
+from tests.helpers import LoudDigits, PaceUntilRejoined, final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 SMALL = dict(
@@ -46,32 +44,18 @@ def test_a_range_that_never_changes_equals_the_fixed_run_of_its_members(tmp_path
     assert gap < 1e-5, gap
 
 
-class _PaceUntilTheReplicaRejoins(Callback):
-    """Blocks run faster than a replica is built (one not placed at the start joins later): until replica 2
-    (ranks 4, 5) has trained before the kill (at step 6) and again after it, slow the driver between blocks,
-    so the kill finds it a member and its replacement joins before the run ends."""
-
-    def __init__(self) -> None:
-        self.latest, self.before, self.after = 0, False, False
-
-    def on_rows(self, rows):
-        self.latest = max([self.latest, *rows["step"]])
-        mine = [step for worker, step in zip(rows["worker"], rows["step"], strict=True) if worker == 4]
-        self.before = self.before or any(step < 6 for step in mine)
-        self.after = self.after or any(step >= 6 for step in mine)
-        if not self.before or (self.latest >= 6 and not self.after):
-            time.sleep(2.0)
-
-
 def test_fp16_tensor_parallel_worker_killed_alone_takes_its_replica_out_which_rejoins_with_the_live_scale(tmp_path):
     """Rank 5 (worker t = 1 of replica 2) killed at step 6, rank 4 alive: rank 4's collectives with it fail at
     once (a closed connection), and the other replicas' workers, waiting on rank 4 in the mesh's groups, fail
     after --collective-timeout-s 20 (with torch's default for a mesh's groups, 30 min, they would be declared
-    hung after --hang-timeout-s and the run restarted)."""
+    hung after --hang-timeout-s and the run restarted). Blocks run faster than a replica is built: until replica 2
+    (ranks 4, 5) has trained, the driver waits 8 s between blocks (one not placed at the start joins later), and
+    after the kill 3 s until it is back, so its replacement joins before the end."""
     s = distrain.fit(
         LoudDigits, workers="2..3", precision="fp16", max_steps=16, chaos=["kill-worker@6:5"],
         collective_timeout_s=20.0, hang_timeout_s=60.0, run_dir=str(tmp_path / "r"), progress=False,
-        callbacks=[_PaceUntilTheReplicaRejoins()], **SMALL | {"lr": 5e-6, "segment_steps": 1},
+        callbacks=[PaceUntilRejoined([4], at=6, pause_s=3.0, before_s=8.0)],
+        **SMALL | {"lr": 5e-6, "segment_steps": 1},
     ).summary  # fmt: skip
     assert s["status"] == "completed" and s["failures"] == 0, s.get("failure_events")
     assert [c["fired_step"] for c in s["chaos"]] == [6], s["chaos"]

@@ -176,29 +176,52 @@ def test_ctrl_c_while_ray_starts_exits_130_naming_no_directory_that_is_not_there
     assert_nothing_left(cmd)
 
 
-@pytest.mark.parametrize(
-    ("signum", "prefix", "code"),
-    [(signal.SIGINT, (), 130), (signal.SIGTERM, (), 143), (signal.SIGTERM, ("timeout", "600"), 143)],
-    ids=["ctrl-c", "sigterm-to-group", "sigterm-under-timeout"],
-)
-def test_signal_mid_run_records_an_interrupted_run_and_leaves_nothing(tmp_path, signum, prefix, code):
+MID_RUN = {  # id: (signal, command prefix, exit code)
+    "ctrl-c": (signal.SIGINT, (), 130),
+    "sigterm-to-group": (signal.SIGTERM, (), 143),
+    "sigterm-under-timeout": (signal.SIGTERM, ("timeout", "600"), 143),
+}
+
+
+def test_signal_mid_run_records_an_interrupted_run_and_leaves_nothing(tmp_path):
     """Every signal goes to the whole process group. Under `timeout` the driver gets SIGTERM three times
     at once (from the group kill, then from timeout to its child and to its group again): one request,
-    not three Ctrl-Cs, so the teardown runs to its end."""
-    run_dir = tmp_path / "run"
-    cmd = Command("run", *SMALL, f"--run-dir={run_dir}", "--segment-steps=2", "--batch-size=8", prefix=prefix)
-    cmd.wait_for(lambda: any(line.startswith("run dir") for line in cmd.lines))  # the workers are training
-    os.killpg(cmd.proc.pid, signum)
-    rc, stderr = cmd.finish()
-    assert rc == code, stderr
-    assert stderr.strip().splitlines() == [
-        f"interrupted ({signal.Signals(signum).name}): workers stopped; what was recorded so far is in {run_dir}/"
-    ]
-    total = int(next(line for line in cmd.lines if line.startswith("run dir")).split("|")[-1].split()[0])
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["steps_completed"] < total
-    assert (run_dir / "metrics.parquet").is_file()
-    assert_nothing_left(cmd)
+    not three Ctrl-Cs, so the teardown runs to its end.
+
+    The three cases are three commands (each its own session, Ray and run directory), started together:
+    one's imports and Ray start overlap the others' (each alone left a core idle for most of its ~18 s);
+    each gets its signal as soon as its own workers train."""
+    cmds = {}
+    for case, (_, prefix, _) in MID_RUN.items():
+        run_dir = tmp_path / case
+        args = ("run", *SMALL, f"--run-dir={run_dir}", "--segment-steps=2", "--batch-size=8")
+        cmds[case] = Command(*args, prefix=prefix)
+    waiting = dict(cmds)
+    deadline = time.monotonic() + 240
+    while waiting and time.monotonic() < deadline:
+        for case, cmd in list(waiting.items()):
+            if any(line.startswith("run dir") for line in cmd.lines):  # the workers are training
+                cmd.wait_for(lambda: True)  # (remembers its processes; fails if it ended already)
+                os.killpg(cmd.proc.pid, MID_RUN[case][0])
+                del waiting[case]
+            elif cmd.proc.poll() is not None:
+                pytest.fail(f"{case}: ended before the signal: {cmd.finish()}")
+        time.sleep(0.05)
+    assert not waiting, f"not training within 240 s: {sorted(waiting)}"
+    for case, cmd in cmds.items():
+        signum, _, code = MID_RUN[case]
+        run_dir = tmp_path / case
+        rc, stderr = cmd.finish()
+        assert rc == code, (case, stderr)
+        assert stderr.strip().splitlines() == [
+            f"interrupted ({signal.Signals(signum).name}): workers stopped; what was recorded so far is in {run_dir}/"
+        ], case
+        total = int(next(line for line in cmd.lines if line.startswith("run dir")).split("|")[-1].split()[0])
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["steps_completed"] < total, (case, summary)
+        assert (run_dir / "metrics.parquet").is_file(), case
+    for cmd in cmds.values():
+        assert_nothing_left(cmd)
 
 
 def test_ctrl_c_during_a_sweep_exits_130_quietly_and_says_how_to_resume(tmp_path):

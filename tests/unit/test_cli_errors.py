@@ -48,11 +48,11 @@ def no_ray(monkeypatch):
     monkeypatch.setattr(ray, "init", refuse)
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch, no_ray):
-    """An empty current directory, with a few prepared inputs beside it (outside it)."""
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
+@pytest.fixture(scope="module")
+def prepared_inputs(tmp_path_factory) -> Path:
+    """A few prepared inputs, made once for the module (building them took most of each test's time):
+    every test that uses them checks that it left them as they were (`snapshot`)."""
+    inputs = tmp_path_factory.mktemp("inputs")
     (inputs / "malformed.yaml").write_text("workers: 2\nlr: 0.1: 2\nmodel: cnn\n")
     (inputs / "empty_data").mkdir()
     (inputs / "binary.yaml").write_bytes(bytes(range(256)))  # e.g. a checkpoint passed by mistake
@@ -69,10 +69,16 @@ def workdir(tmp_path, monkeypatch, no_ray):
     (full / "sub" / "notes.txt").write_text("keep me")
     _resume_inputs(inputs)
     _bad_data_inputs(inputs)
+    return inputs
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, no_ray, prepared_inputs):
+    """An empty current directory, with the prepared inputs elsewhere (outside it)."""
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    return cwd, inputs
+    return cwd, prepared_inputs
 
 
 def _resume_inputs(inputs: Path) -> None:
@@ -534,7 +540,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(workdir, args, fragment
 
 
 def test_flag_overrides_a_bad_yaml_value_and_a_bad_flag_overrides_a_good_file(workdir):
-    cwd, inputs = workdir
+    cwd, _ = workdir
+    inputs = cwd.parent  # this test's own files, outside the current directory (not the shared inputs)
     (inputs / "c.yaml").write_text("workers: 3\n")
     result = runner.invoke(app, ["run", "--config", str(inputs / "c.yaml"), "--workers", "0"])
     assert_one_line_error(result, "--workers must be >= 1, got 0")
