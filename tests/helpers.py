@@ -87,32 +87,44 @@ class LoudDigits(ClassificationTask):
         return super().loss(model, batch), {"param_sum": held}
 
 
+class BlockStarts:
+    """`on_rows` comes once per worker a block (collective strategies): `first(rows)` says whether this call
+    is its block's first (a worker's rows coming again start a new block); `blocks` counts the blocks before."""
+
+    def __init__(self) -> None:
+        self.block: set = set()
+        self.blocks = 0
+
+    def first(self, rows) -> bool:
+        worker = rows["worker"][0] if rows["worker"] else None
+        if worker in self.block:
+            self.block, self.blocks = set(), self.blocks + 1
+        first = not self.block
+        self.block.add(worker)
+        return first
+
+
 class PaceUntilRejoined(Callback):
     """Blocks run faster than a replica's workers are built: until a worker of `ranks` has trained before step
     `at` (a --chaos kill's) and again after it (its slot rejoined), slow the driver between blocks, `before_s`
     until the first and `pause_s` until the second, so the kill finds it a member and its replacement joins
     before the run ends.
 
-    `on_rows` comes once per worker a block (collective strategies): the first call of each block after the
-    first decides, on the rows of the blocks before it, and sleeps once. (Sleeping on every call while the rows
-    had not shown the awaited worker paid the pause once per worker, also in the blocks that had it, for the
-    workers whose rows came before its own.)"""
+    The first call of each block after the first (`BlockStarts`) decides, on the rows of the blocks before it,
+    and sleeps once. (Sleeping on every call while the rows had not shown the awaited worker paid the pause
+    once per worker, also in the blocks that had it, for the workers whose rows came before its own.)"""
 
     def __init__(self, ranks, at: int, pause_s: float, before_s: float | None = None) -> None:
         self.ranks, self.at, self.pause_s = set(ranks), at, pause_s
         self.before_s = pause_s if before_s is None else before_s
-        self.latest, self.before, self.after, self.block, self.blocks = 0, False, False, set(), 0
+        self.latest, self.before, self.after, self.starts = 0, False, False, BlockStarts()
 
     def on_rows(self, rows):
-        worker = rows["worker"][0] if rows["worker"] else None
-        if worker in self.block:  # a worker's rows again: a new block
-            self.block, self.blocks = set(), self.blocks + 1
-        if not self.block and self.blocks:
+        if self.starts.first(rows) and self.starts.blocks:
             if not self.before:
                 time.sleep(self.before_s)
             elif self.latest >= self.at - 1 and not self.after:  # rows to step at - 1: the kill has fired
                 time.sleep(self.pause_s)
-        self.block.add(worker)
         self.latest = max([self.latest, *rows["step"]])
         mine = [step for w, step in zip(rows["worker"], rows["step"], strict=True) if w in self.ranks]
         self.before = self.before or any(step < self.at for step in mine)

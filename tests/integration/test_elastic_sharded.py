@@ -24,6 +24,7 @@ SCRIPT = textwrap.dedent(
     import json, sys, time, traceback
     import ray
     from tests.integration.simulated_cluster import crash, start
+    from tests.helpers import BlockStarts
     from distrain.config import RunConfig
     from distrain.orchestrator.callbacks import Callback
     from distrain.orchestrator.run import run_training
@@ -37,14 +38,10 @@ SCRIPT = textwrap.dedent(
         # (sleeping on every call paid the pause once per worker, and again in the block the joiners were in)
 
         def __init__(self):
-            self.phase, self.seen, self.block = "grow", set(), set()
+            self.phase, self.seen, self.starts = "grow", set(), BlockStarts()
 
         def on_rows(self, rows):
-            worker = rows["worker"][0]
-            if worker in self.block:  # a worker's rows again: a new block
-                self.block = set()
-            first = not self.block
-            self.block.add(worker)
+            first = self.starts.first(rows)
             if self.phase == "grow":
                 nodes["a"] = cluster.add_node(num_cpus=2)
                 self.phase = "grown"
