@@ -11,7 +11,8 @@ a cut replica's D x T workers) takes one weight and one share per replica, in wh
 a pipeline's in sets of its micro-batches, a cut replica's in multiples of its D data-parallel ranks,
 which split it equally (`replica_shares`; the balancer: orchestrator/pipeline_balance.py). Under a
 range (--workers MIN..MAX) only --balance speed over the collective transport takes shares (BSP, local
-SGD, DiLoCo: each round a whole step cut among the members, `check_elastic_shares`)."""
+SGD, DiLoCo: each round a whole step cut among the members, `check_elastic_shares`), plain workers' and
+cut replicas' alike (a member replica's share in whole units: orchestrator/elastic_balance.py)."""
 
 from __future__ import annotations
 
@@ -146,8 +147,10 @@ def check_sharded_shares(config: RunConfig, given: str) -> None:
     collective transport, whose averages across replicas run over the mesh's "replicate" group where a
     replica's weight can go in (strategies/sharded_bsp.py). Refused: cut replicas over the parameter
     server (a replica's D workers push their chunks to D shards, whose rounds are counted per push, not
-    per sample) and cut pipelines (S > 1 with D or T > 1: not built). A range is refused by the layout
-    check (config/layout_section.py `check_elastic_layout`)."""
+    per sample) and cut pipelines (S > 1 with D or T > 1: not built). Under a range (--workers MIN..MAX,
+    strategies/elastic_cut.py) --balance speed cuts each step among the member replicas in whole units, a
+    joiner at the mean share, a leaver's share given to the others (orchestrator/elastic_balance.py);
+    --worker-weights is refused there as for plain workers (`check_elastic_shares`)."""
     if config.transport != "collective":
         raise ConfigError(
             f"{given} across cut replicas (--fsdp/--tensor-parallel) runs over the collective transport only so "

@@ -91,15 +91,22 @@ class StepRoundPlan(RoundPlan):
     sends with the segment. So a step's samples are covered once whoever the members are, and no member
     ever sits a round out (each share is >= 1)."""
 
-    def __init__(self, total_steps: int, steps_per_epoch: int, start_step: int = 0, cut_every: int = 0):
+    def __init__(
+        self, total_steps: int, steps_per_epoch: int, start_step: int = 0, cut_every: int = 0, per_unit: int = 1
+    ):
         super().__init__(total_steps, steps_per_epoch, 1, start_step, cut_every)
         self.steps_completed: set[tuple[int, int]] = set()
+        # Actors that read one slice together: a cut replica's data-parallel rank's T tensor-parallel
+        # workers (1 under a hybrid plan, and for plain workers), so actor a reads slice a // per_unit.
+        self.per_unit = per_unit
 
     def deal(self, members: list[int], rounds: int, to_step_boundary: bool = False) -> dict[int, list[Unit]]:
+        """Every member the step's unit at its own slice: a plain member's slot, a cut replica's worker its
+        data-parallel rank's (slot x D + d: part d of its replica's share, `share_cut`)."""
         steps = super().deal([-1], rounds, to_step_boundary).get(-1, [])
         if not steps:
             return {}
-        return {rank: [(epoch, step, rank) for epoch, step, _ in steps] for rank in members}
+        return {rank: [(epoch, step, rank // self.per_unit) for epoch, step, _ in steps] for rank in members}
 
     def requeue(self, units: list[Unit]) -> None:
         """An abandoned round's units (one per member): its step, once, to be dealt again first."""

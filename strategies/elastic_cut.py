@@ -52,6 +52,7 @@ from distrain.strategies.elastic_group import GroupBroken, ReformedGroup, book_r
 from distrain.strategies.sharded_bsp import SHARDED_COLUMNS, fsdp_bytes_per_step
 from distrain.strategies.sharded_diloco import ShardedDiLoCo
 from distrain.strategies.sharded_local_sgd import ShardedLocalSGD, _flat, _unflatten, state_vectors
+from distrain.trainers.shares import ShareTally, block_weight
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
@@ -84,6 +85,11 @@ class ElasticCut(ReformedGroup):
     def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
         super().__init__(config, ctx)  # type: ignore[call-arg]
         self.weight = 0.0  # this worker's share of the round: 1 for a unit, 0 sitting one out
+        # --balance speed: every round is one whole step of B cut among the member replicas by their shares
+        # (orchestrator/elastic_balance.py, rounds.py `StepRoundPlan`); `share_weight`: this worker's
+        # replica's b_r / B (`weigh_share`).
+        self.balanced = config.balance == "speed"
+        self.share_weight = 1.0
         self.mesh: Any = None
         self.live_replicas = 0
 
@@ -148,6 +154,14 @@ class ElasticCut(ReformedGroup):
     def load_local_extra(self, state: dict[str, Any]) -> None:
         """Put `local_extra`'s pieces back (after `made`)."""
 
+    def weigh_share(self, samples: int, step_samples: int) -> None:
+        """--balance speed: this worker reads `samples` = b_r / D of the step's B (b_r / (D x T) under a
+        hybrid plan), so its replica took b_r (the row's `replica_samples`); BSP weighs its part of the
+        replica's mean gradient by b_r / B (`share_weight`), local SGD and DiLoCo count the samples for the
+        block's average (their tallies)."""
+        super().weigh_share(samples, step_samples)  # type: ignore[misc]
+        self.share_weight = self.replica_samples / step_samples  # type: ignore[attr-defined]
+
     def compute_gradients(self, trainer: ShardedTrainer, batch: Any) -> float:
         self.weight = 1.0
         return self._backward(trainer, batch, 1.0)
@@ -201,6 +215,7 @@ class ElasticCutBlocks(ElasticCut):
 
         self.block_start = local_state(self.trainer)
         self.took = 0  # local steps the replica took in this block
+        self.fresh_tally()  # --balance speed: the samples taken in this block count afresh
 
     def undo_block(self) -> None:
         """Nothing of the block stands: back to its start."""
@@ -208,6 +223,15 @@ class ElasticCutBlocks(ElasticCut):
 
         load_local(self.trainer, self.block_start)
         self.took = 0
+        self.fresh_tally()
+
+    def fresh_tally(self) -> None:
+        """The block's sample tally (`block_tally`) starts at zero."""
+        raise NotImplementedError
+
+    def block_tally(self) -> ShareTally:
+        """The samples this worker took in the block (its b_r / D a step), under --balance speed."""
+        raise NotImplementedError
 
     def local_step(self, trainer: ShardedTrainer, lr: float) -> CommStats:
         """The replica's own step on its units of this round (this worker's, or a placeholder's weight 0)."""
@@ -253,7 +277,13 @@ class ElasticCutBlocks(ElasticCut):
                     local_part(p.grad).mul_(per / weights)
         c = self.config
         units = size // self.workers_per_unit  # the round's R' x D units (x T under a hybrid plan)
-        stats.lr = lr * lr_factor(units, self.slices_per_step, c.batch_size, c.base_batch_size, c.lr_scaling)
+        # --balance speed: every round is a whole step of B cut among the members (the rate unscaled)
+        factor = (
+            1.0
+            if self.balanced
+            else lr_factor(units, self.slices_per_step, c.batch_size, c.base_batch_size, c.lr_scaling)
+        )
+        stats.lr = lr * factor
         try:
             trainer.clip_gradient_(self.update_group)
         except COLLECTIVE_ERRORS as e:
@@ -307,11 +337,13 @@ class ElasticCutBlocks(ElasticCut):
 
     def weighted_sum(self, stream: str, values: list[Any]) -> tuple[Any, float, Any]:
         """Σ w x values and Σ w over the R' workers holding this worker's part (w = 1 if the replica took a
-        step in the block), and whether every worker of the run holds finite sums: (sums, Σ w, traffic)."""
+        step in the block; under --balance speed the samples this worker took in it, b_r / D a step, so the
+        average weighs each replica by its samples, `block_weight`), and whether every worker of the run
+        holds finite sums: (sums, Σ w, traffic)."""
         import torch
         import torch.distributed as dist
 
-        w = 1.0 if self.took else 0.0
+        w = block_weight(self.balanced, self.block_tally(), self.took)
         device = values[0].device
         buffer = torch.cat([*(v * w for v in values), torch.tensor([w], dtype=values[0].dtype, device=device)])
         traffic = self.channel.all_reduce(stream, buffer, op="sum", subgroup=self.across)
@@ -351,6 +383,12 @@ class ElasticShardedLocalSGD(ElasticCutBlocks, ShardedLocalSGD):
 
     def load_books(self, state: dict[str, Any]) -> None:
         self.tau, self.rounds = int(state["tau"]), int(state["rounds"])
+
+    def fresh_tally(self) -> None:
+        self.tally = ShareTally()
+
+    def block_tally(self) -> ShareTally:
+        return self.tally
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         stats = self.local_step(trainer, lr)
@@ -437,6 +475,12 @@ class ElasticShardedDiLoCo(ElasticCutBlocks, ShardedDiLoCo):
             ShardedDiLoCo.load_extra_state(self, state)
         else:
             self.pending_extra = state
+
+    def fresh_tally(self) -> None:
+        self.tallies = [ShareTally()]
+
+    def block_tally(self) -> ShareTally:
+        return self.tallies[0]
 
     def step(self, trainer: ShardedTrainer, lr: float) -> CommStats:  # type: ignore[override]
         stats = self.local_step(trainer, lr)

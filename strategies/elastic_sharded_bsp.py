@@ -42,18 +42,26 @@ import time
 from typing import TYPE_CHECKING
 
 from distrain.strategies.base import CommStats
-from distrain.strategies.elastic_cut import ElasticCut
+from distrain.strategies.elastic_cut import COLLECTIVE_ERRORS, ElasticCut
 from distrain.strategies.elastic_group import GroupBroken, lr_factor
 from distrain.strategies.sharded_bsp import ShardedBSP
 
 if TYPE_CHECKING:
     from distrain.config import RunConfig
+    from distrain.strategies.base import StrategyContext
     from distrain.trainers.sharded_trainer import ShardedTrainer
 
 
 class ElasticShardedBSP(ElasticCut, ShardedBSP):
     """HSDP across the live replicas (the module docstring); the group, the cut, the placeholder's pass and
-    the replica's state are `ElasticCut`'s, shared with elastic local SGD and DiLoCo across cut replicas."""
+    the replica's state are `ElasticCut`'s, shared with elastic local SGD and DiLoCo across cut replicas.
+    Under --balance speed FSDP spans each replica's own D x T workers and the replicas' means are averaged
+    after backward, each weighted by its share (`balanced_step`)."""
+
+    def __init__(self, config: RunConfig, ctx: StrategyContext) -> None:
+        super().__init__(config, ctx)
+        if self.balanced:  # each replica's mean weighted by its share: FSDP inside the replica only
+            self.fsdp_across_replicas = False
 
     @classmethod
     def block_rounds(cls, config: RunConfig) -> int:
@@ -66,6 +74,8 @@ class ElasticShardedBSP(ElasticCut, ShardedBSP):
         from distrain.trainers.sharded_trainer import local_part
 
         assert self.channel.joined, "reform() must run before step()"
+        if self.balanced:
+            return self.balanced_step(trainer, lr)
         trainer.unscale_grads_()  # --precision fp16: the reduced gradient, divided by the loss scale
         t0 = time.perf_counter()
         size = self.channel.world_size
@@ -111,3 +121,59 @@ class ElasticShardedBSP(ElasticCut, ShardedBSP):
             lr=rate,
             extra=self.layout_columns(trainer) | members,
         )
+
+    def balanced_step(self, trainer: ShardedTrainer, lr: float) -> CommStats:
+        """--balance speed (a round is one whole step of B cut among the member replicas by their shares,
+        orchestrator/rounds.py `StepRoundPlan`): FSDP made each worker's part the mean over its replica's
+        b_r samples (each data-parallel rank b_r / D of them); every worker weights its part by b_r / B
+        (`share_weight`) and sums it with the workers holding that part in the other replicas (the mesh's
+        "replicate" group, through the channel and its emulated link), so every replica holds Σ b_r g_r / B,
+        the whole batch's mean gradient, as at a fixed size (strategies/sharded_bsp.py `channel_grads`).
+        The rate is unscaled (every round is the whole global batch). Running after backward, the average
+        leaves each replica's compute time its own (what the balancer reads); one all-reduce over the run
+        then decides finiteness for every member (fp16: every scale moves alike) and makes the replicas
+        leave the step together, its wait counted as communication."""
+        import torch
+        import torch.distributed as dist
+
+        from distrain.trainers.sharded_trainer import local_part
+
+        t0 = time.perf_counter()
+        size = self.channel.world_size
+        parts = [None if p.grad is None else local_part(p.grad) for p in trainer.params]
+        flat = torch.cat(
+            [
+                (torch.zeros_like(local_part(p.detach())) if g is None else g.detach()).reshape(-1)
+                for g, p in zip(parts, trainer.params, strict=True)
+            ]
+        )
+        flat.mul_(self.weight * self.share_weight)
+        try:
+            traffic = self.channel.all_reduce("grads", flat, op="sum", subgroup=self.across)
+        except COLLECTIVE_ERRORS as e:
+            raise GroupBroken(str(e)) from e
+        offset = 0
+        with torch.no_grad():
+            for g, p in zip(parts, trainer.params, strict=True):
+                n = local_part(p).numel()
+                if g is not None:
+                    g.copy_(flat[offset : offset + n].view_as(g))
+                offset += n
+        device = "cuda" if self.ctx.device.startswith("cuda") else "cpu"
+        buffer = torch.tensor([self.weight, float(trainer.local_grad_sum())], dtype=torch.float64, device=device)
+        try:
+            dist.all_reduce(buffer)
+            trainer.clip_gradient_(self.update_group)  # the replica's D x T workers: each element once
+        except COLLECTIVE_ERRORS as e:
+            raise GroupBroken(str(e)) from e
+        members = {"members": size}
+        stats = CommStats(seconds=time.perf_counter() - t0, extra=self.layout_columns(trainer) | members)
+        if int(round(float(buffer[0]))) == 0:  # nobody had a unit (never dealt so): nothing to apply
+            return stats
+        applied = self.gradient_decision(trainer.scaler, bool(torch.isfinite(buffer[1])), "reduced gradient")
+        if applied:
+            trainer.apply_update(lr)
+        stats.bytes_sent = stats.bytes_received = self.traffic
+        stats.nonfinite = None if applied else True
+        stats.lr = lr
+        return stats.add(traffic)

@@ -98,7 +98,10 @@ class Attempt:
         # --balance speed: each worker's share of a step, moved towards its measured speed (balance.py).
         self.balancer: ShareBalancer | None = None
         if config.balance == "speed" and config.elastic:  # over the members, told at each re-form
-            self.balancer = ElasticShareBalancer(config.worker_slots, config.global_batch_size)
+            # (a cut replica's slot is its D x T workers, its share whole units of D data-parallel ranks)
+            self.balancer = ElasticShareBalancer(
+                config.worker_slots, config.global_batch_size, config.replica_size, share_unit(config)
+            )
         elif config.balance == "speed" and config.replica_size > 1:
             # A replica of several workers (a pipeline's stages, a cut replica's D x T): its share in whole
             # units (sets of micro-batches; multiples of D), its model its slowest worker's.

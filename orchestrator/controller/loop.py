@@ -73,7 +73,7 @@ class PhaseLoop:
             per_unit = config.replica_size // data_ranks
             # --balance speed: a round is a whole step cut by the members' shares (elastic_balance.py)
             self.work: WorkPlan = (
-                StepRoundPlan(total, spe, start_step, every)
+                StepRoundPlan(total, spe, start_step, every, per_unit)
                 if attempt.balancer is not None
                 else RoundPlan(total, spe, config.worker_slots * data_ranks, start_step, every, per_unit)
             )

@@ -12,7 +12,7 @@ from distrain.orchestrator.run import run_training
 from distrain.orchestrator.tasks import build_task
 from distrain.trainers.sharding import EpochSharder
 from distrain.trainers.splits import task_splits
-from tests.helpers import final_params
+from tests.helpers import PaceUntilRejoined, final_params
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 STEPS = 30  # across an epoch's end (22 steps of 64 digits: the whole training set, none held out to validate)
@@ -287,9 +287,7 @@ def test_a_straggler_under_a_range_is_slowed_once_a_member_and_balanced(tmp_path
     speed --straggler 1:x6 over 2 epochs. Once rank 1 is a member its steps are 6x slower and the balancer
     moves its share below half; every step is still a whole 64 cut among the members in slot order, each
     sample of each epoch once, and the run equals one process at 64 (30 steps: the `one_process` run)."""
-    config = cfg(
-        tmp_path, "elastic-straggler", workers="1..2", balance="speed", straggler=["1:x6"], cpus_per_worker=3
-    )
+    config = cfg(tmp_path, "elastic-straggler", workers="1..2", balance="speed", straggler=["1:x6"], cpus_per_worker=3)
     run = run_training(config)
     assert run.summary["steps_completed"] == STEPS
     steps = step_rows(run)
@@ -452,3 +450,81 @@ def test_a_slow_cut_replica_is_measured_and_given_less(tmp_path, one_process):
     first = [s for s in cut_samples_seen(steps, config) if s[0] == 0]
     assert len(first) == len(set(first)) == 22 * 64
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+
+
+RANGE_CUT = dict(workers="1..2", fsdp=2, batch_size=16)  # up to 2 replicas of D = 2 FSDP workers: B = 64
+
+
+def range_cut_samples_seen(steps: pd.DataFrame, config: RunConfig) -> list[tuple[int, int]]:
+    """Every (epoch, sample) cut replicas under a range (MAX = 2 of D = 2) trained on, rebuilt from their
+    rows: at each step the member replicas' shares (`replica_samples`, 0 for a slot with no member) sum to
+    the global batch, and each worker's part (its row's slice: slot x D + d, b_r / D samples) of those
+    shares, in slice order, tiles exactly the step's samples of the epoch."""
+    train = task_splits(build_task(config), config.val_fraction).train
+    sharder = EpochSharder(len(train), config.global_batch_size, config.seed)
+    seen = []
+    for (step, epoch), rows in steps.groupby(["step", "epoch"]):
+        rows = rows.sort_values("slice")
+        assert rows["slice"].tolist() == [int(w) for w in rows["worker"]]  # (T = 1: worker a reads slice a)
+        shares = [0, 0]
+        for replica, b in rows.groupby("replica")["replica_samples"]:
+            shares[int(replica)] = int(b.unique().item())
+        assert sum(shares) == config.global_batch_size and all(b % 2 == 0 for b in shares), (step, shares)
+        within = step - epoch * sharder.steps_per_epoch
+        parts = [sharder.worker_indices(epoch, within, int(s), 4, tuple(shares), cut=2) for s in rows["slice"]]
+        assert [len(p) for p in parts] == rows["samples"].tolist()
+        assert np.array_equal(np.concatenate(parts), sharder.global_batch_indices(epoch, within))
+        seen += [(epoch, int(i)) for p in parts for i in p]
+    return seen
+
+
+def test_a_slow_cut_replica_under_a_range_is_given_less_and_equals_one_process(tmp_path, one_process):
+    """--workers 1..2 --fsdp 2 --balance speed --straggler 2:x6 (replica 1's first worker 6x slower): the
+    balancer's slots are the replicas, their shares whole units of D = 2 samples, every step a whole B = 64
+    cut among the member replicas (replica 0 alone takes all 64 until replica 1 joins at the mean share).
+    The balancer moves replica 1's share below half; each replica's mean gradient is weighted by its share
+    across the replicas, so the run equals one process at 64 over 30 steps, and rebuilt from the rows each
+    sample of the epoch is seen once."""
+    config = cfg(
+        tmp_path, "cut-range-slow", balance="speed", straggler=["2:x6"], segment_steps=2, **RANGE_CUT
+    )  # fmt: skip
+    # Replica 0 alone runs through the run faster than replica 1's workers are built: held 3 s a block until
+    # replica 1 has trained, so that it joins early in the run (or it was a member from the start).
+    run = run_training(config, callbacks=[PaceUntilRejoined({2, 3}, at=STEPS + 1, pause_s=0.0, before_s=3.0)])
+    assert run.summary["steps_completed"] == STEPS
+    moves = run.summary["balance"]["moves"]
+    assert all(b % 2 == 0 for m in moves for b in m["shares"]) and run.summary["worker_shares"][1] < 32, moves
+    assert all(m["shares"] == [32, 32] for m in moves if m.get("joined")), moves  # a joiner at the mean share
+    steps = step_rows(run)
+    # each replica's share: its D = 2 workers' parts summed (from `samples`, not the balancer's books)
+    per_replica = steps.groupby(["step", "replica"])["samples"].sum().unstack(fill_value=0)
+    assert (per_replica.sum(axis=1) == 64).all() and per_replica.iloc[:, 1].min() < 32, per_replica
+    first = [s for s in range_cut_samples_seen(steps, config) if s[0] == 0]
+    assert len(first) == len(set(first)) == 22 * 64
+    assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
+
+
+def test_local_sgd_across_cut_replicas_takes_balanced_shares_under_a_range(tmp_path, one_process, monkeypatch):
+    """--workers 2..4 --fsdp 2 --balance speed under local SGD at τ = 1 (room for 2 replicas of the 4: 2 CPUs a
+    worker; B = 4 x 2 x 8 = 64): every round is a whole step of 64 cut among the member replicas in units of
+    D = 2 samples; each replica's part of θ's change and momentum is weighted by the samples it took in the
+    block, at the unscaled rate. The driver's balancer is made to cut 20/12 units (40/24 samples) once both
+    replicas are members, so the run is one process at 64 (unweighted, or at the members' scaled rate, it
+    would not be)."""
+    from distrain.orchestrator.elastic_balance import ElasticShareBalancer
+
+    unequal = lambda self: (20, 12) if len(self.members) == 2 else self.current  # noqa: E731
+    monkeypatch.setattr(ElasticShareBalancer, "proposal", unequal)
+    config = cfg(
+        tmp_path, "cut-range-local", strategy="local-sgd", tau=1, workers="2..4", fsdp=2, batch_size=8,
+        cpus_per_worker=2, balance="speed",
+    )  # fmt: skip
+    run = run_training(config)
+    assert run.summary["steps_completed"] == STEPS
+    steps = step_rows(run)
+    shares = steps.groupby("replica")["replica_samples"].unique().map(set).to_dict()
+    assert sorted(map(sorted, shares.values())) == [[24], [40]], shares
+    assert [b for b in run.summary["worker_shares"] if b] == [40, 24]
+    assert (steps.groupby("step")["samples"].sum() == 64).all()
+    diff = (final_params(run.run_dir) - one_process).abs()
+    assert diff.max().item() <= 2e-4 and diff.mean().item() <= 2e-6, (diff.max().item(), diff.mean().item())
