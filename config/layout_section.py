@@ -261,16 +261,16 @@ ELASTIC_CUT_STRATEGIES = ("bsp", "local-sgd", "diloco")
 
 def check_elastic_layout(config: RunConfig, given: str) -> None:
     """--workers MIN..MAX across cut replicas (strategies/elastic_cut.py): whole replicas join and leave,
-        under bsp, local-sgd or diloco over the collective transport, replicas of D x T workers (--fsdp D,
-        --tensor-parallel T: a joiner's worker (d, t) takes live worker (d, t)'s pieces) with --precision
-        bf16|fp16 (fp16's loss scale goes with the state at a re-form, and an overflow is skipped by every member
-        alike), the cnn's hybrid plan included (each tensor-parallel worker dealt its own unit); local SGD's and
-        DiLoCo's rounds (their blocks) go through the channel, so the emulated link delays them, as at a fixed
-        size; --balance speed (the member replicas' shares, each a whole number of D data-parallel ranks' units,
-    the average across replicas weighted by them). (Refused elsewhere, as for plain workers: --worker-weights
-    with a range (shares_section.py), --adaptive-tau
-        and Streaming DiLoCo with a range, in their strategies' option checks; --compress with a range over the
-        collective, strategy_section.py.)"""
+    under bsp, local-sgd or diloco over the collective transport, replicas of D x T workers (--fsdp D,
+    --tensor-parallel T: a joiner's worker (d, t) takes live worker (d, t)'s pieces) with --precision
+    bf16|fp16 (fp16's loss scale goes with the state at a re-form, and an overflow is skipped by every member
+    alike), the cnn's hybrid plan included (each tensor-parallel worker dealt its own unit); local SGD's and
+    DiLoCo's rounds (their blocks) go through the channel, so the emulated link delays them, as at a fixed
+    size; --balance speed (the member replicas' shares, each whole units of the replica's data-parallel
+    ranks, orchestrator/elastic_balance.py; the average across replicas weighted by them). (Refused
+    elsewhere, as for plain workers: --worker-weights with a range, shares_section.py `check_elastic_shares`;
+    --adaptive-tau and Streaming DiLoCo with a range, in their strategies' option checks; --compress with a
+    range over the collective, strategy_section.py.)"""
     if config.strategy not in ELASTIC_CUT_STRATEGIES:
         raise ConfigError(
             f"{given} with --workers MIN..MAX runs under --strategy {', '.join(ELASTIC_CUT_STRATEGIES[:-1])} or "

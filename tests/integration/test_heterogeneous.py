@@ -287,7 +287,9 @@ def test_a_straggler_under_a_range_is_slowed_once_a_member_and_balanced(tmp_path
     speed --straggler 1:x6 over 2 epochs. Once rank 1 is a member its steps are 6x slower and the balancer
     moves its share below half; every step is still a whole 64 cut among the members in slot order, each
     sample of each epoch once, and the run equals one process at 64 (30 steps: the `one_process` run)."""
-    config = cfg(tmp_path, "elastic-straggler", workers="1..2", balance="speed", straggler=["1:x6"], cpus_per_worker=3)
+    config = cfg(
+        tmp_path, "elastic-straggler", workers="1..2", balance="speed", straggler=["1:x6"], cpus_per_worker=3
+    )
     run = run_training(config)
     assert run.summary["steps_completed"] == STEPS
     steps = step_rows(run)

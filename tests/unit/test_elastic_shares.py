@@ -179,3 +179,72 @@ def test_an_elastic_blocks_average_weighs_members_by_their_samples_under_balance
         tally.add(40, 64)
     assert block_weight(True, tally, took=3) == 120.0
     assert block_weight(False, tally, took=3) == 1.0 and block_weight(False, ShareTally(), took=0) == 0.0
+
+
+# Cut replicas under a range (--fsdp 2, --workers 1..3, --batch-size 16: B = 3 x 2 x 16 = 96): a slot is a
+# replica of 2 worker actors (slot s: ranks 2s, 2s + 1), a share whole units of D = 2 samples.
+CUT_B, PER, UNIT = 96, 2, 2
+
+
+def feed_replicas(balancer: ElasticShareBalancer, per_sample: dict[int, float], rows: int) -> None:
+    """`rows` steps of each member's actors (actor -> seconds per sample) at its replica's share now, as a cut
+    replica's rows carry it (`replica_samples`; `samples` is the actor's own part)."""
+    for _ in range(rows):
+        for actor, s in per_sample.items():
+            share = balancer.current[balancer.members.index(actor // PER)] * UNIT
+            rows_ = {"worker": [actor], "compute_s": [share * s], "samples": [share // PER], "replica_samples": [share]}
+            balancer.add_rows(rows_)
+
+
+def test_the_balancer_over_cut_replicas_moves_whole_units_a_joiner_at_the_mean_a_leavers_share_given_back():
+    balancer = ElasticShareBalancer(slots=3, global_batch=CUT_B, per=PER, unit=UNIT)
+    balancer.follow([0, 1, 2, 3], step=0)  # the group's actors: replicas 0 and 1
+    assert balancer.members == [0, 1] and balancer.shares_for(0) == (48, 48, 0) and balancer.moves == []
+    # Replica 1's first worker three times slower (its mate is not: a replica is as slow as its slowest).
+    feed_replicas(balancer, {0: 0.001, 1: 0.001, 2: 0.003, 3: 0.001}, rows=10)
+    assert balancer.shares_for(10) == (72, 24, 0)  # 36 : 12 units of 2 samples
+    balancer.follow([0, 1, 2, 3, 4, 5], step=12)  # replica 2 joins at the mean share, in whole units
+    assert balancer.shares_for(12) == (48, 16, 32)  # units 24 : 8 : 16 (the mean of 36 and 12 is 24 of 72)
+    assert balancer.moves[-1] == {"step": 12, "shares": [48, 16, 32], "joined": [2]}
+    feed_replicas(balancer, {0: 0.001, 1: 0.001, 2: 0.003, 3: 0.001}, rows=20)  # the joiner unmeasured
+    assert balancer.shares_for(20) == (48, 16, 32)
+    balancer.follow([0, 1, 4, 5], step=21)  # replica 1 leaves: its 8 units go to 0 and 2 as 24 : 16
+    assert balancer.shares_for(21) == (58, 0, 38)  # 29 : 19 units (largest remainder), Σ = 96
+    balancer.add_rows(
+        {"worker": [2], "compute_s": [1.0], "samples": [8], "replica_samples": [16]}
+    )  # a leaver's late row
+    summary = balancer.summary()
+    assert summary["final_shares"] == [58, 0, 38] and summary["members"] == [0, 2]
+    for move in balancer.moves:
+        assert sum(move["shares"]) == CUT_B and all(b % UNIT == 0 for b in move["shares"]), move
+    with pytest.raises(ValueError, match="whole units"):
+        ElasticShareBalancer(slots=3, global_batch=95, per=PER, unit=UNIT)
+
+
+def test_step_rounds_over_cut_replicas_give_each_worker_its_data_parallel_ranks_slice():
+    """A step's unit for every member actor: slice = actor // T (its data-parallel rank, slot x D + d; a
+    rank's T tensor-parallel workers share it), whose part of its replica's share tiles the step with the
+    others' (a slot without a member: 0)."""
+    plan = StepRoundPlan(total_steps=4, steps_per_epoch=4, per_unit=2)  # D = 2, T = 2: 4 actors a replica
+    members = [0, 1, 2, 3, 8, 9, 10, 11]  # replicas 0 and 2 of MAX 3
+    block = plan.deal(members, rounds=2)
+    assert block == {a: [(0, 0, a // 2), (0, 1, a // 2)] for a in members}
+    sharder = EpochSharder(1000, CUT_B, seed=0)
+    shares = (40, 0, 56)  # per slot, each cut into D = 2 equal parts
+    slices = sorted({u[2] for units in block.values() for u in units})
+    assert slices == [0, 1, 4, 5]
+    parts = [sharder.worker_indices(0, 0, s, 6, shares, cut=2) for s in slices]
+    assert [len(p) for p in parts] == [20, 20, 28, 28]
+    assert np.array_equal(np.concatenate(parts), sharder.global_batch_indices(0, 0))
+
+
+@pytest.mark.parametrize("strategy", ["bsp", "local-sgd", "diloco"])
+@pytest.mark.parametrize(
+    "layout",
+    [dict(fsdp=2), dict(tensor_parallel=2), dict(model="cnn", tensor_parallel=2)],  # the cnn's: a hybrid plan
+)
+def test_balanced_shares_across_cut_replicas_under_a_range_are_accepted_weights_refused(strategy, layout):
+    base = dict(model="mlp", workers="1..3", batch_size=16, strategy=strategy) | layout
+    RunConfig(**base, balance="speed").validate()
+    with pytest.raises(ConfigError, match="a weight per rank names no machine"):
+        RunConfig(**base, worker_weights="3,1,1").validate()

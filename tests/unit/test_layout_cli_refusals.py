@@ -111,11 +111,11 @@ REFUSED = [
         ["--model", "mlp", "--strategy", "local-sgd", "--fsdp", "2", "--workers", "1..2", "--adaptive-tau"],
         ["--adaptive-tau does not compose with --workers MIN..MAX"],
     ),
-    # ... with --fsdp and --tensor-parallel (the cnn's hybrid plan included), --precision and the emulated link,
-    # but not unequal shares
+    # ... with --fsdp and --tensor-parallel (the cnn's hybrid plan included), --precision, the emulated link and
+    # --balance speed (tests/integration/test_heterogeneous.py), but not static weights (as for plain workers)
     (
-        ["--model", "cnn", "--strategy", "diloco", "--tensor-parallel", "2", "--workers", "1..2", "--balance", "speed"],
-        ["with --workers MIN..MAX does not compose with --balance speed/--worker-weights yet"],
+        ["--model", "cnn", "--strategy", "diloco", "--tensor-parallel", "2", "--workers", "1..2", "--worker-weights", "3,1"],  # noqa: E501
+        ["--worker-weights 3,1 does not compose with --workers MIN..MAX", "use --balance speed"],
     ),
     # Streaming DiLoCo runs across cut replicas (tests/integration/test_layout_streaming.py); under a range,
     # and with more fragments than the model's whole tensors, it is refused as over plain replicas
