@@ -138,6 +138,7 @@ class ElasticShardedBSP(ElasticCut, ShardedBSP):
 
         from distrain.trainers.sharded_trainer import local_part
 
+        trainer.unscale_grads_()  # --precision fp16: the replica's reduced gradient, divided by the loss scale
         t0 = time.perf_counter()
         size = self.channel.world_size
         parts = [None if p.grad is None else local_part(p.grad) for p in trainer.params]

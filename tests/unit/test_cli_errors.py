@@ -273,7 +273,8 @@ BAD_INPUTS = [
         ["--balance", "speed", "--fsdp", "2", "--pipeline-stages", "2", "--model", "mlp"],
         ["does not compose with --pipeline-stages and --fsdp/--tensor-parallel together"],
     ),
-    (["--balance", "speed", "--fsdp", "2", "--workers", "2..3"], ["--fsdp 2 with --workers MIN..MAX", "--balance"]),
+    # (--balance speed across cut replicas under a range runs: tests/integration/test_heterogeneous.py)
+    (["--worker-weights", "2,1,1", "--fsdp", "2", "--workers", "2..3"], ["--worker-weights 2,1,1 does not compose"]),
     (["--balance", "fastest"], ["unknown --balance 'fastest'", "none, speed"]),
     # resource groups (issue 31): --worker-group NAME:COUNT:BATCH[:RESOURCE=AMOUNT,...]
     (["--worker-group", "fast:1:48:fast"], ["--worker-group 'fast:1:48:fast'", "'fast' must be RESOURCE=AMOUNT"]),
