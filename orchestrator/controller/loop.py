@@ -85,8 +85,8 @@ class PhaseLoop:
             # A unit is a replica's (its D data-parallel ranks take one slice each, a rank's T workers together;
             # under a hybrid plan each of its D x T workers its own): the plan is over the MAX replicas.
             self.work = WorkPlan(total, spe, config.worker_slots, config.segment_steps, True, start_step, every)
-            per_unit = config.replica_size // data_ranks_per_replica(config)
-            self.dispatch = ReplicaDispatcher(self.work, self._submit, config.replica_size, per_unit, **books)
+            ranks = data_ranks_per_replica(config)
+            self.dispatch = ReplicaDispatcher(self.work, self._submit, config.replica_size, ranks, **books)
         else:
             self.work = WorkPlan(total, spe, n, config.segment_steps, shared, start_step, every)
             self.dispatch = Dispatcher(self.work, self._submit, **books)
