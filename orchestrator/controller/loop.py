@@ -135,6 +135,7 @@ class PhaseLoop:
         decided on once the block is whole (the scaling policy's `poll` calls this again)."""
         a = self.a
         if self.dispatch.defer(lost, rank):
+            self.scaling.cut_loose()  # type: ignore[union-attr]  (a lock-step block's: CollectiveScaling)
             return
         situation = self.scaling.situation(lost) if self.scaling is not None else None
         decision = a.decide(lost, training=True, situation=situation)
@@ -255,6 +256,8 @@ class PhaseLoop:
                 self.lose(lost, lost.target)
                 return
             if self.dispatch.collect(rank, payload, result):  # lock-step: its block's books take it when whole
+                if isinstance(self.scaling, CollectiveScaling):
+                    self.scaling.cut_loose()
                 return
             diverged = result.pop("diverged", None)
             if diverged:  # --on-nonfinite stop: keep the rows up to that step, then end the run
