@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from distrain.config import RunConfig
+from distrain.orchestrator.callbacks import Callback
 from distrain.orchestrator.run import run_training
 from distrain.orchestrator.tasks import build_task
 from distrain.trainers.sharding import EpochSharder
 from distrain.trainers.splits import task_splits
-from tests.helpers import PaceUntilRejoined, final_params
+from tests.helpers import BlockStarts, final_params
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 STEPS = 30  # across an epoch's end (22 steps of 64 digits: the whole training set, none held out to validate)
@@ -480,23 +483,45 @@ def range_cut_samples_seen(steps: pd.DataFrame, config: RunConfig) -> list[tuple
     return seen
 
 
-def test_a_slow_cut_replica_under_a_range_is_given_less_and_equals_one_process(tmp_path, one_process):
-    """--workers 1..2 --fsdp 2 --balance speed --straggler 2:x6 (replica 1's first worker 6x slower): the
-    balancer's slots are the replicas, their shares whole units of D = 2 samples, every step a whole B = 64
-    cut among the member replicas (replica 0 alone takes all 64 until replica 1 joins at the mean share).
-    The balancer moves replica 1's share below half; each replica's mean gradient is weighted by its share
-    across the replicas, so the run equals one process at 64 over 30 steps, and rebuilt from the rows each
-    sample of the epoch is seen once."""
+class PaceUntilJoinedAfter(Callback):
+    """Blocks run faster than a replica's workers are built: between blocks (the first `on_rows` call of each,
+    `BlockStarts`) the driver is held `pause_s` until a worker of `ranks` has trained at step `at` or later."""
+
+    def __init__(self, ranks, at: int, pause_s: float) -> None:
+        self.ranks, self.at, self.pause_s = set(ranks), at, pause_s
+        self.joined, self.starts = False, BlockStarts()
+
+    def on_rows(self, rows):
+        if self.starts.first(rows) and self.starts.blocks and not self.joined:
+            time.sleep(self.pause_s)
+        self.joined = self.joined or any(
+            w in self.ranks and step >= self.at for w, step in zip(rows["worker"], rows["step"], strict=True)
+        )
+
+
+def test_a_slow_cut_replica_under_a_range_leaves_rejoins_at_the_mean_is_given_less_and_equals_one_process(
+    tmp_path, one_process
+):
+    """--workers 1..2 --fsdp 2 --balance speed --straggler 2:x6 (replica 1's first worker 6x slower), --chaos
+    kill-worker@2:3: the balancer's slots are the replicas, their shares whole units of D = 2 samples, every
+    step a whole B = 64 cut among the member replicas. Replica 1 leaves at step 2 (its share goes to replica
+    0: 64/0), is placed again and joins at the mean share (32/32; had it not been a member yet, its first
+    join is that one), and the balancer then moves its share below half. Each replica's mean gradient is
+    weighted by its share across the replicas, so after 30 steps the run equals one process at 64, and
+    rebuilt from the rows' parts each sample of the epoch is seen once."""
     config = cfg(
-        tmp_path, "cut-range-slow", balance="speed", straggler=["2:x6"], segment_steps=2, **RANGE_CUT
+        tmp_path, "cut-range-slow", balance="speed", straggler=["2:x6"], segment_steps=2, chaos=["kill-worker@2:3"],
+        hang_timeout_s=300.0, collective_timeout_s=60.0, **RANGE_CUT,
     )  # fmt: skip
-    # Replica 0 alone runs through the run faster than replica 1's workers are built: held 3 s a block until
-    # replica 1 has trained, so that it joins early in the run (or it was a member from the start).
-    run = run_training(config, callbacks=[PaceUntilRejoined({2, 3}, at=STEPS + 1, pause_s=0.0, before_s=3.0)])
+    # Blocks run faster than a replica's workers are built: held 3 s a block until replica 1 trained again.
+    run = run_training(config, callbacks=[PaceUntilJoinedAfter({2, 3}, at=2, pause_s=3.0)])
     assert run.summary["steps_completed"] == STEPS
     moves = run.summary["balance"]["moves"]
     assert all(b % 2 == 0 for m in moves for b in m["shares"]) and run.summary["worker_shares"][1] < 32, moves
-    assert all(m["shares"] == [32, 32] for m in moves if m.get("joined")), moves  # a joiner at the mean share
+    if run.summary["chaos"][0]["fired"]:  # (a member then: it leaves, its share to replica 0)
+        assert {"step": 2, "shares": [64, 0], "joined": []} in moves, moves
+    joins = [m for m in moves if m.get("joined")]
+    assert joins and all(m["joined"] == [1] and m["shares"] == [32, 32] for m in joins), moves  # at the mean
     steps = step_rows(run)
     # each replica's share: its D = 2 workers' parts summed (from `samples`, not the balancer's books)
     per_replica = steps.groupby(["step", "replica"])["samples"].sum().unstack(fill_value=0)
