@@ -532,21 +532,34 @@ def test_a_slow_cut_replica_under_a_range_leaves_rejoins_at_the_mean_is_given_le
     assert (final_params(run.run_dir) - one_process).abs().max().item() <= 1e-5
 
 
-def test_local_sgd_across_cut_replicas_takes_balanced_shares_under_a_range(tmp_path, one_process, monkeypatch):
-    """--workers 2..4 --fsdp 2 --balance speed under local SGD at τ = 1 (room for 2 replicas of the 4: 2 CPUs a
-    worker; B = 4 x 2 x 8 = 64): every round is a whole step of 64 cut among the member replicas in units of
-    D = 2 samples; each replica's part of θ's change and momentum is weighted by the samples it took in the
-    block, at the unscaled rate. The driver's balancer is made to cut 20/12 units (40/24 samples) once both
-    replicas are members, so the run is one process at 64 (unweighted, or at the members' scaled rate, it
-    would not be)."""
+@pytest.mark.parametrize(
+    ("strategy", "reference"),
+    [
+        pytest.param(dict(strategy="local-sgd", tau=1), dict(), id="local-sgd"),
+        pytest.param(
+            dict(strategy="diloco", sync_every=1, outer_lr=1.0, outer_momentum=0.0, momentum=0.0),
+            dict(momentum=0.0),
+            id="diloco",
+        ),
+    ],
+)
+def test_local_sgd_and_diloco_across_cut_replicas_take_balanced_shares_under_a_range(
+    tmp_path, one_process, monkeypatch, strategy, reference
+):
+    """--workers 2..4 --fsdp 2 --balance speed under local SGD (τ = 1) and DiLoCo (H = 1, plain inner SGD, outer
+    SGD at lr 1), room for 2 replicas of the 4 (2 CPUs a worker; B = 4 x 2 x 8 = 64): every round is a whole
+    step of 64 cut among the member replicas in units of D = 2 samples; each replica's part of the block's
+    average (θ's change and momentum; the pseudo-gradient) is weighted by the samples it took in the block, at
+    the unscaled rate. The driver's balancer is made to cut 20/12 units (40/24 samples) once both replicas
+    are members, so the run is one process at 64 (unweighted, or at the members' scaled rate, it would not
+    be)."""
     from distrain.orchestrator.elastic_balance import ElasticShareBalancer
 
     unequal = lambda self: (20, 12) if len(self.members) == 2 else self.current  # noqa: E731
     monkeypatch.setattr(ElasticShareBalancer, "proposal", unequal)
     config = cfg(
-        tmp_path, "cut-range-local", strategy="local-sgd", tau=1, workers="2..4", fsdp=2, batch_size=8,
-        cpus_per_worker=2, balance="speed",
-    )  # fmt: skip
+        tmp_path, "cut-range", workers="2..4", fsdp=2, batch_size=8, cpus_per_worker=2, balance="speed", **strategy
+    )
     run = run_training(config)
     assert run.summary["steps_completed"] == STEPS
     steps = step_rows(run)
@@ -554,5 +567,7 @@ def test_local_sgd_across_cut_replicas_takes_balanced_shares_under_a_range(tmp_p
     assert sorted(map(sorted, shares.values())) == [[24], [40]], shares
     assert [b for b in run.summary["worker_shares"] if b] == [40, 24]
     assert (steps.groupby("step")["samples"].sum() == 64).all()
-    diff = (final_params(run.run_dir) - one_process).abs()
+    one = cfg(tmp_path, "one", workers=1, batch_size=64, **reference)
+    alone = final_params(run_training(one).run_dir) if reference else one_process
+    diff = (final_params(run.run_dir) - alone).abs()
     assert diff.max().item() <= 2e-4 and diff.mean().item() <= 2e-6, (diff.max().item(), diff.mean().item())
