@@ -144,7 +144,8 @@ class ShardedPS(ShardedBSP):
         self.clock = 0
         rule = self.ps_rule(config)
         self.rounds = rule.mode == "rounds"
-        self.k_of_n = self.rounds and rule.accept is not None  # backup workers: a round may close without us
+        # backup workers (a fixed N + K, or K among the members of a range): a round may close without us
+        self.k_of_n = self.rounds and (rule.accept is not None or rule.backups > 0)
         self.skip = 0  # units of rounds that closed without this replica (k-of-n)
 
     @classmethod
@@ -205,8 +206,8 @@ class ShardedPS(ShardedBSP):
         self.theta = torch.empty(n, dtype=torch.float32)  # θ piece d (or t) on the host, as the shard serves it
         self.ps_bytes = n * self.theta.element_size()
         self.clock = self.client.pull(self.theta.numpy())
-        if self.k_of_n:  # the round the shards are at (a replica dropped before a restore point may be ahead)
-            self._agree_round(self.client.read_versions[0])
+        if self.k_of_n and not self.config.elastic:  # the round the shards are at (a replica dropped before a
+            self._agree_round(self.client.read_versions[0])  # restore point may be ahead; a range: `_enter_rounds`)
         self._install()
 
     @contextmanager
@@ -302,7 +303,8 @@ class ShardedPS(ShardedBSP):
         if self.k_of_n:  # rounds that closed without this replica are skipped, with their data
             before = self.clock
             self._agree_round(result.version)
-            self.skip += self.clock - (before + 1)
+            if not self.config.elastic:  # (a range: units are shared, each computed once; none is skipped)
+                self.skip += self.clock - (before + 1)
         else:
             self.clock = result.version if self.rounds else self.clock + 1
         self._install()
@@ -426,10 +428,12 @@ class ShardedBSPOverPS(ShardedPS):
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
         """Rounds of the R replicas' chunks; with --backup-workers K, of the first R of R + K replicas whose
         every chunk has arrived, agreed by all D shards; under --workers MIN..MAX, of the member replicas'
-        (plain elastic BSP's rule over MAX replica slots; --backup-workers is refused there)."""
+        (plain elastic BSP's rule over MAX replica slots: with K, of the first members - K complete), agreed
+        by the shards too (the referee decides from shard 0's members)."""
+        shards, tp, _ = config.replica_grid  # a replica pushes D pieces, or T, or D x T
+        backups = config.options_of("bsp").backup_workers
         if config.elastic:
-            return ConsistencyRule.elastic_bsp(0, config.lr_scaling, config.worker_slots)
-        if config.options_of("bsp").backup_workers:
-            shards, tp, _ = config.replica_grid  # a replica pushes D pieces, or T
+            return ConsistencyRule.elastic_bsp(backups, config.lr_scaling, config.worker_slots, parts=shards * tp)
+        if backups:
             return ConsistencyRule.bsp(accept=config.workers, parts=shards * tp)
         return ConsistencyRule.bsp()
