@@ -16,6 +16,11 @@ Rules (`ConsistencyRule`, definitions in shared/reference/algorithms.md):
   apply different replicas' gradients to different chunks of one model. There one `RoundReferee` (held by
   shard 0, asked by every shard) decides each round once: a replica counts when all D of its pieces have
   arrived, the first N such close the round, and every shard applies those N and drops the others.
+  Under a range across cut replicas the referee decides every round too (k = members - b of the round's
+  members, b = 0 without backups), from shard 0's members: the driver tells shard 0 of a change first
+  (orchestrator/controller/ray_group.py), its referee decides again, and the other shards apply only
+  its answers (a leaver's piece stays at shard d until then: a decision taken before the leave may
+  count it; a round closed by the change alone is learnt from shard 0, `_catch_up`).
   Under --workers MIN..MAX (`set_round_members`) a round closes on the pushes of the ranks that are
   members *of that round*: the driver's current members, each from the round it entered at (a joiner,
   or a member fed again after it had no work, enters at a round boundary the driver names); under

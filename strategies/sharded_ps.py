@@ -49,8 +49,9 @@ shard 0 decides each round's N for every shard (strategies/ps_shard.py `RoundRef
 gradient was dropped skips the rounds that closed without it, with their data, as a plain backup worker
 does; its D workers first agree on the round to go on at (the most advanced shard's version, an
 all-reduce over the replica's group) and pull θ chunk d at it, so the replica's chunks are of one version
-(`_agree_round`). Not yet: backup tasks (the portion scheduler hands portions to single workers, and a
-replica's D workers would have to take each together; config/layout_section.py refuses them), worker
+(`_agree_round`); under --workers MIN..MAX, see "Elastic" below. Not yet: backup tasks (the portion
+scheduler hands portions to single workers, and a replica's D workers would have to take each together;
+config/layout_section.py refuses them), worker
 replacement in place at a fixed size (a replica's D workers share one FSDP group: a lost worker restarts
 the attempt; under a range its replica leaves instead, below).
 
@@ -67,6 +68,12 @@ worker takes its replica out (orchestrator/controller/scaling.py). Under BSP (th
 replica slots: rounds close on the member replicas, the rate scaled for their count) a replica enters
 the rounds where the driver puts it, its D workers agreeing on the round and pulling θ there
 (`_enter_rounds`); async and SSP go on as at a fixed size, SSP's bound among the members' clocks.
+The shards agree every elastic round through the referee on shard 0 (strategies/ps_shard.py), which
+decides from shard 0's members: plain elastic rounds whose members' pieces have all arrived, or with
+--backup-workers K (MIN > K) the first members - K member replicas whose every piece has arrived (a
+leaver's pieces stop counting; a round without a member closes empty). A replica dropped there does
+not skip units (they are shared, each computed once): its D x T workers agree on the round to go on at,
+pull θ there (`_agree_round`) and compute their next unit on it, as a plain elastic backup worker does.
 
 --compress: a worker's push goes through the channel (`Channel.push_pull` with this worker's one-shard
 client), so its chunk is encoded with its own error-feedback residual, kept on the worker, and decoded by

@@ -23,7 +23,10 @@ PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk
   group, a data-parallel rank's T workers dealt its slice together), and at T = 2 under --precision bf16
   the fixed-size run; a joiner's worker pulling the other TP rank's piece breaks it (max |Δ| 0.23); and
   under --compress topk:1 (each worker's chunk with its own residual) with --fsdp 2 it equals one process
-  too (max |Δ| 4e-8; a push scaled by 0.9 under a range breaks it, max |Δ| 0.02).
+  too (max |Δ| 4e-8; a push scaled by 0.9 under a range breaks it, max |Δ| 0.02);
+- a replica killed under --workers 2..3 leaves whole, every slice once (bsp, async), and with
+  --backup-workers 1 each round is the referee's first members - 1 complete replicas at both shards
+  (shards deciding apart: 2 rounds disagreed).
 """
 
 from __future__ import annotations
