@@ -24,13 +24,15 @@ from distrain.orchestrator.work import Unit, WorkPlan
 
 
 class ReplicaDispatcher(Dispatcher):
-    def __init__(self, work: WorkPlan, submit: Submit, per: int, per_unit: int = 1, **books: Any) -> None:
+    def __init__(self, work: WorkPlan, submit: Submit, per: int, ranks: int | None = None, **books: Any) -> None:
+        """`per` workers to a replica (D x T); `ranks` data-parallel ranks among them (config/layout_section.py
+        `data_ranks_per_replica`: D, or D x T under a hybrid plan; `per` when omitted)."""
         super().__init__(work, submit, **books)
-        self.per = per  # D x T: the workers of a replica
-        # T: the workers of a data-parallel rank, who take its slice together (1 under a hybrid plan: each
-        # tensor-parallel worker its own), so a replica unit is `ranks` slices, D (or D x T).
-        self.per_unit = per_unit
-        self.ranks = per // per_unit
+        self.per = per
+        # A replica unit is `ranks` slices; `per_unit` workers (a data-parallel rank's T, or 1 under a hybrid
+        # plan: each tensor-parallel worker its own) take each slice together.
+        self.ranks = per if ranks is None else ranks
+        self.per_unit = per // self.ranks
         self.members = [s * per + d for s in range(work.workers) for d in range(per)]
         self.open_epoch = [None] * len(self.members)  # (static plans' books, indexed by worker rank)
         # A replica segment's results so far: (worker 0's rank, its replica units) -> {rank: result}

@@ -21,6 +21,17 @@ if TYPE_CHECKING:
     from distrain.config import RunConfig
 
 
+def shard_concurrency(worker_actors: int) -> int:
+    """Calls a shard serves at once: every worker's push-pull and the driver's, with room to spare."""
+    return max(64, 4 * worker_actors)
+
+
+def shard_pool_kind(sandblaster: bool, worker_actors: int) -> str:
+    """The warm pool's kind of a run's shards (orchestrator/warm_pool.py): a warm shard serves only as many
+    callers as it was made for, and only as the class it was made as."""
+    return f"{'sandblaster_shard' if sandblaster else 'ps_shard'}/{shard_concurrency(worker_actors)}"
+
+
 class ShardGroup:
     """K shard actors holding contiguous slices of θ, shard k scheduled by `scheduling[k]` (soft node
     affinity for a run's own placement, or a shard bundle: a Tune trial's, an elastic run's, or a warm
@@ -58,9 +69,8 @@ class ShardGroup:
                 spec.task_config, spec.task_builder = config, task_builder
         # Sandblaster's shards also hold its accumulators and L-BFGS history (strategies/sandblaster_shard.py).
         cls = SandblasterShard if rule.mode == "sandblaster" else ParameterShard
-        concurrency = max(64, 4 * config.num_worker_actors)
-        # A warm shard serves only as many callers as it was made for, and only as the class it was made as.
-        self.pool_kind = f"{'sandblaster_shard' if cls is SandblasterShard else 'ps_shard'}/{concurrency}"
+        concurrency = shard_concurrency(config.num_worker_actors)
+        self.pool_kind = shard_pool_kind(cls is SandblasterShard, config.num_worker_actors)
         nodes = bundle_nodes(scheduling) if pool is not None else None
         self.pool = pool if nodes is not None else None
         self.rebuilding: list[Any] = []

@@ -91,6 +91,7 @@ class CollectiveScaling:
         # Workers a membership slot holds: 1, or under --fsdp D a replica's D (ranks slot x D + d), which
         # leave and join together (strategies/elastic_cut.py); MIN and MAX count replicas.
         self.per = attempt.config.replica_size
+        self.cut: set[int] = set()  # the block out now: live workers of a replica with a lost one, ended (`cut_loose`)
 
     def begin(self) -> None:
         """The phase's first process group, of the members it starts with."""
@@ -133,6 +134,7 @@ class CollectiveScaling:
         evaluations and checkpoints go out."""
         a, loop = self.a, self.loop
         end = self.dispatch.close()
+        self.cut = set()
         for rows in end.rows.values():
             if rows["step"]:
                 a.record_rows(rows)
@@ -150,6 +152,22 @@ class CollectiveScaling:
         self.dispatch.at_boundary(end.finished)
 
     # ------------------------------------------------------------------ losses
+    def cut_loose(self) -> None:
+        """A cut replica (--fsdp D, --tensor-parallel T) that lost a worker in the block out now finishes no
+        more rounds, and leaves whole at the block's end (`_leave`). Its live workers come back from the
+        block at once (their collectives with the lost one fail on its closed connections), but their
+        processes would keep the other replicas' collectives with them open until --collective-timeout-s
+        (300 s by default). So each is ended as soon as it is back and its replica has a loss: those
+        collectives then fail at once too. Only the process: the books (members, events, the rows it
+        returned) are the block end's, as before."""
+        if self.per == 1:
+            return
+        broken = {rank - rank % self.per for rank in self.dispatch.lost}
+        for rank in self.dispatch.results:
+            if rank - rank % self.per in broken and rank not in self.cut:
+                self.group.end_process(rank)
+                self.cut.add(rank)
+
     def lost(
         self, lost: dict[int, RunLost], redo: list[Unit], without_row: dict[int, list[Unit]], source: int | None
     ) -> None:

@@ -99,6 +99,10 @@ class WorkerGroup(Protocol):
     def kill(self, rank: int) -> None:
         """End worker `rank` (dead, hung or leaving); its slot is empty after."""
 
+    def end_process(self, rank: int) -> None:
+        """End worker `rank`'s process, keeping its slot (it leaves later, through `kill`): its open
+        connections close, so the collectives of peers waiting on it fail at once."""
+
     def set_up(self, rank: int, phase: RunConfig, rendezvous: str = "") -> Any:
         """Set a worker started during a phase (a replacement, a joiner) up against the live shards;
         the handle of that call, which the loop waits on with the others. `rendezvous`: the address of

@@ -85,8 +85,8 @@ class PhaseLoop:
             # A unit is a replica's (its D data-parallel ranks take one slice each, a rank's T workers together;
             # under a hybrid plan each of its D x T workers its own): the plan is over the MAX replicas.
             self.work = WorkPlan(total, spe, config.worker_slots, config.segment_steps, True, start_step, every)
-            per_unit = config.replica_size // data_ranks_per_replica(config)
-            self.dispatch = ReplicaDispatcher(self.work, self._submit, config.replica_size, per_unit, **books)
+            ranks = data_ranks_per_replica(config)
+            self.dispatch = ReplicaDispatcher(self.work, self._submit, config.replica_size, ranks, **books)
         else:
             self.work = WorkPlan(total, spe, n, config.segment_steps, shared, start_step, every)
             self.dispatch = Dispatcher(self.work, self._submit, **books)
@@ -135,6 +135,7 @@ class PhaseLoop:
         decided on once the block is whole (the scaling policy's `poll` calls this again)."""
         a = self.a
         if self.dispatch.defer(lost, rank):
+            self.scaling.cut_loose()  # type: ignore[union-attr]  (a lock-step block's: CollectiveScaling)
             return
         situation = self.scaling.situation(lost) if self.scaling is not None else None
         decision = a.decide(lost, training=True, situation=situation)
@@ -255,6 +256,8 @@ class PhaseLoop:
                 self.lose(lost, lost.target)
                 return
             if self.dispatch.collect(rank, payload, result):  # lock-step: its block's books take it when whole
+                if isinstance(self.scaling, CollectiveScaling):
+                    self.scaling.cut_loose()
                 return
             diverged = result.pop("diverged", None)
             if diverged:  # --on-nonfinite stop: keep the rows up to that step, then end the run

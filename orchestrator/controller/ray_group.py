@@ -366,6 +366,9 @@ class RayWorkerGroup:
         ray.kill(self.workers[rank], no_restart=True)  # a hung worker must not push again
         self.workers[rank] = None
 
+    def end_process(self, rank: int) -> None:
+        ray.kill(self.workers[rank], no_restart=True)
+
     def set_up(self, rank: int, phase: RunConfig, rendezvous: str = "") -> Any:
         assert self.shards is not None
         return self._setup_call(rank, rendezvous, phase)

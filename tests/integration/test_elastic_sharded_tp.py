@@ -1,8 +1,9 @@
 """Elastic BSP across tensor-parallel replicas (issue 28): `--tensor-parallel 2 --workers 2..3` on the shared
 local Ray. A range whose membership never changes equals the fixed run of its members (the cnn's hybrid plan,
 each tensor-parallel worker on its own unit); under fp16 one worker of a replica killed mid-run, its mate
-alive, takes its replica out whole without a restart (the other replicas' collectives with the live mate
-fail after the run's short --collective-timeout-s: the device mesh's groups have it) and the replica joins
+alive, takes its replica out whole without a restart (the live mate's process is ended as soon as it is back
+from the block, so the other replicas' collectives with it fail at once, not after --collective-timeout-s)
+and the replica joins
 again from a live replica's pieces and loss scale, the two tensor-parallel workers of the mlp taking each
 unit together, overflows skipped by every member alike and every (epoch, step, slice) trained exactly once."""
 
@@ -46,14 +47,14 @@ def test_a_range_that_never_changes_equals_the_fixed_run_of_its_members(tmp_path
 
 def test_fp16_tensor_parallel_worker_killed_alone_takes_its_replica_out_which_rejoins_with_the_live_scale(tmp_path):
     """Rank 5 (worker t = 1 of replica 2) killed at step 6, rank 4 alive: rank 4's collectives with it fail at
-    once (a closed connection), and the other replicas' workers, waiting on rank 4 in the mesh's groups, fail
-    after --collective-timeout-s 20 (with torch's default for a mesh's groups, 30 min, they would be declared
-    hung after --hang-timeout-s and the run restarted). Blocks run faster than a replica is built: until replica 2
+    once (a closed connection) and rank 4 comes back; the driver then ends rank 4's process, so the other
+    replicas' workers, waiting on rank 4 in the mesh's groups, fail at once too, seconds after the kill and not
+    after --collective-timeout-s 120. Blocks run faster than a replica is built: until replica 2
     (ranks 4, 5) has trained, the driver waits 8 s between blocks (one not placed at the start joins later), and
     after the kill 3 s until it is back, so its replacement joins before the end."""
     s = distrain.fit(
         LoudDigits, workers="2..3", precision="fp16", max_steps=16, chaos=["kill-worker@6:5"],
-        collective_timeout_s=20.0, hang_timeout_s=60.0, run_dir=str(tmp_path / "r"), progress=False,
+        collective_timeout_s=120.0, hang_timeout_s=60.0, run_dir=str(tmp_path / "r"), progress=False,
         callbacks=[PaceUntilRejoined([4], at=6, pause_s=3.0, before_s=8.0)],
         **SMALL | {"lr": 5e-6, "segment_steps": 1},
     ).summary  # fmt: skip
@@ -79,6 +80,11 @@ def test_fp16_tensor_parallel_worker_killed_alone_takes_its_replica_out_which_re
         fresh, taken = grow["scale"][str(joiner)]
         assert fresh == 2.0**16 and taken < fresh, grow
     rows = steps_of(tmp_path / "r")
+    # The leave is booked at the end of the block the kill broke: seconds after the last step before the kill
+    # (the pacing callback waits 3 s there), where waiting out the collective timeout would take 120 s.
+    leave = next(e for e in m["events"] if e["change"] == "leave" and e["rank"] == 5)
+    broke_after = leave["wall_time"] - rows.loc[rows["step"] < 6, "wall_time"].max()
+    assert 0 < broke_after < 60, broke_after
     # The loud loss overflows the starting scale. Before the kill a round is one step of the 3 replicas' 3
     # units (6 rows; 4 while a late third replica was not yet in): each step was skipped by every member or
     # by none, the first ones all skipped.

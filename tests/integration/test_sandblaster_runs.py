@@ -19,12 +19,13 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.orchestrator.run import run_training
+from distrain.strategies.ps_shard_group import shard_pool_kind
 from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 LAMBDA = 0.01
-WARM_SHARDS = "sandblaster_shard/64"  # the warm pool's kind of a small run's shards (max_concurrency 64)
+WARM_SHARDS = shard_pool_kind(sandblaster=True, worker_actors=2)  # the warm pool's kind of the runs' shards
 
 
 

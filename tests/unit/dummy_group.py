@@ -309,6 +309,10 @@ class DummyGroup:
         self.workers[rank].alive = False
         del self.workers[rank]
 
+    def end_process(self, rank: int) -> None:
+        self.log.append(("end_process", rank))
+        self.workers[rank].alive = False
+
     def host_alive(self, rank: int | None) -> bool:
         return rank is not None
 

@@ -119,8 +119,10 @@ def test_a_workers_pieces_move_into_another_cut_trainer_and_step_alike():
 def test_a_replica_joins_whole_and_a_lost_worker_takes_its_replica_out_without_a_restart(tmp_path):
     """The scaling policy over the plain-Python group of tests/unit/dummy_group.py: under --fsdp 2 a
     slot is a replica of ranks 2r, 2r + 1. Replica 1 is placed after 4 steps and joins whole (both its
-    workers admitted at one boundary, one re-form); its worker 3 then dies: worker 2 leaves with it, the
-    slot's group is given back once, and the run goes on at MIN with no failure counted."""
+    workers admitted at one boundary, one re-form); its worker 3 then dies: worker 2's process is ended as
+    soon as it is back from the block (the other replica's collectives with it then fail at once, not after
+    --collective-timeout-s), worker 2 leaves with 3 at the block's end, the slot's group is given back
+    once, and the run goes on at MIN with no failure counted."""
     from collections import Counter
 
     from tests.unit.dummy_group import DummyGroup
@@ -138,6 +140,8 @@ def test_a_replica_joins_whole_and_a_lost_worker_takes_its_replica_out_without_a
     assert m["events"][-1]["cause"] == "replica of 3 left (worker lost)"
     assert [r["members"] for r in m["reforms"]] == [[0, 1], [0, 1, 2, 3], [0, 1]]
     assert group.log.count(("renew", 3)) == 1 and ("renew", 2) not in group.log  # one group per replica
+    ended = [entry for entry in group.log if entry[0] == "end_process"]
+    assert ended == [("end_process", 2)] and group.log.index(ended[0]) < group.log.index(("kill", 3))
     without_row = Counter(tuple(u[1:]) for e in m["events"] for u in e.get("units_without_row", []))
     slots = cfg.worker_slots * 2
     assert step_rows(cfg) == Counter({(st, r): 1 for st in range(STEPS) for r in range(slots)}) - without_row

@@ -96,16 +96,16 @@ def test_a_segment_back_broken_is_handed_out_again_with_its_replica_and_each_sli
 
 def test_a_tensor_parallel_replica_deals_a_data_parallel_rank_s_slice_to_its_t_workers_together():
     """D x T = 2 x 2: worker (d, t) (rank d x T + t of its replica) takes slice s x D + d, its T workers
-    alike, and the replica's 4 results count its units once; under a hybrid plan (per_unit 1) each of
-    the 4 workers its own slice s x 4 + w."""
-    for per_unit, expected in ((2, [[0, 2], [0, 2], [1, 3], [1, 3]]), (1, [[0, 4], [1, 5], [2, 6], [3, 7]])):
+    alike, and the replica's 4 results count its units once; under a hybrid plan (4 data-parallel ranks)
+    each of the 4 workers its own slice s x 4 + w."""
+    for ranks, expected in ((2, [[0, 2], [0, 2], [1, 3], [1, 3]]), (4, [[0, 4], [1, 5], [2, 6], [3, 7]])):
         calls: list = []
 
         def submit(kind, rank, payload, calls=calls):
             calls.append((kind, rank, payload))
             return len(calls) - 1
 
-        dispatch = ReplicaDispatcher(WorkPlan(STEPS, SPE, MAX, segment_steps=2, shared=True), submit, 4, per_unit)
+        dispatch = ReplicaDispatcher(WorkPlan(STEPS, SPE, MAX, segment_steps=2, shared=True), submit, 4, ranks)
         dispatch.elastic = True
         dispatch.feed_all()
         segments = [(r, u) for k, r, u in calls if k == "segment"]
