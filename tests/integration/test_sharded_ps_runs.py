@@ -26,7 +26,7 @@ PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk
   too (max |Δ| 4e-8; a push scaled by 0.9 under a range breaks it, max |Δ| 0.02);
 - a replica killed under --workers 2..3 leaves whole, every slice once (bsp, async), and with
   --backup-workers 1 each round is the referee's first members - 1 complete replicas at both shards
-  (shards deciding apart: 2 rounds disagreed).
+  (shards deciding apart: 2 and 1 rounds disagreed in two runs).
 """
 
 from __future__ import annotations
