@@ -299,7 +299,8 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     --pipeline-stages. Under --workers
     MIN..MAX whole replicas of D x T workers join and leave (docs/elastic.md; a joiner's worker (d, t) pulls
     its piece from PS shard d x T + t, and under --compress starts with a zero residual, a leaver's residual
-    leaving with it); there --backup-workers and unequal shares are refused."""
+    leaving with it; bsp's --backup-workers K makes each round the first members - K member replicas
+    complete, agreed by the shards); there unequal shares are refused."""
     needed = ps_shards_needed(d, t)
     if config.ps_shards != needed:
         what = {
@@ -321,8 +322,8 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
         raise ConfigError(f"{given} over --transport ps does not compose with --pipeline-stages yet; drop one of them")
     if config.elastic:  # whole replicas join and leave (strategies/sharded_ps.py)
         for flag, used in (
-            # k-of-n's referee decides each round among a fixed N + K replicas
-            ("--backup-workers", bool(options and options.backup_workers)),
+            # (--backup-workers composes: the referee on shard 0 decides each round among the member
+            # replicas of that round, members - K of them, for every shard: strategies/ps_shard.py.)
             # (--compress composes: each worker's push has its own residual, which nothing has to agree on;
             # a leaver's leaves with it, as its in-flight gradient does, and a joiner's starts at zero.)
             ("--balance speed/--worker-weights", bool(config.balance == "speed" or config.worker_weights)),

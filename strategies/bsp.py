@@ -178,14 +178,14 @@ class BSP(Strategy):
             stats = actors["ps_shards"].stats()
             # Shards decide independently; shard 0's count is each worker's (they see the same pushes).
             # Across cut replicas (--fsdp D) a client is a replica, and the shards decide together
-            # (ps_shard.RoundReferee): `rounds_shards_disagree` counts the rounds whose members differ
-            # between shards (0 by construction; the record that says so).
+            # (ps_shard.RoundReferee; under a range too): `rounds_shards_disagree` counts the rounds whose
+            # members differ between shards (0 by construction; the record that says so).
             figures["dropped_gradients"] = {str(w): n for w, n in enumerate(stats[0]["dropped"])}
             members = stats[0]["round_members"]
             figures["rounds_applied"] = len(members)
             sizes = Counter(len(m) for m in members)
             figures["gradients_per_update"] = {str(k): v for k, v in sorted(sizes.items())}
-            if config.sharded and options.backup_workers:
+            if config.sharded and (options.backup_workers or config.elastic):  # (the PS's: "ps_shards" above)
                 figures["rounds_shards_disagree"] = rounds_disagreeing([s["round_members"] for s in stats])
         if "portion_scheduler" in actors:
             import ray

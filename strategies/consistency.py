@@ -30,9 +30,10 @@ class ConsistencyRule:
     bound: int | None = None  # bounded mode: max clock lead (SSP's --staleness); None = unbounded (async)
     staleness_lr: bool = False  # bounded mode: divide η by the gradient's staleness
     accept: int | None = None  # rounds mode: gradients that close a round (k-of-n); None = every worker
-    # rounds mode under k-of-n across cut replicas (--fsdp D, strategies/sharded_ps.py): each client's
-    # gradient comes in `parts` pieces, piece d to shard d, and a round counts the first `accept` clients
-    # whose every piece has arrived, decided once for all shards (`ps_shard.RoundReferee`, on shard 0).
+    # rounds mode under k-of-n across cut replicas (--fsdp D, strategies/sharded_ps.py), and elastic rounds
+    # across them: each client's gradient comes in `parts` pieces, piece d to shard d, and a round counts the
+    # first `accept` clients (elastic: members - backups of the round's members) whose every piece has
+    # arrived, decided once for all shards (`ps_shard.RoundReferee`, on shard 0).
     parts: int = 1
     per_round: int = 0  # portion-rounds mode (bsp's --backup-tasks): portions per round
     lbfgs_memory: int = 0  # sandblaster mode: L-BFGS memory m (pairs each shard keeps slices of)
@@ -48,8 +49,9 @@ class ConsistencyRule:
         return cls("rounds", accept=accept, parts=parts)
 
     @classmethod
-    def elastic_bsp(cls, backups: int, lr_scaling: str, slots: int) -> ConsistencyRule:
-        return cls("rounds", backups=backups, lr_scaling=lr_scaling, slots=slots)
+    def elastic_bsp(cls, backups: int, lr_scaling: str, slots: int, parts: int = 1) -> ConsistencyRule:
+        """`parts` > 1 (cut replicas): the shards agree every round through the referee on shard 0."""
+        return cls("rounds", backups=backups, lr_scaling=lr_scaling, slots=slots, parts=parts)
 
     @classmethod
     def backup_tasks(cls, per_round: int) -> ConsistencyRule:

@@ -16,6 +16,11 @@ Rules (`ConsistencyRule`, definitions in shared/reference/algorithms.md):
   apply different replicas' gradients to different chunks of one model. There one `RoundReferee` (held by
   shard 0, asked by every shard) decides each round once: a replica counts when all D of its pieces have
   arrived, the first N such close the round, and every shard applies those N and drops the others.
+  Under a range across cut replicas the referee decides every round too (k = members - b of the round's
+  members, b = 0 without backups), from shard 0's members: the driver tells shard 0 of a change first
+  (orchestrator/controller/ray_group.py), its referee decides again, and the other shards apply only
+  its answers (a leaver's piece stays at shard d until then: a decision taken before the leave may
+  count it; a round closed by the change alone is learnt from shard 0, `_catch_up`).
   Under --workers MIN..MAX (`set_round_members`) a round closes on the pushes of the ranks that are
   members *of that round*: the driver's current members, each from the round it entered at (a joiner,
   or a member fed again after it had no work, enters at a round boundary the driver names); under
@@ -52,6 +57,7 @@ import gc
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,37 +130,109 @@ class RoundReferee:
     same answer to every shard. A client in the answer has had its piece reported by every shard before
     the decision, so every shard holds the gradients it is told to apply.
 
+    Elastic rounds (--workers MIN..MAX, `members_of` given): a round's clients are the first
+    max(1, members - `backups`) complete clients among the members *of that round* (`members_of(round)`,
+    shard 0's view, which is the first to hear of a change: orchestrator/controller/ray_group.py), and a
+    piece from a client that is no member of its round is answered None at once (not counted: a
+    leaver's push still on its way). A membership change (`members_changed`) takes the leavers' pieces
+    out of the open rounds and decides again: the round may close now, and a round without a member
+    closes empty ([]) while some member is entered at a later one.
+
     Only the newest decision is ever asked about again: a shard asks about round t while its version is t,
     and round t + 1 can be decided only once every shard has taken a piece of it (so has applied round t).
     """
 
     KEEP = 4  # decided rounds kept (only the newest is needed; a few more cost nothing)
 
-    def __init__(self, accept: int, parts: int) -> None:
+    def __init__(
+        self,
+        accept: int,
+        parts: int,
+        members_of: Callable[[int], set[int] | None] | None = None,
+        backups: int = 0,
+        has_members: Callable[[], bool] | None = None,
+    ) -> None:
+        """`members_of(round)`: elastic, that round's members (None: every client, a fixed `accept`);
+        `has_members()`: whether any member is in the rounds at all (an empty round closes only then)."""
         self.accept, self.parts = accept, parts
+        self.members_of, self.backups, self.has_members = members_of, backups, has_members
         self.pieces: dict[int, dict[int, set[int]]] = {}  # open rounds: client -> the pieces reported
         self.complete: dict[int, list[int]] = {}  # open rounds: clients complete, in the order they completed
         self.decided: dict[int, list[int]] = {}  # round -> its clients (sorted)
         self.changed = asyncio.Condition()
 
-    async def agree(self, round_: int, client: int, part: int) -> list[int]:
-        """Piece `part` of `client`'s gradient for `round_` is at its shard; the round's clients once decided."""
+    async def agree(self, round_: int, client: int, part: int) -> list[int] | None:
+        """Piece `part` of `client`'s gradient for `round_` is at its shard; the round's clients once decided
+        (elastic: None at once for a client that is no member of the round)."""
         async with self.changed:
             if round_ not in self.decided:
+                members = self._members(round_)
+                if members is not None and client not in members:
+                    return None
                 pieces = self.pieces.setdefault(round_, {}).setdefault(client, set())
                 pieces.add(part)
                 if len(pieces) == self.parts:
-                    done = self.complete.setdefault(round_, [])
-                    done.append(client)
-                    if len(done) == self.accept:
-                        self.decided[round_] = sorted(done)
-                        self.pieces.pop(round_, None)
-                        self.complete.pop(round_, None)
-                        for old in [r for r in self.decided if r <= round_ - self.KEEP]:
-                            del self.decided[old]
-                        self.changed.notify_all()
+                    self.complete.setdefault(round_, []).append(client)
+                    self._decide(round_)
                 await self.changed.wait_for(lambda: round_ in self.decided)
             return self.decided[round_]
+
+    def decision(self, round_: int) -> list[int] | None:
+        """`round_`'s clients if it is decided, else None (never waits)."""
+        return self.decided.get(round_)
+
+    async def members_changed(self, open_round: int) -> None:
+        """Elastic: the members changed (the holder's `members_of` answers the new ones). The leavers' pieces
+        stop counting in the open rounds, and the rounds from `open_round` (the holder's) are decided again:
+        one may close now, and rounds without a member close empty while a later round has one."""
+        async with self.changed:
+            self._members_changed(open_round)
+
+    def _members_changed(self, open_round: int) -> None:
+        for round_ in sorted(self.pieces):
+            members = self._members(round_) or set()
+            for client in [c for c in self.pieces[round_] if c not in members]:
+                del self.pieces[round_][client]
+            if round_ in self.complete:
+                self.complete[round_] = [c for c in self.complete[round_] if c in members]
+        round_ = open_round
+        while True:
+            if round_ in self.decided:
+                round_ += 1
+                continue
+            if not self._decide(round_):
+                break
+            round_ += 1
+        self.changed.notify_all()
+
+    def _members(self, round_: int) -> set[int] | None:
+        return None if self.members_of is None else self.members_of(round_)
+
+    def _decide(self, round_: int) -> bool:
+        """Close `round_` if its clients are there (elastic: or it has no member); True if it closed."""
+        done = self.complete.get(round_, [])
+        members = self._members(round_)
+        if members is None:
+            if len(done) < self.accept:
+                return False
+            chosen = done[: self.accept]
+        elif not members:  # no member of this round: it closes empty while some member is entered later
+            if self.has_members is None or not self.has_members():
+                return False
+            chosen = []
+        else:
+            need = max(1, len(members) - self.backups)
+            counted = [c for c in done if c in members]
+            if len(counted) < need:
+                return False
+            chosen = counted[:need]
+        self.decided[round_] = sorted(chosen)
+        self.pieces.pop(round_, None)
+        self.complete.pop(round_, None)
+        for old in [r for r in self.decided if r <= round_ - self.KEEP]:
+            del self.decided[old]
+        self.changed.notify_all()
+        return True
 
     async def clear(self) -> None:
         """Forget every round (the shards were restored: their rounds start again)."""
@@ -217,9 +295,17 @@ class ParameterShard:
         self.elastic_rounds = rule.mode == "rounds" and rule.slots > 0
         self.enters: dict[int, int] = {}
         self.round_lr = 0.0
-        # k-of-n across cut replicas: one decision per round for every shard (`RoundReferee`).
-        self.agreed = rule.mode == "rounds" and rule.accept is not None and rule.parts > 1
-        self.referee = RoundReferee(rule.accept, rule.parts) if self.agreed and shard_id == 0 else None
+        # k-of-n across cut replicas, and elastic rounds across them: one decision per round for every
+        # shard (`RoundReferee`, on shard 0, deciding elastic rounds from shard 0's members).
+        self.agreed = rule.mode == "rounds" and (rule.accept is not None or self.elastic_rounds) and rule.parts > 1
+        self.referee = None
+        if self.agreed and shard_id == 0:
+            if self.elastic_rounds:
+                self.referee = RoundReferee(
+                    self.accept, rule.parts, self._members_of, rule.backups, lambda: bool(self.members)
+                )
+            else:
+                self.referee = RoundReferee(self.accept, rule.parts)
         self.referee_handle = referee
         if self.agreed and shard_id != 0 and referee is None:
             raise ValueError(f"shard {shard_id}: rounds agreed across {rule.parts} shards need shard 0's handle")
@@ -271,9 +357,11 @@ class ParameterShard:
         return clock, 0, wait_s
 
     async def _push_agreed(self, worker: int, clock: int, grad: np.ndarray | None, lr: float) -> Reply:
-        """k-of-n across cut replicas: take this piece of `worker`'s gradient into the open round, ask the
+        """Rounds across cut replicas: take this piece of `worker`'s gradient into the open round, ask the
         referee which clients the round counts (waiting, without the lock, until it is decided), apply
-        theirs if no push here has yet, and answer as `_push_round` does (dropped: not among them)."""
+        theirs if no push here has yet, and answer as `_push_round` does (dropped: not among them). Elastic:
+        a client the referee finds no member of the round is dropped at once, and only the referee's
+        answers close rounds here (a leaver's piece stays until then: the answer may count it)."""
         async with self.changed:
             if clock < self.version:  # the round was applied here without this client: dropped
                 self.dropped[worker] += 1
@@ -283,34 +371,55 @@ class ParameterShard:
                 raise RuntimeError(f"shard {self.shard_id}: worker {worker} pushed for round {clock} in {self.version}")
             self.round[worker] = grad
             self.clocks[worker] = clock + 1
+            self.round_lr = lr
         t0 = time.perf_counter()
         members = await self.agree_remote(clock, worker)
         wait_s = time.perf_counter() - t0
         async with self.changed:
-            if self.version == clock:  # the first of this round's pushes here to hear: apply the members'
-                missing = [m for m in members if m not in self.round]
-                if missing:
-                    raise RuntimeError(
-                        f"shard {self.shard_id}: round {clock} counts {missing}, whose pieces are not here"
-                    )
-                self.round = {m: self.round[m] for m in members}
-                self._apply_mean(lr)
+            if members is None:  # elastic: no member of round `clock` (a leaver's push still on its way)
+                if self.version == clock and worker in self.round and self.round[worker] is grad:
+                    del self.round[worker]  # never counted: the referee answers no decision with it
+                self.dropped[worker] += 1
+                return self._reply(worker, -1, 0, wait_s, True)
+            self._apply_decided(clock, members, lr)
             self.clocks[worker] = max(self.clocks[worker], self.version)
             if worker not in members:
                 self.dropped[worker] += 1
                 return self._reply(worker, -1, self.version - clock, wait_s, True)
             return self._reply(worker, clock, 0, wait_s, False)
 
-    async def agree_remote(self, round_: int, client: int) -> list[int]:
+    def _apply_decided(self, round_: int, members: list[int], lr: float) -> None:
+        """Apply the referee's answer for `round_` unless this shard has already (the first to hear applies):
+        the mean of those clients' pieces, the others' discarded (an empty answer closes the round empty)."""
+        if self.version != round_:
+            return
+        missing = [m for m in members if m not in self.round]
+        if missing:
+            raise RuntimeError(f"shard {self.shard_id}: round {round_} counts {missing}, whose pieces are not here")
+        self.round = {m: self.round[m] for m in members}
+        self._apply_mean(lr)
+
+    def _members_of(self, round_: int) -> set[int] | None:
+        """Elastic rounds (the referee's view, on shard 0): the members of `round_`, None before any are set."""
+        if self.members is None:
+            return None
+        return {r for r in self.members if self.enters.get(r, 0) <= round_}
+
+    async def agree_remote(self, round_: int, client: int) -> list[int] | None:
         """The referee's answer for this shard's piece: its own on shard 0, else shard 0's (an actor call)."""
         if self.referee is not None:
             return await self.referee.agree(round_, client, self.shard_id)
         return await self.referee_handle.agree.remote(round_, client, self.shard_id)
 
-    async def agree(self, round_: int, client: int, part: int) -> list[int]:
+    async def agree(self, round_: int, client: int, part: int) -> list[int] | None:
         """Shard 0: another shard's piece reported to the referee (`RoundReferee.agree`)."""
         assert self.referee is not None, f"shard {self.shard_id} holds no referee"
         return await self.referee.agree(round_, client, part)
+
+    async def decision(self, round_: int) -> list[int] | None:
+        """Shard 0: the referee's answer for `round_` if decided, else None (never waits)."""
+        assert self.referee is not None, f"shard {self.shard_id} holds no referee"
+        return self.referee.decision(round_)
 
     def _reply(self, worker: int, applied: int, lag: int, wait_s: float, dropped: bool) -> Reply:
         return Reply(self.theta.copy(), self.version, applied, lag, wait_s, self.clocks[worker], self._floor(), dropped)
@@ -497,25 +606,52 @@ class ParameterShard:
         `from_round` (their clock is set to it: they pull θ of that round and push for it). Refused
         (False, nothing changed) when that round has closed here already; the driver then names a later
         one (orchestrator/controller/scaling.py `ElasticScaling`). A rank no longer a member loses the gradient it
-        left in the open round, which may close the round now."""
+        left in the open round, which may close the round now.
+
+        Across cut replicas (`agreed`) the referee on shard 0 decides that instead: shard 0 hears first
+        (orchestrator/controller/ray_group.py), its referee decides again on the new members, and every
+        shard then applies the rounds the referee has decided, never closing one on its own view (a
+        leaver's piece stays until then, since a decision taken before the leave may count it)."""
         async with self.changed:
-            if entering and self.version > from_round:
+            closed = self.version > from_round or (self.referee is not None and from_round in self.referee.decided)
+            if entering and closed:
                 return False
             for rank in entering:
                 self.enters[rank] = from_round
                 self.clocks[rank] = from_round
             self.members = sorted(members)
-            for rank in [r for r in self.round if r not in members]:
-                del self.round[rank]
-            if self.round and self._round_full():
-                self._apply_mean(self.round_lr)
-            # The open round may have no member left (its only ones left, or went idle, while the others
-            # were entered at the next one): it closes empty, θ unchanged, so the next one can open.
-            while not self.round and self.members and not self._round_members():
-                self.round_members.append([])
-                self.version += 1
-            self.changed.notify_all()
-            return True
+            if self.agreed:
+                if self.referee is not None:
+                    await self.referee.members_changed(self.version)
+                    while (decided := self.referee.decision(self.version)) is not None:
+                        self._apply_decided(self.version, decided, self.round_lr)
+                self.changed.notify_all()
+            else:
+                for rank in [r for r in self.round if r not in members]:
+                    del self.round[rank]
+                if self.round and self._round_full():
+                    self._apply_mean(self.round_lr)
+                # The open round may have no member left (its only ones left, or went idle, while the others
+                # were entered at the next one): it closes empty, θ unchanged, so the next one can open.
+                while not self.round and self.members and not self._round_members():
+                    self.round_members.append([])
+                    self.version += 1
+                self.changed.notify_all()
+        if self.agreed and self.referee is None:
+            await self._catch_up()
+        return True
+
+    async def _catch_up(self) -> None:
+        """A shard other than 0 (agreed rounds): apply the rounds the referee has decided from this shard's
+        open one (a membership change may have closed it without a push here to hear the answer)."""
+        while True:
+            async with self.changed:
+                round_ = self.version
+            decided = await self.referee_handle.decision.remote(round_)
+            if decided is None:
+                return
+            async with self.changed:
+                self._apply_decided(round_, decided, self.round_lr)
 
     async def clock_of(self, worker: int) -> int:
         """`worker`'s clock: under elastic rounds, the round it is to push for next."""

@@ -49,8 +49,9 @@ shard 0 decides each round's N for every shard (strategies/ps_shard.py `RoundRef
 gradient was dropped skips the rounds that closed without it, with their data, as a plain backup worker
 does; its D workers first agree on the round to go on at (the most advanced shard's version, an
 all-reduce over the replica's group) and pull θ chunk d at it, so the replica's chunks are of one version
-(`_agree_round`). Not yet: backup tasks (the portion scheduler hands portions to single workers, and a
-replica's D workers would have to take each together; config/layout_section.py refuses them), worker
+(`_agree_round`); under --workers MIN..MAX, see "Elastic" below. Not yet: backup tasks (the portion
+scheduler hands portions to single workers, and a replica's D workers would have to take each together;
+config/layout_section.py refuses them), worker
 replacement in place at a fixed size (a replica's D workers share one FSDP group: a lost worker restarts
 the attempt; under a range its replica leaves instead, below).
 
@@ -67,6 +68,12 @@ worker takes its replica out (orchestrator/controller/scaling.py). Under BSP (th
 replica slots: rounds close on the member replicas, the rate scaled for their count) a replica enters
 the rounds where the driver puts it, its D workers agreeing on the round and pulling θ there
 (`_enter_rounds`); async and SSP go on as at a fixed size, SSP's bound among the members' clocks.
+The shards agree every elastic round through the referee on shard 0 (strategies/ps_shard.py), which
+decides from shard 0's members: plain elastic rounds whose members' pieces have all arrived, or with
+--backup-workers K (MIN > K) the first members - K member replicas whose every piece has arrived (a
+leaver's pieces stop counting; a round without a member closes empty). A replica dropped there does
+not skip units (they are shared, each computed once): its D x T workers agree on the round to go on at,
+pull θ there (`_agree_round`) and compute their next unit on it, as a plain elastic backup worker does.
 
 --compress: a worker's push goes through the channel (`Channel.push_pull` with this worker's one-shard
 client), so its chunk is encoded with its own error-feedback residual, kept on the worker, and decoded by
@@ -144,7 +151,8 @@ class ShardedPS(ShardedBSP):
         self.clock = 0
         rule = self.ps_rule(config)
         self.rounds = rule.mode == "rounds"
-        self.k_of_n = self.rounds and rule.accept is not None  # backup workers: a round may close without us
+        # backup workers (a fixed N + K, or K among the members of a range): a round may close without us
+        self.k_of_n = self.rounds and (rule.accept is not None or rule.backups > 0)
         self.skip = 0  # units of rounds that closed without this replica (k-of-n)
 
     @classmethod
@@ -205,8 +213,8 @@ class ShardedPS(ShardedBSP):
         self.theta = torch.empty(n, dtype=torch.float32)  # θ piece d (or t) on the host, as the shard serves it
         self.ps_bytes = n * self.theta.element_size()
         self.clock = self.client.pull(self.theta.numpy())
-        if self.k_of_n:  # the round the shards are at (a replica dropped before a restore point may be ahead)
-            self._agree_round(self.client.read_versions[0])
+        if self.k_of_n and not self.config.elastic:  # the round the shards are at (a replica dropped before a
+            self._agree_round(self.client.read_versions[0])  # restore point may be ahead; a range: `_enter_rounds`)
         self._install()
 
     @contextmanager
@@ -302,7 +310,8 @@ class ShardedPS(ShardedBSP):
         if self.k_of_n:  # rounds that closed without this replica are skipped, with their data
             before = self.clock
             self._agree_round(result.version)
-            self.skip += self.clock - (before + 1)
+            if not self.config.elastic:  # (a range: units are shared, each computed once; none is skipped)
+                self.skip += self.clock - (before + 1)
         else:
             self.clock = result.version if self.rounds else self.clock + 1
         self._install()
@@ -426,10 +435,12 @@ class ShardedBSPOverPS(ShardedPS):
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
         """Rounds of the R replicas' chunks; with --backup-workers K, of the first R of R + K replicas whose
         every chunk has arrived, agreed by all D shards; under --workers MIN..MAX, of the member replicas'
-        (plain elastic BSP's rule over MAX replica slots; --backup-workers is refused there)."""
+        (plain elastic BSP's rule over MAX replica slots: with K, of the first members - K complete), agreed
+        by the shards too (the referee decides from shard 0's members)."""
+        shards, tp, _ = config.replica_grid  # a replica pushes D pieces, or T, or D x T
+        backups = config.options_of("bsp").backup_workers
         if config.elastic:
-            return ConsistencyRule.elastic_bsp(0, config.lr_scaling, config.worker_slots)
-        if config.options_of("bsp").backup_workers:
-            shards, tp, _ = config.replica_grid  # a replica pushes D pieces, or T
+            return ConsistencyRule.elastic_bsp(backups, config.lr_scaling, config.worker_slots, parts=shards * tp)
+        if backups:
             return ConsistencyRule.bsp(accept=config.workers, parts=shards * tp)
         return ConsistencyRule.bsp()

@@ -455,7 +455,12 @@ class RayWorkerGroup:
     def set_round_members(self, members: list[int], entering: list[int], start: int) -> bool:
         assert self.shards is not None
         clients, coming = self._clients(members), self._clients(entering)
-        return all(self._shard_call([s.set_round_members.remote(clients, coming, start) for s in self.shards.shards]))
+        # Shard 0 first: across cut replicas its referee decides every shard's rounds (strategies/ps_shard.py),
+        # so it must know of a change before any other shard acts on it; the others then apply what it decided.
+        first, *rest = self.shards.shards
+        if not self._shard_call([first.set_round_members.remote(clients, coming, start)])[0]:
+            return False
+        return all(self._shard_call([s.set_round_members.remote(clients, coming, start) for s in rest]))
 
     def _listening(self, notice: str) -> list[Any]:
         """The phase's driver-side actors that take `notice` (their spec's `notices`)."""

@@ -23,7 +23,10 @@ PS shard d alone (shard d holds FSDP chunk d of every tensor) and pulls θ chunk
   group, a data-parallel rank's T workers dealt its slice together), and at T = 2 under --precision bf16
   the fixed-size run; a joiner's worker pulling the other TP rank's piece breaks it (max |Δ| 0.23); and
   under --compress topk:1 (each worker's chunk with its own residual) with --fsdp 2 it equals one process
-  too (max |Δ| 4e-8; a push scaled by 0.9 under a range breaks it, max |Δ| 0.02).
+  too (max |Δ| 4e-8; a push scaled by 0.9 under a range breaks it, max |Δ| 0.02);
+- a replica killed under --workers 2..3 leaves whole, every slice once (bsp, async), and with
+  --backup-workers 1 each round is the referee's first members - 1 complete replicas at both shards
+  (shards deciding apart: 2 and 1 rounds disagreed in two runs).
 """
 
 from __future__ import annotations
@@ -212,18 +215,29 @@ def test_compressed_pushes_across_cut_replicas_under_a_range_that_never_changes_
     assert rows["bytes_uncompressed"].notna().all() and (rows["bytes_sent"] > rows["bytes_uncompressed"]).all()
 
 
-@pytest.mark.parametrize("strategy", ["bsp", "async"])
-def test_a_replica_killed_under_a_range_leaves_whole_and_the_run_goes_on_with_every_slice_once(tmp_path, strategy):
+@pytest.mark.parametrize("strategy, backups", [("bsp", 0), ("async", 0), ("bsp", 1)], ids=["bsp", "async", "k-of-n"])
+def test_a_replica_killed_under_a_range_leaves_whole_and_the_run_goes_on_with_every_slice_once(
+    tmp_path, strategy, backups
+):
     """--workers 2..3 --fsdp 2 --transport ps --chaos kill-worker@4:3: rank 3 is worker 1 of replica 1; its
     sibling (rank 2, whose FSDP collectives would wait for it) is stopped with it, or, when its collective
     fails first (gloo: the connection closed), returns its segment broken and the driver finds rank 3 gone
     (whichever the driver reads first: the same leaves, in the same order), the replica leaves whole
     (a shrink to MIN, not a failure: no restart), the units of its segments not wholly back go to the other
-    replicas, and every (epoch, step, slice) of the 6 a step has exactly one row."""
+    replicas, and every (epoch, step, slice) of the 6 a step has exactly one row.
+
+    k-of-n (--backup-workers 1, MIN 2 > K), worker 5 (replica 2's chunk for shard 1) 20x slower: each round
+    applies the first members - 1 member replicas whose both chunks arrived, one answer for both shards (the
+    referee on shard 0, deciding from its members as replica 1 leaves and its slot is filled again): a
+    replica's two rows agree on counted or dropped and on the round, no round counts more than 3 - 1
+    replicas, some gradients are dropped, none skips a unit, and the shards' record of every round's
+    members is the same (`rounds_shards_disagree`). Shards deciding apart (each on its own arrivals:
+    replica 2's chunk is on time at shard 0 and late at shard 1) fail it."""
     run = run_training(
         cfg(
-            tmp_path, strategy, strategy=strategy, transport="ps", workers="2..3", fsdp=2, batch_size=16,
-            max_steps=8, segment_steps=2, chaos=["kill-worker@4:3"], hang_timeout_s=20.0, collective_timeout_s=60.0,
+            tmp_path, f"{strategy}{backups}", strategy=strategy, transport="ps", workers="2..3", fsdp=2,
+            batch_size=16, max_steps=8, segment_steps=2, chaos=["kill-worker@4:3"], hang_timeout_s=20.0,
+            collective_timeout_s=60.0, backup_workers=backups, straggler=["5:x20"] if backups else [],
         )
     )  # fmt: skip
     s = run.summary
@@ -236,6 +250,18 @@ def test_a_replica_killed_under_a_range_leaves_whole_and_the_run_goes_on_with_ev
     units = rows.groupby(["epoch", "step", "slice"]).size()
     assert len(units) == 8 * 6 and (units == 1).all()
     assert rows.groupby("worker")[["replica", "shard"]].first().values.tolist()[:2] == [[0, 0], [0, 1]]
+    if strategy == "bsp":  # the shards' record of every round's members, the same at both (the referee's)
+        assert s["rounds_shards_disagree"] == 0 and s["rounds_applied"] == rows["read_version"].max() + 1
+    if backups:
+        per_replica = rows.groupby(["replica", "read_version"])
+        assert (per_replica.size() == 2).all() and (per_replica["dropped"].nunique() == 1).all()
+        counted = rows[~rows["dropped"].astype(bool)]
+        per_round = counted.groupby("applied_version")["replica"].agg(["nunique", "size"])
+        assert (per_round["size"] == 2 * per_round["nunique"]).all() and per_round["nunique"].max() <= 3 - backups
+        sizes = {int(k): v for k, v in s["gradients_per_update"].items()}
+        assert max(sizes) == 3 - backups and 1 in sizes  # 3 members, and 2 (after the leave, or idle at the end)
+        assert sum(k * v for k, v in sizes.items()) >= len(counted) // 2  # (a lost segment's applied, row gone)
+        assert rows["dropped"].astype(bool).any() and sum(s["dropped_gradients"].values()) >= 1
 
 
 # The mlp under its plan: "1" colwise (weight and bias split by rows), "3" rowwise (weight split by columns,

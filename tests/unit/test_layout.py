@@ -63,9 +63,10 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(fsdp=2, transport="ps", compress="powersgd:2"), r"^--compress powersgd:2 needs whole matrices, but a p"),
         (dict(fsdp=2, compress="int8", pipeline_stages=2), r"^--compress does not compose with --pipeline-stages"),
         (dict(fsdp=2, workers="1..2", compress="int8"), r"^--workers 1..2 does not compose with --compress"),
-        (dict(tensor_parallel=2, transport="ps", model="mlp", workers="2..3", backup_workers=1, strategy="bsp"),
-         r"^--tensor-parallel 2 over --transport ps with --workers MIN..MAX does not compose with --backup-work"),
-        (dict(fsdp=2, transport="ps", strategy="bsp", workers="2..3", backup_workers=1), r"^--fsdp 2 over --tra"),
+        # (backup workers under a range across cut replicas run, with MIN above them: a round applies members - K)
+        (dict(tensor_parallel=2, transport="ps", model="mlp", workers="1..3", backup_workers=1, strategy="bsp"),
+         r"^--workers 1..3 with --backup-workers 1: each round applies members - 1 gradients, none at MIN 1"),
+        (dict(fsdp=2, transport="ps", strategy="bsp", workers="2..3", backup_workers=2), r"^--workers 2..3 with --b"),
         (dict(tensor_parallel=2, model="mlp", precision="fp16", compress="int8"), r"^--precision fp16 cannot be comb"),
         (dict(fsdp=2, comm_delay_ms=5), r"^--fsdp 2 with --strategy bsp does not compose with --comm-delay-ms/--c"),
         (dict(tensor_parallel=2, comm_bandwidth="1gbit"), r"^--tensor-parallel 2 with --strategy bsp does not comp"),
@@ -227,6 +228,13 @@ def test_backup_workers_and_compress_run_with_the_ps_across_cut_replicas():
     assert ps_clients(config) == 4 and config.num_worker_actors == 8 and config.global_batch_size == 3 * 2 * 32
     plain = ShardedBSPOverPS.ps_rule(config.replace(backup_workers=0))
     assert (plain.accept, plain.parts) == (None, 1)  # every replica, no referee
+    # Under a range: the elastic rule over MAX replica slots, K among the members, and the referee on
+    # (parts = D) with or without backups: the shards agree every round there.
+    ranged = RunConfig(strategy="bsp", transport="ps", workers="2..3", fsdp=2, backup_workers=1, model="mlp")
+    ranged.validate()
+    rule = ShardedBSPOverPS.ps_rule(ranged)
+    assert (rule.accept, rule.backups, rule.slots, rule.parts) == (None, 1, 3, 2) and ranged.num_worker_actors == 6
+    assert ShardedBSPOverPS.ps_rule(ranged.replace(backup_workers=0)).parts == 2
     for strategy in ("async", "ssp", "bsp"):
         RunConfig(strategy=strategy, transport="ps", workers=2, fsdp=2, compress="int8", model="mlp").validate()
 

@@ -66,12 +66,13 @@ REFUSED = [
         ["--straggler '6:x3'", "0 <= RANK < 6"],
     ),
     # a range across cut replicas over the PS runs (tests/integration/test_sharded_ps_runs.py: --fsdp D,
-    # --tensor-parallel T, D x T, --precision bf16), not with
-    # backup workers (k-of-n's referee counts a fixed N + K); --compress composes there (each worker's push
-    # keeps its own residual: test_sharded_ps_runs.py), but not PowerSGD (a shard's chunk is flat)
+    # --tensor-parallel T, D x T, --precision bf16), with backup workers too (the referee decides each
+    # round among its member replicas: test_sharded_ps_backup_runs.py) as long as MIN exceeds them (a round
+    # applies members - K); --compress composes there (each worker's push keeps its own residual:
+    # test_sharded_ps_runs.py), but not PowerSGD (a shard's chunk is flat)
     (
-        [*BSP_PS_CUT, "--workers", "2..3", "--backup-workers", "1"],
-        ["--fsdp 2 over --transport ps with --workers MIN..MAX does not compose with --backup-workers yet"],
+        [*BSP_PS_CUT, "--workers", "1..3", "--backup-workers", "1"],
+        ["--workers 1..3 with --backup-workers 1", "none at MIN 1", "raise MIN above 1"],
     ),
     (
         [*BSP_PS_CUT, "--workers", "1..2", "--compress", "powersgd:2"],
