@@ -187,7 +187,8 @@ def check_layout(config: RunConfig) -> None:
     delay what crosses the replicas through the channel, `check_layout_link`), alone but for --fsdp with
     --pipeline-stages (BSP only: the strategy section refuses pipelines under the others, and --compress
     with them); or, --fsdp D and/or --tensor-parallel T, under async, SSP or BSP over the PS
-    (`check_ps_layout`: D x T PS shards, shard d x T + t holding worker (d, t)'s piece of every tensor)."""
+    (`check_ps_layout`: D x T PS shards, shard d x T + t holding worker (d, t)'s piece of every tensor);
+    or, --fsdp D alone, under Sandblaster (`check_sandblaster_layout`)."""
     d, t = shards_per_replica(config), tp_degree(config)
     for flag, value in (("--fsdp", d), ("--tensor-parallel", t)):
         if value < 1:
@@ -198,10 +199,14 @@ def check_layout(config: RunConfig) -> None:
     if not config.schedule and config.transport == "ps" and config.strategy in CUT_REPLICA_PS_STRATEGIES:
         check_ps_layout(config, d, t, given)
         return
+    if not config.schedule and config.strategy == "sandblaster":
+        check_sandblaster_layout(config, d, t, given)
+        return
     if config.schedule or config.strategy not in CUT_REPLICA_STRATEGIES or config.transport != "collective":
         raise ConfigError(
             f"{given} runs with --strategy {', '.join(CUT_REPLICA_STRATEGIES[:-1])} or {CUT_REPLICA_STRATEGIES[-1]} "
-            "over the collective transport, or async, ssp or bsp over --transport ps, so far (the other "
+            "over the collective transport, async, ssp or bsp over --transport ps, or sandblaster with --fsdp, "
+            "so far (the other "
             "strategies across cut replicas are not built yet); drop it or use one of those"
         )
     if config.pipelined and tp_sample_ranks(config.model, config.task, t) > 1:
@@ -245,6 +250,27 @@ def check_layout_link(config: RunConfig, given: str) -> None:
             "across replicas is HSDP's all-reduce inside FSDP, which the emulated link cannot delay; add "
             "--compress (the average then goes through the channel and its link) or use --strategy diloco or "
             "local-sgd"
+        )
+
+
+def check_sandblaster_layout(config: RunConfig, d: int, t: int, given: str) -> None:
+    """Sandblaster across cut replicas (strategies/sharded_sandblaster.py): --fsdp D with exactly D PS shards
+    (shard d holds FSDP chunk d of every tensor), a replica's D workers taking each portion together.
+    Refused, not yet built: --tensor-parallel, --pipeline-stages, --workers MIN..MAX."""
+    for flag, used in (
+        ("--tensor-parallel", t > 1),
+        ("--pipeline-stages", config.pipelined),
+        ("--workers MIN..MAX", config.elastic),
+    ):
+        if used:
+            raise ConfigError(
+                f"--strategy sandblaster across cut replicas runs with --fsdp D only; {flag} is not yet "
+                "supported with it; drop it"
+            )
+    if config.ps_shards != d:
+        raise ConfigError(
+            f"--ps-shards {config.ps_shards} with {given}: PS shard d holds FSDP chunk d of every tensor, so "
+            f"there are exactly {d}; drop --ps-shards or give {d}"
         )
 
 

@@ -131,6 +131,14 @@ class Sandblaster(PSStrategy):
         Strategy.check_codec.__func__(cls, config, codec)  # type: ignore[attr-defined]
 
     @classmethod
+    def implementation(cls, config: RunConfig) -> type[Strategy]:
+        if config.sharded:  # --fsdp D: a replica's D workers take each portion together, worker d at PS shard d
+            from distrain.strategies.sharded_sandblaster import ShardedSandblaster
+
+            return ShardedSandblaster
+        return cls
+
+    @classmethod
     def ps_rule(cls, config: RunConfig) -> ConsistencyRule:
         return ConsistencyRule.sandblaster(config.options_of(cls.name).history)
 
@@ -269,18 +277,54 @@ class Sandblaster(PSStrategy):
         return {"shards": _convert(shards, "torch"), "coordinator": ray.get(self.coordinator.state.remote())}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
+        """The shards' states back, at any --ps-shards: a checkpoint's entries are contiguous slices in the
+        whole model's order (a plain run's shards; a cut run's one un-permuted entry), so joined they are
+        the whole state, cut again at this run's bounds."""
         import ray
 
         if self.ctx.rank != 0:  # one worker restores the shared state
             return
-        if len(state["shards"]) != len(self.ctx.ps_shards):
-            raise ConfigError(
-                f"the checkpoint's Sandblaster state has {len(state['shards'])} shards, this run "
-                f"{len(self.ctx.ps_shards)}; resume with the same --ps-shards"
-            )
         parts = _convert(state["shards"], "numpy")
+        if len(parts) != len(self.ctx.ps_shards):
+            parts = split_state(join_states(parts, None), self.ctx.ps_bounds, None)
         ray.get([s.sb_call.remote("load", part) for s, part in zip(self.ctx.ps_shards, parts, strict=True)])
         ray.get(self.coordinator.load_state.remote(state["coordinator"]))
+
+
+def _map_state(state: dict[str, Any], fn: Any) -> dict[str, Any]:
+    """`fn` on every vector of a `ShardState.state()` (θ, the (s, y) lists, the last gradient and step)."""
+    return {
+        k: [fn(x) for x in v] if isinstance(v, list) else None if v is None else fn(v) for k, v in state.items()
+    }
+
+
+def join_states(parts: list[dict[str, Any]], unpermute: Any) -> dict[str, Any]:
+    """Shards' `ShardState.state()`s joined into one over the whole θ: every vector concatenated in shard
+    order, then `unpermute`d (a cut run's shards' order back into the model's; None: contiguous already)."""
+    import numpy as np
+
+    if len(parts) == 1 and unpermute is None:
+        return parts[0]
+
+    def join(vectors: list[Any]) -> Any:
+        whole = np.concatenate(vectors)
+        return whole if unpermute is None else unpermute(whole)
+
+    first = parts[0]
+    out: dict[str, Any] = {}
+    for k, v in first.items():
+        if isinstance(v, list):
+            out[k] = [join([p[k][i] for p in parts]) for i in range(len(v))]
+        else:
+            out[k] = None if v is None else join([p[k] for p in parts])
+    return out
+
+
+def split_state(whole: dict[str, Any], bounds: Any, permute: Any) -> list[dict[str, Any]]:
+    """The inverse of `join_states`: the whole state `permute`d into this run's shards' order (None: as
+    is), cut at the shards' `bounds`."""
+    ordered = whole if permute is None else _map_state(whole, permute)
+    return [_map_state(ordered, lambda x, a=a, b=b: x[a:b].copy()) for a, b in bounds]
 
 
 def _convert(obj: Any, to: str) -> Any:
