@@ -47,7 +47,10 @@ def whole_state(path: Path) -> list:
 
 @pytest.mark.parametrize(
     ("replicas", "options"),
-    [(1, dict(batch_optimizer="lbfgs", epochs=4)), (2, dict(batch_optimizer="gd", lr=0.5, epochs=3, backup_tasks=True))],
+    [
+        (1, dict(batch_optimizer="lbfgs", epochs=4)),
+        (2, dict(batch_optimizer="gd", lr=0.5, epochs=3, backup_tasks=True)),
+    ],
     ids=["lbfgs-1x2", "gd-2x2-backup-tasks"],
 )
 def test_cut_replicas_equal_plain_workers(tmp_path, replicas, options):
