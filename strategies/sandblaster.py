@@ -293,9 +293,7 @@ class Sandblaster(PSStrategy):
 
 def _map_state(state: dict[str, Any], fn: Any) -> dict[str, Any]:
     """`fn` on every vector of a `ShardState.state()` (θ, the (s, y) lists, the last gradient and step)."""
-    return {
-        k: [fn(x) for x in v] if isinstance(v, list) else None if v is None else fn(v) for k, v in state.items()
-    }
+    return {k: [fn(x) for x in v] if isinstance(v, list) else None if v is None else fn(v) for k, v in state.items()}
 
 
 def join_states(parts: list[dict[str, Any]], unpermute: Any) -> dict[str, Any]:
