@@ -52,11 +52,16 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
     "given, message",
     [
         (dict(fsdp=0), r"^--fsdp must be >= 1, got 0$"),
-        (dict(fsdp=2, strategy="sandblaster"), r"^--fsdp 2 runs with --strategy bsp, diloco or local-sgd over"),
+        (dict(fsdp=2, strategy="sandblaster", ps_shards=1), r"^--ps-shards 1 with --fsdp 2: PS shard d holds FSDP "),
+        (dict(fsdp=2, tensor_parallel=2, strategy="sandblaster", model="mlp"), r"^--strategy sandblaster across cut "
+         r"replicas runs with --fsdp D only; --tensor-parallel is not yet supported with it; drop it$"),
         (dict(fsdp=2, strategy="async", ps_shards=4), r"^--ps-shards 4 with --fsdp 2: PS shard d holds FSDP chunk d"),
         (dict(fsdp=2, transport="ps", backup_tasks=True), r"^--fsdp 2 over --transport ps does not compose with --b"),
         (dict(model="cnn", tensor_parallel=2, pipeline_stages=2), r"^--tensor-parallel 2 with the cnn model's hybrid"),
-        (dict(fsdp=2, workers="1..2", strategy="sandblaster"), r"^--fsdp 2 runs with --strategy bsp, diloco or loc"),
+        (dict(fsdp=2, workers="1..2", strategy="sandblaster"), r"^--strategy sandblaster across cut replicas runs wi"
+         r"th --fsdp D only; --workers MIN..MAX is not yet"),
+        (dict(fsdp=2, strategy="sandblaster", model="mlp", pipeline_stages=2), r"^--strategy sandblaster across cut "
+         r"replicas runs with --fsdp D only; --pipeline-stages is not yet"),
         (dict(fsdp=2, workers="1..2", strategy="diloco", fragments=2), r"^--fragments \(Streaming DiLoCo\) does not c"),
         (dict(fsdp=2, workers="1..2", strategy="local-sgd", adaptive_tau=True), r"^--adaptive-tau does not compose"),
         (dict(fsdp=2, workers="2..3", worker_weights="1,1,2"), r"^--worker-weights 1,1,2 does not compose with --wor"),
@@ -313,8 +318,11 @@ def test_tensor_parallel_workers_share_a_slice():
     hybrid = RunConfig(model="cnn", workers=1, tensor_parallel=2, strategy="bsp", transport="ps", batch_size=8)
     hybrid.validate()
     assert (hybrid.ps_shards, hybrid.num_worker_actors, hybrid.global_batch_size) == (2, 2, 16)
-    with pytest.raises(ConfigError, match=r"^--tensor-parallel 2 runs with --strategy bsp, diloco or local-sgd over"):
+    with pytest.raises(ConfigError, match=r"^--strategy sandblaster across cut replicas runs with --fsdp D only; --te"):
         RunConfig(tensor_parallel=2, strategy="sandblaster").validate()
+    cut = RunConfig(model="linear", workers=2, fsdp=2, strategy="sandblaster")
+    cut.validate()  # --fsdp D: D PS shards by default, a replica's D workers taking each portion together
+    assert (cut.ps_shards, cut.num_worker_actors) == (2, 4)
 
 
 def test_a_plan_is_checked_against_the_model_in_one_line():
