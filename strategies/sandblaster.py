@@ -165,6 +165,12 @@ class Sandblaster(PSStrategy):
         per_pass = config.options_of(cls.name).tasks_per_pass
         if per_pass > num_samples:
             raise ConfigError(f"--tasks-per-pass ({per_pass}) exceeds the {num_samples} training samples; lower it")
+        d = config.replica_grid[0]
+        if num_samples // per_pass < d:  # across cut replicas each of a replica's D workers takes part of a portion
+            raise ConfigError(
+                f"--tasks-per-pass ({per_pass}) cuts the {num_samples} training samples into portions smaller than "
+                f"--fsdp {d} (each of a replica's {d} workers takes part of every portion); lower it"
+            )
 
     @classmethod
     def coordinator_args(cls, config: RunConfig) -> dict[str, Any]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from distrain.errors import ConfigError
 from distrain.strategies.base import CommStats
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.sandblaster import COORDINATOR, Sandblaster, SandblasterOptions
@@ -92,16 +91,6 @@ class ShardedSandblaster(ShardedPS):
     @classmethod
     def summary_figures(cls, steps: dict[str, list[Any]]) -> dict[str, Any]:
         return Sandblaster.summary_figures(steps)
-
-    @classmethod
-    def check_data(cls, config: RunConfig, num_samples: int) -> None:
-        Sandblaster.check_data(config, num_samples)
-        per_pass, d = config.options_of(cls.name).tasks_per_pass, config.replica_grid[0]
-        if num_samples // per_pass < d:  # every data-parallel rank of a replica takes a part of each portion
-            raise ConfigError(
-                f"--tasks-per-pass ({per_pass}) cuts the {num_samples} training samples into portions smaller than "
-                f"--fsdp {d} (each of a replica's {d} workers takes part of a portion); lower it"
-            )
 
     # ------------------------------------------------------------------ the replica's agreements
     def _sum(self, values: list[float], dtype: Any = None) -> list[float]:

@@ -414,6 +414,10 @@ BAD_INPUTS = [
     (["--strategy", "sandblaster", "--history", "0"], ["--history must be >= 1"]),
     (["--strategy", "sandblaster", "--tasks-per-pass", "1"], ["--tasks-per-pass (1) must be at least --workers (2)"]),
     (["--strategy", "sandblaster", "--tasks-per-pass", "5000"], ["--tasks-per-pass (5000) exceeds the 1294 training"]),
+    (
+        ["--strategy", "sandblaster", "--workers", "1", "--fsdp", "2", "--tasks-per-pass", "1000"],
+        ["--tasks-per-pass (1000) cuts the 1294 training samples into portions smaller than --fsdp 2"],
+    ),
     (["--strategy", "sandblaster", "--batch-optimizer", "newton"], ["unknown --batch-optimizer 'newton'", "lbfgs, gd"]),
     (["--strategy", "sandblaster", "--momentum", "0.5"], ["--strategy sandblaster ignores --momentum"]),
     (["--strategy", "sandblaster", "--lr", "0.3"], ["ignores --lr", "L-BFGS takes no learning rate"]),
