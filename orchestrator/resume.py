@@ -69,7 +69,11 @@ def relayout_allowed(config: RunConfig) -> bool:
     size, without a schedule or a codec (whose error feedback is per rank). Its steps then take the same
     samples in the same order (trainers/sharding.py), and any layout restores its checkpoints (a
     pipeline's stages are gathered into one; a sharded replica's DCP shards reshard on load or are read
-    whole, trainers/sharded_checkpoint.py)."""
+    whole, trainers/sharded_checkpoint.py). Also Sandblaster at a fixed size without a schedule: its step
+    is one pass over the whole training set at any layout (no global batch to keep), and its checkpoint,
+    the L-BFGS state included, is whole (strategies/sharded_sandblaster.py), cut again at load."""
+    if config.strategy == "sandblaster":
+        return not config.elastic and not config.schedule
     return (
         config.strategy == "bsp"
         and config.transport == "collective"
@@ -84,7 +88,8 @@ def check_relayout(recorded: dict[str, Any], config: RunConfig) -> None:
     changed = sorted(n for n in LAYOUT_FIELDS if n in recorded and not _same(n, recorded[n], config))
     low, high = parse_workers(recorded["workers"])
     before = global_batch_of(recorded, high or low)
-    if changed and before != config.global_batch_size:
+    full_batch = any(cls.full_batch for cls in config.strategy_classes)  # (Sandblaster: no batch to keep)
+    if changed and before != config.global_batch_size and not full_batch:
         flags = ", ".join("--" + n.replace("_", "-") for n in changed)
         raise ConfigError(
             f"--resume cannot change {flags} here: the global batch ({GLOBAL_BATCH}) would go "

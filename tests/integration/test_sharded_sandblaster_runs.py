@@ -7,8 +7,8 @@ two, so the shards' order is a real permutation of θ):
   with two workers, within 1e-5, iteration by iteration and at the end: a replica's D workers take each
   portion together, each half of its samples, and push the portion's summed gradient (FSDP's mean x D);
 - the cut run's checkpoint is whole: the model and the L-BFGS state (float64 θ, the (s, y) history, the
-  last gradient and step) in the model's order equal the plain run's, and a plain run (D = 1) resumed
-  from it ends where the cut run goes on to.
+  last gradient and step) in the model's order equal the plain run's, and a --resume at D = 1 from it
+  ends where the plain run ends.
 """
 
 from __future__ import annotations
@@ -45,36 +45,47 @@ def whole_state(path: Path) -> list:
     return out
 
 
-@pytest.mark.parametrize(
-    ("replicas", "options"),
-    [
-        (1, dict(batch_optimizer="lbfgs", epochs=4)),
-        (2, dict(batch_optimizer="gd", lr=0.5, epochs=3, backup_tasks=True)),
-    ],
-    ids=["lbfgs-1x2", "gd-2x2-backup-tasks"],
-)
-def test_cut_replicas_equal_plain_workers(tmp_path, replicas, options):
-    kw = BASE | options | {"workers": replicas, "tasks_per_pass": 4 * replicas}
-    plain = run_training(RunConfig(**kw, run_dir=str(tmp_path / "plain")))
-    cut = run_training(RunConfig(**kw, fsdp=2, run_dir=str(tmp_path / "cut")))
+def test_lbfgs_at_one_replica_of_two_equals_one_worker_and_its_checkpoint_is_whole(tmp_path):
+    """L-BFGS at R = 1 x D = 2 for 2 iterations equals plain Sandblaster with one worker; its checkpoint
+    equals the plain run's after iteration 2 (the model and the L-BFGS state, in the model's order); a
+    --resume at D = 1 (a plain run on two PS shards, the state cut again) ends where the plain run ends."""
+    from distrain.orchestrator.resume import resume_config
+
+    kw = BASE | {"batch_optimizer": "lbfgs", "workers": 1, "tasks_per_pass": 4}
+    plain = run_training(RunConfig(**kw, epochs=4, checkpoint_steps=2, run_dir=str(tmp_path / "plain")))
+    cut = run_training(RunConfig(**kw, epochs=2, fsdp=2, run_dir=str(tmp_path / "cut")))
     assert cut.summary["status"] == "completed"
     a, b = per_iteration(plain.run_dir), per_iteration(cut.run_dir)
-    assert len(b) == options["epochs"]
+    np.testing.assert_allclose(b["loss"].to_numpy(), a["loss"].to_numpy()[:2], rtol=TOL)
+    np.testing.assert_allclose(b["step_length"].to_numpy(), a["step_length"].to_numpy()[:2], rtol=TOL)
+    rows = steps_of(cut.run_dir)
+    assert sorted(set(zip(rows["replica"], rows["shard"], strict=True))) == [(0, 0), (0, 1)]
+    ckpt = Path(cut.run_dir) / "checkpoints" / "final.pt"
+    reference = Path(plain.run_dir) / "checkpoints" / "step-00000002.pt"
+    theirs, ours = load_checkpoint(reference)["model"], load_checkpoint(ckpt)["model"]
+    assert max((ours[k] - v).abs().max().item() for k, v in theirs.items()) <= TOL
+    for x, y in zip(whole_state(ckpt), whole_state(reference), strict=True):
+        assert (x - y).abs().max().item() <= TOL
+    resumed = run_training(resume_config(cut.run_dir, {"epochs": 4, "fsdp": 1}), resume=True)
+    assert resumed.summary["status"] == "completed"
+    c = per_iteration(resumed.run_dir)
+    np.testing.assert_allclose(c["loss"].to_numpy(), a["loss"].to_numpy(), rtol=TOL)
+    assert (final_params(resumed.run_dir) - final_params(plain.run_dir)).abs().max().item() <= TOL
+
+
+def test_gd_at_two_replicas_of_two_with_backup_tasks_equals_two_workers(tmp_path):
+    """gd at R = 2 x D = 2 with --backup-tasks (a portion's copies from two replicas mix across the shards)
+    equals plain Sandblaster with two workers, iteration by iteration and at the end; each replica's two
+    workers went through the same portions."""
+    kw = BASE | {"batch_optimizer": "gd", "lr": 0.5, "epochs": 3, "workers": 2, "tasks_per_pass": 8}
+    plain = run_training(RunConfig(**kw, run_dir=str(tmp_path / "plain")))
+    cut = run_training(RunConfig(**kw, fsdp=2, backup_tasks=True, run_dir=str(tmp_path / "cut")))
+    assert cut.summary["status"] == "completed"
+    a, b = per_iteration(plain.run_dir), per_iteration(cut.run_dir)
     np.testing.assert_allclose(b["loss"].to_numpy(), a["loss"].to_numpy(), rtol=TOL)
-    np.testing.assert_allclose(b["step_length"].to_numpy(), a["step_length"].to_numpy(), rtol=TOL)
-    assert list(b["data_passes"]) == list(a["data_passes"])
+    assert list(b["data_passes"]) == list(a["data_passes"]) == [1, 2, 3]
     assert (final_params(cut.run_dir) - final_params(plain.run_dir)).abs().max().item() <= TOL
     rows = steps_of(cut.run_dir)
-    assert sorted(set(zip(rows["replica"], rows["shard"], strict=True))) == [
-        (r, d) for r in range(replicas) for d in range(2)
-    ]
-    # Each replica's two workers took the same portions (one count per replica, the same on both rows).
+    assert sorted(set(zip(rows["replica"], rows["shard"], strict=True))) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     per_replica = rows.groupby(["step", "replica"])["portions_done"].agg(["min", "max"])
     assert (per_replica["min"] == per_replica["max"]).all()
-    if replicas == 1:  # the checkpoint is whole: the model and the L-BFGS state in the model's order
-        ckpt = Path(cut.run_dir) / "checkpoints" / "final.pt"
-        reference = Path(plain.run_dir) / "checkpoints" / "final.pt"
-        theirs, ours = load_checkpoint(reference)["model"], load_checkpoint(ckpt)["model"]
-        assert max((ours[k] - v).abs().max().item() for k, v in theirs.items()) <= TOL
-        for x, y in zip(whole_state(ckpt), whole_state(reference), strict=True):
-            assert (x - y).abs().max().item() <= TOL
