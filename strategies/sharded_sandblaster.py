@@ -31,12 +31,14 @@ be summed over D only, and a whole tensor's rows pushed per worker), pipelines, 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats
 from distrain.strategies.consistency import ConsistencyRule
 from distrain.strategies.sandblaster import COORDINATOR, Sandblaster, SandblasterOptions
+from distrain.strategies.sandblaster_coordinator import SandblasterCoordinator
 from distrain.strategies.sharded_bsp import SHARDED_COLUMNS
 from distrain.strategies.sharded_ps import ShardedPS
 
@@ -47,6 +49,21 @@ if TYPE_CHECKING:
     from distrain.trainers.sharded_trainer import ShardedTrainer
 
 KINDS = ("grad", "loss")
+
+
+class ReplicaCoordinator(SandblasterCoordinator):
+    """The coordinator of a cut run: its clients are the replicas, while the driver's notices (a lost
+    worker, the straggler detector's verdict) name worker ranks, rank = replica x D + d."""
+
+    def __init__(self, *args: Any, workers_per_replica: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.per_replica = workers_per_replica
+
+    async def worker_lost(self, worker: int) -> int:
+        return await super().worker_lost(worker // self.per_replica)
+
+    async def mark_slow(self, workers: list[int]) -> None:
+        await super().mark_slow(sorted({w // self.per_replica for w in workers}))
 
 
 class ShardedSandblaster(ShardedPS):
@@ -82,7 +99,17 @@ class ShardedSandblaster(ShardedPS):
 
     @classmethod
     def driver_actors(cls, config: RunConfig) -> tuple[DriverActor, ...]:
-        return Sandblaster.driver_actors(config)
+        """The unsharded strategy's shards and coordinator, the coordinator counting replicas."""
+        per_replica = config.replica_grid[0]
+
+        def replica_coordinator(spec: DriverActor) -> DriverActor:
+            args = spec.args
+            return dataclasses.replace(
+                spec, actor=ReplicaCoordinator, args=lambda setup: args(setup) | {"workers_per_replica": per_replica}
+            )
+
+        specs = Sandblaster.driver_actors(config)
+        return tuple(replica_coordinator(s) if s.name == COORDINATOR else s for s in specs)
 
     @classmethod
     def actor_figures(cls, config: RunConfig, actors: dict[str, Any]) -> dict[str, Any]:

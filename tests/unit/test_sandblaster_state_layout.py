@@ -34,3 +34,19 @@ def test_a_cut_runs_state_joins_whole_and_cuts_again_at_any_layout():
     assert same(join_states(plain, None), whole)
     assert same(join_states(split_state(whole, ShardLayout(SHAPES, 5).bounds, ShardLayout(SHAPES, 5).to_shards),
                             ShardLayout(SHAPES, 5).from_shards), whole)  # fmt: skip
+
+
+def test_the_cut_runs_coordinator_takes_the_drivers_notices_per_replica():
+    """Its clients are replicas; the driver names worker ranks (rank = replica x D + d): rank 3 of
+    R = 2 x D = 2 is replica 1's."""
+    import asyncio
+
+    from distrain.strategies.sandblaster_coordinator import LocalShards
+    from distrain.strategies.sharded_sandblaster import ReplicaCoordinator
+
+    async def verdict() -> set[int]:
+        coordinator = ReplicaCoordinator(LocalShards([]), "gd", 4, False, 0.1, workers_per_replica=2)
+        await coordinator.mark_slow([3])
+        return coordinator.slow
+
+    assert asyncio.run(verdict()) == {1}
