@@ -1,8 +1,8 @@
 """Backup tasks (`--strategy bsp --transport ps --backup-tasks`) across cut replicas (`--fsdp D`, a fixed
 number of replicas; `BSP.implementation` picks it): the portion scheduler (strategies/portion_scheduler.py)
 hands a round's chunks of portions to replicas, not workers, and the D workers of a replica take each
-chunk together (docs/design: /work/notes/design_portions_cut.md; strategies/backup_tasks.py for the plain
-feature, strategies/sharded_ps.py for how a cut replica meets the PS).
+chunk together (strategies/backup_tasks.py for the plain feature, strategies/sharded_ps.py for how a cut
+replica meets the PS).
 
 - One request a replica: its worker (0, 0) asks the scheduler (client id = the replica) and hands the
   assignment to its mates (`_agree_task`: an int64 all-reduce over the replica's `update_group`, the
