@@ -58,7 +58,8 @@ if TYPE_CHECKING:
     from distrain.config import RunConfig
     from distrain.trainers.sharded_trainer import ShardedTrainer
 
-FIELDS = 6  # an assignment as ints: epoch, step, portion, tag, copy, count
+FIELDS = 6  # an assignment as ints: epoch, step, portion, tag, copy, count (-1: none left, -2: still waiting)
+WAIT_S = 10.0  # the lead's longest wait for the scheduler between two words to its mates
 
 
 class ShardedBackupTasks(ShardedBSPOverPS):
@@ -124,22 +125,30 @@ class ShardedBackupTasks(ShardedBSPOverPS):
         import torch
         import torch.distributed as dist
 
-        t = torch.zeros(FIELDS, dtype=torch.int64)
-        if self.lead:
-            if self.next_request is None:
-                self.next_request = self._request(None)
-            a = ray.get(self.next_request)  # blocks while the round has nothing left for this replica
-            self.next_request = None
-            if a is None:
-                t[:] = -1
-            else:
-                t[:] = torch.tensor([a.epoch, a.step, a.portion, a.tag, int(a.copy), a.count])
-        with self._inside_replica():
-            dist.all_reduce(t, group=self.update_group)  # the lead's values; the mates add zeros
-        epoch, step, portion, tag, copy, count = (int(v) for v in t)
-        if count < 0:
-            return None
-        return Assignment(epoch, step, portion, tag, bool(copy), count)
+        # The scheduler answers once the round has something for this replica, which may take a round's
+        # time: the lead tells its mates every WAIT_S that it is still waiting (-2), so they never sit in
+        # one all-reduce past --collective-timeout-s.
+        wait_s = min(WAIT_S, self.config.collective_timeout_s / 4)
+        while True:
+            t = torch.zeros(FIELDS, dtype=torch.int64)
+            if self.lead:
+                if self.next_request is None:
+                    self.next_request = self._request(None)
+                ready, _ = ray.wait([self.next_request], timeout=wait_s)
+                if not ready:
+                    t[:] = -2
+                else:
+                    a = ray.get(self.next_request)
+                    self.next_request = None
+                    t[:] = -1 if a is None else torch.tensor([a.epoch, a.step, a.portion, a.tag, int(a.copy), a.count])
+            with self._inside_replica():
+                dist.all_reduce(t, group=self.update_group)  # the lead's values; the mates add zeros
+            epoch, step, portion, tag, copy, count = (int(v) for v in t)
+            if count == -2:
+                continue
+            if count < 0:
+                return None
+            return Assignment(epoch, step, portion, tag, bool(copy), count)
 
     def _request(self, finished: tuple[int, int, list[Any]] | None) -> Any:
         return self.scheduler.acquire.remote(self.replica, finished, *self.upto)
