@@ -26,6 +26,7 @@ import torch
 
 from distrain.config import RunConfig
 from distrain.orchestrator.checkpoint import load_checkpoint
+from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
 from distrain.orchestrator.trained_model import load_model
 from tests.helpers import final_params, steps_of
@@ -111,32 +112,40 @@ MLP_PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """One plain process at the global batch 32 for 6 steps: its run directory."""
+    """One plain process at the global batch 32 for 6 steps (a checkpoint after step 3): its run directory."""
     common = dict(max_steps=6, segment_steps=3, lr_scaling="none", strategy="bsp", transport="collective")
-    return run_training(cfg(tmp_path_factory.mktemp("one"), "one", workers=1, batch_size=32, **common)).run_dir
+    run_dir = tmp_path_factory.mktemp("one")
+    return run_training(cfg(run_dir, "one", workers=1, batch_size=32, checkpoint_steps=3, **common)).run_dir
 
 
-def test_backup_tasks_on_one_replica_of_two_shards_equal_one_process_and_its_checkpoint_is_whole(tmp_path, one_process):
-    """--backup-tasks --portions 4 --workers 1 --fsdp 2 --batch-size 16: the replica's 2 workers take each
-    chunk together, each computing half its samples (FSDP's mean over them: the chunk's mean) and pushing
-    its half of the gradient to its own shard. The final θ and momentum (final.pt: whole, in the model's
-    order, loadable as the task's model) equal one process's at batch 32 within 1e-5; each round's 4
-    portions were counted once at each shard, and a portion's rows name slice portion x 2 + d."""
-    run = run_training(cfg(tmp_path, "cut", workers=1, fsdp=2, batch_size=16, **TASKS))
-    assert run.summary["status"] == "completed" and run.summary["layout"]["worker_actors"] == 2
-    assert (final_params(run.run_dir) - final_params(one_process)).abs().max().item() <= 1e-5
-    payload = load_checkpoint(run.run_dir / "checkpoints" / "final.pt")
-    reference = load_checkpoint(one_process / "checkpoints" / "final.pt")
-    assert "sharded" not in payload and sum(t.numel() for t in payload["model"].values()) == MLP_PARAMS
+def test_backup_tasks_on_one_replica_of_two_shards_equal_one_process_and_resume(tmp_path, one_process):
+    """--backup-tasks --portions 4 --workers 1 --fsdp 2 --batch-size 16 for 3 steps, then --resume to 6: the
+    replica's 2 workers take each chunk together, each computing half its samples (FSDP's mean over them:
+    the chunk's mean) and pushing its half of the gradient to its own shard. The 3-step final.pt is whole
+    (the model's order, loadable as the task's model) and its θ and momentum equal one process's at batch
+    32 after 3 steps within 1e-5; the resumed run (the scheduler's rounds going on from the shards'
+    version) ends at one process's 6-step θ. Each round's 4 portions were counted once at each shard,
+    and a portion's rows name slice portion x 2 + d."""
+    first = run_training(cfg(tmp_path, "cut", workers=1, fsdp=2, batch_size=16, **(TASKS | {"max_steps": 3})))
+    assert first.summary["status"] == "completed" and first.summary["layout"]["worker_actors"] == 2
+    payload = load_checkpoint(first.run_dir / "checkpoints" / "final.pt")
+    reference = load_checkpoint(one_process / "checkpoints" / "step-00000003.pt")
+    assert "sharded" not in payload and payload["ps"] == {"version": 3, "clocks": [0]}
+    assert sum(t.numel() for t in payload["model"].values()) == MLP_PARAMS
+    for key, value in reference["model"].items():
+        assert (payload["model"][key] - value).abs().max().item() <= 1e-5, key
     momentum = payload["optimizer"]["vectors"]["momentum_buffer"]
     assert (momentum - reference["optimizer"]["vectors"]["momentum_buffer"]).abs().max().item() <= 1e-5
-    loaded = torch.cat([p.detach().reshape(-1).double() for p in load_model(run.run_dir).parameters()])
-    assert (loaded - final_params(run.run_dir)).abs().max().item() == 0
+    loaded = torch.cat([p.detach().reshape(-1).double() for p in load_model(first.run_dir).parameters()])
+    assert (loaded - final_params(first.run_dir)).abs().max().item() == 0
+    run = run_training(resume_config(first.run_dir, {"max_steps": 6}), resume=True)
+    assert run.summary["status"] == "completed"
+    assert (final_params(run.run_dir) - final_params(one_process)).abs().max().item() <= 1e-5
     rows = steps_of(run.run_dir)
     assert not rows["dropped"].astype(bool).any() and len(rows) == 6 * 4 * 2
     slices = rows.groupby(["step", "shard"])["slice"].apply(sorted)
-    assert all(s == [2 * p + d for p in range(4)] for (_, d), s in slices.items())
-    assert run.summary["gradients_per_update"] == {"4": 6} and run.summary["backup_rounds"] == 6
+    assert len(slices) == 12 and all(s == [2 * p + d for p in range(4)] for (_, d), s in slices.items())
+    assert run.summary["gradients_per_update"] == {"4": 3}  # (the resumed attempt's shards: rounds 4 to 6)
 
 
 def test_backup_tasks_across_two_replicas_with_a_straggler_equal_one_process(tmp_path, one_process):
