@@ -318,11 +318,12 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
     replica (`ps_shards_needed`: shard d holds FSDP chunk d of every tensor, what worker d holds; or shard
     t holds TP rank t's part of every tensor the plan splits and chunk t of every other; or, under both,
     shard d x T + t holds worker (d, t)'s piece, FSDP chunk d of those); bsp with --backup-workers K (N + K
-    replicas, each round the first N whose pieces all arrived, agreed by the shards); --compress (each
+    replicas, each round the first N whose pieces all arrived, agreed by the shards); bsp with --backup-tasks
+    under --fsdp D at a fixed size (a replica's D workers take each chunk of portions together, each its
+    1/D of the chunk's samples: the global batch must split into P x D equal parts); --compress (each
     worker's piece through the codec with its own residual); --comm-delay-ms/--comm-bandwidth (each
-    worker's push-pull to its shard on its own link, as a plain worker's). Refused: --backup-tasks (its
-    portions are handed to single workers; a replica's workers would have to take each portion together),
-    --pipeline-stages. Under --workers
+    worker's push-pull to its shard on its own link, as a plain worker's). Refused: --backup-tasks with
+    --tensor-parallel or --workers MIN..MAX (not yet), --pipeline-stages. Under --workers
     MIN..MAX whole replicas of D x T workers join and leave (docs/elastic.md; a joiner's worker (d, t) pulls
     its piece from PS shard d x T + t, and under --compress starts with a zero residual, a leaver's residual
     leaving with it; bsp's --backup-workers K makes each round the first members - K member replicas
@@ -339,11 +340,23 @@ def check_ps_layout(config: RunConfig, d: int, t: int, given: str) -> None:
             f"{needed}; drop --ps-shards or give {needed}"
         )
     options = config.options_of("bsp") if config.strategy == "bsp" else None
-    if options and options.backup_tasks:
-        raise ConfigError(
-            f"{given} over --transport ps does not compose with --backup-tasks yet (its portions go to single "
-            "workers, and a cut replica's D workers compute one together); use --backup-workers, or drop one of them"
-        )
+    if options and options.backup_tasks:  # a replica's D workers take each chunk together (sharded_backup_tasks.py)
+        if t > 1:
+            raise ConfigError(
+                f"{given} over --transport ps does not compose with --backup-tasks yet under --tensor-parallel "
+                "(not yet: only --fsdp D); use --backup-workers, or drop one of them"
+            )
+        if config.elastic:
+            raise ConfigError(
+                f"{given} over --transport ps with --backup-tasks does not compose with --workers MIN..MAX yet "
+                "(not yet: a fixed number of replicas); give one --workers count, or drop one of them"
+            )
+        portions = options.portions or 2 * config.worker_slots  # (the resolved default)
+        if config.global_batch_size % (portions * d):
+            raise ConfigError(
+                f"--portions {portions} with {given}: each portion is cut into {d} equal parts, one per FSDP "
+                f"rank, and {portions} x {d} does not divide the global batch {config.global_batch_size}"
+            )
     if config.pipelined:
         raise ConfigError(f"{given} over --transport ps does not compose with --pipeline-stages yet; drop one of them")
     if config.elastic:  # whole replicas join and leave (strategies/sharded_ps.py)

@@ -134,6 +134,10 @@ class BSP(Strategy):
             from distrain.strategies.pipeline import PipelineBSP
 
             return PipelineBSP
+        if config.sharded and config.transport == "ps" and config.options_of("bsp").backup_tasks:
+            from distrain.strategies.sharded_backup_tasks import ShardedBackupTasks  # a replica takes each chunk
+
+            return ShardedBackupTasks
         if config.sharded and config.transport == "ps":  # worker (r, d) pushes its FSDP chunks to PS shard d (or t)
             from distrain.strategies.sharded_ps import ShardedBSPOverPS
 

@@ -157,9 +157,16 @@ class PortionHandout:
 
 class PortionScheduler(PortionHandout):
     def __init__(
-        self, per_round: int, steps_per_epoch: int, start_step: int, first_tag: int = 0, workers: int = 0
+        self,
+        per_round: int,
+        steps_per_epoch: int,
+        start_step: int,
+        first_tag: int = 0,
+        workers: int = 0,
+        replica_size: int = 1,
     ) -> None:
         super().__init__()
+        self.replica_size = replica_size  # worker ranks per client (the driver's notices name ranks)
         self.per_round = per_round  # the round's portions (the shards' portion-rounds rule)
         self.steps_per_epoch = steps_per_epoch
         self.start_step = start_step
@@ -264,6 +271,10 @@ class PortionScheduler(PortionHandout):
         self.pace.forget(worker)
         return await super().worker_lost(worker)
 
+    async def mark_slow(self, workers: list[int]) -> None:
+        """The straggler detector's verdict, in worker ranks: a slow worker makes its replica slow."""
+        await super().mark_slow(sorted({w // self.replica_size for w in workers}))
+
     def stats(self) -> dict[str, int]:
         return {
             "portions_issued": self.portions_issued,
@@ -285,7 +296,10 @@ def portion_scheduler(rule: ConsistencyRule) -> DriverActor:
             "steps_per_epoch": setup.steps_per_epoch,
             "start_step": setup.start_step,
             "first_tag": counters["version"] if counters is not None else 0,
-            "workers": setup.workers,
+            # Its clients: the replicas across cut replicas (--fsdp D: a replica's D workers take each chunk
+            # together, strategies/sharded_backup_tasks.py), else the workers.
+            "workers": setup.workers // setup.phase.replica_size,
+            "replica_size": setup.phase.replica_size,
         }
 
     return DriverActor("portion_scheduler", PortionScheduler, args=args, notices=("worker_lost", "mark_slow"))

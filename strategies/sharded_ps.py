@@ -49,9 +49,9 @@ shard 0 decides each round's N for every shard (strategies/ps_shard.py `RoundRef
 gradient was dropped skips the rounds that closed without it, with their data, as a plain backup worker
 does; its D workers first agree on the round to go on at (the most advanced shard's version, an
 all-reduce over the replica's group) and pull θ chunk d at it, so the replica's chunks are of one version
-(`_agree_round`); under --workers MIN..MAX, see "Elastic" below. Not yet: backup tasks (the portion
-scheduler hands portions to single workers, and a replica's D workers would have to take each together;
-config/layout_section.py refuses them), worker
+(`_agree_round`); under --workers MIN..MAX, see "Elastic" below. Backup tasks (--backup-tasks) under
+--fsdp D at a fixed size: strategies/sharded_backup_tasks.py (a replica's D workers take each chunk of
+portions together); not yet under --tensor-parallel or a range (config/layout_section.py). Not yet: worker
 replacement in place at a fixed size (a replica's D workers share one FSDP group: a lost worker restarts
 the attempt; under a range its replica leaves instead, below).
 

@@ -12,14 +12,23 @@ round the first N replicas whose D chunks have all arrived, one decision for all
   on-time chunk at shard 0 and the other replica's at shard 1, and the final θ would differ;
 - without a straggler two equal replicas race at both shards every round, and every round still has one
   answer at both. (With the shards deciding apart, both tests failed on `rounds_shards_disagree`.)
+
+And backup tasks (--backup-tasks, strategies/sharded_backup_tasks.py) across cut replicas: a replica's D
+workers take each chunk of portions together, rank d its 1/D of the chunk's samples, each pushing its
+piece to its own shard; the shards keep the first copy of each portion apiece. R = 1 x D = 2 and R = 2 x
+D = 2 (a straggler in replica 1, copies issued) both end where one process at the same global batch does.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from distrain.config import RunConfig
+from distrain.orchestrator.checkpoint import load_checkpoint
+from distrain.orchestrator.resume import resume_config
 from distrain.orchestrator.run import run_training
+from distrain.orchestrator.trained_model import load_model
 from tests.helpers import final_params, steps_of
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -31,7 +40,6 @@ BASE = dict(
 
 def cfg(tmp_path, name: str, **kw) -> RunConfig:
     return RunConfig(**(BASE | {"run_dir": str(tmp_path / name)} | kw))
-
 
 
 def test_a_replica_late_at_one_shard_is_dropped_at_every_shard_and_the_run_is_plain_k_of_n(tmp_path):
@@ -95,3 +103,66 @@ def test_without_a_straggler_equal_replicas_race_and_every_round_has_one_answer(
     assert (applied["step"] == applied["applied_version"]).all()
     dropped = rows[rows["dropped"].astype(bool)]
     assert sum(summary["dropped_gradients"].values()) == len(dropped) // 2
+
+
+# Backup tasks across cut replicas: 6 rounds of 4 portions of the global batch 32, against one process.
+TASKS = dict(max_steps=6, segment_steps=3, lr_scaling="none", backup_tasks=True, portions=4)
+MLP_PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """One plain process at the global batch 32 for 6 steps (a checkpoint after step 3): its run directory."""
+    common = dict(max_steps=6, segment_steps=3, lr_scaling="none", strategy="bsp", transport="collective")
+    run_dir = tmp_path_factory.mktemp("one")
+    return run_training(cfg(run_dir, "one", workers=1, batch_size=32, checkpoint_steps=3, **common)).run_dir
+
+
+def test_backup_tasks_on_one_replica_of_two_shards_equal_one_process_and_resume(tmp_path, one_process):
+    """--backup-tasks --portions 4 --workers 1 --fsdp 2 --batch-size 16 for 3 steps, then --resume to 6: the
+    replica's 2 workers take each chunk together, each computing half its samples (FSDP's mean over them:
+    the chunk's mean) and pushing its half of the gradient to its own shard. The 3-step final.pt is whole
+    (the model's order, loadable as the task's model) and its θ and momentum equal one process's at batch
+    32 after 3 steps within 1e-5; the resumed run (the scheduler's rounds going on from the shards'
+    version) ends at one process's 6-step θ. Each round's 4 portions were counted once at each shard,
+    and a portion's rows name slice portion x 2 + d."""
+    first = run_training(cfg(tmp_path, "cut", workers=1, fsdp=2, batch_size=16, **(TASKS | {"max_steps": 3})))
+    assert first.summary["status"] == "completed" and first.summary["layout"]["worker_actors"] == 2
+    payload = load_checkpoint(first.run_dir / "checkpoints" / "final.pt")
+    reference = load_checkpoint(one_process / "checkpoints" / "step-00000003.pt")
+    assert "sharded" not in payload and payload["ps"] == {"version": 3, "clocks": [0]}
+    assert sum(t.numel() for t in payload["model"].values()) == MLP_PARAMS
+    for key, value in reference["model"].items():
+        assert (payload["model"][key] - value).abs().max().item() <= 1e-5, key
+    momentum = payload["optimizer"]["vectors"]["momentum_buffer"]
+    assert (momentum - reference["optimizer"]["vectors"]["momentum_buffer"]).abs().max().item() <= 1e-5
+    loaded = torch.cat([p.detach().reshape(-1).double() for p in load_model(first.run_dir).parameters()])
+    assert (loaded - final_params(first.run_dir)).abs().max().item() == 0
+    run = run_training(resume_config(first.run_dir, {"max_steps": 6}), resume=True)
+    assert run.summary["status"] == "completed"
+    assert (final_params(run.run_dir) - final_params(one_process)).abs().max().item() <= 1e-5
+    rows = steps_of(run.run_dir)
+    assert not rows["dropped"].astype(bool).any() and len(rows) == 6 * 4 * 2
+    slices = rows.groupby(["step", "shard"])["slice"].apply(sorted)
+    assert len(slices) == 12 and all(s == [2 * p + d for p in range(4)] for (_, d), s in slices.items())
+    assert run.summary["gradients_per_update"] == {"4": 3}  # (the resumed attempt's shards: rounds 4 to 6)
+
+
+def test_backup_tasks_across_two_replicas_with_a_straggler_equal_one_process(tmp_path, one_process):
+    """--workers 2 --fsdp 2 --batch-size 8, worker 3 (replica 1, shard 1) 20x slower: replica 1 is slow as a
+    whole (FSDP's collectives wait for worker 3), replica 0 takes copies of its chunks, and each shard keeps
+    the first copy of each portion on its own. The rounds still apply the mean over the global batch 32:
+    one process's final θ within 1e-5. At each shard every round counted each portion exactly once, and
+    a replica's two workers computed every chunk on θ of one round."""
+    run = run_training(cfg(tmp_path, "cut2", workers=2, fsdp=2, batch_size=8, straggler=["3:x20"], **TASKS))
+    summary = run.summary
+    assert summary["status"] == "completed" and summary["layout"]["worker_actors"] == 4
+    assert (final_params(run.run_dir) - final_params(one_process)).abs().max().item() <= 1e-5
+    rows = steps_of(run.run_dir)
+    applied = rows[~rows["dropped"].astype(bool)]
+    used = applied.groupby(["step", "shard"])["slice"].apply(lambda s: sorted(s // 2))
+    assert len(used) == 12 and all(u == [0, 1, 2, 3] for u in used)
+    assert (rows["slice"] % 2 == rows["shard"]).all()
+    mates = rows.groupby(["replica", "step", rows["slice"] // 2, "backup"])
+    assert (mates.size() % 2 == 0).all() and (mates["read_version"].nunique() == 1).all()
+    assert summary["backup_copies_issued"] > 0 and rows["backup"].astype(bool).any()

@@ -59,7 +59,11 @@ def test_the_portion_scheduler_is_built_from_the_phase_and_the_shards_counters()
     values = {"strategy": "bsp", "transport": "ps", "backup_tasks": True, "workers": 2, "portions": 8}
     config, spec = RunConfig(**values), declared(**values)[1]
     fresh = ActorSetup(config, 2, start_step=12, steps_per_epoch=5)
-    assert spec.args(fresh) == {"per_round": 8, "steps_per_epoch": 5, "start_step": 12, "first_tag": 0, "workers": 2}
+    expected = {"per_round": 8, "steps_per_epoch": 5, "start_step": 12, "first_tag": 0, "workers": 2, "replica_size": 1}
+    assert spec.args(fresh) == expected
+    # Across cut replicas (--fsdp 2) its clients are the 2 replicas of the 4 worker ranks.
+    cut = RunConfig(**values, fsdp=2)
+    assert spec.args(ActorSetup(cut, 4, 12, 5)) == expected | {"replica_size": 2}
     going_on = ActorSetup(config, 2, 12, 5, counters={"version": 9, "clocks": [9, 9]})
     assert spec.args(going_on)["first_tag"] == 9  # the round open now carries the shards' version
     assert spec.concurrency(2) == 64 and spec.concurrency(40) == 160 and spec.num_cpus == 0

@@ -56,7 +56,8 @@ def test_the_layout_counts_backup_replicas_among_the_worker_actors():
         (dict(fsdp=2, tensor_parallel=2, strategy="sandblaster", model="mlp"), r"^--strategy sandblaster across cut "
          r"replicas runs with --fsdp D only; --tensor-parallel is not yet supported with it; drop it$"),
         (dict(fsdp=2, strategy="async", ps_shards=4), r"^--ps-shards 4 with --fsdp 2: PS shard d holds FSDP chunk d"),
-        (dict(fsdp=2, transport="ps", backup_tasks=True), r"^--fsdp 2 over --transport ps does not compose with --b"),
+        (dict(tensor_parallel=2, model="mlp", transport="ps", backup_tasks=True), r"^--tensor-parallel 2 over --t"),
+        (dict(fsdp=2, transport="ps", backup_tasks=True, workers="1..2"), r"^--fsdp 2 over --transport ps with --ba"),
         (dict(model="cnn", tensor_parallel=2, pipeline_stages=2), r"^--tensor-parallel 2 with the cnn model's hybrid"),
         (dict(fsdp=2, workers="1..2", strategy="sandblaster"), r"^--strategy sandblaster across cut replicas runs wi"
          r"th --fsdp D only; --workers MIN..MAX is not yet"),

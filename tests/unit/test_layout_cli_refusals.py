@@ -49,9 +49,19 @@ REFUSED = [
     ),
     # backup workers across cut replicas run (tests/integration/test_sharded_ps_backup_runs.py); their bad
     # input is refused as without sharding, the straggler's rank counted over the (N + K) x D workers
+    # backup tasks across cut replicas run under --fsdp D at a fixed size (test_sharded_ps_backup_runs.py);
+    # not yet under --tensor-parallel or a range, and a portion must split into D equal parts
     (
-        ["--model", "mlp", "--strategy", "bsp", "--transport", "ps", "--fsdp", "2", "--backup-tasks"],
-        ["--fsdp 2 over --transport ps does not compose with --backup-tasks yet", "use --backup-workers"],
+        ["--model", "mlp", "--strategy", "bsp", "--transport", "ps", "--tensor-parallel", "2", "--backup-tasks"],
+        ["--tensor-parallel 2 over --transport ps does not compose with --backup-tasks yet", "not yet"],
+    ),
+    (
+        [*BSP_PS_CUT, "--workers", "1..2", "--backup-tasks"],
+        ["--backup-tasks does not compose with --workers MIN..MAX yet", "not yet"],
+    ),
+    (
+        [*BSP_PS_CUT, "--backup-tasks", "--portions", "4", "--batch-size", "3"],
+        ["--portions 4 with --fsdp 2", "4 x 2 does not divide the global batch 12"],
     ),
     (
         ["--model", "mlp", "--strategy", "bsp", "--transport", "ps", "--fsdp", "2", "--backup-workers", "-1"],
