@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from distrain.strategies.base import CommStats
 from distrain.strategies.consistency import ConsistencyRule
-from distrain.strategies.sandblaster import COORDINATOR, Sandblaster, SandblasterOptions
+from distrain.strategies.sandblaster_common import COORDINATOR, SandblasterOptions
+from distrain.strategies.sandblaster_common import SandblasterDeclarations as Sandblaster
 from distrain.strategies.sandblaster_coordinator import SandblasterCoordinator
 from distrain.strategies.sharded_bsp import SHARDED_COLUMNS
 from distrain.strategies.sharded_ps import ShardedPS
@@ -248,7 +249,7 @@ class ShardedSandblaster(ShardedPS):
         one shard writes it), and the coordinator's counters."""
         import ray
 
-        from distrain.strategies.sandblaster import _convert, join_states
+        from distrain.strategies.sandblaster_common import _convert, join_states
 
         parts = ray.get([s.sb_call.remote("state") for s in self.ctx.ps_shards])
         whole = join_states(parts, self.layout.from_shards)
@@ -257,7 +258,7 @@ class ShardedSandblaster(ShardedPS):
     def load_extra_state(self, state: dict[str, Any]) -> None:
         import ray
 
-        from distrain.strategies.sandblaster import _convert, join_states, split_state
+        from distrain.strategies.sandblaster_common import _convert, join_states, split_state
 
         if self.ctx.rank != 0:  # one worker restores the shared state
             return

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distrain.strategies.sandblaster import join_states, split_state
+from distrain.strategies.sandblaster_common import join_states, split_state
 from distrain.trainers.shard_layout import ShardLayout
 
 SHAPES = [(10, 64), (10,)]  # the linear model on digits: FSDP cuts both in two
